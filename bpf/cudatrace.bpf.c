@@ -1,0 +1,331 @@
+//go:build ignore
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//
+// Uprobes on CUDA's allocation entry points. One program per argument
+// layout, told which function it serves by the attach cookie (the API id).
+// Entry programs remember the arguments per thread; the return program reads
+// the result and submits one record. Frees are recorded at entry: the record
+// then reaches the ring buffer before the memory can be handed out again, so
+// a reused address is never seen allocated before it is seen freed, and it
+// saves the third trap per call.
+
+#include <linux/bpf.h>
+#include <linux/types.h>
+#include <asm/ptrace.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#include "cudatrace.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+// Emit the record types into BTF so bpf2go generates their Go twins.
+const struct ct_alloc_event *unused_ct_alloc_event __attribute__((unused));
+
+// Set from Go before load (spec.Variables).
+const volatile __u8 filter_pids = 0;         // 1: only processes in `pids`
+const volatile __u8 follow_forks = 1;        // children of traced processes are traced
+const volatile __u64 wakeup_bytes = 1 << 20; // wake the reader only past this much unread data
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20); // overridden from Go
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);  // tgid
+	__type(value, __u8);
+} pids SEC(".maps");
+
+struct inflight {
+	__u64 ts_ns;
+	__u64 sp; // stack pointer at entry: tells the matching return from a nested one
+	__u64 out;
+	__u64 size;
+	__u64 aux1; // PITCH: size_t *pitch; 3D: extent.height
+	__u64 aux2; // PITCH: height;        3D: extent.depth
+	__u16 api;
+	__u16 shape;
+	__s32 device;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); // tid
+	__type(value, struct inflight);
+} inflight SEC(".maps");
+
+// The CUDA runtime's current device is per thread: cudaSetDevice sets it.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); // tid
+	__type(value, __s32);
+} thread_dev SEC(".maps");
+
+// Processes that already had a record: their first one wakes the reader at
+// once so it can read /proc/PID/maps before a short-lived process is gone.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} seen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CT_CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+// Only the fields used here; CO-RE finds them in the running kernel's BTF.
+struct task_struct {
+	int pid;
+	int tgid;
+} __attribute__((preserve_access_index));
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&counters, &idx);
+	if (v)
+		*v += 1; // per-CPU: no atomics needed
+}
+
+static __always_inline int traced(__u32 tgid)
+{
+	if (!filter_pids)
+		return 1;
+	return bpf_map_lookup_elem(&pids, &tgid) != NULL;
+}
+
+static __always_inline __s32 current_device(__u32 tid)
+{
+	__s32 *d = bpf_map_lookup_elem(&thread_dev, &tid);
+	return d ? *d : 0;
+}
+
+static __always_inline __u64 wakeup_flags(__u32 tgid)
+{
+	__u8 one = 1;
+	if (bpf_map_lookup_elem(&seen, &tgid) == NULL) {
+		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
+		return BPF_RB_FORCE_WAKEUP;
+	}
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+
+// remember stores the call's arguments for the return probe. A call made
+// while another traced call of the same thread is under way (cudaMallocHost
+// calling cudaHostAlloc inside the library) is nested: the outer one is the
+// call the application made, so the inner one is left out.
+static __always_inline int remember(struct pt_regs *ctx, __u16 shape, __u64 out, __u64 size,
+				    __u64 aux1, __u64 aux2)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!traced(tgid))
+		return 0;
+
+	__u64 sp = PT_REGS_SP(ctx);
+	struct inflight *cur = bpf_map_lookup_elem(&inflight, &tid);
+	if (cur) {
+		if (sp < cur->sp) { // deeper in the same thread's stack: nested
+			count(CT_CNT_NESTED);
+			return 0;
+		}
+		count(CT_CNT_STALE); // the earlier call never returned through us
+	}
+
+	struct inflight in = {
+		.ts_ns = bpf_ktime_get_boot_ns(),
+		.sp = sp,
+		.out = out,
+		.size = size,
+		.aux1 = aux1,
+		.aux2 = aux2,
+		.api = (__u16)bpf_get_attach_cookie(ctx),
+		.shape = shape,
+		.device = current_device(tid),
+	};
+	if (bpf_map_update_elem(&inflight, &tid, &in, BPF_ANY))
+		count(CT_CNT_INFLIGHT_FULL);
+	return 0;
+}
+
+SEC("uprobe")
+int ct_alloc_enter(struct pt_regs *ctx)
+{
+	return remember(ctx, CT_SHAPE_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0, 0);
+}
+
+SEC("uprobe")
+int ct_pitch_enter(struct pt_regs *ctx)
+{
+	return remember(ctx, CT_SHAPE_PITCH, PT_REGS_PARM1(ctx), PT_REGS_PARM3(ctx),
+			PT_REGS_PARM2(ctx), PT_REGS_PARM4(ctx));
+}
+
+// cudaMalloc3D(struct cudaPitchedPtr *out, struct cudaExtent extent): the
+// 24-byte extent is passed in memory, just above the return address.
+SEC("uprobe")
+int ct_3d_enter(struct pt_regs *ctx)
+{
+	__u64 ext[3] = {}; // width, height, depth
+	bpf_probe_read_user(ext, sizeof(ext), (void *)(PT_REGS_SP(ctx) + 8));
+	return remember(ctx, CT_SHAPE_3D, PT_REGS_PARM1(ctx), ext[0], ext[1], ext[2]);
+}
+
+SEC("uprobe")
+int ct_setdev_enter(struct pt_regs *ctx)
+{
+	return remember(ctx, CT_SHAPE_SETDEV, 0, 0, (__u64)(__s32)PT_REGS_PARM1(ctx), 0);
+}
+
+static __always_inline void fill_common(struct ct_event *e, __u64 id)
+{
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+}
+
+SEC("uretprobe")
+int ct_exit(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	struct inflight *in = bpf_map_lookup_elem(&inflight, &tid);
+	if (!in) {
+		count(CT_CNT_NO_ENTRY);
+		return 0;
+	}
+	// After `ret` the stack pointer is 8 above what it was at entry; any
+	// other value is the return of a nested call, which the outer call's
+	// return will account for.
+	if (PT_REGS_SP(ctx) != in->sp + 8)
+		return 0;
+
+	__s32 result = (__s32)PT_REGS_RC(ctx);
+	if (in->shape == CT_SHAPE_SETDEV) {
+		if (result == 0) {
+			__s32 dev = (__s32)in->aux1;
+			bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+		}
+		bpf_map_delete_elem(&inflight, &tid);
+		return 0;
+	}
+
+	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(CT_CNT_RB_FULL);
+		bpf_map_delete_elem(&inflight, &tid);
+		return 0;
+	}
+	__u64 now = bpf_ktime_get_boot_ns();
+	e->h.ts_ns = in->ts_ns;
+	e->h.dur_ns = now - in->ts_ns;
+	e->h.api = in->api;
+	e->h.device = in->device;
+	e->h.result = result;
+	e->h.flags = 0;
+	e->h.addr = 0;
+	e->h.size = in->size;
+	fill_common(&e->h, id);
+
+	if (result == 0) {
+		__u64 addr = 0, pitch = 0;
+		switch (in->shape) {
+		case CT_SHAPE_ALLOC:
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
+			break;
+		case CT_SHAPE_PITCH:
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
+			bpf_probe_read_user(&pitch, sizeof(pitch), (void *)in->aux1);
+			e->h.size = pitch * in->aux2;
+			break;
+		case CT_SHAPE_3D: {
+			__u64 pp[2] = {}; // cudaPitchedPtr.ptr, .pitch
+			bpf_probe_read_user(pp, sizeof(pp), (void *)in->out);
+			addr = pp[0];
+			e->h.size = pp[1] * in->aux1 * in->aux2;
+			break;
+		}
+		}
+		e->h.addr = addr;
+	} else if (in->shape == CT_SHAPE_3D) {
+		e->h.size = in->size * in->aux1 * in->aux2; // what was asked for
+	} else if (in->shape == CT_SHAPE_PITCH) {
+		e->h.size = in->size * in->aux2;
+	}
+	bpf_map_delete_elem(&inflight, &tid);
+
+	// At the return probe the caller's frames are complete; at entry the
+	// direct caller would be missing (the callee has not pushed rbp yet).
+	long n = bpf_get_stack(ctx, e->stack, sizeof(e->stack), BPF_F_USER_STACK);
+	if (n < 0) {
+		count(CT_CNT_STACK_ERR);
+		e->h.nframes = (__s32)n;
+	} else {
+		e->h.nframes = (__s32)(n / sizeof(__u64));
+		if (e->h.nframes == CT_MAX_FRAMES)
+			e->h.flags |= CT_F_STACK_TRUNC;
+	}
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(e->h.pid));
+	return 0;
+}
+
+// Frees: (void *ptr, ...). The record goes out before the library releases
+// the memory (see the top of this file).
+SEC("uprobe")
+int ct_free_enter(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!traced(tgid))
+		return 0;
+	__u64 addr = PT_REGS_PARM1(ctx);
+	if (addr == 0)
+		return 0; // cudaFree(NULL) is a no-op (and a common way to init a context)
+
+	struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(CT_CNT_RB_FULL);
+		return 0;
+	}
+	e->ts_ns = bpf_ktime_get_boot_ns();
+	e->dur_ns = 0;
+	e->addr = addr;
+	e->size = 0;
+	e->device = current_device((__u32)id);
+	e->result = 0;
+	e->api = (__u16)bpf_get_attach_cookie(ctx);
+	e->flags = CT_F_ENTRY_ONLY;
+	e->nframes = 0;
+	fill_common(e, id);
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(tgid));
+	return 0;
+}
+
+// A traced process's children are traced too (a launched shell script, a
+// PyTorch DataLoader worker, torchrun's ranks).
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(ct_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (!filter_pids || !follow_forks)
+		return 0;
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	if (!bpf_map_lookup_elem(&pids, &ptgid))
+		return 0;
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	__u8 one = 1;
+	bpf_map_update_elem(&pids, &ctgid, &one, BPF_ANY);
+	return 0;
+}

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// Records shared by the BPF programs (cudatrace.bpf.c) and the Go decoder
+// (events/decode.go, which mirrors these layouts field for field: change
+// both together, and append rather than reorder).
+#ifndef CUDATRACE_H
+#define CUDATRACE_H
+
+// Frames of user stack kept per allocation. 127 is the kernel's default
+// perf_event_max_stack; deeper stacks are cut and flagged CT_F_STACK_TRUNC.
+#define CT_MAX_FRAMES 127
+
+// Argument layouts. One program pair serves every function of a layout; the
+// attach cookie says which function it is.
+enum ct_shape {
+	CT_SHAPE_ALLOC = 1, // (T **out, size_t size, ...): cudaMalloc, cudaMallocHost, cuMemAlloc_v2, ...
+	CT_SHAPE_PITCH = 2, // (T **out, size_t *pitch, size_t width, size_t height, ...)
+	CT_SHAPE_3D = 3,    // (struct cudaPitchedPtr *out, struct cudaExtent ext) with ext on the stack
+	CT_SHAPE_SETDEV = 4, // (int device)
+};
+
+enum ct_flags {
+	CT_F_ENTRY_ONLY = 1 << 0,  // recorded at entry (frees): no result, no duration
+	CT_F_STACK_TRUNC = 1 << 1, // every frame slot was used
+};
+
+// Loss and health counters, a per-CPU array indexed by these.
+enum ct_counter {
+	CT_CNT_EVENTS = 0,        // records submitted
+	CT_CNT_RB_FULL = 1,       // ring buffer had no room: event lost
+	CT_CNT_INFLIGHT_FULL = 2, // no room to remember a call between entry and return: event lost
+	CT_CNT_NO_ENTRY = 3,      // return without a recorded entry (attached mid-call): event lost
+	CT_CNT_STALE = 4,         // an entry whose return never came (longjmp, thread killed)
+	CT_CNT_NESTED = 5,        // traced call made inside another traced call: counted once
+	CT_CNT_STACK_ERR = 6,     // bpf_get_stack failed: event kept without stack
+	CT_CNT_MAX = 7,
+};
+
+// Header of every record in the ring buffer. Allocation records carry
+// stack[nframes] after it; free records carry nothing more.
+struct ct_event {
+	__u64 ts_ns;  // bpf_ktime_get_boot_ns() at entry
+	__u64 dur_ns; // entry to return, 0 with CT_F_ENTRY_ONLY
+	__u64 addr;
+	__u64 size;
+	__u32 pid; // tgid
+	__u32 tid;
+	__s32 device;
+	__s32 result;
+	__u16 api; // events.API, from the attach cookie
+	__u16 flags;
+	__s32 nframes; // frames in stack[], or the negative error of bpf_get_stack
+	char comm[16];
+};
+
+struct ct_alloc_event {
+	struct ct_event h;
+	__u64 stack[CT_MAX_FRAMES];
+};
+
+#endif

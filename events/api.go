@@ -1,0 +1,129 @@
+// Package events turns the BPF programs' ring-buffer records into typed
+// events and keeps the ledger of what each process holds.
+package events
+
+// API identifies the traced function. The numbers travel from Go to BPF as
+// the uprobe's attach cookie and come back in every record, and they are
+// stored in trace files: never renumber, only append.
+type API uint16
+
+// Op is what a call does to the ledger.
+type Op uint8
+
+const (
+	OpAlloc Op = iota + 1
+	OpFree
+	OpSetDevice
+)
+
+// Kind says what sort of memory an allocation holds. Every kind but KindHost
+// is GPU memory (it counts towards live/peak bytes); KindHost is pinned host
+// memory and is reported apart.
+type Kind uint8
+
+const (
+	KindDevice Kind = iota + 1
+	KindManaged
+	KindHost
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindDevice:
+		return "device"
+	case KindManaged:
+		return "managed"
+	case KindHost:
+		return "host"
+	}
+	return "unknown"
+}
+
+// Layer is the software layer a probe sits in.
+type Layer uint8
+
+const (
+	LayerRuntime Layer = iota + 1 // libcudart
+	LayerDriver                   // libcuda
+)
+
+func (l Layer) String() string {
+	switch l {
+	case LayerRuntime:
+		return "runtime"
+	case LayerDriver:
+		return "driver"
+	}
+	return "unknown"
+}
+
+const (
+	APIUnknown API = iota
+	CudaMalloc
+	CudaFree
+	CudaMallocAsync
+	CudaFreeAsync
+	CudaMallocFromPoolAsync
+	CudaMallocManaged
+	CudaMallocPitch
+	CudaMalloc3D
+	CudaMallocHost
+	CudaHostAlloc
+	CudaFreeHost
+	CudaSetDevice
+	apiEnd
+)
+
+// APIInfo describes one traced function.
+type APIInfo struct {
+	Name  string
+	Op    Op
+	Kind  Kind // for allocations and frees: the memory they handle
+	Layer Layer
+}
+
+var apis = [apiEnd]APIInfo{
+	APIUnknown:              {Name: "unknown"},
+	CudaMalloc:              {"cudaMalloc", OpAlloc, KindDevice, LayerRuntime},
+	CudaFree:                {"cudaFree", OpFree, KindDevice, LayerRuntime},
+	CudaMallocAsync:         {"cudaMallocAsync", OpAlloc, KindDevice, LayerRuntime},
+	CudaFreeAsync:           {"cudaFreeAsync", OpFree, KindDevice, LayerRuntime},
+	CudaMallocFromPoolAsync: {"cudaMallocFromPoolAsync", OpAlloc, KindDevice, LayerRuntime},
+	CudaMallocManaged:       {"cudaMallocManaged", OpAlloc, KindManaged, LayerRuntime},
+	CudaMallocPitch:         {"cudaMallocPitch", OpAlloc, KindDevice, LayerRuntime},
+	CudaMalloc3D:            {"cudaMalloc3D", OpAlloc, KindDevice, LayerRuntime},
+	CudaMallocHost:          {"cudaMallocHost", OpAlloc, KindHost, LayerRuntime},
+	CudaHostAlloc:           {"cudaHostAlloc", OpAlloc, KindHost, LayerRuntime},
+	CudaFreeHost:            {"cudaFreeHost", OpFree, KindHost, LayerRuntime},
+	CudaSetDevice:           {"cudaSetDevice", OpSetDevice, 0, LayerRuntime},
+}
+
+// Info returns what is known of a; unknown ids (a newer trace file) get a
+// placeholder rather than a panic.
+func (a API) Info() APIInfo {
+	if a < apiEnd {
+		return apis[a]
+	}
+	return APIInfo{Name: "unknown"}
+}
+
+func (a API) String() string { return a.Info().Name }
+
+// APIByName finds an API by its C symbol name.
+func APIByName(name string) (API, bool) {
+	for i := API(1); i < apiEnd; i++ {
+		if apis[i].Name == name {
+			return i, true
+		}
+	}
+	return APIUnknown, false
+}
+
+// APIs lists every known API id, in order.
+func APIs() []API {
+	out := make([]API, 0, apiEnd-1)
+	for i := API(1); i < apiEnd; i++ {
+		out = append(out, i)
+	}
+	return out
+}

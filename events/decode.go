@@ -1,0 +1,74 @@
+package events
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Layout of struct ct_event in bpf/cudatrace.h. decode_test.go checks these
+// offsets against the bpf2go-generated Go twin, so a change to the C struct
+// that is not mirrored here fails the tests instead of garbling events.
+const (
+	offTime     = 0
+	offDuration = 8
+	offAddr     = 16
+	offSize     = 24
+	offPID      = 32
+	offTID      = 36
+	offDevice   = 40
+	offResult   = 44
+	offAPI      = 48
+	offFlags    = 50
+	offNFrames  = 52
+	offComm     = 56
+	commLen     = 16
+	headerSize  = 72
+
+	// MaxFrames is CT_MAX_FRAMES: stack slots in an allocation record.
+	MaxFrames = 127
+)
+
+// ErrShortRecord means a ring-buffer record was smaller than its header says.
+var ErrShortRecord = errors.New("short record")
+
+// Decode parses one ring-buffer record into ev, reusing ev.Stack's backing
+// array when it is large enough. It never panics on malformed input.
+func Decode(raw []byte, ev *Event) error {
+	if len(raw) < headerSize {
+		return fmt.Errorf("decode record of %d bytes: %w", len(raw), ErrShortRecord)
+	}
+	le := binary.LittleEndian
+	ev.Time = le.Uint64(raw[offTime:])
+	ev.Duration = le.Uint64(raw[offDuration:])
+	ev.Addr = le.Uint64(raw[offAddr:])
+	ev.Size = le.Uint64(raw[offSize:])
+	ev.PID = le.Uint32(raw[offPID:])
+	ev.TID = le.Uint32(raw[offTID:])
+	ev.Device = int32(le.Uint32(raw[offDevice:]))
+	ev.Result = int32(le.Uint32(raw[offResult:]))
+	ev.API = API(le.Uint16(raw[offAPI:]))
+	ev.Flags = le.Uint16(raw[offFlags:])
+	n := int32(le.Uint32(raw[offNFrames:]))
+	comm := raw[offComm : offComm+commLen]
+	if i := bytes.IndexByte(comm, 0); i >= 0 {
+		comm = comm[:i]
+	}
+	if ev.Comm != string(comm) { // most events repeat the last comm: skip the allocation
+		ev.Comm = string(comm)
+	}
+	ev.Stack = ev.Stack[:0]
+	ev.StackErr = 0
+	if n < 0 {
+		ev.StackErr = n
+		return nil
+	}
+	if int(n) > MaxFrames || headerSize+int(n)*8 > len(raw) {
+		return fmt.Errorf("decode record: %d frames in %d bytes: %w", n, len(raw), ErrShortRecord)
+	}
+	for i := 0; i < int(n); i++ {
+		ev.Stack = append(ev.Stack, le.Uint64(raw[headerSize+i*8:]))
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package events
+
+import (
+	"encoding/binary"
+	"errors"
+	"testing"
+	"unsafe"
+
+	"github.com/cudatrace/cudatrace/bpf"
+)
+
+func TestLayoutMatchesBPF(t *testing.T) {
+	var e bpf.CudatraceCtEvent
+	var a bpf.CudatraceCtAllocEvent
+	checks := []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"ts_ns", unsafe.Offsetof(e.TsNs), offTime},
+		{"dur_ns", unsafe.Offsetof(e.DurNs), offDuration},
+		{"addr", unsafe.Offsetof(e.Addr), offAddr},
+		{"size", unsafe.Offsetof(e.Size), offSize},
+		{"pid", unsafe.Offsetof(e.Pid), offPID},
+		{"tid", unsafe.Offsetof(e.Tid), offTID},
+		{"device", unsafe.Offsetof(e.Device), offDevice},
+		{"result", unsafe.Offsetof(e.Result), offResult},
+		{"api", unsafe.Offsetof(e.Api), offAPI},
+		{"flags", unsafe.Offsetof(e.Flags), offFlags},
+		{"nframes", unsafe.Offsetof(e.Nframes), offNFrames},
+		{"comm", unsafe.Offsetof(e.Comm), offComm},
+		{"sizeof(ct_event)", unsafe.Sizeof(e), headerSize},
+		{"stack", unsafe.Offsetof(a.Stack), headerSize},
+		{"frames", uintptr(len(a.Stack)), MaxFrames},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: BPF has %d, decoder %d", c.name, c.got, c.want)
+		}
+	}
+}
+
+func record(nframes int32, frames ...uint64) []byte {
+	b := make([]byte, headerSize+8*len(frames))
+	le := binary.LittleEndian
+	le.PutUint64(b[offTime:], 1000)
+	le.PutUint64(b[offDuration:], 250)
+	le.PutUint64(b[offAddr:], 0x7e0000000200)
+	le.PutUint64(b[offSize:], 4096)
+	le.PutUint32(b[offPID:], 42)
+	le.PutUint32(b[offTID:], 43)
+	le.PutUint32(b[offDevice:], 1)
+	le.PutUint32(b[offResult:], uint32(0xfffffffe)) // -2
+	le.PutUint16(b[offAPI:], uint16(CudaMallocPitch))
+	le.PutUint16(b[offFlags:], FlagStackTrunc)
+	le.PutUint32(b[offNFrames:], uint32(nframes))
+	copy(b[offComm:], "python3")
+	for i, f := range frames {
+		le.PutUint64(b[headerSize+8*i:], f)
+	}
+	return b
+}
+
+func TestDecode(t *testing.T) {
+	var ev Event
+	if err := Decode(record(2, 0x401000, 0x402000), &ev); err != nil {
+		t.Fatal(err)
+	}
+	want := Event{Time: 1000, Duration: 250, PID: 42, TID: 43, Comm: "python3", API: CudaMallocPitch,
+		Addr: 0x7e0000000200, Size: 4096, Device: 1, Result: -2, Flags: FlagStackTrunc}
+	if ev.Time != want.Time || ev.Duration != want.Duration || ev.PID != want.PID || ev.TID != want.TID ||
+		ev.Comm != want.Comm || ev.API != want.API || ev.Addr != want.Addr || ev.Size != want.Size ||
+		ev.Device != want.Device || ev.Result != want.Result || ev.Flags != want.Flags {
+		t.Fatalf("got %+v, want %+v", ev, want)
+	}
+	if len(ev.Stack) != 2 || ev.Stack[0] != 0x401000 || ev.Stack[1] != 0x402000 {
+		t.Fatalf("stack %x", ev.Stack)
+	}
+	if ev.End() != 1250 {
+		t.Fatalf("End() = %d, want 1250", ev.End())
+	}
+}
+
+func TestDecodeStackError(t *testing.T) {
+	var ev Event
+	if err := Decode(record(-14), &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.StackErr != -14 || len(ev.Stack) != 0 {
+		t.Fatalf("StackErr %d, stack %v", ev.StackErr, ev.Stack)
+	}
+}
+
+func TestDecodeRejectsBadLengths(t *testing.T) {
+	var ev Event
+	for _, raw := range [][]byte{nil, make([]byte, headerSize-1), record(3, 1, 2), record(MaxFrames + 1)} {
+		if err := Decode(raw, &ev); !errors.Is(err, ErrShortRecord) {
+			t.Errorf("%d bytes: err %v, want ErrShortRecord", len(raw), err)
+		}
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add(record(2, 1, 2))
+	f.Add(record(-1))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var ev Event
+		if Decode(raw, &ev) == nil && len(ev.Stack) > MaxFrames {
+			t.Fatalf("%d frames", len(ev.Stack))
+		}
+	})
+}

@@ -1,0 +1,32 @@
+package events
+
+// Event is one traced call, decoded. Times are CLOCK_BOOTTIME nanoseconds
+// (bpf_ktime_get_boot_ns), the clock trace files convert to wall time.
+type Event struct {
+	Time     uint64 // call entry
+	Duration uint64 // entry to return; 0 for calls recorded at entry only (frees)
+	PID      uint32 // thread group id, what users call the PID
+	TID      uint32
+	Comm     string
+	API      API
+	Addr     uint64 // allocated or freed address; 0 for a failed allocation
+	Size     uint64 // bytes; for pitch and 3D allocations the bytes actually reserved
+	Device   int32  // CUDA device ordinal current on the calling thread
+	Result   int32  // cudaError_t / CUresult; 0 is success
+	Flags    uint16
+	Stack    []uint64 // user return addresses, innermost first
+	StackErr int32    // negative errno from bpf_get_stack, 0 when the stack is fine
+}
+
+// Event flags, as set by the BPF programs (bpf/cudatrace.h CT_F_*).
+const (
+	FlagEntryOnly  uint16 = 1 << 0 // recorded at entry: no result, no duration
+	FlagStackTrunc uint16 = 1 << 1 // the stack filled every frame slot and may go deeper
+)
+
+// End is when the call's effect on memory takes hold: frees at entry (the
+// memory may be reused as soon as the call runs), allocations at return.
+func (e *Event) End() uint64 { return e.Time + e.Duration }
+
+// OK reports whether the call succeeded.
+func (e *Event) OK() bool { return e.Result == 0 }

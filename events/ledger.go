@@ -1,0 +1,272 @@
+package events
+
+import (
+	"hash/maphash"
+	"sort"
+)
+
+// Ledger keeps what each process holds: live allocations keyed by address,
+// per-process and per-device totals with their peaks, failures, and
+// allocation stacks. Apply it to events in the order the ring buffer
+// delivered them; the BPF programs order frees before any reuse of their
+// address (see bpf/cudatrace.bpf.c).
+type Ledger struct {
+	procs    map[uint32]*Process
+	stacks   map[stackKey]*Stack
+	seed     maphash.Seed
+	maxFails int
+}
+
+// Process is one traced process's account.
+type Process struct {
+	PID  uint32
+	Comm string
+
+	Allocs     uint64 // successful allocation calls
+	Frees      uint64 // frees of allocations this ledger saw
+	Failed     uint64 // failed allocation calls
+	AllocBytes uint64 // bytes of successful allocations
+
+	// Frees of addresses the ledger never saw allocated: made before the
+	// tracer attached, or a free of a bad pointer.
+	UnknownFrees uint64
+	// Allocations returned at an address already live: the free in between
+	// was lost. The older allocation is dropped from the live set.
+	Replaced uint64
+
+	Live, Peak         uint64 // GPU memory (every kind but pinned host)
+	PeakTime           uint64 // when Peak was reached (boot ns)
+	HostLive, HostPeak uint64 // pinned host memory
+
+	Devices  map[int32]*Device
+	Failures []Failure // the first Ledger.MaxFailures failed calls
+	live     map[uint64]*Allocation
+}
+
+// Device is one process's use of one GPU.
+type Device struct {
+	Device     int32
+	Live, Peak uint64
+}
+
+// Allocation is a live allocation.
+type Allocation struct {
+	Addr, Size uint64
+	Device     int32
+	API        API
+	Time       uint64 // when it took effect (return of the call)
+	TID        uint32
+	Stack      *Stack
+}
+
+// Failure is a failed allocation call.
+type Failure struct {
+	Time   uint64
+	TID    uint32
+	API    API
+	Size   uint64
+	Device int32
+	Result int32
+	Stack  *Stack
+}
+
+// Stack aggregates the allocations made from one call stack of one process.
+type Stack struct {
+	PID        uint32
+	Frames     []uint64
+	Allocs     uint64
+	AllocBytes uint64
+	Live       uint64 // bytes still live (GPU and host)
+	LiveCount  uint64
+}
+
+type stackKey struct {
+	pid  uint32
+	hash uint64
+	n    int
+}
+
+// DefaultMaxFailures bounds the failures kept per process: a job retrying a
+// failing allocation in a loop must not grow the ledger without end. All
+// failures are still counted.
+const DefaultMaxFailures = 10000
+
+// NewLedger returns an empty ledger.
+func NewLedger() *Ledger {
+	return &Ledger{
+		procs:    make(map[uint32]*Process),
+		stacks:   make(map[stackKey]*Stack),
+		seed:     maphash.MakeSeed(),
+		maxFails: DefaultMaxFailures,
+	}
+}
+
+func (l *Ledger) proc(pid uint32, comm string) *Process {
+	p := l.procs[pid]
+	if p == nil {
+		p = &Process{PID: pid, Devices: make(map[int32]*Device), live: make(map[uint64]*Allocation)}
+		l.procs[pid] = p
+	}
+	if comm != "" {
+		p.Comm = comm // the latest: a process that exec'd is known by its new name
+	}
+	return p
+}
+
+func (p *Process) device(d int32) *Device {
+	dv := p.Devices[d]
+	if dv == nil {
+		dv = &Device{Device: d}
+		p.Devices[d] = dv
+	}
+	return dv
+}
+
+func (l *Ledger) stack(pid uint32, frames []uint64) *Stack {
+	var h maphash.Hash
+	h.SetSeed(l.seed)
+	var buf [8]byte
+	for _, f := range frames {
+		for i := range buf {
+			buf[i] = byte(f >> (8 * i))
+		}
+		h.Write(buf[:])
+	}
+	key := stackKey{pid: pid, hash: h.Sum64(), n: len(frames)}
+	s := l.stacks[key]
+	if s == nil {
+		// Copy: the caller's slice is a reused decode buffer.
+		s = &Stack{PID: pid, Frames: append([]uint64(nil), frames...)}
+		l.stacks[key] = s
+	}
+	return s
+}
+
+// Apply accounts for one event.
+func (l *Ledger) Apply(ev *Event) {
+	info := ev.API.Info()
+	switch info.Op {
+	case OpAlloc:
+		l.alloc(ev, info)
+	case OpFree:
+		l.free(ev)
+	}
+}
+
+func (l *Ledger) alloc(ev *Event, info APIInfo) {
+	p := l.proc(ev.PID, ev.Comm)
+	st := l.stack(ev.PID, ev.Stack)
+	if !ev.OK() {
+		p.Failed++
+		if len(p.Failures) < l.maxFails {
+			p.Failures = append(p.Failures, Failure{Time: ev.End(), TID: ev.TID, API: ev.API, Size: ev.Size,
+				Device: ev.Device, Result: ev.Result, Stack: st})
+		}
+		return
+	}
+	p.Allocs++
+	p.AllocBytes += ev.Size
+	st.Allocs++
+	st.AllocBytes += ev.Size
+	if old := p.live[ev.Addr]; old != nil {
+		p.Replaced++
+		p.release(old)
+	}
+	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st}
+	p.live[ev.Addr] = a
+	st.Live += a.Size
+	st.LiveCount++
+	if info.Kind == KindHost {
+		p.HostLive += a.Size
+		p.HostPeak = max(p.HostPeak, p.HostLive)
+		return
+	}
+	p.Live += a.Size
+	if p.Live > p.Peak {
+		p.Peak = p.Live
+		p.PeakTime = a.Time
+	}
+	d := p.device(a.Device)
+	d.Live += a.Size
+	d.Peak = max(d.Peak, d.Live)
+}
+
+func (l *Ledger) free(ev *Event) {
+	p := l.proc(ev.PID, ev.Comm)
+	a := p.live[ev.Addr]
+	if a == nil {
+		p.UnknownFrees++
+		return
+	}
+	p.Frees++
+	p.release(a)
+}
+
+// release removes a from the live set and every total it counts in.
+func (p *Process) release(a *Allocation) {
+	delete(p.live, a.Addr)
+	a.Stack.Live -= a.Size
+	a.Stack.LiveCount--
+	if a.API.Info().Kind == KindHost {
+		p.HostLive -= a.Size
+		return
+	}
+	p.Live -= a.Size
+	p.device(a.Device).Live -= a.Size
+}
+
+// Processes returns every process seen, by PID.
+func (l *Ledger) Processes() []*Process {
+	out := make([]*Process, 0, len(l.procs))
+	for _, p := range l.procs {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
+	return out
+}
+
+// Process returns one process's account, or nil.
+func (l *Ledger) Process(pid uint32) *Process { return l.procs[pid] }
+
+// Stacks returns every distinct allocation stack, most live bytes first,
+// then most allocated bytes.
+func (l *Ledger) Stacks() []*Stack {
+	out := make([]*Stack, 0, len(l.stacks))
+	for _, s := range l.stacks {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Live != b.Live {
+			return a.Live > b.Live
+		}
+		if a.AllocBytes != b.AllocBytes {
+			return a.AllocBytes > b.AllocBytes
+		}
+		if a.PID != b.PID {
+			return a.PID < b.PID
+		}
+		return a.Allocs > b.Allocs
+	})
+	return out
+}
+
+// LiveAllocations returns p's live allocations by address.
+func (p *Process) LiveAllocations() []*Allocation {
+	out := make([]*Allocation, 0, len(p.live))
+	for _, a := range p.live {
+		out = append(out, a)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr < out[j].Addr })
+	return out
+}
+
+// DeviceList returns p's devices by ordinal.
+func (p *Process) DeviceList() []*Device {
+	out := make([]*Device, 0, len(p.Devices))
+	for _, d := range p.Devices {
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Device < out[j].Device })
+	return out
+}

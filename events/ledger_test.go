@@ -1,0 +1,90 @@
+package events
+
+import "testing"
+
+func alloc(pid uint32, api API, addr, size uint64, dev int32, frames ...uint64) *Event {
+	return &Event{PID: pid, TID: pid, Comm: "w", API: api, Addr: addr, Size: size, Device: dev, Stack: frames}
+}
+
+func free(pid uint32, api API, addr uint64) *Event {
+	return &Event{PID: pid, TID: pid, Comm: "w", API: api, Addr: addr, Flags: FlagEntryOnly}
+}
+
+func TestLedgerTotals(t *testing.T) {
+	l := NewLedger()
+	l.Apply(alloc(1, CudaMalloc, 0x1000, 100, 0, 0xa))
+	l.Apply(alloc(1, CudaMallocManaged, 0x2000, 50, 1, 0xb))
+	l.Apply(alloc(1, CudaMallocHost, 0x9000, 70, 0, 0xa))
+	l.Apply(&Event{PID: 1, API: CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{0xc}})
+	l.Apply(free(1, CudaFree, 0x1000))
+	l.Apply(free(1, CudaFree, 0x5555)) // never seen
+	l.Apply(alloc(1, CudaMalloc, 0x1000, 30, 1, 0xa)) // address reused
+
+	p := l.Process(1)
+	checks := map[string][2]uint64{
+		"allocs":       {p.Allocs, 4},
+		"frees":        {p.Frees, 1},
+		"failed":       {p.Failed, 1},
+		"alloc_bytes":  {p.AllocBytes, 250},
+		"live":         {p.Live, 80},
+		"peak":         {p.Peak, 150},
+		"host_live":    {p.HostLive, 70},
+		"unknown_free": {p.UnknownFrees, 1},
+		"replaced":     {p.Replaced, 0},
+	}
+	for name, c := range checks {
+		if c[0] != c[1] {
+			t.Errorf("%s = %d, want %d", name, c[0], c[1])
+		}
+	}
+	devs := p.DeviceList()
+	if len(devs) != 2 || devs[0].Live != 0 || devs[0].Peak != 100 || devs[1].Live != 80 || devs[1].Peak != 80 {
+		t.Errorf("devices %+v %+v", *devs[0], *devs[1])
+	}
+	if len(p.Failures) != 1 || p.Failures[0].Result != 2 || p.Failures[0].Size != 1<<40 {
+		t.Errorf("failures %+v", p.Failures)
+	}
+	stacks := l.Stacks()
+	// 0xa: 100 (freed) + 70 host + 30 = 3 allocs, 100 live; 0xb: 50 live; 0xc: failure only.
+	if len(stacks) != 3 || stacks[0].Frames[0] != 0xa || stacks[0].Allocs != 3 || stacks[0].Live != 100 ||
+		stacks[0].AllocBytes != 200 || stacks[1].Frames[0] != 0xb || stacks[1].Live != 50 {
+		for _, s := range stacks {
+			t.Logf("%+v", *s)
+		}
+		t.Fatal("stacks wrong")
+	}
+}
+
+func TestLedgerLostFreeReplaces(t *testing.T) {
+	l := NewLedger()
+	l.Apply(alloc(7, CudaMalloc, 0x1000, 100, 0))
+	l.Apply(alloc(7, CudaMalloc, 0x1000, 40, 0)) // the free in between was lost
+	p := l.Process(7)
+	if p.Replaced != 1 || p.Live != 40 || p.Allocs != 2 || len(p.LiveAllocations()) != 1 {
+		t.Fatalf("replaced %d live %d allocs %d", p.Replaced, p.Live, p.Allocs)
+	}
+}
+
+func TestLedgerFailuresBounded(t *testing.T) {
+	l := NewLedger()
+	l.maxFails = 3
+	for i := 0; i < 10; i++ {
+		l.Apply(&Event{PID: 1, API: CudaMalloc, Size: 1, Result: 2})
+	}
+	p := l.Process(1)
+	if p.Failed != 10 || len(p.Failures) != 3 {
+		t.Fatalf("failed %d kept %d", p.Failed, len(p.Failures))
+	}
+}
+
+func TestLedgerPerProcess(t *testing.T) {
+	l := NewLedger()
+	l.Apply(alloc(1, CudaMalloc, 0x1000, 10, 0))
+	l.Apply(alloc(2, CudaMalloc, 0x1000, 20, 0)) // same address, other process: not a reuse
+	if l.Process(1).Live != 10 || l.Process(2).Live != 20 || l.Process(1).Replaced != 0 {
+		t.Fatal("processes share state")
+	}
+	if ps := l.Processes(); len(ps) != 2 || ps[0].PID != 1 {
+		t.Fatal("order")
+	}
+}

@@ -1,0 +1,174 @@
+package loader
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/cudatrace/cudatrace/proc"
+)
+
+// libPattern matches the file names of the CUDA libraries cudatrace probes.
+var libPattern = regexp.MustCompile(`^libcudart\.so(\.\d+)*$`)
+
+// IsCUDALibrary reports whether a path names a library cudatrace probes.
+func IsCUDALibrary(path string) bool { return libPattern.MatchString(filepath.Base(path)) }
+
+// Library is one library file to probe, identified by its inode: the same
+// file reached through two paths (a symlink, a bind mount) is probed once,
+// and two copies at different paths are two libraries.
+type Library struct {
+	Path  string // a path the tracer can open (through /proc/PID/root for a container)
+	Dev   uint64
+	Inode uint64
+}
+
+// Libraries collects libraries, keeping one per inode.
+type Libraries struct {
+	list []Library
+	seen map[[2]uint64]bool
+}
+
+// Add records path if it is a file not seen before; it reports whether it
+// was new.
+func (ls *Libraries) Add(path string) (bool, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return false, fmt.Errorf("library %s: %w", path, err)
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return false, fmt.Errorf("library %s: not a regular file", path)
+	}
+	key := [2]uint64{st.Dev, st.Ino}
+	if ls.seen == nil {
+		ls.seen = make(map[[2]uint64]bool)
+	}
+	if ls.seen[key] {
+		return false, nil
+	}
+	ls.seen[key] = true
+	ls.list = append(ls.list, Library{Path: path, Dev: st.Dev, Inode: st.Ino})
+	return true, nil
+}
+
+// List returns the libraries in the order they were added.
+func (ls *Libraries) List() []Library { return ls.list }
+
+// FromProcess returns the CUDA libraries mapped by pid, as paths through
+// /proc/PID/root so that a containerized process's own copy is the one
+// probed.
+func FromProcess(pid int) ([]string, error) {
+	maps, err := proc.ReadMaps(pid)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, m := range maps {
+		if m.File() && IsCUDALibrary(m.Path) && !seen[m.Path] {
+			seen[m.Path] = true
+			out = append(out, proc.RootPath(pid, m.Path))
+		}
+	}
+	return out, nil
+}
+
+// SearchDirs returns the directories a system-wide search looks in, besides
+// the ld.so cache: CUDA toolkits, pip wheels (nvidia-cuda-runtime-cu12 puts
+// libcudart in site-packages/nvidia/cuda_runtime/lib) and conda
+// environments. Globs are expanded; missing directories are left out.
+func SearchDirs() []string {
+	home, _ := os.UserHomeDir()
+	patterns := []string{
+		"/usr/local/cuda/lib64", "/usr/local/cuda-*/lib64",
+		"/usr/local/cuda/targets/*/lib", "/usr/local/cuda-*/targets/*/lib",
+		"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
+		"/opt/conda/lib", "/opt/conda/envs/*/lib",
+		filepath.Join(home, "miniconda3/lib"), filepath.Join(home, "anaconda3/lib"),
+		filepath.Join(home, "miniconda3/envs/*/lib"),
+	}
+	for _, env := range []string{"CONDA_PREFIX", "VIRTUAL_ENV", "CUDA_HOME", "CUDA_PATH"} {
+		if v := os.Getenv(env); v != "" {
+			patterns = append(patterns, filepath.Join(v, "lib"), filepath.Join(v, "lib64"),
+				filepath.Join(v, "lib/python3*/site-packages/nvidia/*/lib"))
+		}
+	}
+	for _, sp := range []string{
+		"/usr/lib/python3*/dist-packages", "/usr/local/lib/python3*/dist-packages",
+		"/usr/lib/python3*/site-packages", "/usr/local/lib/python3*/site-packages",
+		"/opt/conda/lib/python3*/site-packages", "/opt/conda/envs/*/lib/python3*/site-packages",
+		filepath.Join(home, ".local/lib/python3*/site-packages"),
+		filepath.Join(home, ".pyenv/versions/*/lib/python3*/site-packages"),
+		filepath.Join(home, "*/lib/python3*/site-packages"), // virtualenvs kept in $HOME
+	} {
+		patterns = append(patterns, filepath.Join(sp, "nvidia/*/lib"))
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, p := range patterns {
+		matches, _ := filepath.Glob(p)
+		sort.Strings(matches)
+		for _, m := range matches {
+			if fi, err := os.Stat(m); err == nil && fi.IsDir() && !seen[m] {
+				seen[m] = true
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// FromSystem finds CUDA libraries installed on the host: in the ld.so cache
+// and in SearchDirs. It also returns where it looked, for the error a user
+// sees when nothing is found.
+func FromSystem() (found, searched []string) {
+	seen := map[string]bool{}
+	add := func(p string) {
+		if r, err := filepath.EvalSymlinks(p); err == nil && !seen[r] {
+			seen[r] = true
+			found = append(found, r)
+		}
+	}
+	if out, err := exec.Command("ldconfig", "-p").Output(); err == nil {
+		searched = append(searched, "ld.so cache (ldconfig -p)")
+		for _, p := range parseLdconfig(out) {
+			if IsCUDALibrary(p) {
+				add(p)
+			}
+		}
+	}
+	for _, dir := range SearchDirs() {
+		searched = append(searched, dir)
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if IsCUDALibrary(e.Name()) {
+				add(filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	return found, searched
+}
+
+// parseLdconfig extracts library paths from `ldconfig -p` output:
+//
+//	libcudart.so.12 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.12
+func parseLdconfig(out []byte) []string {
+	var paths []string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if _, p, ok := strings.Cut(sc.Text(), " => "); ok {
+			paths = append(paths, strings.TrimSpace(p))
+		}
+	}
+	return paths
+}

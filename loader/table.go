@@ -1,0 +1,54 @@
+// Package loader finds CUDA libraries, attaches cudatrace's BPF programs to
+// their allocation entry points, and reads the records the programs submit.
+// It owns every BPF object and link it creates.
+package loader
+
+import "github.com/cudatrace/cudatrace/events"
+
+// Shape names an argument layout; each has one entry program (see
+// bpf/cudatrace.h enum ct_shape).
+type Shape uint8
+
+const (
+	ShapeAlloc  Shape = iota + 1 // (T **out, size_t size, ...)
+	ShapePitch                   // (T **out, size_t *pitch, size_t width, size_t height)
+	Shape3D                      // (cudaPitchedPtr *out, cudaExtent by value)
+	ShapeFree                    // (T *ptr, ...), recorded at entry
+	ShapeSetDevice               // (int device)
+)
+
+// Probe is one row of the attach table: adding an API is adding a row.
+type Probe struct {
+	Symbol   string
+	API      events.API
+	Shape    Shape
+	Required bool // a library that has any row of its table must have these
+}
+
+// RuntimeProbes are libcudart's allocation entry points. cudaMalloc and
+// cudaFree exist in every CUDA version; the others arrived later (async and
+// pools in 11.2) and are skipped, and reported, where a library lacks them.
+var RuntimeProbes = []Probe{
+	{"cudaMalloc", events.CudaMalloc, ShapeAlloc, true},
+	{"cudaFree", events.CudaFree, ShapeFree, true},
+	{"cudaMallocAsync", events.CudaMallocAsync, ShapeAlloc, false},
+	{"cudaFreeAsync", events.CudaFreeAsync, ShapeFree, false},
+	{"cudaMallocFromPoolAsync", events.CudaMallocFromPoolAsync, ShapeAlloc, false},
+	{"cudaMallocManaged", events.CudaMallocManaged, ShapeAlloc, false},
+	{"cudaMallocPitch", events.CudaMallocPitch, ShapePitch, false},
+	{"cudaMalloc3D", events.CudaMalloc3D, Shape3D, false},
+	{"cudaMallocHost", events.CudaMallocHost, ShapeAlloc, false},
+	{"cudaHostAlloc", events.CudaHostAlloc, ShapeAlloc, false},
+	{"cudaFreeHost", events.CudaFreeHost, ShapeFree, false},
+	{"cudaSetDevice", events.CudaSetDevice, ShapeSetDevice, false},
+}
+
+// Tables lists every attach table. A library is probed with each table of
+// which it exports at least one symbol, so a program that links the runtime
+// statically is handled like libcudart itself.
+var Tables = []struct {
+	Name   string
+	Probes []Probe
+}{
+	{"CUDA runtime", RuntimeProbes},
+}

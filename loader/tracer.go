@@ -1,0 +1,343 @@
+package loader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/cudatrace/cudatrace/bpf"
+)
+
+// Options tune the BPF side. Zero values pick the defaults.
+type Options struct {
+	// FilterPIDs limits tracing to the processes given to AddPID (and, with
+	// FollowForks, their descendants). Off means every process on the host.
+	FilterPIDs  bool
+	FollowForks bool
+	// RingBytes is the ring buffer's size: a power of two, a multiple of the
+	// page size. Bursts beyond it between two reads are lost (and counted).
+	RingBytes uint32
+	// WakeupBytes: records are submitted without waking the reader until this
+	// much data is unread; the reader also polls every PollInterval. Waking
+	// per record costs ~7.5 µs per event (DESIGN.md).
+	WakeupBytes  uint64
+	PollInterval time.Duration
+	// MaxInflight bounds calls remembered between entry and return.
+	MaxInflight uint32
+}
+
+const (
+	DefaultRingBytes    = 16 << 20
+	DefaultWakeupBytes  = 1 << 20
+	DefaultPollInterval = 50 * time.Millisecond
+	DefaultMaxInflight  = 16384
+)
+
+func (o *Options) defaults() {
+	if o.RingBytes == 0 {
+		o.RingBytes = DefaultRingBytes
+	}
+	if o.WakeupBytes == 0 {
+		o.WakeupBytes = min(DefaultWakeupBytes, uint64(o.RingBytes)/4)
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = DefaultPollInterval
+	}
+	if o.MaxInflight == 0 {
+		o.MaxInflight = DefaultMaxInflight
+	}
+}
+
+// Tracer owns the BPF objects, the links that attach them and the ring
+// buffer reader. Close releases all of them; the kernel also drops every
+// probe when the process dies, however it dies, since each is held by a file
+// descriptor.
+type Tracer struct {
+	opts   Options
+	objs   bpf.CudatraceObjects
+	links  []link.Link
+	fork   link.Link
+	reader *ringbuf.Reader
+}
+
+// New loads the BPF programs. It attaches nothing yet.
+func New(opts Options) (*Tracer, error) {
+	opts.defaults()
+	spec, err := bpf.LoadCudatrace()
+	if err != nil {
+		return nil, fmt.Errorf("load BPF spec: %w", err)
+	}
+	set := map[string]any{
+		bpf.CudatraceVarFilterPids:  boolByte(opts.FilterPIDs),
+		bpf.CudatraceVarFollowForks: boolByte(opts.FollowForks),
+		bpf.CudatraceVarWakeupBytes: opts.WakeupBytes,
+	}
+	for name, v := range set {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	spec.Maps[bpf.CudatraceMapEvents].MaxEntries = opts.RingBytes
+	spec.Maps[bpf.CudatraceMapInflight].MaxEntries = opts.MaxInflight
+
+	t := &Tracer{opts: opts}
+	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load BPF programs: %+v", ve)
+		}
+		return nil, fmt.Errorf("load BPF programs: %w", err)
+	}
+	if opts.FilterPIDs && opts.FollowForks {
+		t.fork, err = link.AttachTracing(link.TracingOptions{Program: t.objs.CtFork})
+		if err != nil {
+			t.Close()
+			return nil, fmt.Errorf("attach fork tracepoint (to follow child processes): %w", err)
+		}
+	}
+	t.reader, err = ringbuf.NewReader(t.objs.Events)
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("open ring buffer: %w", err)
+	}
+	return t, nil
+}
+
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// AttachResult says what Attach did with one library.
+type AttachResult struct {
+	Library  Library
+	Symbols  []string // attached
+	Missing  []string // optional symbols the library lacks
+	Programs int      // uprobes and uretprobes created
+}
+
+// Attach probes every allocation entry point lib exports. A library that
+// exports no known symbol, or lacks a required one of a table it uses, is an
+// error; optional symbols it lacks are listed in the result. On error
+// nothing stays attached from this library.
+func (t *Tracer) Attach(lib Library) (AttachResult, error) {
+	res := AttachResult{Library: lib}
+	ex, err := link.OpenExecutable(lib.Path)
+	if err != nil {
+		return res, fmt.Errorf("open %s: %w", lib.Path, err)
+	}
+	var added []link.Link
+	rollback := func() {
+		for _, l := range added {
+			l.Close()
+		}
+	}
+	for _, table := range Tables {
+		var tableSyms, tableMissing []string
+		var requiredMissing []string
+		for _, p := range table.Probes {
+			ls, err := t.attachProbe(ex, p)
+			if isMissingSymbol(err) {
+				if p.Required {
+					requiredMissing = append(requiredMissing, p.Symbol)
+				}
+				tableMissing = append(tableMissing, p.Symbol)
+				continue
+			}
+			if err != nil {
+				rollback()
+				return res, fmt.Errorf("attach %s in %s: %w", p.Symbol, lib.Path, err)
+			}
+			added = append(added, ls...)
+			tableSyms = append(tableSyms, p.Symbol)
+		}
+		if len(tableSyms) == 0 {
+			continue // the library is not of this table's kind
+		}
+		if len(requiredMissing) > 0 {
+			rollback()
+			return res, fmt.Errorf("%s exports %s symbols but lacks %v: not a CUDA library cudatrace understands",
+				lib.Path, table.Name, requiredMissing)
+		}
+		res.Symbols = append(res.Symbols, tableSyms...)
+		res.Missing = append(res.Missing, tableMissing...)
+	}
+	if len(res.Symbols) == 0 {
+		return res, fmt.Errorf("%s exports none of the CUDA allocation functions cudatrace probes (cudaMalloc, ...): %w",
+			lib.Path, ErrNotCUDA)
+	}
+	t.links = append(t.links, added...)
+	res.Programs = len(added)
+	return res, nil
+}
+
+// ErrNotCUDA says a file has no CUDA symbols to probe.
+var ErrNotCUDA = errors.New("not a CUDA library")
+
+// isMissingSymbol: the symbol is absent, or only imported (undefined, so
+// address 0), which cilium/ebpf reports as unsupported.
+func isMissingSymbol(err error) bool {
+	return errors.Is(err, link.ErrNoSymbol) || errors.Is(err, errors.ErrUnsupported)
+}
+
+func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) {
+	opts := &link.UprobeOptions{Cookie: uint64(p.API)}
+	var enter *ebpf.Program
+	ret := true
+	switch p.Shape {
+	case ShapeAlloc:
+		enter = t.objs.CtAllocEnter
+	case ShapePitch:
+		enter = t.objs.CtPitchEnter
+	case Shape3D:
+		enter = t.objs.Ct3dEnter
+	case ShapeSetDevice:
+		enter = t.objs.CtSetdevEnter
+	case ShapeFree:
+		enter, ret = t.objs.CtFreeEnter, false
+	default:
+		return nil, fmt.Errorf("unknown shape %d", p.Shape)
+	}
+	// The return probe goes first: an entry without its return would leave
+	// calls remembered forever, a return without entry is merely ignored.
+	var out []link.Link
+	if ret {
+		l, err := ex.Uretprobe(p.Symbol, t.objs.CtExit, opts)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	l, err := ex.Uprobe(p.Symbol, enter, opts)
+	if err != nil {
+		for _, l := range out {
+			l.Close()
+		}
+		return nil, err
+	}
+	return append(out, l), nil
+}
+
+// AddPID adds a process to the filter (with FilterPIDs).
+func (t *Tracer) AddPID(pid uint32) error {
+	if err := t.objs.Pids.Put(pid, uint8(1)); err != nil {
+		return fmt.Errorf("trace pid %d: %w", pid, err)
+	}
+	return nil
+}
+
+// Handler receives what Run reads.
+type Handler interface {
+	// Record gets one raw ring-buffer record; raw is reused after return.
+	Record(raw []byte)
+	// Tick is called at least every PollInterval, between records.
+	Tick()
+}
+
+// Run reads records until ctx is done, then detaches every probe, hands
+// over what is still in the ring buffer, and returns. Read errors other
+// than the reader being closed are reported through errf and reading goes
+// on.
+func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
+	var rec ringbuf.Record
+	last := time.Now()
+	for ctx.Err() == nil {
+		t.reader.SetDeadline(time.Now().Add(t.opts.PollInterval))
+		err := t.reader.ReadInto(&rec)
+		switch {
+		case err == nil:
+			h.Record(rec.RawSample)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+		case errors.Is(err, ringbuf.ErrClosed):
+			return nil
+		default:
+			errf(fmt.Errorf("read ring buffer: %w", err))
+		}
+		if now := time.Now(); now.Sub(last) >= t.opts.PollInterval {
+			last = now
+			h.Tick()
+		}
+	}
+	t.Detach()
+	// A deadline in the past makes ReadInto return what is buffered, then
+	// ErrDeadlineExceeded.
+	t.reader.SetDeadline(time.Now())
+	for {
+		err := t.reader.ReadInto(&rec)
+		if err != nil {
+			if !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, ringbuf.ErrClosed) {
+				errf(fmt.Errorf("drain ring buffer: %w", err))
+			}
+			break
+		}
+		h.Record(rec.RawSample)
+	}
+	h.Tick()
+	return nil
+}
+
+// Detach removes every probe; the maps and the reader stay readable.
+func (t *Tracer) Detach() error {
+	var first error
+	for _, l := range t.links {
+		if err := l.Close(); err != nil && first == nil {
+			first = fmt.Errorf("detach: %w", err)
+		}
+	}
+	t.links = nil
+	if t.fork != nil {
+		if err := t.fork.Close(); err != nil && first == nil {
+			first = fmt.Errorf("detach fork tracepoint: %w", err)
+		}
+		t.fork = nil
+	}
+	return first
+}
+
+// Counter names, in the order of bpf/cudatrace.h enum ct_counter.
+var CounterNames = []string{"events", "ringbuf_full", "inflight_full", "no_entry", "stale_entry", "nested", "stack_error"}
+
+// Counters sums the per-CPU BPF counters.
+func (t *Tracer) Counters() (map[string]uint64, error) {
+	out := make(map[string]uint64, len(CounterNames))
+	for i, name := range CounterNames {
+		var perCPU []uint64
+		if err := t.objs.Counters.Lookup(uint32(i), &perCPU); err != nil {
+			return nil, fmt.Errorf("read counter %s: %w", name, err)
+		}
+		var sum uint64
+		for _, v := range perCPU {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
+
+// Lost sums the counters that mean an event was lost.
+func Lost(c map[string]uint64) uint64 {
+	return c["ringbuf_full"] + c["inflight_full"] + c["no_entry"] + c["stale_entry"]
+}
+
+// Close detaches and frees everything; it returns the first error.
+func (t *Tracer) Close() error {
+	first := t.Detach()
+	if t.reader != nil {
+		if err := t.reader.Close(); err != nil && first == nil {
+			first = fmt.Errorf("close ring buffer: %w", err)
+		}
+		t.reader = nil
+	}
+	if err := t.objs.Close(); err != nil && first == nil {
+		first = fmt.Errorf("close BPF objects: %w", err)
+	}
+	return first
+}

@@ -1,0 +1,199 @@
+// Package proc reads what the kernel tells about a process: its memory
+// mappings, command name and command line. It is a leaf: the loader uses it
+// to find CUDA libraries in a target, the recorder to capture what
+// symbolization needs before the process exits.
+package proc
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Root is where /proc is mounted; tests point it elsewhere.
+var Root = "/proc"
+
+// Mapping is one line of /proc/PID/maps, plus the build ID of the mapped file
+// when the recorder could read it.
+type Mapping struct {
+	Start   uint64 `json:"start"`
+	End     uint64 `json:"end"`
+	Offset  uint64 `json:"offset"` // file offset of Start
+	Perms   string `json:"perms"`
+	Dev     string `json:"dev,omitempty"` // major:minor, hex, as the kernel prints it
+	Inode   uint64 `json:"inode,omitempty"`
+	Path    string `json:"path,omitempty"`
+	BuildID string `json:"build_id,omitempty"` // hex GNU build ID of Path
+}
+
+// Exec reports whether the mapping is executable (the only ones return
+// addresses fall in).
+func (m *Mapping) Exec() bool { return len(m.Perms) > 2 && m.Perms[2] == 'x' }
+
+// File reports whether the mapping is backed by a file on disk, rather than
+// anonymous memory or a kernel pseudo-mapping such as [vdso].
+func (m *Mapping) File() bool { return m.Inode != 0 && strings.HasPrefix(m.Path, "/") }
+
+// ErrNoProcess says the PID does not exist (or has exited).
+var ErrNoProcess = errors.New("no such process")
+
+func path(pid int, name string) string {
+	return filepath.Join(Root, strconv.Itoa(pid), name)
+}
+
+func wrapNotExist(pid int, err error) error {
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, errESRCH) {
+		return fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+	}
+	return fmt.Errorf("pid %d: %w", pid, err)
+}
+
+// Exists reports whether pid is a live process.
+func Exists(pid int) bool {
+	_, err := os.Stat(filepath.Join(Root, strconv.Itoa(pid)))
+	return err == nil
+}
+
+// ReadMaps reads /proc/PID/maps.
+func ReadMaps(pid int) ([]Mapping, error) {
+	f, err := os.Open(path(pid, "maps"))
+	if err != nil {
+		return nil, wrapNotExist(pid, err)
+	}
+	defer f.Close()
+	maps, err := ParseMaps(f)
+	if err != nil {
+		return nil, wrapNotExist(pid, err)
+	}
+	return maps, nil
+}
+
+// ParseMaps parses the text of a /proc/PID/maps file. Malformed lines are an
+// error: the format is the kernel's and does not vary.
+func ParseMaps(r io.Reader) ([]Mapping, error) {
+	var out []Mapping
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for n := 1; sc.Scan(); n++ {
+		m, err := parseMapsLine(sc.Text())
+		if err != nil {
+			return nil, fmt.Errorf("maps line %d: %w", n, err)
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
+}
+
+func parseMapsLine(line string) (Mapping, error) {
+	// 7f1c2a000000-7f1c2a021000 r-xp 00000000 fd:01 1234   /usr/lib/x.so
+	var m Mapping
+	fields := strings.Fields(line)
+	if len(fields) < 5 {
+		return m, fmt.Errorf("want at least 5 fields in %q", line)
+	}
+	lo, hi, ok := strings.Cut(fields[0], "-")
+	if !ok {
+		return m, fmt.Errorf("bad range %q", fields[0])
+	}
+	var err error
+	if m.Start, err = strconv.ParseUint(lo, 16, 64); err != nil {
+		return m, fmt.Errorf("bad start %q", lo)
+	}
+	if m.End, err = strconv.ParseUint(hi, 16, 64); err != nil {
+		return m, fmt.Errorf("bad end %q", hi)
+	}
+	m.Perms = fields[1]
+	if m.Offset, err = strconv.ParseUint(fields[2], 16, 64); err != nil {
+		return m, fmt.Errorf("bad offset %q", fields[2])
+	}
+	m.Dev = fields[3]
+	if m.Inode, err = strconv.ParseUint(fields[4], 10, 64); err != nil {
+		return m, fmt.Errorf("bad inode %q", fields[4])
+	}
+	if len(fields) > 5 {
+		// The path is the rest of the line and may hold spaces.
+		idx := strings.Index(line, fields[5])
+		m.Path = strings.TrimSuffix(line[idx:], " (deleted)")
+	}
+	return m, nil
+}
+
+// Comm returns the process's command name (/proc/PID/comm).
+func Comm(pid int) (string, error) {
+	b, err := os.ReadFile(path(pid, "comm"))
+	if err != nil {
+		return "", wrapNotExist(pid, err)
+	}
+	return strings.TrimSuffix(string(b), "\n"), nil
+}
+
+// Cmdline returns the process's arguments (/proc/PID/cmdline).
+func Cmdline(pid int) ([]string, error) {
+	b, err := os.ReadFile(path(pid, "cmdline"))
+	if err != nil {
+		return nil, wrapNotExist(pid, err)
+	}
+	b = bytes.TrimSuffix(b, []byte{0})
+	if len(b) == 0 {
+		return nil, nil
+	}
+	return strings.Split(string(b), "\x00"), nil
+}
+
+// PPID returns the parent's PID, from /proc/PID/stat.
+func PPID(pid int) (int, error) {
+	b, err := os.ReadFile(path(pid, "stat"))
+	if err != nil {
+		return 0, wrapNotExist(pid, err)
+	}
+	// The comm field is in parentheses and may contain anything: parse after
+	// the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	return strconv.Atoi(f[1])
+}
+
+// RootPath returns the path by which the tracer sees file p of process pid:
+// through /proc/PID/root, so a container's files resolve in its own mount
+// namespace.
+func RootPath(pid int, p string) string {
+	return filepath.Join(Root, strconv.Itoa(pid), "root", p)
+}
+
+// PIDs lists every process now running.
+func PIDs() ([]int, error) {
+	ents, err := os.ReadDir(Root)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", Root, err)
+	}
+	var out []int
+	for _, e := range ents {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && pid > 0 {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
+}
+
+// Alive reports whether pid runs: it exists and is not a zombie waiting to
+// be reaped.
+func Alive(pid int) bool {
+	b, err := os.ReadFile(path(pid, "stat"))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
+}

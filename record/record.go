@@ -1,0 +1,330 @@
+// Package record runs one tracing session: it finds the libraries, attaches
+// the probes, launches or follows the targets, and writes every event to the
+// trace file and the ledger until the session ends.
+package record
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/loader"
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// Options describe a session.
+type Options struct {
+	Libs     []string      // library files to probe; empty means find them
+	PIDs     []int         // running processes to trace
+	All      bool          // every process on the host
+	Command  []string      // a command to launch and trace
+	Duration time.Duration // stop after this long; 0 means until the targets exit or a signal
+	Output   string        // trace file; "" keeps only the in-memory ledger
+	Tracer   loader.Options
+	Version  string
+	Stderr   io.Writer // progress and warnings
+	// LaunchHelper is argv[0..] of a command that waits for one byte on fd
+	// 3, then execs the rest of its arguments: it lets the tracer add the
+	// child to the PID filter before the target runs its first instruction.
+	LaunchHelper []string
+}
+
+// Result is what a finished session holds.
+type Result struct {
+	Ledger     *events.Ledger
+	Counters   map[string]uint64
+	Lost       uint64
+	Attached   []loader.AttachResult
+	ExitCode   int // of the launched command
+	Events     uint64
+	Output     string
+	StopReason string
+}
+
+// Run traces until the session ends. ctx cancellation (SIGINT, SIGTERM)
+// ends it cleanly.
+func Run(ctx context.Context, opts Options) (*Result, error) {
+	if opts.Stderr == nil {
+		opts.Stderr = io.Discard
+	}
+	if err := validate(&opts); err != nil {
+		return nil, err
+	}
+	if err := loader.Preflight(); err != nil {
+		return nil, err
+	}
+	libs, err := findLibraries(&opts)
+	if err != nil {
+		return nil, err
+	}
+
+	topts := opts.Tracer
+	topts.FilterPIDs = !opts.All
+	topts.FollowForks = true
+	tr, err := loader.New(topts)
+	if err != nil {
+		return nil, hint.Wrap(err, "check `dmesg` and that the kernel has BTF and uprobes (CONFIG_UPROBE_EVENTS)")
+	}
+	defer tr.Close()
+
+	res := &Result{Ledger: events.NewLedger(), Output: opts.Output}
+	for _, lib := range libs {
+		ar, err := tr.Attach(lib)
+		if err != nil {
+			return nil, hint.Wrap(err, "name the CUDA runtime library with --lib PATH (e.g. .../libcudart.so.12)")
+		}
+		res.Attached = append(res.Attached, ar)
+	}
+	for _, pid := range opts.PIDs {
+		if err := tr.AddPID(uint32(pid)); err != nil {
+			return nil, err
+		}
+	}
+
+	s, err := newSession(opts, res)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	for _, ar := range res.Attached {
+		s.writeAttach(ar)
+	}
+	var probes int
+	for _, ar := range res.Attached {
+		probes += ar.Programs
+		if len(ar.Missing) > 0 {
+			fmt.Fprintf(opts.Stderr, "cudatrace: %s lacks %s (older CUDA): not traced\n",
+				ar.Library.Path, strings.Join(ar.Missing, ", "))
+		}
+	}
+	fmt.Fprintf(opts.Stderr, "cudatrace: attached %d probes to %d librar%s (%s)\n", probes, len(libs),
+		plural(len(libs), "y", "ies"), libPaths(libs))
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	if opts.Duration > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(runCtx, opts.Duration)
+		defer cancel()
+	}
+	s.stop = stop
+	if len(opts.Command) > 0 {
+		child, err := launch(opts, tr)
+		if err != nil {
+			return nil, err
+		}
+		s.child = child
+	}
+	if err := tr.Run(runCtx, s, s.warn); err != nil {
+		return nil, err
+	}
+	switch {
+	case s.reason != "":
+		res.StopReason = s.reason
+	case ctx.Err() != nil:
+		res.StopReason = "interrupted"
+	case opts.Duration > 0:
+		res.StopReason = "duration elapsed"
+	}
+	if s.child != nil {
+		res.ExitCode = s.child.wait()
+	}
+	res.Counters, err = tr.Counters()
+	if err != nil {
+		s.warn(err)
+	}
+	res.Lost = loader.Lost(res.Counters)
+	res.Events = s.events
+	if err := s.finish(res); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func libPaths(libs []loader.Library) string {
+	var p []string
+	for _, l := range libs {
+		p = append(p, l.Path)
+	}
+	return strings.Join(p, ", ")
+}
+
+func validate(opts *Options) error {
+	modes := 0
+	if len(opts.PIDs) > 0 {
+		modes++
+	}
+	if opts.All {
+		modes++
+	}
+	if len(opts.Command) > 0 {
+		modes++
+	}
+	if modes != 1 {
+		return hint.Wrap(errors.New("say what to trace: a command after --, --pid PID, or --all (one of them)"),
+			"e.g. cudatrace record -- python train.py")
+	}
+	for _, pid := range opts.PIDs {
+		if pid <= 0 || !proc.Alive(pid) {
+			return hint.Wrap(fmt.Errorf("pid %d: %w", pid, proc.ErrNoProcess),
+				"check the PID with `ps` or `nvidia-smi`; the process may have exited")
+		}
+	}
+	return nil
+}
+
+func findLibraries(opts *Options) ([]loader.Library, error) {
+	var ls loader.Libraries
+	if len(opts.Libs) > 0 {
+		for _, p := range opts.Libs {
+			if _, err := ls.Add(p); err != nil {
+				return nil, hint.Wrap(err, "--lib takes the path of a CUDA library file, e.g. /usr/local/cuda/lib64/libcudart.so.12")
+			}
+		}
+		return ls.List(), nil
+	}
+	var searched []string
+	for _, pid := range opts.PIDs {
+		paths, err := loader.FromProcess(pid)
+		if err != nil {
+			return nil, err
+		}
+		searched = append(searched, fmt.Sprintf("/proc/%d/maps", pid))
+		if len(paths) == 0 {
+			return nil, hint.Wrap(fmt.Errorf("process %d has no CUDA library mapped (searched /proc/%d/maps for libcudart)", pid, pid),
+				"if it links CUDA statically or loads it later, name the library with --lib PATH")
+		}
+		for _, p := range paths {
+			if _, err := ls.Add(p); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if opts.All || len(opts.Command) > 0 {
+		found, dirs := loader.FromSystem()
+		searched = append(searched, dirs...)
+		for _, p := range found {
+			if _, err := ls.Add(p); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(ls.List()) == 0 {
+		return nil, hint.Wrap(fmt.Errorf("no CUDA library found (searched: %s)", strings.Join(searched, ", ")),
+			"name the library with --lib PATH, e.g. --lib /usr/local/cuda/lib64/libcudart.so.12 or a wheel's site-packages/nvidia/cuda_runtime/lib/libcudart.so.12")
+	}
+	return ls.List(), nil
+}
+
+// child is a launched command.
+type child struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	code int
+	once sync.Once
+}
+
+func (c *child) wait() int {
+	<-c.done
+	return c.code
+}
+
+func (c *child) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// launch starts the command through the launch helper, adds it to the PID
+// filter while it waits, then lets it exec the target.
+func launch(opts Options, tr *loader.Tracer) (*child, error) {
+	if _, err := exec.LookPath(opts.Command[0]); err != nil {
+		return nil, hint.Wrap(fmt.Errorf("command %q: %w", opts.Command[0], err), "check the command's name and PATH")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("launch: %w", err)
+	}
+	defer r.Close()
+	args := append(append(append([]string{}, opts.LaunchHelper[1:]...), "--"), opts.Command...)
+	cmd := exec.Command(opts.LaunchHelper[0], args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{r}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("launch %s: %w", opts.Command[0], err)
+	}
+	c := &child{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			c.code = ee.ExitCode()
+			if ws, ok := ee.Sys().(unix.WaitStatus); ok && ws.Signaled() {
+				c.code = 128 + int(ws.Signal())
+			}
+		case err != nil:
+			c.code = 127
+		}
+		close(c.done)
+	}()
+	if err := tr.AddPID(uint32(cmd.Process.Pid)); err != nil {
+		w.Close() // the helper sees EOF and exits without running the command
+		return nil, err
+	}
+	if _, err := w.Write([]byte{1}); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("start %s: %w", opts.Command[0], err)
+	}
+	w.Close()
+	return c, nil
+}
+
+// LaunchMain is the launch helper's body: wait for the go byte on fd 3, then
+// become the command. It only returns on error.
+func LaunchMain(argv []string) error {
+	f := os.NewFile(3, "go")
+	var b [1]byte
+	n, _ := f.Read(b[:])
+	f.Close()
+	if n != 1 {
+		return errors.New("tracer went away before the command could start")
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return fmt.Errorf("command %q: %w", argv[0], err)
+	}
+	return unix.Exec(path, argv, os.Environ())
+}
+
+func bootNow() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
+}
+
+var _ = tracefile.Version

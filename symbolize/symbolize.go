@@ -1,0 +1,285 @@
+// Package symbolize turns user-space addresses captured in a process into
+// function names and source lines, from the process's mappings recorded
+// while it ran. The process may be gone by then: the mapped files are opened
+// by path on this host, and their build IDs guard against a file that was
+// replaced in between.
+package symbolize
+
+import (
+	"debug/elf"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/cudatrace/cudatrace/proc"
+)
+
+// Frame is one symbolized stack frame.
+type Frame struct {
+	Addr     uint64 // the runtime address as captured
+	Function string // demangled function name; "" when unknown
+	File     string // source file from DWARF line info; "" when none
+	Line     int    // 0 when none
+	Module   string // path of the mapped file; "[anon]" / "[vdso]" etc. for non-file mappings, "" if in no mapping
+	Offset   uint64 // the address as an ELF virtual address in Module (what addr2line takes); 0 when the file's headers could not be read
+	BuildID  string
+}
+
+// Symbolizer symbolizes addresses, caching what it parsed from each file.
+// It is safe for concurrent use.
+type Symbolizer struct {
+	// DebugDir is where separate debug files are looked up by build ID
+	// (DebugDir/.build-id/ab/cdef….debug), the layout distributions' debug
+	// packages install, for files shipped without DWARF. Empty disables it.
+	// Set it before the first call to Frames.
+	DebugDir string
+
+	mu sync.Mutex
+	// byFile avoids even reading the build ID of a file seen before; the
+	// stat fields notice a file rewritten in place under the same path.
+	byFile map[fileKey]*entry
+	// byBuildID shares one parse between paths holding the same binary
+	// (copies, containers' own roots, hard links).
+	byBuildID map[string]*module
+}
+
+type fileKey struct {
+	path  string
+	size  int64
+	mtime int64
+}
+
+type entry struct {
+	once sync.Once
+	mod  *module // nil when the file could not be parsed at all
+}
+
+// New returns a Symbolizer with empty caches.
+func New() *Symbolizer {
+	return &Symbolizer{
+		DebugDir:  "/usr/lib/debug",
+		byFile:    map[fileKey]*entry{},
+		byBuildID: map[string]*module{},
+	}
+}
+
+// Close drops the caches. The Symbolizer stays usable: later calls parse
+// files again.
+func (s *Symbolizer) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.byFile = map[fileKey]*entry{}
+	s.byBuildID = map[string]*module{}
+	return nil
+}
+
+// Frames symbolizes addrs, which are taken to be return addresses, against
+// maps. It returns one Frame per address, in order; what cannot be found out
+// is left empty.
+func (s *Symbolizer) Frames(maps []proc.Mapping, addrs []uint64) []Frame {
+	sorted := make([]proc.Mapping, len(maps))
+	copy(sorted, maps)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Start < sorted[j].Start })
+
+	// Stat each path once per call, not once per address: stacks hit the
+	// same few modules over and over.
+	mods := map[string]*module{}
+	out := make([]Frame, len(addrs))
+	for i, addr := range addrs {
+		out[i] = s.frame(sorted, mods, addr)
+	}
+	return out
+}
+
+func (s *Symbolizer) frame(maps []proc.Mapping, mods map[string]*module, addr uint64) (f Frame) {
+	f.Addr = addr
+	defer func() {
+		// A malformed file must cost a frame its names, not the caller
+		// its process.
+		if r := recover(); r != nil {
+			notePanic(r)
+			f = Frame{Addr: f.Addr, Module: f.Module, BuildID: f.BuildID, Offset: f.Offset}
+		}
+	}()
+
+	i := sort.Search(len(maps), func(i int) bool { return maps[i].End > addr })
+	if i == len(maps) || addr < maps[i].Start {
+		return f
+	}
+	m := &maps[i]
+	if !strings.HasPrefix(m.Path, "/") {
+		f.Module = m.Path
+		if f.Module == "" {
+			f.Module = "[anon]"
+		}
+		return f
+	}
+	f.Module = m.Path
+	f.BuildID = m.BuildID
+
+	mod, ok := mods[m.Path]
+	if !ok {
+		mod = s.module(m.Path)
+		mods[m.Path] = mod
+	}
+	if mod == nil {
+		return f
+	}
+	if m.BuildID != "" && !strings.EqualFold(m.BuildID, mod.buildID) {
+		// The file on disk is not what the process ran: its headers,
+		// symbols and lines would all describe other code.
+		return f
+	}
+	f.BuildID = mod.buildID
+	if f.BuildID == "" {
+		f.BuildID = m.BuildID
+	}
+
+	vaddr, ok := mod.vaddr(addr-m.Start+m.Offset, m.Exec())
+	if !ok {
+		return f
+	}
+	f.Offset = vaddr
+	if vaddr == 0 {
+		return f
+	}
+	// A return address is the instruction after the call; the call itself,
+	// one byte back, is in the caller's function and line even when the
+	// call was the function's last instruction.
+	pc := vaddr - 1
+	f.Function = mod.function(pc)
+	f.File, f.Line = mod.line(pc)
+	return f
+}
+
+// module returns the parsed file at path, or nil if it cannot be parsed.
+func (s *Symbolizer) module(path string) *module {
+	st, err := os.Stat(path)
+	// Only regular files: a mapped device such as /dev/nvidiactl must not be
+	// opened, let alone read.
+	if err != nil || !st.Mode().IsRegular() {
+		return nil
+	}
+	key := fileKey{path: path, size: st.Size(), mtime: st.ModTime().UnixNano()}
+	s.mu.Lock()
+	e := s.byFile[key]
+	if e == nil {
+		e = &entry{}
+		s.byFile[key] = e
+	}
+	s.mu.Unlock()
+	// Parsing happens outside s.mu so one large library does not stall
+	// lookups in others; once makes concurrent callers share the parse.
+	e.once.Do(func() { e.mod, _ = s.load(path) })
+	return e.mod
+}
+
+// load parses the file at path. The module it returns may be partial (no
+// symbols, no lines) when only parts of the file are readable; the error
+// says what was lost.
+func (s *Symbolizer) load(path string) (mod *module, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			notePanic(r)
+			mod, err = nil, fmt.Errorf("parse %s: panic: %v", path, r)
+		}
+	}()
+	f, err := openELF(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+
+	id, _ := buildIDOf(f.File)
+	if id != "" {
+		s.mu.Lock()
+		cached := s.byBuildID[id]
+		s.mu.Unlock()
+		if cached != nil {
+			return cached, nil
+		}
+	}
+
+	mod, err = parseModule(f.File, path)
+	mod.buildID = id
+	if !mod.hasLines || len(mod.syms) == 0 {
+		if derr := s.addDebugFile(mod); derr != nil && err == nil {
+			err = derr
+		}
+	}
+	if id != "" {
+		s.mu.Lock()
+		s.byBuildID[id] = mod
+		s.mu.Unlock()
+	}
+	return mod, err
+}
+
+// addDebugFile fills what mod lacks from its separate debug file, if one is
+// installed.
+func (s *Symbolizer) addDebugFile(mod *module) error {
+	if s.DebugDir == "" || len(mod.buildID) < 3 {
+		return nil
+	}
+	path := filepath.Join(s.DebugDir, ".build-id", mod.buildID[:2], mod.buildID[2:]+".debug")
+	st, err := os.Stat(path)
+	if err != nil || !st.Mode().IsRegular() {
+		return nil
+	}
+	f, err := openELF(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if id, _ := buildIDOf(f.File); id != mod.buildID {
+		return nil
+	}
+	dbg, err := parseModule(f.File, path)
+	// The debug file's own program headers may describe NOBITS sections;
+	// only its symbols and lines are worth taking.
+	if len(mod.syms) == 0 || (!mod.symtab && dbg.symtab) {
+		mod.syms, mod.symtab = dbg.syms, dbg.symtab
+	}
+	if !mod.hasLines && dbg.hasLines {
+		mod.lines, mod.files, mod.hasLines = dbg.lines, dbg.files, true
+	}
+	return err
+}
+
+type elfFile struct {
+	*elf.File
+	os *os.File
+}
+
+func (f *elfFile) Close() error { return f.os.Close() }
+
+func openELF(path string) (*elfFile, error) {
+	fd, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	// Checked again on the open file: the path may have been swapped for a
+	// device or FIFO since the caller's stat.
+	if st, err := fd.Stat(); err != nil || !st.Mode().IsRegular() {
+		fd.Close()
+		return nil, fmt.Errorf("open %s: not a regular file", path)
+	}
+	f, err := elf.NewFile(fd)
+	if err != nil {
+		fd.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	return &elfFile{File: f, os: fd}, nil
+}
+
+// panicHook lets tests see panics that the exported functions recover from.
+var panicHook func(any)
+
+func notePanic(r any) {
+	if panicHook != nil {
+		panicHook(r)
+	}
+}

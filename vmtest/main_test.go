@@ -1,0 +1,310 @@
+package vmtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// realLibcudart is NVIDIA's libcudart from Debian's non-free libcudart11.0.
+const realLibcudart = "/usr/lib/x86_64-linux-gnu/libcudart.so.11.0"
+
+// Environment defaults for the stand-in, set explicitly for every workload.
+const (
+	fakeDevices  = 2
+	fakeMemLimit = 1 << 30
+)
+
+// The build, made once by TestMain.
+var (
+	buildDir string
+
+	tracerBin      string // the cudatrace binary
+	tracerBuildErr error  // with the go build output
+
+	fakeLib      string // .../lib/libcudart.so.12 (the real file)
+	fakeLibDir   string // holds libcudart.so.12 and libcudart.so -> libcudart.so.12
+	binDir       string
+	cBuildErr    error // nil, errNoGCC, or the failed compiler run
+	realBuildErr error // realcuda: errNoRealLib, or the failed compiler run
+)
+
+var (
+	errNoGCC     = errors.New("gcc not found in PATH")
+	errNoRealLib = errors.New(realLibcudart + " is missing (install Debian non-free libcudart11.0 and libcuda1)")
+)
+
+// workload returns the path of a built C workload.
+func workload(name string) string { return filepath.Join(binDir, name) }
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "cudatrace-vmtest-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "vmtest:", err)
+		return 2
+	}
+	// The mix binary's path appears in reports as a module: no symlinks in it.
+	if d, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = d
+	}
+	buildDir = dir
+	if os.Getenv("VMTEST_KEEP") != "" {
+		fmt.Fprintln(os.Stderr, "vmtest: keeping build directory", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); buildTracer(dir) }()
+	go func() { defer wg.Done(); buildStandIns(dir) }()
+	wg.Wait()
+	return m.Run()
+}
+
+func buildTracer(dir string) {
+	if bin := os.Getenv("VMTEST_CUDATRACE"); bin != "" {
+		// A binary built elsewhere (a CI artifact, or a stand-in tracer).
+		tracerBin = bin
+		if _, err := os.Stat(bin); err != nil {
+			tracerBuildErr = fmt.Errorf("VMTEST_CUDATRACE: %v", err)
+		}
+		return
+	}
+	tracerBin = filepath.Join(dir, "cudatrace")
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goTool, "build", "-o", tracerBin, "github.com/cudatrace/cudatrace/cmd/cudatrace")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tracerBuildErr = fmt.Errorf("go build -o %s github.com/cudatrace/cudatrace/cmd/cudatrace: %v\n%s", tracerBin, err, out)
+	}
+}
+
+func buildStandIns(dir string) {
+	fakeLibDir = filepath.Join(dir, "lib")
+	binDir = filepath.Join(dir, "bin")
+	fakeLib = filepath.Join(fakeLibDir, "libcudart.so.12")
+	realBuildErr = errNoRealLib
+	if _, err := exec.LookPath("gcc"); err != nil {
+		cBuildErr = errNoGCC
+		realBuildErr = errNoGCC
+		return
+	}
+	td, err := filepath.Abs("testdata")
+	if err != nil {
+		cBuildErr = err
+		return
+	}
+	for _, d := range []string{fakeLibDir, binDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			cBuildErr = err
+			return
+		}
+	}
+	src := func(name string) string { return filepath.Join(td, name) }
+
+	// The stand-in: no frame pointers, like NVIDIA's libcudart; symbols
+	// versioned libcudart.so.12 like NVIDIA's.
+	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-fomit-frame-pointer", "-pthread", "-Wall",
+		"-Wl,-soname,libcudart.so.12", "-Wl,--version-script="+src("fakecudart.map"),
+		"-o", fakeLib, src("fakecudart.c")); cBuildErr != nil {
+		return
+	}
+	// -lcudart must find the stand-in before anything else: the directory
+	// comes first with a libcudart.so link, and the rpath makes the loader
+	// pick it over the ld.so cache (where NVIDIA's libcudart may be).
+	if cBuildErr = os.Symlink("libcudart.so.12", filepath.Join(fakeLibDir, "libcudart.so")); cBuildErr != nil {
+		return
+	}
+	for _, prog := range []string{"mix", "attach_later", "shortlived", "faketest"} {
+		if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall",
+			"-o", workload(prog), src(prog+".c"),
+			"-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+			return
+		}
+	}
+	if _, err := os.Stat(realLibcudart); err == nil {
+		realBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-o", workload("realcuda"),
+			src("realcuda.c"), realLibcudart)
+	}
+}
+
+func gcc(args ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "gcc", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// inCI reports whether a skip must count as a failure.
+func inCI() bool { return os.Getenv("CI") == "true" }
+
+// skipOrFail skips the test, or fails it in CI, where a skip is a failure.
+func skipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if inCI() {
+		t.Fatalf("CI=true, so this is a failure, not a skip: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// Capability numbers from linux/capability.h.
+const (
+	capSysAdmin = 21
+	capPerfmon  = 38
+	capBPF      = 39
+)
+
+func effectiveCaps() (uint64, error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		}
+	}
+	return 0, errors.New("no CapEff in /proc/self/status")
+}
+
+// requirePrivileged skips (fails in CI) unless the tests run as root with
+// CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN, which implies them).
+func requirePrivileged(t testing.TB) {
+	t.Helper()
+	caps, err := effectiveCaps()
+	has := func(c uint) bool { return caps&(1<<c) != 0 }
+	ok := err == nil && os.Geteuid() == 0 && (has(capBPF) && has(capPerfmon) || has(capSysAdmin))
+	if !ok {
+		skipOrFail(t, "needs root (CAP_BPF, CAP_PERFMON): run as root (euid %d, CapEff %#x, %v)", os.Geteuid(), caps, err)
+	}
+}
+
+// requireTool skips (fails in CI) when a program is not in PATH.
+func requireTool(t testing.TB, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		skipOrFail(t, "needs %s in PATH: %v", name, err)
+	}
+}
+
+// needStandIns fails the test when the C stand-ins could not be built (or
+// skips it, outside CI, when there is no gcc).
+func needStandIns(t testing.TB) {
+	t.Helper()
+	if errors.Is(cBuildErr, errNoGCC) {
+		skipOrFail(t, "needs gcc in PATH to build the stand-in libcudart")
+	}
+	if cBuildErr != nil {
+		t.Fatalf("building the C stand-ins failed: %v", cBuildErr)
+	}
+}
+
+// needTracer fails the test when cudatrace did not build.
+func needTracer(t testing.TB) {
+	t.Helper()
+	if tracerBuildErr != nil {
+		t.Fatalf("building cudatrace failed:\n%v", tracerBuildErr)
+	}
+}
+
+// needRealCuda skips (fails in CI) without NVIDIA's libcudart.
+func needRealCuda(t testing.TB) {
+	t.Helper()
+	if errors.Is(realBuildErr, errNoRealLib) || errors.Is(realBuildErr, errNoGCC) {
+		skipOrFail(t, "%v", realBuildErr)
+	}
+	if realBuildErr != nil {
+		t.Fatalf("building realcuda failed: %v", realBuildErr)
+	}
+}
+
+// fakeEnv is the environment for a workload on the stand-in: this
+// process's, less any FAKECUDA_* setting, plus the defaults and the log.
+func fakeEnv(logPath string, extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "FAKECUDA_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env,
+		fmt.Sprintf("FAKECUDA_DEVICES=%d", fakeDevices),
+		fmt.Sprintf("FAKECUDA_MEM_LIMIT=%d", fakeMemLimit))
+	if logPath != "" {
+		env = append(env, "FAKECUDA_LOG="+logPath)
+	}
+	return append(env, extra...)
+}
+
+// testContext bounds a whole test: no test may hang for more than 60 s.
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer goroutine and readers.
+// When watch is set, the first line that starts with it closes seen.
+type lockedBuffer struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	watch string
+	seen  chan struct{}
+	found bool
+}
+
+func newLockedBuffer(watch string) *lockedBuffer {
+	return &lockedBuffer{watch: watch, seen: make(chan struct{})}
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Write(p)
+	if b.watch != "" && !b.found {
+		s := b.buf.String()
+		if strings.HasPrefix(s, b.watch) || strings.Contains(s, "\n"+b.watch) {
+			b.found = true
+			close(b.seen)
+		}
+	}
+	return len(p), nil
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// truncate keeps the head and the tail of a long text for a log.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n/2] + fmt.Sprintf("\n... (%d bytes left out) ...\n", len(s)-n) + s[len(s)-n/2:]
+}

@@ -1,0 +1,362 @@
+package vmtest
+
+// End-to-end tests of `cudatrace record` and `cudatrace report --json`
+// against the stand-in libcudart's ground truth. Privileged.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// traceSetup is what every tracer test starts with.
+func traceSetup(t *testing.T) (ctx context.Context, dir string) {
+	t.Helper()
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	return testContext(t), t.TempDir()
+}
+
+// onlyTruth returns the one process of a ground truth.
+func onlyTruth(t *testing.T, log, marker string) *procTruth {
+	t.Helper()
+	truths, err := groundTruthFile(log, marker)
+	if err != nil {
+		t.Fatalf("ground truth from %s: %v", log, err)
+	}
+	if len(truths) != 1 {
+		t.Fatalf("ground truth has pids %v, want one", keys(truths))
+	}
+	for _, p := range truths {
+		return p
+	}
+	return nil
+}
+
+// TestLaunchedMix: record a launched multi-threaded mix of every API.
+func TestLaunchedMix(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "mix.trace")
+	const threads = 4
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+		"--lib", fakeLib, "-o", trace, "--", workload("mix"), strconv.Itoa(threads), "300", "7")
+	rec.finish(t, 50*time.Second)
+
+	want := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	checkProcess(t, rep, want, peakSlack(want, threads), "mix")
+	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
+	mix := workload("mix")
+	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "worker_main")
+	checkStacks(t, rep, want.PID, mix, "alloc_pinned_staging", "worker_main")
+	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "setup_context", "main")
+}
+
+// TestAttachPID: attach to a running process; only what it does after the
+// attach counts, frees of older allocations included.
+func TestAttachPID(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "attach.trace")
+	p := startAttachLater(t, log)
+	pid := p.cmd.Process.Pid
+	rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeLib, "--pid", strconv.Itoa(pid), "-o", trace)
+	rec.waitAttached(t, 30*time.Second)
+	p.proceed(t)
+	if err := p.wait(t); err != nil {
+		t.Fatalf("attach_later: %v\n%s", err, p.stderr.String())
+	}
+	rec.finish(t, 20*time.Second) // ends by itself once its target has exited
+
+	want := onlyTruth(t, log, "PHASE2")
+	if want.PID != pid {
+		t.Fatalf("ground truth for pid %d, want %d", want.PID, pid)
+	}
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	// Phase 2's second thread is joined before the main thread goes on: the
+	// order is fixed and the peaks are exact.
+	checkProcess(t, rep, want, 0, "attach_later")
+	checkNoOtherProcesses(t, rep, map[int]*procTruth{pid: want})
+}
+
+// TestShortLived: children of the launched command are traced, each
+// process on its own ledger, even when it exits at once.
+func TestShortLived(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "short.trace")
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log), Dir: binDir},
+		"--lib", fakeLib, "-o", trace, "--", "sh", "-c", "for i in 1 2 3 4 5; do ./shortlived; done")
+	rec.finish(t, 45*time.Second)
+
+	truths, err := groundTruthFile(log, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(truths) != 5 {
+		t.Fatalf("ground truth has pids %v, want 5", keys(truths))
+	}
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	for _, want := range truths {
+		checkProcess(t, rep, want, 0, "shortlived")
+	}
+	checkNoOtherProcesses(t, rep, truths)
+}
+
+// TestSystemWide: --all with --lib traces processes started after the
+// attach, until --duration.
+func TestSystemWide(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "all.trace")
+	const duration = 5 * time.Second
+	rec := startRecord(t, ctx, recordOpts{}, "--all", "--lib", fakeLib, "-o", trace, "--duration", duration.String())
+	rec.waitAttached(t, 30*time.Second)
+	attached := time.Now()
+
+	const threads = 2
+	var wg sync.WaitGroup
+	pids := make([]int, 2)
+	errs := make([]error, 2)
+	for i, seed := range []string{"11", "12"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.CommandContext(ctx, workload("mix"), strconv.Itoa(threads), "150", seed)
+			cmd.Env = fakeEnv(log)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				errs[i] = fmt.Errorf("mix %s: %v\n%s", seed, err, out)
+			}
+			pids[i] = cmd.Process.Pid
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(attached); took > duration-time.Second {
+		t.Fatalf("the workloads took %v after the attach: too close to --duration %v for the test to mean anything", took, duration)
+	}
+	rec.finish(t, duration+20*time.Second)
+	if took := time.Since(rec.start); took < duration {
+		t.Errorf("cudatrace record --duration %v ended after %v", duration, took)
+	}
+
+	truths, err := groundTruthFile(log, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	for _, pid := range pids {
+		want := truths[pid]
+		if want == nil {
+			t.Fatalf("no ground truth for mix pid %d (have %v)", pid, keys(truths))
+		}
+		checkProcess(t, rep, want, peakSlack(want, threads), "mix")
+	}
+	// Other processes on the host may show up with --all: not checked.
+}
+
+// TestRealLibcudart: NVIDIA's own libcudart, stripped and without a GPU:
+// every cudaMalloc fails, and the report says how.
+func TestRealLibcudart(t *testing.T) {
+	requirePrivileged(t)
+	needRealCuda(t)
+	needTracer(t)
+	ctx, dir := testContext(t), t.TempDir()
+	trace, outFile := filepath.Join(dir, "real.trace"), filepath.Join(dir, "realcuda.out")
+	rec := startRecord(t, ctx, recordOpts{}, "--lib", realLibcudart, "-o", trace, "--", workload("realcuda"), outFile)
+	rec.finish(t, 50*time.Second)
+	printed, err := parseRealcudaOutput(readFileString(outFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("realcuda printed: pid %d, results %v", printed.PID, printed.Results)
+
+	rep := runReport(t, ctx, trace)
+	p := rep.process(printed.PID)
+	if p == nil {
+		t.Fatalf("realcuda (pid %d) not in the report (pids %v)", printed.PID, rep.pids())
+	}
+	if p.Failed != 3 || p.Allocs != 0 || p.Frees != 0 || p.LiveBytes != 0 || p.AllocBytes != 0 {
+		t.Errorf("realcuda: %+v, want failed 3 and nothing else", *p)
+	}
+	var fails []reportFailure
+	for _, f := range rep.Failures {
+		if f.PID == printed.PID {
+			fails = append(fails, f)
+		}
+	}
+	sort.Slice(fails, func(i, j int) bool { return fails[i].Size < fails[j].Size })
+	if len(fails) != 3 {
+		t.Fatalf("%d failures for realcuda, want 3: %+v", len(fails), fails)
+	}
+	for i, f := range fails {
+		res := printed.Results[i]
+		name, known := cudaErrorNames[res]
+		if f.API != "cudaMalloc" || f.Size != printed.Sizes[i] || f.Result != res || f.Device != 0 || f.TID != printed.PID {
+			t.Errorf("failure %+v, want cudaMalloc of %d on device 0 by tid %d returning %d", f, printed.Sizes[i], printed.PID, res)
+		}
+		if known && f.Error != name {
+			t.Errorf("failure %+v: error %q, want %q", f, f.Error, name)
+		}
+	}
+}
+
+// TestErrors: user errors give a short message with a hint, and a non-zero
+// exit, not a Go stack trace.
+func TestErrors(t *testing.T) {
+	requirePrivileged(t)
+	needTracer(t)
+
+	nopid := 999999
+	for ; ; nopid++ {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", nopid)); os.IsNotExist(err) {
+			break
+		}
+	}
+
+	run := func(t *testing.T, hint string, args ...string) {
+		t.Helper()
+		ctx := testContext(t)
+		ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, tracerBin, args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		msg := stderr.String()
+		defer func() {
+			if t.Failed() {
+				t.Logf("cudatrace %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, truncate(stdout.String(), 4<<10), truncate(msg, 8<<10))
+			}
+		}()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			t.Fatalf("exited 0, want an error")
+		case ctx.Err() != nil:
+			t.Fatalf("still running after 20 s")
+		case !errors.As(err, &ee) || ee.ExitCode() <= 0:
+			t.Fatalf("did not exit with an error code: %v", err)
+		}
+		if strings.Contains(msg, "goroutine ") || strings.Contains(msg, "panic:") {
+			t.Errorf("stderr holds a Go stack trace")
+		}
+		if lines := strings.Count(strings.TrimSpace(msg), "\n") + 1; len(msg) > 1024 || lines > 5 {
+			t.Errorf("stderr is %d bytes, %d lines: want a short message", len(msg), lines)
+		}
+		if !strings.Contains(strings.ToLower(msg), strings.ToLower(hint)) {
+			t.Errorf("stderr does not mention %q", hint)
+		}
+	}
+
+	t.Run("NoSuchPID", func(t *testing.T) {
+		run(t, "no such process", "record", "--pid", strconv.Itoa(nopid), "-o", filepath.Join(t.TempDir(), "t"))
+	})
+	t.Run("MissingLib", func(t *testing.T) {
+		run(t, "/nonexistent", "record", "--lib", "/nonexistent", "-o", filepath.Join(t.TempDir(), "t"), "--", "true")
+	})
+	t.Run("NoCudaLibrary", func(t *testing.T) {
+		ctx := testContext(t)
+		sleep := exec.CommandContext(ctx, "sleep", "60")
+		if err := sleep.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sleep.Process.Kill(); sleep.Wait() })
+		run(t, "--lib", "record", "--pid", strconv.Itoa(sleep.Process.Pid), "-o", filepath.Join(t.TempDir(), "t"))
+	})
+}
+
+// TestKillLeavesNoProbes: a tracer killed with SIGKILL leaves no BPF
+// program behind (nothing pinned, nothing held by another process).
+func TestKillLeavesNoProbes(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	requireTool(t, "bpftool")
+	before, err := ctProgs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := map[int]bool{}
+	for _, p := range before {
+		old[p.ID] = true
+	}
+
+	rec := startRecord(t, ctx, recordOpts{}, "--all", "--lib", fakeLib, "-o", filepath.Join(dir, "kill.trace"))
+	rec.waitAttached(t, 30*time.Second)
+	during, err := ctProgs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ours: new since we started, and held by our tracer where bpftool can
+	// tell (other cudatraces may run on this host at the same time).
+	pid := rec.cmd.Process.Pid
+	ours := map[int]string{}
+	for _, p := range during {
+		if old[p.ID] {
+			continue
+		}
+		owned := len(p.Pids) == 0
+		for _, o := range p.Pids {
+			owned = owned || o.Pid == pid
+		}
+		if owned {
+			ours[p.ID] = p.Name
+		}
+	}
+	if len(ours) == 0 {
+		t.Fatalf("no ct_* BPF program loaded while cudatrace (pid %d) is attached: the check would prove nothing; ct_* programs: %+v", pid, during)
+	}
+	t.Logf("cudatrace holds %d ct_* programs: %v", len(ours), ours)
+
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rec.done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("cudatrace did not die of SIGKILL")
+	}
+	var left []string
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		now, err := ctProgs(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left = left[:0]
+		for _, p := range now {
+			if _, ok := ours[p.ID]; ok {
+				left = append(left, fmt.Sprintf("%d:%s", p.ID, p.Name))
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(left) != 0 {
+		t.Errorf("2 s after SIGKILL these BPF programs of the tracer are still loaded: %v", left)
+	}
+}

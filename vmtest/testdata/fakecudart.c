@@ -1,0 +1,502 @@
+/*
+ * fakecudart.c: a stand-in for libcudart.so.12 for cudatrace's end-to-end
+ * tests on machines without a GPU. It exports the real CUDA runtime symbols
+ * with the real ABI, hands out fake device addresses from a first-fit
+ * free-list allocator (so freed addresses are reused, as with real CUDA), and
+ * logs its own ground truth.
+ *
+ * Build (the tests do this):
+ *   gcc -shared -fPIC -O2 -fomit-frame-pointer -pthread \
+ *       -Wl,-soname,libcudart.so.12 -Wl,--version-script=fakecudart.map \
+ *       -o libcudart.so.12 fakecudart.c
+ * No frame pointers, like the real libcudart.
+ *
+ * Environment:
+ *   FAKECUDA_DEVICES    number of devices (default 2, at most 16)
+ *   FAKECUDA_MEM_LIMIT  bytes per device, and for the managed and the pinned
+ *                       host arenas (default 1 GiB, at most 64 GiB; K/M/G
+ *                       suffixes allowed)
+ *   FAKECUDA_LOG        if set, every call appends one line to this file:
+ *     <api> pid=<pid> tid=<tid> ret=<int> ptr=0x<hex> size=<bytes> dev=<dev> kind=<kind> req=<bytes>
+ *   api:  the function called, or a marker name from fakecuda_log_marker.
+ *   ret:  the value returned.
+ *   ptr:  allocations: the address returned (0x0 when failed); frees: the
+ *         pointer passed.
+ *   size: allocations: the bytes reserved as the caller sees them (size;
+ *         pitch*height for cudaMallocPitch; pitch*height*depth for
+ *         cudaMalloc3D), 0 when failed; frees: the size the freed allocation
+ *         had, 0 when nothing was freed; 0 for other calls.
+ *   dev:  allocations and frees: the device the memory belongs to (the
+ *         thread's current device for allocations of any kind, failed ones
+ *         included); cudaSetDevice: the ordinal asked for; others: the
+ *         thread's current device.
+ *   kind: device, managed or host for allocations and frees (for a failed
+ *         free: the kind the API frees); none for other calls.
+ *   req:  allocations: the bytes asked for (size, width*height,
+ *         width*height*depth, saturated at 2^64-1), also when failed; else 0.
+ * Lines are written with one write(2) on an O_APPEND descriptor while the
+ * allocator's mutex is held, so their order in the file is the order in
+ * which the calls took effect, across threads (and, O_APPEND being atomic,
+ * across processes sharing the file).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "cuda_decls.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define ALIGN 512ULL
+#define MAX_DEVICES 16
+#define DEVICE_BASE 0x7e0000000000ULL /* device d at DEVICE_BASE + d<<36 */
+#define DEVICE_STRIDE (1ULL << 36)
+#define MANAGED_BASE 0x7d0000000000ULL
+#define HOST_BASE 0x7c0000000000ULL
+#define MAX_LIMIT (1ULL << 36)
+
+enum kind { KIND_DEVICE, KIND_MANAGED, KIND_HOST, KIND_NONE };
+static const char *const kind_names[] = {"device", "managed", "host", "none"};
+
+struct extent {
+	uint64_t start, len;
+};
+
+/* A range of fake addresses with a sorted, coalesced free list. */
+struct arena {
+	uint64_t base, limit;
+	struct extent *free;
+	size_t nfree, cap;
+};
+
+struct block {
+	uint64_t addr, reserved, size;
+	int dev;
+	enum kind kind;
+	struct block *next;
+};
+
+#define NBUCKETS 4096
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int ndevices = 2;
+static uint64_t mem_limit = 1ULL << 30;
+static int log_fd = -1;
+static struct arena dev_arena[MAX_DEVICES], managed_arena, host_arena;
+static struct block *buckets[NBUCKETS];
+
+static __thread int cur_dev;
+static __thread cudaError_t last_err;
+
+static uint64_t parse_size(const char *s, uint64_t def)
+{
+	char *end;
+	unsigned long long v;
+
+	if (!s || !*s)
+		return def;
+	errno = 0;
+	v = strtoull(s, &end, 0);
+	if (errno || end == s)
+		return def;
+	switch (*end) {
+	case 'k': case 'K': v <<= 10; break;
+	case 'm': case 'M': v <<= 20; break;
+	case 'g': case 'G': v <<= 30; break;
+	}
+	return v;
+}
+
+static void arena_init(struct arena *a, uint64_t base, uint64_t limit)
+{
+	a->base = base;
+	a->limit = limit;
+	a->cap = 16;
+	a->free = calloc(a->cap, sizeof(*a->free));
+	if (!a->free)
+		abort();
+	a->free[0].start = base;
+	a->free[0].len = limit;
+	a->nfree = 1;
+}
+
+__attribute__((constructor)) static void fake_init(void)
+{
+	const char *s = getenv("FAKECUDA_DEVICES");
+	const char *path = getenv("FAKECUDA_LOG");
+
+	if (s && *s) {
+		ndevices = atoi(s);
+		if (ndevices < 1)
+			ndevices = 1;
+		if (ndevices > MAX_DEVICES)
+			ndevices = MAX_DEVICES;
+	}
+	mem_limit = parse_size(getenv("FAKECUDA_MEM_LIMIT"), mem_limit);
+	mem_limit &= ~(ALIGN - 1);
+	if (mem_limit < ALIGN)
+		mem_limit = ALIGN;
+	if (mem_limit > MAX_LIMIT)
+		mem_limit = MAX_LIMIT;
+	for (int d = 0; d < ndevices; d++)
+		arena_init(&dev_arena[d], DEVICE_BASE + (uint64_t)d * DEVICE_STRIDE, mem_limit);
+	arena_init(&managed_arena, MANAGED_BASE, mem_limit);
+	arena_init(&host_arena, HOST_BASE, mem_limit);
+	if (path && *path) {
+		log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+		if (log_fd < 0)
+			fprintf(stderr, "fakecudart: cannot open FAKECUDA_LOG %s: %s\n", path, strerror(errno));
+	}
+}
+
+/* First fit. Returns 0 when nothing fits (0 is never a valid address here). */
+static uint64_t arena_alloc(struct arena *a, uint64_t need)
+{
+	for (size_t i = 0; i < a->nfree; i++) {
+		struct extent *e = &a->free[i];
+		if (e->len < need)
+			continue;
+		uint64_t addr = e->start;
+		e->start += need;
+		e->len -= need;
+		if (e->len == 0) {
+			memmove(e, e + 1, (a->nfree - i - 1) * sizeof(*e));
+			a->nfree--;
+		}
+		return addr;
+	}
+	return 0;
+}
+
+static void arena_free(struct arena *a, uint64_t start, uint64_t len)
+{
+	size_t lo = 0, hi = a->nfree;
+
+	while (lo < hi) { /* first extent starting after start */
+		size_t mid = (lo + hi) / 2;
+		if (a->free[mid].start < start)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	int merge_prev = lo > 0 && a->free[lo - 1].start + a->free[lo - 1].len == start;
+	int merge_next = lo < a->nfree && start + len == a->free[lo].start;
+	if (merge_prev && merge_next) {
+		a->free[lo - 1].len += len + a->free[lo].len;
+		memmove(&a->free[lo], &a->free[lo + 1], (a->nfree - lo - 1) * sizeof(struct extent));
+		a->nfree--;
+	} else if (merge_prev) {
+		a->free[lo - 1].len += len;
+	} else if (merge_next) {
+		a->free[lo].start = start;
+		a->free[lo].len += len;
+	} else {
+		if (a->nfree == a->cap) {
+			a->cap *= 2;
+			a->free = realloc(a->free, a->cap * sizeof(struct extent));
+			if (!a->free)
+				abort();
+		}
+		memmove(&a->free[lo + 1], &a->free[lo], (a->nfree - lo) * sizeof(struct extent));
+		a->free[lo].start = start;
+		a->free[lo].len = len;
+		a->nfree++;
+	}
+}
+
+static struct block **bucket(uint64_t addr)
+{
+	return &buckets[(addr / ALIGN * 0x9E3779B97F4A7C15ULL) >> 52];
+}
+
+static struct block *find_block(uint64_t addr)
+{
+	for (struct block *b = *bucket(addr); b; b = b->next)
+		if (b->addr == addr)
+			return b;
+	return NULL;
+}
+
+static void unlink_block(struct block *blk)
+{
+	for (struct block **pp = bucket(blk->addr); *pp; pp = &(*pp)->next) {
+		if (*pp == blk) {
+			*pp = blk->next;
+			return;
+		}
+	}
+}
+
+/* Called with mu held. */
+static void log_line(const char *api, cudaError_t ret, uint64_t ptr, uint64_t size, int dev,
+		     enum kind kind, uint64_t req)
+{
+	char buf[320];
+	int n;
+
+	if (log_fd < 0)
+		return;
+	n = snprintf(buf, sizeof(buf),
+		     "%s pid=%d tid=%d ret=%d ptr=0x%llx size=%llu dev=%d kind=%s req=%llu\n", api,
+		     (int)getpid(), (int)syscall(SYS_gettid), ret, (unsigned long long)ptr,
+		     (unsigned long long)size, dev, kind_names[kind], (unsigned long long)req);
+	if (n > 0 && (size_t)n < sizeof(buf)) {
+		ssize_t w = write(log_fd, buf, (size_t)n);
+		(void)w;
+	}
+}
+
+static cudaError_t set_err(cudaError_t e)
+{
+	if (e != cudaSuccess)
+		last_err = e;
+	return e;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+/*
+ * The one allocation path. bytes: what the caller will own (0 or
+ * UINT64_MAX for invalid/overflowing requests), req: what was asked for.
+ * On success stores the address in *addr_out; otherwise touches nothing.
+ */
+static cudaError_t do_alloc(const char *api, enum kind kind, int valid, uint64_t bytes, uint64_t req,
+			    uint64_t *addr_out)
+{
+	cudaError_t ret = cudaSuccess;
+	uint64_t addr = 0;
+	int dev = cur_dev;
+	struct arena *a = kind == KIND_DEVICE ? &dev_arena[dev] : kind == KIND_MANAGED ? &managed_arena : &host_arena;
+
+	pthread_mutex_lock(&mu);
+	if (!valid || bytes == 0) {
+		ret = cudaErrorInvalidValue;
+	} else if (bytes > a->limit) {
+		ret = cudaErrorMemoryAllocation;
+	} else {
+		uint64_t need = (bytes + ALIGN - 1) & ~(ALIGN - 1);
+		addr = arena_alloc(a, need);
+		if (!addr) {
+			ret = cudaErrorMemoryAllocation;
+		} else {
+			struct block *b = malloc(sizeof(*b));
+			if (!b)
+				abort();
+			b->addr = addr;
+			b->reserved = need;
+			b->size = bytes;
+			b->dev = dev;
+			b->kind = kind;
+			b->next = *bucket(addr);
+			*bucket(addr) = b;
+			*addr_out = addr;
+		}
+	}
+	log_line(api, ret, addr, ret == cudaSuccess ? bytes : 0, dev, kind, req);
+	pthread_mutex_unlock(&mu);
+	return set_err(ret);
+}
+
+/* Frees ptr if it is a live allocation of one of the kinds allowed. */
+static cudaError_t do_free(const char *api, void *ptr, int allow_gpu, int allow_host)
+{
+	cudaError_t ret = cudaSuccess;
+	uint64_t addr = (uint64_t)(uintptr_t)ptr, size = 0;
+	int dev = cur_dev;
+	enum kind kind = allow_gpu ? KIND_DEVICE : KIND_HOST;
+
+	pthread_mutex_lock(&mu);
+	if (addr) {
+		struct block *b = find_block(addr);
+		if (!b || (b->kind == KIND_HOST ? !allow_host : !allow_gpu)) {
+			ret = cudaErrorInvalidValue;
+		} else {
+			struct arena *a = b->kind == KIND_DEVICE ? &dev_arena[b->dev]
+					  : b->kind == KIND_MANAGED ? &managed_arena
+								    : &host_arena;
+			unlink_block(b);
+			arena_free(a, b->addr, b->reserved);
+			size = b->size;
+			dev = b->dev;
+			kind = b->kind;
+			free(b);
+		}
+	}
+	log_line(api, ret, addr, size, dev, kind, 0);
+	pthread_mutex_unlock(&mu);
+	return set_err(ret);
+}
+
+static uint64_t round_pitch(uint64_t width)
+{
+	if (width > UINT64_MAX - ALIGN)
+		return UINT64_MAX;
+	return (width + ALIGN - 1) & ~(ALIGN - 1);
+}
+
+EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+	uint64_t addr;
+	cudaError_t r = do_alloc("cudaMalloc", KIND_DEVICE, devPtr != NULL, size, size, &addr);
+	if (r == cudaSuccess)
+		*devPtr = (void *)(uintptr_t)addr;
+	return r;
+}
+
+EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream)
+{
+	uint64_t addr;
+	cudaError_t r;
+	(void)stream;
+	r = do_alloc("cudaMallocAsync", KIND_DEVICE, devPtr != NULL, size, size, &addr);
+	if (r == cudaSuccess)
+		*devPtr = (void *)(uintptr_t)addr;
+	return r;
+}
+
+EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream)
+{
+	uint64_t addr;
+	cudaError_t r;
+	(void)stream;
+	r = do_alloc("cudaMallocFromPoolAsync", KIND_DEVICE, ptr != NULL && memPool != NULL, size, size, &addr);
+	if (r == cudaSuccess)
+		*ptr = (void *)(uintptr_t)addr;
+	return r;
+}
+
+EXPORT cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags)
+{
+	uint64_t addr;
+	int valid = devPtr != NULL && (flags == cudaMemAttachGlobal || flags == cudaMemAttachHost);
+	cudaError_t r = do_alloc("cudaMallocManaged", KIND_MANAGED, valid, size, size, &addr);
+	if (r == cudaSuccess)
+		*devPtr = (void *)(uintptr_t)addr;
+	return r;
+}
+
+EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height)
+{
+	uint64_t addr, p = round_pitch(width);
+	int valid = devPtr != NULL && pitch != NULL && width != 0 && height != 0;
+	cudaError_t r = do_alloc("cudaMallocPitch", KIND_DEVICE, valid, sat_mul(p, height), sat_mul(width, height),
+				 &addr);
+	if (r == cudaSuccess) {
+		*devPtr = (void *)(uintptr_t)addr;
+		*pitch = p;
+	}
+	return r;
+}
+
+EXPORT cudaError_t cudaMalloc3D(struct cudaPitchedPtr *pitchedDevPtr, struct cudaExtent extent)
+{
+	uint64_t addr, p = round_pitch(extent.width);
+	int valid = pitchedDevPtr != NULL && extent.width != 0 && extent.height != 0 && extent.depth != 0;
+	cudaError_t r = do_alloc("cudaMalloc3D", KIND_DEVICE, valid, sat_mul(sat_mul(p, extent.height), extent.depth),
+				 sat_mul(sat_mul(extent.width, extent.height), extent.depth), &addr);
+	if (r == cudaSuccess) {
+		pitchedDevPtr->ptr = (void *)(uintptr_t)addr;
+		pitchedDevPtr->pitch = p;
+		pitchedDevPtr->xsize = extent.width;
+		pitchedDevPtr->ysize = extent.height;
+	}
+	return r;
+}
+
+EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+	uint64_t addr;
+	cudaError_t r = do_alloc("cudaMallocHost", KIND_HOST, ptr != NULL, size, size, &addr);
+	if (r == cudaSuccess)
+		*ptr = (void *)(uintptr_t)addr;
+	return r;
+}
+
+EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+	uint64_t addr;
+	cudaError_t r = do_alloc("cudaHostAlloc", KIND_HOST, pHost != NULL && (flags & ~0xFu) == 0, size, size, &addr);
+	if (r == cudaSuccess)
+		*pHost = (void *)(uintptr_t)addr;
+	return r;
+}
+
+EXPORT cudaError_t cudaFree(void *devPtr)
+{
+	return do_free("cudaFree", devPtr, 1, 0);
+}
+
+EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
+{
+	(void)stream;
+	return do_free("cudaFreeAsync", devPtr, 1, 0);
+}
+
+EXPORT cudaError_t cudaFreeHost(void *ptr)
+{
+	return do_free("cudaFreeHost", ptr, 0, 1);
+}
+
+EXPORT cudaError_t cudaSetDevice(int device)
+{
+	cudaError_t ret = cudaSuccess;
+
+	pthread_mutex_lock(&mu);
+	if (device < 0 || device >= ndevices)
+		ret = cudaErrorInvalidDevice;
+	else
+		cur_dev = device;
+	log_line("cudaSetDevice", ret, 0, 0, device, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
+	return set_err(ret);
+}
+
+EXPORT cudaError_t cudaGetDevice(int *device)
+{
+	cudaError_t ret = cudaSuccess;
+
+	pthread_mutex_lock(&mu);
+	if (!device)
+		ret = cudaErrorInvalidValue;
+	else
+		*device = cur_dev;
+	log_line("cudaGetDevice", ret, 0, 0, cur_dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
+	return set_err(ret);
+}
+
+EXPORT cudaError_t cudaGetLastError(void)
+{
+	cudaError_t ret = last_err;
+
+	last_err = cudaSuccess;
+	pthread_mutex_lock(&mu);
+	log_line("cudaGetLastError", ret, 0, 0, cur_dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
+	return ret;
+}
+
+EXPORT void fakecuda_log_marker(const char *name)
+{
+	char clean[64];
+	size_t i;
+
+	/* One token, so the log stays one "api key=value..." line. */
+	for (i = 0; name && name[i] && i < sizeof(clean) - 1; i++)
+		clean[i] = (name[i] <= ' ' || name[i] == '=') ? '_' : name[i];
+	clean[i] = 0;
+	pthread_mutex_lock(&mu);
+	log_line(i ? clean : "MARKER", cudaSuccess, 0, 0, cur_dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
+}
