@@ -72,3 +72,38 @@ func Decode(raw []byte, ev *Event) error {
 	}
 	return nil
 }
+
+// Encode appends ev in the BPF record layout that Decode reads: tests and
+// tools that synthesize traces use it. A StackErr is written in place of
+// the frame count, as the BPF side does.
+func Encode(dst []byte, ev *Event) []byte {
+	n := len(ev.Stack)
+	if n > MaxFrames {
+		n = MaxFrames
+	}
+	start := len(dst)
+	dst = append(dst, make([]byte, headerSize+n*8)...)
+	b := dst[start:]
+	le := binary.LittleEndian
+	le.PutUint64(b[offTime:], ev.Time)
+	le.PutUint64(b[offDuration:], ev.Duration)
+	le.PutUint64(b[offAddr:], ev.Addr)
+	le.PutUint64(b[offSize:], ev.Size)
+	le.PutUint32(b[offPID:], ev.PID)
+	le.PutUint32(b[offTID:], ev.TID)
+	le.PutUint32(b[offDevice:], uint32(ev.Device))
+	le.PutUint32(b[offResult:], uint32(ev.Result))
+	le.PutUint16(b[offAPI:], uint16(ev.API))
+	le.PutUint16(b[offFlags:], ev.Flags)
+	nf := int32(n)
+	if ev.StackErr < 0 {
+		nf = ev.StackErr
+		n = 0
+	}
+	le.PutUint32(b[offNFrames:], uint32(nf))
+	copy(b[offComm:offComm+commLen-1], ev.Comm) // keep a NUL terminator, as the kernel does
+	for i := 0; i < n; i++ {
+		le.PutUint64(b[headerSize+i*8:], ev.Stack[i])
+	}
+	return dst[:start+headerSize+n*8]
+}

@@ -117,9 +117,14 @@ func parseMapsLine(line string) (Mapping, error) {
 		return m, fmt.Errorf("bad inode %q", fields[4])
 	}
 	if len(fields) > 5 {
-		// The path is the rest of the line and may hold spaces.
-		idx := strings.Index(line, fields[5])
-		m.Path = strings.TrimSuffix(line[idx:], " (deleted)")
+		// The path is the rest of the line after the fifth field and may
+		// hold spaces (or look like an earlier field).
+		rest := line
+		for range 5 {
+			rest = strings.TrimLeft(rest, " \t")
+			rest = rest[strings.IndexAny(rest+" ", " \t"):]
+		}
+		m.Path = strings.TrimSuffix(strings.TrimLeft(rest, " \t"), " (deleted)")
 	}
 	return m, nil
 }

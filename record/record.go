@@ -20,7 +20,6 @@ import (
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // Options describe a session.
@@ -92,7 +91,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		}
 	}
 
-	s, err := newSession(opts, res)
+	s, err := newSession(opts, res, tr)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +137,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		res.StopReason = "duration elapsed"
 	}
 	if s.child != nil {
-		res.ExitCode = s.child.wait()
+		res.ExitCode = s.child.end(opts.Stderr)
 	}
 	res.Counters, err = tr.Counters()
 	if err != nil {
@@ -237,6 +236,7 @@ func findLibraries(opts *Options) ([]loader.Library, error) {
 // child is a launched command.
 type child struct {
 	cmd  *exec.Cmd
+	name string
 	done chan struct{}
 	code int
 	once sync.Once
@@ -245,6 +245,26 @@ type child struct {
 func (c *child) wait() int {
 	<-c.done
 	return c.code
+}
+
+// end waits for the command after tracing stopped. A command still running
+// (the session hit --duration, or only the tracer got SIGTERM) gets a grace
+// period, then SIGTERM, then is left alone: a tracer must not hang on it.
+func (c *child) end(stderr io.Writer) int {
+	select {
+	case <-c.done:
+		return c.code
+	case <-time.After(2 * time.Second):
+	}
+	fmt.Fprintf(stderr, "cudatrace: stopping %s (pid %d) with SIGTERM\n", c.name, c.cmd.Process.Pid)
+	c.cmd.Process.Signal(unix.SIGTERM)
+	select {
+	case <-c.done:
+		return c.code
+	case <-time.After(5 * time.Second):
+		fmt.Fprintf(stderr, "cudatrace: pid %d still running; left to run untraced\n", c.cmd.Process.Pid)
+		return -1
+	}
 }
 
 func (c *child) exited() bool {
@@ -275,7 +295,7 @@ func launch(opts Options, tr *loader.Tracer) (*child, error) {
 		w.Close()
 		return nil, fmt.Errorf("launch %s: %w", opts.Command[0], err)
 	}
-	c := &child{cmd: cmd, done: make(chan struct{})}
+	c := &child{cmd: cmd, name: opts.Command[0], done: make(chan struct{})}
 	go func() {
 		err := cmd.Wait()
 		var ee *exec.ExitError
@@ -326,5 +346,3 @@ func bootNow() uint64 {
 	}
 	return uint64(ts.Nano())
 }
-
-var _ = tracefile.Version

@@ -1,0 +1,57 @@
+# cudatrace. `make demo` traces a bundled simulated CUDA workload; `make test`
+# runs every test (the end-to-end ones need root: see README.md).
+
+GO        ?= go
+CC        ?= gcc
+BIN       := bin/cudatrace
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@2025.1.1
+DEMO_DIR  := bin/demo
+
+.PHONY: all build generate test test-unit bench lint demo clean
+
+all: build
+
+build:
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/cudatrace
+
+# Regenerates bpf/cudatrace_x86_bpfel.{go,o} with clang; CI checks the
+# committed files match.
+generate:
+	$(GO) generate ./bpf/
+
+# Everything, the privileged end-to-end tests (vmtest/) included. They need
+# root (CAP_BPF, CAP_PERFMON); with CI=true a skip is a failure.
+test: build
+	VMTEST_CUDATRACE=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
+
+# Unit tests only: no root, no BPF.
+test-unit:
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v /vmtest)
+
+bench: build
+	$(GO) test -run '^$$' -bench . -benchmem ./events/ ./tracefile/ ./symbolize/
+	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
+
+lint:
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+# A simulated CUDA program (demo/workload.c) on a stand-in libcudart
+# (vmtest/testdata/fakecudart.c): no GPU needed, every event is real eBPF.
+demo: build
+	@mkdir -p $(DEMO_DIR)
+	$(CC) -shared -fPIC -O2 -pthread -Wl,-soname,libcudart.so.12 \
+		-Wl,--version-script=vmtest/testdata/fakecudart.map \
+		-o $(DEMO_DIR)/libcudart.so.12 vmtest/testdata/fakecudart.c
+	ln -sf libcudart.so.12 $(DEMO_DIR)/libcudart.so
+	$(CC) -O0 -g -fno-omit-frame-pointer -pthread -o $(DEMO_DIR)/train demo/workload.c \
+		-I vmtest/testdata -L$(DEMO_DIR) -lcudart -Wl,-rpath,$(CURDIR)/$(DEMO_DIR)
+	@echo "== cudatrace record: a SIMULATED CUDA workload (stand-in libcudart, no GPU) =="
+	$(BIN) record --lib $(DEMO_DIR)/libcudart.so.12 -o $(DEMO_DIR)/demo.trace -- $(DEMO_DIR)/train
+	@echo "== cudatrace report $(DEMO_DIR)/demo.trace =="
+	$(BIN) report $(DEMO_DIR)/demo.trace --top 5
+
+clean:
+	rm -rf bin

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/record"
+	"github.com/cudatrace/cudatrace/report"
+)
+
+type recordFlags struct {
+	libs     []string
+	pids     []int
+	all      bool
+	duration time.Duration
+	output   string
+	ringSize string
+	quiet    bool
+}
+
+func newRecordCmd() *cobra.Command {
+	var f recordFlags
+	cmd := &cobra.Command{
+		Use:   "record [flags] (-- COMMAND [ARGS...] | --pid PID... | --all)",
+		Short: "Trace the GPU memory allocations of a command, running processes, or the whole host",
+		Long: `Record attaches uprobes to the CUDA runtime library (libcudart) and traces
+every allocation and free: cudaMalloc, cudaFree, cudaMallocAsync,
+cudaFreeAsync, cudaMallocFromPoolAsync, cudaMallocManaged, cudaMallocPitch,
+cudaMalloc3D, cudaMallocHost, cudaHostAlloc and cudaFreeHost, failed calls
+included, each with its user stack.
+
+What to trace (one of):
+  -- COMMAND ARGS   launch COMMAND and trace it and its children from their
+                    first instruction; recording ends when it exits, and
+                    cudatrace exits with its exit code
+  --pid PID         attach to a running process (repeatable); recording ends
+                    when every one has exited
+  --all             every process on the host; ends on Ctrl-C or --duration
+
+Libraries: without --lib, cudatrace probes the libcudart the target has
+mapped (--pid), or every libcudart in the ld.so cache, CUDA toolkit
+directories and pip/conda layouts (a command, --all). A probe sits on the
+library file, so processes that load it later are covered too; another
+copy of the library (a virtualenv's wheel, a container) needs its own --lib.
+
+On stop (the targets exit, --duration, Ctrl-C or SIGTERM) it prints a
+summary per process; -o keeps the full trace for 'cudatrace report'.
+A command still running when recording stops gets SIGTERM after 2 seconds.`,
+		Example: `  # Launch a training script and keep the trace
+  cudatrace record -o train.trace -- python train.py --epochs 1
+
+  # Attach to a running job for one minute
+  cudatrace record --pid 4242 --duration 1m -o job.trace
+
+  # Everything on the host that uses a given libcudart, until Ctrl-C
+  cudatrace record --all --lib /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runRecord(cmd, &f, args)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
+	fl.IntSliceVarP(&f.pids, "pid", "p", nil, "trace this running process (repeatable)")
+	fl.BoolVarP(&f.all, "all", "a", false, "trace every process on the host")
+	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (e.g. 30s, 5m)")
+	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
+	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
+	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
+	fl.SetInterspersed(false)
+	return cmd
+}
+
+func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
+	if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
+		return hint.Wrap(fmt.Errorf("unexpected argument %q", args[0]),
+			"put the command to trace after --, e.g. cudatrace record -- "+strings.Join(args, " "))
+	}
+	ring, err := parseSize(f.ringSize)
+	if err != nil {
+		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	opts := record.Options{
+		Libs: f.libs, PIDs: f.pids, All: f.all, Command: args,
+		Duration: f.duration, Output: f.output, Version: version,
+		Stderr:       cmd.ErrOrStderr(),
+		LaunchHelper: []string{exe, launchCmdName},
+	}
+	opts.Tracer.RingBytes = ring
+	res, err := record.Run(cmd.Context(), opts)
+	if err != nil {
+		return err
+	}
+	if !f.quiet {
+		out := cmd.OutOrStdout()
+		if err := report.WriteSummary(out, res.Ledger, res.Lost); err != nil {
+			return err
+		}
+	}
+	w := cmd.ErrOrStderr()
+	if res.Lost > 0 {
+		fmt.Fprintf(w, "cudatrace: warning: %d events lost (ring buffer full %d, in-flight table full %d); raise --ring-size\n",
+			res.Lost, res.Counters["ringbuf_full"], res.Counters["inflight_full"])
+	}
+	if f.output != "" {
+		fmt.Fprintf(w, "cudatrace: %d events written to %s; see `cudatrace report %s`\n", res.Events, f.output, f.output)
+	}
+	if res.ExitCode != 0 {
+		return exitError{code: exitCode(res.ExitCode)}
+	}
+	return nil
+}
+
+func exitCode(c int) int {
+	if c < 0 || c > 255 {
+		return 1
+	}
+	return c
+}
+
+// parseSize reads a byte count with an optional K/M/G (or KiB/MiB/GiB)
+// suffix, 1024-based, and requires a power of two of at least a page.
+func parseSize(s string) (uint32, error) {
+	t := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
+	mult := uint64(1)
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'K':
+			mult, t = 1<<10, t[:n-1]
+		case 'M':
+			mult, t = 1<<20, t[:n-1]
+		case 'G':
+			mult, t = 1<<30, t[:n-1]
+		}
+	}
+	v, err := strconv.ParseUint(t, 10, 64)
+	if err != nil {
+		return 0, errors.New("not a size")
+	}
+	v *= mult
+	page := uint64(os.Getpagesize())
+	if v < page || v > 1<<30 || v&(v-1) != 0 {
+		return 0, fmt.Errorf("must be a power of two between %d bytes and 1GiB", page)
+	}
+	return uint32(v), nil
+}

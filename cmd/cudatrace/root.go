@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cudatrace/cudatrace/internal/hint"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// exitError carries an exit code without an error message: `record` exits
+// with its command's code.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// run is main without os.Exit, so deferred cleanup (detaching probes,
+// closing the trace) always runs before the process ends.
+func run(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := newRoot(os.Stdout, os.Stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	var ee exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	}
+	printError(os.Stderr, err)
+	return 1
+}
+
+func printError(w io.Writer, err error) {
+	fmt.Fprintf(w, "cudatrace: %v\n", err)
+	if h := hint.Of(err); h != "" {
+		fmt.Fprintf(w, "  hint: %s\n", h)
+	}
+}
+
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "cudatrace",
+		Short: "Trace GPU memory allocations of CUDA programs, from outside them",
+		Long: `cudatrace records every GPU memory allocation and free a CUDA program makes
+(cudaMalloc, cudaFree, async, managed, pitched, pinned host memory) with eBPF
+uprobes on the CUDA libraries: no code change, no restart, any framework.
+Each event carries the process, thread, device, size, address, CUDA result
+and the user stack, so you can answer who allocated what, from where, when,
+what is still live and what failed.
+
+Record a trace, then report on it:
+
+  cudatrace record -o train.trace -- python train.py
+  cudatrace report train.trace
+
+Needs root, or CAP_BPF and CAP_PERFMON, on a kernel with BTF (5.8 or later).`,
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return hint.Wrap(err, fmt.Sprintf("see `%s --help`", c.CommandPath()))
+	})
+	root.AddCommand(newRecordCmd(), newReportCmd(), newLaunchCmd())
+	return root
+}

@@ -1,0 +1,276 @@
+package record
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/loader"
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/symbolize"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// counterEvery is how often a counters snapshot goes to the trace, so a
+// killed tracer's file still says what was lost up to then.
+const counterEvery = time.Second
+
+// recaptureEvery rate-limits re-reading a process's maps when its stacks
+// point outside every mapping we know (a library dlopen'ed late).
+const recaptureEvery = 200 * time.Millisecond
+
+// session is the loader's Handler for one recording: it decodes records,
+// feeds the ledger and writes the trace.
+type session struct {
+	opts   Options
+	res    *Result
+	tr     *loader.Tracer
+	w      *tracefile.Writer // nil without -o
+	ev     events.Event
+	events uint64
+
+	procs    map[uint32]*procState
+	buildIDs map[fileKey]string
+
+	child  *child
+	stop   func()
+	reason string
+
+	lastCounters time.Time
+	warned       map[string]bool
+}
+
+type procState struct {
+	exec      [][2]uint64 // executable ranges of the last capture
+	captured  time.Time
+	exited    bool
+	recapture int
+}
+
+type fileKey struct {
+	path  string
+	inode uint64
+}
+
+func newSession(opts Options, res *Result, tr *loader.Tracer) (*session, error) {
+	s := &session{
+		opts: opts, res: res, tr: tr,
+		procs:    make(map[uint32]*procState),
+		buildIDs: make(map[fileKey]string),
+		warned:   make(map[string]bool),
+	}
+	if opts.Output == "" {
+		return s, nil
+	}
+	host, _ := os.Hostname()
+	var uts syscall.Utsname
+	var kernel string
+	if syscall.Uname(&uts) == nil {
+		kernel = cString(uts.Release[:])
+	}
+	meta := tracefile.Meta{
+		Tool:      "cudatrace " + opts.Version,
+		Host:      host,
+		Kernel:    kernel,
+		StartBoot: bootNow(),
+		StartWall: time.Now(),
+		Command:   opts.Command,
+		PIDs:      opts.PIDs,
+		All:       opts.All,
+	}
+	w, err := tracefile.Create(opts.Output, meta)
+	if err != nil {
+		return nil, err
+	}
+	s.w = w
+	return s, nil
+}
+
+func cString(b []int8) string {
+	var sb strings.Builder
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		sb.WriteByte(byte(c))
+	}
+	return sb.String()
+}
+
+func (s *session) warn(err error) {
+	msg := err.Error()
+	if s.warned[msg] {
+		return
+	}
+	s.warned[msg] = true
+	fmt.Fprintf(s.opts.Stderr, "cudatrace: warning: %s\n", msg)
+}
+
+func (s *session) writeAttach(ar loader.AttachResult) {
+	if s.w == nil {
+		return
+	}
+	id, _ := symbolize.BuildID(ar.Library.Path)
+	if err := s.w.WriteAttach(&tracefile.Attach{Library: ar.Library.Path, BuildID: id,
+		Symbols: ar.Symbols, Missing: ar.Missing}); err != nil {
+		s.warn(err)
+	}
+}
+
+// Record handles one ring-buffer record.
+func (s *session) Record(raw []byte) {
+	if err := events.Decode(raw, &s.ev); err != nil {
+		s.warn(err)
+		return
+	}
+	s.events++
+	ev := &s.ev
+	ps := s.procs[ev.PID]
+	if ps == nil {
+		ps = &procState{}
+		s.procs[ev.PID] = ps
+		s.capture(ev.PID, ps)
+	} else if !ps.exited && !ps.covers(ev.Stack) && time.Since(ps.captured) >= recaptureEvery && ps.recapture < 100 {
+		// A return address outside every executable mapping we know:
+		// something was mapped since the capture (dlopen).
+		ps.recapture++
+		s.capture(ev.PID, ps)
+	}
+	if s.w != nil {
+		if err := s.w.WriteEvent(raw); err != nil {
+			s.warn(err)
+		}
+	}
+	s.res.Ledger.Apply(ev)
+}
+
+func (ps *procState) covers(stack []uint64) bool {
+	for _, pc := range stack {
+		in := false
+		for _, r := range ps.exec {
+			if pc >= r[0] && pc < r[1] {
+				in = true
+				break
+			}
+		}
+		if !in {
+			return false
+		}
+	}
+	return true
+}
+
+// capture reads what symbolization needs from a live process: its
+// executable mappings with build IDs. It is done when the process is first
+// seen, because the process may be gone by the time anyone reads the trace.
+func (s *session) capture(pid uint32, ps *procState) {
+	ps.captured = time.Now()
+	p := &tracefile.Process{PID: pid, Time: bootNow(), Comm: s.ev.Comm}
+	maps, err := proc.ReadMaps(int(pid))
+	if err != nil {
+		ps.exited = true
+		p.Error = fmt.Sprintf("exited before its mappings could be read (%v): its stacks are not symbolized", err)
+	}
+	ps.exec = ps.exec[:0]
+	for _, m := range maps {
+		if !m.Exec() || !m.File() {
+			continue
+		}
+		ps.exec = append(ps.exec, [2]uint64{m.Start, m.End})
+		m.BuildID = s.buildID(int(pid), m)
+		p.Maps = append(p.Maps, m)
+	}
+	if c, err := proc.Comm(int(pid)); err == nil {
+		p.Comm = c
+	}
+	p.Cmdline, _ = proc.Cmdline(int(pid))
+	p.PPID, _ = proc.PPID(int(pid))
+	p.Exe, _ = os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root != "/" {
+		p.Root = root
+	}
+	if s.w == nil {
+		return
+	}
+	if err := s.w.WriteProcess(p); err != nil {
+		s.warn(err)
+	}
+}
+
+func (s *session) buildID(pid int, m proc.Mapping) string {
+	k := fileKey{m.Path, m.Inode}
+	if id, ok := s.buildIDs[k]; ok {
+		return id
+	}
+	id, _ := symbolize.BuildID(proc.RootPath(pid, m.Path))
+	s.buildIDs[k] = id
+	return id
+}
+
+// Tick flushes the trace, snapshots counters and decides whether the
+// session is over.
+func (s *session) Tick() {
+	if s.w != nil {
+		if time.Since(s.lastCounters) >= counterEvery {
+			s.lastCounters = time.Now()
+			s.writeCounters()
+		}
+		if err := s.w.Flush(); err != nil {
+			s.warn(err)
+		}
+	}
+	if s.reason != "" {
+		return
+	}
+	if s.child != nil {
+		if s.child.exited() {
+			s.reason = "command exited"
+			s.stop()
+		}
+		return
+	}
+	if len(s.opts.PIDs) > 0 && !slices.ContainsFunc(s.opts.PIDs, proc.Alive) {
+		s.reason = "traced processes exited"
+		s.stop()
+	}
+}
+
+func (s *session) writeCounters() {
+	c, err := s.tr.Counters()
+	if err != nil {
+		s.warn(err)
+		return
+	}
+	if err := s.w.WriteCounters(&tracefile.Counters{Time: bootNow(), Counters: c, Lost: loader.Lost(c)}); err != nil {
+		s.warn(err)
+	}
+}
+
+// finish writes the final counters and the end frame.
+func (s *session) finish(res *Result) error {
+	if s.w == nil {
+		return nil
+	}
+	if err := s.w.WriteCounters(&tracefile.Counters{Time: bootNow(), Counters: res.Counters, Lost: res.Lost}); err != nil {
+		return err
+	}
+	if err := s.w.WriteEnd(&tracefile.End{Time: bootNow(), Events: s.events, Reason: res.StopReason,
+		ExitCode: res.ExitCode}); err != nil {
+		return err
+	}
+	err := s.w.Close()
+	s.w = nil
+	return err
+}
+
+// close releases the trace file on an error path.
+func (s *session) close() {
+	if s.w != nil {
+		s.w.Close()
+		s.w = nil
+	}
+}

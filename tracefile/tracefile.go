@@ -1,0 +1,134 @@
+// Package tracefile writes and reads cudatrace's trace file: a header, then
+// self-delimiting, checksummed frames written as events arrive, so a tracer
+// killed mid-run leaves a file readable up to its last complete frame.
+// docs/trace-format.md is the format's specification.
+package tracefile
+
+import (
+	"errors"
+	"hash/crc32"
+	"time"
+
+	"github.com/cudatrace/cudatrace/proc"
+)
+
+// Magic opens every trace file. The high first byte and the CR-LF-free tail
+// make a text-mode transfer or a wrong file detectable at once (as PNG does).
+const Magic = "\x89CUDATRC"
+
+// Version is the format version this package writes. Readers accept files
+// of this version; a later version is refused with ErrVersion rather than
+// misread.
+const Version = 1
+
+// headerSize is Magic, u16 version, u16 flags.
+const headerSize = len(Magic) + 4
+
+// MaxFrame bounds one frame's payload. A corrupt length field must not make
+// the reader allocate gigabytes.
+const MaxFrame = 64 << 20
+
+// Type is a frame's type.
+type Type uint8
+
+// Frame types. Event frames carry the BPF record as it came from the ring
+// buffer (bpf/cudatrace.h struct ct_event, then nframes u64 return
+// addresses), decoded by events.Decode; the others carry JSON, so they can
+// grow fields without a version bump.
+const (
+	TypeMeta     Type = 1
+	TypeProcess  Type = 2
+	TypeEvent    Type = 3
+	TypeCounters Type = 4
+	TypeAttach   Type = 5
+	TypeEnd      Type = 6
+)
+
+func (t Type) String() string {
+	switch t {
+	case TypeMeta:
+		return "meta"
+	case TypeProcess:
+		return "process"
+	case TypeEvent:
+		return "event"
+	case TypeCounters:
+		return "counters"
+	case TypeAttach:
+		return "attach"
+	case TypeEnd:
+		return "end"
+	}
+	return "unknown"
+}
+
+var (
+	// ErrNotTrace means the file does not start with Magic.
+	ErrNotTrace = errors.New("not a cudatrace trace file")
+	// ErrVersion means the file was written by a newer format version.
+	ErrVersion = errors.New("unsupported trace format version")
+	// ErrTruncated means the file ends inside a frame: the tracer was
+	// killed or the disk filled. Every frame before it is intact.
+	ErrTruncated = errors.New("trace file truncated")
+	// ErrCorrupt means a frame's checksum or length is wrong.
+	ErrCorrupt = errors.New("trace file corrupt")
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Meta is the first frame: what was traced, where and when.
+type Meta struct {
+	Tool      string    `json:"tool"`    // "cudatrace <version>"
+	Host      string    `json:"host"`    // hostname
+	Kernel    string    `json:"kernel"`  // uname release
+	StartWall time.Time `json:"start"`   // wall clock at StartBoot
+	StartBoot uint64    `json:"boot_ns"` // CLOCK_BOOTTIME ns at start; event times use this clock
+	Command   []string  `json:"command,omitempty"`
+	PIDs      []int     `json:"pids,omitempty"`
+	All       bool      `json:"all,omitempty"`
+}
+
+// WallTime converts an event's CLOCK_BOOTTIME timestamp to wall-clock time.
+func (m *Meta) WallTime(boot uint64) time.Time {
+	return m.StartWall.Add(time.Duration(int64(boot - m.StartBoot)))
+}
+
+// Process describes a traced process, written when it is first seen and
+// again when its mappings change (dlopen, exec). Readers symbolize an
+// event's stack with the latest Process frame before it for its PID.
+type Process struct {
+	PID     uint32         `json:"pid"`
+	PPID    int            `json:"ppid,omitempty"`
+	Comm    string         `json:"comm"`
+	Cmdline []string       `json:"cmdline,omitempty"`
+	Exe     string         `json:"exe,omitempty"`
+	Time    uint64         `json:"boot_ns"` // when captured
+	Maps    []proc.Mapping `json:"maps"`   // executable file mappings, with build IDs
+	Root    string         `json:"root,omitempty"`
+	Error   string         `json:"error,omitempty"` // why the capture is incomplete (the process exited first)
+}
+
+// Attach records one library the probes were attached to.
+type Attach struct {
+	Library string   `json:"library"`
+	BuildID string   `json:"build_id,omitempty"`
+	Symbols []string `json:"symbols"`
+	Missing []string `json:"missing,omitempty"`
+}
+
+// Counters is a snapshot of the BPF side's counters (cumulative since the
+// start). The last one in a file is the session's total.
+type Counters struct {
+	Time     uint64            `json:"boot_ns"`
+	Counters map[string]uint64 `json:"counters"`
+	Lost     uint64            `json:"lost"`
+}
+
+// End closes a complete trace. Its absence means the tracer did not stop
+// cleanly.
+type End struct {
+	Time     uint64 `json:"boot_ns"`
+	Events   uint64 `json:"events"`
+	Reason   string `json:"reason,omitempty"`
+	ExitCode int    `json:"exit_code,omitempty"`
+}

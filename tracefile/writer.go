@@ -1,0 +1,128 @@
+package tracefile
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+)
+
+// Writer appends frames to a trace. It buffers: call Flush to push what was
+// written to the file (the recorder does on every poll tick, so a killed
+// tracer loses at most one tick of events). A Writer is not safe for
+// concurrent use.
+type Writer struct {
+	f   *os.File // nil when writing to a plain io.Writer
+	w   *bufio.Writer
+	hdr [5]byte
+	err error // sticky: after a failed write every later call returns it
+}
+
+// Create creates (or truncates) path and writes the header and meta frame.
+func Create(path string, meta Meta) (*Writer, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("create trace: %w", err)
+	}
+	w, err := NewWriter(f, meta)
+	if err != nil {
+		f.Close()
+		os.Remove(path)
+		return nil, err
+	}
+	w.f = f
+	return w, nil
+}
+
+// NewWriter writes the header and meta frame to out.
+func NewWriter(out io.Writer, meta Meta) (*Writer, error) {
+	w := &Writer{w: bufio.NewWriterSize(out, 256<<10)}
+	var h [headerSize]byte
+	copy(h[:], Magic)
+	binary.LittleEndian.PutUint16(h[len(Magic):], Version)
+	w.write(h[:])
+	w.writeJSON(TypeMeta, meta)
+	if err := w.Flush(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *Writer) write(b []byte) {
+	if w.err != nil {
+		return
+	}
+	if _, err := w.w.Write(b); err != nil {
+		w.err = fmt.Errorf("write trace: %w", err)
+	}
+}
+
+// frame writes one frame: u32 payload length, u8 type, payload, u32
+// CRC-32C of type and payload, all little-endian.
+func (w *Writer) frame(t Type, payload []byte) error {
+	if w.err != nil {
+		return w.err
+	}
+	if len(payload) > MaxFrame {
+		return fmt.Errorf("write %s frame of %d bytes: over the %d-byte limit", t, len(payload), MaxFrame)
+	}
+	binary.LittleEndian.PutUint32(w.hdr[:4], uint32(len(payload)))
+	w.hdr[4] = byte(t)
+	crc := crc32.Update(0, castagnoli, w.hdr[4:5])
+	crc = crc32.Update(crc, castagnoli, payload)
+	w.write(w.hdr[:])
+	w.write(payload)
+	var tail [4]byte
+	binary.LittleEndian.PutUint32(tail[:], crc)
+	w.write(tail[:])
+	return w.err
+}
+
+func (w *Writer) writeJSON(t Type, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s frame: %w", t, err)
+	}
+	return w.frame(t, b)
+}
+
+// WriteEvent appends one raw ring-buffer record (events.Decode's input).
+func (w *Writer) WriteEvent(raw []byte) error { return w.frame(TypeEvent, raw) }
+
+// WriteProcess appends a process description.
+func (w *Writer) WriteProcess(p *Process) error { return w.writeJSON(TypeProcess, p) }
+
+// WriteAttach appends an attached library.
+func (w *Writer) WriteAttach(a *Attach) error { return w.writeJSON(TypeAttach, a) }
+
+// WriteCounters appends a counters snapshot.
+func (w *Writer) WriteCounters(c *Counters) error { return w.writeJSON(TypeCounters, c) }
+
+// WriteEnd appends the end frame. Write nothing after it.
+func (w *Writer) WriteEnd(e *End) error { return w.writeJSON(TypeEnd, e) }
+
+// Flush writes buffered frames to the underlying writer.
+func (w *Writer) Flush() error {
+	if w.err != nil {
+		return w.err
+	}
+	if err := w.w.Flush(); err != nil {
+		w.err = fmt.Errorf("write trace: %w", err)
+	}
+	return w.err
+}
+
+// Close flushes and, for a Writer from Create, closes the file.
+func (w *Writer) Close() error {
+	err := w.Flush()
+	if w.f != nil {
+		if cerr := w.f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close trace: %w", cerr)
+		}
+		w.f = nil
+	}
+	return err
+}
