@@ -6,7 +6,7 @@ CC        ?= gcc
 BIN       := bin/cudatrace
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
-STATICCHECK := honnef.co/go/tools/cmd/staticcheck@2025.1.1
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 DEMO_DIR  := bin/demo
 
 .PHONY: all build generate test test-unit bench lint demo clean

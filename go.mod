@@ -3,12 +3,15 @@ module github.com/cudatrace/cudatrace
 go 1.26.8
 
 require (
-	github.com/cilium/ebpf v0.22.0 // indirect
-	github.com/ianlancetaylor/demangle v0.0.0-20260724033716-83e58baca724 // indirect
+	github.com/cilium/ebpf v0.22.0
+	github.com/ianlancetaylor/demangle v0.0.0-20260724033716-83e58baca724
+	github.com/spf13/cobra v1.10.2
+	golang.org/x/sys v0.49.0
+)
+
+require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
-	golang.org/x/sys v0.49.0 // indirect
 )
 
 tool github.com/cilium/ebpf/cmd/bpf2go

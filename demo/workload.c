@@ -45,10 +45,11 @@ static void *record_metrics(size_t n) { return cuda_alloc(n); } /* never freed: 
 
 static int forward_backward(size_t act)
 {
-	void *a = cuda_alloc(act), *g = cuda_alloc(act / 2);
+	void *a = cuda_alloc(act);
+	void *g = cuda_alloc(act / 2); /* runs even when a failed ... */
 
 	if (!a || !g)
-		return -1;
+		return -1; /* ... and is never freed then: a leak on the error path */
 	usleep(20 * 1000); /* "compute" */
 	cudaFree(g);
 	cudaFree(a);

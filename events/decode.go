@@ -107,3 +107,8 @@ func Encode(dst []byte, ev *Event) []byte {
 	}
 	return dst[:start+headerSize+n*8]
 }
+
+// RecordLen is how many bytes of a raw record Decode used for ev: the BPF
+// side reserves room for MaxFrames frames in every allocation record, and
+// writers keep only this prefix.
+func RecordLen(ev *Event) int { return headerSize + 8*len(ev.Stack) }

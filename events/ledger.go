@@ -123,6 +123,22 @@ func (p *Process) device(d int32) *Device {
 }
 
 func (l *Ledger) stack(pid uint32, frames []uint64) *Stack {
+	key := l.key(pid, frames)
+	s := l.stacks[key]
+	if s == nil {
+		// Copy: the caller's slice is a reused decode buffer.
+		s = &Stack{PID: pid, Frames: append([]uint64(nil), frames...)}
+		l.stacks[key] = s
+	}
+	return s
+}
+
+// StackOf returns the ledger's aggregate for pid's stack frames, or nil if
+// no allocation came from it. Readers use it to attach what they know of a
+// stack (the process's mappings at the time) to the aggregate.
+func (l *Ledger) StackOf(pid uint32, frames []uint64) *Stack { return l.stacks[l.key(pid, frames)] }
+
+func (l *Ledger) key(pid uint32, frames []uint64) stackKey {
 	var h maphash.Hash
 	h.SetSeed(l.seed)
 	var buf [8]byte
@@ -132,14 +148,7 @@ func (l *Ledger) stack(pid uint32, frames []uint64) *Stack {
 		}
 		h.Write(buf[:])
 	}
-	key := stackKey{pid: pid, hash: h.Sum64(), n: len(frames)}
-	s := l.stacks[key]
-	if s == nil {
-		// Copy: the caller's slice is a reused decode buffer.
-		s = &Stack{PID: pid, Frames: append([]uint64(nil), frames...)}
-		l.stacks[key] = s
-	}
-	return s
+	return stackKey{pid: pid, hash: h.Sum64(), n: len(frames)}
 }
 
 // Apply accounts for one event.

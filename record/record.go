@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -239,12 +238,6 @@ type child struct {
 	name string
 	done chan struct{}
 	code int
-	once sync.Once
-}
-
-func (c *child) wait() int {
-	<-c.done
-	return c.code
 }
 
 // end waits for the command after tracing stopped. A command still running

@@ -141,7 +141,9 @@ func (s *session) Record(raw []byte) {
 		s.capture(ev.PID, ps)
 	}
 	if s.w != nil {
-		if err := s.w.WriteEvent(raw); err != nil {
+		// Only the frames the stack filled: an allocation record reserves
+		// room for all 127 of them.
+		if err := s.w.WriteEvent(raw[:events.RecordLen(ev)]); err != nil {
 			s.warn(err)
 		}
 	}

@@ -29,13 +29,15 @@ type Record struct {
 
 // Reader reads a trace frame by frame.
 type Reader struct {
-	f    *os.File // nil for NewReader
-	r    *bufio.Reader
-	meta Meta
-	off  int64
-	buf  []byte
-	ev   events.Event
-	err  error
+	f     *os.File // nil for NewReader
+	r     *bufio.Reader
+	meta  Meta
+	off   int64
+	buf   []byte
+	hdr   [5]byte
+	meta1 bool // the meta frame was read
+	ev    events.Event
+	err   error
 }
 
 // Open opens a trace file and reads its header and meta frame.
@@ -109,8 +111,8 @@ func (r *Reader) Next() (Record, error) {
 
 func (r *Reader) next() (Record, error) {
 	start := r.off
-	var hdr [5]byte
-	n, err := io.ReadFull(r.r, hdr[:])
+	hdr := r.hdr[:]
+	n, err := io.ReadFull(r.r, hdr)
 	if err == io.EOF {
 		return Record{}, io.EOF
 	}
@@ -139,6 +141,10 @@ func (r *Reader) next() (Record, error) {
 	rec := Record{Type: Type(hdr[4]), Offset: start, Raw: payload}
 	switch rec.Type {
 	case TypeMeta:
+		if r.meta1 {
+			return Record{}, fmt.Errorf("second meta frame at offset %d: %w", start, ErrCorrupt)
+		}
+		r.meta1 = true
 		err = json.Unmarshal(payload, &r.meta)
 	case TypeEvent:
 		err = events.Decode(payload, &r.ev)

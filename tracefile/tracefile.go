@@ -103,7 +103,7 @@ type Process struct {
 	Cmdline []string       `json:"cmdline,omitempty"`
 	Exe     string         `json:"exe,omitempty"`
 	Time    uint64         `json:"boot_ns"` // when captured
-	Maps    []proc.Mapping `json:"maps"`   // executable file mappings, with build IDs
+	Maps    []proc.Mapping `json:"maps"`    // executable file mappings, with build IDs
 	Root    string         `json:"root,omitempty"`
 	Error   string         `json:"error,omitempty"` // why the capture is incomplete (the process exited first)
 }

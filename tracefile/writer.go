@@ -15,10 +15,11 @@ import (
 // tracer loses at most one tick of events). A Writer is not safe for
 // concurrent use.
 type Writer struct {
-	f   *os.File // nil when writing to a plain io.Writer
-	w   *bufio.Writer
-	hdr [5]byte
-	err error // sticky: after a failed write every later call returns it
+	f    *os.File // nil when writing to a plain io.Writer
+	w    *bufio.Writer
+	hdr  [5]byte
+	tail [4]byte
+	err  error // sticky: after a failed write every later call returns it
 }
 
 // Create creates (or truncates) path and writes the header and meta frame.
@@ -75,9 +76,8 @@ func (w *Writer) frame(t Type, payload []byte) error {
 	crc = crc32.Update(crc, castagnoli, payload)
 	w.write(w.hdr[:])
 	w.write(payload)
-	var tail [4]byte
-	binary.LittleEndian.PutUint32(tail[:], crc)
-	w.write(tail[:])
+	binary.LittleEndian.PutUint32(w.tail[:], crc)
+	w.write(w.tail[:])
 	return w.err
 }
 

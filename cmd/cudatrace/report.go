@@ -30,7 +30,7 @@ checked against the build IDs captured while recording. A trace cut short
   cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rep, err := report.Load(args[0], report.Options{Symbolize: true, Top: f.top})
+			rep, err := report.Load(args[0], report.Options{Top: f.top})
 			if err != nil {
 				return hint.Wrap(err, "give the path of a file written by `cudatrace record -o FILE`")
 			}
