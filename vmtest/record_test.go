@@ -279,6 +279,36 @@ func TestErrors(t *testing.T) {
 	t.Run("MissingLib", func(t *testing.T) {
 		run(t, "/nonexistent", "record", "--lib", "/nonexistent", "-o", filepath.Join(t.TempDir(), "t"), "--", "true")
 	})
+	t.Run("NotPrivileged", func(t *testing.T) {
+		// The same binary as nobody: no CAP_BPF, no CAP_PERFMON.
+		ctx := testContext(t)
+		ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		// A copy nobody can reach: the build directories are root's alone.
+		pub, err := os.MkdirTemp("", "cudatrace-nobody-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(pub) })
+		bin := filepath.Join(pub, "cudatrace")
+		data, err := os.ReadFile(tracerBin)
+		if err == nil {
+			err = os.WriteFile(bin, data, 0o755)
+		}
+		if err == nil {
+			err = os.Chmod(pub, 0o755)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.CommandContext(ctx, bin, "record", "--lib", "/usr/lib/x86_64-linux-gnu/libc.so.6", "--", "true")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		msg := string(out)
+		if err == nil || !strings.Contains(msg, "CAP_BPF") || !strings.Contains(msg, "hint:") || strings.Contains(msg, "goroutine ") {
+			t.Errorf("as nobody: %v\n%s\nwant an error naming CAP_BPF with a hint", err, msg)
+		}
+	})
 	t.Run("NoCudaLibrary", func(t *testing.T) {
 		ctx := testContext(t)
 		sleep := exec.CommandContext(ctx, "sleep", "60")
@@ -359,4 +389,41 @@ func TestKillLeavesNoProbes(t *testing.T) {
 	if len(left) != 0 {
 		t.Errorf("2 s after SIGKILL these BPF programs of the tracer are still loaded: %v", left)
 	}
+}
+
+// TestKilledTracerLeavesReadableTrace: a tracer killed with SIGKILL leaves
+// a trace that reports every event it had flushed, and says it is
+// incomplete.
+func TestKilledTracerLeavesReadableTrace(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "killed.trace")
+	rec := startRecord(t, ctx, recordOpts{}, "--all", "--lib", fakeLib, "-o", trace)
+	rec.waitAttached(t, 30*time.Second)
+	cmd := exec.CommandContext(ctx, workload("mix"), "2", "150", "21")
+	cmd.Env = fakeEnv(log)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("mix: %v\n%s", err, out)
+	}
+	// The recorder flushes the trace every poll tick (50 ms).
+	time.Sleep(500 * time.Millisecond)
+	if err := syscall.Kill(rec.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-rec.done
+
+	want := onlyTruth(t, log, "")
+	cmd = exec.CommandContext(ctx, tracerBin, "report", trace, "--json")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("report of a killed trace: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "did not stop cleanly") {
+		t.Errorf("report stderr %q does not say the trace is incomplete", stderr.String())
+	}
+	rep, err := decodeReport(stdout.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkProcess(t, rep, want, peakSlack(want, 2), "mix")
 }
