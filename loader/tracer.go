@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -325,6 +326,21 @@ func (t *Tracer) Counters() (map[string]uint64, error) {
 // Lost sums the counters that mean an event was lost.
 func Lost(c map[string]uint64) uint64 {
 	return c["ringbuf_full"] + c["inflight_full"] + c["no_entry"] + c["stale_entry"]
+}
+
+// LossHint says what to do about the losses in c, by cause; "" when none.
+func LossHint(c map[string]uint64) string {
+	var parts []string
+	if n := c["ringbuf_full"]; n > 0 {
+		parts = append(parts, fmt.Sprintf("%d with the ring buffer full: raise --ring-size", n))
+	}
+	if n := c["inflight_full"]; n > 0 {
+		parts = append(parts, fmt.Sprintf("%d with %d calls already in flight: too many threads inside CUDA calls at once", n, DefaultMaxInflight))
+	}
+	if n := c["no_entry"] + c["stale_entry"]; n > 0 {
+		parts = append(parts, fmt.Sprintf("%d calls whose entry was missed (in progress when the probes attached)", n))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // Close detaches and frees everything; it returns the first error.

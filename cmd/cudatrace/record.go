@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/report"
 )
@@ -109,8 +110,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	}
 	w := cmd.ErrOrStderr()
 	if res.Lost > 0 {
-		fmt.Fprintf(w, "cudatrace: warning: %d events lost (ring buffer full %d, in-flight table full %d); raise --ring-size\n",
-			res.Lost, res.Counters["ringbuf_full"], res.Counters["inflight_full"])
+		fmt.Fprintf(w, "cudatrace: warning: %d events lost: %s\n", res.Lost, loader.LossHint(res.Counters))
 	}
 	if f.output != "" {
 		fmt.Fprintf(w, "cudatrace: %d events written to %s; see `cudatrace report %s`\n", res.Events, f.output, f.output)

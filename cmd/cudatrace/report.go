@@ -34,7 +34,7 @@ checked against the build IDs captured while recording. A trace cut short
 			if err != nil {
 				return hint.Wrap(err, "give the path of a file written by `cudatrace record -o FILE`")
 			}
-			if rep.Warning != "" {
+			if rep.Warning != "" && f.json { // the text report carries it itself
 				cmd.PrintErrf("cudatrace: warning: %s\n", rep.Warning)
 			}
 			if f.json {
