@@ -35,6 +35,7 @@ bench: build
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
 
 lint:
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 

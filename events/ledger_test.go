@@ -17,7 +17,7 @@ func TestLedgerTotals(t *testing.T) {
 	l.Apply(alloc(1, CudaMallocHost, 0x9000, 70, 0, 0xa))
 	l.Apply(&Event{PID: 1, API: CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{0xc}})
 	l.Apply(free(1, CudaFree, 0x1000))
-	l.Apply(free(1, CudaFree, 0x5555)) // never seen
+	l.Apply(free(1, CudaFree, 0x5555))                // never seen
 	l.Apply(alloc(1, CudaMalloc, 0x1000, 30, 1, 0xa)) // address reused
 
 	p := l.Process(1)

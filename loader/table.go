@@ -10,11 +10,11 @@ import "github.com/cudatrace/cudatrace/events"
 type Shape uint8
 
 const (
-	ShapeAlloc  Shape = iota + 1 // (T **out, size_t size, ...)
-	ShapePitch                   // (T **out, size_t *pitch, size_t width, size_t height)
-	Shape3D                      // (cudaPitchedPtr *out, cudaExtent by value)
-	ShapeFree                    // (T *ptr, ...), recorded at entry
-	ShapeSetDevice               // (int device)
+	ShapeAlloc     Shape = iota + 1 // (T **out, size_t size, ...)
+	ShapePitch                      // (T **out, size_t *pitch, size_t width, size_t height)
+	Shape3D                         // (cudaPitchedPtr *out, cudaExtent by value)
+	ShapeFree                       // (T *ptr, ...), recorded at entry
+	ShapeSetDevice                  // (int device)
 )
 
 // Probe is one row of the attach table: adding an API is adding a row.
