@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]uint32{"16MiB": 16 << 20, "16M": 16 << 20, "64mib": 64 << 20, "4096": 4096,
+		"1G": 1 << 30, "256K": 256 << 10, " 8MB ": 8 << 20} {
+		got, err := parseSize(in)
+		if err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "abc", "3M", "100", "2G", "-1M", "1.5M"} {
+		if got, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) = %d, want an error", in, got)
+		}
+	}
+}
+
+// run executes the CLI in-process and returns its exit code and output.
+func runCLI(args ...string) (code int, stdout, stderr string) {
+	var out, errb bytes.Buffer
+	root := newRoot(&out, &errb)
+	root.SetArgs(args)
+	err := root.Execute()
+	var ee exitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.code
+	default:
+		printError(&errb, err)
+		code = 1
+	}
+	return code, out.String(), errb.String()
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string // in stderr
+	}{
+		{[]string{"record"}, []string{"say what to trace", "hint: e.g. cudatrace record -- python train.py"}},
+		{[]string{"record", "--pid", "1", "--all"}, []string{"one of them"}},
+		{[]string{"record", "--ring-size", "3M", "--all"}, []string{"--ring-size \"3M\"", "power of two", "hint:"}},
+		{[]string{"record", "--bogus"}, []string{"unknown flag: --bogus", "hint: see `cudatrace record --help`"}},
+		{[]string{"report"}, []string{"accepts 1 arg(s)"}},
+		{[]string{"report", "/nonexistent/x.trace"}, []string{"/nonexistent/x.trace", "hint:"}},
+	} {
+		code, _, stderr := runCLI(c.args...)
+		if code != 1 {
+			t.Errorf("%q: exit %d, want 1", c.args, code)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(stderr, w) {
+				t.Errorf("%q: stderr %q lacks %q", c.args, stderr, w)
+			}
+		}
+		if strings.Contains(stderr, "goroutine ") || strings.Contains(stderr, "Usage:") {
+			t.Errorf("%q: stderr has a stack trace or the usage dump:\n%s", c.args, stderr)
+		}
+	}
+}
+
+func TestHelpTeaches(t *testing.T) {
+	for _, verb := range []string{"record", "report"} {
+		code, stdout, _ := runCLI(verb, "--help")
+		if code != 0 || !strings.Contains(stdout, "Examples:") || !strings.Contains(stdout, "cudatrace "+verb) {
+			t.Errorf("%s --help: exit %d, no examples:\n%s", verb, code, stdout)
+		}
+	}
+	_, stdout, _ := runCLI("--help")
+	if strings.Contains(stdout, launchCmdName) {
+		t.Errorf("the hidden %s verb shows in --help", launchCmdName)
+	}
+}
