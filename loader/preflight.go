@@ -35,7 +35,7 @@ func Preflight() error {
 	}
 	if err := features.HaveMapType(ebpf.RingBuf); err != nil {
 		return hint.Wrap(fmt.Errorf("this kernel lacks BPF ring buffers: %w", err),
-			"cudatrace needs Linux 5.8 or later (5.15 or later for attach cookies)")
+			"cudatrace needs Linux 5.15 or later")
 	}
 	return nil
 }

@@ -427,3 +427,48 @@ func TestKilledTracerLeavesReadableTrace(t *testing.T) {
 	}
 	checkProcess(t, rep, want, peakSlack(want, 2), "mix")
 }
+
+// TestOptionalSymbols: a libcudart lacking the optional entry points (an
+// older CUDA) is traced with what it has, and says what it lacks; one
+// lacking a required entry point is refused with its name.
+func TestOptionalSymbols(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	ctx, dir := testContext(t), t.TempDir()
+	build := func(name string, syms ...string) string {
+		t.Helper()
+		vs := filepath.Join(dir, name+".map")
+		script := "libcudart.so.12 { global: " + strings.Join(syms, "; ") + "; local: *; };\n"
+		if err := os.WriteFile(vs, []byte(script), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		lib := filepath.Join(dir, name, "libcudart.so.12")
+		os.MkdirAll(filepath.Dir(lib), 0o755)
+		// -s: stripped to .dynsym like NVIDIA's, so hidden functions are gone.
+		if err := gcc("-shared", "-fPIC", "-O2", "-s", "-pthread", "-Wl,-soname,libcudart.so.12", "-Wl,--version-script="+vs,
+			"-o", lib, filepath.Join("testdata", "fakecudart.c")); err != nil {
+			t.Fatal(err)
+		}
+		return lib
+	}
+	old := build("old", "cudaMalloc", "cudaFree", "cudaSetDevice", "cudaGetDevice", "cudaGetLastError")
+	cmd := exec.CommandContext(ctx, tracerBin, "record", "--lib", old, "--", "true")
+	out, err := cmd.CombinedOutput()
+	msg := string(out)
+	if err != nil {
+		t.Fatalf("record with an old libcudart: %v\n%s", err, msg)
+	}
+	for _, want := range []string{"lacks cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync, cudaMallocManaged, cudaMallocPitch, cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost", "attached 5 probes"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("output lacks %q:\n%s", want, msg)
+		}
+	}
+
+	broken := build("broken", "cudaMallocAsync", "cudaFree")
+	cmd = exec.CommandContext(ctx, tracerBin, "record", "--lib", broken, "--", "true")
+	out, err = cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "lacks [cudaMalloc]") || !strings.Contains(string(out), "hint:") {
+		t.Errorf("record with a libcudart lacking cudaMalloc: %v\n%s; want an error naming cudaMalloc", err, out)
+	}
+}

@@ -65,7 +65,7 @@ Record a trace, then report on it:
   cudatrace record -o train.trace -- python train.py
   cudatrace report train.trace
 
-Needs root, or CAP_BPF and CAP_PERFMON, on a kernel with BTF (5.8 or later).`,
+Needs root, or CAP_BPF and CAP_PERFMON, on Linux 5.15 or later with BTF.`,
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
