@@ -1,7 +1,9 @@
 package events
 
 import (
+	"cmp"
 	"hash/maphash"
+	"slices"
 	"sort"
 )
 
@@ -238,24 +240,16 @@ func (l *Ledger) Processes() []*Process {
 func (l *Ledger) Process(pid uint32) *Process { return l.procs[pid] }
 
 // Stacks returns every distinct allocation stack, most live bytes first,
-// then most allocated bytes.
+// then most allocated bytes, then by PID, call count and addresses: a total
+// order, so the same events always list the same way.
 func (l *Ledger) Stacks() []*Stack {
 	out := make([]*Stack, 0, len(l.stacks))
 	for _, s := range l.stacks {
 		out = append(out, s)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		if a.Live != b.Live {
-			return a.Live > b.Live
-		}
-		if a.AllocBytes != b.AllocBytes {
-			return a.AllocBytes > b.AllocBytes
-		}
-		if a.PID != b.PID {
-			return a.PID < b.PID
-		}
-		return a.Allocs > b.Allocs
+	slices.SortFunc(out, func(a, b *Stack) int {
+		return cmp.Or(cmp.Compare(b.Live, a.Live), cmp.Compare(b.AllocBytes, a.AllocBytes),
+			cmp.Compare(a.PID, b.PID), cmp.Compare(b.Allocs, a.Allocs), slices.Compare(a.Frames, b.Frames))
 	})
 	return out
 }

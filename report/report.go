@@ -4,11 +4,9 @@
 package report
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -280,15 +278,7 @@ read:
 	}
 
 	rep.Stacks = []Stack{}
-	sts := ledger.Stacks()
-	// The ledger orders by live bytes, allocated bytes and PID; ties past
-	// those come out of a map. Order them by their addresses so that the
-	// same trace always gives the same report.
-	slices.SortStableFunc(sts, func(a, b *events.Stack) int {
-		return cmp.Or(cmp.Compare(b.Live, a.Live), cmp.Compare(b.AllocBytes, a.AllocBytes),
-			cmp.Compare(a.PID, b.PID), cmp.Compare(b.Allocs, a.Allocs), slices.Compare(a.Frames, b.Frames))
-	})
-	for _, st := range sts {
+	for _, st := range ledger.Stacks() {
 		if st.Allocs == 0 {
 			continue // only failed calls came from it: they are under failures
 		}
