@@ -556,6 +556,7 @@ func TestText(t *testing.T) {
 	for _, want := range []string{
 		"Trace " + path + ": ./mix --big on gpu-box, 11µs from 2025-03-14 15:09:26 UTC, 10 events, 2 lost\n",
 		"WARNING: 2 EVENTS WERE LOST (ringbuf_full 2): every figure below may be off; raise --ring-size and record again\n",
+		"Note: 1 process exited before cudatrace could read the mappings (pid 200): their stacks show addresses only\n",
 		"PID  COMM     ALLOCS  FREES  FAILED  ALLOCATED   LIVE     PEAK  HOST-LIVE\n",
 		"100  mix           4      1       2    1.8 KiB  812 B  1.3 KiB       64 B\n",
 		"       gpu 0                                    300 B    300 B\n",

@@ -184,6 +184,20 @@ func (r *Report) writeHeader(w io.Writer) {
 	if r.Warning != "" {
 		fmt.Fprintf(w, "Warning: %s\n", r.Warning)
 	}
+	var uncaptured []string
+	for _, p := range r.Processes {
+		if p.CaptureError != "" {
+			uncaptured = append(uncaptured, fmt.Sprint(p.PID))
+		}
+	}
+	if len(uncaptured) > 0 {
+		who := "1 process"
+		if len(uncaptured) > 1 {
+			who = fmt.Sprintf("%d processes", len(uncaptured))
+		}
+		fmt.Fprintf(w, "Note: %s exited before cudatrace could read the mappings (pid %s): their stacks show addresses only\n",
+			who, strings.Join(uncaptured, ", "))
+	}
 }
 
 func (r *Report) writeStacks(w io.Writer, comm map[uint32]string) {
