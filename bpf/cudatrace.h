@@ -31,7 +31,7 @@ enum ct_counter {
 	CT_CNT_NO_ENTRY = 3,      // return without a recorded entry (attached mid-call): event lost
 	CT_CNT_STALE = 4,         // an entry whose return never came (longjmp, thread killed)
 	CT_CNT_NESTED = 5,        // traced call made inside another traced call: counted once
-	CT_CNT_STACK_ERR = 6,     // bpf_get_stack failed: event kept without stack
+	CT_CNT_STACK_ERR = 6,     // the frame-pointer walk met an unreadable frame: stack cut there
 	CT_CNT_MAX = 7,
 };
 
@@ -48,7 +48,7 @@ struct ct_event {
 	__s32 result;
 	__u16 api; // events.API, from the attach cookie
 	__u16 flags;
-	__s32 nframes; // frames in stack[], or the negative error of bpf_get_stack
+	__s32 nframes; // frames in stack[] (a negative errno in traces of versions that used bpf_get_stack)
 	char comm[16];
 };
 

@@ -15,7 +15,7 @@ type Event struct {
 	Result   int32  // cudaError_t / CUresult; 0 is success
 	Flags    uint16
 	Stack    []uint64 // user return addresses, innermost first
-	StackErr int32    // negative errno from bpf_get_stack, 0 when the stack is fine
+	StackErr int32    // a negative errno in place of a stack (traces from recorders that used bpf_get_stack); 0 otherwise
 }
 
 // Event flags, as set by the BPF programs (bpf/cudatrace.h CT_F_*).
