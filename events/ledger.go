@@ -153,27 +153,40 @@ func (l *Ledger) key(pid uint32, frames []uint64) stackKey {
 	return stackKey{pid: pid, hash: h.Sum64(), n: len(frames)}
 }
 
-// Apply accounts for one event.
-func (l *Ledger) Apply(ev *Event) {
+// Change is what Apply did to the ledger, for readers that follow it event
+// by event (the exports' timelines) rather than only read its end state.
+type Change struct {
+	Process *Process    // nil for events that touch no process's account
+	Stack   *Stack      // an allocation call's stack aggregate, failed calls' too
+	Alloc   *Allocation // the allocation made, now live
+	// Freed is the allocation a free released, or the one an allocation at
+	// its address displaced (its free was lost).
+	Freed *Allocation
+}
+
+// Apply accounts for one event and says what changed.
+func (l *Ledger) Apply(ev *Event) Change {
 	info := ev.API.Info()
 	switch info.Op {
 	case OpAlloc:
-		l.alloc(ev, info)
+		return l.alloc(ev, info)
 	case OpFree:
-		l.free(ev)
+		return l.free(ev)
 	}
+	return Change{}
 }
 
-func (l *Ledger) alloc(ev *Event, info APIInfo) {
+func (l *Ledger) alloc(ev *Event, info APIInfo) Change {
 	p := l.proc(ev.PID, ev.Comm)
 	st := l.stack(ev.PID, ev.Stack)
+	ch := Change{Process: p, Stack: st}
 	if !ev.OK() {
 		p.Failed++
 		if len(p.Failures) < l.maxFails {
 			p.Failures = append(p.Failures, Failure{Time: ev.End(), TID: ev.TID, API: ev.API, Size: ev.Size,
 				Device: ev.Device, Result: ev.Result, Stack: st})
 		}
-		return
+		return ch
 	}
 	p.Allocs++
 	p.AllocBytes += ev.Size
@@ -182,15 +195,17 @@ func (l *Ledger) alloc(ev *Event, info APIInfo) {
 	if old := p.live[ev.Addr]; old != nil {
 		p.Replaced++
 		p.release(old)
+		ch.Freed = old
 	}
 	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st}
+	ch.Alloc = a
 	p.live[ev.Addr] = a
 	st.Live += a.Size
 	st.LiveCount++
 	if info.Kind == KindHost {
 		p.HostLive += a.Size
 		p.HostPeak = max(p.HostPeak, p.HostLive)
-		return
+		return ch
 	}
 	p.Live += a.Size
 	if p.Live > p.Peak {
@@ -200,17 +215,19 @@ func (l *Ledger) alloc(ev *Event, info APIInfo) {
 	d := p.device(a.Device)
 	d.Live += a.Size
 	d.Peak = max(d.Peak, d.Live)
+	return ch
 }
 
-func (l *Ledger) free(ev *Event) {
+func (l *Ledger) free(ev *Event) Change {
 	p := l.proc(ev.PID, ev.Comm)
 	a := p.live[ev.Addr]
 	if a == nil {
 		p.UnknownFrees++
-		return
+		return Change{Process: p}
 	}
 	p.Frees++
 	p.release(a)
+	return Change{Process: p, Freed: a}
 }
 
 // release removes a from the live set and every total it counts in.

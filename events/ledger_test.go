@@ -88,3 +88,41 @@ func TestLedgerPerProcess(t *testing.T) {
 		t.Fatal("order")
 	}
 }
+
+// Apply says what it did: readers that follow the ledger (the exports'
+// timelines) rely on it instead of diffing the ledger.
+func TestLedgerChange(t *testing.T) {
+	l := NewLedger()
+	ch := l.Apply(alloc(1, CudaMalloc, 0x1000, 100, 2, 0xa))
+	if ch.Process != l.Process(1) || ch.Alloc == nil || ch.Freed != nil || ch.Stack == nil {
+		t.Fatalf("alloc: %+v", ch)
+	}
+	if a := ch.Alloc; a.Addr != 0x1000 || a.Size != 100 || a.Device != 2 || a.Stack != ch.Stack || ch.Stack.Frames[0] != 0xa {
+		t.Errorf("alloc: %+v, stack %+v", a, ch.Stack)
+	}
+	first := ch.Alloc
+
+	ch = l.Apply(&Event{PID: 1, API: CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{0xc}})
+	if ch.Alloc != nil || ch.Freed != nil || ch.Stack == nil || ch.Stack.Frames[0] != 0xc {
+		t.Errorf("failed call: %+v", ch)
+	}
+
+	// An allocation at a live address displaces the older one.
+	ch = l.Apply(alloc(1, CudaMalloc, 0x1000, 30, 0, 0xb))
+	if ch.Freed != first || ch.Alloc == nil || ch.Alloc.Size != 30 {
+		t.Errorf("replacing alloc: %+v", ch)
+	}
+	second := ch.Alloc
+
+	ch = l.Apply(free(1, CudaFree, 0x1000))
+	if ch.Freed != second || ch.Alloc != nil || ch.Stack != nil {
+		t.Errorf("free: %+v", ch)
+	}
+	ch = l.Apply(free(1, CudaFree, 0x1000)) // already freed
+	if ch.Process == nil || ch.Freed != nil {
+		t.Errorf("unknown free: %+v", ch)
+	}
+	if ch = l.Apply(&Event{PID: 1, API: CudaSetDevice}); ch != (Change{}) {
+		t.Errorf("set device: %+v", ch)
+	}
+}

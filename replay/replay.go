@@ -1,0 +1,232 @@
+// Package replay reads a trace file back through the ledger, event by
+// event, keeping what symbolizing its stacks needs: the mappings each
+// process had when a stack was first seen. The report and every export
+// are built on one pass (or two, for a moment in the past) of Read, in
+// memory bounded by the live set and the distinct stacks, not by the
+// number of events.
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/symbolize"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// Options tune Read.
+type Options struct {
+	// Until, when not 0, stops the replay before the first event that takes
+	// effect after it (CLOCK_BOOTTIME ns, as events.Event.End): the ledger
+	// then holds the live set at that moment.
+	Until uint64
+	// OnEvent, when set, is called after the ledger has applied each event,
+	// with what changed. ev is reused by the next event: copy what must
+	// outlive the call. An error stops the replay and is returned by Read.
+	OnEvent func(ev *events.Event, ch events.Change) error
+}
+
+// Trace is a trace file replayed: the ledger at the end (or at
+// Options.Until) and what else the file said.
+type Trace struct {
+	Path      string
+	Meta      tracefile.Meta
+	Ledger    *events.Ledger
+	Events    uint64 // event records applied
+	Lost      uint64 // events the BPF side counted as lost
+	Counters  map[string]uint64
+	Libraries []tracefile.Attach
+	End       *tracefile.End // nil: the tracer did not stop cleanly
+	Last      uint64         // latest time recorded (boot ns)
+	// Warning says why the replay stopped short of the file's end (a
+	// truncated or damaged trace), or that the end record is missing.
+	Warning string
+
+	// Processes holds each PID's first capture, with the mappings it had then.
+	Processes map[uint32]*tracefile.Process
+	// Latest holds each PID's latest capture.
+	Latest map[uint32]*tracefile.Process
+
+	stackMaps map[*events.Stack][]proc.Mapping
+	// Stacks first seen before any capture of their process: they take
+	// the first capture that comes.
+	pending map[uint32][]*events.Stack
+}
+
+// Read replays the trace at path. A trace cut short (the tracer was killed)
+// or damaged part way is replayed up to the damage, with Warning saying so;
+// a file that is not a trace, or of a later format version, is an error.
+func Read(path string, opts Options) (*Trace, error) {
+	r, err := tracefile.Open(path)
+	if err != nil {
+		return nil, err // Open names the path
+	}
+	defer r.Close()
+
+	t := &Trace{
+		Path:      path,
+		Meta:      r.Meta(),
+		Ledger:    events.NewLedger(),
+		Counters:  map[string]uint64{},
+		Processes: map[uint32]*tracefile.Process{},
+		Latest:    map[uint32]*tracefile.Process{},
+		stackMaps: map[*events.Stack][]proc.Mapping{},
+		pending:   map[uint32][]*events.Stack{},
+	}
+	for {
+		rec, err := r.Next()
+		switch {
+		case err == io.EOF:
+			t.finish()
+			return t, nil
+		case errors.Is(err, tracefile.ErrTruncated):
+			t.Warning = fmt.Sprintf("trace truncated: %s (the tracer was killed, or the disk filled); what follows covers the events before it",
+				cause(err, tracefile.ErrTruncated))
+			return t, nil
+		case errors.Is(err, tracefile.ErrCorrupt):
+			t.Warning = fmt.Sprintf("trace damaged: %s; what follows covers the events before it",
+				cause(err, tracefile.ErrCorrupt))
+			return t, nil
+		case err != nil:
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		switch rec.Type {
+		case tracefile.TypeEvent:
+			ev := rec.Event
+			if opts.Until != 0 && ev.End() > opts.Until {
+				// Events reach the file in ring-buffer order, close to but
+				// not strictly by time: one from another CPU may still be
+				// due. Skip, don't stop.
+				continue
+			}
+			t.Events++
+			t.Last = max(t.Last, ev.End())
+			ch := t.Ledger.Apply(ev)
+			if ch.Stack != nil {
+				t.noteStack(ev.PID, ch.Stack)
+			}
+			if opts.OnEvent != nil {
+				if err := opts.OnEvent(ev, ch); err != nil {
+					return nil, err
+				}
+			}
+		case tracefile.TypeProcess:
+			t.capture(rec.Process)
+		case tracefile.TypeAttach:
+			t.Libraries = append(t.Libraries, *rec.Attach)
+		case tracefile.TypeCounters:
+			if rec.Counters.Counters != nil {
+				t.Counters = rec.Counters.Counters
+			}
+			t.Lost = rec.Counters.Lost
+			t.Last = max(t.Last, rec.Counters.Time)
+		case tracefile.TypeEnd:
+			t.End = rec.End
+			t.Last = max(t.Last, rec.End.Time)
+		}
+	}
+}
+
+func (t *Trace) finish() {
+	if t.End == nil {
+		t.Warning = "no end record: the tracer did not stop cleanly (killed?); what follows covers what it wrote"
+	}
+}
+
+// noteStack remembers the mappings a stack is to be symbolized with: its
+// process's as they were when the stack was first seen. A later capture
+// (after a dlopen or an exec) describes the addresses of later events.
+func (t *Trace) noteStack(pid uint32, st *events.Stack) {
+	if _, seen := t.stackMaps[st]; seen {
+		return
+	}
+	p, ok := t.Latest[pid]
+	if !ok {
+		t.stackMaps[st] = nil
+		t.pending[pid] = append(t.pending[pid], st)
+		return
+	}
+	t.stackMaps[st] = p.Maps
+}
+
+func (t *Trace) capture(p *tracefile.Process) {
+	t.Latest[p.PID] = p
+	if _, ok := t.Processes[p.PID]; !ok {
+		t.Processes[p.PID] = p
+	}
+	for _, st := range t.pending[p.PID] {
+		t.stackMaps[st] = p.Maps
+	}
+	delete(t.pending, p.PID)
+	t.Last = max(t.Last, p.Time)
+}
+
+// Maps returns the mappings st's addresses are to be read against; nil
+// when its process was never captured.
+func (t *Trace) Maps(st *events.Stack) []proc.Mapping { return t.stackMaps[st] }
+
+// DurationNS is the time from the start of the recording to the last thing
+// it recorded.
+func (t *Trace) DurationNS() uint64 {
+	if t.Last > t.Meta.StartBoot {
+		return t.Last - t.Meta.StartBoot
+	}
+	return 0
+}
+
+// Symbols symbolizes a trace's stacks, each once.
+type Symbols struct {
+	t    *Trace
+	sym  *symbolize.Symbolizer // nil: addresses only
+	done map[*events.Stack][]symbolize.Frame
+}
+
+// Symbols returns a symbolizer for t's stacks. With enabled false, frames
+// carry only their addresses (and modules are not opened). Close it when
+// done.
+func (t *Trace) Symbols(enabled bool) *Symbols {
+	s := &Symbols{t: t, done: map[*events.Stack][]symbolize.Frame{}}
+	if enabled {
+		s.sym = symbolize.New()
+	}
+	return s
+}
+
+// Frames returns st's frames, innermost first; an empty slice for nil.
+func (s *Symbols) Frames(st *events.Stack) []symbolize.Frame {
+	if st == nil {
+		return []symbolize.Frame{}
+	}
+	if f, ok := s.done[st]; ok {
+		return f
+	}
+	var f []symbolize.Frame
+	if s.sym == nil {
+		f = make([]symbolize.Frame, len(st.Frames))
+		for i, pc := range st.Frames {
+			f[i] = symbolize.Frame{Addr: pc}
+		}
+	} else {
+		f = s.sym.Frames(s.t.Maps(st), st.Frames)
+	}
+	s.done[st] = f
+	return f
+}
+
+// Close drops the caches and closes the files the symbolizer opened.
+func (s *Symbols) Close() error {
+	if s.sym == nil {
+		return nil
+	}
+	return s.sym.Close()
+}
+
+// cause is err's text without the sentinel it wraps, which the warning
+// says in its own words.
+func cause(err, sentinel error) string {
+	return strings.TrimSuffix(err.Error(), ": "+sentinel.Error())
+}
