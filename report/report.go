@@ -4,14 +4,13 @@
 package report
 
 import (
-	"errors"
+	"cmp"
 	"fmt"
-	"io"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -22,8 +21,29 @@ type Options struct {
 	// NoSymbolize leaves frames as addresses. It is a negative so that the
 	// zero Options symbolizes.
 	NoSymbolize bool
-	// Top is how many stacks the text report shows; 0 means DefaultTop.
+	// Top is how many stacks the text report shows, and how many per
+	// process the peak lists; 0 means DefaultTop.
 	Top int
+	// PIDs limits the report to these processes; empty means all.
+	PIDs []uint32
+	// MinAge, when not 0, lists leak candidates: allocations still live at
+	// the end that were made at least this long before it.
+	MinAge time.Duration
+	// Interval, when not 0, adds a row per process, device and interval
+	// of this length with the change in live bytes and how far above it
+	// they peaked (fastai's PeakMemMetric per epoch).
+	Interval time.Duration
+	// Allocations lists every allocation live at the end (the JSON export).
+	Allocations bool
+}
+
+func (o *Options) selected(pid uint32) bool { return len(o.PIDs) == 0 || slices.Contains(o.PIDs, pid) }
+
+func (o *Options) top() int {
+	if o.Top <= 0 {
+		return DefaultTop
+	}
+	return o.Top
 }
 
 // DefaultTop is how many stacks the text report shows.
@@ -33,15 +53,26 @@ const DefaultTop = 20
 // `cudatrace report --json` contract: lost_events, processes, stacks and
 // failures are what scripts (and vmtest) rely on; the rest is extra.
 type Report struct {
-	LostEvents uint64            `json:"lost_events"`
-	Events     uint64            `json:"events"` // event records read
-	Trace      TraceInfo         `json:"trace"`
-	Warning    string            `json:"warning,omitempty"`
-	Processes  []Process         `json:"processes"` // by PID
-	Stacks     []Stack           `json:"stacks"`    // most live bytes first, then most allocated
-	Failures   []Failure         `json:"failures"`  // by PID, then in time order
-	Libraries  []Library         `json:"libraries"`
-	Counters   map[string]uint64 `json:"counters"` // the BPF side's, from the last snapshot
+	LostEvents uint64    `json:"lost_events"`
+	Events     uint64    `json:"events"` // event records read
+	Trace      TraceInfo `json:"trace"`
+	Warning    string    `json:"warning,omitempty"`
+	Processes  []Process `json:"processes"` // by PID
+	Stacks     []Stack   `json:"stacks"`    // most live bytes first, then most allocated
+	Failures   []Failure `json:"failures"`  // by PID, then in time order
+	// PeakStacks are, per process, the stacks holding its GPU memory at
+	// the moment of its peak: what to shrink to lower the peak.
+	PeakStacks []PeakStack `json:"peak_stacks"`
+	// Leaks lists, with Options.MinAge, allocations still live at the end
+	// and at least that old, grouped by stack, most bytes first.
+	Leaks      []Leak     `json:"leaks,omitempty"`
+	MinAgeNS   uint64     `json:"min_age_ns,omitempty"`
+	Intervals  []Interval `json:"intervals,omitempty"`
+	IntervalNS uint64     `json:"interval_ns,omitempty"`
+	// Allocations, with Options.Allocations, is the live set at the end.
+	Allocations []Allocation      `json:"allocations,omitempty"`
+	Libraries   []Library         `json:"libraries"`
+	Counters    map[string]uint64 `json:"counters"` // the BPF side's, from the last snapshot
 
 	top int // Options.Top
 }
@@ -125,6 +156,63 @@ type Failure struct {
 	Error  string  `json:"error"` // Result's name
 	Time   string  `json:"time"`  // RFC 3339, nanoseconds
 	Frames []Frame `json:"frames"`
+	// The process's GPU memory live when the call failed, in all and on
+	// its device, and the stacks holding most of the device's (for the
+	// first failures of each process).
+	LiveBytes       uint64       `json:"live_bytes"`
+	DeviceLiveBytes uint64       `json:"device_live_bytes"`
+	LiveStacks      []StackShare `json:"live_stacks,omitempty"`
+}
+
+// PeakStack is one stack's share of a process's GPU memory at its peak.
+type PeakStack struct {
+	PID       uint32  `json:"pid"`
+	LiveBytes uint64  `json:"live_bytes"` // at the peak
+	LiveCount uint64  `json:"live_count"`
+	Frames    []Frame `json:"frames"`
+}
+
+// StackShare is one stack's share of a live set.
+type StackShare struct {
+	LiveBytes uint64  `json:"live_bytes"`
+	LiveCount uint64  `json:"live_count"`
+	Frames    []Frame `json:"frames"`
+}
+
+// Leak is a group of old allocations still live at the end, from one stack.
+type Leak struct {
+	PID         uint32  `json:"pid"`
+	LiveBytes   uint64  `json:"live_bytes"`
+	LiveCount   uint64  `json:"live_count"`
+	OldestAgeNS uint64  `json:"oldest_age_ns"` // before the end of the trace
+	Frames      []Frame `json:"frames"`
+}
+
+// Interval is one process's use of one device over one interval: the
+// columns fastai's PeakMemMetric prints per epoch.
+type Interval struct {
+	PID       uint32 `json:"pid"`
+	Device    int32  `json:"device"`
+	StartNS   uint64 `json:"start_ns"` // since the start of the recording
+	EndNS     uint64 `json:"end_ns"`
+	LiveStart uint64 `json:"live_start"`
+	LiveEnd   uint64 `json:"live_end"`
+	Peak      uint64 `json:"peak"`   // highest live bytes in the interval
+	Used      int64  `json:"used"`   // LiveEnd - LiveStart
+	Peaked    uint64 `json:"peaked"` // Peak - max(LiveStart, LiveEnd): memory needed only for a while
+}
+
+// Allocation is one allocation live at the end.
+type Allocation struct {
+	PID     uint32 `json:"pid"`
+	TID     uint32 `json:"tid"`
+	Address string `json:"address"` // "0x…"
+	Size    uint64 `json:"size"`
+	Device  int32  `json:"device"`
+	API     string `json:"api"`
+	Kind    string `json:"kind"`  // device, managed or host
+	Time    string `json:"time"`  // RFC 3339, when the call returned
+	Stack   int    `json:"stack"` // index in stacks
 }
 
 // Library is a library the probes were attached to.
@@ -140,158 +228,120 @@ type Library struct {
 // saying so; a file that is not a trace, or of a later format version, is
 // an error.
 func Load(path string, opts Options) (*Report, error) {
-	r, err := tracefile.Open(path)
+	t0, err := tracefile.Open(path) // for the start time, which --interval counts from
 	if err != nil {
-		return nil, err // Open names the path
+		return nil, err
 	}
-	defer r.Close()
-	meta := r.Meta()
-
-	rep := &Report{Counters: map[string]uint64{}, Libraries: []Library{}, top: opts.Top}
-	ledger := events.NewLedger()
-	var (
-		maps      = map[uint32][]proc.Mapping{} // latest capture per PID
-		captured  = map[uint32]*tracefile.Process{}
-		cmdlines  = map[uint32][]string{} // the first capture's
-		stackMaps = map[*events.Stack][]proc.Mapping{}
-		// Stacks first seen before any capture of their process: they take
-		// the first capture that comes.
-		pending = map[uint32][]*events.Stack{}
-		last    uint64 // latest time recorded
-		end     *tracefile.End
-	)
-read:
-	for {
-		rec, err := r.Next()
-		switch {
-		case err == io.EOF:
-			break read
-		case errors.Is(err, tracefile.ErrTruncated):
-			rep.Warning = fmt.Sprintf("trace truncated: %s (the tracer was killed, or the disk filled); the report covers the events before it",
-				cause(err, tracefile.ErrTruncated))
-			break read
-		case errors.Is(err, tracefile.ErrCorrupt):
-			rep.Warning = fmt.Sprintf("trace damaged: %s; the report covers the events before it",
-				cause(err, tracefile.ErrCorrupt))
-			break read
-		case err != nil:
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		switch rec.Type {
-		case tracefile.TypeEvent:
-			ev := rec.Event
-			rep.Events++
-			last = max(last, ev.End())
-			ledger.Apply(ev)
-			if ev.API.Info().Op != events.OpAlloc {
-				break
-			}
-			// A stack is symbolized with its process's mappings as they
-			// were when it was first seen: a later capture (after a
-			// dlopen or an exec) describes the addresses of later events.
-			st := ledger.StackOf(ev.PID, ev.Stack)
-			if _, seen := stackMaps[st]; st == nil || seen {
-				break
-			}
-			m, ok := maps[ev.PID]
-			stackMaps[st] = m
-			if !ok {
-				pending[ev.PID] = append(pending[ev.PID], st)
-			}
-		case tracefile.TypeProcess:
-			p := rec.Process
-			maps[p.PID] = p.Maps
-			captured[p.PID] = p
-			if _, ok := cmdlines[p.PID]; !ok {
-				cmdlines[p.PID] = p.Cmdline
-			}
-			for _, st := range pending[p.PID] {
-				stackMaps[st] = p.Maps
-			}
-			delete(pending, p.PID)
-			last = max(last, p.Time)
-		case tracefile.TypeAttach:
-			a := rec.Attach
-			rep.Libraries = append(rep.Libraries, Library{Path: a.Library, BuildID: a.BuildID,
-				Symbols: nonNil(a.Symbols), Missing: a.Missing})
-		case tracefile.TypeCounters:
-			if rec.Counters.Counters != nil {
-				rep.Counters = rec.Counters.Counters
-			}
-			rep.LostEvents = rec.Counters.Lost
-			last = max(last, rec.Counters.Time)
-		case tracefile.TypeEnd:
-			end = rec.End
-			last = max(last, end.Time)
-		}
+	fol := newFollower(t0.Meta().StartBoot, opts.Interval)
+	t0.Close()
+	t, err := replay.Read(path, replay.Options{OnEvent: fol.onEvent})
+	if err != nil {
+		return nil, err
 	}
-
+	meta := t.Meta
+	rep := &Report{LostEvents: t.Lost, Events: t.Events, Counters: t.Counters, Warning: t.Warning,
+		Libraries: []Library{}, top: opts.Top}
+	for _, a := range t.Libraries {
+		rep.Libraries = append(rep.Libraries, Library{Path: a.Library, BuildID: a.BuildID,
+			Symbols: nonNil(a.Symbols), Missing: a.Missing})
+	}
 	rep.Trace = TraceInfo{Path: path, Tool: meta.Tool, Host: meta.Host, Kernel: meta.Kernel,
-		Start: meta.StartWall, Command: meta.Command, PIDs: meta.PIDs, All: meta.All, Complete: end != nil}
-	if last > meta.StartBoot {
-		rep.Trace.DurationNS = last - meta.StartBoot
-	}
-	if end != nil {
-		rep.Trace.StopReason, rep.Trace.ExitCode = end.Reason, end.ExitCode
-	} else if rep.Warning == "" {
-		rep.Warning = "no end record: the tracer did not stop cleanly (killed?); the report covers what it wrote"
+		Start: meta.StartWall, DurationNS: t.DurationNS(), Command: meta.Command, PIDs: meta.PIDs, All: meta.All,
+		Complete: t.End != nil}
+	if t.End != nil {
+		rep.Trace.StopReason, rep.Trace.ExitCode = t.End.Reason, t.End.ExitCode
 	}
 
-	var sym *symbolize.Symbolizer
-	if !opts.NoSymbolize {
-		sym = symbolize.New()
-		defer sym.Close()
-	}
-	// Failures share their stacks with each other: symbolize each once.
-	done := map[*events.Stack][]Frame{}
-	frames := func(st *events.Stack) []Frame {
-		if st == nil {
-			return []Frame{}
-		}
-		f, ok := done[st]
-		if !ok {
-			f = symbolizeStack(sym, stackMaps[st], st.Frames)
-			done[st] = f
-		}
-		return f
-	}
+	syms := t.Symbols(!opts.NoSymbolize)
+	defer syms.Close()
+	frames := func(st *events.Stack) []Frame { return toFrames(syms.Frames(st)) }
 
 	rep.Processes = []Process{}
 	rep.Failures = []Failure{}
-	for _, p := range ledger.Processes() {
-		out := Process{PID: p.PID, Comm: p.Comm, Cmdline: cmdlines[p.PID], Allocs: p.Allocs, Frees: p.Frees,
+	for _, p := range t.Ledger.Processes() {
+		if !opts.selected(p.PID) {
+			continue
+		}
+		out := Process{PID: p.PID, Comm: p.Comm, Allocs: p.Allocs, Frees: p.Frees,
 			Failed: p.Failed, AllocBytes: p.AllocBytes, LiveBytes: p.Live, PeakBytes: p.Peak,
 			HostLiveBytes: p.HostLive, HostPeakBytes: p.HostPeak, UnknownFrees: p.UnknownFrees,
 			Replaced: p.Replaced, LiveAllocations: len(p.LiveAllocations()), Devices: devices(p)}
 		if p.PeakTime != 0 {
 			out.PeakTime = meta.WallTime(p.PeakTime).Format(time.RFC3339Nano)
 		}
-		if c := captured[p.PID]; c != nil {
+		if c := t.Processes[p.PID]; c != nil {
+			out.Cmdline = c.Cmdline
+		}
+		if c := t.Latest[p.PID]; c != nil {
 			out.CaptureError = c.Error
 		}
 		rep.Processes = append(rep.Processes, out)
-		for _, f := range p.Failures {
-			rep.Failures = append(rep.Failures, Failure{PID: p.PID, TID: f.TID, API: f.API.String(), Size: f.Size,
+		for i, f := range p.Failures {
+			out := Failure{PID: p.PID, TID: f.TID, API: f.API.String(), Size: f.Size,
 				Device: f.Device, Result: f.Result, Error: events.ErrorName(f.Result),
-				Time: meta.WallTime(f.Time).Format(time.RFC3339Nano), Frames: frames(f.Stack)})
+				Time: meta.WallTime(f.Time).Format(time.RFC3339Nano), Frames: frames(f.Stack)}
+			if ctx := fol.failures[p.PID]; i < len(ctx) {
+				out.LiveBytes, out.DeviceLiveBytes = ctx[i].live, ctx[i].deviceLive
+				for _, s := range ctx[i].stacks {
+					out.LiveStacks = append(out.LiveStacks, StackShare{LiveBytes: s.bytes, LiveCount: s.count, Frames: frames(s.st)})
+				}
+			}
+			rep.Failures = append(rep.Failures, out)
+		}
+	}
+
+	peaks, err := fol.peakStacks(t)
+	if err != nil {
+		return nil, err
+	}
+	rep.PeakStacks = []PeakStack{}
+	for _, p := range rep.Processes {
+		stacks := peaks[p.PID]
+		for _, s := range stacks[:min(len(stacks), opts.top())] {
+			rep.PeakStacks = append(rep.PeakStacks, PeakStack{PID: p.PID, LiveBytes: s.bytes, LiveCount: s.count, Frames: frames(s.st)})
+		}
+	}
+	if opts.MinAge > 0 {
+		rep.MinAgeNS = uint64(opts.MinAge)
+		rep.Leaks = leaks(t, &opts, frames)
+	}
+	if opts.Interval > 0 {
+		rep.IntervalNS = uint64(opts.Interval)
+		var overflowed bool
+		rep.Intervals, overflowed = fol.intervals(t.Last)
+		if overflowed {
+			return nil, fmt.Errorf("--interval %s makes more than %d rows per process and device: choose a longer one", opts.Interval, maxIntervals)
 		}
 	}
 
 	rep.Stacks = []Stack{}
-	for _, st := range ledger.Stacks() {
+	index := map[*events.Stack]int{}
+	for _, st := range t.Ledger.Stacks() {
+		if !opts.selected(st.PID) {
+			continue
+		}
 		if st.Allocs == 0 {
 			continue // only failed calls came from it: they are under failures
 		}
+		index[st] = len(rep.Stacks)
 		rep.Stacks = append(rep.Stacks, Stack{PID: st.PID, Allocs: st.Allocs, AllocBytes: st.AllocBytes,
 			LiveBytes: st.Live, LiveCount: st.LiveCount, Frames: frames(st)})
 	}
+	if opts.Allocations {
+		rep.Allocations = []Allocation{}
+		for _, p := range t.Ledger.Processes() {
+			if !opts.selected(p.PID) {
+				continue
+			}
+			for _, a := range p.LiveAllocations() {
+				rep.Allocations = append(rep.Allocations, Allocation{PID: p.PID, TID: a.TID,
+					Address: fmt.Sprintf("%#x", a.Addr), Size: a.Size, Device: a.Device, API: a.API.String(),
+					Kind: a.API.Info().Kind.String(), Time: meta.WallTime(a.Time).Format(time.RFC3339Nano),
+					Stack: index[a.Stack]})
+			}
+		}
+	}
 	return rep, nil
-}
-
-// cause is err's text without the sentinel it wraps, which the warning
-// says in its own words.
-func cause(err, sentinel error) string {
-	return strings.TrimSuffix(err.Error(), ": "+sentinel.Error())
 }
 
 func devices(p *events.Process) []Device {
@@ -309,17 +359,51 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-// symbolizeStack symbolizes pcs against maps, or only formats their
-// addresses when sym is nil.
-func symbolizeStack(sym *symbolize.Symbolizer, maps []proc.Mapping, pcs []uint64) []Frame {
-	out := make([]Frame, 0, len(pcs))
-	if sym == nil {
-		for _, pc := range pcs {
-			out = append(out, Frame{Address: fmt.Sprintf("%#x", pc)})
-		}
-		return out
+// leaks groups by stack the allocations live at the end that are at least
+// opts.MinAge old.
+func leaks(t *replay.Trace, opts *Options, frames func(*events.Stack) []Frame) []Leak {
+	type group struct {
+		st           *events.Stack
+		bytes, count uint64
+		oldest       uint64 // time of the oldest allocation
 	}
-	for _, f := range sym.Frames(maps, pcs) {
+	var groups []*group
+	for _, p := range t.Ledger.Processes() {
+		if !opts.selected(p.PID) {
+			continue
+		}
+		by := map[*events.Stack]*group{}
+		for _, a := range p.LiveAllocations() {
+			if a.Time > t.Last || t.Last-a.Time < uint64(opts.MinAge) {
+				continue
+			}
+			g := by[a.Stack]
+			if g == nil {
+				g = &group{st: a.Stack, oldest: a.Time}
+				by[a.Stack] = g
+				groups = append(groups, g)
+			}
+			g.bytes += a.Size
+			g.count++
+			g.oldest = min(g.oldest, a.Time)
+		}
+	}
+	slices.SortFunc(groups, func(a, b *group) int {
+		return cmp.Or(cmp.Compare(b.bytes, a.bytes), cmp.Compare(b.count, a.count), cmp.Compare(a.st.PID, b.st.PID),
+			slices.Compare(a.st.Frames, b.st.Frames))
+	})
+	out := []Leak{}
+	for _, g := range groups {
+		out = append(out, Leak{PID: g.st.PID, LiveBytes: g.bytes, LiveCount: g.count, OldestAgeNS: t.Last - g.oldest,
+			Frames: frames(g.st)})
+	}
+	return out
+}
+
+// toFrames formats symbolized frames for the report.
+func toFrames(fs []symbolize.Frame) []Frame {
+	out := make([]Frame, 0, len(fs))
+	for _, f := range fs {
 		out = append(out, Frame{Function: f.Function, File: f.File, Line: f.Line, Module: f.Module,
 			Address: fmt.Sprintf("%#x", f.Addr), Offset: f.Offset})
 	}

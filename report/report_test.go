@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -25,49 +27,6 @@ func testMeta() tracefile.Meta {
 	return tracefile.Meta{Tool: "cudatrace test", Host: "gpu-box", Kernel: "6.8.0",
 		StartWall: time.Date(2025, 3, 14, 15, 9, 26, 0, time.UTC), StartBoot: base,
 		Command: []string{"./mix", "--big"}}
-}
-
-// writeTrace writes items (events.Event and the tracefile frame types) to
-// a trace file. It returns the path and the file size after each item.
-func writeTrace(t *testing.T, meta tracefile.Meta, items ...any) (string, []int64) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "test.trace")
-	w, err := tracefile.Create(path, meta)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ends []int64
-	for _, it := range items {
-		switch v := it.(type) {
-		case events.Event:
-			err = w.WriteEvent(events.Encode(nil, &v))
-		case *tracefile.Process:
-			err = w.WriteProcess(v)
-		case *tracefile.Attach:
-			err = w.WriteAttach(v)
-		case *tracefile.Counters:
-			err = w.WriteCounters(v)
-		case *tracefile.End:
-			err = w.WriteEnd(v)
-		default:
-			t.Fatalf("writeTrace: %T", it)
-		}
-		if err == nil {
-			err = w.Flush()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ends = append(ends, st.Size())
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return path, ends
 }
 
 // mixItems is a trace of two processes: pid 100 uses two devices, pinned
@@ -143,10 +102,27 @@ const mixJSON = `{
   {"pid": 100, "tid": 101, "api": "cudaMalloc", "size": 99999999999, "device": 0, "result": 2,
    "error": "cudaErrorMemoryAllocation", "time": "2025-03-14T15:09:26.0000061Z", "frames": [
    {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa1", "offset": 0},
-   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa2", "offset": 0}]},
+   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa2", "offset": 0}],
+   "live_bytes": 812, "device_live_bytes": 300, "live_stacks": [{"live_bytes": 300, "live_count": 1, "frames": [
+   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa1", "offset": 0},
+   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa2", "offset": 0}]}]},
   {"pid": 100, "tid": 101, "api": "cudaMallocPitch", "size": 0, "device": 0, "result": 1,
    "error": "cudaErrorInvalidValue", "time": "2025-03-14T15:09:26.0000071Z", "frames": [
-   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xd1", "offset": 0}]}
+   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xd1", "offset": 0}],
+   "live_bytes": 812, "device_live_bytes": 300, "live_stacks": [{"live_bytes": 300, "live_count": 1, "frames": [
+   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa1", "offset": 0},
+   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa2", "offset": 0}]}]}
+ ],
+ "peak_stacks": [
+  {"pid": 100, "live_bytes": 1000, "live_count": 1, "frames": [
+   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xb1", "offset": 0}]},
+  {"pid": 100, "live_bytes": 300, "live_count": 1, "frames": [
+   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa1", "offset": 0},
+   {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa2", "offset": 0}]},
+  {"pid": 200, "live_bytes": 7, "live_count": 1, "frames": [
+   {"function": "", "file": "", "line": 0, "module": "", "address": "0x40", "offset": 0}]},
+  {"pid": 200, "live_bytes": 7, "live_count": 1, "frames": [
+   {"function": "", "file": "", "line": 0, "module": "", "address": "0x50", "offset": 0}]}
  ],
  "libraries": [{"library": "/usr/lib/libcudart.so.12", "symbols": ["cudaMalloc", "cudaFree"], "missing": ["cudaMallocAsync"]}],
  "counters": {"events": 10, "ringbuf_full": 2}
@@ -164,7 +140,7 @@ func decodeJSON(t *testing.T, data []byte) map[string]any {
 }
 
 func TestJSON(t *testing.T) {
-	path, _ := writeTrace(t, testMeta(), mixItems()...)
+	path, _ := tracetest.Write(t, testMeta(), mixItems()...)
 	rep, err := Load(path, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +176,7 @@ func TestJSON(t *testing.T) {
 }
 
 func TestNoSymbolize(t *testing.T) {
-	path, _ := writeTrace(t, testMeta(), mixItems()...)
+	path, _ := tracetest.Write(t, testMeta(), mixItems()...)
 	rep, err := Load(path, Options{NoSymbolize: true})
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +189,7 @@ func TestNoSymbolize(t *testing.T) {
 
 // Empty lists are [] in the JSON, never null: scripts iterate them.
 func TestJSONEmptyLists(t *testing.T) {
-	path, _ := writeTrace(t, tracefile.Meta{Tool: "t", StartBoot: base}, &tracefile.End{Time: base + 1})
+	path, _ := tracetest.Write(t, tracefile.Meta{Tool: "t", StartBoot: base}, &tracefile.End{Time: base + 1})
 	rep, err := Load(path, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +219,7 @@ func TestJSONEmptyLists(t *testing.T) {
 
 	// A process that made only failed calls, with no stack: its lists are
 	// still lists.
-	path, _ = writeTrace(t, testMeta(),
+	path, _ = tracetest.Write(t, testMeta(),
 		events.Event{Time: base + 1, PID: 1, Comm: "f", API: events.CudaMalloc, Size: 1, Result: 2, StackErr: -14},
 		&tracefile.End{Time: base + 2})
 	if rep, err = Load(path, Options{}); err != nil {
@@ -371,7 +347,7 @@ func TestSymbolize(t *testing.T) {
 		return events.Event{Time: base + tm, PID: pid, TID: pid, Comm: "fixture", API: events.CudaMalloc,
 			Addr: addr, Size: 100, Stack: stack}
 	}
-	path, _ := writeTrace(t, testMeta(),
+	path, _ := tracetest.Write(t, testMeta(),
 		// pid 1: captured, then a stack, then a capture that no longer
 		// covers the addresses (the mapping went away).
 		&tracefile.Process{PID: 1, Comm: "fixture", Maps: fx.maps},
@@ -446,7 +422,7 @@ func hex(v uint64) string { return fmt.Sprintf("%#x", v) }
 // one cut between frames lacks only the end record.
 func TestTruncated(t *testing.T) {
 	items := mixItems()
-	path, ends := writeTrace(t, testMeta(), items...)
+	path, ends := tracetest.Write(t, testMeta(), items...)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -523,7 +499,7 @@ func TestNotATrace(t *testing.T) {
 	}
 
 	// A later format version.
-	path, _ := writeTrace(t, testMeta())
+	path, _ := tracetest.Write(t, testMeta())
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -542,56 +518,49 @@ func TestNotATrace(t *testing.T) {
 	}
 }
 
-func TestText(t *testing.T) {
-	path, _ := writeTrace(t, testMeta(), mixItems()...)
-	rep, err := Load(path, Options{Top: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if err := rep.WriteText(&buf); err != nil {
-		t.Fatal(err)
-	}
-	out := buf.String()
-	for _, want := range []string{
-		"Trace " + path + ": ./mix --big on gpu-box, 11µs from 2025-03-14 15:09:26 UTC, 10 events, 2 lost\n",
-		"WARNING: 2 EVENTS WERE LOST (ringbuf_full 2): every figure below may be off; raise --ring-size and record again\n",
-		"Note: 1 process exited before cudatrace could read the mappings (pid 200): their stacks show addresses only\n",
-		"PID  COMM     ALLOCS  FREES  FAILED  ALLOCATED   LIVE     PEAK  HOST-LIVE\n",
-		"100  mix           4      1       2    1.8 KiB  812 B  1.3 KiB       64 B\n",
-		"       gpu 0                                    300 B    300 B\n",
-		"       gpu 1                                    512 B   1000 B\n",
-		"200  other         2      0       0       14 B   14 B     14 B        0 B\n",
-		"Top stacks by live bytes (2 of 5):\n",
-		"\n[1] 512 B live in 1 allocation; 1.5 KiB allocated in 2 calls; pid 100 (mix)\n  #0 0xb1 mix\n",
-		"\n[2] 300 B live in 1 allocation; 300 B allocated in 1 call; pid 100 (mix)\n  #0 0xa1 mix\n  #1 0xa2 mix\n\n",
-		"Failed allocations (2 calls):\n",
-		"\n1 × cudaMalloc in pid 100 (mix): cudaErrorMemoryAllocation (2), 93.1 GiB requested in all; the first from:\n  #0 0xa1 mix\n  #1 0xa2 mix\n",
-		"\n1 × cudaMallocPitch in pid 100 (mix): cudaErrorInvalidValue (1), 0 B requested in all; the first from:\n  #0 0xd1 mix\n",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("text lacks\n%s\nin\n%s", want, out)
-		}
-	}
-	if strings.Contains(out, "[3]") || strings.Count(out, " gpu ") != 2 {
-		t.Errorf("more than Top stacks, or device lines for a one-device process:\n%s", out)
-	}
-	if strings.Contains(out, "Warning:") {
-		t.Errorf("a warning for a complete trace:\n%s", out)
-	}
+var update = flag.Bool("update", false, "rewrite the golden files of the text report")
 
-	// Nothing traced, nothing lost.
-	path, _ = writeTrace(t, tracefile.Meta{StartBoot: base}, &tracefile.End{Time: base + 2*uint64(time.Second)})
-	if rep, err = Load(path, Options{}); err != nil {
-		t.Fatal(err)
-	}
-	buf.Reset()
-	if err := rep.WriteText(&buf); err != nil {
-		t.Fatal(err)
-	}
-	want := "Trace " + path + ": on an unknown host, 2s from an unknown time, 0 events, 0 lost\n\nNo CUDA allocation traced.\n"
-	if buf.String() != want {
-		t.Errorf("empty trace:\n%s\nwant\n%s", buf.String(), want)
+// The text report, whole, against golden files in testdata/ (rewrite them
+// with go test ./report -update, and read the diff).
+func TestText(t *testing.T) {
+	for _, tc := range []struct {
+		golden string
+		opts   Options
+		items  []any
+		meta   tracefile.Meta
+	}{
+		{"mix_top2.golden", Options{Top: 2}, mixItems(), testMeta()},
+		{"mix_leaks_intervals.golden", Options{MinAge: 5 * time.Microsecond, Interval: 3 * time.Microsecond},
+			mixItems(), testMeta()},
+		{"mix_pid200.golden", Options{PIDs: []uint32{200}, MinAge: time.Nanosecond}, mixItems(), testMeta()},
+		{"empty.golden", Options{Interval: time.Second}, []any{&tracefile.End{Time: base + 2*uint64(time.Second)}},
+			tracefile.Meta{StartBoot: base}},
+	} {
+		t.Run(tc.golden, func(t *testing.T) {
+			path, _ := tracetest.Write(t, tc.meta, tc.items...)
+			rep, err := Load(path, tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			if err := rep.WriteText(&buf); err != nil {
+				t.Fatal(err)
+			}
+			got := strings.ReplaceAll(buf.String(), path, "TRACE")
+			golden := filepath.Join("testdata", tc.golden)
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./report -update to create it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("text differs from %s (go test ./report -update rewrites it):\n--- got\n%s\n--- want\n%s", golden, got, want)
+			}
+		})
 	}
 }
 

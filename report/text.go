@@ -136,7 +136,10 @@ func (r *Report) WriteText(w io.Writer) error {
 		comm[p.PID] = p.Comm
 	}
 	r.writeStacks(ew, comm)
+	r.writePeaks(ew, comm)
+	r.writeLeaks(ew, comm)
 	r.writeFailures(ew, comm)
+	r.writeIntervals(ew, comm)
 	if ew.err != nil {
 		return fmt.Errorf("write report: %w", ew.err)
 	}
@@ -204,11 +207,7 @@ func (r *Report) writeStacks(w io.Writer, comm map[uint32]string) {
 	if len(r.Stacks) == 0 {
 		return
 	}
-	top := r.top
-	if top <= 0 {
-		top = DefaultTop
-	}
-	n := min(top, len(r.Stacks))
+	n := min(r.topN(), len(r.Stacks))
 	fmt.Fprintf(w, "\nTop stacks by live bytes (%d of %d):\n", n, len(r.Stacks))
 	for i, s := range r.Stacks[:n] {
 		fmt.Fprintf(w, "\n[%d] %s live in %s; %s allocated in %s; pid %d (%s)\n", i+1,
@@ -255,19 +254,126 @@ func (r *Report) writeFailures(w io.Writer, comm map[uint32]string) {
 		fmt.Fprintf(w, "\n%d × %s in pid %d (%s): %s (%d), %s requested in all; the first from:\n",
 			g.n, g.api, g.pid, comm[g.pid], g.err, g.first.Result, HumanBytes(g.bytes))
 		writeFrames(w, g.first.Frames)
+		f := g.first
+		fmt.Fprintf(w, "  when it failed, pid %d held %s of GPU memory, %s of it on gpu %d", f.PID,
+			HumanBytes(f.LiveBytes), HumanBytes(f.DeviceLiveBytes), f.Device)
+		if len(f.LiveStacks) == 0 {
+			fmt.Fprintln(w)
+			continue
+		}
+		fmt.Fprintln(w, ", most from:")
+		for i, s := range f.LiveStacks {
+			fmt.Fprintf(w, "  (%c) %s in %s:\n", 'a'+i, HumanBytes(s.LiveBytes), plural(s.LiveCount, "allocation"))
+			writeFramesIndent(w, s.Frames, "    ")
+		}
 	}
+}
+
+// writePeaks prints, per process, the stacks that held its GPU memory at
+// its peak: they are what to shrink to lower it.
+func (r *Report) writePeaks(w io.Writer, comm map[uint32]string) {
+	peak := map[uint32]Process{}
+	for _, p := range r.Processes {
+		peak[p.PID] = p
+	}
+	last := uint32(0)
+	n := 0
+	for i, s := range r.PeakStacks {
+		if i == 0 || s.PID != last {
+			last, n = s.PID, 0
+			p := peak[s.PID]
+			when := ""
+			if at, err := time.Parse(time.RFC3339Nano, p.PeakTime); err == nil && !r.Trace.Start.IsZero() {
+				when = fmt.Sprintf(" (%s into the trace)", roundAge(at.Sub(r.Trace.Start)))
+			}
+			fmt.Fprintf(w, "\nAt its peak%s, pid %d (%s) held %s of GPU memory, from:\n", when, s.PID, comm[s.PID],
+				HumanBytes(p.PeakBytes))
+		}
+		n++
+		fmt.Fprintf(w, "\n[%d] %s in %s\n", n, HumanBytes(s.LiveBytes), plural(s.LiveCount, "allocation"))
+		writeFrames(w, s.Frames)
+	}
+}
+
+// writeLeaks prints the leak candidates, as bcc's memleak does: old
+// allocations still live, by stack.
+func (r *Report) writeLeaks(w io.Writer, comm map[uint32]string) {
+	if r.MinAgeNS == 0 {
+		return
+	}
+	age := time.Duration(r.MinAgeNS)
+	if len(r.Leaks) == 0 {
+		fmt.Fprintf(w, "\nLeak candidates: none (nothing live at the end is older than %s)\n", age)
+		return
+	}
+	n := min(len(r.Leaks), r.topN())
+	fmt.Fprintf(w, "\nLeak candidates, live at the end and older than %s (%d of %d stacks):\n", age, n, len(r.Leaks))
+	for i, l := range r.Leaks[:n] {
+		fmt.Fprintf(w, "\n[%d] %s in %s, the oldest %s old; pid %d (%s)\n", i+1, HumanBytes(l.LiveBytes),
+			plural(l.LiveCount, "allocation"), roundAge(time.Duration(l.OldestAgeNS)), l.PID, comm[l.PID])
+		writeFrames(w, l.Frames)
+	}
+}
+
+// roundAge keeps three or four significant digits of a duration.
+func roundAge(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(time.Microsecond)
+	}
+	return d
+}
+
+// writeIntervals prints the --interval table: per process, device and
+// interval, the change in live bytes and the peak above it.
+func (r *Report) writeIntervals(w io.Writer, comm map[uint32]string) {
+	if r.IntervalNS == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nGPU memory per %s (USED: change over the interval; PEAKED: how far above both ends it rose):\n\n",
+		time.Duration(r.IntervalNS))
+	if len(r.Intervals) == 0 {
+		fmt.Fprintln(w, "No GPU memory allocated.")
+		return
+	}
+	t := table{right: []bool{true, false, true, true, true, true, true}}
+	t.add("PID", "COMM", "GPU", "FROM", "USED", "PEAKED", "LIVE")
+	for _, iv := range r.Intervals {
+		used := HumanBytes(uint64(iv.Used))
+		if iv.Used < 0 {
+			used = "-" + HumanBytes(uint64(-iv.Used))
+		} else if iv.Used > 0 {
+			used = "+" + used
+		}
+		t.add(fmt.Sprint(iv.PID), comm[iv.PID], fmt.Sprint(iv.Device), time.Duration(iv.StartNS).String(), used,
+			HumanBytes(iv.Peaked), HumanBytes(iv.LiveEnd))
+	}
+	if err := t.write(w); err != nil {
+		fmt.Fprintf(w, "%v", err) // errWriter keeps the error
+	}
+}
+
+func (r *Report) topN() int {
+	if r.top <= 0 {
+		return DefaultTop
+	}
+	return r.top
 }
 
 // writeFrames prints a stack as "  #0 function (file:line) module", the
 // address standing in for an unknown function.
-func writeFrames(w io.Writer, frames []Frame) {
+func writeFrames(w io.Writer, frames []Frame) { writeFramesIndent(w, frames, "  ") }
+
+func writeFramesIndent(w io.Writer, frames []Frame, indent string) {
 	if len(frames) == 0 {
-		fmt.Fprintln(w, "  (no stack)")
+		fmt.Fprintln(w, indent+"(no stack)")
 		return
 	}
 	for i, f := range frames {
 		var b strings.Builder
-		fmt.Fprintf(&b, "  #%d ", i)
+		fmt.Fprintf(&b, "%s#%d ", indent, i)
 		if f.Function != "" {
 			b.WriteString(f.Function)
 		} else {
