@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/record"
@@ -24,6 +25,7 @@ type recordFlags struct {
 	output   string
 	ringSize string
 	quiet    bool
+	exports  []string // FORMAT=FILE
 }
 
 func newRecordCmd() *cobra.Command {
@@ -52,10 +54,15 @@ library file, so processes that load it later are covered too; another
 copy of the library (a virtualenv's wheel, a container) needs its own --lib.
 
 On stop (the targets exit, --duration, Ctrl-C or SIGTERM) it prints a
-summary per process; -o keeps the full trace for 'cudatrace report'.
+summary per process; -o keeps the full trace for 'cudatrace report' and
+'cudatrace export', and --export writes an export at once (pprof, memviz,
+perfetto or json; see 'cudatrace export --help').
 A command still running when recording stops gets SIGTERM after 2 seconds.`,
 		Example: `  # Launch a training script and keep the trace
   cudatrace record -o train.trace -- python train.py --epochs 1
+
+  # Keep the trace, and write a pprof profile and a memory_viz snapshot on stop
+  cudatrace record -o train.trace --export pprof=train.pb.gz --export memviz=train.pickle -- python train.py
 
   # Attach to a running job for one minute
   cudatrace record --pid 4242 --duration 1m -o job.trace
@@ -74,6 +81,7 @@ A command still running when recording stops gets SIGTERM after 2 seconds.`,
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
 	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
+	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE (pprof, memviz, perfetto, json; repeatable)")
 	fl.SetInterspersed(false)
 	return cmd
 }
@@ -87,13 +95,28 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	if err != nil {
 		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
 	}
+	exports, err := parseExports(f.exports)
+	if err != nil {
+		return err
+	}
+	output := f.output
+	if output == "" && len(exports) > 0 {
+		// The exports are made from a trace file: keep one until they are.
+		tmp, err := os.CreateTemp("", "cudatrace-*.trace")
+		if err != nil {
+			return fmt.Errorf("create a trace file for --export: %w", err)
+		}
+		tmp.Close()
+		output = tmp.Name()
+		defer os.Remove(output)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
 	opts := record.Options{
 		Libs: f.libs, PIDs: f.pids, All: f.all, Command: args,
-		Duration: f.duration, Output: f.output, Version: version,
+		Duration: f.duration, Output: output, Version: version,
 		Stderr:       cmd.ErrOrStderr(),
 		LaunchHelper: []string{exe, launchCmdName},
 	}
@@ -115,10 +138,39 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	if f.output != "" {
 		fmt.Fprintf(w, "cudatrace: %d events written to %s; see `cudatrace report %s`\n", res.Events, f.output, f.output)
 	}
+	for _, e := range exports {
+		if err := writeExport(cmd.OutOrStdout(), output, e.format, e.path, export.Options{}); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "cudatrace: %s written to %s\n", e.format, e.path)
+	}
 	if res.ExitCode != 0 {
 		return exitError{code: exitCode(res.ExitCode)}
 	}
 	return nil
+}
+
+type exportTarget struct {
+	format export.Format
+	path   string
+}
+
+// parseExports checks --export values before anything is traced: a typo
+// must not cost a whole training run.
+func parseExports(specs []string) ([]exportTarget, error) {
+	var out []exportTarget
+	for _, spec := range specs {
+		name, path, ok := strings.Cut(spec, "=")
+		if !ok || path == "" {
+			return nil, hint.Wrap(fmt.Errorf("--export %q: want FORMAT=FILE", spec), "e.g. --export pprof=train.pb.gz")
+		}
+		format, err := export.ParseFormat(name)
+		if err != nil {
+			return nil, hint.Wrap(fmt.Errorf("--export %q: %w", spec, err), "e.g. --export pprof=train.pb.gz")
+		}
+		out = append(out, exportTarget{format, path})
+	}
+	return out, nil
 }
 
 func exitCode(c int) int {

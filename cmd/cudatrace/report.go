@@ -1,6 +1,8 @@
 package main
 
 import (
+	"time"
+
 	"github.com/spf13/cobra"
 
 	"github.com/cudatrace/cudatrace/internal/hint"
@@ -8,8 +10,11 @@ import (
 )
 
 type reportFlags struct {
-	json bool
-	top  int
+	json     bool
+	top      int
+	pids     []uint
+	minAge   time.Duration
+	interval time.Duration
 }
 
 func newReportCmd() *cobra.Command {
@@ -20,17 +25,31 @@ func newReportCmd() *cobra.Command {
 		Long: `Report reads a trace written by 'cudatrace record -o' and prints, per process,
 allocation and free counts, bytes allocated, GPU memory live at the end and
 at its peak (per device), pinned host memory, the call stacks that allocated
-the most memory still live, and every failed allocation with its CUDA error.
+the most memory still live, the stacks that held each process's memory at
+its peak, and every failed allocation with its CUDA error and what the
+process and its device held at that moment.
+
+--min-age lists leak candidates: allocations still live at the end that are
+at least that old, grouped by stack (as bcc's memleak does). --interval adds
+a table per process, device and interval of the change in live bytes (USED)
+and how far above it memory rose in between (PEAKED), the columns fastai's
+PeakMemMetric prints per epoch.
 
 Stacks are symbolized from the libraries and executables on this machine,
 checked against the build IDs captured while recording. A trace cut short
 (the tracer was killed) is reported up to its last complete record.`,
 		Example: `  cudatrace report train.trace
   cudatrace report train.trace --top 5
+  cudatrace report train.trace --min-age 30s     # what was allocated long ago and never freed
+  cudatrace report train.trace --interval 10s    # used and peaked per 10 seconds
   cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rep, err := report.Load(args[0], report.Options{Top: f.top})
+			opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval}
+			for _, p := range f.pids {
+				opts.PIDs = append(opts.PIDs, uint32(p))
+			}
+			rep, err := report.Load(args[0], opts)
 			if err != nil {
 				return hint.Wrap(err, "give the path of a file written by `cudatrace record -o FILE`")
 			}
@@ -44,6 +63,9 @@ checked against the build IDs captured while recording. A trace cut short
 		},
 	}
 	cmd.Flags().BoolVar(&f.json, "json", false, "print the report as JSON")
-	cmd.Flags().IntVar(&f.top, "top", 20, "how many stacks to show in the text report")
+	cmd.Flags().IntVar(&f.top, "top", 20, "how many stacks to show in the text report (and per process at the peak)")
+	cmd.Flags().UintSliceVarP(&f.pids, "pid", "p", nil, "only this process (repeatable)")
+	cmd.Flags().DurationVar(&f.minAge, "min-age", 0, "list leak candidates: live at the end and at least this old (e.g. 30s)")
+	cmd.Flags().DurationVar(&f.interval, "interval", 0, "add a table of used and peaked GPU memory per interval (e.g. 10s)")
 	return cmd
 }

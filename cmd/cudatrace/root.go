@@ -64,6 +64,7 @@ Record a trace, then report on it:
 
   cudatrace record -o train.trace -- python train.py
   cudatrace report train.trace
+  cudatrace export train.trace --format pprof -o train.pb.gz
 
 Needs root, or CAP_BPF and CAP_PERFMON, on Linux 5.15 or later with BTF.`,
 		Version:       version,
@@ -75,6 +76,6 @@ Needs root, or CAP_BPF and CAP_PERFMON, on Linux 5.15 or later with BTF.`,
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return hint.Wrap(err, fmt.Sprintf("see `%s --help`", c.CommandPath()))
 	})
-	root.AddCommand(newRecordCmd(), newReportCmd(), newLaunchCmd())
+	root.AddCommand(newRecordCmd(), newReportCmd(), newExportCmd(), newLaunchCmd())
 	return root
 }

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cudatrace/cudatrace/export"
+	"github.com/cudatrace/cudatrace/internal/hint"
+)
+
+type exportFlags struct {
+	format      string
+	output      string
+	at          string
+	pids        []uint
+	noSymbolize bool
+	entries     int
+}
+
+func newExportCmd() *cobra.Command {
+	var f exportFlags
+	cmd := &cobra.Command{
+		Use:   "export TRACE --format FORMAT -o OUT",
+		Short: "Write a trace as a pprof profile, a PyTorch memory_viz snapshot, a Perfetto timeline or JSON",
+		Long: `Export converts a trace written by 'cudatrace record -o' for the tools you
+already use:
+
+  pprof     a gzipped profile for 'go tool pprof', Pyroscope or Parca, in
+            the Go heap profile's shape: inuse_space (the default view),
+            inuse_objects, alloc_space, alloc_objects, with labels pid, comm,
+            device, api, kind and level. inuse_* is the live set at --at.
+  memviz    a pickle that https://pytorch.org/memory_viz and
+            'python -m torch.cuda._memory_viz' open, like the snapshot of
+            torch.cuda.memory._snapshot(): segments (the live set at --at)
+            and a trace of the allocations and frees per device (the
+            latest --memviz-entries of them). One process: pick it with --pid.
+  perfetto  Chrome trace JSON for https://ui.perfetto.dev: live GPU memory
+            per process and device as counter tracks, failed allocations as
+            instant events.
+  json      the full report: processes, devices, stacks, failures, the peak.
+
+Stacks are symbolized from the files on this machine, as 'cudatrace report'
+does. The trace is read as a stream: memory stays bounded by the live set.`,
+		Example: `  cudatrace export train.trace --format pprof -o train.pb.gz
+  go tool pprof -http :8080 train.pb.gz
+
+  # The live set at the peak rather than at the end
+  cudatrace export train.trace --format pprof --at peak -o peak.pb.gz
+
+  cudatrace export train.trace --format memviz -o train.pickle   # drop on pytorch.org/memory_viz
+  cudatrace export train.trace --format perfetto -o train.json   # open in ui.perfetto.dev`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runExport(cmd, &f, args[0])
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.format, "format", "f", "", "output format: "+formatList())
+	fl.StringVarP(&f.output, "output", "o", "", "write to this file (- for standard output)")
+	fl.StringVar(&f.at, "at", "end", "the moment whose live set pprof and memviz show: end, peak, or a time since the start (90s)")
+	fl.UintSliceVarP(&f.pids, "pid", "p", nil, "only this process (repeatable)")
+	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
+	fl.IntVar(&f.entries, "memviz-entries", export.DefaultMemvizEntries, "memviz: keep each device's latest N trace entries (-1: all)")
+	return cmd
+}
+
+func formatList() string {
+	var names []string
+	for _, f := range export.Formats() {
+		names = append(names, string(f))
+	}
+	return strings.Join(names, ", ")
+}
+
+func runExport(cmd *cobra.Command, f *exportFlags, trace string) error {
+	if f.format == "" {
+		return hint.Wrap(errors.New("say which --format to write"), "one of "+formatList())
+	}
+	format, err := export.ParseFormat(f.format)
+	if err != nil {
+		return hint.Wrap(err, "see `cudatrace export --help`")
+	}
+	if f.output == "" {
+		return hint.Wrap(errors.New("say where to write the output with -o FILE"), "-o - writes to standard output")
+	}
+	at, err := export.ParseMoment(f.at)
+	if err != nil {
+		return err
+	}
+	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: f.entries}
+	for _, p := range f.pids {
+		opts.PIDs = append(opts.PIDs, uint32(p))
+	}
+	if err := writeExport(cmd.OutOrStdout(), trace, format, f.output, opts); err != nil {
+		return hint.Wrap(err, "give the path of a file written by `cudatrace record -o FILE`")
+	}
+	if f.output != "-" {
+		cmd.PrintErrf("cudatrace: %s written to %s\n", format, f.output)
+	}
+	return nil
+}
+
+// writeExport writes trace in format to out ("-": stdout). A file is
+// written under a temporary name and renamed when complete, so a failed
+// export never leaves half a profile where a tool would open it.
+func writeExport(stdout io.Writer, trace string, format export.Format, out string, opts export.Options) error {
+	if out == "-" {
+		bw := bufio.NewWriter(stdout)
+		if err := export.Write(bw, trace, format, opts); err != nil {
+			return err
+		}
+		return bw.Flush()
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".*")
+	if err != nil {
+		return fmt.Errorf("create %s: %w", out, err)
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename this fails harmlessly
+	bw := bufio.NewWriterSize(tmp, 1<<20)
+	err = export.Write(bw, trace, format, opts)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if cerr := tmp.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), out)
+	}
+	if err != nil {
+		return fmt.Errorf("export %s to %s: %w", trace, out, err)
+	}
+	return nil
+}

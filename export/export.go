@@ -1,0 +1,162 @@
+// Package export writes a trace in the formats of the tools people already
+// open: pprof profiles (go tool pprof, Pyroscope, Parca), PyTorch
+// memory_viz snapshots, Chrome/Perfetto timelines and JSON. Every format is
+// built from a replay of the trace file (package replay), so memory stays
+// bounded by the live set and the distinct stacks, whatever the number of
+// events.
+package export
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/replay"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// Format names an output format.
+type Format string
+
+// The formats `cudatrace export --format` takes.
+const (
+	FormatPprof    Format = "pprof"
+	FormatMemviz   Format = "memviz"
+	FormatPerfetto Format = "perfetto"
+	FormatJSON     Format = "json"
+)
+
+// Formats lists the formats, in the order --help shows them.
+func Formats() []Format { return []Format{FormatPprof, FormatMemviz, FormatPerfetto, FormatJSON} }
+
+// ParseFormat checks a --format value.
+func ParseFormat(s string) (Format, error) {
+	f := Format(strings.ToLower(s))
+	if slices.Contains(Formats(), f) {
+		return f, nil
+	}
+	names := make([]string, 0, len(Formats()))
+	for _, f := range Formats() {
+		names = append(names, string(f))
+	}
+	return "", fmt.Errorf("unknown format %q (want one of %s)", s, strings.Join(names, ", "))
+}
+
+// Moment picks the instant whose live set a snapshot shows (pprof's inuse_*,
+// memviz's segments). The zero Moment is the end of the trace.
+type Moment struct {
+	Peak bool          // when the traced GPU memory (all processes selected) was at its highest
+	At   time.Duration // this long after the start of the recording, when not 0
+}
+
+// ParseMoment reads --at: "end" (or ""), "peak", or a duration since the
+// start of the recording ("90s", "2m30s").
+func ParseMoment(s string) (Moment, error) {
+	switch strings.ToLower(s) {
+	case "", "end":
+		return Moment{}, nil
+	case "peak":
+		return Moment{Peak: true}, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return Moment{}, fmt.Errorf("--at %q: want end, peak, or a duration after the start such as 90s", s)
+	}
+	return Moment{At: d}, nil
+}
+
+// String says the moment as --at takes it.
+func (m Moment) String() string {
+	switch {
+	case m.Peak:
+		return "peak"
+	case m.At != 0:
+		return m.At.String()
+	}
+	return "end"
+}
+
+// Options tune every format.
+type Options struct {
+	NoSymbolize bool     // frames as addresses only
+	PIDs        []uint32 // only these processes; all when empty
+	At          Moment   // the live set shown (pprof, memviz); the others cover the whole trace
+	// MemvizEntries caps each device's memviz trace to its latest entries,
+	// as PyTorch's _record_memory_history(max_entries=…) does; 0 means
+	// DefaultMemvizEntries, negative means no cap.
+	MemvizEntries int
+}
+
+// DefaultMemvizEntries is how many trace entries per device a memviz
+// snapshot keeps by default: the memory_viz page stays responsive, and
+// the segments, which show the live set, are never cut.
+const DefaultMemvizEntries = 100_000
+
+// selected reports whether opts let pid through.
+func (o *Options) selected(pid uint32) bool {
+	return len(o.PIDs) == 0 || slices.Contains(o.PIDs, pid)
+}
+
+// until returns the replay.Options.Until that stops a replay at m: 0 for
+// the end. Finding the peak takes a pass of its own over the trace.
+func until(path string, m Moment, opts *Options) (uint64, error) {
+	switch {
+	case m.Peak:
+		return peakTime(path, opts)
+	case m.At != 0:
+		r, err := tracefile.Open(path)
+		if err != nil {
+			return 0, err
+		}
+		defer r.Close()
+		return r.Meta().StartBoot + uint64(m.At), nil
+	}
+	return 0, nil
+}
+
+// peakTime finds when the GPU memory of the selected processes, summed, was
+// at its highest (the first time it got there).
+func peakTime(path string, opts *Options) (uint64, error) {
+	var live, peak, when uint64
+	_, err := replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch events.Change) error {
+		if ch.Process == nil || !opts.selected(ch.Process.PID) {
+			return nil
+		}
+		if a := ch.Freed; a != nil && a.API.Info().Kind != events.KindHost {
+			live -= a.Size
+		}
+		if a := ch.Alloc; a != nil && a.API.Info().Kind != events.KindHost {
+			live += a.Size
+			if live > peak {
+				peak, when = live, a.Time
+			}
+		}
+		return nil
+	}})
+	if err != nil {
+		return 0, err
+	}
+	if when == 0 {
+		return 0, fmt.Errorf("%s: no GPU memory was allocated, so there is no peak (try --at end)", path)
+	}
+	return when, nil
+}
+
+// Write writes the trace at path to w in format f.
+func Write(w io.Writer, path string, f Format, opts Options) error {
+	switch f {
+	case FormatPprof:
+		return WritePprof(w, path, opts)
+	case FormatMemviz:
+		return WriteMemvizTrace(w, path, opts)
+	case FormatPerfetto:
+		return WritePerfetto(w, path, opts)
+	case FormatJSON:
+		return WriteJSON(w, path, opts)
+	}
+	_, err := ParseFormat(string(f))
+	return err
+}

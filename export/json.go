@@ -1,0 +1,18 @@
+package export
+
+import (
+	"io"
+
+	"github.com/cudatrace/cudatrace/report"
+)
+
+// WriteJSON writes the whole report as JSON (what `cudatrace report --json`
+// prints) with, in addition, every allocation live at the end, each naming
+// its stack by index.
+func WriteJSON(w io.Writer, path string, opts Options) error {
+	rep, err := report.Load(path, report.Options{NoSymbolize: opts.NoSymbolize, PIDs: opts.PIDs, Allocations: true})
+	if err != nil {
+		return err
+	}
+	return rep.WriteJSON(w)
+}

@@ -1,0 +1,268 @@
+package export
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"strings"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/replay"
+	"github.com/cudatrace/cudatrace/symbolize"
+)
+
+// memvizSmall is the largest block PyTorch's caching allocator keeps in its
+// small pool; larger segments are "large".
+const memvizSmall = 1 << 20
+
+// WriteMemvizTrace writes the trace at path as a PyTorch memory snapshot:
+// the live set at opts.At as segments, and every allocation, free and
+// out-of-memory failure up to then in device_traces.
+//
+// The runtime and driver calls cudatrace sees are what PyTorch calls
+// segments (cudaMalloc'd memory). Without tensor-level events, each segment
+// holds one block covering it, so every view of memory_viz has something
+// to draw; the trace shows segment_alloc then alloc, and free_requested,
+// free_completed then segment_free. Pinned host memory is left out: it is
+// not device memory.
+//
+// A snapshot is one process's, as torch.cuda.memory._snapshot() is: a
+// trace of several processes needs opts.PIDs to pick one.
+//
+// Each device's trace keeps its latest opts.MemvizEntries entries
+// (DefaultMemvizEntries): PyTorch's own trace is such a ring buffer, and
+// memory_viz, a web page, slows to a crawl past a few hundred thousand.
+//
+// Memory stays bounded by the live set: the trace lists are written as a
+// replay of the file produces them, one replay per device.
+func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
+	end, err := until(path, opts.At, &opts)
+	if err != nil {
+		return err
+	}
+	// Pass 1: the live set at the moment, the processes, and how many trace
+	// entries each device gets (a pickled list does not need its length,
+	// but PyLazyList does).
+	counts := map[int]int{}
+	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch events.Change) error {
+		if ch.Process == nil || !opts.selected(ch.Process.PID) {
+			return nil
+		}
+		memvizEntries(ev, ch, func(dev int, _ MemvizTraceEntry) { counts[dev]++ }, nil)
+		return nil
+	}})
+	if err != nil {
+		return err
+	}
+	var pids []uint32
+	for _, p := range t.Ledger.Processes() {
+		if opts.selected(p.PID) && p.Allocs+p.Failed > 0 {
+			pids = append(pids, p.PID)
+		}
+	}
+	if len(pids) > 1 {
+		return fmt.Errorf("a memory snapshot is one process's, and this trace has %d: choose one with --pid (%s)",
+			len(pids), joinPIDs(pids))
+	}
+
+	syms := t.Symbols(!opts.NoSymbolize)
+	defer syms.Close()
+	fr := &memvizFramer{t: t, syms: syms, done: map[*events.Stack][]MemvizFrame{}}
+	defer fr.close()
+
+	snap := &Snapshot{}
+	maxDev := -1
+	for dev := range counts {
+		maxDev = max(maxDev, dev)
+	}
+	for _, pid := range pids {
+		for _, a := range t.Ledger.Process(pid).LiveAllocations() {
+			if a.API.Info().Kind == events.KindHost {
+				continue
+			}
+			snap.Segments = append(snap.Segments, memvizSegment(a, fr.frames(a.Stack)))
+			maxDev = max(maxDev, int(a.Device))
+		}
+	}
+	// One trace list per device 0..max, as PyTorch writes them; Validate
+	// checks the segments against them.
+	snap.DeviceTraces = make([][]MemvizTraceEntry, maxDev+1)
+	if err := snap.Validate(); err != nil {
+		return err
+	}
+
+	limit := opts.MemvizEntries
+	if limit == 0 {
+		limit = DefaultMemvizEntries
+	}
+	traces := PyLazyList{Len: maxDev + 1, Item: func(dev int) (any, error) {
+		n := counts[dev]
+		if limit > 0 && n > limit {
+			return fr.deviceTrace(path, end, dev, n-limit, limit, &opts), nil
+		}
+		return fr.deviceTrace(path, end, dev, 0, n, &opts), nil
+	}}
+	segments := PyLazyList{Len: len(snap.Segments), Item: func(i int) (any, error) {
+		return snap.Segments[i].pyValue(), nil
+	}}
+	enc := NewPickleEncoder(w)
+	err = enc.Encode(PyDict{{"segments", segments}, {"device_traces", traces}})
+	if fr.err != nil {
+		err = fr.err // the replay's error is the cause; the pickle's is its echo
+	}
+	if err != nil {
+		return fmt.Errorf("memviz: %w", err)
+	}
+	return nil
+}
+
+func joinPIDs(pids []uint32) string {
+	s := make([]string, len(pids))
+	for i, p := range pids {
+		s[i] = fmt.Sprint(p)
+	}
+	return strings.Join(s, ", ")
+}
+
+func memvizSegment(a *events.Allocation, frames []MemvizFrame) MemvizSegment {
+	kind := MemvizLarge
+	if a.Size <= memvizSmall {
+		kind = MemvizSmall
+	}
+	return MemvizSegment{Device: int(a.Device), Address: a.Addr, TotalSize: a.Size, AllocatedSize: a.Size,
+		ActiveSize: a.Size, RequestedSize: a.Size, SegmentType: kind, Frames: frames,
+		Blocks: []MemvizBlock{{Address: a.Addr, Size: a.Size, RequestedSize: a.Size, State: MemvizActiveAllocated,
+			Frames: frames}}}
+}
+
+// memvizEntries calls emit with the trace entries one event makes, device
+// by device, with the frames of stack (nil: none).
+func memvizEntries(ev *events.Event, ch events.Change, emit func(dev int, e MemvizTraceEntry),
+	stack func(*events.Stack) []MemvizFrame) {
+	frames := func(st *events.Stack) []MemvizFrame {
+		if stack == nil {
+			return nil
+		}
+		return stack(st)
+	}
+	if a := ch.Freed; a != nil && a.API.Info().Kind != events.KindHost {
+		f := frames(a.Stack)
+		for _, action := range []MemvizAction{MemvizFreeRequested, MemvizFreeCompleted, MemvizSegmentFree} {
+			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f})
+		}
+	}
+	if a := ch.Alloc; a != nil && a.API.Info().Kind != events.KindHost {
+		f := frames(a.Stack)
+		for _, action := range []MemvizAction{MemvizSegmentAlloc, MemvizAlloc} {
+			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f})
+		}
+	}
+	if ch.Stack != nil && ch.Alloc == nil && events.IsOOM(ev.Result) && ev.API.Info().Kind != events.KindHost {
+		emit(int(ev.Device), MemvizTraceEntry{Action: MemvizOOM, Size: ev.Size, Frames: frames(ch.Stack)})
+	}
+}
+
+// memvizFramer turns stacks into memory_viz frames, each stack once, and
+// streams device traces.
+type memvizFramer struct {
+	t    *replay.Trace // the first pass: its stacks carry the mappings
+	syms *replay.Symbols
+	done map[*events.Stack][]MemvizFrame
+	err  error // the first replay error of a device trace
+	// stops end the device replays: all of them, whether or not the
+	// encoder got to the end of their lists.
+	stops []func()
+}
+
+func (m *memvizFramer) close() {
+	for _, stop := range m.stops {
+		stop()
+	}
+}
+
+func (m *memvizFramer) frames(st *events.Stack) []MemvizFrame {
+	if st == nil {
+		return nil
+	}
+	if f, ok := m.done[st]; ok {
+		return f
+	}
+	var out []MemvizFrame
+	for _, f := range m.syms.Frames(st) {
+		out = append(out, memvizFrame(f))
+	}
+	m.done[st] = out
+	return out
+}
+
+// memvizFrame names a frame as memory_viz shows it: the function (or the
+// address where it is unknown) in the file and line, else the module.
+func memvizFrame(f symbolize.Frame) MemvizFrame {
+	name := f.Function
+	if name == "" {
+		name = fmt.Sprintf("%#x", f.Addr)
+	}
+	file := f.File
+	if file == "" {
+		file = f.Module
+	}
+	return MemvizFrame{Filename: file, Line: int64(f.Line), Name: name}
+}
+
+var errStopReplay = errors.New("stop")
+
+// deviceTrace is device dev's trace list: a replay of the trace, pulled
+// entry by entry as the encoder writes them. The first skip entries are
+// left out, and the list has the n after them (skip+n is the count the
+// first pass made).
+func (m *memvizFramer) deviceTrace(path string, end uint64, dev, skip, n int, opts *Options) PyLazyList {
+	var next func() (MemvizTraceEntry, bool)
+	seq := func(yield func(MemvizTraceEntry) bool) {
+		toSkip := skip
+		_, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch events.Change) error {
+			if ch.Process == nil || !opts.selected(ch.Process.PID) {
+				return nil
+			}
+			more := true
+			memvizEntries(ev, ch, func(d int, e MemvizTraceEntry) {
+				if d != dev || !more {
+					return
+				}
+				if toSkip > 0 {
+					toSkip--
+					return
+				}
+				more = yield(e)
+			}, func(st *events.Stack) []MemvizFrame {
+				// This pass's stacks are its own: find the first pass's.
+				return m.frames(m.t.Ledger.StackOf(st.PID, st.Frames))
+			})
+			if !more {
+				return errStopReplay
+			}
+			return nil
+		}})
+		if err != nil && !errors.Is(err, errStopReplay) && m.err == nil {
+			m.err = err
+		}
+	}
+	return PyLazyList{Len: n, Item: func(i int) (any, error) {
+		if next == nil {
+			var stop func()
+			next, stop = iter.Pull(seq)
+			m.stops = append(m.stops, stop)
+		}
+		e, ok := next()
+		if !ok {
+			if m.err != nil {
+				return nil, m.err
+			}
+			return nil, fmt.Errorf("device %d: the trace gave %d entries, the first pass counted %d", dev, skip+i, skip+n)
+		}
+		if err := e.validate(); err != nil {
+			return nil, fmt.Errorf("device %d entry %d: %w", dev, i, err)
+		}
+		return e.pyValue(), nil
+	}}
+}

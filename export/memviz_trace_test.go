@@ -1,0 +1,176 @@
+package export
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/tracetest"
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+const memvizBase = 5_000_000_000 // boot ns at the start of the test traces
+
+func memvizMeta() tracefile.Meta {
+	return tracefile.Meta{Tool: "t", StartWall: time.Unix(1700000000, 0).UTC(), StartBoot: memvizBase}
+}
+
+// memvizItems: pid 7 on two devices, a free, an OOM, a non-OOM failure and
+// pinned host memory (left out); pid 8 allocates once.
+func memvizItems() []any {
+	ev := func(tm uint64, pid uint32, api events.API, addr, size uint64, dev int32, stack ...uint64) events.Event {
+		return events.Event{Time: memvizBase + tm, Duration: 10, PID: pid, TID: pid, Comm: "train", API: api,
+			Addr: addr, Size: size, Device: dev, Stack: stack}
+	}
+	free := func(tm uint64, addr uint64, dev int32) events.Event {
+		return events.Event{Time: memvizBase + tm, PID: 7, TID: 7, Comm: "train", API: events.CudaFree, Addr: addr,
+			Device: dev, Flags: events.FlagEntryOnly}
+	}
+	oom := ev(4000, 7, events.CudaMalloc, 0, 1<<40, 1, 0xa1)
+	oom.Result = 2 // cudaErrorMemoryAllocation
+	bad := ev(4500, 7, events.CudaMalloc, 0, 0, 0, 0xa1)
+	bad.Result = 1 // cudaErrorInvalidValue: not an OOM
+	return []any{
+		&tracefile.Process{PID: 7, Comm: "train", Time: memvizBase,
+			Maps: []proc.Mapping{{Start: 0x1000, End: 0x2000, Perms: "r-xp", Path: "/opt/train"}}},
+		ev(1000, 7, events.CudaMalloc, 0x7000_0000, 2<<20, 0, 0xa1),
+		ev(2000, 7, events.CudaMalloc, 0x7100_0000, 512, 1, 0xb1),
+		ev(2500, 7, events.CudaMallocHost, 0x9000, 64, 0, 0xc1),
+		free(3000, 0x7000_0000, 0),
+		oom,
+		bad,
+		ev(5000, 7, events.CudaMallocManaged, 0x7200_0000, 4096, 0, 0xa1),
+		ev(6000, 8, events.CudaMalloc, 0x7000_0000, 100, 0, 0xd1),
+		&tracefile.End{Time: memvizBase + 7000},
+	}
+}
+
+// memvizDumpScript prints the snapshot a pickle holds as JSON.
+const memvizDumpScript = `
+import json, pickle, sys
+json.dump(pickle.load(open(sys.argv[1], "rb")), sys.stdout)
+`
+
+func memvizExport(t *testing.T, path string, opts Options) map[string]any {
+	t.Helper()
+	py := pickleNeedPython(t)
+	out := filepath.Join(t.TempDir(), "snap.pickle")
+	var buf bytes.Buffer
+	if err := WriteMemvizTrace(&buf, path, opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var snap map[string]any
+	if err := json.Unmarshal(pickleRunPython(t, py, memvizDumpScript, out), &snap); err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// The snapshot of a trace, every field. Without symbolization, frames
+// carry only their address.
+func TestMemvizTrace(t *testing.T) {
+	path, _ := tracetest.Write(t, memvizMeta(), memvizItems()...)
+	snap := memvizExport(t, path, Options{PIDs: []uint32{7}, NoSymbolize: true})
+
+	a1 := []any{map[string]any{"name": "0xa1", "filename": "", "line": 0.0}}
+	b1 := []any{map[string]any{"name": "0xb1", "filename": "", "line": 0.0}}
+	seg := func(dev, addr, size float64, kind string, frames []any) map[string]any {
+		return map[string]any{"device": dev, "address": addr, "total_size": size, "allocated_size": size,
+			"active_size": size, "requested_size": size, "stream": 0.0, "segment_type": kind,
+			"segment_pool_id": []any{0.0, 0.0}, "is_expandable": false, "frames": frames,
+			"blocks": []any{map[string]any{"address": addr, "size": size, "requested_size": size,
+				"state": "active_allocated", "frames": frames}}}
+	}
+	// The live set at the end, by address: the 2 MiB block was freed, the
+	// pinned host memory is not device memory.
+	wantSegs := []any{
+		seg(1, 0x7100_0000, 512, "small", b1),
+		seg(0, 0x7200_0000, 4096, "small", a1),
+	}
+	if got := snap["segments"]; !reflect.DeepEqual(got, wantSegs) {
+		g, _ := json.Marshal(got)
+		w, _ := json.Marshal(wantSegs)
+		t.Errorf("segments\n got %s\nwant %s", g, w)
+	}
+
+	entry := func(action string, addr, size float64, frames []any) map[string]any {
+		return map[string]any{"action": action, "addr": addr, "size": size, "stream": 0.0, "frames": frames}
+	}
+	oom := map[string]any{"action": "oom", "device_free": 0.0, "size": float64(1 << 40), "stream": 0.0, "frames": a1}
+	want := []any{
+		[]any{
+			entry("segment_alloc", 0x7000_0000, 2<<20, a1), entry("alloc", 0x7000_0000, 2<<20, a1),
+			entry("free_requested", 0x7000_0000, 2<<20, a1), entry("free_completed", 0x7000_0000, 2<<20, a1),
+			entry("segment_free", 0x7000_0000, 2<<20, a1),
+			entry("segment_alloc", 0x7200_0000, 4096, a1), entry("alloc", 0x7200_0000, 4096, a1),
+		},
+		[]any{
+			entry("segment_alloc", 0x7100_0000, 512, b1), entry("alloc", 0x7100_0000, 512, b1),
+			oom,
+		},
+	}
+	got := snap["device_traces"]
+	if !reflect.DeepEqual(got, want) {
+		g, _ := json.Marshal(got)
+		w, _ := json.Marshal(want)
+		t.Errorf("device_traces\n got %s\nwant %s", g, w)
+	}
+
+	// At a moment: only what had happened by then.
+	snap = memvizExport(t, path, Options{PIDs: []uint32{7}, NoSymbolize: true, At: Moment{At: 2500 * time.Nanosecond}})
+	wantSegs = []any{seg(0, 0x7000_0000, 2<<20, "large", a1), seg(1, 0x7100_0000, 512, "small", b1)}
+	if got := snap["segments"]; !reflect.DeepEqual(got, wantSegs) {
+		g, _ := json.Marshal(got)
+		t.Errorf("segments at 2.5µs: %s", g)
+	}
+	if n0, n1 := len(snap["device_traces"].([]any)[0].([]any)), len(snap["device_traces"].([]any)[1].([]any)); n0 != 2 || n1 != 2 {
+		t.Errorf("traces at 2.5µs have %d and %d entries, want 2 and 2", n0, n1)
+	}
+}
+
+// Each device's trace keeps its latest entries.
+func TestMemvizTraceCap(t *testing.T) {
+	path, _ := tracetest.Write(t, memvizMeta(), memvizItems()...)
+	snap := memvizExport(t, path, Options{PIDs: []uint32{7}, NoSymbolize: true, MemvizEntries: 2})
+	var actions [][]string
+	for _, tr := range snap["device_traces"].([]any) {
+		var a []string
+		for _, e := range tr.([]any) {
+			a = append(a, e.(map[string]any)["action"].(string))
+		}
+		actions = append(actions, a)
+	}
+	want := [][]string{{"segment_alloc", "alloc"}, {"alloc", "oom"}}
+	if !reflect.DeepEqual(actions, want) {
+		t.Errorf("capped traces %v, want %v", actions, want)
+	}
+	if addr := snap["device_traces"].([]any)[0].([]any)[0].(map[string]any)["addr"]; addr != float64(0x7200_0000) {
+		t.Errorf("device 0 keeps %v, want the latest allocation", addr)
+	}
+	if n := len(snap["segments"].([]any)); n != 2 {
+		t.Errorf("%d segments: the cap must not touch them", n)
+	}
+}
+
+// A snapshot is one process's: two need --pid, and the error says which.
+func TestMemvizTraceNeedsOneProcess(t *testing.T) {
+	path, _ := tracetest.Write(t, memvizMeta(), memvizItems()...)
+	err := WriteMemvizTrace(&bytes.Buffer{}, path, Options{})
+	if err == nil || !strings.Contains(err.Error(), "choose one with --pid (7, 8)") {
+		t.Errorf("two processes: %v", err)
+	}
+	snap := memvizExport(t, path, Options{PIDs: []uint32{8}, NoSymbolize: true})
+	if segs := snap["segments"].([]any); len(segs) != 1 || segs[0].(map[string]any)["total_size"] != 100.0 {
+		t.Errorf("pid 8's segments: %v", segs)
+	}
+}

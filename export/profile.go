@@ -1,0 +1,234 @@
+package export
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/replay"
+	"github.com/cudatrace/cudatrace/symbolize"
+)
+
+// Sample types, in the order and with the names of the Go heap profile, so
+// `go tool pprof`, Pyroscope and Parca show them as they show Go memory.
+var pprofSampleTypes = []*profile.ValueType{
+	{Type: "alloc_objects", Unit: "count"},
+	{Type: "alloc_space", Unit: "bytes"},
+	{Type: "inuse_objects", Unit: "count"},
+	{Type: "inuse_space", Unit: "bytes"},
+}
+
+// sampleKey is what one pprof sample aggregates: one stack of one process
+// (a ledger stack is per process), one device, one function.
+type sampleKey struct {
+	st     *events.Stack
+	device int32
+	api    events.API
+}
+
+// WritePprof writes the trace at path as a gzipped pprof profile of the
+// Go heap profile's shape. inuse_* is the live set at opts.At; alloc_*
+// counts the successful allocations from the start up to the same moment,
+// as a Go heap profile taken then would.
+func WritePprof(w io.Writer, path string, opts Options) error {
+	end, err := until(path, opts.At, &opts)
+	if err != nil {
+		return err
+	}
+	allocs := map[sampleKey]*[4]int64{}
+	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch events.Change) error {
+		if a := ch.Alloc; a != nil && opts.selected(ch.Process.PID) {
+			v := sampleValues(allocs, sampleKey{a.Stack, a.Device, a.API})
+			v[0]++
+			v[1] += int64(a.Size)
+		}
+		return nil
+	}})
+	if err != nil {
+		return err
+	}
+	for _, p := range t.Ledger.Processes() {
+		if !opts.selected(p.PID) {
+			continue
+		}
+		for _, a := range p.LiveAllocations() {
+			v := sampleValues(allocs, sampleKey{a.Stack, a.Device, a.API})
+			v[2]++
+			v[3] += int64(a.Size)
+		}
+	}
+
+	syms := t.Symbols(!opts.NoSymbolize)
+	defer syms.Close()
+	b := newPprofBuilder(t, syms)
+	keys := make([]sampleKey, 0, len(allocs))
+	for k := range allocs {
+		keys = append(keys, k)
+	}
+	// A stable order: the same trace always writes the same profile.
+	slices.SortFunc(keys, func(a, b sampleKey) int {
+		return cmp.Or(cmp.Compare(a.st.PID, b.st.PID), slices.Compare(a.st.Frames, b.st.Frames),
+			cmp.Compare(a.device, b.device), cmp.Compare(a.api, b.api))
+	})
+	for _, k := range keys {
+		b.sample(k, allocs[k])
+	}
+
+	p := b.p
+	p.TimeNanos = t.Meta.WallTime(t.Meta.StartBoot).UnixNano()
+	if end != 0 {
+		p.DurationNanos = int64(end - t.Meta.StartBoot)
+	} else {
+		p.DurationNanos = int64(t.DurationNS())
+	}
+	p.Comments = []string{fmt.Sprintf("cudatrace: GPU memory allocations of %s; inuse_* is the live set at %s", path, opts.At)}
+	if err := p.CheckValid(); err != nil {
+		return fmt.Errorf("pprof: the profile built is invalid: %w", err)
+	}
+	if err := p.Write(w); err != nil {
+		return fmt.Errorf("pprof: write: %w", err)
+	}
+	return nil
+}
+
+func sampleValues(m map[sampleKey]*[4]int64, k sampleKey) *[4]int64 {
+	v := m[k]
+	if v == nil {
+		v = new([4]int64)
+		m[k] = v
+	}
+	return v
+}
+
+// pprofBuilder gives each mapping, location and function one entry.
+type pprofBuilder struct {
+	p         *profile.Profile
+	t         *replay.Trace
+	syms      *replay.Symbols
+	comm      map[uint32]string
+	mappings  map[proc.Mapping]*profile.Mapping
+	locations map[locKey]*profile.Location
+	functions map[[2]string]*profile.Function
+	stacks    map[*events.Stack][]*profile.Location
+}
+
+// locKey: one location per address in one mapping, or per address and
+// process where no mapping is known.
+type locKey struct {
+	m    *profile.Mapping
+	pid  uint32
+	addr uint64
+}
+
+func newPprofBuilder(t *replay.Trace, syms *replay.Symbols) *pprofBuilder {
+	b := &pprofBuilder{
+		p: &profile.Profile{
+			SampleType:        pprofSampleTypes,
+			DefaultSampleType: "inuse_space",
+			PeriodType:        &profile.ValueType{Type: "space", Unit: "bytes"},
+			Period:            1,
+		},
+		t: t, syms: syms, comm: map[uint32]string{},
+		mappings:  map[proc.Mapping]*profile.Mapping{},
+		locations: map[locKey]*profile.Location{},
+		functions: map[[2]string]*profile.Function{},
+		stacks:    map[*events.Stack][]*profile.Location{},
+	}
+	for _, p := range t.Ledger.Processes() {
+		b.comm[p.PID] = p.Comm
+	}
+	return b
+}
+
+func (b *pprofBuilder) sample(k sampleKey, v *[4]int64) {
+	info := k.api.Info()
+	b.p.Sample = append(b.p.Sample, &profile.Sample{
+		Location: b.stack(k.st),
+		Value:    v[:],
+		Label: map[string][]string{
+			"comm":  {b.comm[k.st.PID]},
+			"api":   {k.api.String()},
+			"kind":  {info.Kind.String()},
+			"level": {"segment"}, // CUDA runtime/driver calls; tensor-level events are another level
+			// A string: pprof's encoding reads a numeric label of 0 back
+			// as an empty string label, and device 0 is the common one.
+			"device": {strconv.Itoa(int(k.device))},
+		},
+		NumLabel: map[string][]int64{"pid": {int64(k.st.PID)}},
+	})
+}
+
+// stack returns st's locations, innermost first, as pprof wants them.
+func (b *pprofBuilder) stack(st *events.Stack) []*profile.Location {
+	if locs, ok := b.stacks[st]; ok {
+		return locs
+	}
+	maps := b.t.Maps(st)
+	frames := b.syms.Frames(st)
+	locs := make([]*profile.Location, 0, len(frames))
+	for _, f := range frames {
+		locs = append(locs, b.location(st.PID, maps, f))
+	}
+	b.stacks[st] = locs
+	return locs
+}
+
+func (b *pprofBuilder) location(pid uint32, maps []proc.Mapping, f symbolize.Frame) *profile.Location {
+	m := b.mapping(maps, f.Addr)
+	key := locKey{m: m, addr: f.Addr}
+	if m == nil {
+		key.pid = pid
+	}
+	if loc := b.locations[key]; loc != nil {
+		return loc
+	}
+	loc := &profile.Location{ID: uint64(len(b.p.Location) + 1), Mapping: m, Address: f.Addr}
+	if f.Function != "" {
+		fn := b.function(f.Function, f.File)
+		loc.Line = []profile.Line{{Function: fn, Line: int64(f.Line)}}
+		if m != nil {
+			m.HasFunctions = true
+			m.HasFilenames = m.HasFilenames || f.File != ""
+			m.HasLineNumbers = m.HasLineNumbers || f.Line != 0
+		}
+	}
+	b.p.Location = append(b.p.Location, loc)
+	b.locations[key] = loc
+	return loc
+}
+
+// mapping returns the pprof mapping of the file mapping holding addr, or
+// nil when none does (a process never captured).
+func (b *pprofBuilder) mapping(maps []proc.Mapping, addr uint64) *profile.Mapping {
+	for _, pm := range maps {
+		if addr < pm.Start || addr >= pm.End {
+			continue
+		}
+		if m := b.mappings[pm]; m != nil {
+			return m
+		}
+		m := &profile.Mapping{ID: uint64(len(b.p.Mapping) + 1), Start: pm.Start, Limit: pm.End, Offset: pm.Offset,
+			File: pm.Path, BuildID: pm.BuildID}
+		b.p.Mapping = append(b.p.Mapping, m)
+		b.mappings[pm] = m
+		return m
+	}
+	return nil
+}
+
+func (b *pprofBuilder) function(name, file string) *profile.Function {
+	key := [2]string{name, file}
+	if fn := b.functions[key]; fn != nil {
+		return fn
+	}
+	fn := &profile.Function{ID: uint64(len(b.p.Function) + 1), Name: name, SystemName: name, Filename: file}
+	b.p.Function = append(b.p.Function, fn)
+	b.functions[key] = fn
+	return fn
+}

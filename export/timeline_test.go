@@ -1,0 +1,104 @@
+package export
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"testing"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/tracetest"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+type traceEvent struct {
+	Ph   string         `json:"ph"`
+	Name string         `json:"name"`
+	PID  uint32         `json:"pid"`
+	TID  uint32         `json:"tid"`
+	TS   float64        `json:"ts"`
+	S    string         `json:"s"`
+	Args map[string]any `json:"args"`
+}
+
+func TestPerfetto(t *testing.T) {
+	items := memvizItems()
+	// A lost free: an allocation at a live address on the same device is
+	// one step of its counter.
+	items = append(items[:len(items)-1], events.Event{Time: memvizBase + 6500, Duration: 10, PID: 7, TID: 7,
+		Comm: "train", API: events.CudaMalloc, Addr: 0x7200_0000, Size: 100, Device: 0},
+		&tracefile.End{Time: memvizBase + 7000})
+	path, _ := tracetest.Write(t, memvizMeta(), items...)
+	var buf bytes.Buffer
+	if err := WritePerfetto(&buf, path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		DisplayTimeUnit string       `json:"displayTimeUnit"`
+		TraceEvents     []traceEvent `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatalf("%v:\n%s", err, buf.String())
+	}
+	type step struct {
+		ts   float64
+		live float64
+	}
+	counters := map[string][]step{} // "pid/name"
+	var names []string
+	var instants []traceEvent
+	for _, e := range doc.TraceEvents {
+		switch e.Ph {
+		case "C":
+			key := string(rune('0'+e.PID-7)) + "/" + e.Name
+			counters[key] = append(counters[key], step{e.TS, e.Args["live_bytes"].(float64)})
+		case "M":
+			names = append(names, e.Args["name"].(string))
+		case "i":
+			instants = append(instants, e)
+		default:
+			t.Errorf("event of phase %q: %+v", e.Ph, e)
+		}
+	}
+	want := map[string][]step{
+		"0/GPU 0 memory":       {{1.010, 2 << 20}, {3.000, 0}, {5.010, 4096}, {6.510, 100}},
+		"0/GPU 1 memory":       {{2.010, 512}},
+		"0/pinned host memory": {{2.510, 64}},
+		"1/GPU 0 memory":       {{6.010, 100}},
+	}
+	if !reflect.DeepEqual(counters, want) {
+		t.Errorf("counters\n got %v\nwant %v", counters, want)
+	}
+	if !reflect.DeepEqual(names, []string{"train (7)", "train (8)"}) {
+		t.Errorf("process names %q", names)
+	}
+	if len(instants) != 2 {
+		t.Fatalf("instant events %+v, want the two failures", instants)
+	}
+	oom := instants[0]
+	if oom.Name != "cudaMalloc failed: cudaErrorMemoryAllocation" || oom.S != "p" || oom.PID != 7 || oom.TS != 4.010 ||
+		oom.Args["size"] != float64(1<<40) || oom.Args["device"] != 1.0 || oom.Args["error"] != "cudaErrorMemoryAllocation" {
+		t.Errorf("oom event %+v", oom)
+	}
+	if instants[1].Args["error"] != "cudaErrorInvalidValue" {
+		t.Errorf("second failure %+v", instants[1])
+	}
+	if doc.DisplayTimeUnit != "ms" {
+		t.Errorf("displayTimeUnit %q", doc.DisplayTimeUnit)
+	}
+
+	// --pid keeps one process's tracks.
+	buf.Reset()
+	if err := WritePerfetto(&buf, path, Options{PIDs: []uint32{8}}); err != nil {
+		t.Fatal(err)
+	}
+	doc.TraceEvents = nil
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range doc.TraceEvents {
+		if e.PID != 8 {
+			t.Errorf("--pid 8 exports %+v", e)
+		}
+	}
+}
