@@ -51,6 +51,14 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"record", "--bogus"}, []string{"unknown flag: --bogus", "hint: see `cudatrace record --help`"}},
 		{[]string{"report"}, []string{"accepts 1 arg(s)"}},
 		{[]string{"report", "/nonexistent/x.trace"}, []string{"/nonexistent/x.trace", "hint:"}},
+		{[]string{"report", "x.trace", "--interval", "soon"}, []string{"invalid argument \"soon\" for \"--interval\""}},
+		{[]string{"export", "x.trace", "-o", "out"}, []string{"say which --format", "hint: one of pprof, memviz, perfetto, json"}},
+		{[]string{"export", "x.trace", "--format", "svg", "-o", "out"}, []string{"unknown format \"svg\"", "hint:"}},
+		{[]string{"export", "x.trace", "--format", "pprof"}, []string{"say where to write", "hint: -o - writes to standard output"}},
+		{[]string{"export", "x.trace", "--format", "pprof", "--at", "later", "-o", "out"}, []string{"--at \"later\": want end, peak"}},
+		{[]string{"export", "/nonexistent/x.trace", "--format", "json", "-o", "-"}, []string{"/nonexistent/x.trace", "hint:"}},
+		{[]string{"record", "--export", "pprof", "--all"}, []string{"want FORMAT=FILE", "hint: e.g. --export pprof=train.pb.gz"}},
+		{[]string{"record", "--export", "svg=x", "--all"}, []string{"unknown format \"svg\""}},
 	} {
 		code, _, stderr := runCLI(c.args...)
 		if code != 1 {
@@ -68,7 +76,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestHelpTeaches(t *testing.T) {
-	for _, verb := range []string{"record", "report"} {
+	for _, verb := range []string{"record", "report", "export"} {
 		code, stdout, _ := runCLI(verb, "--help")
 		if code != 0 || !strings.Contains(stdout, "Examples:") || !strings.Contains(stdout, "cudatrace "+verb) {
 			t.Errorf("%s --help: exit %d, no examples:\n%s", verb, code, stdout)
