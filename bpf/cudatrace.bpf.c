@@ -67,6 +67,55 @@ struct {
 	__type(value, __s32);
 } thread_dev SEC(".maps");
 
+// The driver's contexts, each to the device it was made for: a thread that
+// makes a context current (cuCtxSetCurrent, as JAX and the runtime itself
+// do) allocates on that device from then on.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64); // CUcontext
+	__type(value, __s32);
+} ctx_dev SEC(".maps");
+
+// Context calls between entry and return. Apart from `inflight`: the
+// runtime makes them inside its own traced calls (cudaSetDevice retains
+// the primary context), and they must neither displace those nor be
+// dropped as nested.
+struct ctx_call {
+	__u64 out;
+	__u64 sp;
+	__s32 device;
+	__u32 make_current;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); // tid
+	__type(value, struct ctx_call);
+} ctx_inflight SEC(".maps");
+
+// Each thread's latest free, to know the driver's free that a runtime free
+// makes inside itself (cudaFree -> cuMemFree_v2: the same pointer, deeper in
+// the stack, within a millisecond) from a free of its own. An allocation
+// record of the thread clears it: the address may come back and be freed
+// again (a loop of cudaMalloc and cudaFree frees one address from one
+// place over and over).
+struct last_free {
+	__u64 addr;
+	__u64 sp;
+	__u64 ts_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); // tid
+	__type(value, struct last_free);
+} last_free SEC(".maps");
+
+#define CT_NESTED_FREE_NS 1000000
+
 // Processes that already had a record: their first one wakes the reader at
 // once so it can read /proc/PID/maps before a short-lived process is gone.
 struct {
@@ -303,6 +352,69 @@ int ct_exit(struct pt_regs *ctx)
 		e->h.flags |= CT_F_STACK_TRUNC;
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(e->h.pid));
+	bpf_map_delete_elem(&last_free, &tid);
+	return 0;
+}
+
+static __always_inline int ctx_enter(struct pt_regs *ctx, __u64 out, __s32 device, __u32 make_current)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	if (!traced(id >> 32))
+		return 0;
+	struct ctx_call c = {.out = out, .sp = PT_REGS_SP(ctx), .device = device, .make_current = make_current};
+	if (bpf_map_update_elem(&ctx_inflight, &tid, &c, BPF_ANY))
+		count(CT_CNT_INFLIGHT_FULL);
+	return 0;
+}
+
+SEC("uprobe")
+int ct_ctxretain_enter(struct pt_regs *ctx)
+{
+	return ctx_enter(ctx, PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM2(ctx), 0);
+}
+
+SEC("uprobe")
+int ct_ctxcreate_enter(struct pt_regs *ctx)
+{
+	return ctx_enter(ctx, PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM3(ctx), 1);
+}
+
+SEC("uretprobe")
+int ct_ctx_exit(struct pt_regs *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct ctx_call *c = bpf_map_lookup_elem(&ctx_inflight, &tid);
+	if (!c || PT_REGS_SP(ctx) != c->sp + 8)
+		return 0;
+	__u64 handle = 0;
+	if ((__s32)PT_REGS_RC(ctx) == 0 && bpf_probe_read_user(&handle, sizeof(handle), (void *)c->out) == 0 &&
+	    handle != 0) {
+		__s32 dev = c->device;
+		bpf_map_update_elem(&ctx_dev, &handle, &dev, BPF_ANY);
+		if (c->make_current)
+			bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+	}
+	bpf_map_delete_elem(&ctx_inflight, &tid);
+	return 0;
+}
+
+// cuCtxSetCurrent / cuCtxPushCurrent: the thread's device becomes the
+// context's, when the context's making was seen. Taken at entry: these
+// calls fail only on a context that was never made.
+SEC("uprobe")
+int ct_ctxset_enter(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	if (!traced(id >> 32))
+		return 0;
+	__u64 handle = PT_REGS_PARM1(ctx);
+	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &handle);
+	if (dev) {
+		__s32 d = *dev;
+		bpf_map_update_elem(&thread_dev, &tid, &d, BPF_ANY);
+	}
 	return 0;
 }
 
@@ -319,16 +431,26 @@ int ct_free_enter(struct pt_regs *ctx)
 	if (addr == 0)
 		return 0; // cudaFree(NULL) is a no-op (and a common way to init a context)
 
+	__u32 tid = (__u32)id;
+	__u64 sp = PT_REGS_SP(ctx), now = bpf_ktime_get_boot_ns();
+	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);
+	if (lf && lf->addr == addr && sp < lf->sp && now - lf->ts_ns < CT_NESTED_FREE_NS) {
+		count(CT_CNT_NESTED); // the runtime's free, reaching the driver: counted once
+		return 0;
+	}
+	struct last_free nf = {.addr = addr, .sp = sp, .ts_ns = now};
+	bpf_map_update_elem(&last_free, &tid, &nf, BPF_ANY);
+
 	struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count(CT_CNT_RB_FULL);
 		return 0;
 	}
-	e->ts_ns = bpf_ktime_get_boot_ns();
+	e->ts_ns = now;
 	e->dur_ns = 0;
 	e->addr = addr;
 	e->size = 0;
-	e->device = current_device((__u32)id);
+	e->device = current_device(tid);
 	e->result = 0;
 	e->api = (__u16)bpf_get_attach_cookie(ctx);
 	e->flags = CT_F_ENTRY_ONLY;

@@ -16,6 +16,10 @@ enum ct_shape {
 	CT_SHAPE_PITCH = 2, // (T **out, size_t *pitch, size_t width, size_t height, ...)
 	CT_SHAPE_3D = 3,    // (struct cudaPitchedPtr *out, struct cudaExtent ext) with ext on the stack
 	CT_SHAPE_SETDEV = 4, // (int device)
+	// Driver contexts; handled by programs of their own (ct_ctx_*), no record.
+	CT_SHAPE_CTX_RETAIN = 5, // (CUcontext *out, CUdevice dev): cuDevicePrimaryCtxRetain
+	CT_SHAPE_CTX_CREATE = 6, // (CUcontext *out, unsigned flags, CUdevice dev): cuCtxCreate, makes it current
+	CT_SHAPE_CTX_SET = 7,    // (CUcontext ctx): cuCtxSetCurrent, cuCtxPushCurrent
 };
 
 enum ct_flags {

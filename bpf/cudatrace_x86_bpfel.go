@@ -35,6 +35,14 @@ type CudatraceCtEvent struct {
 	Comm    [16]int8
 }
 
+type CudatraceCtxCall struct {
+	_           structs.HostLayout
+	Out         uint64
+	Sp          uint64
+	Device      int32
+	MakeCurrent uint32
+}
+
 type CudatraceInflight struct {
 	_      structs.HostLayout
 	TsNs   uint64
@@ -48,18 +56,32 @@ type CudatraceInflight struct {
 	Device int32
 }
 
+type CudatraceLastFree struct {
+	_    structs.HostLayout
+	Addr uint64
+	Sp   uint64
+	TsNs uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	CudatraceMapCounters           = "counters"
+	CudatraceMapCtxDev             = "ctx_dev"
+	CudatraceMapCtxInflight        = "ctx_inflight"
 	CudatraceMapEvents             = "events"
 	CudatraceMapInflight           = "inflight"
+	CudatraceMapLastFree           = "last_free"
 	CudatraceMapPids               = "pids"
 	CudatraceMapSeen               = "seen"
 	CudatraceMapThreadDev          = "thread_dev"
 	CudatraceProgCt3dEnter         = "ct_3d_enter"
 	CudatraceProgCtAllocEnter      = "ct_alloc_enter"
+	CudatraceProgCtCtxExit         = "ct_ctx_exit"
+	CudatraceProgCtCtxcreateEnter  = "ct_ctxcreate_enter"
+	CudatraceProgCtCtxretainEnter  = "ct_ctxretain_enter"
+	CudatraceProgCtCtxsetEnter     = "ct_ctxset_enter"
 	CudatraceProgCtExit            = "ct_exit"
 	CudatraceProgCtFork            = "ct_fork"
 	CudatraceProgCtFreeEnter       = "ct_free_enter"
@@ -113,25 +135,32 @@ type CudatraceSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type CudatraceProgramSpecs struct {
-	Ct3dEnter     *ebpf.ProgramSpec `ebpf:"ct_3d_enter"`
-	CtAllocEnter  *ebpf.ProgramSpec `ebpf:"ct_alloc_enter"`
-	CtExit        *ebpf.ProgramSpec `ebpf:"ct_exit"`
-	CtFork        *ebpf.ProgramSpec `ebpf:"ct_fork"`
-	CtFreeEnter   *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
-	CtPitchEnter  *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
-	CtSetdevEnter *ebpf.ProgramSpec `ebpf:"ct_setdev_enter"`
+	Ct3dEnter        *ebpf.ProgramSpec `ebpf:"ct_3d_enter"`
+	CtAllocEnter     *ebpf.ProgramSpec `ebpf:"ct_alloc_enter"`
+	CtCtxExit        *ebpf.ProgramSpec `ebpf:"ct_ctx_exit"`
+	CtCtxcreateEnter *ebpf.ProgramSpec `ebpf:"ct_ctxcreate_enter"`
+	CtCtxretainEnter *ebpf.ProgramSpec `ebpf:"ct_ctxretain_enter"`
+	CtCtxsetEnter    *ebpf.ProgramSpec `ebpf:"ct_ctxset_enter"`
+	CtExit           *ebpf.ProgramSpec `ebpf:"ct_exit"`
+	CtFork           *ebpf.ProgramSpec `ebpf:"ct_fork"`
+	CtFreeEnter      *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
+	CtPitchEnter     *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
+	CtSetdevEnter    *ebpf.ProgramSpec `ebpf:"ct_setdev_enter"`
 }
 
 // CudatraceMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type CudatraceMapSpecs struct {
-	Counters  *ebpf.MapSpec `ebpf:"counters"`
-	Events    *ebpf.MapSpec `ebpf:"events"`
-	Inflight  *ebpf.MapSpec `ebpf:"inflight"`
-	Pids      *ebpf.MapSpec `ebpf:"pids"`
-	Seen      *ebpf.MapSpec `ebpf:"seen"`
-	ThreadDev *ebpf.MapSpec `ebpf:"thread_dev"`
+	Counters    *ebpf.MapSpec `ebpf:"counters"`
+	CtxDev      *ebpf.MapSpec `ebpf:"ctx_dev"`
+	CtxInflight *ebpf.MapSpec `ebpf:"ctx_inflight"`
+	Events      *ebpf.MapSpec `ebpf:"events"`
+	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
+	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
+	Pids        *ebpf.MapSpec `ebpf:"pids"`
+	Seen        *ebpf.MapSpec `ebpf:"seen"`
+	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
 }
 
 // CudatraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -164,19 +193,25 @@ func (o *CudatraceObjects) Close() error {
 //
 // It can be passed to LoadCudatraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type CudatraceMaps struct {
-	Counters  *ebpf.Map `ebpf:"counters"`
-	Events    *ebpf.Map `ebpf:"events"`
-	Inflight  *ebpf.Map `ebpf:"inflight"`
-	Pids      *ebpf.Map `ebpf:"pids"`
-	Seen      *ebpf.Map `ebpf:"seen"`
-	ThreadDev *ebpf.Map `ebpf:"thread_dev"`
+	Counters    *ebpf.Map `ebpf:"counters"`
+	CtxDev      *ebpf.Map `ebpf:"ctx_dev"`
+	CtxInflight *ebpf.Map `ebpf:"ctx_inflight"`
+	Events      *ebpf.Map `ebpf:"events"`
+	Inflight    *ebpf.Map `ebpf:"inflight"`
+	LastFree    *ebpf.Map `ebpf:"last_free"`
+	Pids        *ebpf.Map `ebpf:"pids"`
+	Seen        *ebpf.Map `ebpf:"seen"`
+	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
 }
 
 func (m *CudatraceMaps) Close() error {
 	return _CudatraceClose(
 		m.Counters,
+		m.CtxDev,
+		m.CtxInflight,
 		m.Events,
 		m.Inflight,
+		m.LastFree,
 		m.Pids,
 		m.Seen,
 		m.ThreadDev,
@@ -197,19 +232,27 @@ type CudatraceVariables struct {
 //
 // It can be passed to LoadCudatraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type CudatracePrograms struct {
-	Ct3dEnter     *ebpf.Program `ebpf:"ct_3d_enter"`
-	CtAllocEnter  *ebpf.Program `ebpf:"ct_alloc_enter"`
-	CtExit        *ebpf.Program `ebpf:"ct_exit"`
-	CtFork        *ebpf.Program `ebpf:"ct_fork"`
-	CtFreeEnter   *ebpf.Program `ebpf:"ct_free_enter"`
-	CtPitchEnter  *ebpf.Program `ebpf:"ct_pitch_enter"`
-	CtSetdevEnter *ebpf.Program `ebpf:"ct_setdev_enter"`
+	Ct3dEnter        *ebpf.Program `ebpf:"ct_3d_enter"`
+	CtAllocEnter     *ebpf.Program `ebpf:"ct_alloc_enter"`
+	CtCtxExit        *ebpf.Program `ebpf:"ct_ctx_exit"`
+	CtCtxcreateEnter *ebpf.Program `ebpf:"ct_ctxcreate_enter"`
+	CtCtxretainEnter *ebpf.Program `ebpf:"ct_ctxretain_enter"`
+	CtCtxsetEnter    *ebpf.Program `ebpf:"ct_ctxset_enter"`
+	CtExit           *ebpf.Program `ebpf:"ct_exit"`
+	CtFork           *ebpf.Program `ebpf:"ct_fork"`
+	CtFreeEnter      *ebpf.Program `ebpf:"ct_free_enter"`
+	CtPitchEnter     *ebpf.Program `ebpf:"ct_pitch_enter"`
+	CtSetdevEnter    *ebpf.Program `ebpf:"ct_setdev_enter"`
 }
 
 func (p *CudatracePrograms) Close() error {
 	return _CudatraceClose(
 		p.Ct3dEnter,
 		p.CtAllocEnter,
+		p.CtCtxExit,
+		p.CtCtxcreateEnter,
+		p.CtCtxretainEnter,
+		p.CtCtxsetEnter,
 		p.CtExit,
 		p.CtFork,
 		p.CtFreeEnter,

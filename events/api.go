@@ -71,6 +71,20 @@ const (
 	CudaHostAlloc
 	CudaFreeHost
 	CudaSetDevice
+	CuMemAlloc
+	CuMemFree
+	CuMemAllocPitch
+	CuMemAllocManaged
+	CuMemAllocHost
+	CuMemHostAlloc
+	CuMemFreeHost
+	CuMemAllocAsync
+	CuMemAllocFromPoolAsync
+	CuMemFreeAsync
+	CuDevicePrimaryCtxRetain
+	CuCtxCreate
+	CuCtxSetCurrent
+	CuCtxPushCurrent
 	apiEnd
 )
 
@@ -96,6 +110,22 @@ var apis = [apiEnd]APIInfo{
 	CudaHostAlloc:           {"cudaHostAlloc", OpAlloc, KindHost, LayerRuntime},
 	CudaFreeHost:            {"cudaFreeHost", OpFree, KindHost, LayerRuntime},
 	CudaSetDevice:           {"cudaSetDevice", OpSetDevice, 0, LayerRuntime},
+	CuMemAlloc:              {"cuMemAlloc_v2", OpAlloc, KindDevice, LayerDriver},
+	CuMemFree:               {"cuMemFree_v2", OpFree, KindDevice, LayerDriver},
+	CuMemAllocPitch:         {"cuMemAllocPitch_v2", OpAlloc, KindDevice, LayerDriver},
+	CuMemAllocManaged:       {"cuMemAllocManaged", OpAlloc, KindManaged, LayerDriver},
+	CuMemAllocHost:          {"cuMemAllocHost_v2", OpAlloc, KindHost, LayerDriver},
+	CuMemHostAlloc:          {"cuMemHostAlloc", OpAlloc, KindHost, LayerDriver},
+	CuMemFreeHost:           {"cuMemFreeHost", OpFree, KindHost, LayerDriver},
+	CuMemAllocAsync:         {"cuMemAllocAsync", OpAlloc, KindDevice, LayerDriver},
+	CuMemAllocFromPoolAsync: {"cuMemAllocFromPoolAsync", OpAlloc, KindDevice, LayerDriver},
+	CuMemFreeAsync:          {"cuMemFreeAsync", OpFree, KindDevice, LayerDriver},
+	// Contexts say which device a thread's driver calls go to; the BPF
+	// side keeps track and no record reaches the ledger.
+	CuDevicePrimaryCtxRetain: {"cuDevicePrimaryCtxRetain", OpSetDevice, 0, LayerDriver},
+	CuCtxCreate:              {"cuCtxCreate_v2", OpSetDevice, 0, LayerDriver},
+	CuCtxSetCurrent:          {"cuCtxSetCurrent", OpSetDevice, 0, LayerDriver},
+	CuCtxPushCurrent:         {"cuCtxPushCurrent_v2", OpSetDevice, 0, LayerDriver},
 }
 
 // Info returns what is known of a; unknown ids (a newer trace file) get a

@@ -149,8 +149,8 @@ func (tw *timelineWriter) counter(p *events.Process, a *events.Allocation, t uin
 }
 
 func (tw *timelineWriter) failure(ev *events.Event) {
-	name, _ := json.Marshal(fmt.Sprintf("%s failed: %s", ev.API, events.ErrorName(ev.Result)))
-	errName, _ := json.Marshal(events.ErrorName(ev.Result))
+	name, _ := json.Marshal(fmt.Sprintf("%s failed: %s", ev.API, ev.API.ResultName(ev.Result)))
+	errName, _ := json.Marshal(ev.API.ResultName(ev.Result))
 	b := fmt.Appendf(tw.buf[:0], `"ph":"i","s":"p","name":%s,"pid":%d,"tid":%d,"ts":`, name, ev.PID, ev.TID)
 	b = tw.ts(b, ev.End())
 	b = fmt.Appendf(b, `,"args":{"api":"%s","size":%d,"device":%d,"result":%d,"error":%s}`,

@@ -15,8 +15,9 @@ import (
 	"github.com/cudatrace/cudatrace/proc"
 )
 
-// libPattern matches the file names of the CUDA libraries cudatrace probes.
-var libPattern = regexp.MustCompile(`^libcudart\.so(\.\d+)*$`)
+// libPattern matches the file names of the CUDA libraries cudatrace probes:
+// the runtime (libcudart) and the driver (libcuda).
+var libPattern = regexp.MustCompile(`^libcuda(rt)?\.so(\.\d+)*$`)
 
 // IsCUDALibrary reports whether a path names a library cudatrace probes.
 func IsCUDALibrary(path string) bool { return libPattern.MatchString(filepath.Base(path)) }

@@ -15,7 +15,10 @@ func TestIsCUDALibrary(t *testing.T) {
 		"libcudart.so.12.4.127":                              true,
 		"libcudart_static.a":                                 false,
 		"libcudart.so.12.bak":                                false,
-		"/usr/lib/libcuda.so.1":                              false, // the driver: issue 3
+		"/usr/lib/libcuda.so.1":                              true, // the driver
+		"libcuda.so":                                         true,
+		"libcudadebugger.so.1":                               false,
+		"libcudnn.so.9":                                      false,
 		"site-packages/nvidia/cuda_runtime/lib/libcudart.so": true,
 	} {
 		if got := IsCUDALibrary(name); got != want {

@@ -15,6 +15,9 @@ const (
 	Shape3D                         // (cudaPitchedPtr *out, cudaExtent by value)
 	ShapeFree                       // (T *ptr, ...), recorded at entry
 	ShapeSetDevice                  // (int device)
+	ShapeCtxRetain                  // (CUcontext *out, CUdevice dev)
+	ShapeCtxCreate                  // (CUcontext *out, unsigned flags, CUdevice dev), made current
+	ShapeCtxSet                     // (CUcontext ctx), made current
 )
 
 // Probe is one row of the attach table: adding an API is adding a row.
@@ -43,6 +46,28 @@ var RuntimeProbes = []Probe{
 	{"cudaSetDevice", events.CudaSetDevice, ShapeSetDevice, false},
 }
 
+// DriverProbes are libcuda's. JAX/XLA, NCCL (cuMem* since 2.19) and
+// PyTorch's expandable segments allocate here without the runtime; a
+// runtime call that reaches the driver on the same thread is nested in the
+// BPF programs' eyes and counts once, as the runtime call. The context
+// calls tell the BPF side each thread's device.
+var DriverProbes = []Probe{
+	{"cuMemAlloc_v2", events.CuMemAlloc, ShapeAlloc, true},
+	{"cuMemFree_v2", events.CuMemFree, ShapeFree, true},
+	{"cuMemAllocPitch_v2", events.CuMemAllocPitch, ShapePitch, false},
+	{"cuMemAllocManaged", events.CuMemAllocManaged, ShapeAlloc, false},
+	{"cuMemAllocHost_v2", events.CuMemAllocHost, ShapeAlloc, false},
+	{"cuMemHostAlloc", events.CuMemHostAlloc, ShapeAlloc, false},
+	{"cuMemFreeHost", events.CuMemFreeHost, ShapeFree, false},
+	{"cuMemAllocAsync", events.CuMemAllocAsync, ShapeAlloc, false},
+	{"cuMemAllocFromPoolAsync", events.CuMemAllocFromPoolAsync, ShapeAlloc, false},
+	{"cuMemFreeAsync", events.CuMemFreeAsync, ShapeFree, false},
+	{"cuDevicePrimaryCtxRetain", events.CuDevicePrimaryCtxRetain, ShapeCtxRetain, false},
+	{"cuCtxCreate_v2", events.CuCtxCreate, ShapeCtxCreate, false},
+	{"cuCtxSetCurrent", events.CuCtxSetCurrent, ShapeCtxSet, false},
+	{"cuCtxPushCurrent_v2", events.CuCtxPushCurrent, ShapeCtxSet, false},
+}
+
 // Tables lists every attach table. A library is probed with each table of
 // which it exports at least one symbol, so a program that links the runtime
 // statically is handled like libcudart itself.
@@ -51,4 +76,5 @@ var Tables = []struct {
 	Probes []Probe
 }{
 	{"CUDA runtime", RuntimeProbes},
+	{"CUDA driver", DriverProbes},
 }

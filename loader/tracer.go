@@ -172,7 +172,7 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 		res.Missing = append(res.Missing, tableMissing...)
 	}
 	if len(res.Symbols) == 0 {
-		return res, fmt.Errorf("%s exports none of the CUDA allocation functions cudatrace probes (cudaMalloc, ...): %w",
+		return res, fmt.Errorf("%s exports none of the CUDA allocation functions cudatrace probes (cudaMalloc, cuMemAlloc_v2, ...): %w",
 			lib.Path, ErrNotCUDA)
 	}
 	t.links = append(t.links, added...)
@@ -184,14 +184,17 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 var ErrNotCUDA = errors.New("not a CUDA library")
 
 // isMissingSymbol: the symbol is absent, or only imported (undefined, so
-// address 0), which cilium/ebpf reports as unsupported.
+// address 0: a library that calls the driver, as a runtime does), which
+// cilium/ebpf reports as not supported.
 func isMissingSymbol(err error) bool {
-	return errors.Is(err, link.ErrNoSymbol) || errors.Is(err, errors.ErrUnsupported)
+	return errors.Is(err, link.ErrNoSymbol) || errors.Is(err, errors.ErrUnsupported) ||
+		errors.Is(err, ebpf.ErrNotSupported)
 }
 
 func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) {
 	opts := &link.UprobeOptions{Cookie: uint64(p.API)}
 	var enter *ebpf.Program
+	exit := t.objs.CtExit
 	ret := true
 	switch p.Shape {
 	case ShapeAlloc:
@@ -204,6 +207,12 @@ func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) 
 		enter = t.objs.CtSetdevEnter
 	case ShapeFree:
 		enter, ret = t.objs.CtFreeEnter, false
+	case ShapeCtxRetain:
+		enter, exit = t.objs.CtCtxretainEnter, t.objs.CtCtxExit
+	case ShapeCtxCreate:
+		enter, exit = t.objs.CtCtxcreateEnter, t.objs.CtCtxExit
+	case ShapeCtxSet:
+		enter, ret = t.objs.CtCtxsetEnter, false
 	default:
 		return nil, fmt.Errorf("unknown shape %d", p.Shape)
 	}
@@ -211,7 +220,7 @@ func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) 
 	// calls remembered forever, a return without entry is merely ignored.
 	var out []link.Link
 	if ret {
-		l, err := ex.Uretprobe(p.Symbol, t.objs.CtExit, opts)
+		l, err := ex.Uretprobe(p.Symbol, exit, opts)
 		if err != nil {
 			return nil, err
 		}

@@ -207,7 +207,7 @@ func findLibraries(opts *Options) ([]loader.Library, error) {
 		}
 		searched = append(searched, fmt.Sprintf("/proc/%d/maps", pid))
 		if len(paths) == 0 {
-			return nil, hint.Wrap(fmt.Errorf("process %d has no CUDA library mapped (searched /proc/%d/maps for libcudart)", pid, pid),
+			return nil, hint.Wrap(fmt.Errorf("process %d has no CUDA library mapped (searched /proc/%d/maps for libcudart and libcuda)", pid, pid),
 				"if it links CUDA statically or loads it later, name the library with --lib PATH")
 		}
 		for _, p := range paths {

@@ -278,7 +278,7 @@ func Load(path string, opts Options) (*Report, error) {
 		rep.Processes = append(rep.Processes, out)
 		for i, f := range p.Failures {
 			out := Failure{PID: p.PID, TID: f.TID, API: f.API.String(), Size: f.Size,
-				Device: f.Device, Result: f.Result, Error: events.ErrorName(f.Result),
+				Device: f.Device, Result: f.Result, Error: f.API.ResultName(f.Result),
 				Time: meta.WallTime(f.Time).Format(time.RFC3339Nano), Frames: frames(f.Stack)}
 			if ctx := fol.failures[p.PID]; i < len(ctx) {
 				out.LiveBytes, out.DeviceLiveBytes = ctx[i].live, ctx[i].deviceLive

@@ -34,6 +34,8 @@ var (
 
 	fakeLib      string // .../lib/libcudart.so.12 (the real file)
 	fakeLibDir   string // holds libcudart.so.12 and libcudart.so -> libcudart.so.12
+	fakeDriver   string // .../lib/libcuda.so.1, the driver stand-in
+	nestRuntime  string // .../lib/libnestrt.so, a runtime calling the driver stand-in
 	binDir       string
 	cBuildErr    error // nil, errNoGCC, or the failed compiler run
 	realBuildErr error // realcuda: errNoRealLib, or the failed compiler run
@@ -102,6 +104,8 @@ func buildStandIns(dir string) {
 	fakeLibDir = filepath.Join(dir, "lib")
 	binDir = filepath.Join(dir, "bin")
 	fakeLib = filepath.Join(fakeLibDir, "libcudart.so.12")
+	fakeDriver = filepath.Join(fakeLibDir, "libcuda.so.1")
+	nestRuntime = filepath.Join(fakeLibDir, "libnestrt.so")
 	realBuildErr = errNoRealLib
 	if _, err := exec.LookPath("gcc"); err != nil {
 		cBuildErr = errNoGCC
@@ -132,6 +136,25 @@ func buildStandIns(dir string) {
 	// comes first with a libcudart.so link, and the rpath makes the loader
 	// pick it over the ld.so cache (where NVIDIA's libcudart may be).
 	if cBuildErr = os.Symlink("libcudart.so.12", filepath.Join(fakeLibDir, "libcudart.so")); cBuildErr != nil {
+		return
+	}
+	// The driver stand-in: the same source, exporting the driver API.
+	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-fomit-frame-pointer", "-pthread", "-Wall",
+		"-Wl,-soname,libcuda.so.1", "-Wl,--version-script="+src("fakecuda.map"),
+		"-o", fakeDriver, src("fakecudart.c")); cBuildErr != nil {
+		return
+	}
+	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall", "-o", workload("driver"),
+		src("driver.c"), fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
+	// A runtime over the driver, and a program using both.
+	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-Wall",
+		"-Wl,-soname,libnestrt.so", "-o", nestRuntime, src("nestrt.c"), fakeDriver); cBuildErr != nil {
+		return
+	}
+	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", workload("nested"), src("nested.c"),
+		nestRuntime, fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return
 	}
 	for _, prog := range []string{"mix", "attach_later", "shortlived", "faketest"} {

@@ -386,7 +386,7 @@ func diffProcess(rep *report, want *procTruth, slack uint64, comm string) []stri
 		}
 		gotFail[failureKey(f.API, f.Result, f.Device, f.Size)]++
 		byName[f.Error]++
-		if n, ok := cudaErrorNames[f.Result]; ok && f.Error != n {
+		if n, ok := errorName(f.API, f.Result); ok && f.Error != n {
 			bad("failure %+v: error %q, want %q", f, f.Error, n)
 		}
 		if !want.Threads[f.TID] {
@@ -394,7 +394,8 @@ func diffProcess(rep *report, want *procTruth, slack uint64, comm string) []stri
 		}
 	}
 	for _, f := range want.Failures {
-		wantByName[cudaErrorNames[f.Ret]]++
+		n, _ := errorName(f.API, f.Ret)
+		wantByName[n]++
 	}
 	if !equalCounts(byName, wantByName) {
 		bad("failures by error name %v, want %v", byName, wantByName)

@@ -51,15 +51,25 @@ var allocKinds = map[string]string{
 	"cudaMallocManaged":       "managed",
 	"cudaMallocHost":          "host",
 	"cudaHostAlloc":           "host",
+	"cuMemAlloc_v2":           "device",
+	"cuMemAllocPitch_v2":      "device",
+	"cuMemAllocManaged":       "managed",
+	"cuMemAllocHost_v2":       "host",
+	"cuMemHostAlloc":          "host",
+	"cuMemAllocAsync":         "device",
+	"cuMemAllocFromPoolAsync": "device",
 }
 
-var freeAPIs = map[string]bool{"cudaFree": true, "cudaFreeAsync": true, "cudaFreeHost": true}
+var freeAPIs = map[string]bool{"cudaFree": true, "cudaFreeAsync": true, "cudaFreeHost": true,
+	"cuMemFree_v2": true, "cuMemFreeAsync": true, "cuMemFreeHost": true}
 
 // directSizeAPIs take the allocation's size as an argument, so a tracer
 // knows the size asked for even when the call fails.
 var directSizeAPIs = map[string]bool{
 	"cudaMalloc": true, "cudaMallocAsync": true, "cudaMallocFromPoolAsync": true,
 	"cudaMallocManaged": true, "cudaMallocHost": true, "cudaHostAlloc": true,
+	"cuMemAlloc_v2": true, "cuMemAllocManaged": true, "cuMemAllocHost_v2": true, "cuMemHostAlloc": true,
+	"cuMemAllocAsync": true, "cuMemAllocFromPoolAsync": true,
 }
 
 // cudaErrorNames names the codes the tests meet, written apart from the
@@ -72,6 +82,25 @@ var cudaErrorNames = map[int]string{
 	35:  "cudaErrorInsufficientDriver",
 	100: "cudaErrorNoDevice",
 	101: "cudaErrorInvalidDevice",
+}
+
+// cuErrorNames are the driver's names for the codes the tests meet.
+var cuErrorNames = map[int]string{
+	0:   "CUDA_SUCCESS",
+	1:   "CUDA_ERROR_INVALID_VALUE",
+	2:   "CUDA_ERROR_OUT_OF_MEMORY",
+	101: "CUDA_ERROR_INVALID_DEVICE",
+	201: "CUDA_ERROR_INVALID_CONTEXT",
+}
+
+// errorName is the name a report should give code returned by api.
+func errorName(api string, code int) (string, bool) {
+	if strings.HasPrefix(api, "cu") && !strings.HasPrefix(api, "cuda") {
+		n, ok := cuErrorNames[code]
+		return n, ok
+	}
+	n, ok := cudaErrorNames[code]
+	return n, ok
 }
 
 func classOf(api string) apiClass {
@@ -318,7 +347,7 @@ func groundTruth(calls []logCall, marker string) (map[int]*procTruth, error) {
 				return nil, fmt.Errorf("line %d: %s of %#x logged size=%d dev=%d kind=%s, allocated as %d bytes on %d (%s)",
 					c.Line, c.API, c.Ptr, c.Size, c.Dev, c.Kind, a.Size, a.Dev, a.Kind)
 			}
-			if (a.Kind == "host") != (c.API == "cudaFreeHost") {
+			if (a.Kind == "host") != (c.API == "cudaFreeHost" || c.API == "cuMemFreeHost") {
 				return nil, fmt.Errorf("line %d: %s freed %s memory", c.Line, c.API, a.Kind)
 			}
 			delete(p.live, c.Ptr)

@@ -33,11 +33,13 @@ func newRecordCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "record [flags] (-- COMMAND [ARGS...] | --pid PID... | --all)",
 		Short: "Trace the GPU memory allocations of a command, running processes, or the whole host",
-		Long: `Record attaches uprobes to the CUDA runtime library (libcudart) and traces
-every allocation and free: cudaMalloc, cudaFree, cudaMallocAsync,
+		Long: `Record attaches uprobes to the CUDA runtime (libcudart) and driver (libcuda)
+and traces every allocation and free: cudaMalloc, cudaFree, cudaMallocAsync,
 cudaFreeAsync, cudaMallocFromPoolAsync, cudaMallocManaged, cudaMallocPitch,
-cudaMalloc3D, cudaMallocHost, cudaHostAlloc and cudaFreeHost, failed calls
-included, each with its user stack.
+cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost, and their driver
+counterparts (cuMemAlloc_v2, cuMemFree_v2, cuMemAllocAsync, ...), failed
+calls included, each with its user stack. A runtime call that reaches the
+driver on the same thread counts once.
 
 What to trace (one of):
   -- COMMAND ARGS   launch COMMAND and trace it and its children from their
@@ -47,8 +49,8 @@ What to trace (one of):
                     when every one has exited
   --all             every process on the host; ends on Ctrl-C or --duration
 
-Libraries: without --lib, cudatrace probes the libcudart the target has
-mapped (--pid), or every libcudart in the ld.so cache, CUDA toolkit
+Libraries: without --lib, cudatrace probes the libcudart and libcuda the
+target has mapped (--pid), or every one in the ld.so cache, CUDA toolkit
 directories and pip/conda layouts (a command, --all). A probe sits on the
 library file, so processes that load it later are covered too; another
 copy of the library (a virtualenv's wheel, a container) needs its own --lib.

@@ -11,6 +11,12 @@
  *       -o libcudart.so.12 fakecudart.c
  * No frame pointers, like the real libcudart.
  *
+ * The same source, linked with -Wl,-soname,libcuda.so.1 and
+ * --version-script=fakecuda.map, is the stand-in for the driver
+ * (libcuda.so.1): its cuMem* functions share the allocator below (the
+ * driver's error codes for these cases have the runtime's numbers), and
+ * its contexts are fake handles naming a device, made current per thread.
+ *
  * Environment:
  *   FAKECUDA_DEVICES    number of devices (default 2, at most 16)
  *   FAKECUDA_MEM_LIMIT  bytes per device, and for the managed and the pinned
@@ -414,22 +420,24 @@ EXPORT cudaError_t cudaMalloc3D(struct cudaPitchedPtr *pitchedDevPtr, struct cud
 	return r;
 }
 
-EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
+/* Pinned host memory, for the runtime's and the driver's entry points. */
+static cudaError_t host_alloc(const char *api, void **ptr, size_t size, unsigned int flags)
 {
 	uint64_t addr;
-	cudaError_t r = do_alloc("cudaMallocHost", KIND_HOST, ptr != NULL, size, size, &addr);
+	cudaError_t r = do_alloc(api, KIND_HOST, ptr != NULL && (flags & ~0xFu) == 0, size, size, &addr);
 	if (r == cudaSuccess)
 		*ptr = (void *)(uintptr_t)addr;
 	return r;
 }
 
+EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+	return host_alloc("cudaMallocHost", ptr, size, 0);
+}
+
 EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 {
-	uint64_t addr;
-	cudaError_t r = do_alloc("cudaHostAlloc", KIND_HOST, pHost != NULL && (flags & ~0xFu) == 0, size, size, &addr);
-	if (r == cudaSuccess)
-		*pHost = (void *)(uintptr_t)addr;
-	return r;
+	return host_alloc("cudaHostAlloc", pHost, size, flags);
 }
 
 EXPORT cudaError_t cudaFree(void *devPtr)
@@ -485,6 +493,150 @@ EXPORT cudaError_t cudaGetLastError(void)
 	log_line("cudaGetLastError", ret, 0, 0, cur_dev, KIND_NONE, 0);
 	pthread_mutex_unlock(&mu);
 	return ret;
+}
+
+/* ---- The driver API. ---- */
+
+#define CTX_BASE 0xc7c0000ULL /* the context of device d is CTX_BASE + 16*d */
+
+static int ctx_device(CUcontext ctx)
+{
+	uint64_t v = (uint64_t)(uintptr_t)ctx;
+	if (v < CTX_BASE || (v - CTX_BASE) % 16 != 0 || (v - CTX_BASE) / 16 >= (uint64_t)ndevices)
+		return -1;
+	return (int)((v - CTX_BASE) / 16);
+}
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+	return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult new_ctx(const char *api, CUcontext *pctx, CUdevice dev, int make_current)
+{
+	CUresult ret = CUDA_SUCCESS;
+
+	pthread_mutex_lock(&mu);
+	if (!pctx)
+		ret = CUDA_ERROR_INVALID_VALUE;
+	else if (dev < 0 || dev >= ndevices)
+		ret = CUDA_ERROR_INVALID_DEVICE;
+	else {
+		*pctx = (CUcontext)(uintptr_t)(CTX_BASE + 16 * (uint64_t)dev);
+		if (make_current)
+			cur_dev = dev;
+	}
+	log_line(api, ret, 0, 0, dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
+	return ret;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	return new_ctx("cuDevicePrimaryCtxRetain", pctx, dev, 0);
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	(void)flags;
+	return new_ctx("cuCtxCreate_v2", pctx, dev, 1);
+}
+
+static CUresult set_ctx(const char *api, CUcontext ctx)
+{
+	CUresult ret = CUDA_SUCCESS;
+	int dev = ctx_device(ctx);
+
+	pthread_mutex_lock(&mu);
+	if (dev < 0)
+		ret = CUDA_ERROR_INVALID_CONTEXT;
+	else
+		cur_dev = dev;
+	log_line(api, ret, 0, 0, dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
+	return ret;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+	return set_ctx("cuCtxSetCurrent", ctx);
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+	return set_ctx("cuCtxPushCurrent_v2", ctx);
+}
+
+/* drv_alloc wraps do_alloc for the driver's (CUdeviceptr *, size) shape. */
+static CUresult drv_alloc(const char *api, enum kind kind, int valid, uint64_t bytes, uint64_t req, CUdeviceptr *out)
+{
+	uint64_t addr;
+	CUresult r = do_alloc(api, kind, valid, bytes, req, &addr);
+	if (r == CUDA_SUCCESS)
+		*out = addr;
+	return r;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	return drv_alloc("cuMemAlloc_v2", KIND_DEVICE, dptr != NULL, bytesize, bytesize, dptr);
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	(void)hStream;
+	return drv_alloc("cuMemAllocAsync", KIND_DEVICE, dptr != NULL, bytesize, bytesize, dptr);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+	(void)hStream;
+	return drv_alloc("cuMemAllocFromPoolAsync", KIND_DEVICE, dptr != NULL && pool != NULL, bytesize, bytesize, dptr);
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+	int valid = dptr != NULL && (flags == cudaMemAttachGlobal || flags == cudaMemAttachHost);
+	return drv_alloc("cuMemAllocManaged", KIND_MANAGED, valid, bytesize, bytesize, dptr);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+				   unsigned int ElementSizeBytes)
+{
+	uint64_t p = round_pitch(WidthInBytes);
+	int valid = dptr != NULL && pPitch != NULL && WidthInBytes != 0 && Height != 0 &&
+		    (ElementSizeBytes == 4 || ElementSizeBytes == 8 || ElementSizeBytes == 16);
+	CUresult r = drv_alloc("cuMemAllocPitch_v2", KIND_DEVICE, valid, sat_mul(p, Height), sat_mul(WidthInBytes, Height),
+			       dptr);
+	if (r == CUDA_SUCCESS)
+		*pPitch = p;
+	return r;
+}
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+	return host_alloc("cuMemAllocHost_v2", pp, bytesize, 0);
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+	return host_alloc("cuMemHostAlloc", pp, bytesize, Flags);
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+	return do_free("cuMemFree_v2", (void *)(uintptr_t)dptr, 1, 0);
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+	(void)hStream;
+	return do_free("cuMemFreeAsync", (void *)(uintptr_t)dptr, 1, 0);
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+	return do_free("cuMemFreeHost", p, 0, 1);
 }
 
 EXPORT void fakecuda_log_marker(const char *name)

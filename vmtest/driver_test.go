@@ -1,0 +1,137 @@
+package vmtest
+
+// The driver API (libcuda.so.1): the stand-in's cuMem* calls and contexts,
+// and NVIDIA's real libcuda. Privileged.
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestDriver: a program that uses the driver alone, on two devices chosen
+// through contexts (retained and made current, created, pushed). The
+// ledger, devices included, matches the stand-in's ground truth exactly.
+func TestDriver(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "driver.trace")
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+		"--lib", fakeDriver, "-o", trace, "--", workload("driver"), "30")
+	rec.finish(t, 45*time.Second)
+
+	want := onlyTruth(t, log, "")
+	if len(want.Devices) != 2 {
+		t.Fatalf("the workload used devices %v, want 0 and 1", want.DeviceList())
+	}
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	checkProcess(t, rep, want, peakSlack(want, 2), "driver")
+	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
+	checkStacks(t, rep, want.PID, workload("driver"), "drv_alloc_device", "work", "thread1")
+	checkStacks(t, rep, want.PID, workload("driver"), "drv_alloc_pinned", "work", "main")
+	if n := len(rep.Failures); n == 0 || rep.Failures[0].Error != "CUDA_ERROR_OUT_OF_MEMORY" {
+		t.Errorf("failures %+v, want CUDA_ERROR_OUT_OF_MEMORY", rep.Failures)
+	}
+}
+
+// TestRealLibcuda: NVIDIA's libcuda.so.1 from Debian non-free exports what
+// the driver table needs, and every probe attaches to it by symbol.
+func TestRealLibcuda(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	const real = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+	if _, err := os.Stat(real); err != nil {
+		skipOrFail(t, "NVIDIA's libcuda.so.1 is not installed (apt-get install libcuda1 from non-free): %v", err)
+	}
+	trace := filepath.Join(dir, "t.trace")
+	if out, err := exec.CommandContext(ctx, tracerBin, "record", "-q", "--lib", real, "-o", trace, "--", "true").CombinedOutput(); err != nil {
+		t.Fatalf("record --lib %s: %v\n%s", real, err, out)
+	}
+	data, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Libraries []struct {
+			Library string   `json:"library"`
+			Symbols []string `json:"symbols"`
+		} `json:"libraries"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Libraries) != 1 {
+		t.Fatalf("libraries %+v, want %s", rep.Libraries, real)
+	}
+	for _, sym := range []string{"cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged",
+		"cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost", "cuMemAllocAsync", "cuMemFreeAsync",
+		"cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxSetCurrent", "cuCtxPushCurrent_v2"} {
+		if !slices.Contains(rep.Libraries[0].Symbols, sym) {
+			t.Errorf("%s not attached in %s: %v", sym, real, rep.Libraries[0].Symbols)
+		}
+	}
+}
+
+// TestNestedRuntimeDriver: a runtime whose cudaMalloc and cudaFree reach the
+// driver on the same thread. Each such call counts once, as the runtime's
+// call from the application's stack; direct driver calls count on their
+// own. The driver stand-in's log holds every allocation once.
+func TestNestedRuntimeDriver(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "nested.trace")
+	const iters = 20
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+		"--lib", nestRuntime, "--lib", fakeDriver, "-o", trace, "--", workload("nested"), "20")
+	rec.finish(t, 45*time.Second)
+
+	want := onlyTruth(t, log, "")
+	if want.Allocs != 2*iters || want.Frees != iters {
+		t.Fatalf("ground truth: %d allocs, %d frees; want %d and %d", want.Allocs, want.Frees, 2*iters, iters)
+	}
+	rep := runReport(t, ctx, trace)
+	checkProcess(t, rep, want, 0, "nested")
+	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
+	checkStacks(t, rep, want.PID, workload("nested"), "alloc_via_runtime", "main")
+	checkStacks(t, rep, want.PID, workload("nested"), "alloc_via_driver", "main")
+
+	// Which API each live allocation is attributed to: the runtime's
+	// are 1000+i bytes, the driver's 5000+i.
+	out, err := exec.CommandContext(ctx, tracerBin, "export", trace, "--format", "json", "-o", "-").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Allocations []struct {
+			API    string `json:"api"`
+			Size   uint64 `json:"size"`
+			Device int    `json:"device"`
+		} `json:"allocations"`
+		Counters map[string]uint64 `json:"counters"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatal(err)
+	}
+	apis := map[string]int{}
+	for _, a := range doc.Allocations {
+		wantAPI := "cudaMalloc"
+		if a.Size >= 5000 {
+			wantAPI = "cuMemAlloc_v2"
+		}
+		if a.API != wantAPI || a.Device != 1 {
+			t.Errorf("allocation of %d bytes: %s on device %d, want %s on device 1", a.Size, a.API, a.Device, wantAPI)
+		}
+		apis[a.API]++
+	}
+	if apis["cudaMalloc"] != iters/2 || apis["cuMemAlloc_v2"] != iters/2 {
+		t.Errorf("live allocations by API %v, want %d of each", apis, iters/2)
+	}
+	// 20 driver allocations and 10 driver frees made inside runtime calls.
+	if n := doc.Counters["nested"]; n != iters+iters/2 {
+		t.Errorf("nested counter %d, want %d", n, iters+iters/2)
+	}
+}

@@ -1,0 +1,115 @@
+/*
+ * driver ITERS: the driver API alone, as JAX/XLA and NCCL use it. Two
+ * threads, each on its own device through a context: thread 0 retains
+ * device 0's primary context and makes it current (cuCtxSetCurrent), thread
+ * 1 creates a context on device 1 (current at once) and later pushes
+ * device 0's. Each allocates through every cuMem* entry point from named
+ * helpers (drv_alloc_device, drv_alloc_pinned), fails once per iteration
+ * (a size over FAKECUDA_MEM_LIMIT: CUDA_ERROR_OUT_OF_MEMORY), and frees
+ * about half of what it made. Built with frame pointers; linked with the
+ * stand-in libcuda.so.1. Exits non-zero when a call the workload expects to
+ * succeed fails.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cuda_decls.h"
+
+static int iters = 20;
+static CUcontext primary0;
+static int bad;
+
+#define CHECK(call)                                                                          \
+	do {                                                                                 \
+		CUresult r_ = (call);                                                        \
+		if (r_ != CUDA_SUCCESS) {                                                    \
+			fprintf(stderr, "driver: %s = %d at line %d\n", #call, r_, __LINE__); \
+			__atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);                       \
+		}                                                                            \
+	} while (0)
+
+__attribute__((noinline)) static CUdeviceptr drv_alloc_device(int i)
+{
+	CUdeviceptr p = 0;
+	size_t pitch = 0;
+	CUmemoryPool pool = (CUmemoryPool)0x1;
+
+	switch (i % 5) {
+	case 0:
+		CHECK(cuMemAlloc_v2(&p, 4096 + 512 * (size_t)i));
+		break;
+	case 1:
+		CHECK(cuMemAllocPitch_v2(&p, &pitch, 1000, 3 + (size_t)i, 4));
+		break;
+	case 2:
+		CHECK(cuMemAllocManaged(&p, 8192, 1));
+		break;
+	case 3:
+		CHECK(cuMemAllocAsync(&p, 65536, NULL));
+		break;
+	case 4:
+		CHECK(cuMemAllocFromPoolAsync(&p, 1 << 20, pool, NULL));
+		break;
+	}
+	return p;
+}
+
+__attribute__((noinline)) static void *drv_alloc_pinned(int i)
+{
+	void *h = NULL;
+	if (i % 2)
+		CHECK(cuMemAllocHost_v2(&h, 2048));
+	else
+		CHECK(cuMemHostAlloc(&h, 3072, 0));
+	return h;
+}
+
+static void work(void)
+{
+	CUdeviceptr keep[64];
+	int n = 0;
+	for (int i = 0; i < iters; i++) {
+		CUdeviceptr p = drv_alloc_device(i);
+		void *h = drv_alloc_pinned(i);
+		CUdeviceptr huge = 0;
+		if (cuMemAlloc_v2(&huge, (size_t)1 << 40) != CUDA_ERROR_OUT_OF_MEMORY)
+			__atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);
+		if (i % 2) {
+			CHECK(i % 4 == 1 ? cuMemFreeAsync(p, NULL) : cuMemFree_v2(p));
+			CHECK(cuMemFreeHost(h));
+		} else if (n < 64) {
+			keep[n++] = p;
+		}
+	}
+	(void)keep;
+}
+
+static void *thread1(void *arg)
+{
+	CUcontext c1;
+	(void)arg;
+	CHECK(cuCtxCreate_v2(&c1, 0, 1));
+	work();
+	CHECK(cuCtxPushCurrent_v2(primary0));
+	work();
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	pthread_t t;
+	if (argc > 1)
+		iters = atoi(argv[1]);
+	CHECK(cuInit(0));
+	CHECK(cuDevicePrimaryCtxRetain(&primary0, 0));
+	CHECK(cuCtxSetCurrent(primary0));
+	if (pthread_create(&t, NULL, thread1, NULL) != 0)
+		return 2;
+	work();
+	pthread_join(t, NULL);
+	printf("driver: iters=%d bad=%d\n", iters, bad);
+	return bad ? 3 : 0;
+}
