@@ -201,7 +201,8 @@ static __always_inline int remember(struct pt_regs *ctx, __u16 shape, __u64 out,
 		.aux2 = aux2,
 		.api = (__u16)bpf_get_attach_cookie(ctx),
 		.shape = shape,
-		.device = current_device(tid),
+		// cuMemCreate says its device; every other call uses the thread's.
+		.device = shape == CT_SHAPE_VMM_CREATE ? (__s32)aux1 : current_device(tid),
 	};
 	if (bpf_map_update_elem(&inflight, &tid, &in, BPF_ANY))
 		count(CT_CNT_INFLIGHT_FULL);
@@ -229,6 +230,18 @@ int ct_3d_enter(struct pt_regs *ctx)
 	__u64 ext[3] = {}; // width, height, depth
 	bpf_probe_read_user(ext, sizeof(ext), (void *)(PT_REGS_SP(ctx) + 8));
 	return remember(ctx, CT_SHAPE_3D, PT_REGS_PARM1(ctx), ext[0], ext[1], ext[2]);
+}
+
+// cuMemCreate's CUmemAllocationProp: type (int), requestedHandleTypes (int),
+// then location {type, id}. Physical memory on a device has location type 1
+// (CU_MEM_LOCATION_TYPE_DEVICE), and id is the device ordinal.
+SEC("uprobe")
+int ct_vmm_create_enter(struct pt_regs *ctx)
+{
+	__s32 loc[2] = {}; // location.type, location.id
+	bpf_probe_read_user(loc, sizeof(loc), (void *)(PT_REGS_PARM3(ctx) + 8));
+	__s64 dev = loc[0] == 1 ? loc[1] : -1;
+	return remember(ctx, CT_SHAPE_VMM_CREATE, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), (__u64)dev, 0);
 }
 
 SEC("uprobe")
@@ -322,6 +335,7 @@ int ct_exit(struct pt_regs *ctx)
 		__u64 addr = 0, pitch = 0;
 		switch (in->shape) {
 		case CT_SHAPE_ALLOC:
+		case CT_SHAPE_VMM_CREATE: // the handle stands for the address
 			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
 			break;
 		case CT_SHAPE_PITCH:

@@ -20,6 +20,9 @@ enum ct_shape {
 	CT_SHAPE_CTX_RETAIN = 5, // (CUcontext *out, CUdevice dev): cuDevicePrimaryCtxRetain
 	CT_SHAPE_CTX_CREATE = 6, // (CUcontext *out, unsigned flags, CUdevice dev): cuCtxCreate, makes it current
 	CT_SHAPE_CTX_SET = 7,    // (CUcontext ctx): cuCtxSetCurrent, cuCtxPushCurrent
+	// (CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop, ...):
+	// cuMemCreate, on the device prop->location names
+	CT_SHAPE_VMM_CREATE = 8,
 };
 
 enum ct_flags {

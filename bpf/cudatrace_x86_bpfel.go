@@ -87,6 +87,7 @@ const (
 	CudatraceProgCtFreeEnter       = "ct_free_enter"
 	CudatraceProgCtPitchEnter      = "ct_pitch_enter"
 	CudatraceProgCtSetdevEnter     = "ct_setdev_enter"
+	CudatraceProgCtVmmCreateEnter  = "ct_vmm_create_enter"
 	CudatraceVarFilterPids         = "filter_pids"
 	CudatraceVarFollowForks        = "follow_forks"
 	CudatraceVarUnusedCtAllocEvent = "unused_ct_alloc_event"
@@ -146,6 +147,7 @@ type CudatraceProgramSpecs struct {
 	CtFreeEnter      *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
 	CtPitchEnter     *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
 	CtSetdevEnter    *ebpf.ProgramSpec `ebpf:"ct_setdev_enter"`
+	CtVmmCreateEnter *ebpf.ProgramSpec `ebpf:"ct_vmm_create_enter"`
 }
 
 // CudatraceMapSpecs contains maps before they are loaded into the kernel.
@@ -243,6 +245,7 @@ type CudatracePrograms struct {
 	CtFreeEnter      *ebpf.Program `ebpf:"ct_free_enter"`
 	CtPitchEnter     *ebpf.Program `ebpf:"ct_pitch_enter"`
 	CtSetdevEnter    *ebpf.Program `ebpf:"ct_setdev_enter"`
+	CtVmmCreateEnter *ebpf.Program `ebpf:"ct_vmm_create_enter"`
 }
 
 func (p *CudatracePrograms) Close() error {
@@ -258,6 +261,7 @@ func (p *CudatracePrograms) Close() error {
 		p.CtFreeEnter,
 		p.CtPitchEnter,
 		p.CtSetdevEnter,
+		p.CtVmmCreateEnter,
 	)
 }
 

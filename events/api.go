@@ -85,6 +85,8 @@ const (
 	CuCtxCreate
 	CuCtxSetCurrent
 	CuCtxPushCurrent
+	CuMemCreate
+	CuMemRelease
 	apiEnd
 )
 
@@ -126,6 +128,10 @@ var apis = [apiEnd]APIInfo{
 	CuCtxCreate:              {"cuCtxCreate_v2", OpSetDevice, 0, LayerDriver},
 	CuCtxSetCurrent:          {"cuCtxSetCurrent", OpSetDevice, 0, LayerDriver},
 	CuCtxPushCurrent:         {"cuCtxPushCurrent_v2", OpSetDevice, 0, LayerDriver},
+	// VMM physical memory, counted from its creation on the device its
+	// properties name to its release; Addr is the allocation handle.
+	CuMemCreate:  {"cuMemCreate", OpAlloc, KindDevice, LayerDriver},
+	CuMemRelease: {"cuMemRelease", OpFree, KindDevice, LayerDriver},
 }
 
 // Info returns what is known of a; unknown ids (a newer trace file) get a

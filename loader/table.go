@@ -18,6 +18,7 @@ const (
 	ShapeCtxRetain                  // (CUcontext *out, CUdevice dev)
 	ShapeCtxCreate                  // (CUcontext *out, unsigned flags, CUdevice dev), made current
 	ShapeCtxSet                     // (CUcontext ctx), made current
+	ShapeVMMCreate                  // (handle *out, size_t size, const CUmemAllocationProp *prop, ...)
 )
 
 // Probe is one row of the attach table: adding an API is adding a row.
@@ -66,6 +67,8 @@ var DriverProbes = []Probe{
 	{"cuCtxCreate_v2", events.CuCtxCreate, ShapeCtxCreate, false},
 	{"cuCtxSetCurrent", events.CuCtxSetCurrent, ShapeCtxSet, false},
 	{"cuCtxPushCurrent_v2", events.CuCtxPushCurrent, ShapeCtxSet, false},
+	{"cuMemCreate", events.CuMemCreate, ShapeVMMCreate, false},
+	{"cuMemRelease", events.CuMemRelease, ShapeFree, false},
 }
 
 // Tables lists every attach table. A library is probed with each table of

@@ -213,6 +213,8 @@ func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) 
 		enter, exit = t.objs.CtCtxcreateEnter, t.objs.CtCtxExit
 	case ShapeCtxSet:
 		enter, ret = t.objs.CtCtxsetEnter, false
+	case ShapeVMMCreate:
+		enter = t.objs.CtVmmCreateEnter
 	default:
 		return nil, fmt.Errorf("unknown shape %d", p.Shape)
 	}

@@ -58,10 +58,11 @@ var allocKinds = map[string]string{
 	"cuMemHostAlloc":          "host",
 	"cuMemAllocAsync":         "device",
 	"cuMemAllocFromPoolAsync": "device",
+	"cuMemCreate":             "device",
 }
 
 var freeAPIs = map[string]bool{"cudaFree": true, "cudaFreeAsync": true, "cudaFreeHost": true,
-	"cuMemFree_v2": true, "cuMemFreeAsync": true, "cuMemFreeHost": true}
+	"cuMemFree_v2": true, "cuMemFreeAsync": true, "cuMemFreeHost": true, "cuMemRelease": true}
 
 // directSizeAPIs take the allocation's size as an argument, so a tracer
 // knows the size asked for even when the call fails.
@@ -69,7 +70,7 @@ var directSizeAPIs = map[string]bool{
 	"cudaMalloc": true, "cudaMallocAsync": true, "cudaMallocFromPoolAsync": true,
 	"cudaMallocManaged": true, "cudaMallocHost": true, "cudaHostAlloc": true,
 	"cuMemAlloc_v2": true, "cuMemAllocManaged": true, "cuMemAllocHost_v2": true, "cuMemHostAlloc": true,
-	"cuMemAllocAsync": true, "cuMemAllocFromPoolAsync": true,
+	"cuMemAllocAsync": true, "cuMemAllocFromPoolAsync": true, "cuMemCreate": true,
 }
 
 // cudaErrorNames names the codes the tests meet, written apart from the

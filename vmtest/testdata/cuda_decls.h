@@ -70,6 +70,23 @@ enum {
 	CUDA_ERROR_INVALID_CONTEXT = 201,
 };
 
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+	int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+	int id;
+} CUmemLocation;
+typedef struct {
+	int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+	int requestedHandleTypes; /* CUmemAllocationHandleType */
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	struct {
+		unsigned char compressionType, gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+} CUmemAllocationProp;
+
 CUresult cuInit(unsigned int flags);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
@@ -86,5 +103,8 @@ CUresult cuMemFreeHost(void *p);
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+		     unsigned long long flags);
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
 
 #endif

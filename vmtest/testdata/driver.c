@@ -6,7 +6,9 @@
  * device 0's. Each allocates through every cuMem* entry point from named
  * helpers (drv_alloc_device, drv_alloc_pinned), fails once per iteration
  * (a size over FAKECUDA_MEM_LIMIT: CUDA_ERROR_OUT_OF_MEMORY), and frees
- * about half of what it made. Built with frame pointers; linked with the
+ * about half of what it made. Thread 0 also creates VMM physical memory on
+ * device 1 (cuMemCreate names its device in its properties, whatever the
+ * current context) and releases every other one. Built with frame pointers; linked with the
  * stand-in libcuda.so.1. Exits non-zero when a call the workload expects to
  * succeed fails.
  */
@@ -67,6 +69,14 @@ __attribute__((noinline)) static void *drv_alloc_pinned(int i)
 	return h;
 }
 
+__attribute__((noinline)) static CUmemGenericAllocationHandle drv_vmm_create(int dev, size_t size)
+{
+	CUmemAllocationProp prop = {.type = 1, .location = {.type = 1, .id = dev}};
+	CUmemGenericAllocationHandle h = 0;
+	CHECK(cuMemCreate(&h, size, &prop, 0));
+	return h;
+}
+
 static void work(void)
 {
 	CUdeviceptr keep[64];
@@ -109,6 +119,11 @@ int main(int argc, char **argv)
 	if (pthread_create(&t, NULL, thread1, NULL) != 0)
 		return 2;
 	work();
+	for (int i = 0; i < iters; i++) {
+		CUmemGenericAllocationHandle h = drv_vmm_create(1, (size_t)2 << 20);
+		if (i % 2)
+			CHECK(cuMemRelease(h));
+	}
 	pthread_join(t, NULL);
 	printf("driver: iters=%d bad=%d\n", iters, bad);
 	return bad ? 3 : 0;

@@ -277,12 +277,11 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
  * UINT64_MAX for invalid/overflowing requests), req: what was asked for.
  * On success stores the address in *addr_out; otherwise touches nothing.
  */
-static cudaError_t do_alloc(const char *api, enum kind kind, int valid, uint64_t bytes, uint64_t req,
-			    uint64_t *addr_out)
+static cudaError_t do_alloc_on(const char *api, int dev, enum kind kind, int valid, uint64_t bytes, uint64_t req,
+			       uint64_t *addr_out)
 {
 	cudaError_t ret = cudaSuccess;
 	uint64_t addr = 0;
-	int dev = cur_dev;
 	struct arena *a = kind == KIND_DEVICE ? &dev_arena[dev] : kind == KIND_MANAGED ? &managed_arena : &host_arena;
 
 	pthread_mutex_lock(&mu);
@@ -312,6 +311,12 @@ static cudaError_t do_alloc(const char *api, enum kind kind, int valid, uint64_t
 	log_line(api, ret, addr, ret == cudaSuccess ? bytes : 0, dev, kind, req);
 	pthread_mutex_unlock(&mu);
 	return set_err(ret);
+}
+
+static cudaError_t do_alloc(const char *api, enum kind kind, int valid, uint64_t bytes, uint64_t req,
+			    uint64_t *addr_out)
+{
+	return do_alloc_on(api, cur_dev, kind, valid, bytes, req, addr_out);
 }
 
 /* Frees ptr if it is a live allocation of one of the kinds allowed. */
@@ -637,6 +642,29 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 EXPORT CUresult cuMemFreeHost(void *p)
 {
 	return do_free("cuMemFreeHost", p, 0, 1);
+}
+
+/*
+ * Virtual memory management: physical memory is created on the device its
+ * properties name (location.type 1 is CU_MEM_LOCATION_TYPE_DEVICE); the
+ * handle returned is the stand-in's address for it.
+ */
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+			    unsigned long long flags)
+{
+	int valid = handle != NULL && prop != NULL && flags == 0 && prop->location.type == 1 &&
+		    prop->location.id >= 0 && prop->location.id < ndevices;
+	int dev = valid ? prop->location.id : cur_dev;
+	uint64_t addr;
+	CUresult r = do_alloc_on("cuMemCreate", dev, KIND_DEVICE, valid, size, size, &addr);
+	if (r == CUDA_SUCCESS)
+		*handle = addr;
+	return r;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+	return do_free("cuMemRelease", (void *)(uintptr_t)handle, 1, 0);
 }
 
 EXPORT void fakecuda_log_marker(const char *name)
