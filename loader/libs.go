@@ -3,6 +3,7 @@ package loader
 import (
 	"bufio"
 	"bytes"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -172,4 +173,31 @@ func parseLdconfig(out []byte) []string {
 		}
 	}
 	return paths
+}
+
+// ExportsCUDA reports whether the ELF file at path defines one of the
+// functions the attach tables probe: a program with the CUDA runtime linked
+// statically is probed like libcudart itself. Unreadable or non-ELF files
+// define nothing.
+func ExportsCUDA(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	want := map[string]bool{}
+	for _, t := range Tables {
+		for _, p := range t.Probes {
+			want[p.Symbol] = true
+		}
+	}
+	for _, get := range []func() ([]elf.Symbol, error){f.Symbols, f.DynamicSymbols} {
+		syms, _ := get()
+		for _, s := range syms {
+			if want[s.Name] && s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+				return true
+			}
+		}
+	}
+	return false
 }

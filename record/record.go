@@ -10,6 +10,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -200,10 +202,22 @@ func findLibraries(opts *Options) ([]loader.Library, error) {
 		return ls.List(), nil
 	}
 	var searched []string
+	// A program with the runtime linked in: its own executable is probed.
+	if len(opts.Command) > 0 {
+		if exe, err := exec.LookPath(opts.Command[0]); err == nil && loader.ExportsCUDA(exe) {
+			if _, err := ls.Add(exe); err != nil {
+				return nil, err
+			}
+		}
+	}
 	for _, pid := range opts.PIDs {
 		paths, err := loader.FromProcess(pid)
 		if err != nil {
 			return nil, err
+		}
+		// /proc/PID/exe opens the executable itself, in a container too.
+		if exe := filepath.Join(proc.Root, strconv.Itoa(pid), "exe"); loader.ExportsCUDA(exe) {
+			paths = append(paths, exe)
 		}
 		searched = append(searched, fmt.Sprintf("/proc/%d/maps", pid))
 		if len(paths) == 0 {

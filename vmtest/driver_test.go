@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -133,5 +134,104 @@ func TestNestedRuntimeDriver(t *testing.T) {
 	// 20 driver allocations and 10 driver frees made inside runtime calls.
 	if n := doc.Counters["nested"]; n != iters+iters/2 {
 		t.Errorf("nested counter %d, want %d", n, iters+iters/2)
+	}
+}
+
+// TestStaticRuntime: a program with the runtime linked in, launched without
+// --lib: its own executable is found and probed.
+func TestStaticRuntime(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "static.trace")
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, "-o", trace, "--", workload("mix_static"), "2", "60", "5")
+	rec.finish(t, 45*time.Second)
+
+	want := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	checkProcess(t, rep, want, peakSlack(want, 2), "mix_static")
+	// The stacks run through the executable's own (mix.c) functions.
+	inExe := false
+	for _, st := range rep.Stacks {
+		for _, f := range st.Frames {
+			inExe = inExe || (f.Function == "alloc_device_buffer" && f.Module == workload("mix_static"))
+		}
+	}
+	if !inExe {
+		t.Errorf("no stack through alloc_device_buffer in %s", workload("mix_static"))
+	}
+
+	data, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var libs struct {
+		Libraries []struct {
+			Library string `json:"library"`
+		} `json:"libraries"`
+	}
+	if err := json.Unmarshal(data, &libs); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, l := range libs.Libraries {
+		found = found || l.Library == workload("mix_static")
+	}
+	if !found {
+		t.Errorf("the executable is not among the libraries probed: %+v", libs.Libraries)
+	}
+}
+
+// TestLibraryCopies: a symlink to a library is the same file and is probed
+// once; a copy at another path is another file, probed on its own, and a
+// process that loads the copy is traced through it.
+func TestLibraryCopies(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	copyDir := filepath.Join(dir, "venv")
+	if err := os.MkdirAll(copyDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(fakeLib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyLib := filepath.Join(copyDir, "libcudart.so.12")
+	if err := os.WriteFile(copyLib, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "libcudart-link.so.12")
+	if err := os.Symlink(fakeLib, link); err != nil {
+		t.Fatal(err)
+	}
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "copies.trace")
+	// The workload's RUNPATH names the original; LD_LIBRARY_PATH comes first.
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, "LD_LIBRARY_PATH="+copyDir)},
+		"--lib", fakeLib, "--lib", link, "--lib", copyLib, "-o", trace, "--", workload("mix"), "1", "40", "9")
+	rec.finish(t, 45*time.Second)
+
+	want := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	checkProcess(t, rep, want, peakSlack(want, 1), "mix")
+
+	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var libs struct {
+		Libraries []struct {
+			Library string `json:"library"`
+		} `json:"libraries"`
+	}
+	if err := json.Unmarshal(out, &libs); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range libs.Libraries {
+		got = append(got, l.Library)
+	}
+	if !slices.Equal(got, []string{fakeLib, copyLib}) {
+		t.Errorf("libraries probed %q, want the original once and the copy", got)
+	}
+	maps, err := os.ReadFile(filepath.Join(dir, "copies.trace"))
+	if err != nil || !strings.Contains(string(maps), copyLib) {
+		t.Errorf("the trace does not show the copy mapped by the workload (%v)", err)
 	}
 }

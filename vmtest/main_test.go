@@ -157,6 +157,16 @@ func buildStandIns(dir string) {
 		nestRuntime, fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return
 	}
+	// mix with the runtime stand-in linked into the executable, as a
+	// program built with cudart_static is.
+	rtObj := filepath.Join(dir, "fakecudart.o")
+	if cBuildErr = gcc("-c", "-O2", "-fomit-frame-pointer", "-pthread", "-Wall", "-o", rtObj, src("fakecudart.c")); cBuildErr != nil {
+		return
+	}
+	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall", "-o", workload("mix_static"),
+		src("mix.c"), rtObj); cBuildErr != nil {
+		return
+	}
 	for _, prog := range []string{"mix", "attach_later", "shortlived", "faketest"} {
 		if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall",
 			"-o", workload(prog), src(prog+".c"),
