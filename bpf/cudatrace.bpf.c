@@ -22,6 +22,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 // Emit the record types into BTF so bpf2go generates their Go twins.
 const struct ct_alloc_event *unused_ct_alloc_event __attribute__((unused));
+const struct ct_usdt_spec *unused_ct_usdt_spec __attribute__((unused));
 
 // Set from Go before load (spec.Variables).
 const volatile __u8 filter_pids = 0;         // 1: only processes in `pids`
@@ -115,6 +116,13 @@ struct {
 } last_free SEC(".maps");
 
 #define CT_NESTED_FREE_NS 1000000
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CT_USDT_MAX_SPECS);
+	__type(key, __u32); // the attach cookie
+	__type(value, struct ct_usdt_spec);
+} usdt_specs SEC(".maps");
 
 // Processes that already had a record: their first one wakes the reader at
 // once so it can read /proc/PID/maps before a short-lived process is gone.
@@ -429,6 +437,93 @@ int ct_ctxset_enter(struct pt_regs *ctx)
 		__s32 d = *dev;
 		bpf_map_update_elem(&thread_dev, &tid, &d, BPF_ANY);
 	}
+	return 0;
+}
+
+// usdt_arg fetches one USDT argument as its spec says, truncated to its
+// size and sign-extended when signed.
+static __always_inline __u64 usdt_arg(struct pt_regs *ctx, const struct ct_usdt_arg *a)
+{
+	__u64 v = 0, base = 0;
+
+	switch (a->kind) {
+	case CT_USDT_ARG_CONST:
+		v = (__u64)a->val;
+		break;
+	case CT_USDT_ARG_REG:
+		bpf_probe_read_kernel(&v, sizeof(v), (void *)ctx + (a->reg_off & 0xff));
+		break;
+	case CT_USDT_ARG_MEM:
+		bpf_probe_read_kernel(&base, sizeof(base), (void *)ctx + (a->reg_off & 0xff));
+		bpf_probe_read_user(&v, sizeof(v), (void *)(base + a->val));
+		break;
+	default:
+		return 0;
+	}
+	int size = a->size < 0 ? -a->size : a->size;
+	if (size > 0 && size < 8) {
+		int shift = 64 - 8 * size;
+		v <<= shift;
+		v = a->size < 0 ? (__u64)((__s64)v >> shift) : v >> shift;
+	}
+	return v;
+}
+
+// PyTorch's caching allocator: pytorch:malloc(ptr, device, size, stream)
+// when a tensor gets memory, pytorch:free(ptr) when it gives it back. These
+// are tensor-level events, beside the segments cudaMalloc makes.
+SEC("uprobe")
+int ct_usdt(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	__u32 key = (__u32)bpf_get_attach_cookie(ctx);
+	struct ct_usdt_spec *spec = bpf_map_lookup_elem(&usdt_specs, &key);
+	if (!spec)
+		return 0;
+	__u64 ptr = usdt_arg(ctx, &spec->args[0]);
+	if (spec->is_free) {
+		struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+		if (!e) {
+			count(CT_CNT_RB_FULL);
+			return 0;
+		}
+		e->ts_ns = bpf_ktime_get_boot_ns();
+		e->dur_ns = 0;
+		e->addr = ptr;
+		e->size = 0;
+		e->device = current_device((__u32)id);
+		e->result = 0;
+		e->api = spec->api;
+		e->flags = CT_F_ENTRY_ONLY;
+		e->nframes = 0;
+		fill_common(e, id);
+		count(CT_CNT_EVENTS);
+		bpf_ringbuf_submit(e, wakeup_flags(id >> 32));
+		return 0;
+	}
+	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(CT_CNT_RB_FULL);
+		return 0;
+	}
+	e->h.ts_ns = bpf_ktime_get_boot_ns();
+	e->h.dur_ns = 0;
+	e->h.addr = ptr;
+	e->h.device = (__s32)usdt_arg(ctx, &spec->args[1]);
+	e->h.size = usdt_arg(ctx, &spec->args[2]);
+	e->h.result = 0;
+	e->h.api = spec->api;
+	e->h.flags = CT_F_ENTRY_ONLY;
+	fill_common(&e->h, id);
+	// The probe sits in the allocator's function body, past its prologue:
+	// the frame-pointer chain starts at its caller's frame.
+	e->h.nframes = user_stack(ctx, e->stack);
+	if (e->h.nframes == CT_MAX_FRAMES)
+		e->h.flags |= CT_F_STACK_TRUNC;
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(id >> 32));
 	return 0;
 }
 

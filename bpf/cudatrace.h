@@ -42,6 +42,36 @@ enum ct_counter {
 	CT_CNT_MAX = 7,
 };
 
+// USDT probes (PyTorch's pytorch:malloc / pytorch:free): each attached probe
+// site has a spec, found by its attach cookie in the usdt_specs array, that
+// says where its arguments are, parsed from the ELF note's argument string
+// ("-8@%rax 8@-24(%rbp) -4@$1").
+#define CT_USDT_MAX_ARGS 4
+#define CT_USDT_MAX_SPECS 256
+
+enum ct_usdt_arg_kind {
+	CT_USDT_ARG_NONE = 0,
+	CT_USDT_ARG_CONST = 1, // val
+	CT_USDT_ARG_REG = 2,   // the register at reg_off in struct pt_regs
+	CT_USDT_ARG_MEM = 3,   // memory at the register's value + val
+};
+
+struct ct_usdt_arg {
+	__u8 kind;
+	__s8 size; // bytes, negative when signed
+	__u16 reg_off;
+	__u32 pad;
+	__s64 val;
+};
+
+struct ct_usdt_spec {
+	__u16 api;     // events.API: what the probe reports
+	__u16 nargs;
+	__u16 is_free; // 1: (ptr), a free; 0: (ptr, device, size, ...), an allocation
+	__u16 pad;
+	struct ct_usdt_arg args[CT_USDT_MAX_ARGS];
+};
+
 // Header of every record in the ring buffer. Allocation records carry
 // stack[nframes] after it; free records carry nothing more.
 struct ct_event {

@@ -35,6 +35,22 @@ type CudatraceCtEvent struct {
 	Comm    [16]int8
 }
 
+type CudatraceCtUsdtSpec struct {
+	_      structs.HostLayout
+	Api    uint16
+	Nargs  uint16
+	IsFree uint16
+	Pad    uint16
+	Args   [4]struct {
+		_      structs.HostLayout
+		Kind   uint8
+		Size   int8
+		RegOff uint16
+		Pad    uint32
+		Val    int64
+	}
+}
+
 type CudatraceCtxCall struct {
 	_           structs.HostLayout
 	Out         uint64
@@ -76,6 +92,7 @@ const (
 	CudatraceMapPids               = "pids"
 	CudatraceMapSeen               = "seen"
 	CudatraceMapThreadDev          = "thread_dev"
+	CudatraceMapUsdtSpecs          = "usdt_specs"
 	CudatraceProgCt3dEnter         = "ct_3d_enter"
 	CudatraceProgCtAllocEnter      = "ct_alloc_enter"
 	CudatraceProgCtCtxExit         = "ct_ctx_exit"
@@ -87,10 +104,12 @@ const (
 	CudatraceProgCtFreeEnter       = "ct_free_enter"
 	CudatraceProgCtPitchEnter      = "ct_pitch_enter"
 	CudatraceProgCtSetdevEnter     = "ct_setdev_enter"
+	CudatraceProgCtUsdt            = "ct_usdt"
 	CudatraceProgCtVmmCreateEnter  = "ct_vmm_create_enter"
 	CudatraceVarFilterPids         = "filter_pids"
 	CudatraceVarFollowForks        = "follow_forks"
 	CudatraceVarUnusedCtAllocEvent = "unused_ct_alloc_event"
+	CudatraceVarUnusedCtUsdtSpec   = "unused_ct_usdt_spec"
 	CudatraceVarWakeupBytes        = "wakeup_bytes"
 )
 
@@ -147,6 +166,7 @@ type CudatraceProgramSpecs struct {
 	CtFreeEnter      *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
 	CtPitchEnter     *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
 	CtSetdevEnter    *ebpf.ProgramSpec `ebpf:"ct_setdev_enter"`
+	CtUsdt           *ebpf.ProgramSpec `ebpf:"ct_usdt"`
 	CtVmmCreateEnter *ebpf.ProgramSpec `ebpf:"ct_vmm_create_enter"`
 }
 
@@ -163,6 +183,7 @@ type CudatraceMapSpecs struct {
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
 	Seen        *ebpf.MapSpec `ebpf:"seen"`
 	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
+	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
 }
 
 // CudatraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -172,6 +193,7 @@ type CudatraceVariableSpecs struct {
 	FilterPids         *ebpf.VariableSpec `ebpf:"filter_pids"`
 	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
 	UnusedCtAllocEvent *ebpf.VariableSpec `ebpf:"unused_ct_alloc_event"`
+	UnusedCtUsdtSpec   *ebpf.VariableSpec `ebpf:"unused_ct_usdt_spec"`
 	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
@@ -204,6 +226,7 @@ type CudatraceMaps struct {
 	Pids        *ebpf.Map `ebpf:"pids"`
 	Seen        *ebpf.Map `ebpf:"seen"`
 	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
+	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
 }
 
 func (m *CudatraceMaps) Close() error {
@@ -217,6 +240,7 @@ func (m *CudatraceMaps) Close() error {
 		m.Pids,
 		m.Seen,
 		m.ThreadDev,
+		m.UsdtSpecs,
 	)
 }
 
@@ -227,6 +251,7 @@ type CudatraceVariables struct {
 	FilterPids         *ebpf.Variable `ebpf:"filter_pids"`
 	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
 	UnusedCtAllocEvent *ebpf.Variable `ebpf:"unused_ct_alloc_event"`
+	UnusedCtUsdtSpec   *ebpf.Variable `ebpf:"unused_ct_usdt_spec"`
 	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
@@ -245,6 +270,7 @@ type CudatracePrograms struct {
 	CtFreeEnter      *ebpf.Program `ebpf:"ct_free_enter"`
 	CtPitchEnter     *ebpf.Program `ebpf:"ct_pitch_enter"`
 	CtSetdevEnter    *ebpf.Program `ebpf:"ct_setdev_enter"`
+	CtUsdt           *ebpf.Program `ebpf:"ct_usdt"`
 	CtVmmCreateEnter *ebpf.Program `ebpf:"ct_vmm_create_enter"`
 }
 
@@ -261,6 +287,7 @@ func (p *CudatracePrograms) Close() error {
 		p.CtFreeEnter,
 		p.CtPitchEnter,
 		p.CtSetdevEnter,
+		p.CtUsdt,
 		p.CtVmmCreateEnter,
 	)
 }

@@ -45,6 +45,7 @@ type Layer uint8
 const (
 	LayerRuntime Layer = iota + 1 // libcudart
 	LayerDriver                   // libcuda
+	LayerTensor                   // a framework's allocator (PyTorch's USDT probes)
 )
 
 func (l Layer) String() string {
@@ -53,6 +54,8 @@ func (l Layer) String() string {
 		return "runtime"
 	case LayerDriver:
 		return "driver"
+	case LayerTensor:
+		return "tensor"
 	}
 	return "unknown"
 }
@@ -87,6 +90,8 @@ const (
 	CuCtxPushCurrent
 	CuMemCreate
 	CuMemRelease
+	TorchMalloc
+	TorchFree
 	apiEnd
 )
 
@@ -132,6 +137,10 @@ var apis = [apiEnd]APIInfo{
 	// properties name to its release; Addr is the allocation handle.
 	CuMemCreate:  {"cuMemCreate", OpAlloc, KindDevice, LayerDriver},
 	CuMemRelease: {"cuMemRelease", OpFree, KindDevice, LayerDriver},
+	// Tensors: blocks PyTorch's caching allocator hands out of the segments
+	// it got from cudaMalloc. A second level, accounted apart.
+	TorchMalloc: {"pytorch:malloc", OpAlloc, KindDevice, LayerTensor},
+	TorchFree:   {"pytorch:free", OpFree, KindDevice, LayerTensor},
 }
 
 // Info returns what is known of a; unknown ids (a newer trace file) get a
@@ -144,6 +153,14 @@ func (a API) Info() APIInfo {
 }
 
 func (a API) String() string { return a.Info().Name }
+
+// Segment reports whether the memory a's calls handle counts in a process's
+// Live and Peak: GPU memory from the runtime or the driver. Pinned host
+// memory is counted apart, and tensors are a level of their own.
+func (a API) Segment() bool {
+	info := a.Info()
+	return (info.Op == OpAlloc || info.Op == OpFree) && info.Kind != KindHost && info.Layer != LayerTensor
+}
 
 // APIByName finds an API by its C symbol name.
 func APIByName(name string) (API, bool) {

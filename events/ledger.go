@@ -40,15 +40,27 @@ type Process struct {
 	PeakTime           uint64 // when Peak was reached (boot ns)
 	HostLive, HostPeak uint64 // pinned host memory
 
+	// Tensors, the second level: blocks a framework's allocator hands out
+	// of its segments (PyTorch's pytorch:malloc / pytorch:free), as
+	// torch.cuda.memory_allocated counts them. Segments are what the fields
+	// above count, as memory_reserved does.
+	TensorAllocs, TensorFrees uint64
+	TensorAllocBytes          uint64
+	TensorLive, TensorPeak    uint64
+	TensorPeakTime            uint64
+	UnknownTensorFrees        uint64
+
 	Devices  map[int32]*Device
 	Failures []Failure // the first Ledger.MaxFailures failed calls
 	live     map[uint64]*Allocation
+	tensors  map[uint64]*Allocation
 }
 
 // Device is one process's use of one GPU.
 type Device struct {
-	Device     int32
-	Live, Peak uint64
+	Device                 int32
+	Live, Peak             uint64
+	TensorLive, TensorPeak uint64
 }
 
 // Allocation is a live allocation.
@@ -75,6 +87,7 @@ type Failure struct {
 // Stack aggregates the allocations made from one call stack of one process.
 type Stack struct {
 	PID        uint32
+	Tensor     bool // the stack of tensor allocations (a framework's allocator)
 	Frames     []uint64
 	Allocs     uint64
 	AllocBytes uint64
@@ -83,9 +96,10 @@ type Stack struct {
 }
 
 type stackKey struct {
-	pid  uint32
-	hash uint64
-	n    int
+	pid    uint32
+	hash   uint64
+	n      int
+	tensor bool
 }
 
 // DefaultMaxFailures bounds the failures kept per process: a job retrying a
@@ -106,7 +120,8 @@ func NewLedger() *Ledger {
 func (l *Ledger) proc(pid uint32, comm string) *Process {
 	p := l.procs[pid]
 	if p == nil {
-		p = &Process{PID: pid, Devices: make(map[int32]*Device), live: make(map[uint64]*Allocation)}
+		p = &Process{PID: pid, Devices: make(map[int32]*Device), live: make(map[uint64]*Allocation),
+			tensors: make(map[uint64]*Allocation)}
 		l.procs[pid] = p
 	}
 	if comm != "" {
@@ -124,21 +139,27 @@ func (p *Process) device(d int32) *Device {
 	return dv
 }
 
-func (l *Ledger) stack(pid uint32, frames []uint64) *Stack {
+func (l *Ledger) stack(pid uint32, frames []uint64, tensor bool) *Stack {
 	key := l.key(pid, frames)
+	key.tensor = tensor
 	s := l.stacks[key]
 	if s == nil {
 		// Copy: the caller's slice is a reused decode buffer.
-		s = &Stack{PID: pid, Frames: append([]uint64(nil), frames...)}
+		s = &Stack{PID: pid, Frames: append([]uint64(nil), frames...), Tensor: tensor}
 		l.stacks[key] = s
 	}
 	return s
 }
 
-// StackOf returns the ledger's aggregate for pid's stack frames, or nil if
-// no allocation came from it. Readers use it to attach what they know of a
-// stack (the process's mappings at the time) to the aggregate.
-func (l *Ledger) StackOf(pid uint32, frames []uint64) *Stack { return l.stacks[l.key(pid, frames)] }
+// StackOf returns the ledger's aggregate for pid's stack frames (of
+// tensor allocations, or of the others), or nil if no allocation came from
+// it. Readers use it to attach what they know of a stack (the process's
+// mappings at the time) to the aggregate.
+func (l *Ledger) StackOf(pid uint32, frames []uint64, tensor bool) *Stack {
+	key := l.key(pid, frames)
+	key.tensor = tensor
+	return l.stacks[key]
+}
 
 func (l *Ledger) key(pid uint32, frames []uint64) stackKey {
 	var h maphash.Hash
@@ -178,7 +199,10 @@ func (l *Ledger) Apply(ev *Event) Change {
 
 func (l *Ledger) alloc(ev *Event, info APIInfo) Change {
 	p := l.proc(ev.PID, ev.Comm)
-	st := l.stack(ev.PID, ev.Stack)
+	if info.Layer == LayerTensor {
+		return l.tensorAlloc(p, ev)
+	}
+	st := l.stack(ev.PID, ev.Stack, false)
 	ch := Change{Process: p, Stack: st}
 	if !ev.OK() {
 		p.Failed++
@@ -220,6 +244,9 @@ func (l *Ledger) alloc(ev *Event, info APIInfo) Change {
 
 func (l *Ledger) free(ev *Event) Change {
 	p := l.proc(ev.PID, ev.Comm)
+	if ev.API.Info().Layer == LayerTensor {
+		return p.tensorFree(ev)
+	}
 	a := p.live[ev.Addr]
 	if a == nil {
 		p.UnknownFrees++
@@ -228,6 +255,52 @@ func (l *Ledger) free(ev *Event) Change {
 	p.Frees++
 	p.release(a)
 	return Change{Process: p, Freed: a}
+}
+
+func (l *Ledger) tensorAlloc(p *Process, ev *Event) Change {
+	st := l.stack(ev.PID, ev.Stack, true)
+	ch := Change{Process: p, Stack: st}
+	p.TensorAllocs++
+	p.TensorAllocBytes += ev.Size
+	st.Allocs++
+	st.AllocBytes += ev.Size
+	if old := p.tensors[ev.Addr]; old != nil {
+		p.tensorRelease(old)
+		ch.Freed = old
+	}
+	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st}
+	ch.Alloc = a
+	p.tensors[ev.Addr] = a
+	st.Live += a.Size
+	st.LiveCount++
+	p.TensorLive += a.Size
+	if p.TensorLive > p.TensorPeak {
+		p.TensorPeak = p.TensorLive
+		p.TensorPeakTime = a.Time
+	}
+	d := p.device(a.Device)
+	d.TensorLive += a.Size
+	d.TensorPeak = max(d.TensorPeak, d.TensorLive)
+	return ch
+}
+
+func (p *Process) tensorFree(ev *Event) Change {
+	a := p.tensors[ev.Addr]
+	if a == nil {
+		p.UnknownTensorFrees++
+		return Change{Process: p}
+	}
+	p.TensorFrees++
+	p.tensorRelease(a)
+	return Change{Process: p, Freed: a}
+}
+
+func (p *Process) tensorRelease(a *Allocation) {
+	delete(p.tensors, a.Addr)
+	a.Stack.Live -= a.Size
+	a.Stack.LiveCount--
+	p.TensorLive -= a.Size
+	p.device(a.Device).TensorLive -= a.Size
 }
 
 // release removes a from the live set and every total it counts in.
@@ -271,10 +344,16 @@ func (l *Ledger) Stacks() []*Stack {
 	return out
 }
 
-// LiveAllocations returns p's live allocations by address.
-func (p *Process) LiveAllocations() []*Allocation {
-	out := make([]*Allocation, 0, len(p.live))
-	for _, a := range p.live {
+// LiveTensors returns p's live tensor allocations by address.
+func (p *Process) LiveTensors() []*Allocation { return byAddress(p.tensors) }
+
+// LiveAllocations returns p's live allocations by address (segments: the
+// runtime's and the driver's).
+func (p *Process) LiveAllocations() []*Allocation { return byAddress(p.live) }
+
+func byAddress(m map[uint64]*Allocation) []*Allocation {
+	out := make([]*Allocation, 0, len(m))
+	for _, a := range m {
 		out = append(out, a)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Addr < out[j].Addr })

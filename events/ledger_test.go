@@ -126,3 +126,39 @@ func TestLedgerChange(t *testing.T) {
 		t.Errorf("set device: %+v", ch)
 	}
 }
+
+// Tensors are a level of their own: their bytes never mix with the
+// segments they are cut from, and their addresses (inside a segment) do not
+// collide with the segment's.
+func TestLedgerTensors(t *testing.T) {
+	l := NewLedger()
+	l.Apply(alloc(1, CudaMalloc, 0x1000, 2<<20, 0, 0xa))
+	ch := l.Apply(alloc(1, TorchMalloc, 0x1000, 100, 0, 0xb)) // at the segment's own address
+	if ch.Alloc == nil || ch.Freed != nil || ch.Stack == nil || !ch.Stack.Tensor {
+		t.Fatalf("tensor alloc: %+v", ch)
+	}
+	l.Apply(alloc(1, TorchMalloc, 0x1200, 300, 1, 0xb))
+	l.Apply(free(1, TorchFree, 0x1000))
+	l.Apply(free(1, TorchFree, 0x9999)) // never seen
+	p := l.Process(1)
+	got := []uint64{p.Allocs, p.Live, p.Peak, p.TensorAllocs, p.TensorFrees, p.TensorAllocBytes, p.TensorLive,
+		p.TensorPeak, p.UnknownTensorFrees, p.UnknownFrees, p.Devices[1].TensorLive, p.Devices[0].TensorPeak}
+	want := []uint64{1, 2 << 20, 2 << 20, 2, 1, 400, 300, 400, 1, 0, 300, 100}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("field %d = %d, want %d (all: %v)", i, got[i], want[i], got)
+		}
+	}
+	if n := len(p.LiveAllocations()); n != 1 {
+		t.Errorf("%d live segments, want 1", n)
+	}
+	if ts := p.LiveTensors(); len(ts) != 1 || ts[0].Addr != 0x1200 {
+		t.Errorf("live tensors %+v", ts)
+	}
+	if l.StackOf(1, []uint64{0xb}, true) == nil || l.StackOf(1, []uint64{0xb}, false) != nil {
+		t.Errorf("the tensor stack is not kept apart")
+	}
+	if TorchMalloc.Segment() || !CuMemCreate.Segment() || CudaMallocHost.Segment() || CudaSetDevice.Segment() {
+		t.Errorf("Segment() wrong")
+	}
+}

@@ -78,7 +78,7 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	}
 	for _, pid := range pids {
 		for _, a := range t.Ledger.Process(pid).LiveAllocations() {
-			if a.API.Info().Kind == events.KindHost {
+			if !a.API.Segment() {
 				continue
 			}
 			snap.Segments = append(snap.Segments, memvizSegment(a, fr.frames(a.Stack)))
@@ -146,19 +146,19 @@ func memvizEntries(ev *events.Event, ch events.Change, emit func(dev int, e Memv
 		}
 		return stack(st)
 	}
-	if a := ch.Freed; a != nil && a.API.Info().Kind != events.KindHost {
+	if a := ch.Freed; a != nil && a.API.Segment() {
 		f := frames(a.Stack)
 		for _, action := range []MemvizAction{MemvizFreeRequested, MemvizFreeCompleted, MemvizSegmentFree} {
 			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f})
 		}
 	}
-	if a := ch.Alloc; a != nil && a.API.Info().Kind != events.KindHost {
+	if a := ch.Alloc; a != nil && a.API.Segment() {
 		f := frames(a.Stack)
 		for _, action := range []MemvizAction{MemvizSegmentAlloc, MemvizAlloc} {
 			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f})
 		}
 	}
-	if ch.Stack != nil && ch.Alloc == nil && events.IsOOM(ev.Result) && ev.API.Info().Kind != events.KindHost {
+	if ch.Stack != nil && ch.Alloc == nil && events.IsOOM(ev.Result) && ev.API.Segment() {
 		emit(int(ev.Device), MemvizTraceEntry{Action: MemvizOOM, Size: ev.Size, Frames: frames(ch.Stack)})
 	}
 }
@@ -236,7 +236,7 @@ func (m *memvizFramer) deviceTrace(path string, end uint64, dev, skip, n int, op
 				more = yield(e)
 			}, func(st *events.Stack) []MemvizFrame {
 				// This pass's stacks are its own: find the first pass's.
-				return m.frames(m.t.Ledger.StackOf(st.PID, st.Frames))
+				return m.frames(m.t.Ledger.StackOf(st.PID, st.Frames, st.Tensor))
 			})
 			if !more {
 				return errStopReplay

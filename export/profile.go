@@ -57,7 +57,7 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 		if !opts.selected(p.PID) {
 			continue
 		}
-		for _, a := range p.LiveAllocations() {
+		for _, a := range append(p.LiveAllocations(), p.LiveTensors()...) {
 			v := sampleValues(allocs, sampleKey{a.Stack, a.Device, a.API})
 			v[2]++
 			v[3] += int64(a.Size)
@@ -148,6 +148,13 @@ func newPprofBuilder(t *replay.Trace, syms *replay.Symbols) *pprofBuilder {
 
 func (b *pprofBuilder) sample(k sampleKey, v *[4]int64) {
 	info := k.api.Info()
+	// Segments are what the runtime and the driver hand out; tensors, the
+	// blocks a framework's allocator cuts from them. Both are in the
+	// profile: filter with -tagfocus level=tensor (or segment).
+	level := "segment"
+	if info.Layer == events.LayerTensor {
+		level = "tensor"
+	}
 	b.p.Sample = append(b.p.Sample, &profile.Sample{
 		Location: b.stack(k.st),
 		Value:    v[:],
@@ -155,7 +162,7 @@ func (b *pprofBuilder) sample(k sampleKey, v *[4]int64) {
 			"comm":  {b.comm[k.st.PID]},
 			"api":   {k.api.String()},
 			"kind":  {info.Kind.String()},
-			"level": {"segment"}, // CUDA runtime/driver calls; tensor-level events are another level
+			"level": {level},
 			// A string: pprof's encoding reads a numeric label of 0 back
 			// as an empty string label, and device 0 is the common one.
 			"device": {strconv.Itoa(int(k.device))},

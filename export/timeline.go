@@ -14,8 +14,9 @@ import (
 
 // WritePerfetto writes the trace at path as Chrome trace-event JSON, which
 // ui.perfetto.dev and chrome://tracing open: per process, a counter track
-// of live GPU memory per device ("GPU N memory") and one of pinned host
-// memory, and an instant event per failed allocation. Timestamps are
+// of live GPU memory per device ("GPU N memory"), one of tensor memory per
+// device where a framework's allocator reports it ("GPU N tensors"), one of
+// pinned host memory, and an instant event per failed allocation. Timestamps are
 // microseconds since the start of the recording.
 //
 // The JSON is written while the trace is replayed, so memory stays bounded
@@ -28,7 +29,8 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 	meta := r.Meta()
 	r.Close()
 
-	tw := &timelineWriter{w: bufio.NewWriterSize(w, 256<<10), start: meta.StartBoot, named: map[uint32]bool{}}
+	tw := &timelineWriter{w: bufio.NewWriterSize(w, 256<<10), start: meta.StartBoot, named: map[uint32]bool{},
+		last: map[uint32]*[]trackTime{}}
 	tw.raw(`{"displayTimeUnit":"ms","traceEvents":[`)
 	_, err = replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch events.Change) error {
 		p := ch.Process
@@ -63,10 +65,30 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 	return nil
 }
 
+// track names the counter track an allocation counts on.
+type track struct {
+	kind   int8 // 0 GPU segments, 1 pinned host, 2 tensors
+	device int32
+}
+
+func trackOf(a *events.Allocation) track {
+	info := a.API.Info()
+	switch {
+	case info.Layer == events.LayerTensor:
+		return track{2, a.Device}
+	case info.Kind == events.KindHost:
+		return track{1, 0}
+	}
+	return track{0, a.Device}
+}
+
 // sameTrack reports whether a and b count on the same counter track.
-func sameTrack(a, b *events.Allocation) bool {
-	ah, bh := a.API.Info().Kind == events.KindHost, b.API.Info().Kind == events.KindHost
-	return ah == bh && (ah || a.Device == b.Device)
+func sameTrack(a, b *events.Allocation) bool { return trackOf(a) == trackOf(b) }
+
+// trackTime is the time of a counter track's latest value.
+type trackTime struct {
+	track
+	t uint64
 }
 
 type timelineWriter struct {
@@ -74,8 +96,15 @@ type timelineWriter struct {
 	start uint64
 	n     int // events written
 	named map[uint32]bool
-	err   error
-	buf   []byte
+	// last holds each process's counter tracks and the time of their
+	// latest values. Events reach the file in ring-buffer order, not
+	// strictly by time, and a counter value is the live total after every
+	// event before it in the file: stamped earlier than the value before
+	// it, the viewer would sort it first and leave the wrong total
+	// standing. So a late event takes its counter's latest time instead.
+	last map[uint32]*[]trackTime
+	err  error
+	buf  []byte
 }
 
 func (tw *timelineWriter) raw(s string) {
@@ -126,26 +155,56 @@ func (tw *timelineWriter) process(p *events.Process) {
 // counter writes the live bytes of a's device (or of pinned host memory)
 // in p after an event changed them.
 func (tw *timelineWriter) counter(p *events.Process, a *events.Allocation, t uint64) {
+	tr := trackOf(a)
+	t = tw.stamp(p.PID, tr, t)
 	b := append(tw.buf[:0], `"ph":"C","pid":`...)
 	b = strconv.AppendUint(b, uint64(p.PID), 10)
 	b = append(b, `,"ts":`...)
 	b = tw.ts(b, t)
-	if a.API.Info().Kind == events.KindHost {
+	switch tr.kind {
+	case 1:
 		b = append(b, `,"name":"pinned host memory","args":{"live_bytes":`...)
 		b = strconv.AppendUint(b, p.HostLive, 10)
-	} else {
+	default:
 		var live uint64
 		if d := p.Devices[a.Device]; d != nil {
 			live = d.Live
+			if tr.kind == 2 {
+				live = d.TensorLive
+			}
 		}
 		b = append(b, `,"name":"GPU `...)
 		b = strconv.AppendInt(b, int64(a.Device), 10)
-		b = append(b, ` memory","args":{"live_bytes":`...)
+		if tr.kind == 2 {
+			b = append(b, ` tensors","args":{"live_bytes":`...)
+		} else {
+			b = append(b, ` memory","args":{"live_bytes":`...)
+		}
 		b = strconv.AppendUint(b, live, 10)
 	}
 	b = append(b, '}')
 	tw.event(b)
 	tw.buf = b
+}
+
+// stamp returns the time to give pid's counter tr a value of time t: t,
+// or the counter's latest time when t is before it. A process has a few
+// tracks (one per device, and pinned host memory): a scan beats a map
+// keyed by track.
+func (tw *timelineWriter) stamp(pid uint32, tr track, t uint64) uint64 {
+	tracks := tw.last[pid]
+	if tracks == nil {
+		tracks = new([]trackTime)
+		tw.last[pid] = tracks
+	}
+	for i := range *tracks {
+		if tt := &(*tracks)[i]; tt.track == tr {
+			tt.t = max(tt.t, t)
+			return tt.t
+		}
+	}
+	*tracks = append(*tracks, trackTime{tr, t})
+	return t
 }
 
 func (tw *timelineWriter) failure(ev *events.Event) {

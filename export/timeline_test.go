@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/google/pprof/profile"
+
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -100,5 +102,98 @@ func TestPerfetto(t *testing.T) {
 		if e.PID != 8 {
 			t.Errorf("--pid 8 exports %+v", e)
 		}
+	}
+}
+
+// Events reach the file in ring-buffer order: a free from another CPU can
+// follow an allocation that came after it. Every counter's timestamps must
+// still rise, and its last value be the live total at the end.
+func TestPerfettoOutOfOrder(t *testing.T) {
+	ev := func(tm uint64, tid uint32, api events.API, addr, size uint64) events.Event {
+		e := events.Event{Time: memvizBase + tm, Duration: 10, PID: 7, TID: tid, Comm: "train", API: api,
+			Addr: addr, Size: size}
+		if api == events.CudaFree {
+			e.Duration, e.Flags = 0, events.FlagEntryOnly
+		}
+		return e
+	}
+	path, _ := tracetest.Write(t, memvizMeta(),
+		ev(1000, 7, events.CudaMalloc, 0x1000, 100),
+		ev(3000, 8, events.CudaMalloc, 0x2000, 50),
+		ev(2000, 9, events.CudaFree, 0x1000, 0), // written after the allocation that followed it
+		ev(4000, 7, events.CudaMalloc, 0x3000, 25),
+		&tracefile.End{Time: memvizBase + 5000})
+	var buf bytes.Buffer
+	if err := WritePerfetto(&buf, path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		TraceEvents []traceEvent `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatalf("%v:\n%s", err, buf.String())
+	}
+	type step struct{ ts, live float64 }
+	var got []step
+	for _, e := range doc.TraceEvents {
+		if e.Ph == "C" && e.Name == "GPU 0 memory" {
+			got = append(got, step{e.TS, e.Args["live_bytes"].(float64)})
+		}
+	}
+	// The late free takes the time of the value before it.
+	want := []step{{1.010, 100}, {3.010, 150}, {3.010, 50}, {4.010, 75}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("GPU 0 memory\n got %v\nwant %v", got, want)
+	}
+}
+
+// Tensors have tracks of their own, and pprof labels them level=tensor.
+func TestTensorLevelExports(t *testing.T) {
+	ev := func(tm uint64, api events.API, addr, size uint64) events.Event {
+		e := events.Event{Time: memvizBase + tm, PID: 7, TID: 7, Comm: "train", API: api, Addr: addr, Size: size,
+			Flags: events.FlagEntryOnly, Stack: []uint64{0x10}}
+		return e
+	}
+	path, _ := tracetest.Write(t, memvizMeta(),
+		ev(1000, events.CudaMalloc, 0x1000, 4096),
+		ev(2000, events.TorchMalloc, 0x1000, 100),
+		ev(3000, events.TorchMalloc, 0x1100, 50),
+		ev(4000, events.TorchFree, 0x1000, 0),
+		&tracefile.End{Time: memvizBase + 5000})
+	var buf bytes.Buffer
+	if err := WritePerfetto(&buf, path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		TraceEvents []traceEvent `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	tracks := map[string][]float64{}
+	for _, e := range doc.TraceEvents {
+		if e.Ph == "C" {
+			tracks[e.Name] = append(tracks[e.Name], e.Args["live_bytes"].(float64))
+		}
+	}
+	want := map[string][]float64{"GPU 0 memory": {4096}, "GPU 0 tensors": {100, 150, 50}}
+	if !reflect.DeepEqual(tracks, want) {
+		t.Errorf("tracks %v, want %v", tracks, want)
+	}
+
+	buf.Reset()
+	if err := WritePprof(&buf, path, Options{NoSymbolize: true}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := profile.Parse(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inuse := map[string]int64{}
+	for _, s := range p.Sample {
+		inuse[s.Label["level"][0]] += s.Value[3]
+	}
+	if want := map[string]int64{"segment": 4096, "tensor": 50}; !reflect.DeepEqual(inuse, want) {
+		t.Errorf("inuse_space by level %v, want %v", inuse, want)
 	}
 }

@@ -17,8 +17,9 @@ import (
 )
 
 // libPattern matches the file names of the CUDA libraries cudatrace probes:
-// the runtime (libcudart) and the driver (libcuda).
-var libPattern = regexp.MustCompile(`^libcuda(rt)?\.so(\.\d+)*$`)
+// the runtime (libcudart), the driver (libcuda), and PyTorch's caching
+// allocator (libc10_cuda, for its USDT probes).
+var libPattern = regexp.MustCompile(`^(libcuda(rt)?|libc10_cuda)\.so(\.\d+)*$`)
 
 // IsCUDALibrary reports whether a path names a library cudatrace probes.
 func IsCUDALibrary(path string) bool { return libPattern.MatchString(filepath.Base(path)) }
@@ -110,7 +111,7 @@ func SearchDirs() []string {
 		filepath.Join(home, ".pyenv/versions/*/lib/python3*/site-packages"),
 		filepath.Join(home, "*/lib/python3*/site-packages"), // virtualenvs kept in $HOME
 	} {
-		patterns = append(patterns, filepath.Join(sp, "nvidia/*/lib"))
+		patterns = append(patterns, filepath.Join(sp, "nvidia/*/lib"), filepath.Join(sp, "torch/lib"))
 	}
 	var out []string
 	seen := map[string]bool{}

@@ -19,6 +19,8 @@ func TestIsCUDALibrary(t *testing.T) {
 		"libcuda.so":                                         true,
 		"libcudadebugger.so.1":                               false,
 		"libcudnn.so.9":                                      false,
+		"torch/lib/libc10_cuda.so":                           true,
+		"torch/lib/libc10.so":                                false,
 		"site-packages/nvidia/cuda_runtime/lib/libcudart.so": true,
 	} {
 		if got := IsCUDALibrary(name); got != want {

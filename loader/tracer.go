@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/cudatrace/cudatrace/bpf"
+	"github.com/cudatrace/cudatrace/events"
 )
 
 // Options tune the BPF side. Zero values pick the defaults.
@@ -65,6 +66,7 @@ type Tracer struct {
 	links  []link.Link
 	fork   link.Link
 	reader *ringbuf.Reader
+	specs  uint32 // USDT specs written to the usdt_specs map
 }
 
 // New loads the BPF programs. It attaches nothing yet.
@@ -171,6 +173,13 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 		res.Symbols = append(res.Symbols, tableSyms...)
 		res.Missing = append(res.Missing, tableMissing...)
 	}
+	usdt, err := t.attachUSDT(ex, lib.Path)
+	if err != nil {
+		rollback()
+		return res, err
+	}
+	added = append(added, usdt.links...)
+	res.Symbols = append(res.Symbols, usdt.names...)
 	if len(res.Symbols) == 0 {
 		return res, fmt.Errorf("%s exports none of the CUDA allocation functions cudatrace probes (cudaMalloc, cuMemAlloc_v2, ...): %w",
 			lib.Path, ErrNotCUDA)
@@ -179,6 +188,78 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 	res.Programs = len(added)
 	return res, nil
 }
+
+// USDTProbes are the statically defined tracepoints cudatrace attaches to,
+// by provider:name: PyTorch's caching allocator reports each tensor's
+// memory with pytorch:malloc(ptr, device, size, stream) and pytorch:free(ptr)
+// (c10/cuda/CUDACachingAllocator.cpp, in libc10_cuda.so).
+var USDTProbes = map[string]events.API{
+	"pytorch:malloc": events.TorchMalloc,
+	"pytorch:free":   events.TorchFree,
+}
+
+type usdtAttached struct {
+	links []link.Link
+	names []string // provider:name, one per probe site
+}
+
+// attachUSDT attaches ct_usdt to every site of a USDTProbes probe in the
+// file, each with the spec of its arguments. A file without them gets
+// nothing and no error.
+func (t *Tracer) attachUSDT(ex *link.Executable, path string) (usdtAttached, error) {
+	var res usdtAttached
+	probes, err := ReadUSDT(path)
+	if err != nil {
+		return res, err
+	}
+	for _, p := range probes {
+		name := p.Provider + ":" + p.Name
+		api, ok := USDTProbes[name]
+		if !ok {
+			continue
+		}
+		free := api.Info().Op == events.OpFree
+		need := 3 // ptr, device, size
+		if free {
+			need = 1 // ptr
+		}
+		if len(p.Args) < need {
+			return res, fmt.Errorf("%s: USDT probe %s has %d arguments, want at least %d", path, name, len(p.Args), need)
+		}
+		if t.specs >= bpfUSDTMaxSpecs {
+			return res, fmt.Errorf("%s: more than %d USDT probe sites in all", path, bpfUSDTMaxSpecs)
+		}
+		var spec bpf.CudatraceCtUsdtSpec
+		spec.Api = uint16(api)
+		spec.Nargs = uint16(min(len(p.Args), len(spec.Args)))
+		if free {
+			spec.IsFree = 1
+		}
+		for i := 0; i < int(spec.Nargs); i++ {
+			a := p.Args[i]
+			spec.Args[i].Kind, spec.Args[i].Size, spec.Args[i].RegOff, spec.Args[i].Val = uint8(a.Kind), a.Size, a.RegOff, a.Value
+		}
+		key := t.specs
+		if err := t.objs.UsdtSpecs.Put(key, &spec); err != nil {
+			return res, fmt.Errorf("%s: USDT spec of %s: %w", path, name, err)
+		}
+		t.specs++
+		l, err := ex.Uprobe(name, t.objs.CtUsdt, &link.UprobeOptions{Address: p.Offset,
+			RefCtrOffset: p.Semaphore, Cookie: uint64(key)})
+		if err != nil {
+			for _, l := range res.links {
+				l.Close()
+			}
+			return usdtAttached{}, fmt.Errorf("attach USDT %s at %#x in %s: %w", name, p.Offset, path, err)
+		}
+		res.links = append(res.links, l)
+		res.names = append(res.names, name)
+	}
+	return res, nil
+}
+
+// bpfUSDTMaxSpecs is CT_USDT_MAX_SPECS (bpf/cudatrace.h).
+const bpfUSDTMaxSpecs = 256
 
 // ErrNotCUDA says a file has no CUDA symbols to probe.
 var ErrNotCUDA = errors.New("not a CUDA library")

@@ -75,7 +75,7 @@ func TestRead(t *testing.T) {
 		frame uint64
 		want  string
 	}{{2, 0x1100, "/two"}, {1, 0x1200, "/one"}, {1, 0x1300, "/three"}} {
-		st := tr.Ledger.StackOf(c.pid, []uint64{c.frame})
+		st := tr.Ledger.StackOf(c.pid, []uint64{c.frame}, false)
 		if m := tr.Maps(st); len(m) != 1 || m[0].Path != c.want {
 			t.Errorf("stack %#x of pid %d: maps %+v, want %s", c.frame, c.pid, m, c.want)
 		}
@@ -83,7 +83,7 @@ func TestRead(t *testing.T) {
 
 	syms := tr.Symbols(false)
 	defer syms.Close()
-	st := tr.Ledger.StackOf(1, []uint64{0x1200})
+	st := tr.Ledger.StackOf(1, []uint64{0x1200}, false)
 	if f := syms.Frames(st); len(f) != 1 || f[0].Addr != 0x1200 || f[0].Function != "" {
 		t.Errorf("unsymbolized frames %+v", f)
 	}

@@ -94,10 +94,10 @@ func (f *follower) onEvent(ev *events.Event, ch events.Change) error {
 		return nil
 	}
 	t := ev.End()
-	if a := ch.Freed; a != nil && a.API.Info().Kind != events.KindHost {
+	if a := ch.Freed; a != nil && a.API.Segment() {
 		f.span(p.PID, a.Device, t).add(-int64(a.Size))
 	}
-	if a := ch.Alloc; a != nil && a.API.Info().Kind != events.KindHost {
+	if a := ch.Alloc; a != nil && a.API.Segment() {
 		f.span(p.PID, a.Device, t).add(int64(a.Size))
 	}
 	return nil
@@ -174,7 +174,7 @@ func (f *follower) intervals(last uint64) ([]Interval, bool) {
 func liveByStack(p *events.Process, keep func(*events.Allocation) bool) []stackLive {
 	by := map[*events.Stack]*stackLive{}
 	for _, a := range p.LiveAllocations() {
-		if a.API.Info().Kind == events.KindHost || !keep(a) {
+		if !a.API.Segment() || !keep(a) {
 			continue
 		}
 		s := by[a.Stack]
@@ -222,7 +222,7 @@ func (f *follower) peakStacks(t *replay.Trace) (map[uint32][]stackLive, error) {
 		}
 		stacks := liveByStack(p, func(*events.Allocation) bool { return true })
 		for i := range stacks {
-			stacks[i].st = t.Ledger.StackOf(p.PID, stacks[i].st.Frames)
+			stacks[i].st = t.Ledger.StackOf(p.PID, stacks[i].st.Frames, stacks[i].st.Tensor)
 		}
 		out[p.PID] = stacks
 		return nil

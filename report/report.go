@@ -110,7 +110,16 @@ type Process struct {
 	LiveAllocations int      `json:"live_allocations"`
 	UnknownFrees    uint64   `json:"unknown_frees"`
 	Replaced        uint64   `json:"replaced"` // allocations at a live address: a free was lost
-	Devices         []Device `json:"devices"`  // by ordinal
+	// Tensors: what PyTorch's caching allocator handed out of the segments
+	// above (its pytorch:malloc/free probes), as torch.cuda.memory_allocated
+	// counts; live_bytes is then its memory_reserved. 0 without them.
+	TensorAllocs       uint64   `json:"tensor_allocs"`
+	TensorFrees        uint64   `json:"tensor_frees"`
+	TensorAllocBytes   uint64   `json:"tensor_alloc_bytes"`
+	TensorLiveBytes    uint64   `json:"tensor_live_bytes"`
+	TensorPeakBytes    uint64   `json:"tensor_peak_bytes"`
+	UnknownTensorFrees uint64   `json:"unknown_tensor_frees"`
+	Devices            []Device `json:"devices"` // by ordinal
 	// CaptureError says why the process's mappings are missing or
 	// incomplete (it exited before the recorder read them): its stacks are
 	// then not symbolized.
@@ -119,14 +128,17 @@ type Process struct {
 
 // Device is one process's use of one GPU.
 type Device struct {
-	Device    int32  `json:"device"`
-	LiveBytes uint64 `json:"live_bytes"`
-	PeakBytes uint64 `json:"peak_bytes"`
+	Device          int32  `json:"device"`
+	LiveBytes       uint64 `json:"live_bytes"`
+	PeakBytes       uint64 `json:"peak_bytes"`
+	TensorLiveBytes uint64 `json:"tensor_live_bytes"`
+	TensorPeakBytes uint64 `json:"tensor_peak_bytes"`
 }
 
 // Stack is the allocations made from one call stack of one process.
 type Stack struct {
 	PID        uint32  `json:"pid"`
+	Level      string  `json:"level"` // segment (runtime, driver) or tensor
 	Allocs     uint64  `json:"allocs"`
 	AllocBytes uint64  `json:"alloc_bytes"`
 	LiveBytes  uint64  `json:"live_bytes"`
@@ -265,7 +277,9 @@ func Load(path string, opts Options) (*Report, error) {
 		out := Process{PID: p.PID, Comm: p.Comm, Allocs: p.Allocs, Frees: p.Frees,
 			Failed: p.Failed, AllocBytes: p.AllocBytes, LiveBytes: p.Live, PeakBytes: p.Peak,
 			HostLiveBytes: p.HostLive, HostPeakBytes: p.HostPeak, UnknownFrees: p.UnknownFrees,
-			Replaced: p.Replaced, LiveAllocations: len(p.LiveAllocations()), Devices: devices(p)}
+			Replaced: p.Replaced, LiveAllocations: len(p.LiveAllocations()), Devices: devices(p),
+			TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees, TensorAllocBytes: p.TensorAllocBytes,
+			TensorLiveBytes: p.TensorLive, TensorPeakBytes: p.TensorPeak, UnknownTensorFrees: p.UnknownTensorFrees}
 		if p.PeakTime != 0 {
 			out.PeakTime = meta.WallTime(p.PeakTime).Format(time.RFC3339Nano)
 		}
@@ -324,7 +338,11 @@ func Load(path string, opts Options) (*Report, error) {
 			continue // only failed calls came from it: they are under failures
 		}
 		index[st] = len(rep.Stacks)
-		rep.Stacks = append(rep.Stacks, Stack{PID: st.PID, Allocs: st.Allocs, AllocBytes: st.AllocBytes,
+		level := "segment"
+		if st.Tensor {
+			level = "tensor"
+		}
+		rep.Stacks = append(rep.Stacks, Stack{PID: st.PID, Level: level, Allocs: st.Allocs, AllocBytes: st.AllocBytes,
 			LiveBytes: st.Live, LiveCount: st.LiveCount, Frames: frames(st)})
 	}
 	if opts.Allocations {
@@ -347,7 +365,8 @@ func Load(path string, opts Options) (*Report, error) {
 func devices(p *events.Process) []Device {
 	out := []Device{}
 	for _, d := range p.DeviceList() {
-		out = append(out, Device{Device: d.Device, LiveBytes: d.Live, PeakBytes: d.Peak})
+		out = append(out, Device{Device: d.Device, LiveBytes: d.Live, PeakBytes: d.Peak,
+			TensorLiveBytes: d.TensorLive, TensorPeakBytes: d.TensorPeak})
 	}
 	return out
 }

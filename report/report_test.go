@@ -78,24 +78,28 @@ const mixJSON = `{
   {"pid": 100, "comm": "mix", "cmdline": ["./mix", "--big"], "allocs": 4, "frees": 1, "failed": 2,
    "alloc_bytes": 1876, "live_bytes": 812, "peak_bytes": 1300, "peak_time": "2025-03-14T15:09:26.0000021Z",
    "host_live_bytes": 64, "host_peak_bytes": 64, "live_allocations": 3, "unknown_frees": 1, "replaced": 0,
-   "devices": [{"device": 0, "live_bytes": 300, "peak_bytes": 300}, {"device": 1, "live_bytes": 512, "peak_bytes": 1000}]},
+   "tensor_allocs": 0, "tensor_frees": 0, "tensor_alloc_bytes": 0, "tensor_live_bytes": 0,
+   "tensor_peak_bytes": 0, "unknown_tensor_frees": 0,
+   "devices": [{"device": 0, "live_bytes": 300, "peak_bytes": 300, "tensor_live_bytes": 0, "tensor_peak_bytes": 0}, {"device": 1, "live_bytes": 512, "peak_bytes": 1000, "tensor_live_bytes": 0, "tensor_peak_bytes": 0}]},
   {"pid": 200, "comm": "other", "allocs": 2, "frees": 0, "failed": 0,
    "alloc_bytes": 14, "live_bytes": 14, "peak_bytes": 14, "peak_time": "2025-03-14T15:09:26.0000101Z",
    "host_live_bytes": 0, "host_peak_bytes": 0, "live_allocations": 2, "unknown_frees": 0, "replaced": 0,
-   "devices": [{"device": 0, "live_bytes": 14, "peak_bytes": 14}],
+   "tensor_allocs": 0, "tensor_frees": 0, "tensor_alloc_bytes": 0, "tensor_live_bytes": 0,
+   "tensor_peak_bytes": 0, "unknown_tensor_frees": 0,
+   "devices": [{"device": 0, "live_bytes": 14, "peak_bytes": 14, "tensor_live_bytes": 0, "tensor_peak_bytes": 0}],
    "capture_error": "exited before its mappings could be read"}
  ],
  "stacks": [
-  {"pid": 100, "allocs": 2, "alloc_bytes": 1512, "live_bytes": 512, "live_count": 1, "frames": [
+  {"pid": 100, "level": "segment", "allocs": 2, "alloc_bytes": 1512, "live_bytes": 512, "live_count": 1, "frames": [
    {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xb1", "offset": 0}]},
-  {"pid": 100, "allocs": 1, "alloc_bytes": 300, "live_bytes": 300, "live_count": 1, "frames": [
+  {"pid": 100, "level": "segment", "allocs": 1, "alloc_bytes": 300, "live_bytes": 300, "live_count": 1, "frames": [
    {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa1", "offset": 0},
    {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa2", "offset": 0}]},
-  {"pid": 100, "allocs": 1, "alloc_bytes": 64, "live_bytes": 64, "live_count": 1, "frames": [
+  {"pid": 100, "level": "segment", "allocs": 1, "alloc_bytes": 64, "live_bytes": 64, "live_count": 1, "frames": [
    {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xc1", "offset": 0}]},
-  {"pid": 200, "allocs": 1, "alloc_bytes": 7, "live_bytes": 7, "live_count": 1, "frames": [
+  {"pid": 200, "level": "segment", "allocs": 1, "alloc_bytes": 7, "live_bytes": 7, "live_count": 1, "frames": [
    {"function": "", "file": "", "line": 0, "module": "", "address": "0x40", "offset": 0}]},
-  {"pid": 200, "allocs": 1, "alloc_bytes": 7, "live_bytes": 7, "live_count": 1, "frames": [
+  {"pid": 200, "level": "segment", "allocs": 1, "alloc_bytes": 7, "live_bytes": 7, "live_count": 1, "frames": [
    {"function": "", "file": "", "line": 0, "module": "", "address": "0x50", "offset": 0}]}
  ],
  "failures": [

@@ -46,6 +46,7 @@ func WriteSummary(w io.Writer, l *events.Ledger, lost uint64) error {
 	for _, p := range l.Processes() {
 		rows = append(rows, Process{PID: p.PID, Comm: p.Comm, Allocs: p.Allocs, Frees: p.Frees, Failed: p.Failed,
 			AllocBytes: p.AllocBytes, LiveBytes: p.Live, PeakBytes: p.Peak, HostLiveBytes: p.HostLive,
+			TensorAllocs: p.TensorAllocs, TensorLiveBytes: p.TensorLive, TensorPeakBytes: p.TensorPeak,
 			Devices: devices(p)})
 	}
 	if err := writeProcesses(w, rows); err != nil {
@@ -68,14 +69,31 @@ func writeProcesses(w io.Writer, rows []Process) error {
 		}
 		return nil
 	}
-	t := table{right: []bool{true, false, true, true, true, true, true, true, true}}
-	t.add("PID", "COMM", "ALLOCS", "FREES", "FAILED", "ALLOCATED", "LIVE", "PEAK", "HOST-LIVE")
+	// Tensor columns only where a framework's allocator reported tensors.
+	tensors := false
 	for _, p := range rows {
-		t.add(fmt.Sprint(p.PID), p.Comm, fmt.Sprint(p.Allocs), fmt.Sprint(p.Frees), fmt.Sprint(p.Failed),
-			HumanBytes(p.AllocBytes), HumanBytes(p.LiveBytes), HumanBytes(p.PeakBytes), HumanBytes(p.HostLiveBytes))
+		tensors = tensors || p.TensorAllocs > 0
+	}
+	t := table{right: []bool{true, false, true, true, true, true, true, true, true, true, true}}
+	head := []string{"PID", "COMM", "ALLOCS", "FREES", "FAILED", "ALLOCATED", "LIVE", "PEAK", "HOST-LIVE"}
+	if tensors {
+		head = append(head, "TENSOR-LIVE", "TENSOR-PEAK")
+	}
+	t.add(head...)
+	for _, p := range rows {
+		row := []string{fmt.Sprint(p.PID), p.Comm, fmt.Sprint(p.Allocs), fmt.Sprint(p.Frees), fmt.Sprint(p.Failed),
+			HumanBytes(p.AllocBytes), HumanBytes(p.LiveBytes), HumanBytes(p.PeakBytes), HumanBytes(p.HostLiveBytes)}
+		if tensors {
+			row = append(row, HumanBytes(p.TensorLiveBytes), HumanBytes(p.TensorPeakBytes))
+		}
+		t.add(row...)
 		if len(p.Devices) > 1 {
 			for _, d := range p.Devices {
-				t.add("", fmt.Sprintf("  gpu %d", d.Device), "", "", "", "", HumanBytes(d.LiveBytes), HumanBytes(d.PeakBytes), "")
+				row := []string{"", fmt.Sprintf("  gpu %d", d.Device), "", "", "", "", HumanBytes(d.LiveBytes), HumanBytes(d.PeakBytes), ""}
+				if tensors {
+					row = append(row, HumanBytes(d.TensorLiveBytes), HumanBytes(d.TensorPeakBytes))
+				}
+				t.add(row...)
 			}
 		}
 	}
@@ -210,7 +228,11 @@ func (r *Report) writeStacks(w io.Writer, comm map[uint32]string) {
 	n := min(r.topN(), len(r.Stacks))
 	fmt.Fprintf(w, "\nTop stacks by live bytes (%d of %d):\n", n, len(r.Stacks))
 	for i, s := range r.Stacks[:n] {
-		fmt.Fprintf(w, "\n[%d] %s live in %s; %s allocated in %s; pid %d (%s)\n", i+1,
+		what := ""
+		if s.Level == "tensor" {
+			what = "tensors: "
+		}
+		fmt.Fprintf(w, "\n[%d] %s%s live in %s; %s allocated in %s; pid %d (%s)\n", i+1, what,
 			HumanBytes(s.LiveBytes), plural(s.LiveCount, "allocation"), HumanBytes(s.AllocBytes),
 			plural(s.Allocs, "call"), s.PID, comm[s.PID])
 		writeFrames(w, s.Frames)

@@ -36,6 +36,7 @@ var (
 	fakeLibDir   string // holds libcudart.so.12 and libcudart.so -> libcudart.so.12
 	fakeDriver   string // .../lib/libcuda.so.1, the driver stand-in
 	nestRuntime  string // .../lib/libnestrt.so, a runtime calling the driver stand-in
+	c10Lib       string // .../lib/libc10_cuda.so, a caching allocator with PyTorch's USDT probes
 	binDir       string
 	cBuildErr    error // nil, errNoGCC, or the failed compiler run
 	realBuildErr error // realcuda: errNoRealLib, or the failed compiler run
@@ -106,6 +107,7 @@ func buildStandIns(dir string) {
 	fakeLib = filepath.Join(fakeLibDir, "libcudart.so.12")
 	fakeDriver = filepath.Join(fakeLibDir, "libcuda.so.1")
 	nestRuntime = filepath.Join(fakeLibDir, "libnestrt.so")
+	c10Lib = filepath.Join(fakeLibDir, "libc10_cuda.so")
 	realBuildErr = errNoRealLib
 	if _, err := exec.LookPath("gcc"); err != nil {
 		cBuildErr = errNoGCC
@@ -155,6 +157,18 @@ func buildStandIns(dir string) {
 	}
 	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", workload("nested"), src("nested.c"),
 		nestRuntime, fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
+	// PyTorch's caching allocator, with its USDT probes, over the runtime
+	// stand-in; and a program making tensors with it. With frame pointers,
+	// unlike PyTorch's build: the probe site's callers are found by the
+	// frame-pointer walk; without them only DWARF unwinding would (issue 4).
+	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-Wall", "-o", c10Lib, src("c10stub.c"),
+		"-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
+	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", workload("tensors"), src("tensors.c"),
+		c10Lib, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return
 	}
 	// mix with the runtime stand-in linked into the executable, as a
