@@ -64,20 +64,31 @@ func (ls *Libraries) Add(path string) (bool, error) {
 // List returns the libraries in the order they were added.
 func (ls *Libraries) List() []Library { return ls.list }
 
-// FromProcess returns the CUDA libraries mapped by pid, as paths through
-// /proc/PID/root so that a containerized process's own copy is the one
-// probed.
+// FromProcess returns the CUDA libraries mapped by pid. For a process in
+// another mount namespace (a container) the paths go through
+// /proc/PID/root, so that its own copy is the one probed.
 func FromProcess(pid int) ([]string, error) {
 	maps, err := proc.ReadMaps(pid)
 	if err != nil {
 		return nil, err
+	}
+	// A process in the tracer's own mount namespace sees the paths the
+	// tracer sees: keep them as they are, so messages and reports name the
+	// files users know.
+	sameRoot := false
+	if r, err := os.Readlink(proc.RootPath(pid, "")); err == nil && r == "/" {
+		sameRoot = true
 	}
 	var out []string
 	seen := map[string]bool{}
 	for _, m := range maps {
 		if m.File() && IsCUDALibrary(m.Path) && !seen[m.Path] {
 			seen[m.Path] = true
-			out = append(out, proc.RootPath(pid, m.Path))
+			if sameRoot {
+				out = append(out, m.Path)
+			} else {
+				out = append(out, proc.RootPath(pid, m.Path))
+			}
 		}
 	}
 	return out, nil

@@ -327,6 +327,19 @@ func (t *Tracer) AddPID(pid uint32) error {
 	return nil
 }
 
+// TracedPIDs lists the processes in the PID filter: those given, and their
+// descendants the fork hook added.
+func (t *Tracer) TracedPIDs() []uint32 {
+	var pids []uint32
+	var pid uint32
+	var v uint8
+	it := t.objs.Pids.Iterate()
+	for it.Next(&pid, &v) {
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
 // Handler receives what Run reads.
 type Handler interface {
 	// Record gets one raw ring-buffer record; raw is reused after return.

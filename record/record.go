@@ -98,7 +98,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	defer s.close()
 	for _, ar := range res.Attached {
-		s.writeAttach(ar)
+		s.writeAttach(ar, nil)
 	}
 	var probes int
 	for _, ar := range res.Attached {

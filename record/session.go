@@ -19,6 +19,10 @@ import (
 // killed tracer's file still says what was lost up to then.
 const counterEvery = time.Second
 
+// lateScanEvery is how often the traced processes' mappings are searched
+// for CUDA libraries loaded after tracing began (dlopen from a wheel).
+const lateScanEvery = 500 * time.Millisecond
+
 // recaptureEvery rate-limits re-reading a process's maps when its stacks
 // point outside every mapping we know (a library dlopen'ed late).
 const recaptureEvery = 200 * time.Millisecond
@@ -41,6 +45,8 @@ type session struct {
 	reason string
 
 	lastCounters time.Time
+	lastScan     time.Time
+	libs         loader.Libraries // every library attached, by inode
 	warned       map[string]bool
 }
 
@@ -110,14 +116,54 @@ func (s *session) warn(err error) {
 	fmt.Fprintf(s.opts.Stderr, "cudatrace: warning: %s\n", msg)
 }
 
-func (s *session) writeAttach(ar loader.AttachResult) {
+func (s *session) writeAttach(ar loader.AttachResult, late *tracefile.Attach) {
+	s.libs.Add(ar.Library.Path)
 	if s.w == nil {
 		return
 	}
 	id, _ := symbolize.BuildID(ar.Library.Path)
-	if err := s.w.WriteAttach(&tracefile.Attach{Library: ar.Library.Path, BuildID: id,
-		Symbols: ar.Symbols, Missing: ar.Missing}); err != nil {
+	a := &tracefile.Attach{Library: ar.Library.Path, BuildID: id, Symbols: ar.Symbols, Missing: ar.Missing}
+	if late != nil {
+		a.Time, a.PID, a.EventsBefore = late.Time, late.PID, late.EventsBefore
+	}
+	if err := s.w.WriteAttach(a); err != nil {
 		s.warn(err)
+	}
+}
+
+// scanLate attaches the CUDA libraries a traced process mapped after
+// tracing began: a library at a path the start-up search did not cover
+// (a wheel dlopen'ed from a virtualenv, a container's copy). Only the
+// processes of the PID filter are searched; --all relies on that search.
+func (s *session) scanLate() {
+	if s.opts.All || time.Since(s.lastScan) < lateScanEvery {
+		return
+	}
+	s.lastScan = time.Now()
+	for _, pid := range s.tr.TracedPIDs() {
+		paths, err := loader.FromProcess(int(pid))
+		if err != nil {
+			continue // exited
+		}
+		for _, path := range paths {
+			if isNew, err := s.libs.Add(path); err != nil || !isNew {
+				continue
+			}
+			lib := s.libs.List()[len(s.libs.List())-1]
+			ar, err := s.tr.Attach(lib)
+			if err != nil {
+				s.warn(fmt.Errorf("pid %d loaded %s after tracing began, and it cannot be traced: %w", pid, path, err))
+				continue
+			}
+			var before uint64
+			if p := s.res.Ledger.Process(pid); p != nil {
+				before = p.Allocs + p.Failed + p.Frees + p.UnknownFrees
+			}
+			s.res.Attached = append(s.res.Attached, ar)
+			s.writeAttach(ar, &tracefile.Attach{Time: bootNow(), PID: pid, EventsBefore: before})
+			fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began: attached %d probes now; its calls before this were not traced\n",
+				pid, path, ar.Programs)
+		}
 	}
 }
 
@@ -216,6 +262,7 @@ func (s *session) buildID(pid int, m proc.Mapping) string {
 // Tick flushes the trace, snapshots counters and decides whether the
 // session is over.
 func (s *session) Tick() {
+	s.scanLate()
 	if s.w != nil {
 		if time.Since(s.lastCounters) >= counterEvery {
 			s.lastCounters = time.Now()

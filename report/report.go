@@ -233,6 +233,13 @@ type Library struct {
 	BuildID string   `json:"build_id,omitempty"`
 	Symbols []string `json:"symbols"`
 	Missing []string `json:"missing,omitempty"` // symbols the library lacks
+	// A library attached after tracing began, when a traced process had
+	// loaded it (dlopen): how long after the start, which process, and how
+	// many of its events came before. Its calls before the attach were
+	// not traced.
+	LateNS       uint64 `json:"late_ns,omitempty"`
+	LatePID      uint32 `json:"late_pid,omitempty"`
+	EventsBefore uint64 `json:"events_before,omitempty"`
 }
 
 // Load reads and accounts a whole trace. A trace cut short (the tracer was
@@ -254,8 +261,12 @@ func Load(path string, opts Options) (*Report, error) {
 	rep := &Report{LostEvents: t.Lost, Events: t.Events, Counters: t.Counters, Warning: t.Warning,
 		Libraries: []Library{}, top: opts.Top}
 	for _, a := range t.Libraries {
-		rep.Libraries = append(rep.Libraries, Library{Path: a.Library, BuildID: a.BuildID,
-			Symbols: nonNil(a.Symbols), Missing: a.Missing})
+		lib := Library{Path: a.Library, BuildID: a.BuildID, Symbols: nonNil(a.Symbols), Missing: a.Missing,
+			LatePID: a.PID, EventsBefore: a.EventsBefore}
+		if a.Time > meta.StartBoot {
+			lib.LateNS = a.Time - meta.StartBoot
+		}
+		rep.Libraries = append(rep.Libraries, lib)
 	}
 	rep.Trace = TraceInfo{Path: path, Tool: meta.Tool, Host: meta.Host, Kernel: meta.Kernel,
 		Start: meta.StartWall, DurationNS: t.DurationNS(), Command: meta.Command, PIDs: meta.PIDs, All: meta.All,

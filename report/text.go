@@ -205,6 +205,12 @@ func (r *Report) writeHeader(w io.Writer) {
 	if r.Warning != "" {
 		fmt.Fprintf(w, "Warning: %s\n", r.Warning)
 	}
+	for _, l := range r.Libraries {
+		if l.LatePID != 0 {
+			fmt.Fprintf(w, "Note: pid %d loaded %s after tracing began; it was attached %s into the trace, after %s of that process: calls into it before then were not traced\n",
+				l.LatePID, l.Path, roundAge(time.Duration(l.LateNS)), plural(l.EventsBefore, "event"))
+		}
+	}
 	var uncaptured []string
 	for _, p := range r.Processes {
 		if p.CaptureError != "" {

@@ -114,6 +114,13 @@ type Attach struct {
 	BuildID string   `json:"build_id,omitempty"`
 	Symbols []string `json:"symbols"`
 	Missing []string `json:"missing,omitempty"`
+	// A library found after tracing began, mapped by a traced process
+	// (dlopen): when it was attached, by whom it was found, and how many
+	// of that process's events had been seen by then. Calls into the
+	// library between its loading and this attach were not traced.
+	Time         uint64 `json:"boot_ns,omitempty"`
+	PID          uint32 `json:"pid,omitempty"`
+	EventsBefore uint64 `json:"events_before,omitempty"`
 }
 
 // Counters is a snapshot of the BPF side's counters (cumulative since the

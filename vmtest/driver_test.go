@@ -235,3 +235,61 @@ func TestLibraryCopies(t *testing.T) {
 		t.Errorf("the trace does not show the copy mapped by the workload (%v)", err)
 	}
 }
+
+// TestDlopenLate: a launched process dlopen()s a copy of the runtime, at a
+// path no search covers, after tracing began. The tracer finds it in the
+// process's mappings, attaches, says so, and traces what follows.
+func TestDlopenLate(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	wheel := filepath.Join(dir, "site-packages", "nvidia", "cuda_runtime", "lib")
+	if err := os.MkdirAll(wheel, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(fakeLib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(wheel, "libcudart.so.12")
+	if err := os.WriteFile(lib, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "late.trace")
+	const n = 30
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+		"--lib", fakeLib, "-o", trace, "--", workload("dlopen_late"), lib, "30")
+	rec.finish(t, 45*time.Second)
+
+	want := onlyTruth(t, log, "")
+	if want.Allocs != n {
+		t.Fatalf("ground truth has %d allocations, want %d", want.Allocs, n)
+	}
+	rep := runReport(t, ctx, trace)
+	checkProcess(t, rep, want, 0, "dlopen_late")
+	if !strings.Contains(rec.stderr.String(), "loaded "+lib+" after tracing began") {
+		t.Errorf("record did not say it attached late:\n%s", rec.stderr.String())
+	}
+
+	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Libraries []struct {
+			Library      string `json:"library"`
+			LateNS       uint64 `json:"late_ns"`
+			LatePID      int    `json:"late_pid"`
+			EventsBefore uint64 `json:"events_before"`
+		} `json:"libraries"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Libraries) != 2 || doc.Libraries[1].Library != lib || doc.Libraries[1].LatePID != want.PID ||
+		doc.Libraries[1].LateNS < uint64(time.Second) || doc.Libraries[1].EventsBefore != 0 {
+		t.Errorf("libraries %+v: want %s attached late (after 1 s) for pid %d, after 0 events", doc.Libraries, lib, want.PID)
+	}
+	text, err := exec.CommandContext(ctx, tracerBin, "report", trace).Output()
+	if err != nil || !strings.Contains(string(text), "loaded "+lib+" after tracing began") {
+		t.Errorf("the text report does not say the library came late (%v):\n%s", err, text)
+	}
+}

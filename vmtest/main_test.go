@@ -171,6 +171,10 @@ func buildStandIns(dir string) {
 		c10Lib, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return
 	}
+	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", workload("dlopen_late"),
+		src("dlopen_late.c"), "-ldl"); cBuildErr != nil {
+		return
+	}
 	// mix with the runtime stand-in linked into the executable, as a
 	// program built with cudart_static is.
 	rtObj := filepath.Join(dir, "fakecudart.o")
