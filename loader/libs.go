@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -74,11 +75,11 @@ func FromProcess(pid int) ([]string, error) {
 	}
 	// A process in the tracer's own mount namespace sees the paths the
 	// tracer sees: keep them as they are, so messages and reports name the
-	// files users know.
-	sameRoot := false
-	if r, err := os.Readlink(proc.RootPath(pid, "")); err == nil && r == "/" {
-		sameRoot = true
-	}
+	// files users know. (Its root alone does not tell: `unshare -m` keeps
+	// "/" and mounts what nobody outside sees.)
+	theirs, err1 := os.Readlink(filepath.Join(proc.Root, strconv.Itoa(pid), "ns", "mnt"))
+	ours, err2 := os.Readlink(filepath.Join(proc.Root, "self", "ns", "mnt"))
+	sameRoot := err1 == nil && err2 == nil && theirs == ours
 	var out []string
 	seen := map[string]bool{}
 	for _, m := range maps {

@@ -5,6 +5,7 @@ package vmtest
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -291,5 +292,37 @@ func TestDlopenLate(t *testing.T) {
 	text, err := exec.CommandContext(ctx, tracerBin, "report", trace).Output()
 	if err != nil || !strings.Contains(string(text), "loaded "+lib+" after tracing began") {
 		t.Errorf("the text report does not say the library came late (%v):\n%s", err, text)
+	}
+}
+
+// TestMountNamespace: a process in a mount namespace of its own (as in a
+// container) loads a runtime from a mount only it can see. The tracer
+// reaches the file through /proc/PID/root and traces it.
+func TestMountNamespace(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	if _, err := exec.LookPath("unshare"); err != nil {
+		skipOrFail(t, "no unshare (util-linux): %v", err)
+	}
+	private := filepath.Join(dir, "private")
+	if err := os.MkdirAll(private, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(private, "libcudart.so.12")
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "ns.trace")
+	script := fmt.Sprintf("mount -t tmpfs none %s && cp %s %s && exec %s %s 20", private, fakeLib, lib,
+		workload("dlopen_late"), lib)
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+		"--lib", fakeLib, "-o", trace, "--", "unshare", "-m", "--propagation", "private", "sh", "-c", script)
+	rec.finish(t, 45*time.Second)
+
+	if _, err := os.Stat(lib); err == nil {
+		t.Fatalf("%s is visible outside the namespace: the test proves nothing", lib)
+	}
+	want := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	checkProcess(t, rep, want, 0, "dlopen_late")
+	viaRoot := fmt.Sprintf("/proc/%d/root%s", want.PID, lib)
+	if !strings.Contains(rec.stderr.String(), "loaded "+viaRoot+" after tracing began") {
+		t.Errorf("record did not attach %s:\n%s", viaRoot, rec.stderr.String())
 	}
 }
