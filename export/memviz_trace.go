@@ -1,10 +1,12 @@
 package export
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"iter"
+	"slices"
 	"strings"
 
 	"github.com/cudatrace/cudatrace/events"
@@ -44,16 +46,24 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	// Pass 1: the live set at the moment, the processes, and how many trace
 	// entries each device gets (a pickled list does not need its length,
 	// but PyLazyList does).
-	counts := map[int]int{}
+	// Both ways of counting, as whether tensor events come is known only
+	// at the end.
+	counts, tensorCounts := map[int]int{}, map[int]int{}
+	tensors := false
 	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch events.Change) error {
 		if ch.Process == nil || !opts.selected(ch.Process.PID) {
 			return nil
 		}
-		memvizEntries(ev, ch, func(dev int, _ MemvizTraceEntry) { counts[dev]++ }, nil)
+		tensors = tensors || ev.API.Info().Layer == events.LayerTensor
+		memvizEntries(ev, ch, false, func(dev int, _ MemvizTraceEntry) { counts[dev]++ }, nil)
+		memvizEntries(ev, ch, true, func(dev int, _ MemvizTraceEntry) { tensorCounts[dev]++ }, nil)
 		return nil
 	}})
 	if err != nil {
 		return err
+	}
+	if tensors {
+		counts = tensorCounts
 	}
 	var pids []uint32
 	for _, p := range t.Ledger.Processes() {
@@ -77,11 +87,17 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 		maxDev = max(maxDev, dev)
 	}
 	for _, pid := range pids {
-		for _, a := range t.Ledger.Process(pid).LiveAllocations() {
+		p := t.Ledger.Process(pid)
+		live := p.LiveTensors() // by address
+		for _, a := range p.LiveAllocations() {
 			if !a.API.Segment() {
 				continue
 			}
-			snap.Segments = append(snap.Segments, memvizSegment(a, fr.frames(a.Stack)))
+			seg := memvizSegment(a, fr.frames(a.Stack))
+			if tensors {
+				seg = memvizTensorSegment(a, fr.frames(a.Stack), live, fr.frames)
+			}
+			snap.Segments = append(snap.Segments, seg)
 			maxDev = max(maxDev, int(a.Device))
 		}
 	}
@@ -99,9 +115,9 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	traces := PyLazyList{Len: maxDev + 1, Item: func(dev int) (any, error) {
 		n := counts[dev]
 		if limit > 0 && n > limit {
-			return fr.deviceTrace(path, end, dev, n-limit, limit, &opts), nil
+			return fr.deviceTrace(path, end, dev, tensors, n-limit, limit, &opts), nil
 		}
-		return fr.deviceTrace(path, end, dev, 0, n, &opts), nil
+		return fr.deviceTrace(path, end, dev, tensors, 0, n, &opts), nil
 	}}
 	segments := PyLazyList{Len: len(snap.Segments), Item: func(i int) (any, error) {
 		return snap.Segments[i].pyValue(), nil
@@ -137,8 +153,11 @@ func memvizSegment(a *events.Allocation, frames []MemvizFrame) MemvizSegment {
 }
 
 // memvizEntries calls emit with the trace entries one event makes, device
-// by device, with the frames of stack (nil: none).
-func memvizEntries(ev *events.Event, ch events.Change, emit func(dev int, e MemvizTraceEntry),
+// by device, with the frames of stack (nil: none). Without tensor events a
+// segment is also its one block (segment_alloc then alloc; free_requested,
+// free_completed then segment_free); with them, segments and tensor blocks
+// have entries of their own.
+func memvizEntries(ev *events.Event, ch events.Change, tensors bool, emit func(dev int, e MemvizTraceEntry),
 	stack func(*events.Stack) []MemvizFrame) {
 	frames := func(st *events.Stack) []MemvizFrame {
 		if stack == nil {
@@ -146,21 +165,73 @@ func memvizEntries(ev *events.Event, ch events.Change, emit func(dev int, e Memv
 		}
 		return stack(st)
 	}
-	if a := ch.Freed; a != nil && a.API.Segment() {
+	entries := func(a *events.Allocation, actions ...MemvizAction) {
 		f := frames(a.Stack)
-		for _, action := range []MemvizAction{MemvizFreeRequested, MemvizFreeCompleted, MemvizSegmentFree} {
+		for _, action := range actions {
 			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f})
 		}
 	}
-	if a := ch.Alloc; a != nil && a.API.Segment() {
-		f := frames(a.Stack)
-		for _, action := range []MemvizAction{MemvizSegmentAlloc, MemvizAlloc} {
-			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f})
+	if a := ch.Freed; a != nil {
+		switch {
+		case a.API.Segment() && tensors:
+			entries(a, MemvizSegmentFree)
+		case a.API.Segment():
+			entries(a, MemvizFreeRequested, MemvizFreeCompleted, MemvizSegmentFree)
+		case a.API.Info().Layer == events.LayerTensor && tensors:
+			entries(a, MemvizFreeRequested, MemvizFreeCompleted)
+		}
+	}
+	if a := ch.Alloc; a != nil {
+		switch {
+		case a.API.Segment() && tensors:
+			entries(a, MemvizSegmentAlloc)
+		case a.API.Segment():
+			entries(a, MemvizSegmentAlloc, MemvizAlloc)
+		case a.API.Info().Layer == events.LayerTensor && tensors:
+			entries(a, MemvizAlloc)
 		}
 	}
 	if ch.Stack != nil && ch.Alloc == nil && events.IsOOM(ev.Result) && ev.API.Segment() {
 		emit(int(ev.Device), MemvizTraceEntry{Action: MemvizOOM, Size: ev.Size, Frames: frames(ch.Stack)})
 	}
+}
+
+// memvizTensorSegment is segment a cut into the blocks of the live tensors
+// inside it (sorted by address), each rounded up to PyTorch's 512 bytes
+// where room allows, with inactive blocks (cached, free) between them.
+func memvizTensorSegment(a *events.Allocation, frames []MemvizFrame, live []*events.Allocation,
+	stack func(*events.Stack) []MemvizFrame) MemvizSegment {
+	seg := memvizSegment(a, frames)
+	seg.Blocks, seg.AllocatedSize, seg.ActiveSize, seg.RequestedSize = nil, 0, 0, 0
+	end := a.Addr + a.Size
+	at := a.Addr
+	i, _ := slices.BinarySearchFunc(live, a.Addr, func(t *events.Allocation, addr uint64) int {
+		return cmp.Compare(t.Addr, addr)
+	})
+	for ; i < len(live) && live[i].Addr < end; i++ {
+		t := live[i]
+		if t.Addr < at || t.Size == 0 {
+			continue // overlaps the block before (a free was lost)
+		}
+		if t.Addr > at {
+			seg.Blocks = append(seg.Blocks, MemvizBlock{Address: at, Size: t.Addr - at, State: MemvizInactive})
+		}
+		size := min((t.Size+511)&^511, end-t.Addr)
+		if i+1 < len(live) && live[i+1].Addr > t.Addr {
+			size = min(size, max(live[i+1].Addr-t.Addr, min(t.Size, end-t.Addr)))
+		}
+		req := min(t.Size, size)
+		seg.Blocks = append(seg.Blocks, MemvizBlock{Address: t.Addr, Size: size, RequestedSize: req,
+			State: MemvizActiveAllocated, Frames: stack(t.Stack)})
+		seg.AllocatedSize += size
+		seg.ActiveSize += size
+		seg.RequestedSize += req
+		at = t.Addr + size
+	}
+	if at < end {
+		seg.Blocks = append(seg.Blocks, MemvizBlock{Address: at, Size: end - at, State: MemvizInactive})
+	}
+	return seg
 }
 
 // memvizFramer turns stacks into memory_viz frames, each stack once, and
@@ -216,7 +287,7 @@ var errStopReplay = errors.New("stop")
 // entry by entry as the encoder writes them. The first skip entries are
 // left out, and the list has the n after them (skip+n is the count the
 // first pass made).
-func (m *memvizFramer) deviceTrace(path string, end uint64, dev, skip, n int, opts *Options) PyLazyList {
+func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors bool, skip, n int, opts *Options) PyLazyList {
 	var next func() (MemvizTraceEntry, bool)
 	seq := func(yield func(MemvizTraceEntry) bool) {
 		toSkip := skip
@@ -225,7 +296,7 @@ func (m *memvizFramer) deviceTrace(path string, end uint64, dev, skip, n int, op
 				return nil
 			}
 			more := true
-			memvizEntries(ev, ch, func(d int, e MemvizTraceEntry) {
+			memvizEntries(ev, ch, tensors, func(d int, e MemvizTraceEntry) {
 				if d != dev || !more {
 					return
 				}

@@ -174,3 +174,50 @@ func TestMemvizTraceNeedsOneProcess(t *testing.T) {
 		t.Errorf("pid 8's segments: %v", segs)
 	}
 }
+
+// With tensor events, segments are cut into the live tensors' blocks (and
+// inactive ones between), and the trace has segment and block entries of
+// their own.
+func TestMemvizTraceTensors(t *testing.T) {
+	ev := func(tm uint64, api events.API, addr, size uint64) events.Event {
+		return events.Event{Time: memvizBase + tm, PID: 7, TID: 7, Comm: "train", API: api, Addr: addr, Size: size,
+			Flags: events.FlagEntryOnly}
+	}
+	path, _ := tracetest.Write(t, memvizMeta(),
+		ev(1000, events.CudaMalloc, 0x1000, 4096),
+		ev(2000, events.TorchMalloc, 0x1000, 100),
+		ev(3000, events.TorchMalloc, 0x1400, 50),
+		ev(4000, events.TorchMalloc, 0x1200, 10),
+		ev(5000, events.TorchFree, 0x1200, 0),
+		&tracefile.End{Time: memvizBase + 6000})
+	snap := memvizExport(t, path, Options{NoSymbolize: true})
+	seg := snap["segments"].([]any)[0].(map[string]any)
+	type blk struct {
+		addr, size, req float64
+		state           string
+	}
+	var got []blk
+	for _, b := range seg["blocks"].([]any) {
+		m := b.(map[string]any)
+		got = append(got, blk{m["address"].(float64), m["size"].(float64), m["requested_size"].(float64), m["state"].(string)})
+	}
+	want := []blk{
+		{0x1000, 512, 100, "active_allocated"},
+		{0x1200, 512, 0, "inactive"},
+		{0x1400, 512, 50, "active_allocated"},
+		{0x1600, 0xa00, 0, "inactive"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("blocks\n got %v\nwant %v", got, want)
+	}
+	if seg["allocated_size"] != 1024.0 || seg["requested_size"] != 150.0 || seg["total_size"] != 4096.0 {
+		t.Errorf("segment sizes: allocated %v requested %v total %v", seg["allocated_size"], seg["requested_size"], seg["total_size"])
+	}
+	var actions []string
+	for _, e := range snap["device_traces"].([]any)[0].([]any) {
+		actions = append(actions, e.(map[string]any)["action"].(string))
+	}
+	if w := []string{"segment_alloc", "alloc", "alloc", "alloc", "free_requested", "free_completed"}; !reflect.DeepEqual(actions, w) {
+		t.Errorf("trace %v, want %v", actions, w)
+	}
+}

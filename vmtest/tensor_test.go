@@ -88,4 +88,32 @@ func TestTensors(t *testing.T) {
 	if !found {
 		t.Errorf("no tensor-level stack through make_activation")
 	}
+
+	// The memory_viz snapshot: tensors are the active blocks of the
+	// segments, their requested bytes the tensor-level live total.
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		skipOrFail(t, "no python3 to load the snapshot: %v", err)
+	}
+	snap := filepath.Join(dir, "t.pickle")
+	if out, err := exec.CommandContext(ctx, tracerBin, "export", trace, "--format", "memviz", "-o", snap).CombinedOutput(); err != nil {
+		t.Fatalf("export: %v\n%s", err, out)
+	}
+	out2, err := exec.CommandContext(ctx, py, "-c", `
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+seg = sum(x["total_size"] for x in s["segments"])
+req = sum(b["requested_size"] for x in s["segments"] for b in x["blocks"] if b["state"] == "active_allocated")
+print(seg, req)
+`, snap).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out2)
+	}
+	var segBytes, tensorBytes uint64
+	if _, err := fmt.Sscanf(string(out2), "%d %d", &segBytes, &tensorBytes); err != nil {
+		t.Fatalf("python printed %q", out2)
+	}
+	if segBytes != p.LiveBytes || tensorBytes != want.live {
+		t.Errorf("snapshot: segments %d bytes, tensor blocks request %d; want %d and %d", segBytes, tensorBytes, p.LiveBytes, want.live)
+	}
 }
