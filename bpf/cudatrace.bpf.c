@@ -421,21 +421,85 @@ int ct_ctx_exit(struct pt_regs *ctx)
 	return 0;
 }
 
-// cuCtxSetCurrent / cuCtxPushCurrent: the thread's device becomes the
-// context's, when the context's making was seen. Taken at entry: these
-// calls fail only on a context that was never made.
+// make_current: the thread's device becomes the context's, when the
+// context's making was seen.
+static __always_inline void make_current(__u32 tid, __u64 handle)
+{
+	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &handle);
+	if (dev) {
+		__s32 d = *dev;
+		bpf_map_update_elem(&thread_dev, &tid, &d, BPF_ANY);
+	}
+}
+
+// cuCtxSetCurrent. Taken at entry: it fails only on a context that was
+// never made.
 SEC("uprobe")
 int ct_ctxset_enter(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	make_current((__u32)id, PT_REGS_PARM1(ctx));
+	return 0;
+}
+
+// Each thread's context stack, as devices: cuCtxPushCurrent saves the
+// device current before it, cuCtxPopCurrent brings it back. Deeper than
+// CT_CTX_STACK, pushes are counted but not saved, and their pops leave the
+// device as it is.
+#define CT_CTX_STACK 8
+
+struct ctx_stack {
+	__u32 depth;
+	__s32 dev[CT_CTX_STACK];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); // tid
+	__type(value, struct ctx_stack);
+} ctx_stacks SEC(".maps");
+
+SEC("uprobe")
+int ct_ctxpush_enter(struct pt_regs *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id;
 	if (!traced(id >> 32))
 		return 0;
-	__u64 handle = PT_REGS_PARM1(ctx);
-	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &handle);
-	if (dev) {
-		__s32 d = *dev;
-		bpf_map_update_elem(&thread_dev, &tid, &d, BPF_ANY);
+	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
+	if (!st) {
+		struct ctx_stack empty = {};
+		bpf_map_update_elem(&ctx_stacks, &tid, &empty, BPF_NOEXIST);
+		st = bpf_map_lookup_elem(&ctx_stacks, &tid);
+		if (!st)
+			return 0;
+	}
+	__u32 d = st->depth;
+	if (d < CT_CTX_STACK)
+		st->dev[d & (CT_CTX_STACK - 1)] = current_device(tid);
+	st->depth = d + 1;
+	make_current(tid, PT_REGS_PARM1(ctx));
+	return 0;
+}
+
+SEC("uprobe")
+int ct_ctxpop_enter(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	if (!traced(id >> 32))
+		return 0;
+	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
+	if (!st || st->depth == 0)
+		return 0;
+	__u32 d = st->depth - 1;
+	st->depth = d;
+	if (d < CT_CTX_STACK) {
+		__s32 dev = st->dev[d & (CT_CTX_STACK - 1)];
+		bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
 	}
 	return 0;
 }

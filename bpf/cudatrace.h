@@ -19,7 +19,7 @@ enum ct_shape {
 	// Driver contexts; handled by programs of their own (ct_ctx_*), no record.
 	CT_SHAPE_CTX_RETAIN = 5, // (CUcontext *out, CUdevice dev): cuDevicePrimaryCtxRetain
 	CT_SHAPE_CTX_CREATE = 6, // (CUcontext *out, unsigned flags, CUdevice dev): cuCtxCreate, makes it current
-	CT_SHAPE_CTX_SET = 7,    // (CUcontext ctx): cuCtxSetCurrent, cuCtxPushCurrent
+	CT_SHAPE_CTX_SET = 7,    // (CUcontext ctx): cuCtxSetCurrent; cuCtxPushCurrent, cuCtxPopCurrent
 	// (CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop, ...):
 	// cuMemCreate, on the device prop->location names
 	CT_SHAPE_VMM_CREATE = 8,

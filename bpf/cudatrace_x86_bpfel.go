@@ -59,6 +59,12 @@ type CudatraceCtxCall struct {
 	MakeCurrent uint32
 }
 
+type CudatraceCtxStack struct {
+	_     structs.HostLayout
+	Depth uint32
+	Dev   [8]int32
+}
+
 type CudatraceInflight struct {
 	_      structs.HostLayout
 	TsNs   uint64
@@ -86,6 +92,7 @@ const (
 	CudatraceMapCounters           = "counters"
 	CudatraceMapCtxDev             = "ctx_dev"
 	CudatraceMapCtxInflight        = "ctx_inflight"
+	CudatraceMapCtxStacks          = "ctx_stacks"
 	CudatraceMapEvents             = "events"
 	CudatraceMapInflight           = "inflight"
 	CudatraceMapLastFree           = "last_free"
@@ -97,6 +104,8 @@ const (
 	CudatraceProgCtAllocEnter      = "ct_alloc_enter"
 	CudatraceProgCtCtxExit         = "ct_ctx_exit"
 	CudatraceProgCtCtxcreateEnter  = "ct_ctxcreate_enter"
+	CudatraceProgCtCtxpopEnter     = "ct_ctxpop_enter"
+	CudatraceProgCtCtxpushEnter    = "ct_ctxpush_enter"
 	CudatraceProgCtCtxretainEnter  = "ct_ctxretain_enter"
 	CudatraceProgCtCtxsetEnter     = "ct_ctxset_enter"
 	CudatraceProgCtExit            = "ct_exit"
@@ -159,6 +168,8 @@ type CudatraceProgramSpecs struct {
 	CtAllocEnter     *ebpf.ProgramSpec `ebpf:"ct_alloc_enter"`
 	CtCtxExit        *ebpf.ProgramSpec `ebpf:"ct_ctx_exit"`
 	CtCtxcreateEnter *ebpf.ProgramSpec `ebpf:"ct_ctxcreate_enter"`
+	CtCtxpopEnter    *ebpf.ProgramSpec `ebpf:"ct_ctxpop_enter"`
+	CtCtxpushEnter   *ebpf.ProgramSpec `ebpf:"ct_ctxpush_enter"`
 	CtCtxretainEnter *ebpf.ProgramSpec `ebpf:"ct_ctxretain_enter"`
 	CtCtxsetEnter    *ebpf.ProgramSpec `ebpf:"ct_ctxset_enter"`
 	CtExit           *ebpf.ProgramSpec `ebpf:"ct_exit"`
@@ -177,6 +188,7 @@ type CudatraceMapSpecs struct {
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
 	CtxDev      *ebpf.MapSpec `ebpf:"ctx_dev"`
 	CtxInflight *ebpf.MapSpec `ebpf:"ctx_inflight"`
+	CtxStacks   *ebpf.MapSpec `ebpf:"ctx_stacks"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
@@ -220,6 +232,7 @@ type CudatraceMaps struct {
 	Counters    *ebpf.Map `ebpf:"counters"`
 	CtxDev      *ebpf.Map `ebpf:"ctx_dev"`
 	CtxInflight *ebpf.Map `ebpf:"ctx_inflight"`
+	CtxStacks   *ebpf.Map `ebpf:"ctx_stacks"`
 	Events      *ebpf.Map `ebpf:"events"`
 	Inflight    *ebpf.Map `ebpf:"inflight"`
 	LastFree    *ebpf.Map `ebpf:"last_free"`
@@ -234,6 +247,7 @@ func (m *CudatraceMaps) Close() error {
 		m.Counters,
 		m.CtxDev,
 		m.CtxInflight,
+		m.CtxStacks,
 		m.Events,
 		m.Inflight,
 		m.LastFree,
@@ -263,6 +277,8 @@ type CudatracePrograms struct {
 	CtAllocEnter     *ebpf.Program `ebpf:"ct_alloc_enter"`
 	CtCtxExit        *ebpf.Program `ebpf:"ct_ctx_exit"`
 	CtCtxcreateEnter *ebpf.Program `ebpf:"ct_ctxcreate_enter"`
+	CtCtxpopEnter    *ebpf.Program `ebpf:"ct_ctxpop_enter"`
+	CtCtxpushEnter   *ebpf.Program `ebpf:"ct_ctxpush_enter"`
 	CtCtxretainEnter *ebpf.Program `ebpf:"ct_ctxretain_enter"`
 	CtCtxsetEnter    *ebpf.Program `ebpf:"ct_ctxset_enter"`
 	CtExit           *ebpf.Program `ebpf:"ct_exit"`
@@ -280,6 +296,8 @@ func (p *CudatracePrograms) Close() error {
 		p.CtAllocEnter,
 		p.CtCtxExit,
 		p.CtCtxcreateEnter,
+		p.CtCtxpopEnter,
+		p.CtCtxpushEnter,
 		p.CtCtxretainEnter,
 		p.CtCtxsetEnter,
 		p.CtExit,

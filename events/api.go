@@ -92,6 +92,7 @@ const (
 	CuMemRelease
 	TorchMalloc
 	TorchFree
+	CuCtxPopCurrent
 	apiEnd
 )
 
@@ -141,6 +142,8 @@ var apis = [apiEnd]APIInfo{
 	// it got from cudaMalloc. A second level, accounted apart.
 	TorchMalloc: {"pytorch:malloc", OpAlloc, KindDevice, LayerTensor},
 	TorchFree:   {"pytorch:free", OpFree, KindDevice, LayerTensor},
+
+	CuCtxPopCurrent: {"cuCtxPopCurrent_v2", OpSetDevice, 0, LayerDriver},
 }
 
 // Info returns what is known of a; unknown ids (a newer trace file) get a

@@ -18,6 +18,8 @@ const (
 	ShapeCtxRetain                  // (CUcontext *out, CUdevice dev)
 	ShapeCtxCreate                  // (CUcontext *out, unsigned flags, CUdevice dev), made current
 	ShapeCtxSet                     // (CUcontext ctx), made current
+	ShapeCtxPush                    // (CUcontext ctx), pushed: made current, the one before saved
+	ShapeCtxPop                     // (CUcontext *out): the saved one current again
 	ShapeVMMCreate                  // (handle *out, size_t size, const CUmemAllocationProp *prop, ...)
 )
 
@@ -66,7 +68,8 @@ var DriverProbes = []Probe{
 	{"cuDevicePrimaryCtxRetain", events.CuDevicePrimaryCtxRetain, ShapeCtxRetain, false},
 	{"cuCtxCreate_v2", events.CuCtxCreate, ShapeCtxCreate, false},
 	{"cuCtxSetCurrent", events.CuCtxSetCurrent, ShapeCtxSet, false},
-	{"cuCtxPushCurrent_v2", events.CuCtxPushCurrent, ShapeCtxSet, false},
+	{"cuCtxPushCurrent_v2", events.CuCtxPushCurrent, ShapeCtxPush, false},
+	{"cuCtxPopCurrent_v2", events.CuCtxPopCurrent, ShapeCtxPop, false},
 	{"cuMemCreate", events.CuMemCreate, ShapeVMMCreate, false},
 	{"cuMemRelease", events.CuMemRelease, ShapeFree, false},
 }

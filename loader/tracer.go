@@ -294,6 +294,10 @@ func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) 
 		enter, exit = t.objs.CtCtxcreateEnter, t.objs.CtCtxExit
 	case ShapeCtxSet:
 		enter, ret = t.objs.CtCtxsetEnter, false
+	case ShapeCtxPush:
+		enter, ret = t.objs.CtCtxpushEnter, false
+	case ShapeCtxPop:
+		enter, ret = t.objs.CtCtxpopEnter, false
 	case ShapeVMMCreate:
 		enter = t.objs.CtVmmCreateEnter
 	default:

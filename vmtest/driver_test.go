@@ -72,7 +72,7 @@ func TestRealLibcuda(t *testing.T) {
 	}
 	for _, sym := range []string{"cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged",
 		"cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost", "cuMemAllocAsync", "cuMemFreeAsync",
-		"cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuMemCreate", "cuMemRelease"} {
+		"cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuMemCreate", "cuMemRelease"} {
 		if !slices.Contains(rep.Libraries[0].Symbols, sym) {
 			t.Errorf("%s not attached in %s: %v", sym, real, rep.Libraries[0].Symbols)
 		}

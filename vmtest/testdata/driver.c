@@ -2,8 +2,8 @@
  * driver ITERS: the driver API alone, as JAX/XLA and NCCL use it. Two
  * threads, each on its own device through a context: thread 0 retains
  * device 0's primary context and makes it current (cuCtxSetCurrent), thread
- * 1 creates a context on device 1 (current at once) and later pushes
- * device 0's. Each allocates through every cuMem* entry point from named
+ * 1 creates a context on device 1 (current at once), later pushes device
+ * 0's, and pops it to be back on device 1. Each allocates through every cuMem* entry point from named
  * helpers (drv_alloc_device, drv_alloc_pinned), fails once per iteration
  * (a size over FAKECUDA_MEM_LIMIT: CUDA_ERROR_OUT_OF_MEMORY), and frees
  * about half of what it made. Thread 0 also creates VMM physical memory on
@@ -105,6 +105,8 @@ static void *thread1(void *arg)
 	CHECK(cuCtxCreate_v2(&c1, 0, 1));
 	work();
 	CHECK(cuCtxPushCurrent_v2(primary0));
+	work();
+	CHECK(cuCtxPopCurrent_v2(NULL)); /* back on device 1 */
 	work();
 	return NULL;
 }

@@ -567,9 +567,38 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 	return set_ctx("cuCtxSetCurrent", ctx);
 }
 
+/* The context stack, as devices: a push saves the device current before. */
+static __thread int ctx_stack[64];
+static __thread int ctx_depth;
+
 EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-	return set_ctx("cuCtxPushCurrent_v2", ctx);
+	int before = cur_dev;
+	CUresult r;
+
+	if (ctx_depth == 64)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = set_ctx("cuCtxPushCurrent_v2", ctx);
+	if (r == CUDA_SUCCESS)
+		ctx_stack[ctx_depth++] = before;
+	return r;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+	CUresult ret = CUDA_SUCCESS;
+
+	pthread_mutex_lock(&mu);
+	if (ctx_depth == 0) {
+		ret = CUDA_ERROR_INVALID_CONTEXT;
+	} else {
+		if (pctx)
+			*pctx = (CUcontext)(uintptr_t)(CTX_BASE + 16 * (uint64_t)cur_dev);
+		cur_dev = ctx_stack[--ctx_depth];
+	}
+	log_line("cuCtxPopCurrent_v2", ret, 0, 0, cur_dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
+	return ret;
 }
 
 /* drv_alloc wraps do_alloc for the driver's (CUdeviceptr *, size) shape. */
