@@ -21,6 +21,7 @@ import (
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // Options describe a session.
@@ -38,6 +39,26 @@ type Options struct {
 	// 3, then execs the rest of its arguments: it lets the tracer add the
 	// child to the PID filter before the target runs its first instruction.
 	LaunchHelper []string
+	// Observer, when set, watches the session live (top, agent).
+	Observer Observer
+}
+
+// Observer watches a session as it happens. Its methods run on the
+// reader's goroutine, between records, so they may read the ledger there
+// and nowhere else; they must not block, or the ring buffer fills and
+// events are lost (counted). An observer that serves another goroutine
+// copies what it needs under its own lock.
+type Observer interface {
+	// Process is called when a traced process is first seen, and again
+	// when its mappings are re-read (a library dlopen'ed late): what
+	// symbolizing its stacks needs, captured while it is alive.
+	Process(p *tracefile.Process)
+	// Event is called for every event, after the ledger applied it.
+	Event(ev *events.Event, ch events.Change)
+	// Tick is called at least every Tracer.PollInterval with the session
+	// so far: the ledger, and the BPF counters (losses included) as last
+	// read, at most once a second.
+	Tick(res *Result)
 }
 
 // Result is what a finished session holds.

@@ -193,7 +193,10 @@ func (s *session) Record(raw []byte) {
 			s.warn(err)
 		}
 	}
-	s.res.Ledger.Apply(ev)
+	ch := s.res.Ledger.Apply(ev)
+	if s.opts.Observer != nil {
+		s.opts.Observer.Event(ev, ch)
+	}
 }
 
 func (ps *procState) covers(stack []uint64) bool {
@@ -241,6 +244,9 @@ func (s *session) capture(pid uint32, ps *procState) {
 	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root != "/" {
 		p.Root = root
 	}
+	if s.opts.Observer != nil {
+		s.opts.Observer.Process(p)
+	}
 	if s.w == nil {
 		return
 	}
@@ -263,14 +269,18 @@ func (s *session) buildID(pid int, m proc.Mapping) string {
 // session is over.
 func (s *session) Tick() {
 	s.scanLate()
+	if (s.w != nil || s.opts.Observer != nil) && time.Since(s.lastCounters) >= counterEvery {
+		s.lastCounters = time.Now()
+		s.writeCounters()
+	}
 	if s.w != nil {
-		if time.Since(s.lastCounters) >= counterEvery {
-			s.lastCounters = time.Now()
-			s.writeCounters()
-		}
 		if err := s.w.Flush(); err != nil {
 			s.warn(err)
 		}
+	}
+	if s.opts.Observer != nil {
+		s.res.Events = s.events
+		s.opts.Observer.Tick(s.res)
 	}
 	if s.reason != "" {
 		return
@@ -292,6 +302,10 @@ func (s *session) writeCounters() {
 	c, err := s.tr.Counters()
 	if err != nil {
 		s.warn(err)
+		return
+	}
+	s.res.Counters, s.res.Lost = c, loader.Lost(c)
+	if s.w == nil {
 		return
 	}
 	if err := s.w.WriteCounters(&tracefile.Counters{Time: bootNow(), Counters: c, Lost: loader.Lost(c)}); err != nil {
