@@ -369,3 +369,20 @@ func (p *Process) DeviceList() []*Device {
 	sort.Slice(out, func(i, j int) bool { return out[i].Device < out[j].Device })
 	return out
 }
+
+// Forget drops pid's account and its stacks from the ledger, for a ledger
+// that runs for good (the agent) and must not keep every process it ever
+// saw. Stacks and allocations handed out before stay valid for their
+// holders; the ledger no longer counts into them. A later event of pid
+// starts a new account.
+func (l *Ledger) Forget(pid uint32) {
+	if _, ok := l.procs[pid]; !ok {
+		return
+	}
+	delete(l.procs, pid)
+	for k := range l.stacks {
+		if k.pid == pid {
+			delete(l.stacks, k)
+		}
+	}
+}

@@ -162,3 +162,36 @@ func TestLedgerTensors(t *testing.T) {
 		t.Errorf("Segment() wrong")
 	}
 }
+
+// TestLedgerForget: a forgotten process leaves no account and no stacks; the
+// others are untouched, and a later event of the same PID starts afresh.
+func TestLedgerForget(t *testing.T) {
+	l := NewLedger()
+	l.Apply(alloc(1, CudaMalloc, 0x1000, 100, 0, 0xa))
+	l.Apply(alloc(1, TorchMalloc, 0x1000, 10, 0, 0xa))
+	l.Apply(alloc(2, CudaMalloc, 0x1000, 7, 0, 0xa))
+	l.Apply(&Event{PID: 1, API: CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{0xc}})
+	if got := len(l.Stacks()); got != 4 {
+		t.Fatalf("before: %d stacks, want 4", got)
+	}
+	l.Forget(1)
+	l.Forget(99) // never seen: nothing happens
+	if l.Process(1) != nil {
+		t.Error("process 1 still has an account")
+	}
+	stacks := l.Stacks()
+	if len(stacks) != 1 || stacks[0].PID != 2 || stacks[0].Live != 7 {
+		t.Fatalf("after: stacks %v, want only pid 2's", stacks)
+	}
+	if p := l.Process(2); p == nil || p.Live != 7 || p.Allocs != 1 {
+		t.Fatalf("process 2 = %+v", p)
+	}
+	l.Apply(alloc(1, CudaMalloc, 0x2000, 5, 0, 0xa))
+	p := l.Process(1)
+	if p.Allocs != 1 || p.Live != 5 || p.Peak != 5 || p.Failed != 0 {
+		t.Errorf("process 1 after forget: allocs %d live %d peak %d failed %d, want 1 5 5 0", p.Allocs, p.Live, p.Peak, p.Failed)
+	}
+	if st := l.StackOf(1, []uint64{0xa}, false); st == nil || st.Allocs != 1 || st.Live != 5 {
+		t.Errorf("pid 1's stack after forget: %+v, want 1 alloc of 5", st)
+	}
+}

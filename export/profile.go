@@ -66,7 +66,11 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 
 	syms := t.Symbols(!opts.NoSymbolize)
 	defer syms.Close()
-	b := newPprofBuilder(t, syms)
+	comm := map[uint32]string{}
+	for _, p := range t.Ledger.Processes() {
+		comm[p.PID] = p.Comm
+	}
+	b := newPprofBuilder(replayStacks{t, syms}, comm, nil)
 	keys := make([]sampleKey, 0, len(allocs))
 	for k := range allocs {
 		keys = append(keys, k)
@@ -106,12 +110,30 @@ func sampleValues(m map[sampleKey]*[4]int64, k sampleKey) *[4]int64 {
 	return v
 }
 
+// Stacks is what the exports need of a stack beyond its addresses: the
+// mappings they are read against and the symbolized frames. A replayed
+// trace gives them (replay.Trace.Maps, replay.Symbols.Frames), and so does
+// a live session (the agent's, from the mappings it captured).
+type Stacks interface {
+	Maps(st *events.Stack) []proc.Mapping
+	Frames(st *events.Stack) []symbolize.Frame
+}
+
+// replayStacks is a replayed trace's Stacks.
+type replayStacks struct {
+	t    *replay.Trace
+	syms *replay.Symbols
+}
+
+func (r replayStacks) Maps(st *events.Stack) []proc.Mapping      { return r.t.Maps(st) }
+func (r replayStacks) Frames(st *events.Stack) []symbolize.Frame { return r.syms.Frames(st) }
+
 // pprofBuilder gives each mapping, location and function one entry.
 type pprofBuilder struct {
 	p         *profile.Profile
-	t         *replay.Trace
-	syms      *replay.Symbols
+	src       Stacks
 	comm      map[uint32]string
+	labels    map[uint32]map[string]string // extra string labels per process
 	mappings  map[proc.Mapping]*profile.Mapping
 	locations map[locKey]*profile.Location
 	functions map[[2]string]*profile.Function
@@ -126,7 +148,7 @@ type locKey struct {
 	addr uint64
 }
 
-func newPprofBuilder(t *replay.Trace, syms *replay.Symbols) *pprofBuilder {
+func newPprofBuilder(src Stacks, comm map[uint32]string, labels map[uint32]map[string]string) *pprofBuilder {
 	b := &pprofBuilder{
 		p: &profile.Profile{
 			SampleType:        pprofSampleTypes,
@@ -134,14 +156,11 @@ func newPprofBuilder(t *replay.Trace, syms *replay.Symbols) *pprofBuilder {
 			PeriodType:        &profile.ValueType{Type: "space", Unit: "bytes"},
 			Period:            1,
 		},
-		t: t, syms: syms, comm: map[uint32]string{},
+		src: src, comm: comm, labels: labels,
 		mappings:  map[proc.Mapping]*profile.Mapping{},
 		locations: map[locKey]*profile.Location{},
 		functions: map[[2]string]*profile.Function{},
 		stacks:    map[*events.Stack][]*profile.Location{},
-	}
-	for _, p := range t.Ledger.Processes() {
-		b.comm[p.PID] = p.Comm
 	}
 	return b
 }
@@ -155,18 +174,24 @@ func (b *pprofBuilder) sample(k sampleKey, v *[4]int64) {
 	if info.Layer == events.LayerTensor {
 		level = "tensor"
 	}
+	labels := map[string][]string{
+		"comm":  {b.comm[k.st.PID]},
+		"api":   {k.api.String()},
+		"kind":  {info.Kind.String()},
+		"level": {level},
+		// A string: pprof's encoding reads a numeric label of 0 back
+		// as an empty string label, and device 0 is the common one.
+		"device": {strconv.Itoa(int(k.device))},
+	}
+	for name, v := range b.labels[k.st.PID] {
+		if v != "" {
+			labels[name] = []string{v}
+		}
+	}
 	b.p.Sample = append(b.p.Sample, &profile.Sample{
 		Location: b.stack(k.st),
 		Value:    v[:],
-		Label: map[string][]string{
-			"comm":  {b.comm[k.st.PID]},
-			"api":   {k.api.String()},
-			"kind":  {info.Kind.String()},
-			"level": {level},
-			// A string: pprof's encoding reads a numeric label of 0 back
-			// as an empty string label, and device 0 is the common one.
-			"device": {strconv.Itoa(int(k.device))},
-		},
+		Label:    labels,
 		NumLabel: map[string][]int64{"pid": {int64(k.st.PID)}},
 	})
 }
@@ -176,8 +201,8 @@ func (b *pprofBuilder) stack(st *events.Stack) []*profile.Location {
 	if locs, ok := b.stacks[st]; ok {
 		return locs
 	}
-	maps := b.t.Maps(st)
-	frames := b.syms.Frames(st)
+	maps := b.src.Maps(st)
+	frames := b.src.Frames(st)
 	locs := make([]*profile.Location, 0, len(frames))
 	for _, f := range frames {
 		locs = append(locs, b.location(st.PID, maps, f))

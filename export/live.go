@@ -1,0 +1,137 @@
+package export
+
+// live.go: the pprof and memviz exports of a live set taken from a ledger
+// that keeps running (the agent's), rather than from a trace file replayed.
+// The pprof and memviz code paths are the trace exports' own: only where
+// the samples and the live set come from differs.
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/cudatrace/cudatrace/events"
+)
+
+// LiveSample is one pprof sample of a live profile: one stack of one
+// process, one device, one function. The values are the heap profile's:
+// alloc_* counts the allocations the caller chose to count (the agent:
+// those made since the last scrape), inuse_* the live set.
+type LiveSample struct {
+	Stack                    *events.Stack
+	Device                   int32
+	API                      events.API
+	AllocObjects, AllocBytes int64
+	InuseObjects, InuseBytes int64
+}
+
+// LiveProfile is a pprof profile to build from a live ledger.
+type LiveProfile struct {
+	Samples []LiveSample
+	Comm    map[uint32]string // each process's name, for the comm label
+	// Labels adds string labels per process (container, pod); empty
+	// values are left out.
+	Labels   map[uint32]map[string]string
+	Time     time.Time     // when the profile was taken
+	Duration time.Duration // what alloc_* covers
+	Comment  string
+}
+
+// WriteLivePprof writes lp as a gzipped pprof profile of the Go heap
+// profile's shape, with the labels of WritePprof's (and those of
+// lp.Labels), symbolized through src.
+func WriteLivePprof(w io.Writer, lp *LiveProfile, src Stacks) error {
+	comm := lp.Comm
+	if comm == nil {
+		comm = map[uint32]string{}
+	}
+	b := newPprofBuilder(src, comm, lp.Labels)
+	samples := slices.Clone(lp.Samples)
+	// A stable order, as WritePprof's.
+	slices.SortFunc(samples, func(a, b LiveSample) int {
+		return cmp.Or(cmp.Compare(a.Stack.PID, b.Stack.PID), slices.Compare(a.Stack.Frames, b.Stack.Frames),
+			cmp.Compare(a.Device, b.Device), cmp.Compare(a.API, b.API))
+	})
+	for i := range samples {
+		s := &samples[i]
+		v := [4]int64{s.AllocObjects, s.AllocBytes, s.InuseObjects, s.InuseBytes}
+		b.sample(sampleKey{s.Stack, s.Device, s.API}, &v)
+	}
+	p := b.p
+	p.TimeNanos = lp.Time.UnixNano()
+	p.DurationNanos = int64(lp.Duration)
+	if lp.Comment != "" {
+		p.Comments = []string{lp.Comment}
+	}
+	if err := p.CheckValid(); err != nil {
+		return fmt.Errorf("pprof: the profile built is invalid: %w", err)
+	}
+	if err := p.Write(w); err != nil {
+		return fmt.Errorf("pprof: write: %w", err)
+	}
+	return nil
+}
+
+// LiveEntry is one entry of a live snapshot's device trace.
+type LiveEntry struct {
+	Action MemvizAction
+	Addr   uint64
+	Size   uint64
+	Device int32
+	Stack  *events.Stack // nil: no frames
+	TimeUS int64         // Unix epoch µs; 0 leaves time_us out
+}
+
+// LiveSnapshot builds one process's memory snapshot from its live set:
+// segments are its live allocations (pinned host memory is left out: it is
+// not device memory), cut into the blocks of its live tensors when tensors
+// is set (the process has PyTorch's tensor events), as WriteMemvizTrace
+// does. Both lists are by address, as events.Process returns them. trace
+// becomes device_traces, in order. The snapshot is validated.
+func LiveSnapshot(segments, liveTensors []*events.Allocation, tensors bool, trace []LiveEntry, src Stacks) (*Snapshot, error) {
+	done := map[*events.Stack][]MemvizFrame{}
+	frames := func(st *events.Stack) []MemvizFrame {
+		if st == nil {
+			return nil
+		}
+		if f, ok := done[st]; ok {
+			return f
+		}
+		var out []MemvizFrame
+		for _, f := range src.Frames(st) {
+			out = append(out, memvizFrame(f))
+		}
+		done[st] = out
+		return out
+	}
+	snap := &Snapshot{}
+	maxDev := -1
+	for _, a := range segments {
+		if !a.API.Segment() {
+			continue
+		}
+		seg := memvizSegment(a, frames(a.Stack))
+		if tensors {
+			seg = memvizTensorSegment(a, frames(a.Stack), liveTensors, frames)
+		}
+		snap.Segments = append(snap.Segments, seg)
+		maxDev = max(maxDev, int(a.Device))
+	}
+	for _, e := range trace {
+		maxDev = max(maxDev, int(e.Device))
+	}
+	snap.DeviceTraces = make([][]MemvizTraceEntry, maxDev+1)
+	for _, e := range trace {
+		if e.Device < 0 {
+			continue
+		}
+		entry := MemvizTraceEntry{Action: e.Action, Addr: e.Addr, Size: e.Size, Frames: frames(e.Stack), TimeUS: e.TimeUS}
+		snap.DeviceTraces[e.Device] = append(snap.DeviceTraces[e.Device], entry)
+	}
+	if err := snap.Validate(); err != nil {
+		return nil, err
+	}
+	return snap, nil
+}

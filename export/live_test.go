@@ -1,0 +1,111 @@
+package export
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/symbolize"
+)
+
+// fakeStacks names frame 0xN "fnN" in /bin/w, mapped at 0..0x10000.
+type fakeStacks struct{}
+
+var fakeMap = proc.Mapping{Start: 0, End: 0x10000, Path: "/bin/w", BuildID: "abcd"}
+
+func (fakeStacks) Maps(*events.Stack) []proc.Mapping { return []proc.Mapping{fakeMap} }
+func (fakeStacks) Frames(st *events.Stack) []symbolize.Frame {
+	out := make([]symbolize.Frame, len(st.Frames))
+	for i, pc := range st.Frames {
+		out[i] = symbolize.Frame{Addr: pc, Function: fmt.Sprintf("fn%x", pc), File: "w.c", Line: int(pc), Module: "/bin/w"}
+	}
+	return out
+}
+
+func TestWriteLivePprof(t *testing.T) {
+	l := events.NewLedger()
+	ev := func(pid uint32, api events.API, addr, size uint64, frames ...uint64) {
+		l.Apply(&events.Event{PID: pid, TID: pid, Comm: "job", API: api, Addr: addr, Size: size, Stack: frames})
+	}
+	ev(1, events.CudaMalloc, 0x1000, 100, 0xa, 0xb)
+	ev(1, events.CudaMalloc, 0x2000, 50, 0xa, 0xb)
+	ev(2, events.CudaMalloc, 0x1000, 7, 0xc)
+	st1 := l.StackOf(1, []uint64{0xa, 0xb}, false)
+	st2 := l.StackOf(2, []uint64{0xc}, false)
+	lp := &LiveProfile{
+		Samples: []LiveSample{
+			{Stack: st2, API: events.CudaMalloc, InuseObjects: 1, InuseBytes: 7},
+			{Stack: st1, API: events.CudaMalloc, AllocObjects: 1, AllocBytes: 50, InuseObjects: 2, InuseBytes: 150},
+		},
+		Comm:     map[uint32]string{1: "job", 2: "other"},
+		Labels:   map[uint32]map[string]string{1: {"container": "c0ffee", "pod": ""}},
+		Time:     time.Unix(1700000000, 0),
+		Duration: 15 * time.Second,
+		Comment:  "live",
+	}
+	var buf bytes.Buffer
+	if err := WriteLivePprof(&buf, lp, fakeStacks{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := profile.Parse(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Sample) != 2 || p.DurationNanos != int64(15*time.Second) || p.TimeNanos != lp.Time.UnixNano() {
+		t.Fatalf("profile: %d samples, duration %d, time %d", len(p.Sample), p.DurationNanos, p.TimeNanos)
+	}
+	// Sorted by PID: pid 1 first.
+	s := p.Sample[0]
+	if fmt.Sprint(s.Value) != "[1 50 2 150]" || s.NumLabel["pid"][0] != 1 || s.Label["container"][0] != "c0ffee" ||
+		s.Label["comm"][0] != "job" || s.Label["level"][0] != "segment" || s.Label["device"][0] != "0" {
+		t.Errorf("pid 1's sample: values %v labels %v %v", s.Value, s.Label, s.NumLabel)
+	}
+	if _, ok := s.Label["pod"]; ok {
+		t.Errorf("an empty pod label was written: %v", s.Label)
+	}
+	if len(s.Location) != 2 || s.Location[0].Line[0].Function.Name != "fna" || s.Location[1].Line[0].Function.Name != "fnb" ||
+		s.Location[0].Mapping.BuildID != "abcd" {
+		t.Errorf("pid 1's stack: %v", s.Location)
+	}
+	s = p.Sample[1]
+	if fmt.Sprint(s.Value) != "[0 0 1 7]" || s.Label["comm"][0] != "other" || s.Label["container"] != nil {
+		t.Errorf("pid 2's sample: values %v labels %v", s.Value, s.Label)
+	}
+}
+
+func TestLiveSnapshot(t *testing.T) {
+	l := events.NewLedger()
+	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.CudaMalloc, Addr: 0x10000, Size: 4096, Device: 1, Stack: []uint64{0xa}})
+	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.CudaMallocHost, Addr: 0x90000, Size: 64, Stack: []uint64{0xb}})
+	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.TorchMalloc, Addr: 0x10200, Size: 1000, Device: 1, Stack: []uint64{0xc}})
+	p := l.Process(1)
+	oom := l.StackOf(1, []uint64{0xa}, false)
+	snap, err := LiveSnapshot(p.LiveAllocations(), p.LiveTensors(), true,
+		[]LiveEntry{{Action: MemvizOOM, Size: 1 << 40, Device: 1, Stack: oom, TimeUS: 5}}, fakeStacks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Segments) != 1 {
+		t.Fatalf("%d segments, want 1 (host memory left out)", len(snap.Segments))
+	}
+	seg := snap.Segments[0]
+	if seg.Device != 1 || seg.Address != 0x10000 || seg.TotalSize != 4096 || seg.AllocatedSize != 1024 || len(seg.Blocks) != 3 {
+		t.Errorf("segment %+v", seg)
+	}
+	if b := seg.Blocks[1]; b.Address != 0x10200 || b.Size != 1024 || b.RequestedSize != 1000 || b.Frames[0].Name != "fnc" {
+		t.Errorf("tensor block %+v", b)
+	}
+	if len(snap.DeviceTraces) != 2 || len(snap.DeviceTraces[1]) != 1 || snap.DeviceTraces[1][0].Action != MemvizOOM ||
+		snap.DeviceTraces[1][0].Frames[0].Name != "fna" {
+		t.Errorf("device traces %+v", snap.DeviceTraces)
+	}
+	var buf bytes.Buffer
+	if err := WriteMemviz(&buf, snap); err != nil {
+		t.Fatal(err)
+	}
+}
