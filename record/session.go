@@ -23,6 +23,11 @@ const counterEvery = time.Second
 // for CUDA libraries loaded after tracing began (dlopen from a wheel).
 const lateScanEvery = 500 * time.Millisecond
 
+// pruneEvery is how often a session of every process (--all, the agent)
+// forgets the processes that are gone: on a host where processes come and
+// go for good, its state must stay bounded by the living ones.
+const pruneEvery = 5 * time.Second
+
 // recaptureEvery rate-limits re-reading a process's maps when its stacks
 // point outside every mapping we know (a library dlopen'ed late).
 const recaptureEvery = 200 * time.Millisecond
@@ -46,6 +51,7 @@ type session struct {
 
 	lastCounters time.Time
 	lastScan     time.Time
+	lastPrune    time.Time
 	libs         loader.Libraries // every library attached, by inode
 	warned       map[string]bool
 }
@@ -167,6 +173,21 @@ func (s *session) scanLate() {
 	}
 }
 
+// prune forgets the processes that have exited, with --all only: the
+// other sessions follow a few processes and end with them. Their events
+// were read long before (the ring buffer is drained every poll).
+func (s *session) prune() {
+	if !s.opts.All || time.Since(s.lastPrune) < pruneEvery {
+		return
+	}
+	s.lastPrune = time.Now()
+	for pid := range s.procs {
+		if !proc.Alive(int(pid)) {
+			delete(s.procs, pid)
+		}
+	}
+}
+
 // Record handles one ring-buffer record.
 func (s *session) Record(raw []byte) {
 	if err := events.Decode(raw, &s.ev); err != nil {
@@ -269,6 +290,7 @@ func (s *session) buildID(pid int, m proc.Mapping) string {
 // session is over.
 func (s *session) Tick() {
 	s.scanLate()
+	s.prune()
 	if (s.w != nil || s.opts.Observer != nil) && time.Since(s.lastCounters) >= counterEvery {
 		s.lastCounters = time.Now()
 		s.writeCounters()

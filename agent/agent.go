@@ -1,0 +1,468 @@
+// Package agent is the node daemon's logic: it watches a system-wide
+// tracing session (record.Run with All, through record.Observer), keeps
+// each process's account bounded (exited processes age out), writes the
+// OOM black box, and answers the HTTP layer's questions (agent/httpapi)
+// with copies.
+//
+// Concurrency: the session's ledger, and every map of the agent, belong to
+// the reader goroutine that calls the Observer methods. Other goroutines
+// never touch them: they queue a request (a function) that the next Tick
+// runs on the reader goroutine (within the poll interval, 50 ms), and read
+// what it copied. Copies hold *events.Stack and *events.Allocation
+// pointers, but only their fields that never change after creation
+// (PID, Frames, Tensor; an Allocation's every field).
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cudatrace/cudatrace/container"
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/record"
+	"github.com/cudatrace/cudatrace/symbolize"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// Options tune an Agent.
+type Options struct {
+	// Retention is how long an exited process's account stays (for
+	// /snapshot, the profile and the trace's process frames) before it
+	// is dropped. 0 means DefaultRetention.
+	Retention time.Duration
+	// DumpDir receives the OOM black box; "" writes none.
+	DumpDir string
+	// DumpEvery rate-limits the dumps of one process: a job retrying a
+	// failing allocation in a loop gets one dump per DumpEvery. 0 means
+	// DefaultDumpEvery.
+	DumpEvery time.Duration
+	// NoSymbolize leaves frames as addresses in every output.
+	NoSymbolize bool
+	// GPUs, when set, says what the driver reports (NVML).
+	GPUs    GPUs
+	Version string
+	Stderr  io.Writer // warnings
+}
+
+// Defaults.
+const (
+	DefaultRetention = 10 * time.Minute
+	DefaultDumpEvery = time.Minute
+	// exitScanEvery is how often the agent checks which processes are gone.
+	exitScanEvery = time.Second
+	// traceQueue is how many records a /trace stream holds while its
+	// client reads: past it, records are dropped and counted.
+	traceQueue = 1 << 16
+	// snapshotOOMs is how many of a process's latest OOM failures a
+	// snapshot's device traces list.
+	snapshotOOMs = 100
+)
+
+// ErrStopped is returned to requests made after the session ended.
+var ErrStopped = errors.New("the agent's tracing session has ended")
+
+// ErrNoProcess means the agent has no account of the process asked for.
+var ErrNoProcess = errors.New("no such traced process")
+
+// Agent watches a session. Its Observer methods run on the session's
+// reader goroutine; every other method may be called from any goroutine.
+type Agent struct {
+	opts    Options
+	syms    *symbolize.Symbolizer // nil: addresses only
+	bootOff time.Duration         // wall clock minus CLOCK_BOOTTIME
+	start   time.Time
+
+	reqs    chan request
+	stopped chan struct{} // closed by Close
+	dumps   chan *oomDump
+	dumper  chan struct{} // closed when the dump goroutine is done
+
+	// Owned by the reader goroutine.
+	ledger     *events.Ledger
+	procs      map[uint32]*procState
+	stackMaps  map[*events.Stack][]proc.Mapping
+	allocs     map[sampleKey]*[2]int64 // cumulative allocations per sample
+	scraped    map[sampleKey][2]int64  // allocs at the last profile scrape
+	lastScrape time.Time
+	node       map[devLevel]*nodeUse
+	totals     Totals
+	res        record.Result // counters as of the last Tick
+	subs       []*traceSub
+	lastExit   time.Time
+}
+
+// procState is what the agent keeps of a process beside the ledger.
+type procState struct {
+	capture   *tracefile.Process // latest with mappings
+	first     *tracefile.Process // first capture (cmdline at start)
+	container container.Info
+	exitedAt  time.Time // zero while it runs
+	lastDump  time.Time
+	ooms      uint64
+	stacks    []*events.Stack // every stack seen, to forget with it
+	keys      []sampleKey
+}
+
+// sampleKey is one pprof sample: one stack, device and function.
+type sampleKey struct {
+	st     *events.Stack
+	device int32
+	api    events.API
+}
+
+// devLevel keys the node's totals.
+type devLevel struct {
+	device int32
+	tensor bool
+}
+
+type nodeUse struct{ live, peak uint64 }
+
+// Totals are the agent's own counters since it started; they never go
+// down, even as processes age out.
+type Totals struct {
+	Allocs, Frees, Failed, AllocBytes uint64
+	TensorAllocs, TensorFrees         uint64
+	OOMs                              uint64
+	Dumps, DumpErrors, DumpsSkipped   uint64
+	ProcessesSeen, ProcessesExited    uint64
+	ProcessesForgotten                uint64
+	TraceDropped                      uint64
+}
+
+type request struct {
+	f    func()
+	done chan struct{}
+}
+
+// New returns an Agent. Close it when the session has ended.
+func New(opts Options) *Agent {
+	if opts.Retention <= 0 {
+		opts.Retention = DefaultRetention
+	}
+	if opts.DumpEvery <= 0 {
+		opts.DumpEvery = DefaultDumpEvery
+	}
+	if opts.Stderr == nil {
+		opts.Stderr = io.Discard
+	}
+	a := &Agent{
+		opts:      opts,
+		bootOff:   time.Duration(time.Now().UnixNano() - int64(bootNow())),
+		start:     time.Now(),
+		reqs:      make(chan request, 64),
+		stopped:   make(chan struct{}),
+		dumps:     make(chan *oomDump, 8),
+		dumper:    make(chan struct{}),
+		ledger:    events.NewLedger(), // replaced by the session's at the first Tick
+		procs:     map[uint32]*procState{},
+		stackMaps: map[*events.Stack][]proc.Mapping{},
+		allocs:    map[sampleKey]*[2]int64{},
+		scraped:   map[sampleKey][2]int64{},
+		node:      map[devLevel]*nodeUse{},
+	}
+	a.lastScrape = a.start
+	if !opts.NoSymbolize {
+		a.syms = symbolize.New()
+	}
+	go a.dumpLoop()
+	return a
+}
+
+// Close ends the requests still waiting and the dump goroutine, after the
+// dumps queued are written. Call it after record.Run returned.
+func (a *Agent) Close() {
+	select {
+	case <-a.stopped:
+		return
+	default:
+	}
+	close(a.stopped)
+	close(a.dumps)
+	<-a.dumper
+	for _, s := range a.subs {
+		s.end()
+	}
+	a.subs = nil
+	if a.syms != nil {
+		a.syms.Close()
+	}
+}
+
+// do runs f on the reader goroutine and waits for it.
+func (a *Agent) do(ctx context.Context, f func()) error {
+	r := request{f: f, done: make(chan struct{})}
+	select {
+	case a.reqs <- r:
+	case <-a.stopped:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-r.done:
+		return nil
+	case <-a.stopped:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// wall converts a CLOCK_BOOTTIME timestamp to wall-clock time.
+func (a *Agent) wall(boot uint64) time.Time { return time.Unix(0, int64(boot)+int64(a.bootOff)) }
+
+// Process is record.Observer's: a process first seen, or its mappings
+// read again.
+func (a *Agent) Process(p *tracefile.Process) {
+	ps := a.procs[p.PID]
+	if ps == nil || !ps.exitedAt.IsZero() {
+		if ps != nil {
+			a.forget(p.PID) // the PID was reused
+		}
+		ps = &procState{first: p}
+		a.procs[p.PID] = ps
+		a.totals.ProcessesSeen++
+		if in, err := container.Of(int(p.PID)); err == nil {
+			ps.container = in
+		}
+	}
+	// A capture that failed (the process exited first) keeps the mappings
+	// read before.
+	if ps.capture == nil || p.Error == "" {
+		ps.capture = p
+	}
+	for _, s := range a.subs {
+		s.process(p)
+	}
+}
+
+// Event is record.Observer's: one event, after the ledger applied it.
+func (a *Agent) Event(ev *events.Event, ch events.Change) {
+	if len(a.subs) > 0 {
+		raw := events.Encode(nil, ev)
+		for _, s := range a.subs {
+			s.event(ev.PID, raw, &a.totals)
+		}
+	}
+	p := ch.Process
+	if p == nil {
+		return
+	}
+	ps := a.procs[p.PID]
+	if ps == nil { // an event before any capture: cannot happen with record, but be safe
+		ps = &procState{}
+		a.procs[p.PID] = ps
+	}
+	if st := ch.Stack; st != nil {
+		if _, ok := a.stackMaps[st]; !ok {
+			var maps []proc.Mapping
+			if ps.capture != nil {
+				maps = ps.capture.Maps
+			}
+			a.stackMaps[st] = maps
+			ps.stacks = append(ps.stacks, st)
+		}
+	}
+	if f := ch.Freed; f != nil {
+		if f.API.Info().Layer == events.LayerTensor {
+			a.totals.TensorFrees++
+		} else {
+			a.totals.Frees++
+		}
+		if f.API.Info().Kind != events.KindHost && ps.exitedAt.IsZero() {
+			a.nodeUse(f.Device, f.API).live -= f.Size
+		}
+	}
+	if al := ch.Alloc; al != nil {
+		k := sampleKey{al.Stack, al.Device, al.API}
+		v := a.allocs[k]
+		if v == nil {
+			v = new([2]int64)
+			a.allocs[k] = v
+			ps.keys = append(ps.keys, k)
+		}
+		v[0]++
+		v[1] += int64(al.Size)
+		if al.API.Info().Layer == events.LayerTensor {
+			a.totals.TensorAllocs++
+		} else {
+			a.totals.Allocs++
+			a.totals.AllocBytes += al.Size
+		}
+		if al.API.Info().Kind != events.KindHost {
+			u := a.nodeUse(al.Device, al.API)
+			u.live += al.Size
+			u.peak = max(u.peak, u.live)
+		}
+	}
+	if ch.Stack != nil && ch.Alloc == nil {
+		a.totals.Failed++
+		if events.IsOOM(ev.Result) {
+			a.totals.OOMs++
+			ps.ooms++
+			a.oom(ev, ch, ps)
+		}
+	}
+}
+
+func (a *Agent) nodeUse(dev int32, api events.API) *nodeUse {
+	k := devLevel{dev, api.Info().Layer == events.LayerTensor}
+	u := a.node[k]
+	if u == nil {
+		u = &nodeUse{}
+		a.node[k] = u
+	}
+	return u
+}
+
+// Tick is record.Observer's: it serves the requests queued, and ages
+// processes out.
+func (a *Agent) Tick(res *record.Result) {
+	a.ledger = res.Ledger
+	a.res.Counters, a.res.Lost, a.res.Events = res.Counters, res.Lost, res.Events
+	for {
+		select {
+		case r := <-a.reqs:
+			r.f()
+			close(r.done)
+			continue
+		default:
+		}
+		break
+	}
+	if time.Since(a.lastExit) >= exitScanEvery {
+		a.lastExit = time.Now()
+		a.scanExits()
+	}
+}
+
+// scanExits marks the processes that are gone, and forgets those gone for
+// longer than the retention.
+func (a *Agent) scanExits() {
+	now := time.Now()
+	for pid, ps := range a.procs {
+		if ps.exitedAt.IsZero() {
+			if proc.Alive(int(pid)) {
+				continue
+			}
+			ps.exitedAt = now
+			a.totals.ProcessesExited++
+			// The driver frees what an exited process held: it leaves the
+			// node's totals, though its account keeps it as evidence.
+			if p := a.ledger.Process(pid); p != nil {
+				for _, d := range p.DeviceList() {
+					a.nodeUse(d.Device, events.CudaMalloc).live -= d.Live
+					a.nodeUse(d.Device, events.TorchMalloc).live -= d.TensorLive
+				}
+			}
+			continue
+		}
+		if now.Sub(ps.exitedAt) >= a.opts.Retention {
+			a.forget(pid)
+		}
+	}
+}
+
+// forget drops everything the agent and the ledger keep of pid.
+func (a *Agent) forget(pid uint32) {
+	ps := a.procs[pid]
+	if ps == nil {
+		return
+	}
+	for _, st := range ps.stacks {
+		delete(a.stackMaps, st)
+	}
+	for _, k := range ps.keys {
+		delete(a.allocs, k)
+		delete(a.scraped, k)
+	}
+	delete(a.procs, pid)
+	a.ledger.Forget(pid)
+	a.totals.ProcessesForgotten++
+}
+
+// liveStacks symbolizes copied stacks outside the reader goroutine.
+type liveStacks struct {
+	maps map[*events.Stack][]proc.Mapping
+	syms *symbolize.Symbolizer
+	done map[*events.Stack][]symbolize.Frame
+}
+
+// stacksFor copies the mappings of the stacks given (on the reader
+// goroutine).
+func (a *Agent) stacksFor(sts ...*events.Stack) *liveStacks {
+	ls := &liveStacks{maps: map[*events.Stack][]proc.Mapping{}, syms: a.syms, done: map[*events.Stack][]symbolize.Frame{}}
+	for _, st := range sts {
+		ls.add(a, st)
+	}
+	return ls
+}
+
+func (ls *liveStacks) add(a *Agent, st *events.Stack) {
+	if st == nil {
+		return
+	}
+	if _, ok := ls.maps[st]; !ok {
+		ls.maps[st] = a.stackMaps[st]
+	}
+}
+
+func (ls *liveStacks) Maps(st *events.Stack) []proc.Mapping { return ls.maps[st] }
+
+func (ls *liveStacks) Frames(st *events.Stack) []symbolize.Frame {
+	if st == nil {
+		return []symbolize.Frame{}
+	}
+	if f, ok := ls.done[st]; ok {
+		return f
+	}
+	var f []symbolize.Frame
+	if ls.syms == nil {
+		f = make([]symbolize.Frame, len(st.Frames))
+		for i, pc := range st.Frames {
+			f[i] = symbolize.Frame{Addr: pc}
+		}
+	} else {
+		f = ls.syms.Frames(ls.maps[st], st.Frames)
+	}
+	ls.done[st] = f
+	return f
+}
+
+// pids returns the PIDs of the agent's processes, sorted.
+func (a *Agent) pids() []uint32 {
+	out := make([]uint32, 0, len(a.procs))
+	for pid := range a.procs {
+		out = append(out, pid)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func bootNow() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
+}
+
+// warn reports a problem the agent carries on after.
+func (a *Agent) warn(format string, args ...any) {
+	fmt.Fprintf(a.opts.Stderr, "cudatrace agent: warning: "+format+"\n", args...)
+}
+
+// hostname for trace metadata.
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}

@@ -1,0 +1,198 @@
+package httpapi
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cudatrace/cudatrace/agent"
+)
+
+// collectTimeout bounds one scrape's wait for the agent's copy.
+const collectTimeout = 10 * time.Second
+
+// collector turns the agent's Stats into Prometheus metrics at each
+// scrape. Names follow Prometheus practice (base units, _total on
+// counters); device metrics carry `gpu` (the device index) and `UUID`,
+// the DCGM exporter's label names, so the two join.
+type collector struct {
+	a             *agent.Agent
+	version       string
+	processLabels bool
+
+	buildInfo, live, peak, hostLive, allocs, allocBytes, frees, failures, ooms *prometheus.Desc
+	events, lost, dumps, dumpErrors, dumpsSkipped, processes, exited, dropped  *prometheus.Desc
+	stacks, nvmlUsed, nvmlTotal, nvmlProc, up                                  *prometheus.Desc
+}
+
+func newCollector(a *agent.Agent, version string, processLabels bool) *collector {
+	var pl []string
+	if processLabels {
+		pl = []string{"pid", "comm", "container", "pod"}
+	}
+	dev := append(append([]string{}, pl...), "gpu", "UUID", "level")
+	lvl := append(append([]string{}, pl...), "level")
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("cudatrace_"+name, help, labels, nil)
+	}
+	return &collector{
+		a: a, version: version, processLabels: processLabels,
+		buildInfo: d("build_info", "cudatrace's version and Go version; always 1.", "version", "goversion"),
+		live: d("live_bytes", "GPU memory live now (device and managed), per running traced process and device; "+
+			"level=segment is what the CUDA runtime and driver handed out (memory_reserved), level=tensor what PyTorch's allocator did (memory_allocated).", dev...),
+		peak:     d("peak_bytes", "The highest live_bytes reached since the process was first seen (without process labels: the highest the node's sum reached since the agent started).", dev...),
+		hostLive: d("host_live_bytes", "Pinned host memory (cudaMallocHost, cudaHostAlloc, cuMemAllocHost) live now.", pl...),
+		allocs:   d("allocations_total", "Successful allocation calls.", lvl...),
+		allocBytes: d("allocated_bytes_total", "Bytes of successful allocation calls (segments, pinned host memory included).",
+			pl...),
+		frees:        d("frees_total", "Frees of allocations the tracer saw made.", lvl...),
+		failures:     d("allocation_failures_total", "Failed allocation calls, whatever the CUDA error.", pl...),
+		ooms:         d("oom_total", "Allocation calls that failed with out of memory (cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY).", pl...),
+		events:       d("events_total", "Events read from the BPF ring buffer."),
+		lost:         d("lost_events_total", "Events lost before reaching the agent (ring buffer full, in-flight table full): raise --ring-size."),
+		dumps:        d("oom_dumps_total", "OOM black boxes written to --dump-dir."),
+		dumpErrors:   d("oom_dump_errors_total", "OOM black boxes that could not be written (see the agent's log)."),
+		dumpsSkipped: d("oom_dumps_skipped_total", "OOMs not dumped: the process was dumped less than --dump-every ago, or the writer was behind."),
+		processes:    d("processes", "Traced processes running now."),
+		exited:       d("processes_exited_total", "Traced processes that have exited."),
+		dropped:      d("trace_dropped_events_total", "Events a /trace client was too slow to take."),
+		stacks:       d("stacks", "Distinct allocation stacks held in memory."),
+		nvmlUsed:     d("nvml_used_bytes", "GPU memory used, as the driver (NVML) reports it.", "gpu", "UUID"),
+		nvmlTotal:    d("nvml_total_bytes", "GPU memory in all, as the driver (NVML) reports it.", "gpu", "UUID"),
+		nvmlProc: d("nvml_process_used_bytes", "A process's GPU memory, as the driver (NVML) reports it.",
+			"gpu", "UUID", "pid", "comm", "container", "pod"),
+		up: d("nvml_up", "1 when the last read of the driver (NVML) succeeded."),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.buildInfo, c.live, c.peak, c.hostLive, c.allocs, c.allocBytes, c.frees,
+		c.failures, c.ooms, c.events, c.lost, c.dumps, c.dumpErrors, c.dumpsSkipped, c.processes, c.exited, c.dropped,
+		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
+	defer cancel()
+	ch <- prometheus.MustNewConstMetric(c.buildInfo, prometheus.GaugeValue, 1, c.version, runtime.Version())
+	s, err := c.a.Stats(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.events, err)
+		return
+	}
+	var gpus []agent.GPU
+	uuid := map[int32]string{}
+	if g := c.a.GPUs(); g != nil {
+		gpus, err = g.Devices(ctx)
+		up := 1.0
+		if err != nil {
+			up = 0
+		}
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)
+		for _, d := range gpus {
+			uuid[int32(d.Index)] = d.UUID
+		}
+	}
+	gauge := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	var running int
+	procLabels := map[uint32][]string{}
+	for i := range s.Processes {
+		p := &s.Processes[i]
+		if p.Exited {
+			continue
+		}
+		running++
+		pl := []string{strconv.FormatUint(uint64(p.PID), 10), p.Comm, p.Container, p.PodUID}
+		procLabels[p.PID] = pl
+		if !c.processLabels {
+			continue
+		}
+		for _, d := range p.Devices {
+			gpu := []string{strconv.Itoa(int(d.Device)), uuid[d.Device]}
+			gauge(c.live, d.Live, with(pl, gpu, "segment")...)
+			gauge(c.peak, d.Peak, with(pl, gpu, "segment")...)
+			if p.TensorAllocs > 0 {
+				gauge(c.live, d.TensorLive, with(pl, gpu, "tensor")...)
+				gauge(c.peak, d.TensorPeak, with(pl, gpu, "tensor")...)
+			}
+		}
+		gauge(c.hostLive, p.HostLive, pl...)
+		counter(c.allocs, p.Allocs, with(pl, nil, "segment")...)
+		counter(c.frees, p.Frees, with(pl, nil, "segment")...)
+		if p.TensorAllocs > 0 {
+			counter(c.allocs, p.TensorAllocs, with(pl, nil, "tensor")...)
+			counter(c.frees, p.TensorFrees, with(pl, nil, "tensor")...)
+		}
+		counter(c.allocBytes, p.AllocBytes, pl...)
+		counter(c.failures, p.Failed, pl...)
+		counter(c.ooms, p.OOMs, pl...)
+	}
+	if !c.processLabels {
+		var host uint64
+		for i := range s.Processes {
+			if !s.Processes[i].Exited {
+				host += s.Processes[i].HostLive
+			}
+		}
+		for _, n := range s.Node {
+			level := "segment"
+			if n.Tensor {
+				level = "tensor"
+			}
+			gpu := []string{strconv.Itoa(int(n.Device)), uuid[n.Device], level}
+			gauge(c.live, n.Live, gpu...)
+			gauge(c.peak, n.Peak, gpu...)
+		}
+		t := &s.Totals
+		gauge(c.hostLive, host)
+		counter(c.allocs, t.Allocs, "segment")
+		counter(c.frees, t.Frees, "segment")
+		if t.TensorAllocs > 0 {
+			counter(c.allocs, t.TensorAllocs, "tensor")
+			counter(c.frees, t.TensorFrees, "tensor")
+		}
+		counter(c.allocBytes, t.AllocBytes)
+		counter(c.failures, t.Failed)
+		counter(c.ooms, t.OOMs)
+	}
+	counter(c.events, s.Events)
+	counter(c.lost, s.Lost)
+	counter(c.dumps, s.Totals.Dumps)
+	counter(c.dumpErrors, s.Totals.DumpErrors)
+	counter(c.dumpsSkipped, s.Totals.DumpsSkipped)
+	gauge(c.processes, uint64(running))
+	counter(c.exited, s.Totals.ProcessesExited)
+	counter(c.dropped, s.Totals.TraceDropped)
+	gauge(c.stacks, uint64(s.Stacks))
+	for _, d := range gpus {
+		gpu := []string{strconv.Itoa(d.Index), d.UUID}
+		gauge(c.nvmlUsed, d.UsedBytes, gpu...)
+		gauge(c.nvmlTotal, d.TotalBytes, gpu...)
+		for _, p := range d.Processes {
+			pl := procLabels[p.PID]
+			if pl == nil {
+				pl = []string{strconv.FormatUint(uint64(p.PID), 10), "", "", ""}
+			}
+			if !c.processLabels {
+				continue // a series per process is what the flag turns off
+			}
+			gauge(c.nvmlProc, p.UsedBytes, with(gpu, pl[:1], pl[1:]...)...)
+		}
+	}
+}
+
+// with joins label values.
+func with(a, b []string, rest ...string) []string {
+	out := make([]string, 0, len(a)+len(b)+len(rest))
+	return append(append(append(out, a...), b...), rest...)
+}

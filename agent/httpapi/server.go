@@ -1,0 +1,206 @@
+// Package httpapi is the agent's HTTP face: Prometheus metrics, a pprof
+// profile of the live GPU memory, memory snapshots and trace windows. It
+// only translates requests into calls on agent.Agent and writes what they
+// return.
+package httpapi
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/cudatrace/cudatrace/agent"
+)
+
+// Options tune the handler.
+type Options struct {
+	Version string
+	// Token, when not empty, is the bearer token every request must carry
+	// (Authorization: Bearer TOKEN).
+	Token string
+	// ProcessLabels puts pid, comm, container and pod on the metrics;
+	// off, the metrics are summed per device (fewer series).
+	ProcessLabels bool
+	// MaxTraceWindow bounds /trace?seconds=.
+	MaxTraceWindow time.Duration
+}
+
+// DefaultMaxTraceWindow is the longest /trace window by default.
+const DefaultMaxTraceWindow = 10 * time.Minute
+
+// defaultTraceWindow is /trace's window without ?seconds=.
+const defaultTraceWindow = 10 * time.Second
+
+// New returns the agent's HTTP handler.
+func New(a *agent.Agent, opts Options) http.Handler {
+	if opts.MaxTraceWindow <= 0 {
+		opts.MaxTraceWindow = DefaultMaxTraceWindow
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newCollector(a, opts.Version, opts.ProcessLabels))
+	s := &server{a: a, opts: opts}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /debug/pprof/cuda_memory", s.profile)
+	mux.HandleFunc("GET /snapshot", s.snapshot)
+	mux.HandleFunc("GET /trace", s.trace)
+	mux.HandleFunc("GET /{$}", s.index)
+	if opts.Token == "" {
+		return mux
+	}
+	return s.auth(mux)
+}
+
+type server struct {
+	a    *agent.Agent
+	opts Options
+}
+
+func (s *server) auth(next http.Handler) http.Handler {
+	want := []byte("Bearer " + s.opts.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="cudatrace"`)
+			http.Error(w, "cudatrace agent: a bearer token is required (Authorization: Bearer TOKEN)", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+const indexText = `cudatrace agent %s
+
+/metrics                          Prometheus metrics
+/debug/pprof/cuda_memory[?pid=N]  pprof heap profile of GPU memory: inuse_* live now, alloc_* since the last scrape
+/snapshot?pid=N                   PyTorch memory snapshot (pytorch.org/memory_viz) of one process
+/trace?pid=N&seconds=S            a trace file of the next S seconds (cudatrace report / export read it)
+`
+
+func (s *server) index(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprintf(w, indexText, s.opts.Version)
+}
+
+// pidParam reads ?pid=; 0 when absent and not required.
+func pidParam(r *http.Request, required bool) (uint32, error) {
+	v := r.URL.Query().Get("pid")
+	if v == "" {
+		if required {
+			return 0, errors.New("?pid= is required: a snapshot is one process's (see /metrics for the PIDs)")
+		}
+		return 0, nil
+	}
+	pid, err := strconv.ParseUint(v, 10, 32)
+	if err != nil || pid == 0 {
+		return 0, fmt.Errorf("?pid=%q: want a process ID", v)
+	}
+	return uint32(pid), nil
+}
+
+// fail answers an error with the status it calls for.
+func fail(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, agent.ErrNoProcess):
+		code = http.StatusNotFound
+	case errors.Is(err, agent.ErrStopped):
+		code = http.StatusServiceUnavailable
+	}
+	http.Error(w, "cudatrace agent: "+err.Error(), code)
+}
+
+// profile and snapshot are built in memory before the first byte goes
+// out, so an error still gets its status code.
+func (s *server) profile(w http.ResponseWriter, r *http.Request) {
+	pid, err := pidParam(r, false)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var buf bytes.Buffer
+	if err := s.a.Profile(r.Context(), &buf, pid); err != nil {
+		fail(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="cuda_memory.pb.gz"`)
+	w.Write(buf.Bytes())
+}
+
+func (s *server) snapshot(w http.ResponseWriter, r *http.Request) {
+	pid, err := pidParam(r, true)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var buf bytes.Buffer
+	if err := s.a.Snapshot(r.Context(), &buf, pid); err != nil {
+		fail(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename="snapshot-%d.pickle"`, pid))
+	w.Write(buf.Bytes())
+}
+
+func (s *server) trace(w http.ResponseWriter, r *http.Request) {
+	pid, err := pidParam(r, false)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	d := defaultTraceWindow
+	if v := r.URL.Query().Get("seconds"); v != "" {
+		sec, err := strconv.ParseFloat(v, 64)
+		if err != nil || sec <= 0 || time.Duration(sec*float64(time.Second)) > s.opts.MaxTraceWindow {
+			http.Error(w, fmt.Sprintf("?seconds=%q: want a number of seconds up to %v", v,
+				s.opts.MaxTraceWindow.Seconds()), http.StatusBadRequest)
+			return
+		}
+		d = time.Duration(sec * float64(time.Second))
+	}
+	// The trace streams: the status goes out with the first bytes, so an
+	// unknown PID is checked first.
+	if pid != 0 {
+		if err := s.a.Known(r.Context(), pid); err != nil {
+			fail(w, err)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	name := "agent.trace"
+	if pid != 0 {
+		name = fmt.Sprintf("pid-%d.trace", pid)
+	}
+	w.Header().Set("Content-Disposition", `attachment; filename="`+strings.ReplaceAll(name, `"`, "")+`"`)
+	rc := http.NewResponseController(w)
+	rc.SetWriteDeadline(time.Now().Add(d + time.Minute))
+	if err := s.a.Trace(r.Context(), &flushWriter{w: w, rc: rc}, pid, d); err != nil {
+		// Too late for a status: the client sees a trace cut short, which
+		// `cudatrace report` says is truncated.
+		return
+	}
+}
+
+// flushWriter pushes every write to the client: a trace window streams.
+type flushWriter struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (f *flushWriter) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	if err == nil {
+		f.rc.Flush()
+	}
+	return n, err
+}

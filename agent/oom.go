@@ -1,0 +1,253 @@
+package agent
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/export"
+	"github.com/cudatrace/cudatrace/report"
+	"github.com/cudatrace/cudatrace/symbolize"
+)
+
+// oomStacks is how many of the live set's stacks an OOM report lists.
+const oomStacks = 10
+
+// oomDump is what the OOM black box writes of one failure, copied on the
+// reader goroutine at the moment the allocation failed.
+type oomDump struct {
+	time     time.Time
+	pid      uint32
+	stats    ProcessStats
+	failure  events.Failure
+	segs     []*events.Allocation
+	tensors  []*events.Allocation
+	level    bool // tensor events
+	src      *liveStacks
+	deviceOf int32
+}
+
+// OOMReport is the JSON file of the OOM black box: the failed call and
+// what its process held when it failed.
+type OOMReport struct {
+	Time      string         `json:"time"` // RFC 3339, when the call failed
+	PID       uint32         `json:"pid"`
+	Comm      string         `json:"comm"`
+	Cmdline   []string       `json:"cmdline,omitempty"`
+	Container string         `json:"container,omitempty"`
+	PodUID    string         `json:"pod_uid,omitempty"`
+	Failure   report.Failure `json:"failure"` // live_stacks: the device's live set by stack, most bytes first
+	Process   report.Process `json:"process"` // its account at the failure
+	Files     OOMFiles       `json:"files"`
+}
+
+// OOMFiles names the dump's files, in the same directory.
+type OOMFiles struct {
+	Memviz string `json:"memviz"` // PyTorch memory snapshot (pickle)
+	Pprof  string `json:"pprof"`  // heap profile of the live set (inuse_*)
+	Report string `json:"report"` // this file
+}
+
+// oom queues the black box of a failed allocation, rate-limited per process.
+func (a *Agent) oom(ev *events.Event, ch events.Change, ps *procState) {
+	if a.opts.DumpDir == "" {
+		return
+	}
+	now := time.Now()
+	if !ps.lastDump.IsZero() && now.Sub(ps.lastDump) < a.opts.DumpEvery {
+		a.totals.DumpsSkipped++
+		return
+	}
+	ps.lastDump = now
+	p := ch.Process
+	d := &oomDump{time: a.wall(ev.End()), pid: p.PID, stats: a.processStats(ps, p),
+		failure: events.Failure{Time: ev.End(), TID: ev.TID, API: ev.API, Size: ev.Size, Device: ev.Device,
+			Result: ev.Result, Stack: ch.Stack},
+		segs: p.LiveAllocations(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0, deviceOf: ev.Device}
+	d.src = a.stacksFor(ch.Stack)
+	for _, al := range d.segs {
+		d.src.add(a, al.Stack)
+	}
+	for _, al := range d.tensors {
+		d.src.add(a, al.Stack)
+	}
+	select {
+	case a.dumps <- d:
+	default:
+		a.totals.DumpsSkipped++ // the writer is behind: never block the reader
+	}
+}
+
+// dumpLoop writes the queued dumps; it ends when Close closes the queue.
+func (a *Agent) dumpLoop() {
+	defer close(a.dumper)
+	for d := range a.dumps {
+		err := a.writeDump(d)
+		// The counters belong to the reader goroutine.
+		a.post(func() {
+			if err != nil {
+				a.totals.DumpErrors++
+			} else {
+				a.totals.Dumps++
+			}
+		})
+		if err != nil {
+			a.warn("OOM dump of pid %d: %v", d.pid, err)
+		}
+	}
+}
+
+// post queues f for the reader goroutine without waiting; it is dropped
+// once the agent stopped.
+func (a *Agent) post(f func()) {
+	select {
+	case a.reqs <- request{f: f, done: make(chan struct{})}:
+	case <-a.stopped:
+	}
+}
+
+// writeDump writes the three files of one OOM, each 0600: they hold stacks
+// and command lines.
+func (a *Agent) writeDump(d *oomDump) error {
+	if err := os.MkdirAll(a.opts.DumpDir, 0o700); err != nil {
+		return fmt.Errorf("create --dump-dir: %w", err)
+	}
+	base := fmt.Sprintf("oom-%d-%s", d.pid, d.time.UTC().Format("20060102T150405.000000000Z"))
+	files := OOMFiles{Memviz: base + ".pickle", Pprof: base + ".pb.gz", Report: base + ".json"}
+
+	var snapBuf bytes.Buffer
+	trace := []export.LiveEntry{{Action: export.MemvizOOM, Size: d.failure.Size, Device: d.failure.Device,
+		Stack: d.failure.Stack, TimeUS: d.time.UnixMicro()}}
+	if d.failure.Device < 0 {
+		trace = nil
+	}
+	snap, err := export.LiveSnapshot(d.segs, d.tensors, d.level, trace, d.src)
+	if err == nil {
+		err = export.WriteMemviz(&snapBuf, snap)
+	}
+	if err != nil {
+		return fmt.Errorf("memviz: %w", err)
+	}
+
+	samples := map[sampleKey]*export.LiveSample{}
+	for _, al := range append(slices.Clone(d.segs), d.tensors...) {
+		k := sampleKey{al.Stack, al.Device, al.API}
+		s := samples[k]
+		if s == nil {
+			s = &export.LiveSample{Stack: al.Stack, Device: al.Device, API: al.API}
+			samples[k] = s
+		}
+		s.InuseObjects++
+		s.InuseBytes += int64(al.Size)
+	}
+	lp := &export.LiveProfile{Comm: map[uint32]string{d.pid: d.stats.Comm},
+		Labels: map[uint32]map[string]string{d.pid: {"container": d.stats.Container, "pod": d.stats.PodUID}},
+		Time:   d.time,
+		Comment: fmt.Sprintf("cudatrace agent: GPU memory of pid %d live when %s of %d bytes failed (%s)",
+			d.pid, d.failure.API, d.failure.Size, d.failure.API.ResultName(d.failure.Result))}
+	for _, s := range samples {
+		lp.Samples = append(lp.Samples, *s)
+	}
+	var profBuf bytes.Buffer
+	if err := export.WriteLivePprof(&profBuf, lp, d.src); err != nil {
+		return err
+	}
+
+	rep := a.oomReport(d, files)
+	repBuf, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode report: %w", err)
+	}
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{files.Memviz, snapBuf.Bytes()}, {files.Pprof, profBuf.Bytes()}, {files.Report, append(repBuf, '\n')}} {
+		if err := writeFile0600(filepath.Join(a.opts.DumpDir, f.name), f.data); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(a.opts.Stderr, "cudatrace agent: pid %d (%s): %s of %d bytes failed with %s; dumped %s\n",
+		d.pid, d.stats.Comm, d.failure.API, d.failure.Size, d.failure.API.ResultName(d.failure.Result),
+		filepath.Join(a.opts.DumpDir, files.Report))
+	return nil
+}
+
+func (a *Agent) oomReport(d *oomDump, files OOMFiles) *OOMReport {
+	frames := func(st *events.Stack) []report.Frame { return toFrames(d.src.Frames(st)) }
+	s := &d.stats
+	rep := &OOMReport{Time: d.time.Format(time.RFC3339Nano), PID: d.pid, Comm: s.Comm, Cmdline: s.Cmdline,
+		Container: s.Container, PodUID: s.PodUID, Files: files}
+	f := &d.failure
+	rep.Failure = report.Failure{PID: d.pid, TID: f.TID, API: f.API.String(), Size: f.Size, Device: f.Device,
+		Result: f.Result, Error: f.API.ResultName(f.Result), Time: rep.Time, Frames: frames(f.Stack),
+		LiveBytes: s.Live}
+	type group struct {
+		st           *events.Stack
+		bytes, count uint64
+	}
+	by := map[*events.Stack]*group{}
+	var groups []*group
+	for _, al := range d.segs {
+		if !al.API.Segment() || al.Device != f.Device {
+			continue
+		}
+		rep.Failure.DeviceLiveBytes += al.Size
+		g := by[al.Stack]
+		if g == nil {
+			g = &group{st: al.Stack}
+			by[al.Stack] = g
+			groups = append(groups, g)
+		}
+		g.bytes += al.Size
+		g.count++
+	}
+	slices.SortFunc(groups, func(x, y *group) int {
+		return cmp.Or(cmp.Compare(y.bytes, x.bytes), cmp.Compare(y.count, x.count), slices.Compare(x.st.Frames, y.st.Frames))
+	})
+	for _, g := range groups[:min(len(groups), oomStacks)] {
+		rep.Failure.LiveStacks = append(rep.Failure.LiveStacks, report.StackShare{LiveBytes: g.bytes, LiveCount: g.count,
+			Frames: frames(g.st)})
+	}
+	rep.Process = report.Process{PID: d.pid, Comm: s.Comm, Cmdline: s.Cmdline, Allocs: s.Allocs, Frees: s.Frees,
+		Failed: s.Failed, AllocBytes: s.AllocBytes, LiveBytes: s.Live, PeakBytes: s.Peak, HostLiveBytes: s.HostLive,
+		HostPeakBytes: s.HostPeak, LiveAllocations: len(d.segs), UnknownFrees: s.UnknownFrees,
+		TensorAllocs: s.TensorAllocs, TensorFrees: s.TensorFrees, TensorLiveBytes: s.TensorLive,
+		TensorPeakBytes: s.TensorPeak, Devices: []report.Device{}}
+	for _, dv := range s.Devices {
+		rep.Process.Devices = append(rep.Process.Devices, report.Device{Device: dv.Device, LiveBytes: dv.Live,
+			PeakBytes: dv.Peak, TensorLiveBytes: dv.TensorLive, TensorPeakBytes: dv.TensorPeak})
+	}
+	return rep
+}
+
+func toFrames(fs []symbolize.Frame) []report.Frame {
+	out := make([]report.Frame, 0, len(fs))
+	for _, f := range fs {
+		out = append(out, report.Frame{Function: f.Function, File: f.File, Line: f.Line, Module: f.Module,
+			Address: fmt.Sprintf("%#x", f.Addr), Offset: f.Offset})
+	}
+	return out
+}
+
+// writeFile0600 creates path with mode 0600 whatever the umask, and never
+// follows or overwrites an existing file.
+func writeFile0600(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,193 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// A /trace window is a stream, not a ring of history: from the request
+// on, the records of the process (or of all) are queued as they arrive
+// and written to the client as a trace file, with the process frames
+// first. The agent keeps no raw records otherwise.
+
+// traceSub is one trace window being written.
+type traceSub struct {
+	pid     uint32 // 0: every process
+	items   chan traceItem
+	dropped atomic.Uint64
+	events  atomic.Uint64
+	closed  bool
+}
+
+type traceItem struct {
+	raw  []byte
+	proc *tracefile.Process
+}
+
+func (s *traceSub) wants(pid uint32) bool { return s.pid == 0 || s.pid == pid }
+
+func (s *traceSub) event(pid uint32, raw []byte, t *Totals) {
+	if !s.wants(pid) {
+		return
+	}
+	select {
+	case s.items <- traceItem{raw: raw}:
+	default:
+		s.dropped.Add(1)
+		t.TraceDropped++
+	}
+}
+
+func (s *traceSub) process(p *tracefile.Process) {
+	if !s.wants(p.PID) {
+		return
+	}
+	select {
+	case s.items <- traceItem{proc: p}:
+	default:
+		s.dropped.Add(1)
+	}
+}
+
+func (s *traceSub) end() {
+	if !s.closed {
+		s.closed = true
+		close(s.items)
+	}
+}
+
+// Trace writes a trace file of the window from now to now+d to w: every
+// event of pid (0: of every process) as the recorder writes it, after the
+// process frames the agent holds. `cudatrace report` and `export` read it.
+// Records a slow client cannot take are dropped and counted in the trace's
+// lost events.
+func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Duration) error {
+	sub := &traceSub{pid: pid, items: make(chan traceItem, traceQueue)}
+	var (
+		procs     []*tracefile.Process
+		lostStart uint64
+		err       error
+	)
+	rerr := a.do(ctx, func() {
+		if pid != 0 && a.procs[pid] == nil {
+			err = fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+			return
+		}
+		for _, p := range a.pids() {
+			if ps := a.procs[p]; sub.wants(p) && ps.capture != nil {
+				procs = append(procs, ps.capture)
+			}
+		}
+		lostStart = a.res.Lost
+		a.subs = append(a.subs, sub)
+	})
+	if rerr != nil {
+		return rerr
+	}
+	if err != nil {
+		return err
+	}
+	unsubscribe := func() (lost uint64) {
+		a.do(context.Background(), func() {
+			for i, s := range a.subs {
+				if s == sub {
+					a.subs = append(a.subs[:i], a.subs[i+1:]...)
+					break
+				}
+			}
+			sub.end()
+			lost = a.res.Lost - lostStart
+		})
+		return lost
+	}
+
+	meta := tracefile.Meta{Tool: "cudatrace " + a.opts.Version + " agent", Host: hostname(), Kernel: kernel(),
+		StartBoot: bootNow(), StartWall: time.Now(), All: pid == 0}
+	if pid != 0 {
+		meta.PIDs = []int{int(pid)}
+	}
+	tw, err := tracefile.NewWriter(w, meta)
+	if err != nil {
+		unsubscribe()
+		return err
+	}
+	for _, p := range procs {
+		tw.WriteProcess(p)
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	flush := time.NewTicker(200 * time.Millisecond)
+	defer flush.Stop()
+	reason := "window elapsed"
+	var events uint64
+loop:
+	for {
+		select {
+		case it, ok := <-sub.items:
+			if !ok {
+				reason = "agent stopped"
+				break loop
+			}
+			if err := write(tw, it); err != nil {
+				unsubscribe()
+				return err
+			}
+			if it.raw != nil {
+				events++
+			}
+		case <-flush.C:
+			if err := tw.Flush(); err != nil {
+				unsubscribe()
+				return err
+			}
+		case <-timer.C:
+			break loop
+		case <-ctx.Done():
+			unsubscribe()
+			return ctx.Err()
+		}
+	}
+	lost := unsubscribe()
+	// What was queued before the unsubscribe is in the window too.
+	for it := range sub.items {
+		if err := write(tw, it); err != nil {
+			return err
+		}
+		if it.raw != nil {
+			events++
+		}
+	}
+	lost += sub.dropped.Load()
+	tw.WriteCounters(&tracefile.Counters{Time: bootNow(), Counters: map[string]uint64{"agent_dropped": sub.dropped.Load()},
+		Lost: lost})
+	tw.WriteEnd(&tracefile.End{Time: bootNow(), Events: events, Reason: reason})
+	return tw.Close()
+}
+
+func write(tw *tracefile.Writer, it traceItem) error {
+	if it.proc != nil {
+		return tw.WriteProcess(it.proc)
+	}
+	return tw.WriteEvent(it.raw)
+}
+
+func kernel() string {
+	var uts syscall.Utsname
+	if syscall.Uname(&uts) != nil {
+		return ""
+	}
+	var b []byte
+	for _, c := range uts.Release {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}

@@ -1,0 +1,256 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/export"
+)
+
+// ProcessStats is a copy of one process's account.
+type ProcessStats struct {
+	PID       uint32
+	Comm      string
+	Cmdline   []string
+	Container string // container ID, "" on the host
+	PodUID    string // Kubernetes pod UID, "" outside a pod
+	Exited    bool   // gone; kept until the retention passes
+
+	Allocs, Frees, Failed, AllocBytes uint64
+	UnknownFrees                      uint64
+	TensorAllocs, TensorFrees         uint64
+	Live, Peak                        uint64
+	HostLive, HostPeak                uint64
+	TensorLive, TensorPeak            uint64
+	OOMs                              uint64
+	Devices                           []events.Device // by ordinal
+}
+
+// NodeStats is the GPU memory of the running traced processes, summed
+// per device and level, and the highest the sum reached since the agent
+// started.
+type NodeStats struct {
+	Device     int32
+	Tensor     bool // tensor level (PyTorch's allocator); else segments
+	Live, Peak uint64
+}
+
+// Stats is a copy of the agent's state for /metrics.
+type Stats struct {
+	Processes []ProcessStats // by PID
+	Node      []NodeStats    // by device, segments first
+	Totals    Totals
+	Events    uint64            // records read
+	Lost      uint64            // events the BPF side lost
+	Counters  map[string]uint64 // the BPF side's counters
+	Stacks    int               // distinct stacks held
+	Start     time.Time
+}
+
+// Stats copies the agent's state.
+func (a *Agent) Stats(ctx context.Context) (*Stats, error) {
+	var s *Stats
+	err := a.do(ctx, func() { s = a.stats() })
+	return s, err
+}
+
+func (a *Agent) stats() *Stats {
+	s := &Stats{Totals: a.totals, Events: a.res.Events, Lost: a.res.Lost, Counters: map[string]uint64{},
+		Stacks: len(a.stackMaps), Start: a.start}
+	for k, v := range a.res.Counters {
+		s.Counters[k] = v
+	}
+	for _, pid := range a.pids() {
+		ps := a.procs[pid]
+		p := a.ledger.Process(pid)
+		if p == nil {
+			continue // seen, but no event applied yet
+		}
+		s.Processes = append(s.Processes, a.processStats(ps, p))
+	}
+	for k, u := range a.node {
+		s.Node = append(s.Node, NodeStats{Device: k.device, Tensor: k.tensor, Live: u.live, Peak: u.peak})
+	}
+	sort.Slice(s.Node, func(i, j int) bool {
+		if s.Node[i].Device != s.Node[j].Device {
+			return s.Node[i].Device < s.Node[j].Device
+		}
+		return !s.Node[i].Tensor && s.Node[j].Tensor
+	})
+	return s
+}
+
+func (a *Agent) processStats(ps *procState, p *events.Process) ProcessStats {
+	out := ProcessStats{PID: p.PID, Comm: p.Comm, Container: ps.container.ID, PodUID: ps.container.PodUID,
+		Exited: !ps.exitedAt.IsZero(), Allocs: p.Allocs, Frees: p.Frees, Failed: p.Failed, AllocBytes: p.AllocBytes,
+		UnknownFrees: p.UnknownFrees, TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees,
+		Live: p.Live, Peak: p.Peak, HostLive: p.HostLive, HostPeak: p.HostPeak,
+		TensorLive: p.TensorLive, TensorPeak: p.TensorPeak, OOMs: ps.ooms}
+	if ps.first != nil {
+		out.Cmdline = ps.first.Cmdline
+	}
+	for _, d := range p.DeviceList() {
+		out.Devices = append(out.Devices, *d)
+	}
+	return out
+}
+
+// Profile writes the live set as a pprof heap profile (gzipped): inuse_*
+// is what is live now, alloc_* the allocations made since the last call
+// (by any caller) that covered them. pid 0 means every process. Profiles
+// are built outside the reader goroutine, from copies.
+func (a *Agent) Profile(ctx context.Context, w io.Writer, pid uint32) error {
+	var (
+		lp  *export.LiveProfile
+		src *liveStacks
+		err error
+	)
+	if rerr := a.do(ctx, func() { lp, src, err = a.profile(pid) }); rerr != nil {
+		return rerr
+	}
+	if err != nil {
+		return err
+	}
+	return export.WriteLivePprof(w, lp, src)
+}
+
+func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
+	pids := a.pids()
+	if pid != 0 {
+		if a.ledger.Process(pid) == nil {
+			return nil, nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+		}
+		pids = []uint32{pid}
+	}
+	now := time.Now()
+	lp := &export.LiveProfile{Comm: map[uint32]string{}, Labels: map[uint32]map[string]string{}, Time: now,
+		Duration: now.Sub(a.lastScrape),
+		Comment: fmt.Sprintf("cudatrace agent: GPU memory; inuse_* is the live set at %s, alloc_* the allocations since %s",
+			now.Format(time.RFC3339), a.lastScrape.Format(time.RFC3339))}
+	if pid == 0 {
+		a.lastScrape = now
+	}
+	src := a.stacksFor()
+	samples := map[sampleKey]*export.LiveSample{}
+	sample := func(k sampleKey) *export.LiveSample {
+		s := samples[k]
+		if s == nil {
+			s = &export.LiveSample{Stack: k.st, Device: k.device, API: k.api}
+			samples[k] = s
+			src.add(a, k.st)
+		}
+		return s
+	}
+	for _, pid := range pids {
+		p := a.ledger.Process(pid)
+		ps := a.procs[pid]
+		if p == nil || ps == nil {
+			continue
+		}
+		lp.Comm[pid] = p.Comm
+		lp.Labels[pid] = map[string]string{"container": ps.container.ID, "pod": ps.container.PodUID}
+		for _, al := range p.LiveAllocations() {
+			s := sample(sampleKey{al.Stack, al.Device, al.API})
+			s.InuseObjects++
+			s.InuseBytes += int64(al.Size)
+		}
+		for _, al := range p.LiveTensors() {
+			s := sample(sampleKey{al.Stack, al.Device, al.API})
+			s.InuseObjects++
+			s.InuseBytes += int64(al.Size)
+		}
+		for _, k := range ps.keys {
+			v := a.allocs[k]
+			old := a.scraped[k]
+			if d0, d1 := v[0]-old[0], v[1]-old[1]; d0 != 0 || d1 != 0 {
+				s := sample(k)
+				s.AllocObjects, s.AllocBytes = d0, d1
+			}
+			a.scraped[k] = *v
+		}
+	}
+	for _, s := range samples {
+		lp.Samples = append(lp.Samples, *s)
+	}
+	return lp, src, nil
+}
+
+// Snapshot writes one process's live set as a PyTorch memory snapshot
+// (pytorch.org/memory_viz): its segments, cut into its live tensors' blocks
+// when it has PyTorch's tensor events, and, in device_traces, its latest
+// out-of-memory failures.
+func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
+	var (
+		segs, tensors []*events.Allocation
+		trace         []export.LiveEntry
+		src           *liveStacks
+		level         bool
+		err           error
+	)
+	rerr := a.do(ctx, func() {
+		p := a.ledger.Process(pid)
+		if p == nil {
+			err = fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+			return
+		}
+		segs, tensors = p.LiveAllocations(), p.LiveTensors()
+		level = p.TensorAllocs > 0
+		src = a.stacksFor()
+		for _, al := range segs {
+			src.add(a, al.Stack)
+		}
+		for _, al := range tensors {
+			src.add(a, al.Stack)
+		}
+		trace = a.oomEntries(p, snapshotOOMs)
+		for _, e := range trace {
+			src.add(a, e.Stack)
+		}
+	})
+	if rerr != nil {
+		return rerr
+	}
+	if err != nil {
+		return err
+	}
+	snap, err := export.LiveSnapshot(segs, tensors, level, trace, src)
+	if err != nil {
+		return err
+	}
+	return export.WriteMemviz(w, snap)
+}
+
+// oomEntries lists p's latest n out-of-memory failures as memviz oom
+// entries, oldest first.
+func (a *Agent) oomEntries(p *events.Process, n int) []export.LiveEntry {
+	var out []export.LiveEntry
+	for i := len(p.Failures) - 1; i >= 0 && len(out) < n; i-- {
+		f := &p.Failures[i]
+		if !events.IsOOM(f.Result) || f.Device < 0 {
+			continue
+		}
+		out = append(out, export.LiveEntry{Action: export.MemvizOOM, Size: f.Size, Device: f.Device, Stack: f.Stack,
+			TimeUS: a.wall(f.Time).UnixMicro()})
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
+
+// Known returns an error wrapping ErrNoProcess unless the agent holds an
+// account of pid.
+func (a *Agent) Known(ctx context.Context, pid uint32) error {
+	var known bool
+	if err := a.do(ctx, func() { known = a.procs[pid] != nil }); err != nil {
+		return err
+	}
+	if !known {
+		return fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+	}
+	return nil
+}

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cudatrace/cudatrace/agent"
+	"github.com/cudatrace/cudatrace/agent/httpapi"
+	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/record"
+)
+
+type agentFlags struct {
+	listen        string
+	tokenFile     string
+	noToken       bool
+	libs          []string
+	retention     time.Duration
+	dumpDir       string
+	dumpEvery     time.Duration
+	processLabels bool
+	ringSize      string
+	noSymbolize   bool
+}
+
+func newAgentCmd() *cobra.Command {
+	var f agentFlags
+	cmd := &cobra.Command{
+		Use:   "agent [flags]",
+		Short: "Trace every CUDA process on this node and serve metrics, profiles and OOM dumps over HTTP",
+		Long: `Agent is the always-on node daemon. It traces every CUDA process on the host
+(processes and library copies that appear later included), keeps each one's
+account in memory (an exited process is dropped after --retention), and
+serves, on 127.0.0.1 unless --listen says otherwise:
+
+  /metrics                          Prometheus metrics: live and peak bytes per
+                                    process and GPU, allocations, failures, OOMs,
+                                    lost events (labels gpu and UUID as DCGM's)
+  /debug/pprof/cuda_memory[?pid=N]  pprof heap profile: inuse_* is the live GPU
+                                    memory, alloc_* the allocations since the
+                                    last scrape (Pyroscope/Alloy, Parca)
+  /snapshot?pid=N                   PyTorch memory snapshot of one process
+                                    (pytorch.org/memory_viz)
+  /trace?pid=N&seconds=S            a trace file of the next S seconds, for
+                                    'cudatrace report' and 'cudatrace export'
+
+When an allocation fails with out of memory, the agent writes that
+process's memory snapshot, a pprof profile of its live set and a JSON report
+with the failing stack into --dump-dir (files mode 0600).
+
+A process in a container is labelled with its container ID, and with its
+pod's UID under Kubernetes (from /proc/PID/cgroup).
+
+Off loopback, requests need a bearer token (--token-file), unless
+--insecure-no-token says otherwise. See docs/agent.md.`,
+		Example: `  # On a GPU node, as root: metrics on 127.0.0.1:9738, OOM dumps in /var/lib/cudatrace/oom
+  cudatrace agent
+
+  # Scrape it
+  curl -s localhost:9738/metrics | grep cudatrace_live_bytes
+  go tool pprof -http :8080 http://127.0.0.1:9738/debug/pprof/cuda_memory
+  curl -so job.pickle 'localhost:9738/snapshot?pid=4242'
+  curl -so job.trace 'localhost:9738/trace?pid=4242&seconds=30' && cudatrace report job.trace
+
+  # Serve the node's Prometheus on its own address, with a token, and fewer series
+  cudatrace agent --listen 0.0.0.0:9738 --token-file /etc/cudatrace/token --process-labels=false`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runAgent(cmd, &f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:9738", "HTTP address to serve on (port 0 picks a free one)")
+	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the bearer token every request must carry")
+	fl.BoolVar(&f.noToken, "insecure-no-token", false, "serve off loopback without a token (anyone who reaches the port reads stacks and command lines)")
+	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
+	fl.DurationVar(&f.retention, "retention", agent.DefaultRetention, "how long an exited process's account is kept")
+	fl.StringVar(&f.dumpDir, "dump-dir", "/var/lib/cudatrace/oom", `where OOM dumps go ("" writes none)`)
+	fl.DurationVar(&f.dumpEvery, "dump-every", agent.DefaultDumpEvery, "at most one OOM dump per process this often")
+	fl.BoolVar(&f.processLabels, "process-labels", true, "label metrics with pid, comm, container and pod (off: summed per GPU)")
+	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
+	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
+	return cmd
+}
+
+func runAgent(cmd *cobra.Command, f *agentFlags) error {
+	ring, err := parseSize(f.ringSize)
+	if err != nil {
+		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
+	}
+	if f.retention <= 0 {
+		return hint.Wrap(fmt.Errorf("--retention %v: must be positive", f.retention), "e.g. --retention 10m")
+	}
+	token, err := readToken(f.tokenFile)
+	if err != nil {
+		return err
+	}
+	if token == "" && !f.noToken && !loopback(f.listen) {
+		return hint.Wrap(fmt.Errorf("--listen %s is not a loopback address, and no --token-file is given", f.listen),
+			"give --token-file FILE (clients send Authorization: Bearer TOKEN), or --insecure-no-token if the network is trusted")
+	}
+	stderr := cmd.ErrOrStderr()
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return hint.Wrap(fmt.Errorf("--listen %s: %w", f.listen, err), "choose a free address, e.g. --listen 127.0.0.1:9739")
+	}
+	a := agent.New(agent.Options{Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
+		NoSymbolize: f.noSymbolize, Version: version, Stderr: stderr})
+	defer a.Close()
+	srv := &http.Server{
+		Handler:           httpapi.New(a, httpapi.Options{Version: version, Token: token, ProcessLabels: f.processLabels}),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	}()
+	fmt.Fprintf(stderr, "cudatrace agent: serving http://%s/\n", ln.Addr())
+
+	ctx, stop := context.WithCancel(cmd.Context())
+	defer stop()
+	go func() {
+		// A server that stops serving stops the agent.
+		if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintf(stderr, "cudatrace agent: http: %v\n", err)
+			stop()
+		}
+	}()
+	opts := record.Options{Libs: f.libs, All: true, Version: version, Stderr: stderr, Observer: a}
+	opts.Tracer.RingBytes = ring
+	res, err := record.Run(ctx, opts)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "cudatrace agent: stopped (%s) after %d events, %d lost\n", res.StopReason, res.Events, res.Lost)
+	return nil
+}
+
+// readToken reads the bearer token: the file's content, trimmed.
+func readToken(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", hint.Wrap(fmt.Errorf("--token-file: %w", err), "the file holds the token on one line")
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", hint.Wrap(fmt.Errorf("--token-file %s is empty", path), "put the token on one line")
+	}
+	return t, nil
+}
+
+// loopback reports whether the listen address is on the loopback
+// interface only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
