@@ -96,6 +96,7 @@ type Agent struct {
 	totals     Totals
 	res        record.Result // counters as of the last Tick
 	subs       []*traceSub
+	pending    []request // queued, not yet settled
 	lastExit   time.Time
 }
 
@@ -141,7 +142,14 @@ type Totals struct {
 type request struct {
 	f    func()
 	done chan struct{}
+	at   time.Time // when it was queued
 }
+
+// settle is how old a request must be before it is served: records
+// submitted before the request may still sit in the ring buffer (the BPF
+// side wakes the reader only past a fill threshold, and the reader polls
+// every 50 ms), and an answer must count them.
+const settle = 120 * time.Millisecond
 
 // New returns an Agent. Close it when the session has ended.
 func New(opts Options) *Agent {
@@ -199,7 +207,7 @@ func (a *Agent) Close() {
 
 // do runs f on the reader goroutine and waits for it.
 func (a *Agent) do(ctx context.Context, f func()) error {
-	r := request{f: f, done: make(chan struct{})}
+	r := request{f: f, done: make(chan struct{}), at: time.Now()}
 	select {
 	case a.reqs <- r:
 	case <-a.stopped:
@@ -332,13 +340,24 @@ func (a *Agent) Tick(res *record.Result) {
 	for {
 		select {
 		case r := <-a.reqs:
-			r.f()
-			close(r.done)
+			a.pending = append(a.pending, r)
 			continue
 		default:
 		}
 		break
 	}
+	n := 0
+	for _, r := range a.pending {
+		if time.Since(r.at) < settle {
+			a.pending[n] = r
+			n++
+			continue
+		}
+		r.f()
+		close(r.done)
+	}
+	clear(a.pending[n:])
+	a.pending = a.pending[:n]
 	if time.Since(a.lastExit) >= exitScanEvery {
 		a.lastExit = time.Now()
 		a.scanExits()

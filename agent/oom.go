@@ -107,7 +107,7 @@ func (a *Agent) dumpLoop() {
 // once the agent stopped.
 func (a *Agent) post(f func()) {
 	select {
-	case a.reqs <- request{f: f, done: make(chan struct{})}:
+	case a.reqs <- request{f: f, done: make(chan struct{}), at: time.Now()}:
 	case <-a.stopped:
 	}
 }
