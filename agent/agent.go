@@ -306,7 +306,7 @@ func (a *Agent) Event(ev *events.Event, ch events.Change) {
 			a.totals.Allocs++
 			a.totals.AllocBytes += al.Size
 		}
-		if al.API.Info().Kind != events.KindHost {
+		if al.API.Info().Kind != events.KindHost && ps.exitedAt.IsZero() {
 			u := a.nodeUse(al.Device, al.API)
 			u.live += al.Size
 			u.peak = max(u.peak, u.live)

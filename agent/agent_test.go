@@ -1,0 +1,287 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/record"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// session stands in for record.Run: it applies events to a ledger and
+// calls the observer as the session's reader goroutine does, ticking
+// every few milliseconds.
+type session struct {
+	t      *testing.T
+	a      *Agent
+	ledger *events.Ledger
+	ops    chan func()
+	done   chan struct{}
+}
+
+func newSession(t *testing.T, opts Options) *session {
+	opts.NoSymbolize = true
+	s := &session{t: t, a: New(opts), ledger: events.NewLedger(), ops: make(chan func()), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case f, ok := <-s.ops:
+				if !ok {
+					return
+				}
+				f()
+			case <-tick.C:
+				s.a.Tick(&record.Result{Ledger: s.ledger, Lost: 3, Events: 1})
+			}
+		}
+	}()
+	t.Cleanup(func() { close(s.ops); <-s.done; s.a.Close() })
+	return s
+}
+
+// run runs f on the reader goroutine.
+func (s *session) run(f func()) {
+	done := make(chan struct{})
+	s.ops <- func() { f(); close(done) }
+	<-done
+}
+
+func (s *session) process(pid uint32, comm string) {
+	s.run(func() { s.a.Process(&tracefile.Process{PID: pid, Comm: comm}) })
+}
+
+func (s *session) event(ev events.Event) {
+	s.run(func() {
+		ch := s.ledger.Apply(&ev)
+		s.a.Event(&ev, ch)
+	})
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestStatsAndRetention(t *testing.T) {
+	s := newSession(t, Options{Retention: 300 * time.Millisecond})
+	live := uint32(os.Getpid()) // runs for the test's duration
+	const gone = 1<<22 + 7      // above pid_max's default: never a process
+	s.process(live, "job")
+	s.process(gone, "short")
+	s.event(events.Event{PID: live, Comm: "job", API: events.CudaMalloc, Addr: 0x1000, Size: 100, Device: 1, Stack: []uint64{1}})
+	s.event(events.Event{PID: live, Comm: "job", API: events.CudaMalloc, Addr: 0x2000, Size: 50, Device: 1, Stack: []uint64{2}})
+	s.event(events.Event{PID: live, Comm: "job", API: events.CudaFree, Addr: 0x2000})
+	s.event(events.Event{PID: live, Comm: "job", API: events.CudaMalloc, Size: 1 << 40, Result: 2, Device: 1, Stack: []uint64{3}})
+	s.event(events.Event{PID: gone, Comm: "short", API: events.CudaMalloc, Addr: 0x1000, Size: 7, Stack: []uint64{1}})
+
+	st, err := s.a.Stats(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Processes) != 2 {
+		t.Fatalf("%d processes, want 2", len(st.Processes))
+	}
+	p := st.Processes[0]
+	if p.PID != live || p.Live != 100 || p.Peak != 150 || p.Allocs != 2 || p.Frees != 1 || p.Failed != 1 || p.OOMs != 1 ||
+		len(p.Devices) != 1 || p.Devices[0].Live != 100 || p.Exited {
+		t.Errorf("live job: %+v", p)
+	}
+	if st.Totals.Allocs != 3 || st.Totals.Failed != 1 || st.Totals.OOMs != 1 || st.Lost != 3 {
+		t.Errorf("totals %+v lost %d", st.Totals, st.Lost)
+	}
+
+	// The gone process is marked exited within a second, and forgotten
+	// after the retention; its stacks go with it.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err = s.a.Stats(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Processes) == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(st.Processes) != 1 || st.Processes[0].PID != live {
+		t.Fatalf("after the retention: processes %+v, want only %d", st.Processes, live)
+	}
+	if st.Totals.ProcessesExited != 1 || st.Totals.ProcessesForgotten != 1 || st.Stacks != 3 {
+		t.Errorf("totals %+v, %d stacks (want 3: the live job's)", st.Totals, st.Stacks)
+	}
+	s.run(func() {
+		if s.ledger.Process(gone) != nil || len(s.ledger.Stacks()) != 3 {
+			t.Errorf("the ledger still holds pid %d", gone)
+		}
+	})
+	// The node's sums leave a process out once it exited.
+	for _, n := range st.Node {
+		if n.Device == 0 && n.Live != 0 || n.Device == 1 && (n.Live != 100 || n.Peak != 150) {
+			t.Errorf("node: %+v, want device 1 at 100 live, 150 peak, device 0 empty", n)
+		}
+	}
+	if err := s.a.Known(ctx(t), gone); err == nil {
+		t.Error("Known(gone) after the retention: no error")
+	}
+}
+
+func TestProfileDelta(t *testing.T) {
+	s := newSession(t, Options{})
+	pid := uint32(os.Getpid())
+	s.process(pid, "job")
+	s.event(events.Event{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x1000, Size: 100, Stack: []uint64{1}})
+	s.event(events.Event{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x2000, Size: 50, Stack: []uint64{2}})
+	s.event(events.Event{PID: pid, Comm: "job", API: events.CudaFree, Addr: 0x2000})
+	values := func() map[uint64][]int64 {
+		var buf bytes.Buffer
+		if err := s.a.Profile(ctx(t), &buf, 0); err != nil {
+			t.Fatal(err)
+		}
+		p, err := profile.Parse(&buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint64][]int64{}
+		for _, smp := range p.Sample {
+			out[smp.Location[0].Address] = smp.Value
+		}
+		return out
+	}
+	got := values()
+	if len(got) != 2 || !equal(got[1], 1, 100, 1, 100) || !equal(got[2], 1, 50, 0, 0) {
+		t.Fatalf("first scrape: %v", got)
+	}
+	s.event(events.Event{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x3000, Size: 30, Stack: []uint64{1}})
+	got = values()
+	if len(got) != 1 || !equal(got[1], 1, 30, 2, 130) {
+		t.Fatalf("second scrape: %v, want only stack 1 with [1 30 2 130]", got)
+	}
+	got = values()
+	if len(got) != 1 || !equal(got[1], 0, 0, 2, 130) {
+		t.Fatalf("third scrape: %v", got)
+	}
+	if err := s.a.Profile(ctx(t), &bytes.Buffer{}, 4242424); err == nil {
+		t.Error("a profile of an unknown pid: no error")
+	}
+}
+
+func equal(v []int64, want ...int64) bool {
+	if len(v) != len(want) {
+		return false
+	}
+	for i := range v {
+		if v[i] != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestOOMDump(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "oom")
+	s := newSession(t, Options{DumpDir: dir, DumpEvery: time.Hour})
+	pid := uint32(os.Getpid())
+	s.process(pid, "job")
+	s.event(events.Event{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x10000, Size: 4096, Device: 1, Stack: []uint64{1}})
+	s.event(events.Event{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x20000, Size: 8192, Device: 0, Stack: []uint64{2}})
+	for range 3 { // one dump, two skipped by DumpEvery
+		s.event(events.Event{PID: pid, TID: 9, Comm: "job", API: events.CudaMalloc, Size: 1 << 40, Result: 2, Device: 1, Stack: []uint64{3, 4}})
+	}
+	s.event(events.Event{PID: pid, Comm: "job", API: events.CudaMalloc, Size: 0, Result: 1, Device: 1, Stack: []uint64{5}}) // not an OOM
+
+	var files []string
+	for deadline := time.Now().Add(5 * time.Second); len(files) < 3 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		files, _ = filepath.Glob(filepath.Join(dir, "oom-*"))
+	}
+	if len(files) != 3 {
+		t.Fatalf("dump files %v, want 3", files)
+	}
+	for _, f := range files {
+		fi, err := os.Stat(f)
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v mode %v, want 0600", f, err, fi.Mode().Perm())
+		}
+		if filepath.Ext(f) != ".json" {
+			continue
+		}
+		data, _ := os.ReadFile(f)
+		var rep OOMReport
+		if err := json.Unmarshal(data, &rep); err != nil {
+			t.Fatal(err)
+		}
+		fl := rep.Failure
+		if rep.PID != pid || fl.TID != 9 || fl.Size != 1<<40 || fl.Device != 1 || fl.Error != "cudaErrorMemoryAllocation" ||
+			fl.LiveBytes != 4096+8192 || fl.DeviceLiveBytes != 4096 || len(fl.Frames) != 2 || fl.Frames[0].Address != "0x3" ||
+			len(fl.LiveStacks) != 1 || fl.LiveStacks[0].LiveBytes != 4096 || rep.Process.LiveAllocations != 2 {
+			t.Errorf("report %s", data)
+		}
+	}
+	st, err := s.a.Stats(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Totals.OOMs != 3 || st.Totals.Dumps != 1 || st.Totals.DumpsSkipped != 2 || st.Totals.Failed != 4 {
+		t.Errorf("totals %+v: want 3 OOMs, 1 dump, 2 skipped, 4 failed", st.Totals)
+	}
+}
+
+func TestTraceWindow(t *testing.T) {
+	s := newSession(t, Options{})
+	pid := uint32(os.Getpid())
+	s.process(pid, "job")
+	s.event(events.Event{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x1000, Size: 1, Stack: []uint64{1}}) // before the window
+	var buf bytes.Buffer
+	errc := make(chan error, 1)
+	go func() { errc <- s.a.Trace(ctx(t), &buf, pid, 400*time.Millisecond) }()
+	time.Sleep(200 * time.Millisecond) // subscribed (a request settles in 120 ms)
+	s.event(events.Event{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x2000, Size: 2, Stack: []uint64{1}})
+	s.event(events.Event{PID: pid + 1, Comm: "other", API: events.CudaMalloc, Addr: 0x2000, Size: 3, Stack: []uint64{1}})
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "w.trace")
+	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := tracefile.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var types []tracefile.Type
+	var sizes []uint64
+	for {
+		rec, err := r.Next()
+		if err != nil {
+			break
+		}
+		types = append(types, rec.Type)
+		if rec.Type == tracefile.TypeEvent {
+			sizes = append(sizes, rec.Event.Size)
+		}
+		if rec.Type == tracefile.TypeEnd && rec.End.Events != 1 {
+			t.Errorf("end record: %d events, want 1", rec.End.Events)
+		}
+	}
+	want := []tracefile.Type{tracefile.TypeProcess, tracefile.TypeEvent, tracefile.TypeCounters, tracefile.TypeEnd}
+	if len(types) != len(want) || len(sizes) != 1 || sizes[0] != 2 {
+		t.Fatalf("frames %v (event sizes %v), want %v with the 2-byte allocation only", types, sizes, want)
+	}
+	for i := range want {
+		if types[i] != want[i] {
+			t.Fatalf("frames %v, want %v", types, want)
+		}
+	}
+}
