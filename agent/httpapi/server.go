@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cudatrace/cudatrace/agent"
@@ -45,7 +46,10 @@ func New(a *agent.Agent, opts Options) http.Handler {
 		opts.MaxTraceWindow = DefaultMaxTraceWindow
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(a, opts.Version, opts.ProcessLabels))
+	// The agent's own memory and CPU, as every Go exporter shows them: a
+	// daemon that must stay bounded is watched by its RSS.
+	reg.MustRegister(newCollector(a, opts.Version, opts.ProcessLabels),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s := &server{a: a, opts: opts}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
