@@ -697,3 +697,59 @@ scrape_configs:
 	}
 	t.Fatalf("Prometheus never returned %s within 60s; last answer: %s", query, last)
 }
+
+// TestAgentContainer: a job in a pod's container cgroup (made here, named
+// as the kubelet and containerd name them) is labelled with the container
+// ID and pod UID.
+func TestAgentContainer(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	ctx := testContext(t)
+	const (
+		pod = "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"
+		id  = "3f4e1c2b9a8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f"
+	)
+	base := cgroupBase(t)
+	podDir := filepath.Join(base, "kubepods-cudatrace-test", "burstable", "pod"+pod)
+	dir := filepath.Join(podDir, id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		skipOrFail(t, "cannot make a cgroup under %s: %v", base, err)
+	}
+	t.Cleanup(func() {
+		// Leaf first; a cgroup goes once its processes have exited.
+		for _, d := range []string{dir, podDir, filepath.Dir(podDir), filepath.Dir(filepath.Dir(podDir))} {
+			for i := 0; i < 50 && os.Remove(d) != nil; i++ {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	})
+	ag := startAgent(t, ctx, "--dump-dir", "")
+	j := startJob(t, ctx, filepath.Join(t.TempDir(), "fake.log"))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(j.pid)), 0o644); err != nil {
+		t.Fatalf("move pid %d into %s: %v", j.pid, dir, err)
+	}
+	j.do(t, "ok", "weights %d 0", 4096)
+	m := parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
+	wantMetric(t, m, 4096, "cudatrace_live_bytes", "pid", strconv.Itoa(j.pid), "gpu", "0", "level", "segment",
+		"container", id, "pod", pod)
+	p := fetchProfile(t, ctx, fmt.Sprintf("%s/debug/pprof/cuda_memory?pid=%d", ag.url, j.pid))
+	if len(p.Sample) != 1 || p.Sample[0].Label["container"][0] != id || p.Sample[0].Label["pod"][0] != pod {
+		t.Errorf("profile labels: %v", p.Sample)
+	}
+	j.end(t)
+	ag.stop(t)
+}
+
+// cgroupBase is a cgroup hierarchy the test may make cgroups in: the
+// unified (v2) one, or v1's pids hierarchy on a host with v1 only.
+func cgroupBase(t *testing.T) string {
+	t.Helper()
+	for _, d := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup", "/sys/fs/cgroup/pids"} {
+		if _, err := os.Stat(filepath.Join(d, "cgroup.procs")); err == nil {
+			return d
+		}
+	}
+	skipOrFail(t, "no cgroup hierarchy mounted under /sys/fs/cgroup")
+	return ""
+}
