@@ -239,9 +239,9 @@ func (a *Agent) Process(p *tracefile.Process) {
 		ps = &procState{first: p}
 		a.procs[p.PID] = ps
 		a.totals.ProcessesSeen++
-		if in, err := container.Of(int(p.PID)); err == nil {
-			ps.container = in
-		}
+	}
+	if p.Container != "" || p.Pod != "" {
+		ps.container = container.Info{ID: p.Container, PodUID: p.Pod}
 	}
 	// A capture that failed (the process exited first) keeps the mappings
 	// read before.

@@ -214,7 +214,8 @@ func (a *Agent) oomReport(d *oomDump, files OOMFiles) *OOMReport {
 		rep.Failure.LiveStacks = append(rep.Failure.LiveStacks, report.StackShare{LiveBytes: g.bytes, LiveCount: g.count,
 			Frames: frames(g.st)})
 	}
-	rep.Process = report.Process{PID: d.pid, Comm: s.Comm, Cmdline: s.Cmdline, Allocs: s.Allocs, Frees: s.Frees,
+	rep.Process = report.Process{PID: d.pid, Comm: s.Comm, Cmdline: s.Cmdline, Container: s.Container, PodUID: s.PodUID,
+		Allocs: s.Allocs, Frees: s.Frees,
 		Failed: s.Failed, AllocBytes: s.AllocBytes, LiveBytes: s.Live, PeakBytes: s.Peak, HostLiveBytes: s.HostLive,
 		HostPeakBytes: s.HostPeak, LiveAllocations: len(d.segs), UnknownFrees: s.UnknownFrees,
 		TensorAllocs: s.TensorAllocs, TensorFrees: s.TensorFrees, TensorLiveBytes: s.TensorLive,

@@ -9,8 +9,10 @@ import (
 	"github.com/google/pprof/profile"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/symbolize"
+	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // fakeStacks names frame 0xN "fnN" in /bin/w, mapped at 0..0x10000.
@@ -107,5 +109,34 @@ func TestLiveSnapshot(t *testing.T) {
 	var buf bytes.Buffer
 	if err := WriteMemviz(&buf, snap); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPprofContainerLabels: a trace's process frames name its container
+// and pod, and the profile of the trace carries them as labels.
+func TestPprofContainerLabels(t *testing.T) {
+	const id = "3f4e1c2b9a8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f"
+	path, _ := tracetest.Write(t, memvizMeta(),
+		&tracefile.Process{PID: 7, Comm: "job", Time: memvizBase, Container: id, Pod: "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"},
+		&tracefile.Process{PID: 8, Comm: "host", Time: memvizBase},
+		events.Event{Time: memvizBase + 1, PID: 7, Comm: "job", API: events.CudaMalloc, Addr: 0x1000, Size: 10, Stack: []uint64{1}},
+		events.Event{Time: memvizBase + 2, PID: 8, Comm: "host", API: events.CudaMalloc, Addr: 0x1000, Size: 20, Stack: []uint64{1}},
+		&tracefile.End{Time: memvizBase + 3})
+	var buf bytes.Buffer
+	if err := WritePprof(&buf, path, Options{NoSymbolize: true}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := profile.Parse(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Sample) != 2 {
+		t.Fatalf("%d samples, want 2", len(p.Sample))
+	}
+	if l := p.Sample[0].Label; l["container"][0] != id || l["pod"][0] != "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b" {
+		t.Errorf("pid 7's labels %v", l)
+	}
+	if l := p.Sample[1].Label; l["container"] != nil || l["pod"] != nil {
+		t.Errorf("pid 8 (on the host) has labels %v", l)
 	}
 }

@@ -67,10 +67,14 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 	syms := t.Symbols(!opts.NoSymbolize)
 	defer syms.Close()
 	comm := map[uint32]string{}
+	labels := map[uint32]map[string]string{}
 	for _, p := range t.Ledger.Processes() {
 		comm[p.PID] = p.Comm
+		if c := t.Processes[p.PID]; c != nil {
+			labels[p.PID] = map[string]string{"container": c.Container, "pod": c.Pod}
+		}
 	}
-	b := newPprofBuilder(replayStacks{t, syms}, comm, nil)
+	b := newPprofBuilder(replayStacks{t, syms}, comm, labels)
 	keys := make([]sampleKey, 0, len(allocs))
 	for k := range allocs {
 		keys = append(keys, k)

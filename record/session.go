@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
@@ -262,6 +263,9 @@ func (s *session) capture(pid uint32, ps *procState) {
 	p.Cmdline, _ = proc.Cmdline(int(pid))
 	p.PPID, _ = proc.PPID(int(pid))
 	p.Exe, _ = os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if in, err := container.Of(int(pid)); err == nil {
+		p.Container, p.Pod = in.ID, in.PodUID
+	}
 	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root != "/" {
 		p.Root = root
 	}

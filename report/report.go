@@ -98,6 +98,8 @@ type Process struct {
 	PID             uint32   `json:"pid"`
 	Comm            string   `json:"comm"`
 	Cmdline         []string `json:"cmdline,omitempty"`
+	Container       string   `json:"container,omitempty"` // container ID, from the cgroup
+	PodUID          string   `json:"pod_uid,omitempty"`   // Kubernetes pod UID
 	Allocs          uint64   `json:"allocs"`
 	Frees           uint64   `json:"frees"`
 	Failed          uint64   `json:"failed"`
@@ -295,7 +297,7 @@ func Load(path string, opts Options) (*Report, error) {
 			out.PeakTime = meta.WallTime(p.PeakTime).Format(time.RFC3339Nano)
 		}
 		if c := t.Processes[p.PID]; c != nil {
-			out.Cmdline = c.Cmdline
+			out.Cmdline, out.Container, out.PodUID = c.Cmdline, c.Container, c.Pod
 		}
 		if c := t.Latest[p.PID]; c != nil {
 			out.CaptureError = c.Error

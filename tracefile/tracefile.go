@@ -105,7 +105,11 @@ type Process struct {
 	Time    uint64         `json:"boot_ns"` // when captured
 	Maps    []proc.Mapping `json:"maps"`    // executable file mappings, with build IDs
 	Root    string         `json:"root,omitempty"`
-	Error   string         `json:"error,omitempty"` // why the capture is incomplete (the process exited first)
+	// The container and Kubernetes pod the process runs in, from its
+	// cgroup (package container); empty on the host.
+	Container string `json:"container,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	Error     string `json:"error,omitempty"` // why the capture is incomplete (the process exited first)
 }
 
 // Attach records one library the probes were attached to.

@@ -729,7 +729,59 @@ func TestAgentContainer(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(j.pid)), 0o644); err != nil {
 		t.Fatalf("move pid %d into %s: %v", j.pid, dir, err)
 	}
+	// A trace window from its first call on: its process frame, written by
+	// the recorder's capture, names the container too.
+	type result struct {
+		body []byte
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := http.Get(ag.url + "/trace?seconds=2")
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		got <- result{b, err}
+	}()
+	time.Sleep(500 * time.Millisecond)
 	j.do(t, "ok", "weights %d 0", 4096)
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	trace := filepath.Join(t.TempDir(), "c.trace")
+	if err := os.WriteFile(trace, r.body, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, tracerBin, "report", "--json", trace).Output()
+	if err != nil {
+		t.Fatalf("cudatrace report: %v", err)
+	}
+	var rep struct {
+		Processes []struct {
+			PID       int    `json:"pid"`
+			Container string `json:"container"`
+			PodUID    string `json:"pod_uid"`
+		} `json:"processes"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range rep.Processes {
+		if p.PID == j.pid {
+			found = true
+			if p.Container != id || p.PodUID != pod {
+				t.Errorf("report of the window: pid %d in container %q pod %q, want %s, %s", p.PID, p.Container, p.PodUID, id, pod)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("report of the window has no pid %d:\n%s", j.pid, out)
+	}
 	m := parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
 	wantMetric(t, m, 4096, "cudatrace_live_bytes", "pid", strconv.Itoa(j.pid), "gpu", "0", "level", "segment",
 		"container", id, "pod", pod)
