@@ -21,7 +21,6 @@ type traceSub struct {
 	pid     uint32 // 0: every process
 	items   chan traceItem
 	dropped atomic.Uint64
-	events  atomic.Uint64
 	closed  bool
 }
 
