@@ -114,7 +114,6 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 	}
 	a := agent.New(agent.Options{Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
 		NoSymbolize: f.noSymbolize, Version: version, Stderr: stderr})
-	defer a.Close()
 	srv := &http.Server{
 		Handler:           httpapi.New(a, httpapi.Options{Version: version, Token: token, ProcessLabels: f.processLabels}),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -127,6 +126,9 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 		defer cancel()
 		srv.Shutdown(ctx)
 	}()
+	// Runs before the shutdown: it ends the trace streams still open, and
+	// writes the OOM dumps still queued.
+	defer a.Close()
 	fmt.Fprintf(stderr, "cudatrace agent: serving http://%s/\n", ln.Addr())
 
 	ctx, stop := context.WithCancel(cmd.Context())
