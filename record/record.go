@@ -140,6 +140,11 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		defer cancel()
 	}
 	s.stop = stop
+	if opts.All && len(opts.Libs) == 0 {
+		// Library copies that appear later (a new virtualenv, a container).
+		s.late = make(chan lateLib, 16)
+		go scanAll(runCtx, s.late)
+	}
 	if len(opts.Command) > 0 {
 		child, err := launch(opts, tr)
 		if err != nil {

@@ -1,12 +1,15 @@
 package record
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
@@ -54,6 +57,7 @@ type session struct {
 	lastScan     time.Time
 	lastPrune    time.Time
 	libs         loader.Libraries // every library attached, by inode
+	late         chan lateLib     // scanAll's finds (--all without --lib); nil otherwise
 	warned       map[string]bool
 }
 
@@ -138,11 +142,36 @@ func (s *session) writeAttach(ar loader.AttachResult, late *tracefile.Attach) {
 	}
 }
 
+// lateScanAllEvery is how often, with --all and no --lib, every process's
+// mappings are searched for CUDA libraries: a daemon (the agent) must
+// pick up the copies that appear after it started (a new virtualenv's
+// wheel, a container's own).
+const lateScanAllEvery = 2 * time.Second
+
+// lateLib is a CUDA library a process has mapped.
+type lateLib struct {
+	pid  uint32
+	path string
+}
+
 // scanLate attaches the CUDA libraries a traced process mapped after
 // tracing began: a library at a path the start-up search did not cover
-// (a wheel dlopen'ed from a virtualenv, a container's copy). Only the
-// processes of the PID filter are searched; --all relies on that search.
+// (a wheel dlopen'ed from a virtualenv, a container's copy). Without
+// --all, the processes of the PID filter are searched here; with --all
+// (and no --lib), scanAll searches every process on its own goroutine,
+// and what it found is attached here.
 func (s *session) scanLate() {
+	if s.late != nil {
+		for {
+			select {
+			case l := <-s.late:
+				s.attachLate(l.pid, l.path)
+				continue
+			default:
+			}
+			return
+		}
+	}
 	if s.opts.All || time.Since(s.lastScan) < lateScanEvery {
 		return
 	}
@@ -153,25 +182,78 @@ func (s *session) scanLate() {
 			continue // exited
 		}
 		for _, path := range paths {
-			if isNew, err := s.libs.Add(path); err != nil || !isNew {
-				continue
-			}
-			lib := s.libs.List()[len(s.libs.List())-1]
-			ar, err := s.tr.Attach(lib)
-			if err != nil {
-				s.warn(fmt.Errorf("pid %d loaded %s after tracing began, and it cannot be traced: %w", pid, path, err))
-				continue
-			}
-			var before uint64
-			if p := s.res.Ledger.Process(pid); p != nil {
-				before = p.Allocs + p.Failed + p.Frees + p.UnknownFrees
-			}
-			s.res.Attached = append(s.res.Attached, ar)
-			s.writeAttach(ar, &tracefile.Attach{Time: bootNow(), PID: pid, EventsBefore: before})
-			fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began: attached %d probes now; its calls before this were not traced\n",
-				pid, path, ar.Programs)
+			s.attachLate(pid, path)
 		}
 	}
+}
+
+// scanAll searches every process's mappings for CUDA libraries every
+// lateScanAllEvery and sends each library file once to s.late, until ctx
+// ends. It reads many files: it runs apart from the reader, which must
+// not stall.
+func scanAll(ctx context.Context, late chan<- lateLib) {
+	sent := map[[2]uint64]bool{} // by device and inode: one report per library file
+	self := os.Getpid()
+	tick := time.NewTicker(lateScanAllEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		pids, err := proc.PIDs()
+		if err != nil {
+			continue
+		}
+		for _, pid := range pids {
+			if pid == self {
+				continue
+			}
+			paths, err := loader.FromProcess(pid)
+			if err != nil {
+				continue // exited
+			}
+			for _, path := range paths {
+				var st unix.Stat_t
+				if unix.Stat(path, &st) != nil {
+					continue
+				}
+				key := [2]uint64{st.Dev, st.Ino}
+				if sent[key] {
+					continue
+				}
+				select {
+				case late <- lateLib{uint32(pid), path}:
+					sent[key] = true
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}
+}
+
+// attachLate attaches the library at path, found mapped by pid, unless a
+// library of the same file is attached already.
+func (s *session) attachLate(pid uint32, path string) {
+	if isNew, err := s.libs.Add(path); err != nil || !isNew {
+		return
+	}
+	lib := s.libs.List()[len(s.libs.List())-1]
+	ar, err := s.tr.Attach(lib)
+	if err != nil {
+		s.warn(fmt.Errorf("pid %d loaded %s after tracing began, and it cannot be traced: %w", pid, path, err))
+		return
+	}
+	var before uint64
+	if p := s.res.Ledger.Process(pid); p != nil {
+		before = p.Allocs + p.Failed + p.Frees + p.UnknownFrees
+	}
+	s.res.Attached = append(s.res.Attached, ar)
+	s.writeAttach(ar, &tracefile.Attach{Time: bootNow(), PID: pid, EventsBefore: before})
+	fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began: attached %d probes now; its calls before this were not traced\n",
+		pid, path, ar.Programs)
 }
 
 // prune forgets the processes that have exited, with --all only: the

@@ -43,7 +43,13 @@ var servingRE = regexp.MustCompile(`cudatrace agent: serving (http://[0-9.:]+)/`
 // library and waits until it serves and has attached.
 func startAgent(t *testing.T, ctx context.Context, args ...string) *runningAgent {
 	t.Helper()
-	args = append([]string{"agent", "--listen", "127.0.0.1:0", "--lib", fakeLib}, args...)
+	return startAgentArgs(t, ctx, append([]string{"--lib", fakeLib}, args...)...)
+}
+
+// startAgentArgs starts the agent with args only (no --lib).
+func startAgentArgs(t *testing.T, ctx context.Context, args ...string) *runningAgent {
+	t.Helper()
+	args = append([]string{"agent", "--listen", "127.0.0.1:0"}, args...)
 	cmd := exec.CommandContext(ctx, tracerBin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -130,10 +136,10 @@ type job struct {
 	pid int
 }
 
-func startJob(t *testing.T, ctx context.Context, log string) *job {
+func startJob(t *testing.T, ctx context.Context, log string, env ...string) *job {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, workload("agentload"))
-	cmd.Env = fakeEnv(log)
+	cmd.Env = fakeEnv(log, env...)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -804,4 +810,52 @@ func cgroupBase(t *testing.T) string {
 	}
 	skipOrFail(t, "no cgroup hierarchy mounted under /sys/fs/cgroup")
 	return ""
+}
+
+// TestAgentLateLibrary: without --lib, a copy of the runtime that appears
+// after the agent started (a new virtualenv's wheel) is found in the
+// process that maps it and attached; the process's calls from then on are
+// traced.
+func TestAgentLateLibrary(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	ctx := testContext(t)
+	dir := t.TempDir()
+	ag := startAgentArgs(t, ctx, "--dump-dir", "")
+	// The copy is made after the agent's start-up search: a new file.
+	wheel := filepath.Join(dir, "venv", "lib", "python3.12", "site-packages", "nvidia", "cuda_runtime", "lib")
+	if err := os.MkdirAll(wheel, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(fakeLib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(wheel, "libcudart.so.12")
+	if err := os.WriteFile(lib, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// LD_LIBRARY_PATH wins over the workload's RUNPATH: it loads the copy.
+	log := filepath.Join(dir, "fake.log")
+	j := startJob(t, ctx, log, "LD_LIBRARY_PATH="+wheel)
+	maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", j.pid))
+	if !bytes.Contains(maps, []byte(lib)) {
+		t.Fatalf("agentload did not load %s:\n%s", lib, maps)
+	}
+	want := fmt.Sprintf("cudatrace: pid %d loaded %s after tracing began", j.pid, lib)
+	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(ag.stderr.String(), want); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent did not attach %s within 15s", lib)
+		}
+	}
+	j.do(t, "ok", "weights %d 1", 65536)
+	j.do(t, "ok", "step %d", 512)
+	truth := onlyTruth(t, log, "")
+	m := parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
+	pid := strconv.Itoa(j.pid)
+	wantMetric(t, m, truth.Devices[1].Live, "cudatrace_live_bytes", "pid", pid, "gpu", "1", "level", "segment")
+	wantMetric(t, m, truth.Allocs, "cudatrace_allocations_total", "pid", pid, "level", "segment")
+	j.end(t)
+	ag.stop(t)
 }
