@@ -53,7 +53,9 @@ Libraries: without --lib, cudatrace probes the libcudart and libcuda the
 target has mapped (--pid), or every one in the ld.so cache, CUDA toolkit
 directories and pip/conda layouts (a command, --all). A probe sits on the
 library file, so processes that load it later are covered too; another
-copy of the library (a virtualenv's wheel, a container) needs its own --lib.
+copy of the library (a virtualenv's wheel, a container) needs its own --lib,
+except with --all and no --lib, where the copies processes map are found
+within 2 seconds and attached.
 
 On stop (the targets exit, --duration, Ctrl-C or SIGTERM) it prints a
 summary per process; -o keeps the full trace for 'cudatrace report' and
