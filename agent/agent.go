@@ -112,6 +112,12 @@ type procState struct {
 	keys      []sampleKey
 }
 
+// reusedBy reports whether a process started at start is another than
+// the one ps describes (0: unknown, not another).
+func (ps *procState) reusedBy(start uint64) bool {
+	return ps.first != nil && ps.first.Start != 0 && start != 0 && start != ps.first.Start
+}
+
 // sampleKey is one pprof sample: one stack, device and function.
 type sampleKey struct {
 	st     *events.Stack
@@ -232,7 +238,7 @@ func (a *Agent) wall(boot uint64) time.Time { return time.Unix(0, int64(boot)+in
 // read again.
 func (a *Agent) Process(p *tracefile.Process) {
 	ps := a.procs[p.PID]
-	if ps == nil || !ps.exitedAt.IsZero() {
+	if ps == nil || !ps.exitedAt.IsZero() || ps.reusedBy(p.Start) {
 		if ps != nil {
 			a.forget(p.PID) // the PID was reused
 		}
@@ -371,7 +377,11 @@ func (a *Agent) scanExits() {
 	for pid, ps := range a.procs {
 		if ps.exitedAt.IsZero() {
 			if proc.Alive(int(pid)) {
-				continue
+				st, err := proc.StartTime(int(pid))
+				if err != nil || !ps.reusedBy(st) {
+					continue
+				}
+				// Another process has the PID now: this one is gone.
 			}
 			ps.exitedAt = now
 			a.totals.ProcessesExited++

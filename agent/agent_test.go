@@ -285,3 +285,33 @@ func TestTraceWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestPIDReused: a capture of the same PID with another start time is
+// another process: the old one's account is dropped, the new one starts
+// from nothing.
+func TestPIDReused(t *testing.T) {
+	s := newSession(t, Options{})
+	pid := uint32(os.Getpid())
+	time.Sleep(20 * time.Millisecond) // a Tick has handed over the ledger
+	s.run(func() { s.a.Process(&tracefile.Process{PID: pid, Comm: "old", Start: 100}) })
+	s.event(events.Event{PID: pid, Comm: "old", API: events.CudaMalloc, Addr: 0x1000, Size: 100, Stack: []uint64{1}})
+	s.run(func() { s.a.Process(&tracefile.Process{PID: pid, Comm: "old", Start: 100}) }) // a recapture: the same process
+	s.event(events.Event{PID: pid, Comm: "old", API: events.CudaMalloc, Addr: 0x2000, Size: 10, Stack: []uint64{1}})
+	st, err := s.a.Stats(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Processes) != 1 || st.Processes[0].Live != 110 || st.Processes[0].Allocs != 2 {
+		t.Fatalf("before reuse: %+v", st.Processes)
+	}
+	s.run(func() { s.a.Process(&tracefile.Process{PID: pid, Comm: "new", Start: 200}) })
+	s.event(events.Event{PID: pid, Comm: "new", API: events.CudaMalloc, Addr: 0x1000, Size: 7, Stack: []uint64{1}})
+	st, err = s.a.Stats(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Processes) != 1 || st.Processes[0].Comm != "new" || st.Processes[0].Live != 7 || st.Processes[0].Allocs != 1 ||
+		st.Processes[0].Peak != 7 || st.Stacks != 1 {
+		t.Fatalf("after reuse: %+v, %d stacks", st.Processes, st.Stacks)
+	}
+}

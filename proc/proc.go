@@ -202,3 +202,32 @@ func Alive(pid int) bool {
 	i := bytes.LastIndexByte(b, ')')
 	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
+
+// userHZ is the unit of /proc/PID/stat's times: USER_HZ, 100 on every
+// architecture Linux runs cudatrace on (the kernel reports in it whatever
+// its own HZ).
+const userHZ = 100
+
+// StartTime returns when pid started, in CLOCK_BOOTTIME nanoseconds at
+// USER_HZ precision (10 ms), from /proc/PID/stat. A PID and its start time
+// name a process for good: PIDs are reused, the pair is not.
+func StartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(path(pid, "stat"))
+	if err != nil {
+		return 0, wrapNotExist(pid, err)
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	// Field 22 of stat; the first after ')' is field 3.
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	ticks, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("pid %d: malformed stat: starttime %q", pid, f[19])
+	}
+	return ticks * (1e9 / userHZ), nil
+}

@@ -6,6 +6,9 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestParseMaps(t *testing.T) {
@@ -97,5 +100,39 @@ func TestZombieAndGone(t *testing.T) {
 	}
 	if c, err := Comm(os.Getpid()); err != nil || c == "" {
 		t.Errorf("Comm(self) = %q, %v", c, err)
+	}
+}
+
+// TestStartTime: this process started before now and after boot, and a
+// child started after it.
+func TestStartTime(t *testing.T) {
+	self, err := StartTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		t.Fatal(err)
+	}
+	now := uint64(ts.Nano())
+	if self == 0 || self > now {
+		t.Fatalf("start %d, now %d (boot ns)", self, now)
+	}
+	time.Sleep(20 * time.Millisecond)
+	cmd := exec.Command("sleep", "1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	child, err := StartTime(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child <= self || child > now+uint64(5*time.Second) {
+		t.Errorf("child started at %d, this process at %d, now %d", child, self, now)
+	}
+	if _, err := StartTime(1 << 30); err == nil {
+		t.Error("StartTime of no process: no error")
 	}
 }

@@ -62,6 +62,7 @@ type session struct {
 }
 
 type procState struct {
+	start     uint64      // the process's start time: a PID reused has another
 	exec      [][2]uint64 // executable ranges of the last capture
 	captured  time.Time
 	exited    bool
@@ -258,14 +259,17 @@ func (s *session) attachLate(pid uint32, path string) {
 
 // prune forgets the processes that have exited, with --all only: the
 // other sessions follow a few processes and end with them. Their events
-// were read long before (the ring buffer is drained every poll).
+// were read long before (the ring buffer is drained every poll). A PID
+// that another process has taken since is forgotten too: the next event
+// captures the new process.
 func (s *session) prune() {
 	if !s.opts.All || time.Since(s.lastPrune) < pruneEvery {
 		return
 	}
 	s.lastPrune = time.Now()
-	for pid := range s.procs {
-		if !proc.Alive(int(pid)) {
+	for pid, ps := range s.procs {
+		st, err := proc.StartTime(int(pid))
+		if err != nil || !proc.Alive(int(pid)) || ps.start != 0 && st != ps.start {
 			delete(s.procs, pid)
 		}
 	}
@@ -344,6 +348,9 @@ func (s *session) capture(pid uint32, ps *procState) {
 	}
 	p.Cmdline, _ = proc.Cmdline(int(pid))
 	p.PPID, _ = proc.PPID(int(pid))
+	if st, err := proc.StartTime(int(pid)); err == nil {
+		p.Start, ps.start = st, st
+	}
 	p.Exe, _ = os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if in, err := container.Of(int(pid)); err == nil {
 		p.Container, p.Pod = in.ID, in.PodUID

@@ -97,14 +97,17 @@ func (m *Meta) WallTime(boot uint64) time.Time {
 // again when its mappings change (dlopen, exec). Readers symbolize an
 // event's stack with the latest Process frame before it for its PID.
 type Process struct {
-	PID     uint32         `json:"pid"`
-	PPID    int            `json:"ppid,omitempty"`
-	Comm    string         `json:"comm"`
-	Cmdline []string       `json:"cmdline,omitempty"`
-	Exe     string         `json:"exe,omitempty"`
-	Time    uint64         `json:"boot_ns"` // when captured
-	Maps    []proc.Mapping `json:"maps"`    // executable file mappings, with build IDs
-	Root    string         `json:"root,omitempty"`
+	PID     uint32   `json:"pid"`
+	PPID    int      `json:"ppid,omitempty"`
+	Comm    string   `json:"comm"`
+	Cmdline []string `json:"cmdline,omitempty"`
+	Exe     string   `json:"exe,omitempty"`
+	Time    uint64   `json:"boot_ns"` // when captured
+	// Start is when the process started (CLOCK_BOOTTIME ns, 10 ms
+	// precision): a PID that names another process later has another.
+	Start uint64         `json:"start_ns,omitempty"`
+	Maps  []proc.Mapping `json:"maps"` // executable file mappings, with build IDs
+	Root  string         `json:"root,omitempty"`
 	// The container and Kubernetes pod the process runs in, from its
 	// cgroup (package container); empty on the host.
 	Container string `json:"container,omitempty"`
