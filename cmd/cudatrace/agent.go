@@ -70,7 +70,7 @@ Off loopback, requests need a bearer token (--token-file), unless
   curl -so job.pickle 'localhost:9738/snapshot?pid=4242'
   curl -so job.trace 'localhost:9738/trace?pid=4242&seconds=30' && cudatrace report job.trace
 
-  # Serve the node's Prometheus on its own address, with a token, and fewer series
+  # Serve on every address, with a token, and fewer series
   cudatrace agent --listen 0.0.0.0:9738 --token-file /etc/cudatrace/token --process-labels=false`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -58,6 +58,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"export", "x.trace", "--format", "pprof", "--at", "later", "-o", "out"}, []string{"--at \"later\": want end, peak"}},
 		{[]string{"export", "/nonexistent/x.trace", "--format", "json", "-o", "-"}, []string{"/nonexistent/x.trace", "hint:"}},
 		{[]string{"record", "--export", "pprof", "--all"}, []string{"want FORMAT=FILE", "hint: e.g. --export pprof=train.pb.gz"}},
+		{[]string{"agent", "--listen", "0.0.0.0:9738"}, []string{"not a loopback address", "hint: give --token-file FILE"}},
+		{[]string{"agent", "--listen", "[::]:0"}, []string{"not a loopback address"}},
+		{[]string{"agent", "--token-file", "/nonexistent/token"}, []string{"--token-file", "hint:"}},
+		{[]string{"agent", "--retention", "0s"}, []string{"--retention 0s: must be positive"}},
+		{[]string{"agent", "--ring-size", "3M"}, []string{"--ring-size \"3M\"", "power of two"}},
+		{[]string{"agent", "extra"}, []string{"unknown command \"extra\""}},
 		{[]string{"record", "--export", "svg=x", "--all"}, []string{"unknown format \"svg\""}},
 	} {
 		code, _, stderr := runCLI(c.args...)
@@ -85,5 +91,14 @@ func TestHelpTeaches(t *testing.T) {
 	_, stdout, _ := runCLI("--help")
 	if strings.Contains(stdout, launchCmdName) {
 		t.Errorf("the hidden %s verb shows in --help", launchCmdName)
+	}
+}
+
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{"127.0.0.1:9738": true, "localhost:1": true, "[::1]:0": true,
+		"127.0.0.2:80": true, "0.0.0.0:9738": false, ":9738": false, "10.0.0.1:9738": false, "[::]:0": false, "bad": false} {
+		if got := loopback(addr); got != want {
+			t.Errorf("loopback(%q) = %v, want %v", addr, got, want)
+		}
 	}
 }
