@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 DEMO_DIR  := bin/demo
 
-.PHONY: all build generate test test-unit bench lint demo clean
+.PHONY: all build generate test test-unit bench bench-agent lint demo clean
 
 all: build
 
@@ -33,6 +33,10 @@ test-unit:
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./events/ ./tracefile/ ./symbolize/ ./export/
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
+
+# The agent's memory over 5000 short-lived traced processes (a few minutes).
+bench-agent: build
+	CUDATRACE=$(CURDIR)/$(BIN) ./bench/agent-churn.sh 5000 5
 
 lint:
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
