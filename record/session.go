@@ -21,7 +21,11 @@ const counterEvery = time.Second
 
 // lateScanEvery is how often the traced processes' mappings are searched
 // for CUDA libraries loaded after tracing began (dlopen from a wheel).
-const lateScanEvery = 500 * time.Millisecond
+// With --all every process on the host is searched, less often.
+const (
+	lateScanEvery    = 500 * time.Millisecond
+	lateScanAllEvery = 2 * time.Second
+)
 
 // recaptureEvery rate-limits re-reading a process's maps when its stacks
 // point outside every mapping we know (a library dlopen'ed late).
@@ -133,14 +137,35 @@ func (s *session) writeAttach(ar loader.AttachResult, late *tracefile.Attach) {
 
 // scanLate attaches the CUDA libraries a traced process mapped after
 // tracing began: a library at a path the start-up search did not cover
-// (a wheel dlopen'ed from a virtualenv, a container's copy). Only the
-// processes of the PID filter are searched; --all relies on that search.
+// (a wheel dlopen'ed from a virtualenv, a container's copy). The processes
+// of the PID filter are searched, or with --all every process: a uprobe
+// on a file covers every process that maps it, so a library needs finding
+// once, in whichever process maps it first.
 func (s *session) scanLate() {
-	if s.opts.All || time.Since(s.lastScan) < lateScanEvery {
+	every := lateScanEvery
+	if s.opts.All {
+		every = lateScanAllEvery
+	}
+	if time.Since(s.lastScan) < every {
 		return
 	}
 	s.lastScan = time.Now()
-	for _, pid := range s.tr.TracedPIDs() {
+	pids := s.tr.TracedPIDs()
+	if s.opts.All {
+		all, err := proc.PIDs()
+		if err != nil {
+			s.warn(err)
+		}
+		pids = pids[:0]
+		for _, pid := range all {
+			pids = append(pids, uint32(pid))
+		}
+	}
+	self := uint32(os.Getpid())
+	for _, pid := range pids {
+		if pid == self {
+			continue
+		}
 		paths, err := loader.FromProcess(int(pid))
 		if err != nil {
 			continue // exited

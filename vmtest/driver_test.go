@@ -337,6 +337,49 @@ func TestDlopenLate(t *testing.T) {
 	}
 }
 
+// TestDlopenLateSystemWide: with --all, a process started after the attach
+// dlopen()s a copy of the runtime no start-up search covers. The tracer's
+// scan of every process's mappings finds it and traces what follows.
+func TestDlopenLateSystemWide(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	wheel := filepath.Join(dir, "venv", "lib", "python3.12", "site-packages", "nvidia", "cuda_runtime", "lib")
+	if err := os.MkdirAll(wheel, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(fakeLib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(wheel, "libcudart.so.12")
+	if err := os.WriteFile(lib, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "all-late.trace")
+	rec := startRecord(t, ctx, recordOpts{}, "--all", "--lib", fakeLib, "-o", trace)
+	rec.waitAttached(t, 30*time.Second)
+
+	cmd := exec.CommandContext(ctx, workload("dlopen_late"), lib, "30")
+	// The --all scan runs every 2 s: give it two chances.
+	cmd.Env = append(fakeEnv(log), "DLOPEN_LATE_WAIT_MS=4500")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("dlopen_late: %v\n%s", err, out)
+	}
+	if err := rec.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	rec.finish(t, 20*time.Second)
+
+	want := onlyTruth(t, log, "")
+	if want.PID != cmd.Process.Pid || want.Allocs != 30 {
+		t.Fatalf("ground truth: pid %d with %d allocations, want pid %d with 30", want.PID, want.Allocs, cmd.Process.Pid)
+	}
+	rep := runReport(t, ctx, trace)
+	checkProcess(t, rep, want, 0, "dlopen_late")
+	if !strings.Contains(rec.stderr.String(), "loaded "+lib+" after tracing began") {
+		t.Errorf("record did not say it attached late:\n%s", rec.stderr.String())
+	}
+}
+
 // TestMountNamespace: a process in a mount namespace of its own (as in a
 // container) loads a runtime from a mount only it can see. The tracer
 // reaches the file through /proc/PID/root and traces it.
