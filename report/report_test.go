@@ -626,3 +626,54 @@ func TestHumanBytes(t *testing.T) {
 		}
 	}
 }
+
+// VMM: physical memory released while mapped stays live until unmapped;
+// the report lists the mappings live at the end and a VMM-MAPPED column.
+func TestVMM(t *testing.T) {
+	ev := func(t uint64, api events.API, addr, size uint64, dev int32) events.Event {
+		e := events.Event{Time: base + t, Duration: 10, PID: 7, TID: 7, Comm: "nccl", API: api, Addr: addr, Size: size,
+			Device: dev, Stack: []uint64{0xa1}}
+		if api.Info().Op == events.OpFree || api.Info().Op == events.OpUnmap || api.Info().Op == events.OpUnreserve {
+			e.Duration, e.Flags, e.Stack = 0, events.FlagEntryOnly, nil
+		}
+		return e
+	}
+	mapAt := func(t, va, size, handle uint64) events.Event {
+		e := ev(t, events.CuMemMap, va, size, 0)
+		e.Aux, e.Flags = handle, events.FlagAux
+		return e
+	}
+	path, _ := tracetest.Write(t, testMeta(),
+		ev(1000, events.CuMemAddressReserve, 0x7000_0000, 8<<20, 0),
+		ev(2000, events.CuMemCreate, 0x11, 2<<20, 1),
+		ev(3000, events.CuMemCreate, 0x22, 2<<20, 1),
+		mapAt(4000, 0x7000_0000, 2<<20, 0x11),
+		mapAt(5000, 0x7020_0000, 2<<20, 0x22),
+		ev(6000, events.CuMemRelease, 0x11, 0, 0), // mapped: still held
+		ev(7000, events.CuMemUnmap, 0x7020_0000, 2<<20, 0),
+		ev(8000, events.CuMemRelease, 0x22, 0, 0), // unmapped: freed
+		&tracefile.End{Time: base + 9000, Events: 8, Reason: "command exited"},
+	)
+	rep, err := Load(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Processes) != 1 {
+		t.Fatalf("processes %+v", rep.Processes)
+	}
+	p := rep.Processes[0]
+	want := Process{PID: 7, Comm: "nccl", Allocs: 2, Frees: 2, AllocBytes: 4 << 20, LiveBytes: 2 << 20, PeakBytes: 4 << 20,
+		LiveAllocations: 1, VMMMappedBytes: 2 << 20, VMMMappedPeakBytes: 4 << 20, VMMMaps: 2, VMMUnmaps: 1,
+		VAReservedBytes: 8 << 20, VMMMappings: []Mapping{{Addr: 0x7000_0000, Size: 2 << 20, Handle: 0x11, Device: 1, Released: true}}}
+	p.PeakTime, p.Devices = "", nil
+	if !reflect.DeepEqual(p, want) {
+		t.Errorf("process\n got %+v\nwant %+v", p, want)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "VMM-MAPPED") || !strings.Contains(text.String(), "2.0 MiB") {
+		t.Errorf("text has no VMM-MAPPED column of 2.0 MiB:\n%s", text.String())
+	}
+}
