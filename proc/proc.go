@@ -202,4 +202,3 @@ func Alive(pid int) bool {
 	i := bytes.LastIndexByte(b, ')')
 	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
-
