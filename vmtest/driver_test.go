@@ -284,18 +284,7 @@ func TestLibraryCopies(t *testing.T) {
 // process's mappings, attaches, says so, and traces what follows.
 func TestDlopenLate(t *testing.T) {
 	ctx, dir := traceSetup(t)
-	wheel := filepath.Join(dir, "site-packages", "nvidia", "cuda_runtime", "lib")
-	if err := os.MkdirAll(wheel, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(fakeLib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lib := filepath.Join(wheel, "libcudart.so.12")
-	if err := os.WriteFile(lib, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	lib := wheelCopy(t, filepath.Join(dir, "site-packages"))
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "late.trace")
 	const n = 30
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
@@ -337,12 +326,11 @@ func TestDlopenLate(t *testing.T) {
 	}
 }
 
-// TestDlopenLateSystemWide: with --all, a process started after the attach
-// dlopen()s a copy of the runtime no start-up search covers. The tracer's
-// scan of every process's mappings finds it and traces what follows.
-func TestDlopenLateSystemWide(t *testing.T) {
-	ctx, dir := traceSetup(t)
-	wheel := filepath.Join(dir, "venv", "lib", "python3.12", "site-packages", "nvidia", "cuda_runtime", "lib")
+// wheelCopy copies the stand-in runtime where a pip wheel puts its own,
+// under sitePackages: a second file, no start-up search covers.
+func wheelCopy(t *testing.T, sitePackages string) string {
+	t.Helper()
+	wheel := filepath.Join(sitePackages, "nvidia", "cuda_runtime", "lib")
 	if err := os.MkdirAll(wheel, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -354,6 +342,15 @@ func TestDlopenLateSystemWide(t *testing.T) {
 	if err := os.WriteFile(lib, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return lib
+}
+
+// TestDlopenLateSystemWide: with --all, a process started after the attach
+// dlopen()s a copy of the runtime no start-up search covers. The tracer's
+// scan of every process's mappings finds it and traces what follows.
+func TestDlopenLateSystemWide(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	lib := wheelCopy(t, filepath.Join(dir, "venv", "lib", "python3.12", "site-packages"))
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "all-late.trace")
 	rec := startRecord(t, ctx, recordOpts{}, "--all", "--lib", fakeLib, "-o", trace)
 	rec.waitAttached(t, 30*time.Second)
