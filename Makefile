@@ -8,6 +8,9 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 DEMO_DIR  := bin/demo
+# go-nvml's cgo declares NVML's deprecated functions; their warnings on every
+# fresh build say nothing about cudatrace.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .PHONY: all build generate test test-unit bench lint demo clean
 

@@ -11,8 +11,10 @@ require (
 )
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
+	golang.org/x/term v0.47.0 // indirect
 )
 
 tool github.com/cilium/ebpf/cmd/bpf2go
