@@ -5,7 +5,11 @@ GO        ?= go
 CC        ?= gcc
 BIN       := bin/cudatrace
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -X main.version=$(VERSION)
+# -z lazy: go-nvml leaves NVML's functions for the dynamic loader to bind
+# on first call, and the driver's libnvidia-ml lacks the newest of them; a
+# binary bound at start-up (-z now, as hardening flags ask) would not start
+# at all on a host with an older driver or none.
+LDFLAGS   := -X main.version=$(VERSION) -extldflags=-Wl,-z,lazy
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 DEMO_DIR  := bin/demo
 # go-nvml's cgo declares NVML's deprecated functions; their warnings on every
