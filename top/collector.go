@@ -79,6 +79,7 @@ type Collector struct {
 	every time.Duration
 	top   int
 	start time.Time
+	now   func() time.Time // time.Now; tests set their own clock
 
 	// The reader goroutine's own.
 	last    time.Time
@@ -97,7 +98,7 @@ type Collector struct {
 // NewCollector returns a Collector publishing every `every`, with top
 // stacks for the selected process.
 func NewCollector(every time.Duration, top int) *Collector {
-	return &Collector{every: every, top: top, start: time.Now(), prev: map[uint32][2]uint64{},
+	return &Collector{every: every, top: top, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
 		maps: map[uint32][]proc.Mapping{}, devPeak: map[int]uint64{}, updated: make(chan struct{}, 1)}
 }
 
@@ -121,7 +122,7 @@ func (c *Collector) Flush(res *record.Result) { c.tick(res, true) }
 func (c *Collector) Tick(res *record.Result) { c.tick(res, false) }
 
 func (c *Collector) tick(res *record.Result, force bool) {
-	now := time.Now()
+	now := c.now()
 	c.mu.Lock()
 	sel, reselect, last := c.selected, c.reselect, c.snap
 	c.reselect = false

@@ -56,17 +56,30 @@ func runLines(ctx context.Context, c *Collector, opts Options, stop <-chan Stop)
 	if opts.Out != nil {
 		out = opts.Out
 	}
+	printed := 0 // Seq of the last snapshot printed
+	print := func() error {
+		s := c.Snapshot()
+		if s == nil || s.Seq == printed {
+			return nil
+		}
+		printed = s.Seq
+		if err := WriteLines(out, s, time.Now()); err != nil {
+			return fmt.Errorf("top: %w", err)
+		}
+		return nil
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case st := <-stop:
-			return st.Err
+			if st.Err != nil {
+				return st.Err
+			}
+			return print() // the last state, flushed when tracing stopped
 		case <-c.Updated():
-			if s := c.Snapshot(); s != nil {
-				if err := WriteLines(out, s, time.Now()); err != nil {
-					return fmt.Errorf("top: %w", err)
-				}
+			if err := print(); err != nil {
+				return err
 			}
 		}
 	}
