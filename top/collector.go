@@ -86,6 +86,7 @@ type Collector struct {
 	prev    map[uint32][2]uint64 // allocs, bytes at the last snapshot
 	maps    map[uint32][]proc.Mapping
 	devPeak map[int]uint64
+	gpuLive map[uint32]int // live allocations of GPU memory, per process, kept by Event
 	seq     int
 
 	mu       sync.Mutex
@@ -99,7 +100,7 @@ type Collector struct {
 // stacks for the selected process.
 func NewCollector(every time.Duration, top int) *Collector {
 	return &Collector{every: every, top: top, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
-		maps: map[uint32][]proc.Mapping{}, devPeak: map[int]uint64{}, updated: make(chan struct{}, 1)}
+		maps: map[uint32][]proc.Mapping{}, devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
 }
 
 var _ record.Observer = (*Collector)(nil)
@@ -111,8 +112,19 @@ func (c *Collector) Process(p *tracefile.Process) {
 	}
 }
 
-// Event does nothing: the ledger has the counts.
-func (c *Collector) Event(*events.Event, events.Change) {}
+// Event counts each process's live allocations of GPU memory (what Live
+// counts): the ledger would have to walk its live set for it.
+func (c *Collector) Event(_ *events.Event, ch events.Change) {
+	if ch.Process == nil {
+		return
+	}
+	if ch.Alloc != nil && ch.Alloc.API.Segment() {
+		c.gpuLive[ch.Process.PID]++
+	}
+	if ch.Freed != nil && ch.Freed.API.Segment() {
+		c.gpuLive[ch.Process.PID]--
+	}
+}
 
 // Flush publishes a snapshot now: the last state, once tracing stopped.
 // Call it on the goroutine that ran record.Run, after it returned.
@@ -157,7 +169,7 @@ func (c *Collector) snapshot(res *record.Result, sel uint32, now time.Time) *Sna
 		NVML: res.NVML != nil, NVMLError: res.NVMLError}
 	devLive := map[int]uint64{}
 	for _, p := range res.Ledger.Processes() {
-		row := Process{PID: p.PID, Comm: p.Comm, Live: p.Live, Peak: p.Peak, LiveCount: gpuAllocations(p),
+		row := Process{PID: p.PID, Comm: p.Comm, Live: p.Live, Peak: p.Peak, LiveCount: c.gpuLive[p.PID],
 			Allocs: p.Allocs, AllocBytes: p.AllocBytes}
 		if res.NVML != nil {
 			row.NVMLUsed, row.Listed = res.NVML.Used(p.PID)
@@ -225,18 +237,6 @@ func (c *Collector) stacks(l *events.Ledger, sel uint32, procs []Process) (uint3
 			Frames: slices.Clone(st.Frames), Maps: c.maps[st.PID]})
 	}
 	return sel, out
-}
-
-// gpuAllocations counts p's live allocations of GPU memory: those Live
-// counts, pinned host memory left out.
-func gpuAllocations(p *events.Process) int {
-	n := 0
-	for _, a := range p.LiveAllocations() {
-		if a.API.Info().Kind != events.KindHost {
-			n++
-		}
-	}
-	return n
 }
 
 // Snapshot returns the latest snapshot; nil before the first.

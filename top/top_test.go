@@ -18,8 +18,11 @@ type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time { return c.t }
 
+var collector *Collector // the one the test's events go to
+
 func alloc(l *events.Ledger, pid uint32, comm string, addr, size uint64, dev int32, api events.API, stack ...uint64) {
-	l.Apply(&events.Event{Time: addr, PID: pid, TID: pid, Comm: comm, API: api, Addr: addr, Size: size, Device: dev, Stack: stack})
+	ev := &events.Event{Time: addr, PID: pid, TID: pid, Comm: comm, API: api, Addr: addr, Size: size, Device: dev, Stack: stack}
+	collector.Event(ev, l.Apply(ev))
 }
 
 // The cross-check with a fake NVML, and the rates, to the byte.
@@ -27,6 +30,7 @@ func TestCollector(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)}
 	c := NewCollector(time.Second, 2)
 	c.now, c.start = clk.now, clk.t
+	collector = c
 	l := events.NewLedger()
 	res := &record.Result{Ledger: l, Events: 3}
 	alloc(l, 100, "train", 0x1000, 1000, 0, events.CudaMalloc, 0xa)
@@ -75,14 +79,16 @@ func TestCollector(t *testing.T) {
 	}
 	alloc(l, 200, "eval", 0x2000, 7000, 0, events.CudaMalloc, 0xe)
 	alloc(l, 200, "eval", 0x3000, 1000, 0, events.CudaMalloc, 0xe)
+	alloc(l, 100, "train", 0x3000, 0, 0, events.CudaFreeHost) // host memory: no change in the GPU count
+	alloc(l, 100, "train", 0x1000, 0, 0, events.CudaFree)
 	clk.t = clk.t.Add(1500 * time.Millisecond)
 	c.Tick(res)
 	s = c.Snapshot()
 	if s.Seq != 2 || s.Processes[0].PID != 200 || s.Processes[0].AllocRate != 1 || s.Processes[0].ByteRate != 4000 ||
-		s.Processes[1].AllocRate != 0 {
+		s.Processes[0].LiveCount != 3 || s.Processes[1].AllocRate != 0 || s.Processes[1].LiveCount != 1 || s.Processes[1].Live != 3000 {
 		t.Errorf("after 2 s: %+v", s.Processes)
 	}
-	if s.Devices[0].Live != 9500 || s.Devices[0].Peak != 9500 {
+	if s.Devices[0].Live != 8500 || s.Devices[0].Peak != 8500 { // the peak as refreshes saw it
 		t.Errorf("device 0 %+v", s.Devices[0])
 	}
 
@@ -91,7 +97,7 @@ func TestCollector(t *testing.T) {
 	clk.t = clk.t.Add(10 * time.Millisecond)
 	c.Tick(res)
 	s = c.Snapshot()
-	if s.Seq != 2 || s.StacksPID != 100 || len(s.Stacks) != 2 || s.Processes[0].AllocRate != 1 {
+	if s.Seq != 2 || s.StacksPID != 100 || len(s.Stacks) != 1 || s.Stacks[0].Live != 3000 || s.Processes[0].AllocRate != 1 {
 		t.Errorf("after select: seq %d stacks of %d %+v", s.Seq, s.StacksPID, s.Processes)
 	}
 	select {
