@@ -12,7 +12,7 @@ import (
 // benchLedger is one process holding live allocations from 1000 stacks of
 // 20 frames, seen through a collector.
 func benchLedger(live int) (*Collector, *record.Result) {
-	c := NewCollector(time.Second, 5)
+	c := NewCollector(time.Second, 5, nil)
 	l := events.NewLedger()
 	stacks := make([][]uint64, 1000)
 	for i := range stacks {

@@ -78,6 +78,7 @@ type Stack struct {
 type Collector struct {
 	every time.Duration
 	top   int
+	only  map[uint32]bool // empty: every process
 	start time.Time
 	now   func() time.Time // time.Now; tests set their own clock
 
@@ -86,7 +87,8 @@ type Collector struct {
 	prev    map[uint32][2]uint64 // allocs, bytes at the last snapshot
 	maps    map[uint32][]proc.Mapping
 	devPeak map[int]uint64
-	gpuLive map[uint32]int // live allocations of GPU memory, per process, kept by Event
+	gpuLive map[uint32]int    // live allocations of GPU memory, per process, kept by Event
+	comm    map[uint32]string // of processes only NVML lists
 	seq     int
 
 	mu       sync.Mutex
@@ -97,9 +99,14 @@ type Collector struct {
 }
 
 // NewCollector returns a Collector publishing every `every`, with top
-// stacks for the selected process.
-func NewCollector(every time.Duration, top int) *Collector {
-	return &Collector{every: every, top: top, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
+// stacks for the selected process. pids, when not empty, are the only
+// processes NVML's list adds to the traced ones.
+func NewCollector(every time.Duration, top int, pids []int) *Collector {
+	only := map[uint32]bool{}
+	for _, p := range pids {
+		only[uint32(p)] = true
+	}
+	return &Collector{every: every, top: top, only: only, comm: map[uint32]string{}, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
 		maps: map[uint32][]proc.Mapping{}, devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
 }
 
@@ -185,8 +192,22 @@ func (c *Collector) snapshot(res *record.Result, sel uint32, now time.Time) *Sna
 		}
 		s.Processes = append(s.Processes, row)
 	}
+	// Processes holding GPU memory that made no traced call (they
+	// allocated before tracing began, or through a library not probed):
+	// all of their memory is the remainder.
+	if res.NVML != nil {
+		seen := map[uint32]bool{}
+		for _, u := range res.NVML.Processes {
+			if seen[u.PID] || res.Ledger.Process(u.PID) != nil || (len(c.only) > 0 && !c.only[u.PID]) {
+				continue
+			}
+			seen[u.PID] = true
+			used, _ := res.NVML.Used(u.PID)
+			s.Processes = append(s.Processes, Process{PID: u.PID, Comm: c.commOf(u.PID), NVMLUsed: used, Listed: true})
+		}
+	}
 	slices.SortFunc(s.Processes, func(a, b Process) int {
-		return cmp.Or(cmp.Compare(b.Live, a.Live), cmp.Compare(a.PID, b.PID))
+		return cmp.Or(cmp.Compare(b.Live, a.Live), cmp.Compare(b.NVMLUsed, a.NVMLUsed), cmp.Compare(a.PID, b.PID))
 	})
 	nums := map[int]bool{}
 	for n := range devLive {
@@ -214,6 +235,19 @@ func (c *Collector) snapshot(res *record.Result, sel uint32, now time.Time) *Sna
 
 	s.StacksPID, s.Stacks = c.stacks(res.Ledger, sel, s.Processes)
 	return s
+}
+
+// commOf names a process only NVML lists, once.
+func (c *Collector) commOf(pid uint32) string {
+	if n, ok := c.comm[pid]; ok {
+		return n
+	}
+	n, err := proc.Comm(int(pid))
+	if err != nil {
+		n = "?"
+	}
+	c.comm[pid] = n
+	return n
 }
 
 // stacks returns the top stacks by live bytes of sel, or of the first

@@ -74,7 +74,11 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		t.add("", "", "no CUDA allocation traced yet")
 	}
 	out = append(out, t.lines()...)
-	if sel != nil {
+	if sel != nil && sel.Allocs == 0 && sel.Listed {
+		add("")
+		add("pid %d (%s): no allocation traced; NVML charges it %d B: it allocated before tracing began, or through a library not probed (--lib)",
+			sel.PID, sel.Comm, sel.NVMLUsed)
+	} else if sel != nil {
 		add("")
 		add("pid %d (%s): %d B of GPU memory live in %d allocations, peak %d B; %d allocations, %d B, since tracing began",
 			sel.PID, sel.Comm, sel.Live, sel.LiveCount, sel.Peak, sel.Allocs, sel.AllocBytes)

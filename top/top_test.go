@@ -28,8 +28,9 @@ func alloc(l *events.Ledger, pid uint32, comm string, addr, size uint64, dev int
 // The cross-check with a fake NVML, and the rates, to the byte.
 func TestCollector(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)}
-	c := NewCollector(time.Second, 2)
+	c := NewCollector(time.Second, 2, nil)
 	c.now, c.start = clk.now, clk.t
+	c.comm[300] = "jax" // as /proc would say
 	collector = c
 	l := events.NewLedger()
 	res := &record.Result{Ledger: l, Events: 3}
@@ -40,7 +41,8 @@ func TestCollector(t *testing.T) {
 	fake := &gpustat.Fake{
 		Devs: []gpustat.Device{{Index: 0, UUID: "GPU-0", Name: "Fake", Total: 1 << 20, Used: 9000, Free: 1<<20 - 9000},
 			{Index: 1, UUID: "GPU-1", Name: "Fake", Total: 1 << 20, Used: 4000, Free: 1<<20 - 4000}},
-		Procs: []gpustat.ProcessUsage{{PID: 100, Device: 0, UUID: "GPU-0", Used: 1500}, {PID: 100, Device: 1, UUID: "GPU-1", Used: 3500}},
+		Procs: []gpustat.ProcessUsage{{PID: 100, Device: 0, UUID: "GPU-0", Used: 1500}, {PID: 100, Device: 1, UUID: "GPU-1", Used: 3500},
+			{PID: 300, Device: 0, UUID: "GPU-0", Used: 2000}, {PID: 300, Device: 1, UUID: "GPU-1", Used: 100}},
 	}
 	sm, err := gpustat.Take(fake)
 	if err != nil {
@@ -55,12 +57,23 @@ func TestCollector(t *testing.T) {
 	want := []Process{
 		{PID: 100, Comm: "train", Live: 4000, Peak: 4000, LiveCount: 2, Allocs: 3, AllocBytes: 4064, NVMLUsed: 5000, Listed: true},
 		{PID: 200, Comm: "eval", Live: 500, Peak: 500, LiveCount: 1, Allocs: 1, AllocBytes: 500},
+		// On the GPU, never traced: all of its memory is the remainder.
+		{PID: 300, Comm: "jax", NVMLUsed: 2100, Listed: true},
 	}
 	if !reflect.DeepEqual(s.Processes, want) {
 		t.Errorf("processes\n got %+v\nwant %+v", s.Processes, want)
 	}
 	if r := s.Processes[0].Remainder(); r != 1000 {
 		t.Errorf("remainder %d, want 5000 - 4000", r)
+	}
+	if r := s.Processes[2].Remainder(); r != 2100 {
+		t.Errorf("untraced remainder %d, want 2100", r)
+	}
+	// --pid 100: the untraced process is not shown.
+	only := NewCollector(time.Second, 2, []int{100})
+	only.Tick(res)
+	if ps := only.Snapshot().Processes; len(ps) != 2 || ps[1].PID != 200 {
+		t.Errorf("with --pid 100: %+v", ps)
 	}
 	if len(s.Devices) != 2 || s.Devices[0].Live != 1500 || s.Devices[0].NVML.Used != 9000 || s.Devices[1].Live != 3000 {
 		t.Errorf("devices %+v", s.Devices)
@@ -85,7 +98,8 @@ func TestCollector(t *testing.T) {
 	c.Tick(res)
 	s = c.Snapshot()
 	if s.Seq != 2 || s.Processes[0].PID != 200 || s.Processes[0].AllocRate != 1 || s.Processes[0].ByteRate != 4000 ||
-		s.Processes[0].LiveCount != 3 || s.Processes[1].AllocRate != 0 || s.Processes[1].LiveCount != 1 || s.Processes[1].Live != 3000 {
+		s.Processes[0].LiveCount != 3 || s.Processes[1].AllocRate != 0 || s.Processes[1].LiveCount != 1 || s.Processes[1].Live != 3000 ||
+		len(s.Processes) != 3 {
 		t.Errorf("after 2 s: %+v", s.Processes)
 	}
 	if s.Devices[0].Live != 8500 || s.Devices[0].Peak != 8500 { // the peak as refreshes saw it
@@ -160,6 +174,13 @@ func TestScreen(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("screen\n--- got\n%s\n--- want\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+	// An untraced process NVML lists, selected.
+	s := testSnapshot()
+	s.Processes = append(s.Processes, Process{PID: 9, Comm: "jax", NVMLUsed: 4096, Listed: true})
+	lines := Screen(s, View{Selected: 9, Width: 200, Height: 30}, frames)
+	if want := "pid 9 (jax): no allocation traced; NVML charges it 4096 B: it allocated before tracing began, or through a library not probed (--lib)"; !contains(lines, want) {
+		t.Errorf("no line %q in\n%s", want, strings.Join(lines, "\n"))
+	}
 	// A small terminal: clipped to its size.
 	small := Screen(testSnapshot(), View{Selected: 77, Width: 20, Height: 5}, frames)
 	if len(small) != 5 || small[4] != "  1    512 B    512 " || len([]rune(small[0])) != 20 {
@@ -206,4 +227,13 @@ func TestMessages(t *testing.T) {
 	if m.Last() != "cudatrace: NVML unavailable: Driver Not Loaded" || len(m.Lines()) != 2 {
 		t.Errorf("last %q, lines %q", m.Last(), m.Lines())
 	}
+}
+
+func contains(lines []string, s string) bool {
+	for _, l := range lines {
+		if l == s {
+			return true
+		}
+	}
+	return false
 }

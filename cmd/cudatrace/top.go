@@ -45,7 +45,9 @@ process and per GPU at each refresh, key=value with exact byte counts:
   2026-01-02T15:04:05Z pid=4242 comm="python3" live=1073741824 peak=... nvml_used=1384120320 remainder=310378496 ...
 
 Only what happens after top starts is seen: memory a process allocated
-before is not in LIVE (it is in NVML-USED, hence in the REMAINDER).`,
+before is not in LIVE (it is in NVML-USED, hence in the REMAINDER). A
+process NVML lists that made no traced call is shown too, with all of its
+memory as the remainder.`,
 		Example: `  # Every process on the host
   sudo cudatrace top
 
@@ -71,7 +73,7 @@ func runTop(cmd *cobra.Command, f *topFlags) error {
 	if f.every < 10*time.Millisecond {
 		return hint.Wrap(fmt.Errorf("--interval %s is too short", f.every), "e.g. --interval 1s")
 	}
-	c := top.NewCollector(f.every, max(f.stacks, 0))
+	c := top.NewCollector(f.every, max(f.stacks, 0), f.pids)
 	topts := top.Options{Every: f.every, In: os.Stdin, Out: os.Stdout, NoSymbolize: f.noSymbolize, Target: "all processes"}
 	if len(f.pids) > 0 {
 		var ps []string
