@@ -19,6 +19,7 @@ type View struct {
 	Height   int
 	Every    time.Duration
 	Target   string // "all processes", "pid 4242"
+	NVMLOff  bool   // --nvml=false
 }
 
 // Frames symbolizes a stack; top keeps one cache for the session.
@@ -35,6 +36,8 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 	switch {
 	case s.NVMLError != "":
 		add("%s", s.NVMLError)
+	case v.NVMLOff:
+		add("NVML: off (--nvml=false)")
 	case !s.NVML:
 		add("NVML: no sample yet")
 	default:

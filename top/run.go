@@ -34,6 +34,7 @@ type Options struct {
 	// taken (Run shows the last one).
 	Messages    *Messages
 	NoSymbolize bool
+	NoNVML      bool // NVML is not sampled (--nvml=false)
 }
 
 // Interactive reports whether Run will draw a full-screen view.
@@ -169,7 +170,7 @@ func runScreen(ctx context.Context, c *Collector, opts Options, stop <-chan Stop
 				c.Select(selected)
 			}
 			for _, l := range Screen(s, View{Selected: selected, Status: status, Width: w, Height: h,
-				Every: opts.Every, Target: opts.Target}, frames) {
+				Every: opts.Every, Target: opts.Target, NVMLOff: opts.NoNVML}, frames) {
 				b.WriteString(l + "\x1b[K\r\n")
 			}
 		}

@@ -74,7 +74,8 @@ func runTop(cmd *cobra.Command, f *topFlags) error {
 		return hint.Wrap(fmt.Errorf("--interval %s is too short", f.every), "e.g. --interval 1s")
 	}
 	c := top.NewCollector(f.every, max(f.stacks, 0), f.pids)
-	topts := top.Options{Every: f.every, In: os.Stdin, Out: os.Stdout, NoSymbolize: f.noSymbolize, Target: "all processes"}
+	topts := top.Options{Every: f.every, In: os.Stdin, Out: os.Stdout, NoSymbolize: f.noSymbolize, NoNVML: !f.nvml,
+		Target: "all processes"}
 	if len(f.pids) > 0 {
 		var ps []string
 		for _, p := range f.pids {
