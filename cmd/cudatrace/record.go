@@ -19,15 +19,16 @@ import (
 )
 
 type recordFlags struct {
-	libs     []string
-	pids     []int
-	all      bool
-	duration time.Duration
-	output   string
-	ringSize string
-	quiet    bool
-	exports  []string // FORMAT=FILE
-	nvml     bool
+	libs      []string
+	pids      []int
+	all       bool
+	duration  time.Duration
+	output    string
+	ringSize  string
+	quiet     bool
+	exports   []string // FORMAT=FILE
+	nvml      bool
+	nvmlEvery time.Duration
 }
 
 func newRecordCmd() *cobra.Command {
@@ -63,7 +64,7 @@ summary per process; -o keeps the full trace for 'cudatrace report' and
 perfetto or json; see 'cudatrace export --help').
 A command still running when recording stops gets SIGTERM after 2 seconds.
 
-NVML: every second, record also asks the NVIDIA driver (NVML, as nvidia-smi
+NVML: every second (--nvml-interval), record also asks the NVIDIA driver (NVML, as nvidia-smi
 does) how much GPU memory each process holds, and keeps that in the trace:
 'cudatrace report' puts it beside the traced live bytes, and the remainder
 is what tracing did not see (the CUDA context, library workspaces). Without
@@ -93,7 +94,8 @@ goes on; --nvml=false turns the sampling off.`,
 	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
 	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE (pprof, memviz, perfetto, json; repeatable)")
-	fl.BoolVar(&f.nvml, "nvml", true, "sample the driver's per-process GPU memory (NVML) every second into the trace")
+	fl.BoolVar(&f.nvml, "nvml", true, "sample the driver's per-process GPU memory (NVML) into the trace")
+	fl.DurationVar(&f.nvmlEvery, "nvml-interval", record.DefaultNVMLEvery, "how often to sample NVML")
 	fl.SetInterspersed(false)
 	return cmd
 }
@@ -134,7 +136,10 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	}
 	opts.Tracer.RingBytes = ring
 	if f.nvml {
-		opts.NVML = gpustat.Open
+		if f.nvmlEvery < 10*time.Millisecond {
+			return hint.Wrap(fmt.Errorf("--nvml-interval %s is too short", f.nvmlEvery), "e.g. --nvml-interval 1s")
+		}
+		opts.NVML, opts.NVMLEvery = gpustat.Open, f.nvmlEvery
 	}
 	res, err := record.Run(cmd.Context(), opts)
 	if err != nil {
