@@ -327,7 +327,7 @@ func TestTopLines(t *testing.T) {
 	}
 	// The last lines are the state when hold exited: all freed.
 	last := fmt.Sprintf(` pid=%d comm="hold" live=0 peak=%d live_allocations=0 `, pid, want.Peak)
-	if i := strings.LastIndex(stdout.String(), fmt.Sprintf(" pid=%d ", pid)); i < 0 || !strings.HasPrefix(stdout.String()[i:], last[:len(last)]) {
+	if i := strings.LastIndex(stdout.String(), fmt.Sprintf(" pid=%d ", pid)); i < 0 || !strings.HasPrefix(stdout.String()[i:], last) {
 		t.Errorf("the last line of pid %d is not %q:\n%s", pid, last, truncate(stdout.String(), 2000))
 	}
 }
