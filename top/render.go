@@ -73,10 +73,10 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		t.add(mark, fmt.Sprint(p.PID), p.Comm, report.HumanBytes(p.Live), report.HumanBytes(p.Peak), used, rem,
 			fmt.Sprintf("%.1f", p.AllocRate), report.HumanBytes(uint64(p.ByteRate)))
 	}
-	if len(s.Processes) == 0 {
-		t.add("", "", "no CUDA allocation traced yet")
-	}
 	out = append(out, t.lines()...)
+	if len(s.Processes) == 0 {
+		add("  no CUDA allocation traced yet")
+	}
 	if sel != nil && sel.Allocs == 0 && sel.Listed {
 		add("")
 		add("pid %d (%s): no allocation traced; NVML charges it %d B: it allocated before tracing began, or through a library not probed (--lib)",

@@ -111,6 +111,13 @@ func runTop(cmd *cobra.Command, f *topFlags) error {
 	}()
 	err := top.Run(ctx, c, topts, stop)
 	cancel()
-	<-finished // the probes are detached before top exits
+	// The probes are detached before top exits; with many of them that
+	// takes seconds, and the terminal is already the user's again.
+	select {
+	case <-finished:
+	case <-time.After(300 * time.Millisecond):
+		fmt.Fprintln(cmd.ErrOrStderr(), "cudatrace: detaching probes...")
+		<-finished
+	}
 	return err
 }
