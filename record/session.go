@@ -52,6 +52,7 @@ type session struct {
 	lastScan     time.Time
 	libs         loader.Libraries // every library attached, by inode
 	warned       map[string]bool
+	sampler      *sampler // nil without Options.NVML
 }
 
 type procState struct {
@@ -294,6 +295,7 @@ func (s *session) buildID(pid int, m proc.Mapping) string {
 // session is over.
 func (s *session) Tick() {
 	s.scanLate()
+	s.takeNVML()
 	if (s.w != nil || s.opts.Observer != nil) && time.Since(s.lastCounters) >= counterEvery {
 		s.lastCounters = time.Now()
 		s.writeCounters()

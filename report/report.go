@@ -70,9 +70,12 @@ type Report struct {
 	Intervals  []Interval `json:"intervals,omitempty"`
 	IntervalNS uint64     `json:"interval_ns,omitempty"`
 	// Allocations, with Options.Allocations, is the live set at the end.
-	Allocations []Allocation      `json:"allocations,omitempty"`
-	Libraries   []Library         `json:"libraries"`
-	Counters    map[string]uint64 `json:"counters"` // the BPF side's, from the last snapshot
+	Allocations []Allocation `json:"allocations,omitempty"`
+	// NVML is the driver's view sampled while recording; nil for a trace
+	// without it (--nvml=false, or an older cudatrace).
+	NVML      *NVMLSummary      `json:"nvml,omitempty"`
+	Libraries []Library         `json:"libraries"`
+	Counters  map[string]uint64 `json:"counters"` // the BPF side's, from the last snapshot
 
 	top int // Options.Top
 }
@@ -135,6 +138,9 @@ type Process struct {
 	// incomplete (it exited before the recorder read them): its stacks are
 	// then not symbolized.
 	CaptureError string `json:"capture_error,omitempty"`
+	// NVML is the driver's figure beside the traced one; nil when the
+	// trace has no NVML samples.
+	NVML *ProcessNVML `json:"nvml,omitempty"`
 }
 
 // Mapping is a live VMM mapping: size bytes of the physical memory
@@ -275,8 +281,9 @@ func Load(path string, opts Options) (*Report, error) {
 		return nil, err
 	}
 	fol := newFollower(t0.Meta().StartBoot, opts.Interval)
+	nv := newNVMLFollower(t0.Meta().StartBoot, opts.Interval)
 	t0.Close()
-	t, err := replay.Read(path, replay.Options{OnEvent: fol.onEvent})
+	t, err := replay.Read(path, replay.Options{OnEvent: fol.onEvent, OnNVML: nv.onNVML})
 	if err != nil {
 		return nil, err
 	}
@@ -329,6 +336,7 @@ func Load(path string, opts Options) (*Report, error) {
 		if c := t.Latest[p.PID]; c != nil {
 			out.CaptureError = c.Error
 		}
+		out.NVML = nv.process(p.PID)
 		rep.Processes = append(rep.Processes, out)
 		for i, f := range p.Failures {
 			out := Failure{PID: p.PID, TID: f.TID, API: f.API.String(), Size: f.Size,
@@ -358,6 +366,11 @@ func Load(path string, opts Options) (*Report, error) {
 	if opts.MinAge > 0 {
 		rep.MinAgeNS = uint64(opts.MinAge)
 		rep.Leaks = leaks(t, &opts, frames)
+	}
+	rep.NVML = nv.summary(meta.All && len(opts.PIDs) == 0, func(pid uint32) bool { return t.Ledger.Process(pid) != nil },
+		opts.selected)
+	if nv.overflowed {
+		return nil, fmt.Errorf("--interval %s makes more than %d rows of NVML samples: choose a longer one", opts.Interval, maxIntervals)
 	}
 	if opts.Interval > 0 {
 		rep.IntervalNS = uint64(opts.Interval)

@@ -541,6 +541,8 @@ func TestText(t *testing.T) {
 		{"mix_leaks_intervals.golden", Options{MinAge: 5 * time.Microsecond, Interval: 3 * time.Microsecond},
 			mixItems(), testMeta()},
 		{"mix_pid200.golden", Options{PIDs: []uint32{200}, MinAge: time.Nanosecond}, mixItems(), testMeta()},
+		{"nvml_interval.golden", Options{Interval: 5 * time.Microsecond, Top: 1}, nvmlItems(), allMeta()},
+		{"nvml_unavailable.golden", Options{Top: 1}, append([]any{&tracefile.NVML{Time: base + 10, Error: "NVML unavailable: library not found (libnvidia-ml.so.1)"}}, mixItems()...), testMeta()},
 		{"empty.golden", Options{Interval: time.Second}, []any{&tracefile.End{Time: base + 2*uint64(time.Second)}},
 			tracefile.Meta{StartBoot: base}},
 	} {

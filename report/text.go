@@ -164,6 +164,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	for _, p := range r.Processes {
 		comm[p.PID] = p.Comm
 	}
+	r.writeNVML(ew, comm)
 	r.writeStacks(ew, comm)
 	r.writePeaks(ew, comm)
 	r.writeLeaks(ew, comm)
