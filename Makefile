@@ -5,9 +5,16 @@ GO        ?= go
 CC        ?= gcc
 BIN       := bin/cudatrace
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -X main.version=$(VERSION)
+# -z lazy: go-nvml leaves NVML's functions for the dynamic loader to bind
+# on first call, and the driver's libnvidia-ml lacks the newest of them; a
+# binary bound at start-up (-z now, as hardening flags ask) would not start
+# at all on a host with an older driver or none.
+LDFLAGS   := -X main.version=$(VERSION) -extldflags=-Wl,-z,lazy
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 DEMO_DIR  := bin/demo
+# go-nvml's cgo declares NVML's deprecated functions; their warnings on every
+# fresh build say nothing about cudatrace.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .PHONY: all build generate test test-unit bench bench-agent lint demo clean
 
@@ -31,7 +38,7 @@ test-unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /vmtest)
 
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem ./events/ ./tracefile/ ./symbolize/ ./export/
+	$(GO) test -run '^$$' -bench . -benchmem ./events/ ./tracefile/ ./symbolize/ ./export/ ./top/
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
 
 # The agent's memory over 5000 short-lived traced processes (a few minutes).

@@ -46,8 +46,8 @@ struct inflight {
 	__u64 sp; // stack pointer at entry: tells the matching return from a nested one
 	__u64 out;
 	__u64 size;
-	__u64 aux1; // PITCH: size_t *pitch; 3D: extent.height
-	__u64 aux2; // PITCH: height;        3D: extent.depth
+	__u64 aux1; // PITCH: size_t *pitch; 3D: extent.height; VMM_MAP: va
+	__u64 aux2; // PITCH: height;        3D: extent.depth;  VMM_MAP: handle
 	__u16 api;
 	__u16 shape;
 	__s32 device;
@@ -252,6 +252,16 @@ int ct_vmm_create_enter(struct pt_regs *ctx)
 	return remember(ctx, CT_SHAPE_VMM_CREATE, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), (__u64)dev, 0);
 }
 
+// cuMemMap(CUdeviceptr va, size_t size, size_t offset, handle, flags):
+// every argument by value. The ledger ties the mapping to the handle's
+// physical memory, which stays allocated while it is mapped even after
+// cuMemRelease.
+SEC("uprobe")
+int ct_vmm_map_enter(struct pt_regs *ctx)
+{
+	return remember(ctx, CT_SHAPE_VMM_MAP, 0, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), PT_REGS_PARM4(ctx));
+}
+
 SEC("uprobe")
 int ct_setdev_enter(struct pt_regs *ctx)
 {
@@ -265,13 +275,13 @@ int ct_setdev_enter(struct pt_regs *ctx)
 // uprobe trap; these reads cost too little to measure (docs/benchmarks.md).
 // The chain must climb the stack: a frame pointing down or to itself is
 // code without frame pointers reusing rbp, and the walk stops there.
-static __always_inline __s32 user_stack(struct pt_regs *ctx, __u64 *stack)
+static __always_inline __s32 user_stack(struct pt_regs *ctx, __u64 *stack, const __s32 max)
 {
 	__u64 fp = PT_REGS_FP(ctx);
 	__s32 n = 1;
 
 	stack[0] = PT_REGS_IP(ctx);
-	for (; n < CT_MAX_FRAMES; n++) {
+	for (; n < max; n++) {
 		__u64 frame[2]; // the caller's rbp, the return address
 		if (fp == 0)
 			break;
@@ -339,6 +349,19 @@ int ct_exit(struct pt_regs *ctx)
 	e->h.size = in->size;
 	fill_common(&e->h, id);
 
+	if (in->shape == CT_SHAPE_VMM_MAP) { // failed or not, the call's arguments say it all
+		e->h.addr = in->aux1;
+		e->h.flags = CT_F_AUX;
+		e->stack[0] = in->aux2;
+		bpf_map_delete_elem(&inflight, &tid);
+		e->h.nframes = user_stack(ctx, &e->stack[1], CT_MAX_FRAMES - 1);
+		if (e->h.nframes == CT_MAX_FRAMES - 1)
+			e->h.flags |= CT_F_STACK_TRUNC;
+		count(CT_CNT_EVENTS);
+		bpf_ringbuf_submit(e, wakeup_flags(e->h.pid));
+		return 0;
+	}
+
 	if (result == 0) {
 		__u64 addr = 0, pitch = 0;
 		switch (in->shape) {
@@ -369,7 +392,7 @@ int ct_exit(struct pt_regs *ctx)
 
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
-	e->h.nframes = user_stack(ctx, e->stack);
+	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
 	if (e->h.nframes == CT_MAX_FRAMES)
 		e->h.flags |= CT_F_STACK_TRUNC;
 	count(CT_CNT_EVENTS);
@@ -583,7 +606,7 @@ int ct_usdt(struct pt_regs *ctx)
 	fill_common(&e->h, id);
 	// The probe sits in the allocator's function body, past its prologue:
 	// the frame-pointer chain starts at its caller's frame.
-	e->h.nframes = user_stack(ctx, e->stack);
+	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
 	if (e->h.nframes == CT_MAX_FRAMES)
 		e->h.flags |= CT_F_STACK_TRUNC;
 	count(CT_CNT_EVENTS);
@@ -592,9 +615,9 @@ int ct_usdt(struct pt_regs *ctx)
 }
 
 // Frees: (void *ptr, ...). The record goes out before the library releases
-// the memory (see the top of this file).
-SEC("uprobe")
-int ct_free_enter(struct pt_regs *ctx)
+// the memory (see the top of this file). size is the range's length for
+// calls that take one (cuMemUnmap, cuMemAddressFree), 0 otherwise.
+static __always_inline int free_enter(struct pt_regs *ctx, __u64 size)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
@@ -622,7 +645,7 @@ int ct_free_enter(struct pt_regs *ctx)
 	e->ts_ns = now;
 	e->dur_ns = 0;
 	e->addr = addr;
-	e->size = 0;
+	e->size = size;
 	e->device = current_device(tid);
 	e->result = 0;
 	e->api = (__u16)bpf_get_attach_cookie(ctx);
@@ -632,6 +655,18 @@ int ct_free_enter(struct pt_regs *ctx)
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(tgid));
 	return 0;
+}
+
+SEC("uprobe")
+int ct_free_enter(struct pt_regs *ctx)
+{
+	return free_enter(ctx, 0);
+}
+
+SEC("uprobe")
+int ct_sized_free_enter(struct pt_regs *ctx)
+{
+	return free_enter(ctx, PT_REGS_PARM2(ctx));
 }
 
 // A traced process's children are traced too (a launched shell script, a

@@ -23,11 +23,19 @@ enum ct_shape {
 	// (CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop, ...):
 	// cuMemCreate, on the device prop->location names
 	CT_SHAPE_VMM_CREATE = 8,
+	// (CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h, ...): cuMemMap;
+	// the record carries the handle as its aux value
+	CT_SHAPE_VMM_MAP = 9,
+	// (T *ptr, size_t size): cuMemUnmap, cuMemAddressFree; recorded at entry like frees
+	CT_SHAPE_SIZED_FREE = 10,
 };
 
 enum ct_flags {
 	CT_F_ENTRY_ONLY = 1 << 0,  // recorded at entry (frees): no result, no duration
 	CT_F_STACK_TRUNC = 1 << 1, // every frame slot was used
+	// stack[0] holds an argument the header has no field for (cuMemMap's
+	// handle); the frames follow it and nframes does not count it
+	CT_F_AUX = 1 << 2,
 };
 
 // Loss and health counters, a per-CPU array indexed by these.
@@ -73,7 +81,8 @@ struct ct_usdt_spec {
 };
 
 // Header of every record in the ring buffer. Allocation records carry
-// stack[nframes] after it; free records carry nothing more.
+// stack[nframes] after it (after one aux value with CT_F_AUX); free records
+// carry nothing more.
 struct ct_event {
 	__u64 ts_ns;  // bpf_ktime_get_boot_ns() at entry
 	__u64 dur_ns; // entry to return, 0 with CT_F_ENTRY_ONLY

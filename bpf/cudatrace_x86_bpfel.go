@@ -113,8 +113,10 @@ const (
 	CudatraceProgCtFreeEnter       = "ct_free_enter"
 	CudatraceProgCtPitchEnter      = "ct_pitch_enter"
 	CudatraceProgCtSetdevEnter     = "ct_setdev_enter"
+	CudatraceProgCtSizedFreeEnter  = "ct_sized_free_enter"
 	CudatraceProgCtUsdt            = "ct_usdt"
 	CudatraceProgCtVmmCreateEnter  = "ct_vmm_create_enter"
+	CudatraceProgCtVmmMapEnter     = "ct_vmm_map_enter"
 	CudatraceVarFilterPids         = "filter_pids"
 	CudatraceVarFollowForks        = "follow_forks"
 	CudatraceVarUnusedCtAllocEvent = "unused_ct_alloc_event"
@@ -177,8 +179,10 @@ type CudatraceProgramSpecs struct {
 	CtFreeEnter      *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
 	CtPitchEnter     *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
 	CtSetdevEnter    *ebpf.ProgramSpec `ebpf:"ct_setdev_enter"`
+	CtSizedFreeEnter *ebpf.ProgramSpec `ebpf:"ct_sized_free_enter"`
 	CtUsdt           *ebpf.ProgramSpec `ebpf:"ct_usdt"`
 	CtVmmCreateEnter *ebpf.ProgramSpec `ebpf:"ct_vmm_create_enter"`
+	CtVmmMapEnter    *ebpf.ProgramSpec `ebpf:"ct_vmm_map_enter"`
 }
 
 // CudatraceMapSpecs contains maps before they are loaded into the kernel.
@@ -286,8 +290,10 @@ type CudatracePrograms struct {
 	CtFreeEnter      *ebpf.Program `ebpf:"ct_free_enter"`
 	CtPitchEnter     *ebpf.Program `ebpf:"ct_pitch_enter"`
 	CtSetdevEnter    *ebpf.Program `ebpf:"ct_setdev_enter"`
+	CtSizedFreeEnter *ebpf.Program `ebpf:"ct_sized_free_enter"`
 	CtUsdt           *ebpf.Program `ebpf:"ct_usdt"`
 	CtVmmCreateEnter *ebpf.Program `ebpf:"ct_vmm_create_enter"`
+	CtVmmMapEnter    *ebpf.Program `ebpf:"ct_vmm_map_enter"`
 }
 
 func (p *CudatracePrograms) Close() error {
@@ -305,8 +311,10 @@ func (p *CudatracePrograms) Close() error {
 		p.CtFreeEnter,
 		p.CtPitchEnter,
 		p.CtSetdevEnter,
+		p.CtSizedFreeEnter,
 		p.CtUsdt,
 		p.CtVmmCreateEnter,
+		p.CtVmmMapEnter,
 	)
 }
 

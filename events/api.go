@@ -14,6 +14,10 @@ const (
 	OpAlloc Op = iota + 1
 	OpFree
 	OpSetDevice
+	OpMap       // VMM: physical memory mapped at a virtual address
+	OpUnmap     // VMM: a virtual range unmapped
+	OpReserve   // VMM: a virtual address range reserved (no memory)
+	OpUnreserve // VMM: a reserved range given back
 )
 
 // Kind says what sort of memory an allocation holds. Every kind but KindHost
@@ -93,6 +97,10 @@ const (
 	TorchMalloc
 	TorchFree
 	CuCtxPopCurrent
+	CuMemMap
+	CuMemUnmap
+	CuMemAddressReserve
+	CuMemAddressFree
 	apiEnd
 )
 
@@ -135,7 +143,8 @@ var apis = [apiEnd]APIInfo{
 	CuCtxSetCurrent:          {"cuCtxSetCurrent", OpSetDevice, 0, LayerDriver},
 	CuCtxPushCurrent:         {"cuCtxPushCurrent_v2", OpSetDevice, 0, LayerDriver},
 	// VMM physical memory, counted from its creation on the device its
-	// properties name to its release; Addr is the allocation handle.
+	// properties name until it is released and no longer mapped; Addr is
+	// the allocation handle.
 	CuMemCreate:  {"cuMemCreate", OpAlloc, KindDevice, LayerDriver},
 	CuMemRelease: {"cuMemRelease", OpFree, KindDevice, LayerDriver},
 	// Tensors: blocks PyTorch's caching allocator hands out of the segments
@@ -144,6 +153,14 @@ var apis = [apiEnd]APIInfo{
 	TorchFree:   {"pytorch:free", OpFree, KindDevice, LayerTensor},
 
 	CuCtxPopCurrent: {"cuCtxPopCurrent_v2", OpSetDevice, 0, LayerDriver},
+	// VMM mappings and address ranges. They hold no memory of their own:
+	// a mapping keeps its handle's physical memory alive past cuMemRelease
+	// until cuMemUnmap (the driver frees it when both are gone), and the
+	// ledger counts mapped and reserved bytes apart.
+	CuMemMap:            {"cuMemMap", OpMap, KindDevice, LayerDriver},
+	CuMemUnmap:          {"cuMemUnmap", OpUnmap, KindDevice, LayerDriver},
+	CuMemAddressReserve: {"cuMemAddressReserve", OpReserve, KindDevice, LayerDriver},
+	CuMemAddressFree:    {"cuMemAddressFree", OpUnreserve, KindDevice, LayerDriver},
 }
 
 // Info returns what is known of a; unknown ids (a newer trace file) get a

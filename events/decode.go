@@ -60,15 +60,24 @@ func Decode(raw []byte, ev *Event) error {
 	}
 	ev.Stack = ev.Stack[:0]
 	ev.StackErr = 0
+	ev.Aux = 0
+	off := headerSize
+	if ev.Flags&FlagAux != 0 {
+		if len(raw) < off+8 {
+			return fmt.Errorf("decode record: no aux value in %d bytes: %w", len(raw), ErrShortRecord)
+		}
+		ev.Aux = le.Uint64(raw[off:])
+		off += 8
+	}
 	if n < 0 {
 		ev.StackErr = n
 		return nil
 	}
-	if int(n) > MaxFrames || headerSize+int(n)*8 > len(raw) {
+	if int(n) > MaxFrames || off+int(n)*8 > len(raw) {
 		return fmt.Errorf("decode record: %d frames in %d bytes: %w", n, len(raw), ErrShortRecord)
 	}
 	for i := 0; i < int(n); i++ {
-		ev.Stack = append(ev.Stack, le.Uint64(raw[headerSize+i*8:]))
+		ev.Stack = append(ev.Stack, le.Uint64(raw[off+i*8:]))
 	}
 	return nil
 }
@@ -78,11 +87,16 @@ func Decode(raw []byte, ev *Event) error {
 // the frame count, as the BPF side does.
 func Encode(dst []byte, ev *Event) []byte {
 	n := len(ev.Stack)
+	off := headerSize
+	if ev.Flags&FlagAux != 0 {
+		off += 8
+		n = min(n, MaxFrames-1)
+	}
 	if n > MaxFrames {
 		n = MaxFrames
 	}
 	start := len(dst)
-	dst = append(dst, make([]byte, headerSize+n*8)...)
+	dst = append(dst, make([]byte, off+n*8)...)
 	b := dst[start:]
 	le := binary.LittleEndian
 	le.PutUint64(b[offTime:], ev.Time)
@@ -102,13 +116,21 @@ func Encode(dst []byte, ev *Event) []byte {
 	}
 	le.PutUint32(b[offNFrames:], uint32(nf))
 	copy(b[offComm:offComm+commLen-1], ev.Comm) // keep a NUL terminator, as the kernel does
-	for i := 0; i < n; i++ {
-		le.PutUint64(b[headerSize+i*8:], ev.Stack[i])
+	if off > headerSize {
+		le.PutUint64(b[headerSize:], ev.Aux)
 	}
-	return dst[:start+headerSize+n*8]
+	for i := 0; i < n; i++ {
+		le.PutUint64(b[off+i*8:], ev.Stack[i])
+	}
+	return dst[:start+off+n*8]
 }
 
 // RecordLen is how many bytes of a raw record Decode used for ev: the BPF
 // side reserves room for MaxFrames frames in every allocation record, and
 // writers keep only this prefix.
-func RecordLen(ev *Event) int { return headerSize + 8*len(ev.Stack) }
+func RecordLen(ev *Event) int {
+	if ev.Flags&FlagAux != 0 {
+		return headerSize + 8 + 8*len(ev.Stack)
+	}
+	return headerSize + 8*len(ev.Stack)
+}

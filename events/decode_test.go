@@ -80,6 +80,29 @@ func TestDecode(t *testing.T) {
 	}
 }
 
+// cuMemMap's handle travels in the first stack slot, flagged.
+func TestDecodeAux(t *testing.T) {
+	in := Event{PID: 7, API: CuMemMap, Addr: 0x7000_0000, Size: 2 << 20, Aux: 0xfeed, Flags: FlagAux,
+		Stack: []uint64{0x401000, 0x402000}}
+	raw := Encode(nil, &in)
+	if len(raw) != RecordLen(&in) || len(raw) != headerSize+3*8 {
+		t.Fatalf("%d bytes, RecordLen %d", len(raw), RecordLen(&in))
+	}
+	var ev Event
+	if err := Decode(raw, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Aux != 0xfeed || len(ev.Stack) != 2 || ev.Stack[0] != 0x401000 || ev.Stack[1] != 0x402000 {
+		t.Fatalf("aux %#x stack %x", ev.Aux, ev.Stack)
+	}
+	if err := Decode(raw[:headerSize+4], &ev); !errors.Is(err, ErrShortRecord) {
+		t.Fatalf("cut aux: %v", err)
+	}
+	if err := Decode(record(0), &ev); err != nil || ev.Aux != 0 {
+		t.Fatalf("a record without the flag kept aux %#x (%v)", ev.Aux, err)
+	}
+}
+
 func TestDecodeStackError(t *testing.T) {
 	var ev Event
 	if err := Decode(record(-14), &ev); err != nil {

@@ -14,6 +14,7 @@ type Event struct {
 	Device   int32  // CUDA device ordinal current on the calling thread
 	Result   int32  // cudaError_t / CUresult; 0 is success
 	Flags    uint16
+	Aux      uint64   // with FlagAux: an argument the header has no field for (cuMemMap's handle)
 	Stack    []uint64 // user return addresses, innermost first
 	StackErr int32    // a negative errno in place of a stack (traces from recorders that used bpf_get_stack); 0 otherwise
 }
@@ -22,6 +23,7 @@ type Event struct {
 const (
 	FlagEntryOnly  uint16 = 1 << 0 // recorded at entry: no result, no duration
 	FlagStackTrunc uint16 = 1 << 1 // the stack filled every frame slot and may go deeper
+	FlagAux        uint16 = 1 << 2 // the first stack slot holds Aux; the frames follow
 )
 
 // End is when the call's effect on memory takes hold: frees at entry (the

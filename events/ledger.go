@@ -3,6 +3,7 @@ package events
 import (
 	"cmp"
 	"hash/maphash"
+	"iter"
 	"slices"
 	"sort"
 )
@@ -50,10 +51,36 @@ type Process struct {
 	TensorPeakTime            uint64
 	UnknownTensorFrees        uint64
 
+	// VMM virtual ranges (cuMemMap, cuMemAddressReserve). They hold no
+	// memory of their own: the physical memory behind a mapping is counted
+	// in Live from its cuMemCreate, and stays counted after cuMemRelease
+	// for as long as it is mapped, as the driver keeps it.
+	Mapped, MappedPeak uint64 // bytes mapped
+	Reserved           uint64 // bytes of virtual address space reserved
+	Maps, Unmaps       uint64 // successful cuMemMap calls; mappings cuMemUnmap removed
+	FailedMaps         uint64
+	UnknownUnmaps      uint64 // cuMemUnmap of a range with no mapping this ledger saw
+
 	Devices  map[int32]*Device
 	Failures []Failure // the first Ledger.MaxFailures failed calls
 	live     map[uint64]*Allocation
 	tensors  map[uint64]*Allocation
+	// VMM memory released while still mapped: live until its last unmap,
+	// but no longer known by its handle, which the driver may hand out
+	// again.
+	released map[*Allocation]struct{}
+	mappings map[uint64]*Mapping
+	reserves map[uint64]uint64
+}
+
+// Mapping is a live VMM mapping: Size bytes of a handle's physical memory
+// at virtual address Addr.
+type Mapping struct {
+	Addr, Size uint64
+	Handle     uint64
+	Device     int32       // the physical memory's device
+	Alloc      *Allocation // the cuMemCreate behind it; nil if made before tracing began
+	Time       uint64
 }
 
 // Device is one process's use of one GPU.
@@ -71,7 +98,14 @@ type Allocation struct {
 	Time       uint64 // when it took effect (return of the call)
 	TID        uint32
 	Stack      *Stack
+
+	mapped   int  // VMM: live mappings of this physical memory
+	released bool // VMM: cuMemRelease was called while it was mapped
 }
+
+// Released reports whether a is VMM memory whose handle was released while
+// it was mapped: it lives until its last mapping goes.
+func (a *Allocation) Released() bool { return a.released }
 
 // Failure is a failed allocation call.
 type Failure struct {
@@ -121,7 +155,8 @@ func (l *Ledger) proc(pid uint32, comm string) *Process {
 	p := l.procs[pid]
 	if p == nil {
 		p = &Process{PID: pid, Devices: make(map[int32]*Device), live: make(map[uint64]*Allocation),
-			tensors: make(map[uint64]*Allocation)}
+			tensors: make(map[uint64]*Allocation), released: make(map[*Allocation]struct{}),
+			mappings: make(map[uint64]*Mapping), reserves: make(map[uint64]uint64)}
 		l.procs[pid] = p
 	}
 	if comm != "" {
@@ -183,6 +218,23 @@ type Change struct {
 	// Freed is the allocation a free released, or the one an allocation at
 	// its address displaced (its free was lost).
 	Freed *Allocation
+	// AlsoFreed are further allocations the event released: a cuMemUnmap
+	// of a range over several mappings whose memory was already released.
+	AlsoFreed []*Allocation
+}
+
+// AllFreed yields Freed and every AlsoFreed.
+func (c *Change) AllFreed() iter.Seq[*Allocation] {
+	return func(yield func(*Allocation) bool) {
+		if c.Freed == nil || !yield(c.Freed) {
+			return
+		}
+		for _, a := range c.AlsoFreed {
+			if !yield(a) {
+				return
+			}
+		}
+	}
 }
 
 // Apply accounts for one event and says what changed.
@@ -193,6 +245,27 @@ func (l *Ledger) Apply(ev *Event) Change {
 		return l.alloc(ev, info)
 	case OpFree:
 		return l.free(ev)
+	case OpMap:
+		return l.mapVMM(ev)
+	case OpUnmap:
+		return l.proc(ev.PID, ev.Comm).unmapVMM(ev)
+	case OpReserve:
+		p := l.proc(ev.PID, ev.Comm)
+		if ev.OK() {
+			if old, ok := p.reserves[ev.Addr]; ok { // its cuMemAddressFree was lost
+				p.Reserved -= old
+			}
+			p.reserves[ev.Addr] = ev.Size
+			p.Reserved += ev.Size
+		}
+		return Change{Process: p}
+	case OpUnreserve:
+		p := l.proc(ev.PID, ev.Comm)
+		if size, ok := p.reserves[ev.Addr]; ok {
+			delete(p.reserves, ev.Addr)
+			p.Reserved -= size
+		}
+		return Change{Process: p}
 	}
 	return Change{}
 }
@@ -253,8 +326,91 @@ func (l *Ledger) free(ev *Event) Change {
 		return Change{Process: p}
 	}
 	p.Frees++
+	if a.mapped > 0 { // cuMemRelease of mapped memory: it lives until unmapped
+		delete(p.live, a.Addr)
+		a.released = true
+		p.released[a] = struct{}{}
+		return Change{Process: p}
+	}
 	p.release(a)
 	return Change{Process: p, Freed: a}
+}
+
+// mapVMM records a cuMemMap: the handle's physical memory (ev.Aux) at
+// virtual address ev.Addr.
+func (l *Ledger) mapVMM(ev *Event) Change {
+	p := l.proc(ev.PID, ev.Comm)
+	if !ev.OK() {
+		p.FailedMaps++
+		return Change{Process: p}
+	}
+	ch := Change{Process: p}
+	if old := p.mappings[ev.Addr]; old != nil { // its cuMemUnmap was lost
+		if a := p.unmapOne(old); a != nil {
+			ch.Freed = a
+		}
+	}
+	m := &Mapping{Addr: ev.Addr, Size: ev.Size, Handle: ev.Aux, Device: ev.Device, Time: ev.End()}
+	if a := p.live[ev.Aux]; a != nil {
+		m.Alloc, m.Device = a, a.Device
+		a.mapped++
+	}
+	p.mappings[ev.Addr] = m
+	p.Maps++
+	p.Mapped += m.Size
+	p.MappedPeak = max(p.MappedPeak, p.Mapped)
+	return ch
+}
+
+// unmapVMM removes the mappings that start in [ev.Addr, ev.Addr+ev.Size):
+// cuMemUnmap takes whole mappings, and one call may cover several.
+func (p *Process) unmapVMM(ev *Event) Change {
+	ch := Change{Process: p}
+	var gone []*Mapping
+	if m := p.mappings[ev.Addr]; m != nil && m.Size >= ev.Size {
+		gone = append(gone, m) // the common case: one call per mapping
+	} else {
+		for _, m := range p.mappings {
+			if m.Addr >= ev.Addr && m.Addr-ev.Addr < ev.Size {
+				gone = append(gone, m)
+			}
+		}
+		slices.SortFunc(gone, func(a, b *Mapping) int { return cmp.Compare(a.Addr, b.Addr) })
+	}
+	if len(gone) == 0 {
+		p.UnknownUnmaps++
+		return ch
+	}
+	for _, m := range gone {
+		a := p.unmapOne(m)
+		switch {
+		case a == nil:
+		case ch.Freed == nil:
+			ch.Freed = a
+		default:
+			ch.AlsoFreed = append(ch.AlsoFreed, a)
+		}
+	}
+	return ch
+}
+
+// unmapOne removes m and returns the physical memory it was the last hold
+// on, if that memory had been released.
+func (p *Process) unmapOne(m *Mapping) *Allocation {
+	delete(p.mappings, m.Addr)
+	p.Unmaps++
+	p.Mapped -= m.Size
+	a := m.Alloc
+	if a == nil {
+		return nil
+	}
+	a.mapped--
+	if a.mapped > 0 || !a.released {
+		return nil
+	}
+	delete(p.released, a)
+	p.account(a)
+	return a
 }
 
 func (l *Ledger) tensorAlloc(p *Process, ev *Event) Change {
@@ -306,6 +462,11 @@ func (p *Process) tensorRelease(a *Allocation) {
 // release removes a from the live set and every total it counts in.
 func (p *Process) release(a *Allocation) {
 	delete(p.live, a.Addr)
+	p.account(a)
+}
+
+// account takes a's bytes off every total it counts in.
+func (p *Process) account(a *Allocation) {
 	a.Stack.Live -= a.Size
 	a.Stack.LiveCount--
 	if a.API.Info().Kind == KindHost {
@@ -348,16 +509,45 @@ func (l *Ledger) Stacks() []*Stack {
 func (p *Process) LiveTensors() []*Allocation { return byAddress(p.tensors) }
 
 // LiveAllocations returns p's live allocations by address (segments: the
-// runtime's and the driver's).
-func (p *Process) LiveAllocations() []*Allocation { return byAddress(p.live) }
+// runtime's and the driver's), VMM memory released but still mapped
+// included.
+func (p *Process) LiveAllocations() []*Allocation {
+	out := byAddress(p.live)
+	if len(p.released) == 0 {
+		return out
+	}
+	for a := range p.released {
+		out = append(out, a)
+	}
+	sortAllocs(out)
+	return out
+}
+
+// Mappings returns p's live VMM mappings by virtual address.
+func (p *Process) Mappings() []*Mapping {
+	out := make([]*Mapping, 0, len(p.mappings))
+	for _, m := range p.mappings {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b *Mapping) int { return cmp.Compare(a.Addr, b.Addr) })
+	return out
+}
 
 func byAddress(m map[uint64]*Allocation) []*Allocation {
 	out := make([]*Allocation, 0, len(m))
 	for _, a := range m {
 		out = append(out, a)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Addr < out[j].Addr })
+	sortAllocs(out)
 	return out
+}
+
+// sortAllocs orders by address, then time: a handle the driver reused
+// while the memory it named was still mapped appears twice.
+func sortAllocs(out []*Allocation) {
+	slices.SortFunc(out, func(a, b *Allocation) int {
+		return cmp.Or(cmp.Compare(a.Addr, b.Addr), cmp.Compare(a.Time, b.Time))
+	})
 }
 
 // DeviceList returns p's devices by ordinal.

@@ -122,7 +122,7 @@ func TestLedgerChange(t *testing.T) {
 	if ch.Process == nil || ch.Freed != nil {
 		t.Errorf("unknown free: %+v", ch)
 	}
-	if ch = l.Apply(&Event{PID: 1, API: CudaSetDevice}); ch != (Change{}) {
+	if ch = l.Apply(&Event{PID: 1, API: CudaSetDevice}); ch.Process != nil || ch.Alloc != nil || ch.Freed != nil || ch.AlsoFreed != nil {
 		t.Errorf("set device: %+v", ch)
 	}
 }
@@ -193,5 +193,77 @@ func TestLedgerForget(t *testing.T) {
 	}
 	if st := l.StackOf(1, []uint64{0xa}, false); st == nil || st.Allocs != 1 || st.Live != 5 {
 		t.Errorf("pid 1's stack after forget: %+v, want 1 alloc of 5", st)
+	}
+}
+
+func vmmMap(pid uint32, va, size, handle uint64) *Event {
+	return &Event{PID: pid, TID: pid, Comm: "w", API: CuMemMap, Addr: va, Size: size, Aux: handle, Flags: FlagAux,
+		Device: 5, Stack: []uint64{0xd}}
+}
+
+func sized(pid uint32, api API, addr, size uint64) *Event {
+	ev := free(pid, api, addr)
+	ev.Size = size
+	return ev
+}
+
+// VMM memory counts from cuMemCreate until it is both released and
+// unmapped, in either order, as the driver keeps it; mappings and
+// reservations hold no memory of their own.
+func TestLedgerVMM(t *testing.T) {
+	l := NewLedger()
+	l.Apply(&Event{PID: 1, API: CuMemAddressReserve, Addr: 0x7000_0000, Size: 1 << 30})
+	l.Apply(alloc(1, CuMemCreate, 0xa1, 2<<20, 1, 0xa))
+	l.Apply(alloc(1, CuMemCreate, 0xa2, 2<<20, 1, 0xa))
+	l.Apply(alloc(1, CuMemCreate, 0xa3, 4<<20, 0, 0xb))
+	l.Apply(vmmMap(1, 0x7000_0000, 2<<20, 0xa1))
+	l.Apply(vmmMap(1, 0x7020_0000, 2<<20, 0xa2))
+	l.Apply(vmmMap(1, 0x7040_0000, 4<<20, 0xa3))
+	l.Apply(&Event{PID: 1, API: CuMemMap, Addr: 0x7080_0000, Size: 1, Aux: 0xa1, Flags: FlagAux, Result: 1})
+
+	p := l.Process(1)
+	if p.Live != 8<<20 || p.Mapped != 8<<20 || p.Reserved != 1<<30 || p.Maps != 3 || p.FailedMaps != 1 {
+		t.Fatalf("after map: live %d mapped %d reserved %d maps %d failed %d", p.Live, p.Mapped, p.Reserved, p.Maps, p.FailedMaps)
+	}
+	ms := p.Mappings()
+	if len(ms) != 3 || ms[2].Addr != 0x7040_0000 || ms[2].Device != 0 || ms[0].Device != 1 || ms[0].Alloc == nil ||
+		ms[0].Alloc.Addr != 0xa1 {
+		t.Fatalf("mappings %+v", ms)
+	}
+
+	// Released right after mapping, as CUDA's samples do: still held.
+	if ch := l.Apply(free(1, CuMemRelease, 0xa1)); ch.Freed != nil {
+		t.Fatalf("release of mapped memory freed %+v", ch.Freed)
+	}
+	l.Apply(free(1, CuMemRelease, 0xa2))
+	if p.Live != 8<<20 || p.Frees != 2 || len(p.LiveAllocations()) != 3 {
+		t.Fatalf("after release: live %d frees %d, %d live allocations", p.Live, p.Frees, len(p.LiveAllocations()))
+	}
+	// The driver may hand a released handle out again.
+	l.Apply(alloc(1, CuMemCreate, 0xa1, 6<<20, 1, 0xc))
+	if p.Live != 14<<20 || p.Replaced != 0 || len(p.LiveAllocations()) != 4 {
+		t.Fatalf("reused handle: live %d replaced %d", p.Live, p.Replaced)
+	}
+
+	// One cuMemUnmap over the first two mappings frees both.
+	ch := l.Apply(sized(1, CuMemUnmap, 0x7000_0000, 4<<20))
+	if ch.Freed == nil || ch.Freed.Size != 2<<20 || len(ch.AlsoFreed) != 1 || ch.Freed.Addr != 0xa1 || ch.AlsoFreed[0].Addr != 0xa2 {
+		t.Fatalf("unmap of two: %+v", ch)
+	}
+	if p.Live != 10<<20 || p.Mapped != 4<<20 || p.Unmaps != 2 || p.Devices[1].Live != 6<<20 {
+		t.Fatalf("after unmap: live %d mapped %d unmaps %d dev1 %d", p.Live, p.Mapped, p.Unmaps, p.Devices[1].Live)
+	}
+	// Unmapped first, released later: the release frees it.
+	if ch := l.Apply(sized(1, CuMemUnmap, 0x7040_0000, 4<<20)); ch.Freed != nil {
+		t.Fatalf("unmap of unreleased memory freed it")
+	}
+	if ch := l.Apply(free(1, CuMemRelease, 0xa3)); ch.Freed == nil || ch.Freed.Size != 4<<20 {
+		t.Fatalf("release after unmap: %+v", ch)
+	}
+	l.Apply(sized(1, CuMemUnmap, 0x9000_0000, 1<<20)) // never mapped
+	l.Apply(sized(1, CuMemAddressFree, 0x7000_0000, 1<<30))
+	if p.Live != 6<<20 || p.Mapped != 0 || p.MappedPeak != 8<<20 || p.Reserved != 0 || p.UnknownUnmaps != 1 ||
+		len(p.Mappings()) != 0 || l.StackOf(1, []uint64{0xa}, false).Live != 0 || l.StackOf(1, []uint64{0xc}, false).Live != 6<<20 {
+		t.Fatalf("end: live %d mapped %d/%d reserved %d unknown unmaps %d", p.Live, p.Mapped, p.MappedPeak, p.Reserved, p.UnknownUnmaps)
 	}
 }

@@ -125,8 +125,10 @@ func peakTime(path string, opts *Options) (uint64, error) {
 		if ch.Process == nil || !opts.selected(ch.Process.PID) {
 			return nil
 		}
-		if a := ch.Freed; a != nil && a.API.Segment() {
-			live -= a.Size
+		for a := range ch.AllFreed() {
+			if a.API.Segment() {
+				live -= a.Size
+			}
 		}
 		if a := ch.Alloc; a != nil && a.API.Segment() {
 			live += a.Size

@@ -171,7 +171,7 @@ func memvizEntries(ev *events.Event, ch events.Change, tensors bool, emit func(d
 			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f})
 		}
 	}
-	if a := ch.Freed; a != nil {
+	for a := range ch.AllFreed() {
 		switch {
 		case a.API.Segment() && tensors:
 			entries(a, MemvizSegmentFree)

@@ -41,8 +41,10 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 		// One counter value per track and event: an allocation that
 		// displaced a block on the same track (its free was lost) is one
 		// step.
-		if f := ch.Freed; f != nil && (ch.Alloc == nil || !sameTrack(f, ch.Alloc)) {
-			tw.counter(p, f, ev.End())
+		for f := range ch.AllFreed() {
+			if ch.Alloc == nil || !sameTrack(f, ch.Alloc) {
+				tw.counter(p, f, ev.End())
+			}
 		}
 		if a := ch.Alloc; a != nil {
 			tw.counter(p, a, ev.End())

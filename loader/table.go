@@ -21,6 +21,8 @@ const (
 	ShapeCtxPush                    // (CUcontext ctx), pushed: made current, the one before saved
 	ShapeCtxPop                     // (CUcontext *out): the saved one current again
 	ShapeVMMCreate                  // (handle *out, size_t size, const CUmemAllocationProp *prop, ...)
+	ShapeVMMMap                     // (CUdeviceptr va, size_t size, size_t offset, handle, ...)
+	ShapeSizedFree                  // (T *ptr, size_t size), recorded at entry
 )
 
 // Probe is one row of the attach table: adding an API is adding a row.
@@ -72,6 +74,10 @@ var DriverProbes = []Probe{
 	{"cuCtxPopCurrent_v2", events.CuCtxPopCurrent, ShapeCtxPop, false},
 	{"cuMemCreate", events.CuMemCreate, ShapeVMMCreate, false},
 	{"cuMemRelease", events.CuMemRelease, ShapeFree, false},
+	{"cuMemMap", events.CuMemMap, ShapeVMMMap, false},
+	{"cuMemUnmap", events.CuMemUnmap, ShapeSizedFree, false},
+	{"cuMemAddressReserve", events.CuMemAddressReserve, ShapeAlloc, false},
+	{"cuMemAddressFree", events.CuMemAddressFree, ShapeSizedFree, false},
 }
 
 // Tables lists every attach table. A library is probed with each table of

@@ -300,6 +300,10 @@ func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) 
 		enter, ret = t.objs.CtCtxpopEnter, false
 	case ShapeVMMCreate:
 		enter = t.objs.CtVmmCreateEnter
+	case ShapeVMMMap:
+		enter = t.objs.CtVmmMapEnter
+	case ShapeSizedFree:
+		enter, ret = t.objs.CtSizedFreeEnter, false
 	default:
 		return nil, fmt.Errorf("unknown shape %d", p.Shape)
 	}

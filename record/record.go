@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
@@ -41,6 +42,12 @@ type Options struct {
 	LaunchHelper []string
 	// Observer, when set, watches the session live (top, agent).
 	Observer Observer
+	// NVML, when set, opens the driver's view of GPU memory (gpustat.Open),
+	// sampled every NVMLEvery (DefaultNVMLEvery when 0) into the trace and
+	// Result.NVML, on a goroutine of its own. When it fails, one line on
+	// Stderr says why and tracing goes on.
+	NVML      func() (gpustat.Source, error)
+	NVMLEvery time.Duration
 }
 
 // Observer watches a session as it happens. Its methods run on the
@@ -71,6 +78,12 @@ type Result struct {
 	Events     uint64
 	Output     string
 	StopReason string
+	// NVML is the latest sample of the driver's view, taken at NVMLTime
+	// (boot ns); nil before the first or without Options.NVML. NVMLError
+	// says why NVML could not be opened.
+	NVML      *gpustat.Sample
+	NVMLTime  uint64
+	NVMLError string
 }
 
 // Run traces until the session ends. ctx cancellation (SIGINT, SIGTERM)
@@ -140,10 +153,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		defer cancel()
 	}
 	s.stop = stop
-	if opts.All && len(opts.Libs) == 0 {
-		// Library copies that appear later (a new virtualenv, a container).
-		s.late = make(chan lateLib, 16)
-		go scanAll(runCtx, s.late)
+	if opts.NVML != nil {
+		s.sampler = startSampler(opts.NVML, opts.NVMLEvery)
+		defer s.sampler.close()
 	}
 	if len(opts.Command) > 0 {
 		child, err := launch(opts, tr)

@@ -1,15 +1,12 @@
 package record
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
@@ -25,7 +22,11 @@ const counterEvery = time.Second
 
 // lateScanEvery is how often the traced processes' mappings are searched
 // for CUDA libraries loaded after tracing began (dlopen from a wheel).
-const lateScanEvery = 500 * time.Millisecond
+// With --all every process on the host is searched, less often.
+const (
+	lateScanEvery    = 500 * time.Millisecond
+	lateScanAllEvery = 2 * time.Second
+)
 
 // pruneEvery is how often a session of every process (--all, the agent)
 // forgets the processes that are gone: on a host where processes come and
@@ -57,8 +58,8 @@ type session struct {
 	lastScan     time.Time
 	lastPrune    time.Time
 	libs         loader.Libraries // every library attached, by inode
-	late         chan lateLib     // scanAll's finds (--all without --lib); nil otherwise
 	warned       map[string]bool
+	sampler      *sampler // nil without Options.NVML
 }
 
 type procState struct {
@@ -143,118 +144,61 @@ func (s *session) writeAttach(ar loader.AttachResult, late *tracefile.Attach) {
 	}
 }
 
-// lateScanAllEvery is how often, with --all and no --lib, every process's
-// mappings are searched for CUDA libraries: a daemon (the agent) must
-// pick up the copies that appear after it started (a new virtualenv's
-// wheel, a container's own).
-const lateScanAllEvery = 2 * time.Second
-
-// lateLib is a CUDA library a process has mapped.
-type lateLib struct {
-	pid  uint32
-	path string
-}
-
 // scanLate attaches the CUDA libraries a traced process mapped after
 // tracing began: a library at a path the start-up search did not cover
-// (a wheel dlopen'ed from a virtualenv, a container's copy). Without
-// --all, the processes of the PID filter are searched here; with --all
-// (and no --lib), scanAll searches every process on its own goroutine,
-// and what it found is attached here.
+// (a wheel dlopen'ed from a virtualenv, a container's copy). The processes
+// of the PID filter are searched, or with --all every process: a uprobe
+// on a file covers every process that maps it, so a library needs finding
+// once, in whichever process maps it first.
 func (s *session) scanLate() {
-	if s.late != nil {
-		for {
-			select {
-			case l := <-s.late:
-				s.attachLate(l.pid, l.path)
-				continue
-			default:
-			}
-			return
-		}
+	every := lateScanEvery
+	if s.opts.All {
+		every = lateScanAllEvery
 	}
-	if s.opts.All || time.Since(s.lastScan) < lateScanEvery {
+	if time.Since(s.lastScan) < every {
 		return
 	}
 	s.lastScan = time.Now()
-	for _, pid := range s.tr.TracedPIDs() {
+	pids := s.tr.TracedPIDs()
+	if s.opts.All {
+		all, err := proc.PIDs()
+		if err != nil {
+			s.warn(err)
+		}
+		pids = pids[:0]
+		for _, pid := range all {
+			pids = append(pids, uint32(pid))
+		}
+	}
+	self := uint32(os.Getpid())
+	for _, pid := range pids {
+		if pid == self {
+			continue
+		}
 		paths, err := loader.FromProcess(int(pid))
 		if err != nil {
 			continue // exited
 		}
 		for _, path := range paths {
-			s.attachLate(pid, path)
-		}
-	}
-}
-
-// scanAll searches every process's mappings for CUDA libraries every
-// lateScanAllEvery and sends each library file once to s.late, until ctx
-// ends. It reads many files: it runs apart from the reader, which must
-// not stall.
-func scanAll(ctx context.Context, late chan<- lateLib) {
-	sent := map[[2]uint64]bool{} // by device and inode: one report per library file
-	self := os.Getpid()
-	tick := time.NewTicker(lateScanAllEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		pids, err := proc.PIDs()
-		if err != nil {
-			continue
-		}
-		for _, pid := range pids {
-			if pid == self {
+			if isNew, err := s.libs.Add(path); err != nil || !isNew {
 				continue
 			}
-			paths, err := loader.FromProcess(pid)
+			lib := s.libs.List()[len(s.libs.List())-1]
+			ar, err := s.tr.Attach(lib)
 			if err != nil {
-				continue // exited
+				s.warn(fmt.Errorf("pid %d loaded %s after tracing began, and it cannot be traced: %w", pid, path, err))
+				continue
 			}
-			for _, path := range paths {
-				var st unix.Stat_t
-				if unix.Stat(path, &st) != nil {
-					continue
-				}
-				key := [2]uint64{st.Dev, st.Ino}
-				if sent[key] {
-					continue
-				}
-				select {
-				case late <- lateLib{uint32(pid), path}:
-					sent[key] = true
-				case <-ctx.Done():
-					return
-				}
+			var before uint64
+			if p := s.res.Ledger.Process(pid); p != nil {
+				before = p.Allocs + p.Failed + p.Frees + p.UnknownFrees
 			}
+			s.res.Attached = append(s.res.Attached, ar)
+			s.writeAttach(ar, &tracefile.Attach{Time: bootNow(), PID: pid, EventsBefore: before})
+			fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began: attached %d probes now; its calls before this were not traced\n",
+				pid, path, ar.Programs)
 		}
 	}
-}
-
-// attachLate attaches the library at path, found mapped by pid, unless a
-// library of the same file is attached already.
-func (s *session) attachLate(pid uint32, path string) {
-	if isNew, err := s.libs.Add(path); err != nil || !isNew {
-		return
-	}
-	lib := s.libs.List()[len(s.libs.List())-1]
-	ar, err := s.tr.Attach(lib)
-	if err != nil {
-		s.warn(fmt.Errorf("pid %d loaded %s after tracing began, and it cannot be traced: %w", pid, path, err))
-		return
-	}
-	var before uint64
-	if p := s.res.Ledger.Process(pid); p != nil {
-		before = p.Allocs + p.Failed + p.Frees + p.UnknownFrees
-	}
-	s.res.Attached = append(s.res.Attached, ar)
-	s.writeAttach(ar, &tracefile.Attach{Time: bootNow(), PID: pid, EventsBefore: before})
-	fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began: attached %d probes now; its calls before this were not traced\n",
-		pid, path, ar.Programs)
 }
 
 // prune forgets the processes that have exited, with --all only: the
@@ -384,6 +328,7 @@ func (s *session) buildID(pid int, m proc.Mapping) string {
 func (s *session) Tick() {
 	s.scanLate()
 	s.prune()
+	s.takeNVML()
 	if (s.w != nil || s.opts.Observer != nil) && time.Since(s.lastCounters) >= counterEvery {
 		s.lastCounters = time.Now()
 		s.writeCounters()

@@ -28,6 +28,11 @@ type Options struct {
 	// with what changed. ev is reused by the next event: copy what must
 	// outlive the call. An error stops the replay and is returned by Read.
 	OnEvent func(ev *events.Event, ch events.Change) error
+	// OnNVML, when set, is called for each sample of the driver's view
+	// (nvml frame) with the ledger as it stands at that point of the file:
+	// the traced live bytes to put beside the driver's. An error stops the
+	// replay and is returned by Read.
+	OnNVML func(n *tracefile.NVML, l *events.Ledger) error
 }
 
 // Trace is a trace file replayed: the ledger at the end (or at
@@ -127,6 +132,16 @@ func Read(path string, opts Options) (*Trace, error) {
 		case tracefile.TypeEnd:
 			t.End = rec.End
 			t.Last = max(t.Last, rec.End.Time)
+		case tracefile.TypeNVML:
+			if opts.Until != 0 && rec.NVML.Time > opts.Until {
+				continue
+			}
+			t.Last = max(t.Last, rec.NVML.Time)
+			if opts.OnNVML != nil {
+				if err := opts.OnNVML(rec.NVML, t.Ledger); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
 }

@@ -94,8 +94,10 @@ func (f *follower) onEvent(ev *events.Event, ch events.Change) error {
 		return nil
 	}
 	t := ev.End()
-	if a := ch.Freed; a != nil && a.API.Segment() {
-		f.span(p.PID, a.Device, t).add(-int64(a.Size))
+	for a := range ch.AllFreed() {
+		if a.API.Segment() {
+			f.span(p.PID, a.Device, t).add(-int64(a.Size))
+		}
 	}
 	if a := ch.Alloc; a != nil && a.API.Segment() {
 		f.span(p.PID, a.Device, t).add(int64(a.Size))

@@ -70,9 +70,12 @@ type Report struct {
 	Intervals  []Interval `json:"intervals,omitempty"`
 	IntervalNS uint64     `json:"interval_ns,omitempty"`
 	// Allocations, with Options.Allocations, is the live set at the end.
-	Allocations []Allocation      `json:"allocations,omitempty"`
-	Libraries   []Library         `json:"libraries"`
-	Counters    map[string]uint64 `json:"counters"` // the BPF side's, from the last snapshot
+	Allocations []Allocation `json:"allocations,omitempty"`
+	// NVML is the driver's view sampled while recording; nil for a trace
+	// without it (--nvml=false, or an older cudatrace).
+	NVML      *NVMLSummary      `json:"nvml,omitempty"`
+	Libraries []Library         `json:"libraries"`
+	Counters  map[string]uint64 `json:"counters"` // the BPF side's, from the last snapshot
 
 	top int // Options.Top
 }
@@ -115,17 +118,43 @@ type Process struct {
 	// Tensors: what PyTorch's caching allocator handed out of the segments
 	// above (its pytorch:malloc/free probes), as torch.cuda.memory_allocated
 	// counts; live_bytes is then its memory_reserved. 0 without them.
-	TensorAllocs       uint64   `json:"tensor_allocs"`
-	TensorFrees        uint64   `json:"tensor_frees"`
-	TensorAllocBytes   uint64   `json:"tensor_alloc_bytes"`
-	TensorLiveBytes    uint64   `json:"tensor_live_bytes"`
-	TensorPeakBytes    uint64   `json:"tensor_peak_bytes"`
-	UnknownTensorFrees uint64   `json:"unknown_tensor_frees"`
-	Devices            []Device `json:"devices"` // by ordinal
+	TensorAllocs       uint64 `json:"tensor_allocs"`
+	TensorFrees        uint64 `json:"tensor_frees"`
+	TensorAllocBytes   uint64 `json:"tensor_alloc_bytes"`
+	TensorLiveBytes    uint64 `json:"tensor_live_bytes"`
+	TensorPeakBytes    uint64 `json:"tensor_peak_bytes"`
+	UnknownTensorFrees uint64 `json:"unknown_tensor_frees"`
+	// VMM virtual ranges (cuMemMap, cuMemAddressReserve): no memory of
+	// their own, the physical memory behind them is in live_bytes from
+	// cuMemCreate. 0 where the driver's VMM API was not used.
+	VMMMappedBytes     uint64    `json:"vmm_mapped_bytes"`
+	VMMMappedPeakBytes uint64    `json:"vmm_mapped_peak_bytes"`
+	VMMMaps            uint64    `json:"vmm_maps"`
+	VMMUnmaps          uint64    `json:"vmm_unmaps"`
+	VMMFailedMaps      uint64    `json:"vmm_failed_maps"`
+	VMMUnknownUnmaps   uint64    `json:"vmm_unknown_unmaps"`
+	VAReservedBytes    uint64    `json:"va_reserved_bytes"`
+	VMMMappings        []Mapping `json:"vmm_mappings,omitempty"` // live at the end, by address
+	Devices            []Device  `json:"devices"`                // by ordinal
 	// CaptureError says why the process's mappings are missing or
 	// incomplete (it exited before the recorder read them): its stacks are
 	// then not symbolized.
 	CaptureError string `json:"capture_error,omitempty"`
+	// NVML is the driver's figure beside the traced one; nil when the
+	// trace has no NVML samples.
+	NVML *ProcessNVML `json:"nvml,omitempty"`
+}
+
+// Mapping is a live VMM mapping: size bytes of the physical memory
+// handle names, mapped at addr.
+type Mapping struct {
+	Addr   uint64 `json:"addr"`
+	Size   uint64 `json:"size"`
+	Handle uint64 `json:"handle"`
+	Device int32  `json:"device"`
+	// Released: the handle was released while mapped; the memory goes
+	// when its last mapping does.
+	Released bool `json:"released,omitempty"`
 }
 
 // Device is one process's use of one GPU.
@@ -254,8 +283,9 @@ func Load(path string, opts Options) (*Report, error) {
 		return nil, err
 	}
 	fol := newFollower(t0.Meta().StartBoot, opts.Interval)
+	nv := newNVMLFollower(t0.Meta().StartBoot, opts.Interval)
 	t0.Close()
-	t, err := replay.Read(path, replay.Options{OnEvent: fol.onEvent})
+	t, err := replay.Read(path, replay.Options{OnEvent: fol.onEvent, OnNVML: nv.onNVML})
 	if err != nil {
 		return nil, err
 	}
@@ -292,7 +322,13 @@ func Load(path string, opts Options) (*Report, error) {
 			HostLiveBytes: p.HostLive, HostPeakBytes: p.HostPeak, UnknownFrees: p.UnknownFrees,
 			Replaced: p.Replaced, LiveAllocations: len(p.LiveAllocations()), Devices: devices(p),
 			TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees, TensorAllocBytes: p.TensorAllocBytes,
-			TensorLiveBytes: p.TensorLive, TensorPeakBytes: p.TensorPeak, UnknownTensorFrees: p.UnknownTensorFrees}
+			TensorLiveBytes: p.TensorLive, TensorPeakBytes: p.TensorPeak, UnknownTensorFrees: p.UnknownTensorFrees,
+			VMMMappedBytes: p.Mapped, VMMMappedPeakBytes: p.MappedPeak, VMMMaps: p.Maps, VMMUnmaps: p.Unmaps,
+			VMMFailedMaps: p.FailedMaps, VMMUnknownUnmaps: p.UnknownUnmaps, VAReservedBytes: p.Reserved}
+		for _, m := range p.Mappings() {
+			out.VMMMappings = append(out.VMMMappings, Mapping{Addr: m.Addr, Size: m.Size, Handle: m.Handle,
+				Device: m.Device, Released: m.Alloc != nil && m.Alloc.Released()})
+		}
 		if p.PeakTime != 0 {
 			out.PeakTime = meta.WallTime(p.PeakTime).Format(time.RFC3339Nano)
 		}
@@ -302,6 +338,7 @@ func Load(path string, opts Options) (*Report, error) {
 		if c := t.Latest[p.PID]; c != nil {
 			out.CaptureError = c.Error
 		}
+		out.NVML = nv.process(p.PID)
 		rep.Processes = append(rep.Processes, out)
 		for i, f := range p.Failures {
 			out := Failure{PID: p.PID, TID: f.TID, API: f.API.String(), Size: f.Size,
@@ -331,6 +368,11 @@ func Load(path string, opts Options) (*Report, error) {
 	if opts.MinAge > 0 {
 		rep.MinAgeNS = uint64(opts.MinAge)
 		rep.Leaks = leaks(t, &opts, frames)
+	}
+	rep.NVML = nv.summary(meta.All && len(opts.PIDs) == 0, func(pid uint32) bool { return t.Ledger.Process(pid) != nil },
+		opts.selected)
+	if nv.overflowed {
+		return nil, fmt.Errorf("--interval %s makes more than %d rows of NVML samples: choose a longer one", opts.Interval, maxIntervals)
 	}
 	if opts.Interval > 0 {
 		rep.IntervalNS = uint64(opts.Interval)

@@ -80,12 +80,16 @@ const mixJSON = `{
    "host_live_bytes": 64, "host_peak_bytes": 64, "live_allocations": 3, "unknown_frees": 1, "replaced": 0,
    "tensor_allocs": 0, "tensor_frees": 0, "tensor_alloc_bytes": 0, "tensor_live_bytes": 0,
    "tensor_peak_bytes": 0, "unknown_tensor_frees": 0,
+   "vmm_mapped_bytes": 0, "vmm_mapped_peak_bytes": 0, "vmm_maps": 0, "vmm_unmaps": 0, "vmm_failed_maps": 0,
+   "vmm_unknown_unmaps": 0, "va_reserved_bytes": 0,
    "devices": [{"device": 0, "live_bytes": 300, "peak_bytes": 300, "tensor_live_bytes": 0, "tensor_peak_bytes": 0}, {"device": 1, "live_bytes": 512, "peak_bytes": 1000, "tensor_live_bytes": 0, "tensor_peak_bytes": 0}]},
   {"pid": 200, "comm": "other", "allocs": 2, "frees": 0, "failed": 0,
    "alloc_bytes": 14, "live_bytes": 14, "peak_bytes": 14, "peak_time": "2025-03-14T15:09:26.0000101Z",
    "host_live_bytes": 0, "host_peak_bytes": 0, "live_allocations": 2, "unknown_frees": 0, "replaced": 0,
    "tensor_allocs": 0, "tensor_frees": 0, "tensor_alloc_bytes": 0, "tensor_live_bytes": 0,
    "tensor_peak_bytes": 0, "unknown_tensor_frees": 0,
+   "vmm_mapped_bytes": 0, "vmm_mapped_peak_bytes": 0, "vmm_maps": 0, "vmm_unmaps": 0, "vmm_failed_maps": 0,
+   "vmm_unknown_unmaps": 0, "va_reserved_bytes": 0,
    "devices": [{"device": 0, "live_bytes": 14, "peak_bytes": 14, "tensor_live_bytes": 0, "tensor_peak_bytes": 0}],
    "capture_error": "exited before its mappings could be read"}
  ],
@@ -537,6 +541,8 @@ func TestText(t *testing.T) {
 		{"mix_leaks_intervals.golden", Options{MinAge: 5 * time.Microsecond, Interval: 3 * time.Microsecond},
 			mixItems(), testMeta()},
 		{"mix_pid200.golden", Options{PIDs: []uint32{200}, MinAge: time.Nanosecond}, mixItems(), testMeta()},
+		{"nvml_interval.golden", Options{Interval: 5 * time.Microsecond, Top: 1}, nvmlItems(), allMeta()},
+		{"nvml_unavailable.golden", Options{Top: 1}, append([]any{&tracefile.NVML{Time: base + 10, Error: "NVML unavailable: library not found (libnvidia-ml.so.1)"}}, mixItems()...), testMeta()},
 		{"empty.golden", Options{Interval: time.Second}, []any{&tracefile.End{Time: base + 2*uint64(time.Second)}},
 			tracefile.Meta{StartBoot: base}},
 	} {
@@ -620,5 +626,56 @@ func TestHumanBytes(t *testing.T) {
 		if got := HumanBytes(c.n); got != c.want {
 			t.Errorf("HumanBytes(%d) = %q, want %q", c.n, got, c.want)
 		}
+	}
+}
+
+// VMM: physical memory released while mapped stays live until unmapped;
+// the report lists the mappings live at the end and a VMM-MAPPED column.
+func TestVMM(t *testing.T) {
+	ev := func(t uint64, api events.API, addr, size uint64, dev int32) events.Event {
+		e := events.Event{Time: base + t, Duration: 10, PID: 7, TID: 7, Comm: "nccl", API: api, Addr: addr, Size: size,
+			Device: dev, Stack: []uint64{0xa1}}
+		if api.Info().Op == events.OpFree || api.Info().Op == events.OpUnmap || api.Info().Op == events.OpUnreserve {
+			e.Duration, e.Flags, e.Stack = 0, events.FlagEntryOnly, nil
+		}
+		return e
+	}
+	mapAt := func(t, va, size, handle uint64) events.Event {
+		e := ev(t, events.CuMemMap, va, size, 0)
+		e.Aux, e.Flags = handle, events.FlagAux
+		return e
+	}
+	path, _ := tracetest.Write(t, testMeta(),
+		ev(1000, events.CuMemAddressReserve, 0x7000_0000, 8<<20, 0),
+		ev(2000, events.CuMemCreate, 0x11, 2<<20, 1),
+		ev(3000, events.CuMemCreate, 0x22, 2<<20, 1),
+		mapAt(4000, 0x7000_0000, 2<<20, 0x11),
+		mapAt(5000, 0x7020_0000, 2<<20, 0x22),
+		ev(6000, events.CuMemRelease, 0x11, 0, 0), // mapped: still held
+		ev(7000, events.CuMemUnmap, 0x7020_0000, 2<<20, 0),
+		ev(8000, events.CuMemRelease, 0x22, 0, 0), // unmapped: freed
+		&tracefile.End{Time: base + 9000, Events: 8, Reason: "command exited"},
+	)
+	rep, err := Load(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Processes) != 1 {
+		t.Fatalf("processes %+v", rep.Processes)
+	}
+	p := rep.Processes[0]
+	want := Process{PID: 7, Comm: "nccl", Allocs: 2, Frees: 2, AllocBytes: 4 << 20, LiveBytes: 2 << 20, PeakBytes: 4 << 20,
+		LiveAllocations: 1, VMMMappedBytes: 2 << 20, VMMMappedPeakBytes: 4 << 20, VMMMaps: 2, VMMUnmaps: 1,
+		VAReservedBytes: 8 << 20, VMMMappings: []Mapping{{Addr: 0x7000_0000, Size: 2 << 20, Handle: 0x11, Device: 1, Released: true}}}
+	p.PeakTime, p.Devices = "", nil
+	if !reflect.DeepEqual(p, want) {
+		t.Errorf("process\n got %+v\nwant %+v", p, want)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "VMM-MAPPED") || !strings.Contains(text.String(), "2.0 MiB") {
+		t.Errorf("text has no VMM-MAPPED column of 2.0 MiB:\n%s", text.String())
 	}
 }

@@ -47,7 +47,7 @@ func WriteSummary(w io.Writer, l *events.Ledger, lost uint64) error {
 		rows = append(rows, Process{PID: p.PID, Comm: p.Comm, Allocs: p.Allocs, Frees: p.Frees, Failed: p.Failed,
 			AllocBytes: p.AllocBytes, LiveBytes: p.Live, PeakBytes: p.Peak, HostLiveBytes: p.HostLive,
 			TensorAllocs: p.TensorAllocs, TensorLiveBytes: p.TensorLive, TensorPeakBytes: p.TensorPeak,
-			Devices: devices(p)})
+			VMMMaps: p.Maps, VMMMappedBytes: p.Mapped, Devices: devices(p)})
 	}
 	if err := writeProcesses(w, rows); err != nil {
 		return err
@@ -70,14 +70,19 @@ func writeProcesses(w io.Writer, rows []Process) error {
 		return nil
 	}
 	// Tensor columns only where a framework's allocator reported tensors.
-	tensors := false
+	// A VMM-MAPPED column only where the driver's VMM API was used.
+	tensors, vmm := false, false
 	for _, p := range rows {
 		tensors = tensors || p.TensorAllocs > 0
+		vmm = vmm || p.VMMMaps > 0
 	}
-	t := table{right: []bool{true, false, true, true, true, true, true, true, true, true, true}}
+	t := table{right: []bool{true, false, true, true, true, true, true, true, true, true, true, true}}
 	head := []string{"PID", "COMM", "ALLOCS", "FREES", "FAILED", "ALLOCATED", "LIVE", "PEAK", "HOST-LIVE"}
 	if tensors {
 		head = append(head, "TENSOR-LIVE", "TENSOR-PEAK")
+	}
+	if vmm {
+		head = append(head, "VMM-MAPPED")
 	}
 	t.add(head...)
 	for _, p := range rows {
@@ -86,12 +91,18 @@ func writeProcesses(w io.Writer, rows []Process) error {
 		if tensors {
 			row = append(row, HumanBytes(p.TensorLiveBytes), HumanBytes(p.TensorPeakBytes))
 		}
+		if vmm {
+			row = append(row, HumanBytes(p.VMMMappedBytes))
+		}
 		t.add(row...)
 		if len(p.Devices) > 1 {
 			for _, d := range p.Devices {
 				row := []string{"", fmt.Sprintf("  gpu %d", d.Device), "", "", "", "", HumanBytes(d.LiveBytes), HumanBytes(d.PeakBytes), ""}
 				if tensors {
 					row = append(row, HumanBytes(d.TensorLiveBytes), HumanBytes(d.TensorPeakBytes))
+				}
+				if vmm {
+					row = append(row, "")
 				}
 				t.add(row...)
 			}
@@ -153,6 +164,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	for _, p := range r.Processes {
 		comm[p.PID] = p.Comm
 	}
+	r.writeNVML(ew, comm)
 	r.writeStacks(ew, comm)
 	r.writePeaks(ew, comm)
 	r.writeLeaks(ew, comm)

@@ -74,13 +74,14 @@ func FuzzReader(f *testing.F) {
 				t.Fatalf("frame at %d: payload is not the file's", rec.Offset)
 			}
 			switch {
-			case rec.Type < TypeMeta || rec.Type > TypeEnd:
+			case rec.Type < TypeMeta || rec.Type > TypeNVML:
 				t.Fatalf("frame of unknown type %d returned", rec.Type)
 			case (rec.Event != nil) != (rec.Type == TypeEvent),
 				(rec.Process != nil) != (rec.Type == TypeProcess),
 				(rec.Attach != nil) != (rec.Type == TypeAttach),
 				(rec.Counters != nil) != (rec.Type == TypeCounters),
-				(rec.End != nil) != (rec.Type == TypeEnd):
+				(rec.End != nil) != (rec.Type == TypeEnd),
+				(rec.NVML != nil) != (rec.Type == TypeNVML):
 				t.Fatalf("%s frame with the wrong fields set: %+v", rec.Type, rec)
 			case rec.Event != nil && len(rec.Event.Stack) > events.MaxFrames:
 				t.Fatalf("%d frames", len(rec.Event.Stack))

@@ -25,6 +25,7 @@ type Record struct {
 	Attach   *Attach
 	Counters *Counters
 	End      *End
+	NVML     *NVML
 }
 
 // Reader reads a trace frame by frame.
@@ -103,7 +104,7 @@ func (r *Reader) Next() (Record, error) {
 			r.err = err
 			return Record{}, err
 		}
-		if rec.Type >= TypeMeta && rec.Type <= TypeEnd {
+		if rec.Type >= TypeMeta && rec.Type <= lastType {
 			return rec, nil
 		}
 	}
@@ -161,6 +162,9 @@ func (r *Reader) next() (Record, error) {
 	case TypeEnd:
 		rec.End = new(End)
 		err = json.Unmarshal(payload, rec.End)
+	case TypeNVML:
+		rec.NVML = new(NVML)
+		err = json.Unmarshal(payload, rec.NVML)
 	}
 	if err != nil {
 		return Record{}, fmt.Errorf("%s frame at offset %d: %v: %w", rec.Type, start, err, ErrCorrupt)

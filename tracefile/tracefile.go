@@ -42,7 +42,14 @@ const (
 	TypeCounters Type = 4
 	TypeAttach   Type = 5
 	TypeEnd      Type = 6
+	// TypeNVML is the driver's view of GPU memory (NVML), sampled while
+	// recording. Readers older than it skip it, as the format allows.
+	TypeNVML Type = 7
 )
+
+// lastType is the highest frame type this version reads; higher ones are
+// skipped.
+const lastType = TypeNVML
 
 func (t Type) String() string {
 	switch t {
@@ -58,6 +65,8 @@ func (t Type) String() string {
 		return "attach"
 	case TypeEnd:
 		return "end"
+	case TypeNVML:
+		return "nvml"
 	}
 	return "unknown"
 }
@@ -145,4 +154,35 @@ type End struct {
 	Events   uint64 `json:"events"`
 	Reason   string `json:"reason,omitempty"`
 	ExitCode int    `json:"exit_code,omitempty"`
+}
+
+// NVML is one sample of the driver's view (NVIDIA's management library,
+// what nvidia-smi shows): every device's memory and the memory the driver
+// charges each process. A sample that could not be taken carries Error
+// instead: the first frame of a recording whose host has no NVML says why.
+type NVML struct {
+	Time      uint64        `json:"boot_ns"`
+	Devices   []NVMLDevice  `json:"devices,omitempty"`
+	Processes []NVMLProcess `json:"processes,omitempty"`
+	Error     string        `json:"error,omitempty"`
+}
+
+// NVMLDevice is one GPU in an NVML sample. Index is NVML's (PCI order),
+// which may differ from the CUDA ordinal of events: UUID names the GPU.
+type NVMLDevice struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+	Name  string `json:"name,omitempty"`
+	Total uint64 `json:"total"`
+	Used  uint64 `json:"used"`
+	Free  uint64 `json:"free"`
+}
+
+// NVMLProcess is the GPU memory the driver charges one process on one
+// device.
+type NVMLProcess struct {
+	PID    uint32 `json:"pid"`
+	Device int    `json:"device"` // NVMLDevice.Index
+	UUID   string `json:"uuid,omitempty"`
+	Used   uint64 `json:"used"`
 }

@@ -33,6 +33,7 @@ type want struct {
 	attach   *Attach
 	counters *Counters
 	end_     *End
+	nvml     *NVML
 }
 
 type sample struct {
@@ -135,6 +136,17 @@ func sampleCounters(t uint64) *Counters {
 		"nested": 5, "stack_error": 1, "from_the_future": math.MaxUint64}}
 }
 
+func sampleNVML() []*NVML {
+	return []*NVML{
+		{Time: 2e12, Error: "NVML unavailable: Driver Not Loaded"},
+		{Time: 2e12 + 1, Devices: []NVMLDevice{
+			{Index: 0, UUID: "GPU-0c2a5b31-9c1e-4c3d-8f00-000000000000", Name: "NVIDIA H100 80GB HBM3",
+				Total: 85899345920, Used: 1 << 30, Free: 85899345920 - 1<<30},
+			{Index: 1, UUID: "GPU-1", Total: 1 << 34}},
+			Processes: []NVMLProcess{{PID: 4242, Device: 0, UUID: "GPU-0c2a5b31-9c1e-4c3d-8f00-000000000000", Used: 1<<30 - 1}}},
+	}
+}
+
 // buildSample writes a trace with every frame type, flushing after each
 // frame to learn its extent.
 func buildSample(t testing.TB) *sample {
@@ -183,6 +195,9 @@ func buildSample(t testing.TB) *sample {
 		case 30:
 			add(want{typ: TypeProcess, process: procs[1]}, func() error { return w.WriteProcess(procs[1]) })
 		}
+	}
+	for _, n := range sampleNVML() {
+		add(want{typ: TypeNVML, nvml: n}, func() error { return w.WriteNVML(n) })
 	}
 	add(want{typ: TypeCounters, counters: sampleCounters(3e12)}, func() error { return w.WriteCounters(sampleCounters(3e12)) })
 	e := &End{Time: 3_000_000_000_000, Events: uint64(len(evs)), Reason: "command exited", ExitCode: 3}
@@ -241,7 +256,7 @@ func checkFrame(t *testing.T, i int, g got, w want) {
 			i, g.Type, g.Offset, len(g.Raw), w.typ, w.off, len(w.raw))
 	}
 	set := 0
-	for _, p := range []bool{g.Event != nil, g.Process != nil, g.Attach != nil, g.Counters != nil, g.End != nil} {
+	for _, p := range []bool{g.Event != nil, g.Process != nil, g.Attach != nil, g.Counters != nil, g.End != nil, g.NVML != nil} {
 		if p {
 			set++
 		}
@@ -269,6 +284,10 @@ func checkFrame(t *testing.T, i int, g got, w want) {
 	case TypeEnd:
 		if !reflect.DeepEqual(g.End, w.end_) {
 			t.Fatalf("frame %d: end\n got %+v\nwant %+v", i, g.End, w.end_)
+		}
+	case TypeNVML:
+		if !reflect.DeepEqual(g.NVML, w.nvml) {
+			t.Fatalf("frame %d: nvml\n got %+v\nwant %+v", i, g.NVML, w.nvml)
 		}
 	default:
 		t.Fatalf("frame %d: unexpected type %s", i, w.typ)
@@ -604,7 +623,7 @@ func TestUnknownFrameTypesSkipped(t *testing.T) {
 	data = appendFrame(data, 0, []byte("zero"))
 	off1 := len(data)
 	data = appendFrame(data, byte(TypeEvent), raw)
-	data = appendFrame(data, 7, nil)
+	data = appendFrame(data, 8, nil)
 	data = appendFrame(data, 200, bytes.Repeat([]byte{0xee}, 5000))
 	data = appendFrame(data, 255, []byte("{not json"))
 	off2 := len(data)
@@ -658,6 +677,7 @@ func TestBadContent(t *testing.T) {
 		{"event missing frames", TypeEvent, okEvent[:79]},
 		{"process not json", TypeProcess, []byte("{")},
 		{"attach wrong type", TypeAttach, []byte(`{"library":7}`)},
+		{"nvml wrong type", TypeNVML, []byte(`{"devices":7}`)},
 		{"counters empty", TypeCounters, nil},
 		{"end array", TypeEnd, []byte(`[]`)},
 		{"second meta not json", TypeMeta, []byte("nope")},
@@ -898,7 +918,7 @@ func TestOpenErrors(t *testing.T) {
 
 func TestTypeString(t *testing.T) {
 	for typ, want := range map[Type]string{TypeMeta: "meta", TypeProcess: "process", TypeEvent: "event",
-		TypeCounters: "counters", TypeAttach: "attach", TypeEnd: "end", 0: "unknown", 7: "unknown", 255: "unknown"} {
+		TypeCounters: "counters", TypeAttach: "attach", TypeEnd: "end", TypeNVML: "nvml", 0: "unknown", 8: "unknown", 255: "unknown"} {
 		if got := typ.String(); got != want {
 			t.Errorf("Type(%d) = %q, want %q", typ, got, want)
 		}

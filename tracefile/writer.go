@@ -101,6 +101,9 @@ func (w *Writer) WriteAttach(a *Attach) error { return w.writeJSON(TypeAttach, a
 // WriteCounters appends a counters snapshot.
 func (w *Writer) WriteCounters(c *Counters) error { return w.writeJSON(TypeCounters, c) }
 
+// WriteNVML appends a sample of the driver's view.
+func (w *Writer) WriteNVML(n *NVML) error { return w.writeJSON(TypeNVML, n) }
+
 // WriteEnd appends the end frame. Write nothing after it.
 func (w *Writer) WriteEnd(e *End) error { return w.writeJSON(TypeEnd, e) }
 

@@ -4,6 +4,7 @@ package vmtest
 // and NVIDIA's real libcuda. Privileged.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -16,7 +17,8 @@ import (
 )
 
 // TestDriver: a program that uses the driver alone, on two devices chosen
-// through contexts (retained and made current, created, pushed). The
+// through contexts (retained and made current, created, pushed, popped),
+// with VMM memory created, mapped, released while mapped and unmapped. The
 // ledger, devices included, matches the stand-in's ground truth exactly.
 func TestDriver(t *testing.T) {
 	ctx, dir := traceSetup(t)
@@ -39,6 +41,45 @@ func TestDriver(t *testing.T) {
 	checkStacks(t, rep, want.PID, workload("driver"), "drv_alloc_pinned", "work", "main")
 	if n := len(rep.Failures); n == 0 || rep.Failures[0].Error != "CUDA_ERROR_OUT_OF_MEMORY" {
 		t.Errorf("failures %+v, want CUDA_ERROR_OUT_OF_MEMORY", rep.Failures)
+	}
+	checkVMM(t, ctx, trace, want)
+}
+
+// checkVMM: the workload's vmm_mapped leaves two 2 MiB chunks of device 1
+// mapped at the 4th and 6th slots of a 32 MiB reservation, the first of
+// them released while mapped (held, as the driver holds it); the ground
+// truth must say the same, and the report must list both mappings.
+func checkVMM(t *testing.T, ctx context.Context, trace string, want *procTruth) {
+	t.Helper()
+	const chunk = 2 << 20
+	if want.Mapped != 2*chunk || want.Maps != 6 || want.Unmaps != 4 || want.Reserved != 16*chunk {
+		t.Fatalf("ground truth: mapped %d, maps %d, unmaps %d, reserved %d; the workload should leave 2 chunks of 6 mapped in 16 reserved",
+			want.Mapped, want.Maps, want.Unmaps, want.Reserved)
+	}
+	data, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Processes []struct {
+			Mappings []struct {
+				Addr     uint64 `json:"addr"`
+				Size     uint64 `json:"size"`
+				Device   int    `json:"device"`
+				Released bool   `json:"released"`
+			} `json:"vmm_mappings"`
+		} `json:"processes"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Processes) != 1 || len(rep.Processes[0].Mappings) != 2 {
+		t.Fatalf("vmm_mappings: %+v, want 2", rep.Processes)
+	}
+	m := rep.Processes[0].Mappings
+	if m[1].Addr-m[0].Addr != 2*chunk || m[0].Size != chunk || m[1].Size != chunk || m[0].Device != 1 ||
+		m[1].Device != 1 || !m[0].Released || m[1].Released {
+		t.Errorf("vmm_mappings %+v: want chunks 3 (released) and 5 (not) of device 1, 2 MiB each", m)
 	}
 }
 
@@ -72,7 +113,8 @@ func TestRealLibcuda(t *testing.T) {
 	}
 	for _, sym := range []string{"cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged",
 		"cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost", "cuMemAllocAsync", "cuMemFreeAsync",
-		"cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuMemCreate", "cuMemRelease"} {
+		"cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuMemCreate", "cuMemRelease",
+		"cuMemMap", "cuMemUnmap", "cuMemAddressReserve", "cuMemAddressFree"} {
 		if !slices.Contains(rep.Libraries[0].Symbols, sym) {
 			t.Errorf("%s not attached in %s: %v", sym, real, rep.Libraries[0].Symbols)
 		}
@@ -242,18 +284,7 @@ func TestLibraryCopies(t *testing.T) {
 // process's mappings, attaches, says so, and traces what follows.
 func TestDlopenLate(t *testing.T) {
 	ctx, dir := traceSetup(t)
-	wheel := filepath.Join(dir, "site-packages", "nvidia", "cuda_runtime", "lib")
-	if err := os.MkdirAll(wheel, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(fakeLib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lib := filepath.Join(wheel, "libcudart.so.12")
-	if err := os.WriteFile(lib, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	lib := wheelCopy(t, filepath.Join(dir, "site-packages"))
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "late.trace")
 	const n = 30
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
@@ -292,6 +323,57 @@ func TestDlopenLate(t *testing.T) {
 	text, err := exec.CommandContext(ctx, tracerBin, "report", trace).Output()
 	if err != nil || !strings.Contains(string(text), "loaded "+lib+" after tracing began") {
 		t.Errorf("the text report does not say the library came late (%v):\n%s", err, text)
+	}
+}
+
+// wheelCopy copies the stand-in runtime where a pip wheel puts its own,
+// under sitePackages: a second file, no start-up search covers.
+func wheelCopy(t *testing.T, sitePackages string) string {
+	t.Helper()
+	wheel := filepath.Join(sitePackages, "nvidia", "cuda_runtime", "lib")
+	if err := os.MkdirAll(wheel, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(fakeLib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(wheel, "libcudart.so.12")
+	if err := os.WriteFile(lib, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return lib
+}
+
+// TestDlopenLateSystemWide: with --all, a process started after the attach
+// dlopen()s a copy of the runtime no start-up search covers. The tracer's
+// scan of every process's mappings finds it and traces what follows.
+func TestDlopenLateSystemWide(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	lib := wheelCopy(t, filepath.Join(dir, "venv", "lib", "python3.12", "site-packages"))
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "all-late.trace")
+	rec := startRecord(t, ctx, recordOpts{}, "--all", "--lib", fakeLib, "-o", trace)
+	rec.waitAttached(t, 30*time.Second)
+
+	cmd := exec.CommandContext(ctx, workload("dlopen_late"), lib, "30")
+	// The --all scan runs every 2 s: give it two chances.
+	cmd.Env = append(fakeEnv(log), "DLOPEN_LATE_WAIT_MS=4500")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("dlopen_late: %v\n%s", err, out)
+	}
+	if err := rec.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	rec.finish(t, 20*time.Second)
+
+	want := onlyTruth(t, log, "")
+	if want.PID != cmd.Process.Pid || want.Allocs != 30 {
+		t.Fatalf("ground truth: pid %d with %d allocations, want pid %d with 30", want.PID, want.Allocs, cmd.Process.Pid)
+	}
+	rep := runReport(t, ctx, trace)
+	checkProcess(t, rep, want, 0, "dlopen_late")
+	if !strings.Contains(rec.stderr.String(), "loaded "+lib+" after tracing began") {
+		t.Errorf("record did not say it attached late:\n%s", rec.stderr.String())
 	}
 }
 

@@ -37,6 +37,7 @@ var (
 	fakeDriver   string // .../lib/libcuda.so.1, the driver stand-in
 	nestRuntime  string // .../lib/libnestrt.so, a runtime calling the driver stand-in
 	c10Lib       string // .../lib/libc10_cuda.so, a caching allocator with PyTorch's USDT probes
+	fakeNVMLDir  string // holds libnvidia-ml.so.1, NVML's stand-in (testdata/fakenvml.c)
 	binDir       string
 	cBuildErr    error // nil, errNoGCC, or the failed compiler run
 	realBuildErr error // realcuda: errNoRealLib, or the failed compiler run
@@ -108,6 +109,7 @@ func buildStandIns(dir string) {
 	fakeDriver = filepath.Join(fakeLibDir, "libcuda.so.1")
 	nestRuntime = filepath.Join(fakeLibDir, "libnestrt.so")
 	c10Lib = filepath.Join(fakeLibDir, "libc10_cuda.so")
+	fakeNVMLDir = filepath.Join(dir, "nvml")
 	realBuildErr = errNoRealLib
 	if _, err := exec.LookPath("gcc"); err != nil {
 		cBuildErr = errNoGCC
@@ -119,7 +121,7 @@ func buildStandIns(dir string) {
 		cBuildErr = err
 		return
 	}
-	for _, d := range []string{fakeLibDir, binDir} {
+	for _, d := range []string{fakeLibDir, binDir, fakeNVMLDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			cBuildErr = err
 			return
@@ -171,6 +173,12 @@ func buildStandIns(dir string) {
 		c10Lib, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return
 	}
+	// NVML's stand-in, in a directory of its own: LD_LIBRARY_PATH=fakeNVMLDir
+	// makes go-nvml's dlopen("libnvidia-ml.so.1") find it first.
+	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-Wall", "-Wl,-soname,libnvidia-ml.so.1",
+		"-o", filepath.Join(fakeNVMLDir, "libnvidia-ml.so.1"), src("fakenvml.c")); cBuildErr != nil {
+		return
+	}
 	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", workload("dlopen_late"),
 		src("dlopen_late.c"), "-ldl"); cBuildErr != nil {
 		return
@@ -185,7 +193,7 @@ func buildStandIns(dir string) {
 		src("mix.c"), rtObj); cBuildErr != nil {
 		return
 	}
-	for _, prog := range []string{"mix", "attach_later", "shortlived", "faketest", "agentload"} {
+	for _, prog := range []string{"mix", "attach_later", "shortlived", "faketest", "hold", "agentload"} {
 		if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall",
 			"-o", workload(prog), src(prog+".c"),
 			"-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {

@@ -37,6 +37,12 @@ type reportProcess struct {
 	PeakBytes     uint64         `json:"peak_bytes"`
 	HostLiveBytes uint64         `json:"host_live_bytes"`
 	Devices       []reportDevice `json:"devices"`
+
+	VMMMappedBytes     uint64 `json:"vmm_mapped_bytes"`
+	VMMMappedPeakBytes uint64 `json:"vmm_mapped_peak_bytes"`
+	VMMMaps            uint64 `json:"vmm_maps"`
+	VMMUnmaps          uint64 `json:"vmm_unmaps"`
+	VAReservedBytes    uint64 `json:"va_reserved_bytes"`
 }
 
 type reportDevice struct {
@@ -337,6 +343,11 @@ func diffProcess(rep *report, want *procTruth, slack uint64, comm string) []stri
 	eq("alloc_bytes", got.AllocBytes, want.AllocBytes)
 	eq("live_bytes", got.LiveBytes, want.Live)
 	eq("host_live_bytes", got.HostLiveBytes, want.HostLive)
+	eq("vmm_mapped_bytes", got.VMMMappedBytes, want.Mapped)
+	eq("vmm_mapped_peak_bytes", got.VMMMappedPeakBytes, want.MappedPeak)
+	eq("vmm_maps", got.VMMMaps, want.Maps)
+	eq("vmm_unmaps", got.VMMUnmaps, want.Unmaps)
+	eq("va_reserved_bytes", got.VAReservedBytes, want.Reserved)
 	within := func(name string, g, w uint64) {
 		lo := uint64(0)
 		if w > slack {

@@ -204,6 +204,15 @@ type liveAlloc struct {
 	Dev  int
 	Kind string
 	API  string
+
+	mapped   int  // VMM: live mappings of it
+	released bool // VMM: released while mapped
+}
+
+// vmmMapping is a live cuMemMap in the ground truth.
+type vmmMapping struct {
+	Size  uint64
+	Alloc *liveAlloc // the cuMemCreate mapped
 }
 
 // procTruth is what a report must say about one process.
@@ -225,7 +234,12 @@ type procTruth struct {
 	NullFrees    uint64            // cudaFree(NULL) and friends
 	Threads      map[int]bool      // tids that made counted calls
 	APICalls     map[string]int    // counted calls per API, failed ones included
-	live         map[uint64]*liveAlloc
+	// VMM virtual ranges: bytes mapped (now and at most), successful maps,
+	// mappings removed, bytes of address space reserved.
+	Mapped, MappedPeak, Maps, Unmaps, Reserved uint64
+	live                                       map[uint64]*liveAlloc
+	mappings                                   map[uint64]vmmMapping
+	reserves                                   map[uint64]uint64
 }
 
 // LiveCount is the number of allocations live at the end.
@@ -271,7 +285,8 @@ func groundTruth(calls []logCall, marker string) (map[int]*procTruth, error) {
 		p := procs[pid]
 		if p == nil {
 			p = &procTruth{PID: pid, Devices: map[int]*devTruth{}, Threads: map[int]bool{},
-				APICalls: map[string]int{}, live: map[uint64]*liveAlloc{}}
+				APICalls: map[string]int{}, live: map[uint64]*liveAlloc{}, mappings: map[uint64]vmmMapping{},
+				reserves: map[uint64]uint64{}}
 			procs[pid] = p
 		}
 		return p
@@ -289,6 +304,12 @@ func groundTruth(calls []logCall, marker string) (map[int]*procTruth, error) {
 		p := get(c.PID)
 		p.APICalls[c.API]++
 		p.Threads[c.TID] = true
+		if vmmRanges[c.API] {
+			if err := p.vmmRange(c); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		switch classOf(c.API) {
 		case classAlloc:
 			kind := allocKinds[c.API]
@@ -337,6 +358,16 @@ func groundTruth(calls []logCall, marker string) (map[int]*procTruth, error) {
 				continue
 			}
 			a := p.live[c.Ptr]
+			if a != nil && a.mapped > 0 && c.API == "cuMemRelease" {
+				if c.Size != 0 {
+					return nil, fmt.Errorf("line %d: cuMemRelease of mapped %#x freed %d bytes", c.Line, c.Ptr, c.Size)
+				}
+				// Held until its last mapping goes; the handle may be reused.
+				a.released = true
+				delete(p.live, c.Ptr)
+				p.Frees++
+				continue
+			}
 			if a == nil {
 				if marker == "" {
 					return nil, fmt.Errorf("line %d: %s of %#x succeeded but it was never allocated", c.Line, c.API, c.Ptr)
@@ -363,6 +394,60 @@ func groundTruth(calls []logCall, marker string) (map[int]*procTruth, error) {
 		}
 	}
 	return procs, nil
+}
+
+// vmmRanges are the VMM calls on virtual ranges, which hold no memory.
+var vmmRanges = map[string]bool{"cuMemMap": true, "cuMemUnmap": true, "cuMemAddressReserve": true,
+	"cuMemAddressFree": true}
+
+// vmmRange applies a VMM range call: a mapping holds its handle's physical
+// memory past cuMemRelease, until the cuMemUnmap that removes the last one.
+func (p *procTruth) vmmRange(c logCall) error {
+	if c.Ret != 0 {
+		return nil
+	}
+	switch c.API {
+	case "cuMemAddressReserve":
+		p.reserves[c.Ptr] = c.Size
+		p.Reserved += c.Size
+	case "cuMemAddressFree":
+		if p.reserves[c.Ptr] != c.Size {
+			return fmt.Errorf("line %d: cuMemAddressFree of %#x, %d bytes: reserved %d", c.Line, c.Ptr, c.Size, p.reserves[c.Ptr])
+		}
+		delete(p.reserves, c.Ptr)
+		p.Reserved -= c.Size
+	case "cuMemMap":
+		a := p.live[c.Req]
+		if a == nil || a.API != "cuMemCreate" || a.Dev != c.Dev {
+			return fmt.Errorf("line %d: cuMemMap of handle %#x on device %d: not a live cuMemCreate there", c.Line, c.Req, c.Dev)
+		}
+		a.mapped++
+		p.mappings[c.Ptr] = vmmMapping{Size: c.Size, Alloc: a}
+		p.Maps++
+		p.Mapped += c.Size
+		p.MappedPeak = max(p.MappedPeak, p.Mapped)
+	case "cuMemUnmap":
+		var freed uint64
+		for va, m := range p.mappings {
+			if va < c.Ptr || va-c.Ptr >= c.Req {
+				continue
+			}
+			a := m.Alloc
+			delete(p.mappings, va)
+			p.Unmaps++
+			p.Mapped -= m.Size
+			if a.mapped--; a.mapped == 0 && a.released { // its free counted at cuMemRelease
+				freed += a.Size
+				p.FreedBytes += a.Size
+				p.Live -= a.Size
+				p.Devices[a.Dev].Live -= a.Size
+			}
+		}
+		if freed != c.Size {
+			return fmt.Errorf("line %d: cuMemUnmap freed %d bytes, the log says %d", c.Line, freed, c.Size)
+		}
+	}
+	return nil
 }
 
 // groundTruthFile parses a log and computes its ground truth.

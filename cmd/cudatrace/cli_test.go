@@ -65,6 +65,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"agent", "--ring-size", "3M"}, []string{"--ring-size \"3M\"", "power of two"}},
 		{[]string{"agent", "extra"}, []string{"unknown command \"extra\""}},
 		{[]string{"record", "--export", "svg=x", "--all"}, []string{"unknown format \"svg\""}},
+		{[]string{"top", "--interval", "1ms"}, []string{"--interval 1ms is too short", "hint: e.g. --interval 1s"}},
+		{[]string{"top", "--pid", "2147483646"}, []string{"pid 2147483646: no such process", "hint: check the PID"}},
+		{[]string{"top", "now"}, []string{"unknown command \"now\" for \"cudatrace top\""}},
 	} {
 		code, _, stderr := runCLI(c.args...)
 		if code != 1 {
@@ -82,7 +85,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestHelpTeaches(t *testing.T) {
-	for _, verb := range []string{"record", "report", "export"} {
+	for _, verb := range []string{"record", "report", "export", "top"} {
 		code, stdout, _ := runCLI(verb, "--help")
 		if code != 0 || !strings.Contains(stdout, "Examples:") || !strings.Contains(stdout, "cudatrace "+verb) {
 			t.Errorf("%s --help: exit %d, no examples:\n%s", verb, code, stdout)

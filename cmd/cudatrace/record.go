@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cudatrace/cudatrace/export"
+	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/record"
@@ -18,14 +19,16 @@ import (
 )
 
 type recordFlags struct {
-	libs     []string
-	pids     []int
-	all      bool
-	duration time.Duration
-	output   string
-	ringSize string
-	quiet    bool
-	exports  []string // FORMAT=FILE
+	libs      []string
+	pids      []int
+	all       bool
+	duration  time.Duration
+	output    string
+	ringSize  string
+	quiet     bool
+	exports   []string // FORMAT=FILE
+	nvml      bool
+	nvmlEvery time.Duration
 }
 
 func newRecordCmd() *cobra.Command {
@@ -53,15 +56,22 @@ Libraries: without --lib, cudatrace probes the libcudart and libcuda the
 target has mapped (--pid), or every one in the ld.so cache, CUDA toolkit
 directories and pip/conda layouts (a command, --all). A probe sits on the
 library file, so processes that load it later are covered too; another
-copy of the library (a virtualenv's wheel, a container) needs its own --lib,
-except with --all and no --lib, where the copies processes map are found
-within 2 seconds and attached.
+copy of the library (a virtualenv's wheel, a container) is another file:
+the traced processes' mappings (with --all, every process's) are searched
+for copies loaded later, which are then attached; --lib names one up front.
 
 On stop (the targets exit, --duration, Ctrl-C or SIGTERM) it prints a
 summary per process; -o keeps the full trace for 'cudatrace report' and
 'cudatrace export', and --export writes an export at once (pprof, memviz,
 perfetto or json; see 'cudatrace export --help').
-A command still running when recording stops gets SIGTERM after 2 seconds.`,
+A command still running when recording stops gets SIGTERM after 2 seconds.
+
+NVML: every second (--nvml-interval), record also asks the NVIDIA driver (NVML, as nvidia-smi
+does) how much GPU memory each process holds, and keeps that in the trace:
+'cudatrace report' puts it beside the traced live bytes, and the remainder
+is what tracing did not see (the CUDA context, library workspaces). Without
+NVML (no libnvidia-ml, or no driver loaded) one line says so and tracing
+goes on; --nvml=false turns the sampling off.`,
 		Example: `  # Launch a training script and keep the trace
   cudatrace record -o train.trace -- python train.py --epochs 1
 
@@ -86,6 +96,8 @@ A command still running when recording stops gets SIGTERM after 2 seconds.`,
 	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
 	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE (pprof, memviz, perfetto, json; repeatable)")
+	fl.BoolVar(&f.nvml, "nvml", true, "sample the driver's per-process GPU memory (NVML) into the trace")
+	fl.DurationVar(&f.nvmlEvery, "nvml-interval", record.DefaultNVMLEvery, "how often to sample NVML")
 	fl.SetInterspersed(false)
 	return cmd
 }
@@ -125,6 +137,12 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		LaunchHelper: []string{exe, launchCmdName},
 	}
 	opts.Tracer.RingBytes = ring
+	if f.nvml {
+		if f.nvmlEvery < 10*time.Millisecond {
+			return hint.Wrap(fmt.Errorf("--nvml-interval %s is too short", f.nvmlEvery), "e.g. --nvml-interval 1s")
+		}
+		opts.NVML, opts.NVMLEvery = gpustat.Open, f.nvmlEvery
+	}
 	res, err := record.Run(cmd.Context(), opts)
 	if err != nil {
 		return err

@@ -35,6 +35,15 @@ a table per process, device and interval of the change in live bytes (USED)
 and how far above it memory rose in between (PEAKED), the columns fastai's
 PeakMemMetric prints per epoch.
 
+When the trace has NVML samples (record takes one a second), a table puts
+beside each process the GPU memory the driver charged it (NVML-USED, what
+nvidia-smi shows) and what cudatrace saw live at that moment (TRACED). The
+REMAINDER is what tracing did not see: the CUDA context, cuBLAS/cuDNN
+workspaces, a library that was not probed. Its FIRST, MIN, MAX and DRIFT
+over the samples tell a constant overhead from a growing one; --interval
+adds the remainder per interval. NVML's device indices are not CUDA's
+ordinals, so the comparison is per process, over all its GPUs.
+
 Stacks are symbolized from the libraries and executables on this machine,
 checked against the build IDs captured while recording. A trace cut short
 (the tracer was killed) is reported up to its last complete record.`,

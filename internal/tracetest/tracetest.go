@@ -34,6 +34,8 @@ func Write(t testing.TB, meta tracefile.Meta, items ...any) (string, []int64) {
 			err = w.WriteCounters(v)
 		case *tracefile.End:
 			err = w.WriteEnd(v)
+		case *tracefile.NVML:
+			err = w.WriteNVML(v)
 		default:
 			t.Fatalf("tracetest.Write: %T", it)
 		}

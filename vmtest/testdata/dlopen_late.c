@@ -1,7 +1,7 @@
 /*
  * dlopen_late LIB N: loads a CUDA runtime with dlopen() one second after
  * starting (a wheel's copy, at a path no start-up search covers), gives the
- * tracer 1.5 s to find it in its mappings, then makes N cudaMalloc of
+ * tracer 1.5 s (DLOPEN_LATE_WAIT_MS) to find it in its mappings, then makes N cudaMalloc of
  * 4096+i bytes and frees the even ones. Exits 2 when LIB cannot be used.
  */
 #include <dlfcn.h>
@@ -27,7 +27,8 @@ int main(int argc, char **argv)
 	free_fn f = (free_fn)dlsym(h, "cudaFree");
 	if (!m || !f)
 		return 2;
-	usleep(1500000);
+	const char *wait = getenv("DLOPEN_LATE_WAIT_MS");
+	usleep(wait && *wait ? (useconds_t)atoi(wait) * 1000 : 1500000);
 	for (int i = 0; i < n; i++) {
 		void *p = NULL;
 		if (m(&p, 4096 + (size_t)i) != 0)

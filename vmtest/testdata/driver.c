@@ -8,7 +8,11 @@
  * (a size over FAKECUDA_MEM_LIMIT: CUDA_ERROR_OUT_OF_MEMORY), and frees
  * about half of what it made. Thread 0 also creates VMM physical memory on
  * device 1 (cuMemCreate names its device in its properties, whatever the
- * current context) and releases every other one. Built with frame pointers; linked with the
+ * current context) and releases every other one, then does what PyTorch's
+ * expandable segments and CUDA's samples do: reserves a virtual range, maps
+ * chunks of devices 0 and 1 into it, releases some handles while they are
+ * still mapped (the memory stays until unmapped), and unmaps in one call
+ * and in several. Built with frame pointers; linked with the
  * stand-in libcuda.so.1. Exits non-zero when a call the workload expects to
  * succeed fails.
  */
@@ -98,6 +102,35 @@ static void work(void)
 	(void)keep;
 }
 
+/*
+ * vmm_mapped: 6 chunks of 2 MiB mapped at va, alternately on devices 0 and
+ * 1. Chunks 0-3 are released at once (mapped: still held), 4 and 5 kept.
+ * One cuMemUnmap over chunks 0-2 frees those three; chunk 3 stays mapped
+ * and held; chunk 4 is unmapped and then released; chunk 5 stays mapped,
+ * unreleased. Left at the end: chunks 3 and 5 (4 MiB), mapped, and the
+ * reservation.
+ */
+__attribute__((noinline)) static void vmm_mapped(void)
+{
+	const size_t chunk = (size_t)2 << 20;
+	CUdeviceptr va = 0;
+	CUmemGenericAllocationHandle h[6];
+	CHECK(cuMemAddressReserve(&va, 16 * chunk, 0, 0, 0));
+	for (int i = 0; i < 6; i++) {
+		h[i] = drv_vmm_create(i % 2, chunk);
+		CHECK(cuMemMap(va + i * chunk, chunk, 0, h[i], 0));
+	}
+	for (int i = 0; i < 4; i++)
+		CHECK(cuMemRelease(h[i]));
+	CHECK(cuMemUnmap(va, 3 * chunk));
+	CHECK(cuMemUnmap(va + 4 * chunk, chunk));
+	CHECK(cuMemRelease(h[4]));
+	/* A throwaway range: reserved and given back. */
+	CUdeviceptr va2 = 0;
+	CHECK(cuMemAddressReserve(&va2, chunk, 0, 0, 0));
+	CHECK(cuMemAddressFree(va2, chunk));
+}
+
 static void *thread1(void *arg)
 {
 	CUcontext c1;
@@ -127,6 +160,7 @@ int main(int argc, char **argv)
 		if (i % 2)
 			CHECK(cuMemRelease(h));
 	}
+	vmm_mapped();
 	pthread_join(t, NULL);
 	/* Linger: the recorder reads the mappings when a process's first event
 	 * arrives, and this test checks symbolized stacks; exiting within

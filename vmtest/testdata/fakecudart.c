@@ -40,6 +40,13 @@
  *         free: the kind the API frees); none for other calls.
  *   req:  allocations: the bytes asked for (size, width*height,
  *         width*height*depth, saturated at 2^64-1), also when failed; else 0.
+ *   VMM (the driver's virtual memory management) differs: cuMemCreate is an
+ *   allocation whose ptr is the handle; cuMemRelease of memory still mapped
+ *   logs size=0, and the cuMemUnmap that removes its last mapping frees it
+ *   (its size= is the physical bytes it freed, req= the range's length);
+ *   cuMemMap logs ptr=<virtual address> size=<bytes mapped> dev=<the
+ *   memory's device> req=<handle>; cuMemAddressReserve/cuMemAddressFree log
+ *   kind=va with the range.
  * Lines are written with one write(2) on an O_APPEND descriptor while the
  * allocator's mutex is held, so their order in the file is the order in
  * which the calls took effect, across threads (and, O_APPEND being atomic,
@@ -66,10 +73,11 @@
 #define DEVICE_STRIDE (1ULL << 36)
 #define MANAGED_BASE 0x7d0000000000ULL
 #define HOST_BASE 0x7c0000000000ULL
+#define VA_BASE 0x7b0000000000ULL /* cuMemAddressReserve's ranges */
 #define MAX_LIMIT (1ULL << 36)
 
-enum kind { KIND_DEVICE, KIND_MANAGED, KIND_HOST, KIND_NONE };
-static const char *const kind_names[] = {"device", "managed", "host", "none"};
+enum kind { KIND_DEVICE, KIND_MANAGED, KIND_HOST, KIND_NONE, KIND_VA };
+static const char *const kind_names[] = {"device", "managed", "host", "none", "va"};
 
 struct extent {
 	uint64_t start, len;
@@ -86,8 +94,20 @@ struct block {
 	uint64_t addr, reserved, size;
 	int dev;
 	enum kind kind;
+	int vmm;      /* made by cuMemCreate: addr is its handle */
+	int mapped;   /* VMM: live cuMemMap mappings of it */
+	int released; /* VMM: cuMemRelease'd while mapped; freed at its last unmap */
 	struct block *next;
 };
+
+/* A live cuMemMap: size bytes of blk at virtual address va. */
+struct mapping {
+	uint64_t va, size;
+	struct block *blk;
+};
+#define MAX_MAPPINGS 4096
+static struct mapping mappings[MAX_MAPPINGS];
+static int nmappings;
 
 #define NBUCKETS 4096
 
@@ -95,7 +115,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int ndevices = 2;
 static uint64_t mem_limit = 1ULL << 30;
 static int log_fd = -1;
-static struct arena dev_arena[MAX_DEVICES], managed_arena, host_arena;
+static struct arena dev_arena[MAX_DEVICES], managed_arena, host_arena, va_arena;
 static struct block *buckets[NBUCKETS];
 
 static __thread int cur_dev;
@@ -155,6 +175,7 @@ __attribute__((constructor)) static void fake_init(void)
 		arena_init(&dev_arena[d], DEVICE_BASE + (uint64_t)d * DEVICE_STRIDE, mem_limit);
 	arena_init(&managed_arena, MANAGED_BASE, mem_limit);
 	arena_init(&host_arena, HOST_BASE, mem_limit);
+	arena_init(&va_arena, VA_BASE, MAX_LIMIT);
 	if (path && *path) {
 		log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 		if (log_fd < 0)
@@ -282,7 +303,10 @@ static cudaError_t do_alloc_on(const char *api, int dev, enum kind kind, int val
 {
 	cudaError_t ret = cudaSuccess;
 	uint64_t addr = 0;
-	struct arena *a = kind == KIND_DEVICE ? &dev_arena[dev] : kind == KIND_MANAGED ? &managed_arena : &host_arena;
+	struct arena *a = kind == KIND_DEVICE	 ? &dev_arena[dev]
+			  : kind == KIND_MANAGED ? &managed_arena
+			  : kind == KIND_VA	 ? &va_arena
+						 : &host_arena;
 
 	pthread_mutex_lock(&mu);
 	if (!valid || bytes == 0) {
@@ -303,6 +327,9 @@ static cudaError_t do_alloc_on(const char *api, int dev, enum kind kind, int val
 			b->size = bytes;
 			b->dev = dev;
 			b->kind = kind;
+			b->vmm = strcmp(api, "cuMemCreate") == 0;
+			b->mapped = 0;
+			b->released = 0;
 			b->next = *bucket(addr);
 			*bucket(addr) = b;
 			*addr_out = addr;
@@ -319,7 +346,23 @@ static cudaError_t do_alloc(const char *api, enum kind kind, int valid, uint64_t
 	return do_alloc_on(api, cur_dev, kind, valid, bytes, req, addr_out);
 }
 
-/* Frees ptr if it is a live allocation of one of the kinds allowed. */
+/* Called with mu held. */
+static void release_block(struct block *b)
+{
+	struct arena *a = b->kind == KIND_DEVICE    ? &dev_arena[b->dev]
+			  : b->kind == KIND_MANAGED ? &managed_arena
+			  : b->kind == KIND_VA	    ? &va_arena
+						    : &host_arena;
+	unlink_block(b);
+	arena_free(a, b->addr, b->reserved);
+	free(b);
+}
+
+/*
+ * Frees ptr if it is a live allocation of one of the kinds allowed.
+ * cuMemRelease of memory still mapped frees nothing yet (size=0 in the log):
+ * the last cuMemUnmap of it does.
+ */
 static cudaError_t do_free(const char *api, void *ptr, int allow_gpu, int allow_host)
 {
 	cudaError_t ret = cudaSuccess;
@@ -330,18 +373,19 @@ static cudaError_t do_free(const char *api, void *ptr, int allow_gpu, int allow_
 	pthread_mutex_lock(&mu);
 	if (addr) {
 		struct block *b = find_block(addr);
-		if (!b || (b->kind == KIND_HOST ? !allow_host : !allow_gpu)) {
+		int vmm_api = strcmp(api, "cuMemRelease") == 0;
+		if (!b || b->kind == KIND_VA || (b->kind == KIND_HOST ? !allow_host : !allow_gpu) || b->vmm != vmm_api ||
+		    b->released) {
 			ret = cudaErrorInvalidValue;
+		} else if (b->mapped) {
+			/* The driver keeps mapped memory until its last unmap. */
+			b->released = 1;
+			dev = b->dev;
 		} else {
-			struct arena *a = b->kind == KIND_DEVICE ? &dev_arena[b->dev]
-					  : b->kind == KIND_MANAGED ? &managed_arena
-								    : &host_arena;
-			unlink_block(b);
-			arena_free(a, b->addr, b->reserved);
 			size = b->size;
 			dev = b->dev;
 			kind = b->kind;
-			free(b);
+			release_block(b);
 		}
 	}
 	log_line(api, ret, addr, size, dev, kind, 0);
@@ -694,6 +738,97 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
 	return do_free("cuMemRelease", (void *)(uintptr_t)handle, 1, 0);
+}
+
+/*
+ * Virtual address ranges hold no memory; they come from an arena of their
+ * own. Logged with kind=va: ptr the range, size its length.
+ */
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+				    unsigned long long flags)
+{
+	uint64_t va;
+	(void)alignment;
+	(void)addr;
+	CUresult r = do_alloc_on("cuMemAddressReserve", cur_dev, KIND_VA, ptr != NULL && flags == 0, size, size, &va);
+	if (r == CUDA_SUCCESS)
+		*ptr = va;
+	return r;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	CUresult ret = CUDA_SUCCESS;
+	uint64_t freed = 0;
+	pthread_mutex_lock(&mu);
+	struct block *b = find_block(ptr);
+	if (!b || b->kind != KIND_VA || b->size != size) {
+		ret = CUDA_ERROR_INVALID_VALUE;
+	} else {
+		freed = b->size;
+		release_block(b);
+	}
+	log_line("cuMemAddressFree", ret, ptr, freed, cur_dev, KIND_VA, 0);
+	pthread_mutex_unlock(&mu);
+	return set_err(ret);
+}
+
+/*
+ * cuMemMap: logged with ptr the virtual address, size the bytes mapped,
+ * dev the physical memory's device, req the handle.
+ */
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+			 unsigned long long flags)
+{
+	CUresult ret = CUDA_SUCCESS;
+	int dev = cur_dev;
+	pthread_mutex_lock(&mu);
+	struct block *b = find_block(handle);
+	int taken = 0;
+	for (int i = 0; i < nmappings; i++)
+		taken |= mappings[i].va < ptr + size && ptr < mappings[i].va + mappings[i].size;
+	if (!b || !b->vmm || b->released || ptr == 0 || size == 0 || flags != 0 || offset + size > b->size ||
+	    taken || nmappings == MAX_MAPPINGS) {
+		ret = CUDA_ERROR_INVALID_VALUE;
+	} else {
+		mappings[nmappings++] = (struct mapping){.va = ptr, .size = size, .blk = b};
+		b->mapped++;
+		dev = b->dev;
+	}
+	log_line("cuMemMap", ret, ptr, ret == CUDA_SUCCESS ? size : 0, dev, KIND_DEVICE, handle);
+	pthread_mutex_unlock(&mu);
+	return set_err(ret);
+}
+
+/*
+ * cuMemUnmap removes the whole mappings that start in [ptr, ptr+size). Logged
+ * with size the physical bytes this freed (memory released while mapped)
+ * and req the range's length.
+ */
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	CUresult ret = CUDA_SUCCESS;
+	uint64_t freed = 0;
+	int found = 0;
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < nmappings;) {
+		struct mapping m = mappings[i];
+		if (m.va < ptr || m.va - ptr >= size) {
+			i++;
+			continue;
+		}
+		found++;
+		mappings[i] = mappings[--nmappings];
+		if (--m.blk->mapped == 0 && m.blk->released) {
+			freed += m.blk->size;
+			release_block(m.blk);
+		}
+	}
+	if (!found)
+		ret = CUDA_ERROR_INVALID_VALUE;
+	log_line("cuMemUnmap", ret, ptr, freed, cur_dev, KIND_DEVICE, size);
+	pthread_mutex_unlock(&mu);
+	return set_err(ret);
 }
 
 EXPORT void fakecuda_log_marker(const char *name)

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/record"
+	"github.com/cudatrace/cudatrace/top"
+)
+
+type topFlags struct {
+	libs        []string
+	pids        []int
+	every       time.Duration
+	stacks      int
+	nvml        bool
+	noSymbolize bool
+}
+
+func newTopCmd() *cobra.Command {
+	var f topFlags
+	cmd := &cobra.Command{
+		Use:   "top [--pid PID...]",
+		Short: "Watch GPU memory live: per process and device, traced beside the driver's figure, with the top stacks",
+		Long: `Top traces every process on the host (or the --pid ones) and shows, refreshed
+every --interval, per GPU and per process: the GPU memory cudatrace sees live
+(LIVE) and its peak, what the NVIDIA driver charges the process (NVML-USED,
+as nvidia-smi shows it), the REMAINDER between the two (the CUDA context,
+library workspaces, anything not traced), and the allocation rate since the
+last refresh. Under the table, the selected process's call stacks holding
+the most live memory, symbolized.
+
+Keys: q or Ctrl-C quits; j/k or the arrow keys select a process.
+
+When stdout is not a terminal, top prints plain lines instead, one per
+process and per GPU at each refresh, key=value with exact byte counts:
+
+  2026-01-02T15:04:05Z pid=4242 comm="python3" live=1073741824 peak=... nvml_used=1384120320 remainder=310378496 ...
+
+Only what happens after top starts is seen: memory a process allocated
+before is not in LIVE (it is in NVML-USED, hence in the REMAINDER). A
+process NVML lists that made no traced call is shown too, with all of its
+memory as the remainder.`,
+		Example: `  # Every process on the host
+  sudo cudatrace top
+
+  # One training job, refreshed twice a second
+  sudo cudatrace top --pid 4242 --interval 500ms
+
+  # Log a line per process every 10 s
+  sudo cudatrace top --interval 10s > gpu-memory.log`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return runTop(cmd, &f) },
+	}
+	fl := cmd.Flags()
+	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
+	fl.IntSliceVarP(&f.pids, "pid", "p", nil, "watch this process only (repeatable); default: every process")
+	fl.DurationVarP(&f.every, "interval", "i", time.Second, "refresh interval (and NVML sampling)")
+	fl.IntVar(&f.stacks, "stacks", 5, "how many stacks of the selected process to show")
+	fl.BoolVar(&f.nvml, "nvml", true, "compare with the driver's per-process figure (NVML)")
+	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "show stack addresses only")
+	return cmd
+}
+
+func runTop(cmd *cobra.Command, f *topFlags) error {
+	if f.every < 10*time.Millisecond {
+		return hint.Wrap(fmt.Errorf("--interval %s is too short", f.every), "e.g. --interval 1s")
+	}
+	c := top.NewCollector(f.every, max(f.stacks, 0), f.pids)
+	topts := top.Options{Every: f.every, In: os.Stdin, Out: os.Stdout, NoSymbolize: f.noSymbolize, NoNVML: !f.nvml,
+		Target: "all processes"}
+	if len(f.pids) > 0 {
+		var ps []string
+		for _, p := range f.pids {
+			ps = append(ps, fmt.Sprint(p))
+		}
+		topts.Target = "pid " + strings.Join(ps, ", ")
+	}
+	stderr := cmd.ErrOrStderr()
+	if topts.Interactive() {
+		// The screen is taken: the tracer's lines go to the status line.
+		topts.Messages = &top.Messages{}
+		stderr = topts.Messages
+	}
+	opts := record.Options{Libs: f.libs, PIDs: f.pids, All: len(f.pids) == 0, Version: version,
+		Stderr: stderr, Observer: c, NVMLEvery: f.every}
+	opts.Tracer.PollInterval = min(f.every/2, 50*time.Millisecond)
+	if f.nvml {
+		opts.NVML = gpustat.Open
+	}
+	ctx, cancel := context.WithCancel(cmd.Context())
+	defer cancel()
+	stop := make(chan top.Stop, 1)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		res, err := record.Run(ctx, opts)
+		st := top.Stop{Err: err}
+		if res != nil {
+			st.Reason = res.StopReason
+			c.Flush(res)
+		}
+		stop <- st
+	}()
+	err := top.Run(ctx, c, topts, stop)
+	cancel()
+	// The probes are detached before top exits; with many of them that
+	// takes seconds, and the terminal is already the user's again.
+	select {
+	case <-finished:
+	case <-time.After(300 * time.Millisecond):
+		fmt.Fprintln(cmd.ErrOrStderr(), "cudatrace: detaching probes...")
+		<-finished
+	}
+	return err
+}

@@ -1,0 +1,152 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/cudatrace/cudatrace/internal/tracetest"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+func nvmlDevices(used0, used1 uint64) []tracefile.NVMLDevice {
+	return []tracefile.NVMLDevice{
+		{Index: 0, UUID: "GPU-0", Name: "Fake GPU", Total: 16 << 30, Used: used0, Free: 16<<30 - used0},
+		{Index: 1, UUID: "GPU-1", Name: "Fake GPU", Total: 16 << 30, Used: used1, Free: 16<<30 - used1},
+	}
+}
+
+// nvmlItems is mixItems with NVML samples between its events. Traced live
+// of pid 100 (GPU memory, host memory excluded) is 1300 at 2500 ns, 812 at
+// 4500 and after; pid 200's is 14 at 10200. pid 300 is on the GPU and
+// never traced.
+func nvmlItems() []any {
+	mix := mixItems()
+	var out []any
+	for i, it := range mix {
+		out = append(out, it)
+		switch i {
+		case 3: // after the allocation at 2000: pid 100 has 1300 live
+			out = append(out, &tracefile.NVML{Time: base + 2500, Devices: nvmlDevices(5<<30, 1<<30),
+				Processes: []tracefile.NVMLProcess{
+					{PID: 100, Device: 0, UUID: "GPU-0", Used: 1500},
+					{PID: 100, Device: 1, UUID: "GPU-1", Used: 300},
+					{PID: 300, Device: 0, UUID: "GPU-0", Used: 4096},
+				}})
+		case 5: // after the free at 3000 and the allocation at 4000: 812 live
+			out = append(out, &tracefile.NVML{Time: base + 4500, Devices: nvmlDevices(6<<30, 1<<30),
+				Processes: []tracefile.NVMLProcess{{PID: 100, Device: 0, UUID: "GPU-0", Used: 1400}}})
+		case 7:
+			out = append(out, &tracefile.NVML{Time: base + 5200, Error: "device 0: nvmlDeviceGetMemoryInfo_v2: GPU is lost (15)"})
+		case 13: // after pid 200's allocations: pid 100 still 812, pid 200 14
+			out = append(out, &tracefile.NVML{Time: base + 10200, Devices: nvmlDevices(4<<30, 2<<30),
+				Processes: []tracefile.NVMLProcess{
+					{PID: 100, Device: 0, UUID: "GPU-0", Used: 1412},
+					{PID: 200, Device: 1, UUID: "GPU-1", Used: 2062},
+				}})
+		}
+	}
+	return out
+}
+
+// The cross-check, every number: NVML's figure at each sample beside the
+// ledger's live bytes at that point of the trace.
+func TestNVMLCrossCheck(t *testing.T) {
+	meta := testMeta()
+	meta.All = true
+	path, _ := tracetest.Write(t, meta, nvmlItems()...)
+	rep, err := Load(path, Options{Interval: 5 * time.Microsecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want100 := &ProcessNVML{Samples: 3, UsedBytes: 1412, TracedBytes: 812, RemainderBytes: 600, LastNS: 10200,
+		FirstRemainderBytes: 500, FirstNS: 2500, MinRemainderBytes: 500, MaxRemainderBytes: 600, DriftBytes: 100,
+		MaxUsedBytes: 1800, Devices: []NVMLUse{{PID: 100, Device: 0, UUID: "GPU-0", UsedBytes: 1412}}}
+	want200 := &ProcessNVML{Samples: 1, UsedBytes: 2062, TracedBytes: 14, RemainderBytes: 2048, LastNS: 10200,
+		FirstRemainderBytes: 2048, FirstNS: 10200, MinRemainderBytes: 2048, MaxRemainderBytes: 2048,
+		MaxUsedBytes: 2062, Devices: []NVMLUse{{PID: 200, Device: 1, UUID: "GPU-1", UsedBytes: 2062}}}
+	if len(rep.Processes) != 2 {
+		t.Fatalf("processes %+v", rep.Processes)
+	}
+	if got := rep.Processes[0].NVML; !reflect.DeepEqual(got, want100) {
+		t.Errorf("pid 100:\n got %+v\nwant %+v", got, want100)
+	}
+	if got := rep.Processes[1].NVML; !reflect.DeepEqual(got, want200) {
+		t.Errorf("pid 200:\n got %+v\nwant %+v", got, want200)
+	}
+	wantSummary := &NVMLSummary{Samples: 3, Failed: 1, Error: "device 0: nvmlDeviceGetMemoryInfo_v2: GPU is lost (15)",
+		Devices: []GPU{
+			{Index: 0, UUID: "GPU-0", Name: "Fake GPU", TotalBytes: 16 << 30, UsedBytes: 4 << 30, FreeBytes: 12 << 30, MaxUsedBytes: 6 << 30},
+			{Index: 1, UUID: "GPU-1", Name: "Fake GPU", TotalBytes: 16 << 30, UsedBytes: 2 << 30, FreeBytes: 14 << 30, MaxUsedBytes: 2 << 30},
+		},
+		Untraced: []NVMLUse{{PID: 300, UsedBytes: 4096}},
+		Intervals: []NVMLInterval{
+			{PID: 100, StartNS: 0, EndNS: 5000, Samples: 2, UsedBytes: 1400, TracedBytes: 812, RemainderBytes: 588,
+				MinRemainderBytes: 500, MaxRemainderBytes: 588},
+			{PID: 100, StartNS: 10000, EndNS: 15000, Samples: 1, UsedBytes: 1412, TracedBytes: 812, RemainderBytes: 600,
+				MinRemainderBytes: 600, MaxRemainderBytes: 600},
+			{PID: 200, StartNS: 10000, EndNS: 15000, Samples: 1, UsedBytes: 2062, TracedBytes: 14, RemainderBytes: 2048,
+				MinRemainderBytes: 2048, MaxRemainderBytes: 2048},
+		}}
+	if !reflect.DeepEqual(rep.NVML, wantSummary) {
+		t.Errorf("summary:\n got %+v\nwant %+v", rep.NVML, wantSummary)
+	}
+
+	// The JSON keys scripts read.
+	var buf bytes.Buffer
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	got := decodeJSON(t, buf.Bytes())
+	p := got["processes"].([]any)[0].(map[string]any)["nvml"].(map[string]any)
+	for k, v := range map[string]string{"used_bytes": "1412", "traced_bytes": "812", "remainder_bytes": "600",
+		"first_remainder_bytes": "500", "drift_bytes": "100", "samples": "3"} {
+		if s := p[k].(json.Number).String(); s != v {
+			t.Errorf("processes[0].nvml.%s = %s, want %s", k, s, v)
+		}
+	}
+	if d := got["nvml"].(map[string]any)["devices"].([]any)[1].(map[string]any); d["uuid"] != "GPU-1" ||
+		d["used_bytes"].(json.Number).String() != "2147483648" {
+		t.Errorf("nvml.devices[1] = %v", d)
+	}
+
+	// --pid 200: only its rows; nothing is "untraced" for being left out.
+	rep, err = Load(path, Options{PIDs: []uint32{200}, Interval: 5 * time.Microsecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.NVML.Untraced) != 0 || len(rep.NVML.Intervals) != 1 || rep.NVML.Intervals[0].PID != 200 {
+		t.Errorf("--pid 200: untraced %+v, intervals %+v", rep.NVML.Untraced, rep.NVML.Intervals)
+	}
+}
+
+// A trace without NVML frames has no nvml keys; one recorded where NVML
+// was unavailable says why.
+func TestNVMLAbsentOrUnavailable(t *testing.T) {
+	path, _ := tracetest.Write(t, testMeta(), mixItems()...)
+	rep, err := Load(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.NVML != nil || rep.Processes[0].NVML != nil {
+		t.Errorf("nvml %+v, process nvml %+v; want none", rep.NVML, rep.Processes[0].NVML)
+	}
+
+	items := append([]any{&tracefile.NVML{Time: base + 10, Error: "NVML unavailable: Driver Not Loaded"}}, mixItems()...)
+	path, _ = tracetest.Write(t, testMeta(), items...)
+	if rep, err = Load(path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	want := &NVMLSummary{Failed: 1, Error: "NVML unavailable: Driver Not Loaded", Devices: []GPU{}}
+	if !reflect.DeepEqual(rep.NVML, want) || rep.Processes[0].NVML != nil {
+		t.Errorf("nvml %+v, process %+v; want %+v", rep.NVML, rep.Processes[0].NVML, want)
+	}
+}
+
+func allMeta() tracefile.Meta {
+	m := testMeta()
+	m.All, m.Command = true, nil
+	return m
+}

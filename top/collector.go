@@ -1,0 +1,293 @@
+// Package top is `cudatrace top`: a live view of a tracing session. A
+// Collector watches the session (record.Observer) on the reader's
+// goroutine and publishes a Snapshot once per refresh; the terminal UI, or
+// the plain-lines writer when stdout is not a terminal, draws snapshots on
+// its own goroutine.
+package top
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/record"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// Snapshot is the session at one refresh, copied out of the ledger.
+type Snapshot struct {
+	Seq       int           // 1 for the first snapshot
+	Elapsed   time.Duration // since the collector started
+	Events    uint64
+	Lost      uint64
+	Processes []Process // most live bytes first, then by PID
+	Devices   []Device  // by number
+	NVML      bool      // a NVML sample is in (NVML-USED columns mean something)
+	NVMLError string    // why there is none
+	// Stacks are the top stacks by live bytes of StacksPID (the selected
+	// process, or the first when none is).
+	StacksPID uint32
+	Stacks    []Stack
+}
+
+// Process is one traced process at a refresh.
+type Process struct {
+	PID        uint32
+	Comm       string
+	Live, Peak uint64 // GPU memory, as the report counts it
+	LiveCount  int    // live allocations of GPU memory
+	Allocs     uint64 // since tracing began (pinned host memory included)
+	AllocBytes uint64
+	// NVMLUsed is what the driver charges the process (all devices) at
+	// the latest sample; Listed is false when NVML does not list it.
+	NVMLUsed uint64
+	Listed   bool
+	// AllocRate and ByteRate are allocations and bytes per second since
+	// the previous refresh.
+	AllocRate, ByteRate float64
+}
+
+// Remainder is NVML's figure less the traced one: what tracing does not
+// see. Only meaningful when Listed.
+func (p *Process) Remainder() int64 { return int64(p.NVMLUsed) - int64(p.Live) }
+
+// Device is one GPU number: the traced live bytes on that CUDA device
+// ordinal, and NVML's figures for the device of that index. The two
+// numberings agree unless CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER says
+// otherwise.
+type Device struct {
+	Number     int
+	Live, Peak uint64 // traced, summed over processes; Peak as seen at refreshes
+	NVML       *gpustat.Device
+}
+
+// Stack is one call stack's live allocations.
+type Stack struct {
+	Live      uint64
+	LiveCount uint64
+	Tensor    bool
+	Frames    []uint64
+	Maps      []proc.Mapping // the process's, to symbolize Frames with
+}
+
+// Collector is a record.Observer that publishes snapshots.
+type Collector struct {
+	every time.Duration
+	top   int
+	only  map[uint32]bool // empty: every process
+	start time.Time
+	now   func() time.Time // time.Now; tests set their own clock
+
+	// The reader goroutine's own.
+	last    time.Time
+	prev    map[uint32][2]uint64 // allocs, bytes at the last snapshot
+	maps    map[uint32][]proc.Mapping
+	devPeak map[int]uint64
+	gpuLive map[uint32]int    // live allocations of GPU memory, per process, kept by Event
+	comm    map[uint32]string // of processes only NVML lists
+	seq     int
+
+	mu       sync.Mutex
+	snap     *Snapshot
+	selected uint32
+	reselect bool          // the selection changed: its stacks are wanted now
+	updated  chan struct{} // signalled (without blocking) on each snapshot
+}
+
+// NewCollector returns a Collector publishing every `every`, with top
+// stacks for the selected process. pids, when not empty, are the only
+// processes NVML's list adds to the traced ones.
+func NewCollector(every time.Duration, top int, pids []int) *Collector {
+	only := map[uint32]bool{}
+	for _, p := range pids {
+		only[uint32(p)] = true
+	}
+	return &Collector{every: every, top: top, only: only, comm: map[uint32]string{}, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
+		maps: map[uint32][]proc.Mapping{}, devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
+}
+
+var _ record.Observer = (*Collector)(nil)
+
+// Process keeps the process's mappings for symbolizing its stacks.
+func (c *Collector) Process(p *tracefile.Process) {
+	if len(p.Maps) > 0 || c.maps[p.PID] == nil {
+		c.maps[p.PID] = p.Maps
+	}
+}
+
+// Event counts each process's live allocations of GPU memory (what Live
+// counts): the ledger would have to walk its live set for it.
+func (c *Collector) Event(_ *events.Event, ch events.Change) {
+	if ch.Process == nil {
+		return
+	}
+	if ch.Alloc != nil && ch.Alloc.API.Segment() {
+		c.gpuLive[ch.Process.PID]++
+	}
+	if ch.Freed != nil && ch.Freed.API.Segment() {
+		c.gpuLive[ch.Process.PID]--
+	}
+}
+
+// Flush publishes a snapshot now: the last state, once tracing stopped.
+// Call it on the goroutine that ran record.Run, after it returned.
+func (c *Collector) Flush(res *record.Result) { c.tick(res, true) }
+
+// Tick publishes a snapshot when a refresh interval has passed.
+func (c *Collector) Tick(res *record.Result) { c.tick(res, false) }
+
+func (c *Collector) tick(res *record.Result, force bool) {
+	now := c.now()
+	c.mu.Lock()
+	sel, reselect, last := c.selected, c.reselect, c.snap
+	c.reselect = false
+	c.mu.Unlock()
+	var s *Snapshot
+	switch {
+	case force || c.seq == 0 || now.Sub(c.last) >= c.every:
+		s = c.snapshot(res, sel, now)
+	case reselect && last != nil:
+		// Only the stacks: rates stay those of the last refresh interval.
+		cp := *last
+		cp.StacksPID, cp.Stacks = c.stacks(res.Ledger, sel, last.Processes)
+		s = &cp
+	default:
+		return
+	}
+	c.mu.Lock()
+	c.snap = s
+	c.mu.Unlock()
+	select {
+	case c.updated <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Collector) snapshot(res *record.Result, sel uint32, now time.Time) *Snapshot {
+	dt := now.Sub(c.last).Seconds()
+	first := c.seq == 0
+	c.seq++
+	c.last = now
+	s := &Snapshot{Seq: c.seq, Elapsed: now.Sub(c.start), Events: res.Events, Lost: res.Lost,
+		NVML: res.NVML != nil, NVMLError: res.NVMLError}
+	devLive := map[int]uint64{}
+	for _, p := range res.Ledger.Processes() {
+		row := Process{PID: p.PID, Comm: p.Comm, Live: p.Live, Peak: p.Peak, LiveCount: c.gpuLive[p.PID],
+			Allocs: p.Allocs, AllocBytes: p.AllocBytes}
+		if res.NVML != nil {
+			row.NVMLUsed, row.Listed = res.NVML.Used(p.PID)
+		}
+		prev := c.prev[p.PID]
+		if !first && dt > 0 {
+			row.AllocRate = float64(p.Allocs-prev[0]) / dt
+			row.ByteRate = float64(p.AllocBytes-prev[1]) / dt
+		}
+		c.prev[p.PID] = [2]uint64{p.Allocs, p.AllocBytes}
+		for _, d := range p.Devices {
+			devLive[int(d.Device)] += d.Live
+		}
+		s.Processes = append(s.Processes, row)
+	}
+	// Processes holding GPU memory that made no traced call (they
+	// allocated before tracing began, or through a library not probed):
+	// all of their memory is the remainder.
+	if res.NVML != nil {
+		seen := map[uint32]bool{}
+		for _, u := range res.NVML.Processes {
+			if seen[u.PID] || res.Ledger.Process(u.PID) != nil || (len(c.only) > 0 && !c.only[u.PID]) {
+				continue
+			}
+			seen[u.PID] = true
+			used, _ := res.NVML.Used(u.PID)
+			s.Processes = append(s.Processes, Process{PID: u.PID, Comm: c.commOf(u.PID), NVMLUsed: used, Listed: true})
+		}
+	}
+	slices.SortFunc(s.Processes, func(a, b Process) int {
+		return cmp.Or(cmp.Compare(b.Live, a.Live), cmp.Compare(b.NVMLUsed, a.NVMLUsed), cmp.Compare(a.PID, b.PID))
+	})
+	nums := map[int]bool{}
+	for n := range devLive {
+		nums[n] = true
+	}
+	if res.NVML != nil {
+		for _, d := range res.NVML.Devices {
+			nums[d.Index] = true
+		}
+	}
+	for n := range nums {
+		c.devPeak[n] = max(c.devPeak[n], devLive[n])
+		d := Device{Number: n, Live: devLive[n], Peak: c.devPeak[n]}
+		if res.NVML != nil {
+			for i := range res.NVML.Devices {
+				if res.NVML.Devices[i].Index == n {
+					nd := res.NVML.Devices[i]
+					d.NVML = &nd
+				}
+			}
+		}
+		s.Devices = append(s.Devices, d)
+	}
+	slices.SortFunc(s.Devices, func(a, b Device) int { return cmp.Compare(a.Number, b.Number) })
+
+	s.StacksPID, s.Stacks = c.stacks(res.Ledger, sel, s.Processes)
+	return s
+}
+
+// commOf names a process only NVML lists, once.
+func (c *Collector) commOf(pid uint32) string {
+	if n, ok := c.comm[pid]; ok {
+		return n
+	}
+	n, err := proc.Comm(int(pid))
+	if err != nil {
+		n = "?"
+	}
+	c.comm[pid] = n
+	return n
+}
+
+// stacks returns the top stacks by live bytes of sel, or of the first
+// process when sel is not traced.
+func (c *Collector) stacks(l *events.Ledger, sel uint32, procs []Process) (uint32, []Stack) {
+	if l.Process(sel) == nil {
+		if len(procs) == 0 {
+			return 0, nil
+		}
+		sel = procs[0].PID
+	}
+	var out []Stack
+	for _, st := range l.Stacks() {
+		if len(out) >= c.top || st.Live == 0 {
+			break // most live first: the rest hold nothing
+		}
+		if st.PID != sel {
+			continue
+		}
+		out = append(out, Stack{Live: st.Live, LiveCount: st.LiveCount, Tensor: st.Tensor,
+			Frames: slices.Clone(st.Frames), Maps: c.maps[st.PID]})
+	}
+	return sel, out
+}
+
+// Snapshot returns the latest snapshot; nil before the first.
+func (c *Collector) Snapshot() *Snapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.snap
+}
+
+// Updated is signalled after each new snapshot.
+func (c *Collector) Updated() <-chan struct{} { return c.updated }
+
+// Select makes pid the process whose stacks the next snapshots carry.
+func (c *Collector) Select(pid uint32) {
+	c.mu.Lock()
+	if c.selected != pid {
+		c.selected, c.reselect = pid, true
+	}
+	c.mu.Unlock()
+}

@@ -1,0 +1,232 @@
+package top
+
+import (
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cudatrace/cudatrace/report"
+	"github.com/cudatrace/cudatrace/symbolize"
+)
+
+// View is what the screen shows besides the snapshot.
+type View struct {
+	Selected uint32 // the highlighted process
+	Status   string // the last message from the tracer, or why it stopped
+	Width    int
+	Height   int
+	Every    time.Duration
+	Target   string // "all processes", "pid 4242"
+	NVMLOff  bool   // --nvml=false
+}
+
+// Frames symbolizes a stack; top keeps one cache for the session.
+type Frames func(st *Stack) []symbolize.Frame
+
+// Screen returns the lines of the full-screen view, at most v.Height, each
+// at most v.Width runes: a header, the devices, the processes with the
+// selected one marked by ">", and the selected process's top stacks.
+func Screen(s *Snapshot, v View, frames Frames) []string {
+	var out []string
+	add := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	add("cudatrace top: %s, every %s, %s elapsed, %d events, %d lost   q quit, j/k or arrows select",
+		v.Target, v.Every, s.Elapsed.Round(time.Second), s.Events, s.Lost)
+	switch {
+	case s.NVMLError != "":
+		add("%s", s.NVMLError)
+	case v.NVMLOff:
+		add("NVML: off (--nvml=false)")
+	case !s.NVML:
+		add("NVML: no sample yet")
+	default:
+		add("")
+	}
+	if len(s.Devices) > 0 {
+		t := &table{right: []bool{true, true, true, true, true, true, false}}
+		t.add("GPU", "TRACED", "PEAK", "NVML-USED", "REMAINDER", "TOTAL", "NAME")
+		for _, d := range s.Devices {
+			used, rem, total, name := "-", "-", "-", ""
+			if d.NVML != nil {
+				used, total, name = report.HumanBytes(d.NVML.Used), report.HumanBytes(d.NVML.Total), d.NVML.Name
+				rem = signed(int64(d.NVML.Used) - int64(d.Live))
+			}
+			t.add(fmt.Sprint(d.Number), report.HumanBytes(d.Live), report.HumanBytes(d.Peak), used, rem, total, name)
+		}
+		out = append(out, t.lines()...)
+		add("")
+	}
+	t := &table{right: []bool{false, true, false, true, true, true, true, true, true}}
+	t.add(" ", "PID", "COMM", "LIVE", "PEAK", "NVML-USED", "REMAINDER", "ALLOCS/S", "BYTES/S")
+	var sel *Process
+	for i := range s.Processes {
+		p := &s.Processes[i]
+		mark := " "
+		if p.PID == v.Selected {
+			mark, sel = ">", p
+		}
+		used, rem := "-", "-"
+		if p.Listed {
+			used, rem = report.HumanBytes(p.NVMLUsed), signed(p.Remainder())
+		}
+		t.add(mark, fmt.Sprint(p.PID), p.Comm, report.HumanBytes(p.Live), report.HumanBytes(p.Peak), used, rem,
+			fmt.Sprintf("%.1f", p.AllocRate), report.HumanBytes(uint64(p.ByteRate)))
+	}
+	out = append(out, t.lines()...)
+	if len(s.Processes) == 0 {
+		add("  no CUDA allocation traced yet")
+	}
+	if sel != nil && sel.Allocs == 0 && sel.Listed {
+		add("")
+		add("pid %d (%s): no allocation traced; NVML charges it %d B: it allocated before tracing began, or through a library not probed (--lib)",
+			sel.PID, sel.Comm, sel.NVMLUsed)
+	} else if sel != nil {
+		add("")
+		add("pid %d (%s): %d B of GPU memory live in %d allocations, peak %d B; %d allocations, %d B, since tracing began",
+			sel.PID, sel.Comm, sel.Live, sel.LiveCount, sel.Peak, sel.Allocs, sel.AllocBytes)
+		if s.StacksPID == sel.PID {
+			for i, st := range s.Stacks {
+				what := ""
+				if st.Tensor {
+					what = "tensors: "
+				}
+				add("[%d] %s%s live in %d allocation%s", i+1, what, report.HumanBytes(st.Live), st.LiveCount, plural(st.LiveCount))
+				for j, f := range frames(&st) {
+					add("    #%d %s", j, frameText(f))
+				}
+			}
+		}
+	}
+	if v.Status != "" {
+		// The status goes on the last line of the screen.
+		for len(out) < v.Height-1 {
+			out = append(out, "")
+		}
+		if len(out) >= v.Height && v.Height > 0 {
+			out = out[:v.Height-1]
+		}
+		out = append(out, v.Status)
+	}
+	if v.Height > 0 && len(out) > v.Height {
+		out = out[:v.Height]
+	}
+	for i, l := range out {
+		out[i] = clip(l, v.Width)
+	}
+	return out
+}
+
+func frameText(f symbolize.Frame) string {
+	var b strings.Builder
+	if f.Function != "" {
+		b.WriteString(f.Function)
+	} else {
+		fmt.Fprintf(&b, "%#x", f.Addr)
+	}
+	if f.File != "" {
+		fmt.Fprintf(&b, " (%s:%d)", filepath.Base(f.File), f.Line)
+	}
+	if f.Module != "" {
+		b.WriteString(" " + filepath.Base(f.Module))
+	}
+	return b.String()
+}
+
+func clip(s string, width int) string {
+	if width <= 0 {
+		return s
+	}
+	r := []rune(s)
+	if len(r) > width {
+		return string(r[:width])
+	}
+	return s
+}
+
+func signed(n int64) string {
+	switch {
+	case n > 0:
+		return "+" + report.HumanBytes(uint64(n))
+	case n < 0:
+		return "-" + report.HumanBytes(uint64(-n))
+	}
+	return "0 B"
+}
+
+// WriteLines prints a snapshot as plain lines, one per process and one per
+// device, key=value with exact byte counts, for a log or a pipe.
+func WriteLines(w io.Writer, s *Snapshot, now time.Time) error {
+	ts := now.UTC().Format(time.RFC3339)
+	var b strings.Builder
+	nvml := func(listed bool, used uint64, rem int64) string {
+		if !listed {
+			return "nvml_used=- remainder=-"
+		}
+		return fmt.Sprintf("nvml_used=%d remainder=%d", used, rem)
+	}
+	for _, d := range s.Devices {
+		listed, used, total := d.NVML != nil, uint64(0), uint64(0)
+		if listed {
+			used, total = d.NVML.Used, d.NVML.Total
+		}
+		fmt.Fprintf(&b, "%s gpu=%d live=%d peak=%d %s", ts, d.Number, d.Live, d.Peak, nvml(listed, used, int64(used)-int64(d.Live)))
+		if listed {
+			fmt.Fprintf(&b, " total=%d", total)
+		}
+		b.WriteByte('\n')
+	}
+	for _, p := range s.Processes {
+		fmt.Fprintf(&b, "%s pid=%d comm=%q live=%d peak=%d live_allocations=%d allocs=%d alloc_bytes=%d %s alloc_rate=%.1f byte_rate=%.0f\n",
+			ts, p.PID, p.Comm, p.Live, p.Peak, p.LiveCount, p.Allocs, p.AllocBytes, nvml(p.Listed, p.NVMLUsed, p.Remainder()),
+			p.AllocRate, p.ByteRate)
+	}
+	if len(s.Processes) == 0 {
+		fmt.Fprintf(&b, "%s no CUDA allocation traced yet (%d events, %d lost)\n", ts, s.Events, s.Lost)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// table lines up columns, each aligned left or right.
+type table struct {
+	right []bool
+	rows  [][]string
+}
+
+func (t *table) add(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *table) lines() []string {
+	width := make([]int, len(t.right))
+	for _, row := range t.rows {
+		for i, c := range row {
+			if i < len(width) {
+				width[i] = max(width[i], len([]rune(c)))
+			}
+		}
+	}
+	var out []string
+	for _, row := range t.rows {
+		var line strings.Builder
+		for i, c := range row {
+			if i > 0 {
+				line.WriteString("  ")
+			}
+			pad := strings.Repeat(" ", max(0, width[i]-len([]rune(c))))
+			if t.right[i] {
+				line.WriteString(pad + c)
+			} else {
+				line.WriteString(c + pad)
+			}
+		}
+		out = append(out, strings.TrimRight(line.String(), " "))
+	}
+	return out
+}
+
+func plural(n uint64) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
