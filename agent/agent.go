@@ -46,10 +46,8 @@ type Options struct {
 	DumpEvery time.Duration
 	// NoSymbolize leaves frames as addresses in every output.
 	NoSymbolize bool
-	// GPUs, when set, says what the driver reports (NVML).
-	GPUs    GPUs
-	Version string
-	Stderr  io.Writer // warnings
+	Version     string
+	Stderr      io.Writer // warnings
 }
 
 // Defaults.
@@ -94,7 +92,7 @@ type Agent struct {
 	lastScrape time.Time
 	node       map[devLevel]*nodeUse
 	totals     Totals
-	res        record.Result // counters as of the last Tick
+	res        record.Result // counters and the NVML sample as of the last Tick
 	subs       []*traceSub
 	pending    []request // queued, not yet settled
 	lastExit   time.Time
@@ -343,6 +341,8 @@ func (a *Agent) nodeUse(dev int32, api events.API) *nodeUse {
 func (a *Agent) Tick(res *record.Result) {
 	a.ledger = res.Ledger
 	a.res.Counters, a.res.Lost, a.res.Events = res.Counters, res.Lost, res.Events
+	// A sample is never changed once taken: sharing it is safe.
+	a.res.NVML, a.res.NVMLError = res.NVML, res.NVMLError
 	for {
 		select {
 		case r := <-a.reqs:

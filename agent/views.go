@@ -9,6 +9,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/export"
+	"github.com/cudatrace/cudatrace/gpustat"
 )
 
 // ProcessStats is a copy of one process's account.
@@ -49,6 +50,10 @@ type Stats struct {
 	Counters  map[string]uint64 // the BPF side's counters
 	Stacks    int               // distinct stacks held
 	Start     time.Time
+	// NVML is the driver's view (record.Options.NVML), nil without it;
+	// NVMLError says why it is missing or stale.
+	NVML      *gpustat.Sample
+	NVMLError string
 }
 
 // Stats copies the agent's state.
@@ -60,7 +65,7 @@ func (a *Agent) Stats(ctx context.Context) (*Stats, error) {
 
 func (a *Agent) stats() *Stats {
 	s := &Stats{Totals: a.totals, Events: a.res.Events, Lost: a.res.Lost, Counters: map[string]uint64{},
-		Stacks: len(a.stackMaps), Start: a.start}
+		Stacks: len(a.stackMaps), Start: a.start, NVML: a.res.NVML, NVMLError: a.res.NVMLError}
 	for k, v := range a.res.Counters {
 		s.Counters[k] = v
 	}

@@ -49,8 +49,15 @@ func startAgent(t *testing.T, ctx context.Context, args ...string) *runningAgent
 // startAgentArgs starts the agent with args only (no --lib).
 func startAgentArgs(t *testing.T, ctx context.Context, args ...string) *runningAgent {
 	t.Helper()
+	return startAgentEnv(t, ctx, nil, args...)
+}
+
+// startAgentEnv starts the agent with env added to this process's.
+func startAgentEnv(t *testing.T, ctx context.Context, env []string, args ...string) *runningAgent {
+	t.Helper()
 	args = append([]string{"agent", "--listen", "127.0.0.1:0"}, args...)
 	cmd := exec.CommandContext(ctx, tracerBin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
@@ -856,6 +863,46 @@ func TestAgentLateLibrary(t *testing.T) {
 	pid := strconv.Itoa(j.pid)
 	wantMetric(t, m, truth.Devices[1].Live, "cudatrace_live_bytes", "pid", pid, "gpu", "1", "level", "segment")
 	wantMetric(t, m, truth.Allocs, "cudatrace_allocations_total", "pid", pid, "level", "segment")
+	j.end(t)
+	ag.stop(t)
+}
+
+// TestAgentNVML: with NVML's stand-in, the driver's figures per device and
+// per process are exported beside the traced ones, labelled alike, and the
+// traced metrics get the device's UUID.
+func TestAgentNVML(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	ctx := testContext(t)
+	dir := t.TempDir()
+	procs := filepath.Join(dir, "nvml-procs")
+	ag := startAgentEnv(t, ctx, []string{"LD_LIBRARY_PATH=" + fakeNVMLDir, "FAKENVML_PROCS=" + procs},
+		"--lib", fakeLib, "--dump-dir", "")
+	j := startJob(t, ctx, filepath.Join(dir, "fake.log"))
+	j.do(t, "ok", "weights %d 1", 5000000)
+	// The driver charges the job its allocation and 300 MiB of context.
+	const driverOwn = 300 << 20
+	if err := os.WriteFile(procs, []byte(fmt.Sprintf("%d 1 %d\n", j.pid, 5000000+driverOwn)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pid := strconv.Itoa(j.pid)
+	var m []sample
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		m = parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
+		if v, ok := metric(t, m, "cudatrace_nvml_process_used_bytes", "pid", pid); ok && v == 5000000+driverOwn {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no cudatrace_nvml_process_used_bytes for pid %s within 10s", pid)
+		}
+	}
+	wantMetric(t, m, 1, "cudatrace_nvml_up")
+	wantMetric(t, m, 5000000+driverOwn, "cudatrace_nvml_process_used_bytes", "pid", pid, "gpu", "1", "UUID", "GPU-fake-1",
+		"comm", "agentload")
+	wantMetric(t, m, 5000000+driverOwn, "cudatrace_nvml_used_bytes", "gpu", "1", "UUID", "GPU-fake-1")
+	wantMetric(t, m, 16<<30, "cudatrace_nvml_total_bytes", "gpu", "0", "UUID", "GPU-fake-0")
+	wantMetric(t, m, 5000000, "cudatrace_live_bytes", "pid", pid, "gpu", "1", "UUID", "GPU-fake-1", "level", "segment")
 	j.end(t)
 	ag.stop(t)
 }

@@ -85,16 +85,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.events, err)
 		return
 	}
-	var gpus []agent.GPU
+	// The driver's view, when the agent has one. Its devices are NVML's
+	// indexes; the probes' are CUDA ordinals, the same unless a process
+	// reorders its devices (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER).
 	uuid := map[int32]string{}
-	if g := c.a.GPUs(); g != nil {
-		gpus, err = g.Devices(ctx)
-		up := 1.0
-		if err != nil {
-			up = 0
+	if s.NVML != nil || s.NVMLError != "" {
+		up := 0.0
+		if s.NVML != nil && s.NVMLError == "" {
+			up = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)
-		for _, d := range gpus {
+	}
+	if s.NVML != nil {
+		for _, d := range s.NVML.Devices {
 			uuid[int32(d.Index)] = d.UUID
 		}
 	}
@@ -174,19 +177,20 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.exited, s.Totals.ProcessesExited)
 	counter(c.dropped, s.Totals.TraceDropped)
 	gauge(c.stacks, uint64(s.Stacks))
-	for _, d := range gpus {
-		gpu := []string{strconv.Itoa(d.Index), d.UUID}
-		gauge(c.nvmlUsed, d.UsedBytes, gpu...)
-		gauge(c.nvmlTotal, d.TotalBytes, gpu...)
-		for _, p := range d.Processes {
-			pl := procLabels[p.PID]
-			if pl == nil {
-				pl = []string{strconv.FormatUint(uint64(p.PID), 10), "", "", ""}
+	if s.NVML != nil {
+		for _, d := range s.NVML.Devices {
+			gpu := []string{strconv.Itoa(d.Index), d.UUID}
+			gauge(c.nvmlUsed, d.Used, gpu...)
+			gauge(c.nvmlTotal, d.Total, gpu...)
+		}
+		if c.processLabels { // a series per process is what the flag turns off
+			for _, p := range s.NVML.Processes {
+				pl := procLabels[p.PID]
+				if pl == nil { // a process that made no traced call
+					pl = []string{strconv.FormatUint(uint64(p.PID), 10), "", "", ""}
+				}
+				gauge(c.nvmlProc, p.Used, with([]string{strconv.Itoa(p.Device), p.UUID}, pl[:1], pl[1:]...)...)
 			}
-			if !c.processLabels {
-				continue // a series per process is what the flag turns off
-			}
-			gauge(c.nvmlProc, p.UsedBytes, with(gpu, pl[:1], pl[1:]...)...)
 		}
 	}
 }

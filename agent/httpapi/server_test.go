@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,23 +12,23 @@ import (
 
 	"github.com/cudatrace/cudatrace/agent"
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
-// fakeGPUs is the NVML seam with fixed answers.
-type fakeGPUs struct{}
-
-func (fakeGPUs) Devices(context.Context) ([]agent.GPU, error) {
-	return []agent.GPU{{Index: 0, UUID: "GPU-aaaa", UsedBytes: 500, TotalBytes: 1000,
-		Processes: []agent.GPUProcess{{PID: uint32(os.Getpid()), UsedBytes: 300}}}}, nil
+// nvmlSample is the driver's view the session hands over: one device,
+// and the traced process on it.
+var nvmlSample = &gpustat.Sample{
+	Devices:   []gpustat.Device{{Index: 0, UUID: "GPU-aaaa", Total: 1000, Used: 500, Free: 500}},
+	Processes: []gpustat.ProcessUsage{{PID: uint32(os.Getpid()), Device: 0, UUID: "GPU-aaaa", Used: 300}},
 }
 
 // serve runs an agent fed with one process's events, ticking as a session
 // does, behind the HTTP handler.
 func serve(t *testing.T, opts Options) *httptest.Server {
 	t.Helper()
-	a := agent.New(agent.Options{NoSymbolize: true, GPUs: fakeGPUs{}})
+	a := agent.New(agent.Options{NoSymbolize: true})
 	ledger := events.NewLedger()
 	pid := uint32(os.Getpid())
 	stop := make(chan struct{})
@@ -53,7 +52,7 @@ func serve(t *testing.T, opts Options) *httptest.Server {
 			case <-stop:
 				return
 			case <-tick.C:
-				a.Tick(&record.Result{Ledger: ledger, Events: 4, Lost: 2})
+				a.Tick(&record.Result{Ledger: ledger, Events: 4, Lost: 2, NVML: nvmlSample})
 			}
 		}
 	}()
@@ -103,6 +102,7 @@ func TestMetrics(t *testing.T) {
 		`cudatrace_nvml_used_bytes{UUID="GPU-aaaa",gpu="0"} 500`,
 		`cudatrace_nvml_total_bytes{UUID="GPU-aaaa",gpu="0"} 1000`,
 		`cudatrace_nvml_process_used_bytes{UUID="GPU-aaaa",comm="job",container="",gpu="0",` + pid + `} 300`,
+		"cudatrace_nvml_up 1",
 		"# TYPE cudatrace_allocations_total counter",
 		"# TYPE cudatrace_live_bytes gauge",
 	} {

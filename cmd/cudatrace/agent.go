@@ -14,6 +14,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/agent"
 	"github.com/cudatrace/cudatrace/agent/httpapi"
+	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/record"
 )
@@ -29,6 +30,7 @@ type agentFlags struct {
 	processLabels bool
 	ringSize      string
 	noSymbolize   bool
+	nvml          bool
 }
 
 func newAgentCmd() *cobra.Command {
@@ -88,6 +90,7 @@ Off loopback, requests need a bearer token (--token-file), unless
 	fl.BoolVar(&f.processLabels, "process-labels", true, "label metrics with pid, comm, container and pod (off: summed per GPU)")
 	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
+	fl.BoolVar(&f.nvml, "nvml", true, "export what the driver reports (NVML) beside what was traced")
 	return cmd
 }
 
@@ -141,6 +144,9 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 		}
 	}()
 	opts := record.Options{Libs: f.libs, All: true, Version: version, Stderr: stderr, Observer: a}
+	if f.nvml {
+		opts.NVML = gpustat.Open
+	}
 	opts.Tracer.RingBytes = ring
 	res, err := record.Run(ctx, opts)
 	if err != nil {
