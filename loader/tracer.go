@@ -32,6 +32,12 @@ type Options struct {
 	PollInterval time.Duration
 	// MaxInflight bounds calls remembered between entry and return.
 	MaxInflight uint32
+	// StackWindow is how many bytes of user stack each allocation record
+	// carries, from the stack pointer up, for unwinding code built without
+	// frame pointers (CPython, libtorch, libcudart) in user space: a
+	// multiple of 4096 up to MaxStackWindow. 0 picks DefaultStackWindow;
+	// a negative value copies none (frame-pointer stacks only).
+	StackWindow int
 }
 
 const (
@@ -39,6 +45,11 @@ const (
 	DefaultWakeupBytes  = 1 << 20
 	DefaultPollInterval = 50 * time.Millisecond
 	DefaultMaxInflight  = 16384
+	// DefaultStackWindow: 16 KiB held every frame of the vmtest chains and
+	// of CPython's eval loop a few calls deep; docs/benchmarks.md has what
+	// the copy costs per event.
+	DefaultStackWindow = 16 << 10
+	MaxStackWindow     = 64 << 10 // CT_MAX_WINDOW
 )
 
 func (o *Options) defaults() {
@@ -53,6 +64,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxInflight == 0 {
 		o.MaxInflight = DefaultMaxInflight
+	}
+	if o.StackWindow == 0 {
+		o.StackWindow = DefaultStackWindow
 	}
 }
 
@@ -72,6 +86,10 @@ type Tracer struct {
 // New loads the BPF programs. It attaches nothing yet.
 func New(opts Options) (*Tracer, error) {
 	opts.defaults()
+	window := uint32(max(opts.StackWindow, 0))
+	if window%4096 != 0 || window > MaxStackWindow {
+		return nil, fmt.Errorf("stack window of %d bytes: must be a multiple of 4096 up to %d", opts.StackWindow, MaxStackWindow)
+	}
 	spec, err := bpf.LoadCudatrace()
 	if err != nil {
 		return nil, fmt.Errorf("load BPF spec: %w", err)
@@ -80,6 +98,7 @@ func New(opts Options) (*Tracer, error) {
 		bpf.CudatraceVarFilterPids:  boolByte(opts.FilterPIDs),
 		bpf.CudatraceVarFollowForks: boolByte(opts.FollowForks),
 		bpf.CudatraceVarWakeupBytes: opts.WakeupBytes,
+		bpf.CudatraceVarStackWindow: window,
 	}
 	for name, v := range set {
 		if err := spec.Variables[name].Set(v); err != nil {

@@ -24,6 +24,7 @@ type recordFlags struct {
 	duration time.Duration
 	output   string
 	ringSize string
+	window   string
 	quiet    bool
 	exports  []string // FORMAT=FILE
 }
@@ -82,6 +83,7 @@ A command still running when recording stops gets SIGTERM after 2 seconds.`,
 	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (e.g. 30s, 5m)")
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
 	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
+	fl.StringVar(&f.window, "stack-window", "16KiB", "user stack copied per allocation to unwind code without frame pointers: a multiple of 4KiB up to 64KiB, 0 for frame-pointer stacks only")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
 	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE (pprof, memviz, perfetto, json; repeatable)")
 	fl.SetInterspersed(false)
@@ -96,6 +98,11 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	ring, err := parseSize(f.ringSize)
 	if err != nil {
 		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
+	}
+	window, err := parseWindow(f.window)
+	if err != nil {
+		return hint.Wrap(fmt.Errorf("--stack-window %q: %w", f.window, err),
+			"e.g. --stack-window 32KiB for deep native stacks, or 0 to copy none")
 	}
 	exports, err := parseExports(f.exports)
 	if err != nil {
@@ -123,6 +130,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		LaunchHelper: []string{exe, launchCmdName},
 	}
 	opts.Tracer.RingBytes = ring
+	opts.Tracer.StackWindow = window
 	res, err := record.Run(cmd.Context(), opts)
 	if err != nil {
 		return err
@@ -182,9 +190,39 @@ func exitCode(c int) int {
 	return c
 }
 
+// parseWindow reads --stack-window: 0, or a multiple of 4 KiB up to
+// loader.MaxStackWindow. 0 becomes the loader's "none".
+func parseWindow(s string) (int, error) {
+	v, err := parseBytes(s)
+	if err != nil {
+		return 0, err
+	}
+	if v%4096 != 0 || v > loader.MaxStackWindow {
+		return 0, fmt.Errorf("must be 0 or a multiple of 4KiB up to %dKiB", loader.MaxStackWindow>>10)
+	}
+	if v == 0 {
+		return -1, nil
+	}
+	return int(v), nil
+}
+
 // parseSize reads a byte count with an optional K/M/G (or KiB/MiB/GiB)
 // suffix, 1024-based, and requires a power of two of at least a page.
 func parseSize(s string) (uint32, error) {
+	v, err := parseBytes(s)
+	if err != nil {
+		return 0, err
+	}
+	page := uint64(os.Getpagesize())
+	if v < page || v > 1<<30 || v&(v-1) != 0 {
+		return 0, fmt.Errorf("must be a power of two between %d bytes and 1GiB", page)
+	}
+	return uint32(v), nil
+}
+
+// parseBytes reads a byte count with an optional K/M/G (or KiB/MiB/GiB)
+// suffix, 1024-based.
+func parseBytes(s string) (uint64, error) {
 	t := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
 	mult := uint64(1)
 	if n := len(t); n > 0 {
@@ -201,10 +239,8 @@ func parseSize(s string) (uint32, error) {
 	if err != nil {
 		return 0, errors.New("not a size")
 	}
-	v *= mult
-	page := uint64(os.Getpagesize())
-	if v < page || v > 1<<30 || v&(v-1) != 0 {
-		return 0, fmt.Errorf("must be a power of two between %d bytes and 1GiB", page)
+	if v > 1<<40 {
+		return 0, errors.New("too large")
 	}
-	return uint32(v), nil
+	return v * mult, nil
 }
