@@ -413,17 +413,21 @@ func binop(op uint8, a, b uint64) uint64 {
 }
 
 // Merge chooses between a frame-pointer stack and one unwound from CFI,
-// both starting at the same instruction. Where the CFI unwind stopped short
-// (the window ended, a file without CFI) and its last frame is also in the
-// frame-pointer stack, the frame-pointer frames past it continue it: they
-// climbed the same chain. The deeper of the two is returned, the CFI one
-// on a tie (it is right through code without frame pointers, where the
-// frame-pointer walk reads a stale rbp).
+// both starting at the same instruction. A CFI unwind that reached the end
+// of the stack is complete and wins: through code without frame pointers
+// the frame-pointer walk follows a stale rbp and may even go "deeper" on
+// garbage. Where the CFI unwind stopped short (the window ended, a file
+// without CFI) and its last frame is also in the frame-pointer stack, the
+// frame-pointer frames past it continue it: they climbed the same chain.
+// Otherwise the deeper of the two is returned, the CFI one on a tie.
 func Merge(fp, cfi []uint64, stop Stop) []uint64 {
 	if len(cfi) == 0 {
 		return fp
 	}
-	if stop.Kind != StopEnd && len(cfi) > 1 {
+	if stop.Kind == StopEnd {
+		return cfi
+	}
+	if len(cfi) > 1 {
 		last := cfi[len(cfi)-1]
 		for i := 1; i < len(fp); i++ {
 			if fp[i] == last {
