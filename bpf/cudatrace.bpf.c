@@ -33,6 +33,11 @@ const volatile __u64 wakeup_bytes = 1 << 20; // wake the reader only past this m
 // user space: 0, or a multiple of CT_PAGE up to CT_MAX_WINDOW. The verifier
 // sees it as a constant, so records are reserved at the size it makes.
 const volatile __u32 stack_window = 0;
+// 1: stop each process at its first record until the reader has read its
+// mappings (see wakeup_flags). Set for launched commands.
+const volatile __u8 hold_new = 0;
+
+#define CT_SIGSTOP 19
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -171,11 +176,20 @@ static __always_inline __s32 current_device(__u32 tid)
 	return d ? *d : 0;
 }
 
-static __always_inline __u64 wakeup_flags(__u32 tgid)
+// wakeup_flags says how to submit e. A process's first record wakes the
+// reader at once so it can read /proc/PID/maps before a short-lived
+// process is gone; with hold_new it also stops the process (SIGSTOP, on its
+// way back to user space) and flags the record, and the reader sends
+// SIGCONT once it has read the mappings: a process that exits right after
+// its first allocation still symbolizes.
+static __always_inline __u64 wakeup_flags(struct ct_event *e)
 {
 	__u8 one = 1;
+	__u32 tgid = e->pid;
 	if (bpf_map_lookup_elem(&seen, &tgid) == NULL) {
 		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
+		if (hold_new && bpf_send_signal(CT_SIGSTOP) == 0)
+			e->flags |= CT_F_HELD;
 		return BPF_RB_FORCE_WAKEUP;
 	}
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
@@ -436,7 +450,7 @@ int ct_exit(struct pt_regs *ctx)
 		e->h.flags |= CT_F_STACK_TRUNC;
 	user_window(ctx, e);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(e->h.pid));
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
 	bpf_map_delete_elem(&last_free, &tid);
 	return 0;
 }
@@ -627,7 +641,7 @@ int ct_usdt(struct pt_regs *ctx)
 		e->nframes = 0;
 		fill_common(e, id);
 		count(CT_CNT_EVENTS);
-		bpf_ringbuf_submit(e, wakeup_flags(id >> 32));
+		bpf_ringbuf_submit(e, wakeup_flags(e));
 		return 0;
 	}
 	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
@@ -651,7 +665,7 @@ int ct_usdt(struct pt_regs *ctx)
 		e->h.flags |= CT_F_STACK_TRUNC;
 	user_window(ctx, e);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(id >> 32));
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
 	return 0;
 }
 
@@ -694,7 +708,7 @@ int ct_free_enter(struct pt_regs *ctx)
 	e->nframes = 0;
 	fill_common(e, id);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(tgid));
+	bpf_ringbuf_submit(e, wakeup_flags(e));
 	return 0;
 }
 

@@ -36,6 +36,7 @@ enum ct_flags {
 	CT_F_ENTRY_ONLY = 1 << 0,  // recorded at entry (frees): no result, no duration
 	CT_F_STACK_TRUNC = 1 << 1, // every frame slot was used
 	CT_F_WINDOW = 1 << 2,      // a struct ct_ustack and its bytes follow stack[nframes]
+	CT_F_HELD = 1 << 3,        // the process's first record: it was stopped (SIGSTOP) until its mappings are read
 };
 
 // Loss and health counters, a per-CPU array indexed by these.

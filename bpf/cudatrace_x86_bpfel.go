@@ -126,6 +126,7 @@ const (
 	CudatraceProgCtVmmCreateEnter  = "ct_vmm_create_enter"
 	CudatraceVarFilterPids         = "filter_pids"
 	CudatraceVarFollowForks        = "follow_forks"
+	CudatraceVarHoldNew            = "hold_new"
 	CudatraceVarStackWindow        = "stack_window"
 	CudatraceVarUnusedCtAllocEvent = "unused_ct_alloc_event"
 	CudatraceVarUnusedCtUsdtSpec   = "unused_ct_usdt_spec"
@@ -215,6 +216,7 @@ type CudatraceMapSpecs struct {
 type CudatraceVariableSpecs struct {
 	FilterPids         *ebpf.VariableSpec `ebpf:"filter_pids"`
 	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
+	HoldNew            *ebpf.VariableSpec `ebpf:"hold_new"`
 	StackWindow        *ebpf.VariableSpec `ebpf:"stack_window"`
 	UnusedCtAllocEvent *ebpf.VariableSpec `ebpf:"unused_ct_alloc_event"`
 	UnusedCtUsdtSpec   *ebpf.VariableSpec `ebpf:"unused_ct_usdt_spec"`
@@ -277,6 +279,7 @@ func (m *CudatraceMaps) Close() error {
 type CudatraceVariables struct {
 	FilterPids         *ebpf.Variable `ebpf:"filter_pids"`
 	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
+	HoldNew            *ebpf.Variable `ebpf:"hold_new"`
 	StackWindow        *ebpf.Variable `ebpf:"stack_window"`
 	UnusedCtAllocEvent *ebpf.Variable `ebpf:"unused_ct_alloc_event"`
 	UnusedCtUsdtSpec   *ebpf.Variable `ebpf:"unused_ct_usdt_spec"`

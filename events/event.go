@@ -34,6 +34,7 @@ const (
 	FlagEntryOnly  uint16 = 1 << 0 // recorded at entry: no result, no duration
 	FlagStackTrunc uint16 = 1 << 1 // the stack filled every frame slot and may go deeper
 	FlagWindow     uint16 = 1 << 2 // registers and a window of user stack follow the frames
+	FlagHeld       uint16 = 1 << 3 // the process's first record: BPF stopped it (SIGSTOP) for the reader to read its mappings
 )
 
 // End is when the call's effect on memory takes hold: frees at entry (the

@@ -38,6 +38,12 @@ type Options struct {
 	// multiple of 4096 up to MaxStackWindow. 0 picks DefaultStackWindow;
 	// a negative value copies none (frame-pointer stacks only).
 	StackWindow int
+	// HoldNew stops each traced process at its first record (SIGSTOP from
+	// BPF, the record flagged events.FlagHeld) until the reader has read
+	// its mappings and sends SIGCONT, so that a process exiting right after
+	// its first allocation still symbolizes. For launched commands: a
+	// process some shell runs with job control would be seen stopping.
+	HoldNew bool
 }
 
 const (
@@ -99,6 +105,7 @@ func New(opts Options) (*Tracer, error) {
 		bpf.CudatraceVarFollowForks: boolByte(opts.FollowForks),
 		bpf.CudatraceVarWakeupBytes: opts.WakeupBytes,
 		bpf.CudatraceVarStackWindow: window,
+		bpf.CudatraceVarHoldNew:     boolByte(opts.HoldNew),
 	}
 	for name, v := range set {
 		if err := spec.Variables[name].Set(v); err != nil {

@@ -93,6 +93,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	topts := opts.Tracer
 	topts.FilterPIDs = !opts.All
 	topts.FollowForks = true
+	// A launched command's processes are ours to pause for the moment it
+	// takes to read their mappings (see loader.Options.HoldNew).
+	topts.HoldNew = len(opts.Command) > 0
 	tr, err := loader.New(topts)
 	if err != nil {
 		return nil, hint.Wrap(err, "check `dmesg` and that the kernel has BTF and uprobes (CONFIG_UPROBE_EVENTS)")

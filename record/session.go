@@ -186,6 +186,13 @@ func (s *session) Record(raw []byte) {
 		ps.recapture++
 		s.capture(ev.PID, ps)
 	}
+	if ev.Flags&events.FlagHeld != 0 {
+		// BPF stopped the process at this record for the capture above
+		// (or for one made earlier, if BPF forgot the process): let it go.
+		if err := syscall.Kill(int(ev.PID), syscall.SIGCONT); err != nil && err != syscall.ESRCH {
+			s.warn(fmt.Errorf("resume pid %d after reading its mappings: %w", ev.PID, err))
+		}
+	}
 	if s.w != nil {
 		// Only the frames the stack filled: an allocation record reserves
 		// room for all 127 of them.

@@ -1,0 +1,192 @@
+package vmtest
+
+import (
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// omitFPChain builds testdata/omitfp_*.c, every file -O2
+// -fomit-frame-pointer -g, into dir: an executable and two libraries over
+// the runtime stand-in. lib2 is left as built ("full"), stripped to .dynsym
+// ("dynsym"), or stripped with only MiniDebugInfo ("mini", Fedora's recipe).
+func omitFPChain(t *testing.T, dir, lib2 string) string {
+	t.Helper()
+	src := func(name string) string { p, _ := filepath.Abs(filepath.Join("testdata", name)); return p }
+	run := func(name string, args ...string) {
+		t.Helper()
+		cmd := exec.Command(name, args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+	}
+	cflags := []string{"-O2", "-fomit-frame-pointer", "-g", "-Wall"}
+	lib2Path := filepath.Join(dir, "libomit2.so")
+	run("gcc", append(cflags, "-shared", "-fPIC", "-Wl,-soname,libomit2.so", "-o", lib2Path, src("omitfp_lib2.c"))...)
+	run("gcc", append(cflags, "-shared", "-fPIC", "-Wl,-soname,libomit1.so", "-o", filepath.Join(dir, "libomit1.so"),
+		src("omitfp_lib1.c"), "-L"+dir, "-lomit2", "-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+dir+":"+fakeLibDir)...)
+	exe := filepath.Join(dir, "omitfp")
+	run("gcc", append(cflags, "-o", exe, src("omitfp_main.c"), "-L"+dir, "-lomit1", "-lomit2",
+		"-Wl,-rpath,"+dir+":"+fakeLibDir)...)
+	switch lib2 {
+	case "dynsym":
+		run("strip", "--strip-all", lib2Path)
+	case "mini":
+		// The functions .dynsym lacks, from the full symbol table, in an
+		// xz-compressed ELF in .gnu_debugdata; the rest stripped.
+		f, err := elf.Open(lib2Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		syms, _ := f.Symbols()
+		dyn, _ := f.DynamicSymbols()
+		f.Close()
+		exported := map[string]bool{}
+		for _, s := range dyn {
+			exported[s.Name] = true
+		}
+		var keep []string
+		for _, s := range syms {
+			if elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Section != elf.SHN_UNDEF && !exported[s.Name] {
+				keep = append(keep, s.Name)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "keep"), []byte(strings.Join(keep, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		run("objcopy", "--only-keep-debug", lib2Path, "lib2.debug")
+		run("objcopy", "-S", "--remove-section", ".gdb_index", "--remove-section", ".comment",
+			"--keep-symbols=keep", "lib2.debug", "mini")
+		run("xz", "-f", "mini")
+		run("strip", "--strip-all", lib2Path)
+		run("objcopy", "--add-section", ".gnu_debugdata=mini.xz", lib2Path)
+	}
+	return exe
+}
+
+// markedLine finds the line of testdata/file marked "// LINE:tag".
+func markedLine(t *testing.T, file, tag string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range strings.Split(string(b), "\n") {
+		if strings.HasSuffix(l, "// LINE:"+tag) {
+			return i + 1
+		}
+	}
+	t.Fatalf("no LINE:%s in %s", tag, file)
+	return 0
+}
+
+// recordOneStack records exe, which allocates once and exits, and returns
+// the frames of its one stack as "function file:line" strings.
+func recordOneStack(t *testing.T, exe string, args ...string) []string {
+	t.Helper()
+	ctx := testContext(t)
+	dir := filepath.Dir(exe)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "omitfp.trace")
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+		append(append([]string{"--lib", fakeLib, "-o", trace}, args...), "--", exe)...)
+	rec.finish(t, 30*time.Second)
+	want := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	if p := rep.process(want.PID); p == nil || p.Allocs != 1 {
+		t.Fatalf("report has process %+v, want pid %d with 1 allocation", p, want.PID)
+	}
+	var stacks []reportStack
+	for _, s := range rep.Stacks {
+		if s.PID == want.PID {
+			stacks = append(stacks, s)
+		}
+	}
+	if len(stacks) != 1 || stacks[0].Allocs != 1 {
+		t.Fatalf("%d stacks for pid %d, want one of 1 allocation: %+v", len(stacks), want.PID, stacks)
+	}
+	var out []string
+	for _, f := range stacks[0].Frames {
+		out = append(out, frameString(f.Function, f.File, f.Line))
+	}
+	return out
+}
+
+func frameString(fn, file string, line int) string {
+	if file == "" {
+		return fn
+	}
+	return fmt.Sprintf("%s %s:%d", fn, filepath.Base(file), line)
+}
+
+// TestUnwindOmitFramePointer: an allocation at the end of a call chain
+// built without frame pointers, through two shared libraries and back,
+// in a process that exits right after it, is reported with every function
+// and its file:line, in order, from the stack window the BPF program
+// copied; the frame-pointer walk alone does not find them. A library
+// stripped to .dynsym still names its exported functions (and no wrong
+// name for its static one), and one with only MiniDebugInfo names both.
+func TestUnwindOmitFramePointer(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	for _, tool := range []string{"gcc", "strip", "objcopy", "xz"} {
+		requireTool(t, tool)
+	}
+	lines := map[string]int{}
+	for _, tag := range []struct{ file, fn string }{
+		{"omitfp_lib1.c", "lib1_inner"}, {"omitfp_lib2.c", "lib2_hidden"}, {"omitfp_lib2.c", "lib2_middle"},
+		{"omitfp_lib1.c", "lib1_outer"}, {"omitfp_main.c", "main"},
+	} {
+		lines[tag.fn] = markedLine(t, tag.file, tag.fn)
+	}
+	full := []string{
+		frameString("lib1_inner", "omitfp_lib1.c", lines["lib1_inner"]),
+		frameString("lib2_hidden", "omitfp_lib2.c", lines["lib2_hidden"]),
+		frameString("lib2_middle", "omitfp_lib2.c", lines["lib2_middle"]),
+		frameString("lib1_outer", "omitfp_lib1.c", lines["lib1_outer"]),
+		frameString("main", "omitfp_main.c", lines["main"]),
+	}
+	for _, c := range []struct {
+		lib2, window string
+		want         []string
+	}{
+		{"full", "", full},
+		{"dynsym", "", []string{full[0], "", "lib2_middle", full[3], full[4]}},
+		{"mini", "", []string{full[0], "lib2_hidden", "lib2_middle", full[3], full[4]}},
+		{"full", "0", nil}, // frame pointers only
+	} {
+		name := c.lib2
+		if c.window != "" {
+			name += "/window=" + c.window
+		}
+		t.Run(name, func(t *testing.T) {
+			exe := omitFPChain(t, t.TempDir(), c.lib2)
+			var args []string
+			if c.window != "" {
+				args = []string{"--stack-window", c.window}
+			}
+			got := recordOneStack(t, exe, args...)
+			if c.want == nil {
+				// Without the window the frame-pointer walk cannot climb
+				// this chain: the test above proves the unwinder, not luck.
+				if len(got) >= len(full) && strings.Join(got[:len(full)], "\n") == strings.Join(full, "\n") {
+					t.Fatalf("the frame-pointer walk alone found the whole chain: %q", got)
+				}
+				return
+			}
+			if len(got) < len(c.want) || strings.Join(got[:len(c.want)], "\n") != strings.Join(c.want, "\n") {
+				t.Fatalf("stack, innermost first:\n  got  %q\n  want %q (then libc's start code)", got, c.want)
+			}
+			// Below main: __libc_start_call_main, __libc_start_main, _start.
+			if len(got) > len(c.want)+3 {
+				t.Errorf("%d frames below main: %q", len(got)-len(c.want), got[len(c.want):])
+			}
+		})
+	}
+}
