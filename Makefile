@@ -31,7 +31,7 @@ test-unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /vmtest)
 
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem ./events/ ./tracefile/ ./symbolize/ ./export/
+	$(GO) test -run '^$$' -bench . -benchmem ./events/ ./tracefile/ ./symbolize/ ./unwind/ ./export/
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
 
 lint:

@@ -65,9 +65,19 @@ func (u *Unwinder) Close() error {
 	return errors.Join(errs...)
 }
 
-// Maps is a process's executable mappings sorted for lookup. Build it once
-// per capture of the process.
-type Maps struct{ m []proc.Mapping }
+// Maps is a process's executable mappings sorted for lookup, with each
+// one's table once looked up. Build it once per capture of the process. It
+// is not safe for concurrent use.
+type Maps struct {
+	m    []proc.Mapping
+	tabs []tabSlot
+}
+
+type tabSlot struct {
+	done bool
+	t    *table
+	err  error
+}
 
 // NewMaps keeps the executable mappings of maps, sorted.
 func NewMaps(maps []proc.Mapping) *Maps {
@@ -78,15 +88,15 @@ func NewMaps(maps []proc.Mapping) *Maps {
 		}
 	}
 	sort.Slice(m, func(i, j int) bool { return m[i].Start < m[j].Start })
-	return &Maps{m: m}
+	return &Maps{m: m, tabs: make([]tabSlot, len(m))}
 }
 
-func (m *Maps) find(pc uint64) *proc.Mapping {
+func (m *Maps) find(pc uint64) int {
 	i := sort.Search(len(m.m), func(i int) bool { return m.m[i].End > pc })
 	if i == len(m.m) || pc < m.m[i].Start {
-		return nil
+		return -1
 	}
-	return &m.m[i]
+	return i
 }
 
 // Stop says why an unwind ended.
@@ -124,11 +134,17 @@ func (u *Unwinder) Unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 	bpOK := true
 	pcs = append(pcs, pc)
 	for len(pcs) < MaxFrames {
-		m := maps.find(pc)
-		if m == nil || !m.File() {
+		i := maps.find(pc)
+		if i < 0 || !maps.m[i].File() {
 			return pcs, Stop{StopNoMapping, fmt.Sprintf("%#x is in no mapped file", pc)}
 		}
-		t, err := u.table(m)
+		m := &maps.m[i]
+		slot := &maps.tabs[i]
+		if !slot.done {
+			slot.t, slot.err = u.table(m)
+			slot.done = true
+		}
+		t, err := slot.t, slot.err
 		if err != nil {
 			return pcs, Stop{StopNoCFI, fmt.Sprintf("%s: %v", m.Path, err)}
 		}
