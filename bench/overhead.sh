@@ -32,7 +32,7 @@ bpftrace_run() {
 	bpftrace -e "$1" >"$W/bt.out" 2>&1 &
 	local bt=$!
 	for _ in $(seq 200); do grep -q Attaching "$W/bt.out" && break; sleep 0.05; done
-	sleep 0.2
+	sleep 1 # "Attaching" comes before the probes are in; under load 0.2 s was once too short
 	"$W/loop" "$PAIRS" >"$2"
 	kill -INT $bt; wait $bt || true
 }

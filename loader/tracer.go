@@ -467,7 +467,7 @@ func Lost(c map[string]uint64) uint64 {
 func LossHint(c map[string]uint64) string {
 	var parts []string
 	if n := c["ringbuf_full"]; n > 0 {
-		parts = append(parts, fmt.Sprintf("%d with the ring buffer full: raise --ring-size", n))
+		parts = append(parts, fmt.Sprintf("%d with the ring buffer full: raise --ring-size (each allocation record holds its stack window: a smaller --stack-window fits more)", n))
 	}
 	if n := c["inflight_full"]; n > 0 {
 		parts = append(parts, fmt.Sprintf("%d with %d calls already in flight: too many threads inside CUDA calls at once", n, DefaultMaxInflight))

@@ -15,7 +15,10 @@ import (
 // -fomit-frame-pointer -g, into dir: an executable and two libraries over
 // the runtime stand-in. lib2 is left as built ("full"), stripped to .dynsym
 // ("dynsym"), or stripped with only MiniDebugInfo ("mini", Fedora's recipe).
-func omitFPChain(t *testing.T, dir, lib2 string) string {
+// With nested, lib1 calls the runtime over the driver stand-in (libnestrt:
+// cudaMalloc calls cuMemAlloc_v2, both probed) instead of the runtime
+// stand-in.
+func omitFPChain(t *testing.T, dir, lib2 string, nested bool) string {
 	t.Helper()
 	src := func(name string) string { p, _ := filepath.Abs(filepath.Join("testdata", name)); return p }
 	run := func(name string, args ...string) {
@@ -29,11 +32,18 @@ func omitFPChain(t *testing.T, dir, lib2 string) string {
 	cflags := []string{"-O2", "-fomit-frame-pointer", "-g", "-Wall"}
 	lib2Path := filepath.Join(dir, "libomit2.so")
 	run("gcc", append(cflags, "-shared", "-fPIC", "-Wl,-soname,libomit2.so", "-o", lib2Path, src("omitfp_lib2.c"))...)
-	run("gcc", append(cflags, "-shared", "-fPIC", "-Wl,-soname,libomit1.so", "-o", filepath.Join(dir, "libomit1.so"),
-		src("omitfp_lib1.c"), "-L"+dir, "-lomit2", "-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+dir+":"+fakeLibDir)...)
+	runtime := []string{"-L" + fakeLibDir, "-lcudart"}
+	if nested {
+		runtime = []string{nestRuntime, fakeDriver}
+	}
+	run("gcc", append(append(cflags, "-shared", "-fPIC", "-Wl,-soname,libomit1.so", "-o", filepath.Join(dir, "libomit1.so"),
+		src("omitfp_lib1.c"), "-L"+dir, "-lomit2"), append(runtime, "-Wl,-rpath,"+dir+":"+fakeLibDir)...)...)
 	exe := filepath.Join(dir, "omitfp")
-	run("gcc", append(cflags, "-o", exe, src("omitfp_main.c"), "-L"+dir, "-lomit1", "-lomit2",
-		"-Wl,-rpath,"+dir+":"+fakeLibDir)...)
+	// The executable names the runtime too: its run path, not the system's
+	// (where NVIDIA's real libcuda.so.1 is), must resolve libnestrt's
+	// libcuda.so.1.
+	run("gcc", append(append(cflags, "-o", exe, src("omitfp_main.c"), "-L"+dir, "-lomit1", "-lomit2", "-Wl,--no-as-needed"),
+		append(runtime, "-Wl,-rpath,"+dir+":"+fakeLibDir)...)...)
 	switch lib2 {
 	case "dynsym":
 		run("strip", "--strip-all", lib2Path)
@@ -86,15 +96,19 @@ func markedLine(t *testing.T, file, tag string) int {
 	return 0
 }
 
-// recordOneStack records exe, which allocates once and exits, and returns
-// the frames of its one stack as "function file:line" strings.
-func recordOneStack(t *testing.T, exe string, args ...string) []string {
+// recordOneStack records exe, which allocates once and exits, probing
+// libs, and returns the frames of its one stack as "function file:line"
+// strings.
+func recordOneStack(t *testing.T, exe string, libs []string, args ...string) []string {
 	t.Helper()
 	ctx := testContext(t)
 	dir := filepath.Dir(exe)
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "omitfp.trace")
+	for _, l := range libs {
+		args = append(args, "--lib", l)
+	}
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
-		append(append([]string{"--lib", fakeLib, "-o", trace}, args...), "--", exe)...)
+		append(append([]string{"-o", trace}, args...), "--", exe)...)
 	rec.finish(t, 30*time.Second)
 	want := onlyTruth(t, log, "")
 	rep := runReport(t, ctx, trace)
@@ -131,6 +145,11 @@ func frameString(fn, file string, line int) string {
 // copied; the frame-pointer walk alone does not find them. A library
 // stripped to .dynsym still names its exported functions (and no wrong
 // name for its static one), and one with only MiniDebugInfo names both.
+// Through a runtime that calls the driver (both probed: the driver call's
+// uretprobe is pending inside the runtime's), the stack is the same: it is
+// taken at the outer call's return, where no trampoline of ours is left
+// above the stack pointer and the kernel has put the real return address
+// in the instruction pointer.
 func TestUnwindOmitFramePointer(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
@@ -154,24 +173,33 @@ func TestUnwindOmitFramePointer(t *testing.T) {
 	}
 	for _, c := range []struct {
 		lib2, window string
+		nested       bool
 		want         []string
 	}{
-		{"full", "", full},
-		{"dynsym", "", []string{full[0], "", "lib2_middle", full[3], full[4]}},
-		{"mini", "", []string{full[0], "lib2_hidden", "lib2_middle", full[3], full[4]}},
-		{"full", "0", nil}, // frame pointers only
+		{"full", "", false, full},
+		{"dynsym", "", false, []string{full[0], "", "lib2_middle", full[3], full[4]}},
+		{"mini", "", false, []string{full[0], "lib2_hidden", "lib2_middle", full[3], full[4]}},
+		{"full", "", true, full},
+		{"full", "0", false, nil}, // frame pointers only
 	} {
 		name := c.lib2
+		if c.nested {
+			name += "/nested"
+		}
 		if c.window != "" {
 			name += "/window=" + c.window
 		}
 		t.Run(name, func(t *testing.T) {
-			exe := omitFPChain(t, t.TempDir(), c.lib2)
+			exe := omitFPChain(t, t.TempDir(), c.lib2, c.nested)
 			var args []string
 			if c.window != "" {
 				args = []string{"--stack-window", c.window}
 			}
-			got := recordOneStack(t, exe, args...)
+			libs := []string{fakeLib}
+			if c.nested {
+				libs = []string{nestRuntime, fakeDriver}
+			}
+			got := recordOneStack(t, exe, libs, args...)
 			if c.want == nil {
 				// Without the window the frame-pointer walk cannot climb
 				// this chain: the test above proves the unwinder, not luck.
@@ -186,6 +214,69 @@ func TestUnwindOmitFramePointer(t *testing.T) {
 			// Below main: __libc_start_call_main, __libc_start_main, _start.
 			if len(got) > len(c.want)+3 {
 				t.Errorf("%d frames below main: %q", len(got)-len(c.want), got[len(c.want):])
+			}
+		})
+	}
+}
+
+// TestUnwindCPython: CPython 3.10 to 3.13 (pyenv's builds, without frame
+// pointers) allocating through ctypes. The frame-pointer walk stops within
+// libffi; unwinding the stack window reaches the interpreter loop and
+// Python's main, through libffi, _ctypes and libpython, in order.
+// (Python's own frames, file:line:function, are not recorded yet.)
+func TestUnwindCPython(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pynested.py"))
+	// Innermost first; other frames may come between these.
+	want := []string{"ffi_call", "_ctypes_callproc", "_PyEval_EvalFrameDefault", "Py_RunMain", "Py_BytesMain", "__libc_start_main", "_start"}
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+			if len(found) == 0 {
+				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
+				return
+			}
+			py := found[0]
+			ctx := testContext(t)
+			dir := t.TempDir()
+			for _, window := range []string{"", "0"} {
+				log, trace := filepath.Join(dir, "fake"+window+".log"), filepath.Join(dir, "py"+window+".trace")
+				args := []string{"--lib", fakeLib, "-o", trace}
+				if window != "" {
+					args = append(args, "--stack-window", window)
+				}
+				rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, append(args, "--", py, script, fakeLib)...)
+				rec.finish(t, 30*time.Second)
+				truth := onlyTruth(t, log, "")
+				rep := runReport(t, ctx, trace)
+				var fns []string
+				n := 0
+				for _, s := range rep.Stacks {
+					if s.PID == truth.PID {
+						n++
+						for _, f := range s.Frames {
+							fns = append(fns, f.Function)
+						}
+					}
+				}
+				if n != 1 {
+					t.Fatalf("window %q: %d stacks for pid %d, want 1", window, n, truth.PID)
+				}
+				// The wanted functions, in order, as a subsequence.
+				i := 0
+				for _, fn := range fns {
+					if i < len(want) && fn == want[i] {
+						i++
+					}
+				}
+				switch {
+				case window == "" && i != len(want):
+					t.Errorf("stack %q lacks %q (in order, after %q)", fns, want[i], want[:i])
+				case window == "0" && i == len(want):
+					t.Errorf("frame pointers alone found the whole stack %q: the test cannot tell unwinding from luck", fns)
+				}
 			}
 		})
 	}
