@@ -22,10 +22,17 @@ gcc -O2 -fno-omit-frame-pointer -I vmtest/testdata -o "$W/loop" bench/loop.c -L"
 # cost WINDOW: mean ns per ct_exit run over one recording, sampled until
 # the recording's programs are gone.
 cost() {
+	# This recording's program is the ct_exit that was not loaded before
+	# it: other tracers may be running (bpftool here does not list pids).
+	local before
+	before=$(bpftool -j prog show name ct_exit 2>/dev/null | jq -c '[if type == "array" then .[] else . end | .id]' 2>/dev/null || echo '[]')
+	[ -n "$before" ] || before='[]'
 	"$CUDATRACE" record -q --stack-window "$1" --lib "$W/libcudart.so.12" -- "$W/loop" "$PAIRS" >/dev/null 2>"$W/err" &
 	local rec=$! last=""
 	while kill -0 $rec 2>/dev/null; do
-		s=$(bpftool -j prog show name ct_exit 2>/dev/null | jq -r 'if type == "array" then .[0] else . end | select(.run_cnt != null) | "\(.run_time_ns) \(.run_cnt)"' 2>/dev/null || true)
+		s=$(bpftool -j prog show name ct_exit 2>/dev/null | jq -r --argjson b "$before" '[if type == "array" then .[] else . end
+			| select(.run_cnt != null and (.id as $i | $b | index($i) | not))][0]
+			| select(. != null) | "\(.run_time_ns) \(.run_cnt)"' 2>/dev/null || true)
 		[ -n "$s" ] && last=$s
 		sleep 0.05
 	done
