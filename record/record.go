@@ -41,6 +41,11 @@ type Options struct {
 	LaunchHelper []string
 	// Observer, when set, watches the session live (top, agent).
 	Observer Observer
+	// KeepStackWindows writes each allocation record's stack window to the
+	// trace as captured, for replay to unwind, instead of unwinding it as
+	// it comes and keeping only the frames (Tracer.StackWindow sets the
+	// window's size).
+	KeepStackWindows bool
 }
 
 // Observer watches a session as it happens. Its methods run on the

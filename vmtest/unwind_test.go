@@ -3,12 +3,17 @@ package vmtest
 import (
 	"debug/elf"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // omitFPChain builds testdata/omitfp_*.c, every file -O2
@@ -128,7 +133,36 @@ func recordOneStack(t *testing.T, exe string, libs []string, args ...string) []s
 	for _, f := range stacks[0].Frames {
 		out = append(out, frameString(f.Function, f.File, f.Line))
 	}
+	// The window stays in the trace only when asked to.
+	keep := slices.Contains(args, "--keep-stack-windows")
+	if n := windowsInTrace(t, trace); (n == 1) != keep {
+		t.Errorf("%d records in the trace carry a stack window; want %d", n, map[bool]int{true: 1}[keep])
+	}
 	return out
+}
+
+// windowsInTrace counts the event records of a trace that carry a stack
+// window.
+func windowsInTrace(t *testing.T, path string) int {
+	t.Helper()
+	r, err := tracefile.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	n := 0
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			return n
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if rec.Type == tracefile.TypeEvent && rec.Event.Flags&events.FlagWindow != 0 && len(rec.Event.Window) > 0 {
+			n++
+		}
+	}
 }
 
 func frameString(fn, file string, line int) string {
@@ -173,18 +207,24 @@ func TestUnwindOmitFramePointer(t *testing.T) {
 	}
 	for _, c := range []struct {
 		lib2, window string
-		nested       bool
+		nested, keep bool
 		want         []string
 	}{
-		{"full", "", false, full},
-		{"dynsym", "", false, []string{full[0], "", "lib2_middle", full[3], full[4]}},
-		{"mini", "", false, []string{full[0], "lib2_hidden", "lib2_middle", full[3], full[4]}},
-		{"full", "", true, full},
-		{"full", "0", false, nil}, // frame pointers only
+		{"full", "", false, false, full},
+		{"dynsym", "", false, false, []string{full[0], "", "lib2_middle", full[3], full[4]}},
+		{"mini", "", false, false, []string{full[0], "lib2_hidden", "lib2_middle", full[3], full[4]}},
+		{"full", "", true, false, full},
+		// The window in the trace, unwound by report (replay).
+		{"full", "", false, true, full},
+		{"mini", "", false, true, []string{full[0], "lib2_hidden", "lib2_middle", full[3], full[4]}},
+		{"full", "0", false, false, nil}, // frame pointers only
 	} {
 		name := c.lib2
 		if c.nested {
 			name += "/nested"
+		}
+		if c.keep {
+			name += "/keep-stack-windows"
 		}
 		if c.window != "" {
 			name += "/window=" + c.window
@@ -194,6 +234,9 @@ func TestUnwindOmitFramePointer(t *testing.T) {
 			var args []string
 			if c.window != "" {
 				args = []string{"--stack-window", c.window}
+			}
+			if c.keep {
+				args = append(args, "--keep-stack-windows")
 			}
 			libs := []string{fakeLib}
 			if c.nested {

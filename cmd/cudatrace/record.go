@@ -25,6 +25,7 @@ type recordFlags struct {
 	output   string
 	ringSize string
 	window   string
+	keepWin  bool
 	quiet    bool
 	exports  []string // FORMAT=FILE
 }
@@ -84,6 +85,7 @@ A command still running when recording stops gets SIGTERM after 2 seconds.`,
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
 	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
 	fl.StringVar(&f.window, "stack-window", "16KiB", "user stack copied per allocation to unwind code without frame pointers: a multiple of 4KiB up to 64KiB, 0 for frame-pointer stacks only")
+	fl.BoolVar(&f.keepWin, "keep-stack-windows", false, "write the stack windows to the trace for report/export to unwind, instead of unwinding while recording (traces grow by the window per allocation)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
 	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE (pprof, memviz, perfetto, json; repeatable)")
 	fl.SetInterspersed(false)
@@ -128,6 +130,8 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		Duration: f.duration, Output: output, Version: version,
 		Stderr:       cmd.ErrOrStderr(),
 		LaunchHelper: []string{exe, launchCmdName},
+
+		KeepStackWindows: f.keepWin,
 	}
 	opts.Tracer.RingBytes = ring
 	opts.Tracer.StackWindow = window
