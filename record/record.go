@@ -76,6 +76,10 @@ type Result struct {
 	Events     uint64
 	Output     string
 	StopReason string
+	// StacksCut counts allocations whose stack was unwound to the end of
+	// its stack window and no further: a larger --stack-window reaches
+	// deeper.
+	StacksCut uint64
 }
 
 // Run traces until the session ends. ctx cancellation (SIGINT, SIGTERM)
@@ -175,6 +179,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	res.Lost = loader.Lost(res.Counters)
 	res.Events = s.events
+	res.StacksCut = s.cut
 	if err := s.finish(res); err != nil {
 		return res, err
 	}

@@ -47,6 +47,7 @@ type session struct {
 	uw  *unwind.Unwinder
 	pcs []uint64
 	buf []byte
+	cut uint64 // stacks that ended with the window
 
 	child  *child
 	stop   func()
@@ -230,7 +231,11 @@ func (s *session) unwind(ev *events.Event, ps *procState) []byte {
 	if ps.umaps != nil {
 		var stop unwind.Stop
 		s.pcs, stop = s.uw.Unwind(ps.umaps, ev.Regs, ev.Window, ev.Flags&events.FlagEntryOnly == 0, s.pcs[:0])
-		ev.Stack = append(ev.Stack[:0], unwind.Merge(ev.Stack, s.pcs, stop)...)
+		merged := unwind.Merge(ev.Stack, s.pcs, stop)
+		if stop.Kind == unwind.StopWindow && len(merged) == len(s.pcs) {
+			s.cut++
+		}
+		ev.Stack = append(ev.Stack[:0], merged...)
 		if !ps.exited && !ps.covers(ev.Stack) && time.Since(ps.captured) >= recaptureEvery && ps.recapture < 100 {
 			ps.recapture++ // an unwound frame in a library mapped since
 			s.capture(ev.PID, ps)

@@ -324,3 +324,51 @@ func TestUnwindCPython(t *testing.T) {
 		})
 	}
 }
+
+// TestUnwindWindowSize: a stack deeper than the window is unwound as far
+// as the window goes, and record says how many stacks it cut and what to
+// do; --stack-window 64KiB reaches main.
+func TestUnwindWindowSize(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	src, _ := filepath.Abs(filepath.Join("testdata", "deepstack.c"))
+	exe := filepath.Join(dir, "deepstack")
+	if err := gcc("-O2", "-fomit-frame-pointer", "-g", "-Wall", "-o", exe, src,
+		"-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		window string
+		cut    bool
+	}{{"16KiB", true}, {"64KiB", false}} {
+		log, trace := filepath.Join(dir, c.window+".log"), filepath.Join(dir, c.window+".trace")
+		rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+			"--lib", fakeLib, "--stack-window", c.window, "-o", trace, "--", exe)
+		rec.finish(t, 30*time.Second)
+		truth := onlyTruth(t, log, "")
+		rep := runReport(t, ctx, trace)
+		var fns []string
+		for _, s := range rep.Stacks {
+			if s.PID == truth.PID {
+				for _, f := range s.Frames {
+					fns = append(fns, f.Function)
+				}
+			}
+		}
+		recursions := 0
+		for recursions < len(fns) && fns[recursions] == "recurse" {
+			recursions++
+		}
+		warned := strings.Contains(rec.stderr.String(), "cudatrace: 1 stacks end where their "+c.window+" stack window did")
+		if c.cut {
+			if recursions < 10 || recursions >= 41 || len(fns) != recursions || !warned {
+				t.Errorf("window %s: %d of 41 recurse frames, %d frames, warned %v; want a cut stack of recurse frames only, and the warning",
+					c.window, recursions, len(fns), warned)
+			}
+			continue
+		}
+		want := append(slices.Repeat([]string{"recurse"}, 41), "main", "__libc_start_call_main", "__libc_start_main", "_start")
+		if !slices.Equal(fns, want) || warned {
+			t.Errorf("window %s: stack %q (warned %v), want 41 recurse frames, main and libc's start, no warning", c.window, fns, warned)
+		}
+	}
+}

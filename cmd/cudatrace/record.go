@@ -149,6 +149,10 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	if res.Lost > 0 {
 		fmt.Fprintf(w, "cudatrace: warning: %d events lost: %s\n", res.Lost, loader.LossHint(res.Counters))
 	}
+	if res.StacksCut > 0 {
+		fmt.Fprintf(w, "cudatrace: %d stacks end where their %s stack window did; a larger --stack-window (up to 64KiB) reaches deeper\n",
+			res.StacksCut, f.window)
+	}
 	if f.output != "" {
 		fmt.Fprintf(w, "cudatrace: %d events written to %s; see `cudatrace report %s`\n", res.Events, f.output, f.output)
 	}
