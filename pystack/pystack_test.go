@@ -111,7 +111,7 @@ func TestLineTables(t *testing.T) {
 	// 3.11+: no-column entry (code 13) +3 over 2 units; one-line form
 	// (code 11: +1) over 1 unit; no location (15) over 1 unit; long form
 	// (14) -2 over 3 units.
-	t311 := []byte{0x80 | 13<<3 | 1, 6, 0x80 | 11<<3 | 0, 1, 2, 0x80 | 15<<3 | 0, 0x80 | 14<<3 | 2, 5, 0, 1, 2}
+	t311 := []byte{0x80 | 13<<3 | 1, 6, 0x80 | 11<<3, 1, 2, 0x80 | 15<<3, 0x80 | 14<<3 | 2, 5, 0, 1, 2}
 	for off, want := range map[int64]int{0: 23, 1: 23, 2: 24, 3: 0, 4: 22, 6: 22, 7: 0} {
 		if got := line311(t311, 20, off); got != want {
 			t.Errorf("line311 at %d: %d, want %d", off, got, want)
