@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,7 +31,9 @@ func markedLine(t *testing.T, tag string) int {
 
 // Every CPython 3.10 to 3.13 under pyenv: the main thread's Python stack,
 // read from outside while it blocks in a ctypes call, is the script's
-// frames with their exact lines and (qualified, from 3.11) names.
+// frames with their exact lines and (qualified, from 3.11) names. From
+// 3.11, a second thread's too (3.10 keeps no native thread id: only the
+// main thread is found).
 func TestStackCPython(t *testing.T) {
 	script, _ := filepath.Abs(filepath.Join("testdata", "nested.py"))
 	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
@@ -42,61 +45,100 @@ func TestStackCPython(t *testing.T) {
 				}
 				t.Skipf("no CPython %s under /root/.pyenv/versions", v)
 			}
-			cmd := exec.Command(found[0], script)
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			cmd.Stderr = os.Stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { cmd.Process.Kill(); cmd.Wait() }()
-			if l, err := bufio.NewReader(out).ReadString('\n'); err != nil || l != "ready\n" {
-				t.Fatalf("script said %q, %v", l, err)
-			}
-			pid := cmd.Process.Pid
-			maps, err := proc.ReadMaps(pid)
-			if err != nil {
-				t.Fatal(err)
-			}
-			in, err := Detect(maps)
-			if err != nil || in == nil {
-				t.Fatalf("Detect: %v, %v", in, err)
-			}
-			if want := int(v[3] - '0' + 10); in.Minor != want {
-				t.Fatalf("detected 3.%d", in.Minor)
-			}
-			method := "method"
-			if in.Minor >= 11 {
-				method = "Outer.method"
-			}
-			want := fmt.Sprint([]Frame{
-				{script, "leaf", markedLine(t, "leaf")},
-				{script, "middle", markedLine(t, "middle")},
-				{script, method, markedLine(t, "method")},
-				{script, "<module>", markedLine(t, "module")},
-			})
-			// The thread reaches pause() just after it said "ready".
-			var got string
-			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-				st, err := in.Stack(pid, pid)
-				if err != nil {
-					t.Fatalf("Stack: %v", err)
-				}
-				if got = fmt.Sprint(st); got == want {
-					break
-				}
-			}
-			if got != want {
-				t.Fatalf("stack\n got %s\nwant %s", got, want)
-			}
-			t.Logf("%s", got)
-			// A thread the interpreter does not know has no Python stack.
-			if st, err := in.Stack(pid, pid+1<<20); err != nil || st != nil {
-				t.Errorf("unknown thread: %v, %v", st, err)
+			checkStack(t, found[0], script, v, false)
+			if v != "3.10" {
+				checkStack(t, found[0], script, v, true)
 			}
 		})
+	}
+}
+
+func checkStack(t *testing.T, python, script, v string, thread bool) {
+	t.Helper()
+	args := []string{script}
+	if thread {
+		args = append(args, "thread")
+	}
+	cmd := exec.Command(python, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	pid := cmd.Process.Pid
+	tid := 0
+	if l, err := bufio.NewReader(out).ReadString('\n'); err != nil || !strings.HasPrefix(l, "ready ") {
+		t.Fatalf("script said %q, %v", l, err)
+	} else if tid, err = strconv.Atoi(strings.TrimSpace(l[6:])); err != nil {
+		t.Fatal(err)
+	}
+	maps, err := proc.ReadMaps(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := Detect(maps)
+	if err != nil || in == nil {
+		t.Fatalf("Detect: %v, %v", in, err)
+	}
+	if want := int(v[3] - '0' + 10); in.Minor != want {
+		t.Fatalf("detected 3.%d", in.Minor)
+	}
+	method := "method"
+	if in.Minor >= 11 {
+		method = "Outer.method"
+	}
+	frames := []Frame{
+		{script, "leaf", markedLine(t, "leaf")},
+		{script, "middle", markedLine(t, "middle")},
+		{script, method, markedLine(t, "method")},
+		{script, "<module>", markedLine(t, "module")},
+	}
+	if thread {
+		// The thread runs Outer.method from threading's bootstrap.
+		frames = append(frames[:3:3], Frame{"threading.py", "Thread.run", 0},
+			Frame{"threading.py", "Thread._bootstrap_inner", 0}, Frame{"threading.py", "Thread._bootstrap", 0})
+		if tid == pid {
+			t.Fatalf("the thread is the main thread")
+		}
+	}
+	want := fmt.Sprint(frames)
+	// The thread reaches pause() just after it said "ready".
+	var got string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		st, err := in.Stack(pid, tid)
+		if err != nil {
+			t.Fatalf("Stack: %v", err)
+		}
+		if thread {
+			// threading.py's lines differ by version: its frames
+			// are checked by file name and function.
+			for i := range st {
+				if i >= 3 && filepath.Base(st[i].File) == "threading.py" {
+					st[i].File, st[i].Line = "threading.py", 0
+				}
+			}
+		}
+		if got = fmt.Sprint(st); got == want {
+			break
+		}
+	}
+	if got != want {
+		t.Fatalf("stack\n got %s\nwant %s", got, want)
+	}
+	if thread {
+		// Meanwhile the main thread waits in join.
+		st, err := in.Stack(pid, pid)
+		if err != nil || len(st) == 0 || st[len(st)-1] != (Frame{script, "<module>", markedLine(t, "join")}) {
+			t.Errorf("main thread: %v, %v; want <module> at line %d last", st, err, markedLine(t, "join"))
+		}
+	}
+	// A thread the interpreter does not know has no Python stack.
+	if st, err := in.Stack(pid, pid+1<<20); err != nil || st != nil {
+		t.Errorf("unknown thread: %v, %v", st, err)
 	}
 }
 

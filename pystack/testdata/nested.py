@@ -3,12 +3,13 @@
 # would be. pystack's tests read this thread's Python stack meanwhile.
 import ctypes
 import sys
+import threading
 
 libc = ctypes.CDLL(None)
 
 
 def leaf():
-    sys.stdout.write("ready\n")
+    sys.stdout.write("ready %d\n" % threading.get_native_id())
     sys.stdout.flush()
     return libc.pause()  # LINE:leaf
 
@@ -22,4 +23,9 @@ class Outer:
         return middle()  # LINE:method
 
 
-Outer().method()  # LINE:module
+if sys.argv[1:] == ["thread"]:
+    t = threading.Thread(target=Outer().method)
+    t.start()
+    t.join()  # LINE:join
+else:
+    Outer().method()  # LINE:module
