@@ -5,7 +5,10 @@
 #   untraced   the loop alone
 #   floor      bpftrace with empty probes on cudaMalloc entry+return and
 #              cudaFree: the cost of the uprobe traps themselves
-#   cudatrace  cudatrace record (stacks, trace file, ledger)
+#   cudatrace  cudatrace record (stacks, trace file, ledger), default
+#              16 KiB stack window copied into each allocation record
+#   ct-nowin   the same with --stack-window 0: frame-pointer stacks only
+#   ct-win64k  the same with --stack-window 64KiB, the largest
 #   bpftrace   bpftrace printing each event with its user stack
 # Needs root, gcc, bpftrace. Usage: bench/overhead.sh [PAIRS] [ROUNDS]
 set -euo pipefail
@@ -29,7 +32,7 @@ bpftrace_run() {
 	bpftrace -e "$1" >"$W/bt.out" 2>&1 &
 	local bt=$!
 	for _ in $(seq 200); do grep -q Attaching "$W/bt.out" && break; sleep 0.05; done
-	sleep 0.2
+	sleep 1 # "Attaching" comes before the probes are in; under load 0.2 s was once too short
 	"$W/loop" "$PAIRS" >"$2"
 	kill -INT $bt; wait $bt || true
 }
@@ -45,15 +48,19 @@ for r in $(seq "$ROUNDS"); do
 	bpftrace_run "$FLOOR" "$W/f"; all[floor]+="$(ns "$W/f") "
 	"$CUDATRACE" record -q --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/c" 2>"$W/c.err"
 	all[cudatrace]+="$(ns "$W/c") "
+	"$CUDATRACE" record -q --stack-window 0 --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/n" 2>"$W/n.err"
+	all[ct-nowin]+="$(ns "$W/n") "
+	"$CUDATRACE" record -q --stack-window 64KiB --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/x" 2>"$W/x.err"
+	all[ct-win64k]+="$(ns "$W/x") "
 	bpftrace_run "$BT" "$W/b"; all[bpftrace]+="$(ns "$W/b") "
-	echo "round $r: untraced $(ns "$W/u") floor $(ns "$W/f") cudatrace $(ns "$W/c") bpftrace $(ns "$W/b") ns/pair" >&2
+	echo "round $r: untraced $(ns "$W/u") floor $(ns "$W/f") cudatrace $(ns "$W/c") ct-nowin $(ns "$W/n") ct-win64k $(ns "$W/x") bpftrace $(ns "$W/b") ns/pair" >&2
 done
-grep -E 'lost|warning' "$W/c.err" >&2 || true
+grep -E 'lost|warning' "$W/c.err" "$W/n.err" "$W/x.err" >&2 || true
 
 median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 f=$(echo "${all[floor]}" | median)
 printf '%-10s %12s %14s\n' mode "ns/pair" "x floor"
-for m in untraced floor cudatrace bpftrace; do
+for m in untraced floor ct-nowin cudatrace ct-win64k bpftrace; do
 	v=$(echo "${all[$m]}" | median)
 	printf '%-10s %12s %14s\n' "$m" "$v" "$(awk -v v="$v" -v f="$f" 'BEGIN {printf "%.2f", v/f}')"
 done

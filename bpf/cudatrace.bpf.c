@@ -23,11 +23,21 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 // Emit the record types into BTF so bpf2go generates their Go twins.
 const struct ct_alloc_event *unused_ct_alloc_event __attribute__((unused));
 const struct ct_usdt_spec *unused_ct_usdt_spec __attribute__((unused));
+const struct ct_ustack *unused_ct_ustack __attribute__((unused));
 
 // Set from Go before load (spec.Variables).
 const volatile __u8 filter_pids = 0;         // 1: only processes in `pids`
 const volatile __u8 follow_forks = 1;        // children of traced processes are traced
 const volatile __u64 wakeup_bytes = 1 << 20; // wake the reader only past this much unread data
+// Bytes of user stack copied into each allocation record for unwinding in
+// user space: 0, or a multiple of CT_PAGE up to CT_MAX_WINDOW. The verifier
+// sees it as a constant, so records are reserved at the size it makes.
+const volatile __u32 stack_window = 0;
+// 1: stop each process at its first record until the reader has read its
+// mappings (see wakeup_flags). Set for launched commands.
+const volatile __u8 hold_new = 0;
+
+#define CT_SIGSTOP 19
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -166,11 +176,20 @@ static __always_inline __s32 current_device(__u32 tid)
 	return d ? *d : 0;
 }
 
-static __always_inline __u64 wakeup_flags(__u32 tgid)
+// wakeup_flags says how to submit e. A process's first record wakes the
+// reader at once so it can read /proc/PID/maps before a short-lived
+// process is gone; with hold_new it also stops the process (SIGSTOP, on its
+// way back to user space) and flags the record, and the reader sends
+// SIGCONT once it has read the mappings: a process that exits right after
+// its first allocation still symbolizes.
+static __always_inline __u64 wakeup_flags(struct ct_event *e)
 {
 	__u8 one = 1;
+	__u32 tgid = e->pid;
 	if (bpf_map_lookup_elem(&seen, &tgid) == NULL) {
 		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
+		if (hold_new && bpf_send_signal(CT_SIGSTOP) == 0)
+			e->flags |= CT_F_HELD;
 		return BPF_RB_FORCE_WAKEUP;
 	}
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
@@ -299,6 +318,63 @@ static __always_inline __s32 user_stack(struct pt_regs *ctx, __u64 *stack, const
 	return n;
 }
 
+// window_size is stack_window made safe for the verifier: a whole number of
+// pages, at most CT_MAX_WINDOW.
+static __always_inline __u32 window_size(void)
+{
+	__u32 w = stack_window;
+	if (w > CT_MAX_WINDOW)
+		w = CT_MAX_WINDOW;
+	return w & ~(CT_PAGE - 1);
+}
+
+// alloc_record_size is what an allocation record is reserved at: every
+// frame slot, and the registers and window when a window is copied.
+static __always_inline __u32 alloc_record_size(void)
+{
+	__u32 w = window_size();
+	return sizeof(struct ct_alloc_event) + (w ? sizeof(struct ct_ustack) + w : 0);
+}
+
+// user_window puts the registers and up to window_size() bytes of user stack
+// from sp up right after the record's nframes frames, and flags the record.
+// One read takes the whole window; where it fails, the stack ends inside
+// the window (the top of the main thread's stack, a thread's guard page) and
+// a page-by-page read keeps what lies below the first unreadable page.
+static __always_inline void user_window(struct pt_regs *ctx, struct ct_alloc_event *e)
+{
+	__u32 w = window_size();
+	if (!w)
+		return;
+	__u32 n = (__u32)e->h.nframes & 127; // user_stack gives 1..CT_MAX_FRAMES
+	struct ct_ustack *u = (void *)e->stack + n * 8;
+	__u8 *data = (void *)(u + 1);
+	__u64 sp = PT_REGS_SP(ctx);
+	__u32 len = 0;
+
+	u->ip = PT_REGS_IP(ctx);
+	u->sp = sp;
+	u->bp = PT_REGS_FP(ctx);
+	if (bpf_probe_read_user(data, w, (void *)sp) == 0) {
+		len = w;
+	} else {
+		__u32 first = CT_PAGE - (sp & (CT_PAGE - 1)); // to the end of sp's page
+		if (bpf_probe_read_user(data, first, (void *)sp) == 0) {
+			len = first;
+			for (int i = 0; i < CT_MAX_WINDOW / CT_PAGE; i++) {
+				if (len > w - CT_PAGE)
+					break; // what is left lies on the page that failed
+				if (bpf_probe_read_user(data + len, CT_PAGE, (void *)(sp + len)))
+					break;
+				len += CT_PAGE;
+			}
+		}
+	}
+	u->len = len;
+	u->pad = 0;
+	e->h.flags |= CT_F_WINDOW;
+}
+
 static __always_inline void fill_common(struct ct_event *e, __u64 id)
 {
 	e->pid = id >> 32;
@@ -332,7 +408,7 @@ int ct_exit(struct pt_regs *ctx)
 		return 0;
 	}
 
-	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
 	if (!e) {
 		count(CT_CNT_RB_FULL);
 		bpf_map_delete_elem(&inflight, &tid);
@@ -358,7 +434,7 @@ int ct_exit(struct pt_regs *ctx)
 		if (e->h.nframes == CT_MAX_FRAMES - 1)
 			e->h.flags |= CT_F_STACK_TRUNC;
 		count(CT_CNT_EVENTS);
-		bpf_ringbuf_submit(e, wakeup_flags(e->h.pid));
+		bpf_ringbuf_submit(e, wakeup_flags(&e->h)); // no stack window: its frames sit one slot on
 		return 0;
 	}
 
@@ -395,8 +471,9 @@ int ct_exit(struct pt_regs *ctx)
 	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
 	if (e->h.nframes == CT_MAX_FRAMES)
 		e->h.flags |= CT_F_STACK_TRUNC;
+	user_window(ctx, e);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(e->h.pid));
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
 	bpf_map_delete_elem(&last_free, &tid);
 	return 0;
 }
@@ -587,10 +664,10 @@ int ct_usdt(struct pt_regs *ctx)
 		e->nframes = 0;
 		fill_common(e, id);
 		count(CT_CNT_EVENTS);
-		bpf_ringbuf_submit(e, wakeup_flags(id >> 32));
+		bpf_ringbuf_submit(e, wakeup_flags(e));
 		return 0;
 	}
-	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
 	if (!e) {
 		count(CT_CNT_RB_FULL);
 		return 0;
@@ -609,8 +686,9 @@ int ct_usdt(struct pt_regs *ctx)
 	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
 	if (e->h.nframes == CT_MAX_FRAMES)
 		e->h.flags |= CT_F_STACK_TRUNC;
+	user_window(ctx, e);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(id >> 32));
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
 	return 0;
 }
 
@@ -653,7 +731,7 @@ static __always_inline int free_enter(struct pt_regs *ctx, __u64 size)
 	e->nframes = 0;
 	fill_common(e, id);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(tgid));
+	bpf_ringbuf_submit(e, wakeup_flags(e));
 	return 0;
 }
 

@@ -9,6 +9,13 @@
 // perf_event_max_stack; deeper stacks are cut and flagged CT_F_STACK_TRUNC.
 #define CT_MAX_FRAMES 127
 
+// Bytes of user stack an allocation record may carry above its stack
+// pointer, for unwinding in user space code built without frame pointers
+// (symbolize/unwind). The window a session copies (stack_window in
+// cudatrace.bpf.c) is a whole number of pages up to this.
+#define CT_MAX_WINDOW (64 << 10)
+#define CT_PAGE 4096
+
 // Argument layouts. One program pair serves every function of a layout; the
 // attach cookie says which function it is.
 enum ct_shape {
@@ -33,9 +40,11 @@ enum ct_shape {
 enum ct_flags {
 	CT_F_ENTRY_ONLY = 1 << 0,  // recorded at entry (frees): no result, no duration
 	CT_F_STACK_TRUNC = 1 << 1, // every frame slot was used
+	CT_F_WINDOW = 1 << 2,      // a struct ct_ustack and its bytes follow stack[nframes]
+	CT_F_HELD = 1 << 3,        // the process's first record: it was stopped (SIGSTOP) until its mappings are read
 	// stack[0] holds an argument the header has no field for (cuMemMap's
 	// handle); the frames follow it and nframes does not count it
-	CT_F_AUX = 1 << 2,
+	CT_F_AUX = 1 << 4,
 };
 
 // Loss and health counters, a per-CPU array indexed by these.
@@ -101,6 +110,19 @@ struct ct_event {
 struct ct_alloc_event {
 	struct ct_event h;
 	__u64 stack[CT_MAX_FRAMES];
+};
+
+// The registers an unwinder starts from and the stack bytes from sp up,
+// placed right after the frames in use (stack[nframes]), so a record keeps
+// its frames and window as one prefix of what was reserved. At a return
+// probe ip is the return address in the caller and sp, bp are the caller's.
+struct ct_ustack {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u32 len; // bytes of data that follow, read from sp up: less than the window where the stack ends
+	__u32 pad;
+	// __u8 data[len];
 };
 
 #endif

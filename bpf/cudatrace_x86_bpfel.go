@@ -51,6 +51,15 @@ type CudatraceCtUsdtSpec struct {
 	}
 }
 
+type CudatraceCtUstack struct {
+	_   structs.HostLayout
+	Ip  uint64
+	Sp  uint64
+	Bp  uint64
+	Len uint32
+	Pad uint32
+}
+
 type CudatraceCtxCall struct {
 	_           structs.HostLayout
 	Out         uint64
@@ -119,8 +128,11 @@ const (
 	CudatraceProgCtVmmMapEnter     = "ct_vmm_map_enter"
 	CudatraceVarFilterPids         = "filter_pids"
 	CudatraceVarFollowForks        = "follow_forks"
+	CudatraceVarHoldNew            = "hold_new"
+	CudatraceVarStackWindow        = "stack_window"
 	CudatraceVarUnusedCtAllocEvent = "unused_ct_alloc_event"
 	CudatraceVarUnusedCtUsdtSpec   = "unused_ct_usdt_spec"
+	CudatraceVarUnusedCtUstack     = "unused_ct_ustack"
 	CudatraceVarWakeupBytes        = "wakeup_bytes"
 )
 
@@ -208,8 +220,11 @@ type CudatraceMapSpecs struct {
 type CudatraceVariableSpecs struct {
 	FilterPids         *ebpf.VariableSpec `ebpf:"filter_pids"`
 	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
+	HoldNew            *ebpf.VariableSpec `ebpf:"hold_new"`
+	StackWindow        *ebpf.VariableSpec `ebpf:"stack_window"`
 	UnusedCtAllocEvent *ebpf.VariableSpec `ebpf:"unused_ct_alloc_event"`
 	UnusedCtUsdtSpec   *ebpf.VariableSpec `ebpf:"unused_ct_usdt_spec"`
+	UnusedCtUstack     *ebpf.VariableSpec `ebpf:"unused_ct_ustack"`
 	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
@@ -268,8 +283,11 @@ func (m *CudatraceMaps) Close() error {
 type CudatraceVariables struct {
 	FilterPids         *ebpf.Variable `ebpf:"filter_pids"`
 	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
+	HoldNew            *ebpf.Variable `ebpf:"hold_new"`
+	StackWindow        *ebpf.Variable `ebpf:"stack_window"`
 	UnusedCtAllocEvent *ebpf.Variable `ebpf:"unused_ct_alloc_event"`
 	UnusedCtUsdtSpec   *ebpf.Variable `ebpf:"unused_ct_usdt_spec"`
+	UnusedCtUstack     *ebpf.Variable `ebpf:"unused_ct_ustack"`
 	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 

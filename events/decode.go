@@ -28,6 +28,16 @@ const (
 
 	// MaxFrames is CT_MAX_FRAMES: stack slots in an allocation record.
 	MaxFrames = 127
+
+	// struct ct_ustack, after the frames in use when FlagWindow is set.
+	offUIP     = 0
+	offUSP     = 8
+	offUBP     = 16
+	offULen    = 24
+	ustackSize = 32
+
+	// MaxWindow is CT_MAX_WINDOW: the most stack bytes a record carries.
+	MaxWindow = 64 << 10
 )
 
 // ErrShortRecord means a ring-buffer record was smaller than its header says.
@@ -61,6 +71,8 @@ func Decode(raw []byte, ev *Event) error {
 	ev.Stack = ev.Stack[:0]
 	ev.StackErr = 0
 	ev.Aux = 0
+	ev.Regs = Regs{}
+	ev.Window = ev.Window[:0]
 	off := headerSize
 	if ev.Flags&FlagAux != 0 {
 		if len(raw) < off+8 {
@@ -79,6 +91,19 @@ func Decode(raw []byte, ev *Event) error {
 	for i := 0; i < int(n); i++ {
 		ev.Stack = append(ev.Stack, le.Uint64(raw[off+i*8:]))
 	}
+	if ev.Flags&FlagWindow == 0 {
+		return nil
+	}
+	u := raw[off+int(n)*8:]
+	if len(u) < ustackSize {
+		return fmt.Errorf("decode record: stack window header past the end of %d bytes: %w", len(raw), ErrShortRecord)
+	}
+	ev.Regs = Regs{IP: le.Uint64(u[offUIP:]), SP: le.Uint64(u[offUSP:]), BP: le.Uint64(u[offUBP:])}
+	wlen := le.Uint32(u[offULen:])
+	if wlen > MaxWindow || int(wlen) > len(u)-ustackSize {
+		return fmt.Errorf("decode record: stack window of %d bytes in %d: %w", wlen, len(raw), ErrShortRecord)
+	}
+	ev.Window = append(ev.Window, u[ustackSize:ustackSize+int(wlen)]...)
 	return nil
 }
 
@@ -95,8 +120,18 @@ func Encode(dst []byte, ev *Event) []byte {
 	if n > MaxFrames {
 		n = MaxFrames
 	}
+	if ev.StackErr < 0 {
+		n = 0
+	}
+	win := min(len(ev.Window), MaxWindow)
+	flags := ev.Flags &^ FlagWindow
+	tail := 0
+	if ev.Flags&FlagWindow != 0 && ev.StackErr >= 0 {
+		flags |= FlagWindow
+		tail = ustackSize + win
+	}
 	start := len(dst)
-	dst = append(dst, make([]byte, off+n*8)...)
+	dst = append(dst, make([]byte, off+n*8+tail)...)
 	b := dst[start:]
 	le := binary.LittleEndian
 	le.PutUint64(b[offTime:], ev.Time)
@@ -108,11 +143,10 @@ func Encode(dst []byte, ev *Event) []byte {
 	le.PutUint32(b[offDevice:], uint32(ev.Device))
 	le.PutUint32(b[offResult:], uint32(ev.Result))
 	le.PutUint16(b[offAPI:], uint16(ev.API))
-	le.PutUint16(b[offFlags:], ev.Flags)
+	le.PutUint16(b[offFlags:], flags)
 	nf := int32(n)
 	if ev.StackErr < 0 {
 		nf = ev.StackErr
-		n = 0
 	}
 	le.PutUint32(b[offNFrames:], uint32(nf))
 	copy(b[offComm:offComm+commLen-1], ev.Comm) // keep a NUL terminator, as the kernel does
@@ -122,15 +156,27 @@ func Encode(dst []byte, ev *Event) []byte {
 	for i := 0; i < n; i++ {
 		le.PutUint64(b[off+i*8:], ev.Stack[i])
 	}
-	return dst[:start+off+n*8]
+	if tail > 0 {
+		u := b[off+n*8:]
+		le.PutUint64(u[offUIP:], ev.Regs.IP)
+		le.PutUint64(u[offUSP:], ev.Regs.SP)
+		le.PutUint64(u[offUBP:], ev.Regs.BP)
+		le.PutUint32(u[offULen:], uint32(win))
+		copy(u[ustackSize:], ev.Window[:win])
+	}
+	return dst[:start+off+n*8+tail]
 }
 
 // RecordLen is how many bytes of a raw record Decode used for ev: the BPF
-// side reserves room for MaxFrames frames in every allocation record, and
-// writers keep only this prefix.
+// side reserves room for MaxFrames frames and the whole stack window in
+// every allocation record, and writers keep only this prefix.
 func RecordLen(ev *Event) int {
+	n := headerSize + 8*len(ev.Stack)
 	if ev.Flags&FlagAux != 0 {
-		return headerSize + 8 + 8*len(ev.Stack)
+		n += 8
 	}
-	return headerSize + 8*len(ev.Stack)
+	if ev.Flags&FlagWindow != 0 {
+		n += ustackSize + len(ev.Window)
+	}
+	return n
 }

@@ -12,6 +12,7 @@ import (
 func TestLayoutMatchesBPF(t *testing.T) {
 	var e bpf.CudatraceCtEvent
 	var a bpf.CudatraceCtAllocEvent
+	var u bpf.CudatraceCtUstack
 	checks := []struct {
 		name      string
 		got, want uintptr
@@ -31,6 +32,11 @@ func TestLayoutMatchesBPF(t *testing.T) {
 		{"sizeof(ct_event)", unsafe.Sizeof(e), headerSize},
 		{"stack", unsafe.Offsetof(a.Stack), headerSize},
 		{"frames", uintptr(len(a.Stack)), MaxFrames},
+		{"ct_ustack.ip", unsafe.Offsetof(u.Ip), offUIP},
+		{"ct_ustack.sp", unsafe.Offsetof(u.Sp), offUSP},
+		{"ct_ustack.bp", unsafe.Offsetof(u.Bp), offUBP},
+		{"ct_ustack.len", unsafe.Offsetof(u.Len), offULen},
+		{"sizeof(ct_ustack)", unsafe.Sizeof(u), ustackSize},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -122,13 +128,62 @@ func TestDecodeRejectsBadLengths(t *testing.T) {
 	}
 }
 
+// A record with a stack window, laid out as the BPF side does (ct_ustack
+// after the frames in use, then the bytes), round-trips through Encode, and
+// RecordLen keeps exactly the bytes in use of a record reserved larger.
+func TestWindowRoundTrip(t *testing.T) {
+	win := make([]byte, 5000)
+	for i := range win {
+		win[i] = byte(i * 7)
+	}
+	in := Event{Time: 5, PID: 9, TID: 10, Comm: "t", API: CudaMalloc, Flags: FlagWindow,
+		Stack: []uint64{0x401000, 0x402000, 0x403000}, Regs: Regs{IP: 0x401000, SP: 0x7ffc0000, BP: 0x7ffc0100}, Window: win}
+	raw := Encode(nil, &in)
+	if want := headerSize + 3*8 + ustackSize + 5000; len(raw) != want {
+		t.Fatalf("encoded %d bytes, want %d", len(raw), want)
+	}
+	if got := binary.LittleEndian.Uint32(raw[headerSize+3*8+offULen:]); got != 5000 {
+		t.Fatalf("len field %d", got)
+	}
+	reserved := append(raw, make([]byte, 4096)...) // the unused tail of a ring-buffer reservation
+	var ev Event
+	if err := Decode(reserved, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Regs != in.Regs || string(ev.Window) != string(win) || len(ev.Stack) != 3 || ev.Stack[2] != 0x403000 {
+		t.Fatalf("got regs %+v, %d window bytes, stack %x", ev.Regs, len(ev.Window), ev.Stack)
+	}
+	if RecordLen(&ev) != len(raw) {
+		t.Fatalf("RecordLen %d, want %d", RecordLen(&ev), len(raw))
+	}
+	// The window is ev's own: the record's buffer is reused.
+	reserved[len(raw)-1] ^= 0xff
+	if ev.Window[4999] != win[4999] {
+		t.Fatal("Window aliases the record")
+	}
+	// The next record without a window clears it.
+	if err := Decode(record(1, 0x401000), &ev); err != nil {
+		t.Fatal(err)
+	}
+	if len(ev.Window) != 0 || ev.Regs != (Regs{}) {
+		t.Fatalf("window %d bytes, regs %+v after a record without one", len(ev.Window), ev.Regs)
+	}
+	// A length field past the record's end is refused.
+	if err := Decode(raw[:len(raw)-1], &ev); !errors.Is(err, ErrShortRecord) {
+		t.Fatalf("cut window: err %v", err)
+	}
+	if err := Decode(raw[:headerSize+3*8+ustackSize-1], &ev); !errors.Is(err, ErrShortRecord) {
+		t.Fatalf("cut ct_ustack: err %v", err)
+	}
+}
+
 func FuzzDecode(f *testing.F) {
 	f.Add(record(2, 1, 2))
 	f.Add(record(-1))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var ev Event
-		if Decode(raw, &ev) == nil && len(ev.Stack) > MaxFrames {
-			t.Fatalf("%d frames", len(ev.Stack))
+		if Decode(raw, &ev) == nil && (len(ev.Stack) > MaxFrames || len(ev.Window) > MaxWindow || RecordLen(&ev) > len(raw)) {
+			t.Fatalf("%d frames, %d window bytes, RecordLen %d of %d", len(ev.Stack), len(ev.Window), RecordLen(&ev), len(raw))
 		}
 	})
 }

@@ -17,13 +17,26 @@ type Event struct {
 	Aux      uint64   // with FlagAux: an argument the header has no field for (cuMemMap's handle)
 	Stack    []uint64 // user return addresses, innermost first
 	StackErr int32    // a negative errno in place of a stack (traces from recorders that used bpf_get_stack); 0 otherwise
+	// With FlagWindow: the registers at the probe and the user stack bytes
+	// from Regs.SP up, for unwinding code without frame pointers in user
+	// space (package unwind). Window is ev's own copy.
+	Regs   Regs
+	Window []byte
+}
+
+// Regs are the user registers an unwinder starts from. At a return probe IP
+// is the return address in the caller, and SP and BP are the caller's.
+type Regs struct {
+	IP, SP, BP uint64
 }
 
 // Event flags, as set by the BPF programs (bpf/cudatrace.h CT_F_*).
 const (
 	FlagEntryOnly  uint16 = 1 << 0 // recorded at entry: no result, no duration
 	FlagStackTrunc uint16 = 1 << 1 // the stack filled every frame slot and may go deeper
-	FlagAux        uint16 = 1 << 2 // the first stack slot holds Aux; the frames follow
+	FlagWindow     uint16 = 1 << 2 // registers and a window of user stack follow the frames
+	FlagHeld       uint16 = 1 << 3 // the process's first record: BPF stopped it (SIGSTOP) for the reader to read its mappings
+	FlagAux        uint16 = 1 << 4 // the first stack slot holds Aux; the frames follow
 )
 
 // End is when the call's effect on memory takes hold: frees at entry (the

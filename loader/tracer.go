@@ -32,6 +32,18 @@ type Options struct {
 	PollInterval time.Duration
 	// MaxInflight bounds calls remembered between entry and return.
 	MaxInflight uint32
+	// StackWindow is how many bytes of user stack each allocation record
+	// carries, from the stack pointer up, for unwinding code built without
+	// frame pointers (CPython, libtorch, libcudart) in user space: a
+	// multiple of 4096 up to MaxStackWindow. 0 picks DefaultStackWindow;
+	// a negative value copies none (frame-pointer stacks only).
+	StackWindow int
+	// HoldNew stops each traced process at its first record (SIGSTOP from
+	// BPF, the record flagged events.FlagHeld) until the reader has read
+	// its mappings and sends SIGCONT, so that a process exiting right after
+	// its first allocation still symbolizes. For launched commands: a
+	// process some shell runs with job control would be seen stopping.
+	HoldNew bool
 }
 
 const (
@@ -39,6 +51,11 @@ const (
 	DefaultWakeupBytes  = 1 << 20
 	DefaultPollInterval = 50 * time.Millisecond
 	DefaultMaxInflight  = 16384
+	// DefaultStackWindow: 16 KiB held every frame of the vmtest chains and
+	// of CPython's eval loop a few calls deep; docs/benchmarks.md has what
+	// the copy costs per event.
+	DefaultStackWindow = 16 << 10
+	MaxStackWindow     = 64 << 10 // CT_MAX_WINDOW
 )
 
 func (o *Options) defaults() {
@@ -53,6 +70,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxInflight == 0 {
 		o.MaxInflight = DefaultMaxInflight
+	}
+	if o.StackWindow == 0 {
+		o.StackWindow = DefaultStackWindow
 	}
 }
 
@@ -72,6 +92,10 @@ type Tracer struct {
 // New loads the BPF programs. It attaches nothing yet.
 func New(opts Options) (*Tracer, error) {
 	opts.defaults()
+	window := uint32(max(opts.StackWindow, 0))
+	if window%4096 != 0 || window > MaxStackWindow {
+		return nil, fmt.Errorf("stack window of %d bytes: must be a multiple of 4096 up to %d", opts.StackWindow, MaxStackWindow)
+	}
 	spec, err := bpf.LoadCudatrace()
 	if err != nil {
 		return nil, fmt.Errorf("load BPF spec: %w", err)
@@ -80,6 +104,8 @@ func New(opts Options) (*Tracer, error) {
 		bpf.CudatraceVarFilterPids:  boolByte(opts.FilterPIDs),
 		bpf.CudatraceVarFollowForks: boolByte(opts.FollowForks),
 		bpf.CudatraceVarWakeupBytes: opts.WakeupBytes,
+		bpf.CudatraceVarStackWindow: window,
+		bpf.CudatraceVarHoldNew:     boolByte(opts.HoldNew),
 	}
 	for name, v := range set {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -445,7 +471,7 @@ func Lost(c map[string]uint64) uint64 {
 func LossHint(c map[string]uint64) string {
 	var parts []string
 	if n := c["ringbuf_full"]; n > 0 {
-		parts = append(parts, fmt.Sprintf("%d with the ring buffer full: raise --ring-size", n))
+		parts = append(parts, fmt.Sprintf("%d with the ring buffer full: raise --ring-size (each allocation record holds its stack window: a smaller --stack-window fits more)", n))
 	}
 	if n := c["inflight_full"]; n > 0 {
 		parts = append(parts, fmt.Sprintf("%d with %d calls already in flight: too many threads inside CUDA calls at once", n, DefaultMaxInflight))

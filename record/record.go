@@ -48,6 +48,11 @@ type Options struct {
 	// Stderr says why and tracing goes on.
 	NVML      func() (gpustat.Source, error)
 	NVMLEvery time.Duration
+	// KeepStackWindows writes each allocation record's stack window to the
+	// trace as captured, for replay to unwind, instead of unwinding it as
+	// it comes and keeping only the frames (Tracer.StackWindow sets the
+	// window's size).
+	KeepStackWindows bool
 }
 
 // Observer watches a session as it happens. Its methods run on the
@@ -84,6 +89,10 @@ type Result struct {
 	NVML      *gpustat.Sample
 	NVMLTime  uint64
 	NVMLError string
+	// StacksCut counts allocations whose stack was unwound to the end of
+	// its stack window and no further: a larger --stack-window reaches
+	// deeper.
+	StacksCut uint64
 }
 
 // Run traces until the session ends. ctx cancellation (SIGINT, SIGTERM)
@@ -106,6 +115,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	topts := opts.Tracer
 	topts.FilterPIDs = !opts.All
 	topts.FollowForks = true
+	// A launched command's processes are ours to pause for the moment it
+	// takes to read their mappings (see loader.Options.HoldNew).
+	topts.HoldNew = len(opts.Command) > 0
 	tr, err := loader.New(topts)
 	if err != nil {
 		return nil, hint.Wrap(err, "check `dmesg` and that the kernel has BTF and uprobes (CONFIG_UPROBE_EVENTS)")
@@ -184,6 +196,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	res.Lost = loader.Lost(res.Counters)
 	res.Events = s.events
+	res.StacksCut = s.cut
 	if err := s.finish(res); err != nil {
 		return res, err
 	}

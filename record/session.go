@@ -14,6 +14,7 @@ import (
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
+	"github.com/cudatrace/cudatrace/unwind"
 )
 
 // counterEvery is how often a counters snapshot goes to the trace, so a
@@ -50,6 +51,14 @@ type session struct {
 	procs    map[uint32]*procState
 	buildIDs map[fileKey]string
 
+	// uw unwinds the records' stack windows as they come, unless
+	// Options.KeepStackWindows leaves that to replay; buf holds a record
+	// re-encoded without its window.
+	uw  *unwind.Unwinder
+	pcs []uint64
+	buf []byte
+	cut uint64 // stacks that ended with the window
+
 	child  *child
 	stop   func()
 	reason string
@@ -65,6 +74,7 @@ type session struct {
 type procState struct {
 	start     uint64      // the process's start time: a PID reused has another
 	exec      [][2]uint64 // executable ranges of the last capture
+	umaps     *unwind.Maps
 	captured  time.Time
 	exited    bool
 	recapture int
@@ -81,6 +91,9 @@ func newSession(opts Options, res *Result, tr *loader.Tracer) (*session, error) 
 		procs:    make(map[uint32]*procState),
 		buildIDs: make(map[fileKey]string),
 		warned:   make(map[string]bool),
+	}
+	if !opts.KeepStackWindows {
+		s.uw = unwind.New()
 	}
 	if opts.Output == "" {
 		return s, nil
@@ -238,6 +251,16 @@ func (s *session) Record(raw []byte) {
 		ps.recapture++
 		s.capture(ev.PID, ps)
 	}
+	if ev.Flags&events.FlagHeld != 0 {
+		// BPF stopped the process at this record for the capture above
+		// (or for one made earlier, if BPF forgot the process): let it go.
+		if err := syscall.Kill(int(ev.PID), syscall.SIGCONT); err != nil && err != syscall.ESRCH {
+			s.warn(fmt.Errorf("resume pid %d after reading its mappings: %w", ev.PID, err))
+		}
+	}
+	if s.uw != nil && ev.Flags&events.FlagWindow != 0 {
+		raw = s.unwind(ev, ps)
+	}
 	if s.w != nil {
 		// Only the frames the stack filled: an allocation record reserves
 		// room for all 127 of them.
@@ -249,6 +272,31 @@ func (s *session) Record(raw []byte) {
 	if s.opts.Observer != nil {
 		s.opts.Observer.Event(ev, ch)
 	}
+}
+
+// unwind replaces ev's frame-pointer stack with the deeper of it and the
+// stack unwound from its window, drops the window (16 KiB or so a record:
+// most of a trace's bytes) and returns the record re-encoded to match.
+// The files are read now, while they are surely the ones the process
+// mapped; a container's through /proc/PID/root while it lives.
+func (s *session) unwind(ev *events.Event, ps *procState) []byte {
+	if ps.umaps != nil {
+		var stop unwind.Stop
+		s.pcs, stop = s.uw.Unwind(ps.umaps, ev.Regs, ev.Window, ev.Flags&events.FlagEntryOnly == 0, s.pcs[:0])
+		merged := unwind.Merge(ev.Stack, s.pcs, stop)
+		if stop.Kind == unwind.StopWindow && len(merged) == len(s.pcs) {
+			s.cut++
+		}
+		ev.Stack = append(ev.Stack[:0], merged...)
+		if !ps.exited && !ps.covers(ev.Stack) && time.Since(ps.captured) >= recaptureEvery && ps.recapture < 100 {
+			ps.recapture++ // an unwound frame in a library mapped since
+			s.capture(ev.PID, ps)
+		}
+	}
+	ev.Flags &^= events.FlagWindow
+	ev.Window = ev.Window[:0]
+	s.buf = events.Encode(s.buf[:0], ev)
+	return s.buf
 }
 
 func (ps *procState) covers(stack []uint64) bool {
@@ -287,6 +335,17 @@ func (s *session) capture(pid uint32, ps *procState) {
 		m.BuildID = s.buildID(int(pid), m)
 		p.Maps = append(p.Maps, m)
 	}
+	root, rootErr := os.Readlink(fmt.Sprintf("/proc/%d/root", pid))
+	if s.uw != nil && len(p.Maps) > 0 {
+		open := p.Maps
+		if rootErr == nil && root != "/" {
+			open = slices.Clone(p.Maps)
+			for i := range open {
+				open[i].Path = proc.RootPath(int(pid), open[i].Path)
+			}
+		}
+		ps.umaps = unwind.NewMaps(open)
+	}
 	if c, err := proc.Comm(int(pid)); err == nil {
 		p.Comm = c
 	}
@@ -299,7 +358,7 @@ func (s *session) capture(pid uint32, ps *procState) {
 	if in, err := container.Of(int(pid)); err == nil {
 		p.Container, p.Pod = in.ID, in.PodUID
 	}
-	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root != "/" {
+	if rootErr == nil && root != "/" {
 		p.Root = root
 	}
 	if s.opts.Observer != nil {
@@ -390,8 +449,12 @@ func (s *session) finish(res *Result) error {
 	return err
 }
 
-// close releases the trace file on an error path.
+// close releases the trace file on an error path, and the files the
+// unwinder holds open on every path.
 func (s *session) close() {
+	if s.uw != nil {
+		s.uw.Close()
+	}
 	if s.w != nil {
 		s.w.Close()
 		s.w = nil

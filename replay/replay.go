@@ -16,6 +16,7 @@ import (
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
+	"github.com/cudatrace/cudatrace/unwind"
 )
 
 // Options tune Read.
@@ -33,6 +34,10 @@ type Options struct {
 	// the traced live bytes to put beside the driver's. An error stops the
 	// replay and is returned by Read.
 	OnNVML func(n *tracefile.NVML, l *events.Ledger) error
+	// FramePointersOnly keeps the frame-pointer stacks as recorded and
+	// skips unwinding the records' stack windows from call-frame
+	// information.
+	FramePointersOnly bool
 }
 
 // Trace is a trace file replayed: the ledger at the end (or at
@@ -56,6 +61,9 @@ type Trace struct {
 	// Latest holds each PID's latest capture.
 	Latest map[uint32]*tracefile.Process
 
+	// Unwound says how the stacks of records with a stack window came out.
+	Unwound UnwindStats
+
 	stackMaps map[*events.Stack][]proc.Mapping
 	// Stacks first seen before any capture of their process: they take
 	// the first capture that comes.
@@ -71,6 +79,11 @@ func Read(path string, opts Options) (*Trace, error) {
 		return nil, err // Open names the path
 	}
 	defer r.Close()
+	var uw *unwinder
+	if !opts.FramePointersOnly {
+		uw = newUnwinder()
+		defer uw.Close()
+	}
 
 	t := &Trace{
 		Path:      path,
@@ -110,6 +123,9 @@ func Read(path string, opts Options) (*Trace, error) {
 			}
 			t.Events++
 			t.Last = max(t.Last, ev.End())
+			if uw != nil && ev.Flags&events.FlagWindow != 0 {
+				uw.unwind(ev, t.Latest[ev.PID], &t.Unwound)
+			}
 			ch := t.Ledger.Apply(ev)
 			if ch.Stack != nil {
 				t.noteStack(ev.PID, ch.Stack)
@@ -244,4 +260,55 @@ func (s *Symbols) Close() error {
 // says in its own words.
 func cause(err, sentinel error) string {
 	return strings.TrimSuffix(err.Error(), ": "+sentinel.Error())
+}
+
+// UnwindStats counts what unwinding the records' stack windows did.
+type UnwindStats struct {
+	Events   uint64 // records with a stack window
+	Deeper   uint64 // whose stack the call-frame unwind made deeper than the frame-pointer walk
+	Stops    map[unwind.StopKind]uint64
+	LastStop map[unwind.StopKind]string // an example of each kind of stop, for a warning
+}
+
+// unwinder unwinds records' stack windows against their process's
+// mappings, and puts the deeper of that and the frame-pointer stack in the
+// event before the ledger sees it.
+type unwinder struct {
+	u    *unwind.Unwinder
+	maps map[*tracefile.Process]*unwind.Maps
+	pcs  []uint64
+}
+
+func newUnwinder() *unwinder {
+	return &unwinder{u: unwind.New(), maps: map[*tracefile.Process]*unwind.Maps{}}
+}
+
+func (w *unwinder) Close() error { return w.u.Close() }
+
+func (w *unwinder) unwind(ev *events.Event, p *tracefile.Process, st *UnwindStats) {
+	st.Events++
+	if p == nil || len(p.Maps) == 0 || len(ev.Window) == 0 {
+		return
+	}
+	m := w.maps[p]
+	if m == nil {
+		m = unwind.NewMaps(p.Maps)
+		w.maps[p] = m
+	}
+	// At a return probe the instruction pointer is a return address; a
+	// USDT probe (recorded at entry) sits inside its function.
+	ipReturn := ev.Flags&events.FlagEntryOnly == 0
+	var stop unwind.Stop
+	w.pcs, stop = w.u.Unwind(m, ev.Regs, ev.Window, ipReturn, w.pcs[:0])
+	if st.Stops == nil {
+		st.Stops = map[unwind.StopKind]uint64{}
+		st.LastStop = map[unwind.StopKind]string{}
+	}
+	st.Stops[stop.Kind]++
+	st.LastStop[stop.Kind] = stop.Detail
+	merged := unwind.Merge(ev.Stack, w.pcs, stop)
+	if len(merged) > len(ev.Stack) {
+		st.Deeper++
+	}
+	ev.Stack = append(ev.Stack[:0], merged...)
 }

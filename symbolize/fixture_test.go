@@ -23,6 +23,8 @@ type fixtures struct {
 	dir        string // where sources were copied and compiled
 	lib        string // libdemo.so, -O2 -g -fPIC -shared, build ID sha1
 	libStrip   string // lib stripped to .dynsym
+	libMini    string // lib stripped, with MiniDebugInfo (.gnu_debugdata) as Fedora builds it
+	libLinked  string // lib stripped, with a .gnu_debuglink to libdemo.debug beside it
 	exe        string // PIE, -O0 -g, linked with lib
 	exeNoPIE   string // ET_EXEC, -O0 -g, linked with lib
 	widget     string // libwidget.so, C++
@@ -59,7 +61,7 @@ func needTool(t testing.TB, names ...string) {
 // getFixtures builds (once) and returns the compiled fixtures.
 func getFixtures(t testing.TB) *fixtures {
 	t.Helper()
-	needTool(t, "gcc", "g++", "strip")
+	needTool(t, "gcc", "g++", "strip", "objcopy", "nm", "xz")
 	fixOnce.Do(func() { fix.buildError = fix.build() })
 	if fix.buildError != nil {
 		t.Fatalf("build fixtures: %v", fix.buildError)
@@ -89,6 +91,8 @@ func (f *fixtures) build() error {
 	}
 	f.lib = filepath.Join(dir, "libdemo.so")
 	f.libStrip = filepath.Join(dir, "libdemo-stripped.so")
+	f.libMini = filepath.Join(dir, "libdemo-mini.so")
+	f.libLinked = filepath.Join(dir, "libdemo-linked.so")
 	f.exe = filepath.Join(dir, "main")
 	f.exeNoPIE = filepath.Join(dir, "main-nopie")
 	f.widget = filepath.Join(dir, "libwidget.so")
@@ -103,6 +107,19 @@ func (f *fixtures) build() error {
 		{"gcc", "-O2", "-g", "-fPIC", "-shared", "-Wl,--build-id=sha1", "-Wl,--version-script=lib.map", "-o", f.lib, "lib.c"},
 		{"gcc", "-O2", "-g", "-fPIC", "-shared", "-Wl,--build-id=none", "-Wl,--version-script=lib.map", "-o", f.noBuildID, "lib.c"},
 		{"strip", "--strip-all", "-o", f.libStrip, f.lib},
+		// MiniDebugInfo, Fedora's recipe (find-debuginfo): the functions
+		// .dynsym lacks, in an xz-compressed ELF in .gnu_debugdata.
+		{"objcopy", "--only-keep-debug", f.lib, "libdemo.debug"},
+		{"sh", "-c", "nm -D --defined-only --format=posix " + f.lib + " | awk '{print $1}' | sort > dynsyms && " +
+			"nm --defined-only --format=posix " + f.lib + " | awk '$2 ~ /^[Tt]$/ {print $1}' | sort > funcsyms && " +
+			"comm -13 dynsyms funcsyms > keep_symbols"},
+		{"objcopy", "-S", "--remove-section", ".gdb_index", "--remove-section", ".comment",
+			"--keep-symbols=keep_symbols", "libdemo.debug", "mini_debuginfo"},
+		{"xz", "-f", "mini_debuginfo"},
+		{"strip", "--strip-all", "-o", f.libMini, f.lib},
+		{"objcopy", "--add-section", ".gnu_debugdata=mini_debuginfo.xz", f.libMini},
+		{"strip", "--strip-all", "-o", f.libLinked, f.lib},
+		{"objcopy", "--add-gnu-debuglink=libdemo.debug", f.libLinked},
 		{"gcc", "-O0", "-g", "-fPIE", "-pie", "-o", f.exe, "main.c", "-L.", "-ldemo", "-Wl,-rpath," + dir, "-ldl"},
 		{"gcc", "-O0", "-g", "-fno-pie", "-no-pie", "-o", f.exeNoPIE, "main.c", "-L.", "-ldemo", "-Wl,-rpath," + dir, "-ldl"},
 		{"g++", "-O2", "-g", "-fPIC", "-shared", "-o", f.widget, "widget.cpp"},

@@ -1,8 +1,10 @@
 package symbolize
 
 import (
+	"bytes"
 	"debug/dwarf"
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/ianlancetaylor/demangle"
+	"github.com/ulikunitz/xz"
 )
 
 // module is what symbolization needs from one ELF file, copied out of it so
@@ -22,6 +25,10 @@ type module struct {
 
 	syms   []symbol // sorted by start, one per start address
 	symtab bool     // syms came from .symtab, not just .dynsym
+
+	// .gnu_debuglink: the separate debug file's name and CRC-32.
+	debuglink    string
+	debuglinkCRC uint32
 
 	lines    []lineRow // sorted by addr
 	files    []string  // lineRow.file indexes this
@@ -65,9 +72,20 @@ func parseModule(f *elf.File, path string) (*module, error) {
 			exec: p.Flags&elf.PF_X != 0,
 		})
 	}
+	if sec := f.Section(".gnu_debuglink"); sec != nil {
+		if b, err := sec.Data(); err == nil {
+			if i := bytes.IndexByte(b, 0); i > 0 && len(b) >= 4 {
+				mod.debuglink = string(b[:i])
+				mod.debuglinkCRC = binary.LittleEndian.Uint32(b[len(b)-4:])
+			}
+		}
+	}
 	var errs []error
 	if err := mod.readSymbols(f); err != nil {
 		errs = append(errs, fmt.Errorf("read symbols of %s: %w", path, err))
+	}
+	if err := mod.addMiniDebugInfo(f); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", path, err))
 	}
 	if err := mod.readLines(f); err != nil {
 		errs = append(errs, fmt.Errorf("read line table of %s: %w", path, err))
@@ -110,34 +128,50 @@ func (m *module) readSymbols(f *elf.File) error {
 		}
 		syms, symtab = dyn, false
 	}
+	m.setSymbols(symbolSet{f, syms})
+	m.symtab = symtab
+	return nil
+}
 
+// symbolSet is a symbol table with the file whose section headers its
+// symbols' section indexes refer to.
+type symbolSet struct {
+	f    *elf.File
+	syms []elf.Symbol
+}
+
+// setSymbols makes m's sorted function table from one or more symbol
+// tables (.dynsym and MiniDebugInfo's .symtab complete each other).
+func (m *module) setSymbols(sets ...symbolSet) {
 	type cand struct {
 		symbol
 		bind elf.SymBind
 	}
-	cands := make([]cand, 0, len(syms))
-	for _, s := range syms {
-		typ := elf.ST_TYPE(s.Info)
-		if typ != elf.STT_FUNC && typ != elf.STT_LOOS /* STT_GNU_IFUNC */ {
-			continue
-		}
-		if s.Section == elf.SHN_UNDEF || s.Value == 0 || s.Name == "" {
-			continue
-		}
-		end := s.Value + s.Size
-		if s.Size == 0 || end < s.Value {
-			// Unsized (hand-written assembly, mostly): it runs at most to
-			// the end of its section.
-			end = ^uint64(0)
-			if int(s.Section) < len(f.Sections) {
-				sec := f.Sections[s.Section]
-				if e := sec.Addr + sec.Size; e > s.Value {
-					end = e
+	var cands []cand
+	for _, set := range sets {
+		for _, s := range set.syms {
+			typ := elf.ST_TYPE(s.Info)
+			if typ != elf.STT_FUNC && typ != elf.STT_LOOS /* STT_GNU_IFUNC */ {
+				continue
+			}
+			if s.Section == elf.SHN_UNDEF || s.Value == 0 || s.Name == "" {
+				continue
+			}
+			end := s.Value + s.Size
+			if s.Size == 0 || end < s.Value {
+				// Unsized (hand-written assembly, mostly): it runs at most to
+				// the end of its section.
+				end = ^uint64(0)
+				if int(s.Section) < len(set.f.Sections) {
+					sec := set.f.Sections[s.Section]
+					if e := sec.Addr + sec.Size; e > s.Value {
+						end = e
+					}
 				}
 			}
+			name, _, _ := strings.Cut(s.Name, "@") // drop version: cudaMalloc@@libcudart.so.11.0
+			cands = append(cands, cand{symbol{start: s.Value, end: end, name: name}, elf.ST_BIND(s.Info)})
 		}
-		name, _, _ := strings.Cut(s.Name, "@") // drop version: cudaMalloc@@libcudart.so.11.0
-		cands = append(cands, cand{symbol{start: s.Value, end: end, name: name}, elf.ST_BIND(s.Info)})
 	}
 	sort.SliceStable(cands, func(i, j int) bool {
 		a, b := &cands[i], &cands[j]
@@ -159,7 +193,42 @@ func (m *module) readSymbols(f *elf.File) error {
 		}
 		m.syms = append(m.syms, c.symbol)
 	}
-	m.symtab = symtab
+}
+
+// maxMiniDebugInfo bounds the decompressed .gnu_debugdata: Fedora's are a
+// few MB for the largest libraries.
+const maxMiniDebugInfo = 256 << 20
+
+// addMiniDebugInfo adds the symbols of f's MiniDebugInfo (.gnu_debugdata:
+// an xz-compressed ELF whose .symtab holds the functions .dynsym lacks, as
+// Fedora, CentOS and others ship) to a module that has only .dynsym.
+func (m *module) addMiniDebugInfo(f *elf.File) error {
+	sec := f.Section(".gnu_debugdata")
+	if sec == nil || m.symtab {
+		return nil
+	}
+	r, err := xz.NewReader(sec.Open())
+	if err != nil {
+		return fmt.Errorf("MiniDebugInfo: %w", err)
+	}
+	data, err := io.ReadAll(io.LimitReader(r, maxMiniDebugInfo+1))
+	if err != nil {
+		return fmt.Errorf("MiniDebugInfo: %w", err)
+	}
+	if len(data) > maxMiniDebugInfo {
+		return fmt.Errorf("MiniDebugInfo: more than %d bytes decompressed", maxMiniDebugInfo)
+	}
+	mini, err := elf.NewFile(bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("MiniDebugInfo: %w", err)
+	}
+	syms, err := mini.Symbols()
+	if err != nil {
+		return fmt.Errorf("MiniDebugInfo: %w", err)
+	}
+	dyn, _ := f.DynamicSymbols()
+	m.setSymbols(symbolSet{f, dyn}, symbolSet{mini, syms})
+	m.symtab = true
 	return nil
 }
 

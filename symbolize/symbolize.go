@@ -8,6 +8,7 @@ package symbolize
 import (
 	"debug/elf"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"sort"
@@ -206,7 +207,7 @@ func (s *Symbolizer) load(path string) (mod *module, err error) {
 	mod, err = parseModule(f.File, path)
 	mod.buildID = id
 	if !mod.hasLines || len(mod.syms) == 0 {
-		if derr := s.addDebugFile(mod); derr != nil && err == nil {
+		if derr := s.addDebugFile(mod, path); derr != nil && err == nil {
 			err = derr
 		}
 	}
@@ -219,23 +220,51 @@ func (s *Symbolizer) load(path string) (mod *module, err error) {
 }
 
 // addDebugFile fills what mod lacks from its separate debug file, if one is
-// installed.
-func (s *Symbolizer) addDebugFile(mod *module) error {
-	if s.DebugDir == "" || len(mod.buildID) < 3 {
-		return nil
+// installed: found by build ID under DebugDir/.build-id, or by the name
+// and CRC in the file's .gnu_debuglink next to it, in its .debug/, or
+// under DebugDir with its directory (where gdb looks).
+func (s *Symbolizer) addDebugFile(mod *module, path string) error {
+	var cands []string
+	if s.DebugDir != "" && len(mod.buildID) >= 3 {
+		cands = append(cands, filepath.Join(s.DebugDir, ".build-id", mod.buildID[:2], mod.buildID[2:]+".debug"))
 	}
-	path := filepath.Join(s.DebugDir, ".build-id", mod.buildID[:2], mod.buildID[2:]+".debug")
-	st, err := os.Stat(path)
-	if err != nil || !st.Mode().IsRegular() {
-		return nil
+	if mod.debuglink != "" && !strings.Contains(mod.debuglink, "/") {
+		dir := filepath.Dir(path)
+		cands = append(cands, filepath.Join(dir, mod.debuglink), filepath.Join(dir, ".debug", mod.debuglink))
+		if s.DebugDir != "" {
+			cands = append(cands, filepath.Join(s.DebugDir, dir, mod.debuglink))
+		}
+	}
+	for _, cand := range cands {
+		st, err := os.Stat(cand)
+		if err != nil || !st.Mode().IsRegular() || cand == path {
+			continue
+		}
+		ok, err := s.takeDebugFile(mod, cand)
+		if ok || err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// takeDebugFile takes symbols and lines from the debug file at path when it
+// belongs to mod: the same build ID, or for a file without one the CRC its
+// .gnu_debuglink names.
+func (s *Symbolizer) takeDebugFile(mod *module, path string) (bool, error) {
+	if mod.buildID == "" {
+		b, err := os.ReadFile(path)
+		if err != nil || crc32.ChecksumIEEE(b) != mod.debuglinkCRC {
+			return false, nil
+		}
 	}
 	f, err := openELF(path)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer f.Close()
 	if id, _ := buildIDOf(f.File); id != mod.buildID {
-		return nil
+		return false, nil
 	}
 	dbg, err := parseModule(f.File, path)
 	// The debug file's own program headers may describe NOBITS sections;
@@ -246,7 +275,7 @@ func (s *Symbolizer) addDebugFile(mod *module) error {
 	if !mod.hasLines && dbg.hasLines {
 		mod.lines, mod.files, mod.hasLines = dbg.lines, dbg.files, true
 	}
-	return err
+	return true, err
 }
 
 type elfFile struct {

@@ -169,6 +169,49 @@ func TestFramesStrippedLibrary(t *testing.T) {
 	}
 }
 
+// A library stripped to .dynsym but carrying MiniDebugInfo names its
+// static functions too; with a .gnu_debuglink to a debug file beside it,
+// it has file:line as well.
+func TestFramesMiniDebugInfoAndDebugLink(t *testing.T) {
+	fx := getFixtures(t)
+	addrs, maps := run(t, fx.exe)
+	in := []uint64{addrs[iLibAlloc] + 1, addrs[iVersioned] + 1, addrs[iStatic] + 1}
+	full := New()
+	defer full.Close()
+	ref := full.Frames(maps, in)
+	if ref[2].Function != "static_helper" || ref[2].Line == 0 {
+		t.Fatalf("unstripped: %+v", ref[2])
+	}
+	for _, c := range []struct {
+		lib   string
+		lines bool
+	}{{fx.libMini, false}, {fx.libLinked, true}} {
+		if out, _ := exec.Command("readelf", "-S", c.lib).Output(); strings.Contains(string(out), ".symtab") {
+			t.Fatalf("%s still has .symtab", c.lib)
+		}
+		m := append([]proc.Mapping(nil), maps...)
+		for i := range m {
+			if m[i].Path == fx.lib {
+				m[i].Path = c.lib
+			}
+		}
+		s := New()
+		s.DebugDir = "" // only the debug link may find libdemo.debug
+		got := s.Frames(m, in)
+		s.Close()
+		for i := range ref {
+			want := ref[i]
+			want.Module = c.lib
+			if !c.lines {
+				want.File, want.Line = "", 0
+			}
+			if got[i] != want {
+				t.Errorf("%s frame %d:\n got %+v\nwant %+v", filepath.Base(c.lib), i, got[i], want)
+			}
+		}
+	}
+}
+
 func TestFramesCPlusPlus(t *testing.T) {
 	fx := getFixtures(t)
 	const mangled = "_ZN4demo6Widget8allocateEm"

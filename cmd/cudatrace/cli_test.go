@@ -22,6 +22,22 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
+// --stack-window: 0 turns the window off (the loader's -1), sizes are whole
+// pages up to 64 KiB.
+func TestParseWindow(t *testing.T) {
+	for in, want := range map[string]int{"0": -1, "4KiB": 4096, "16K": 16 << 10, "65536": 64 << 10, "12k": 12 << 10} {
+		got, err := parseWindow(in)
+		if err != nil || got != want {
+			t.Errorf("parseWindow(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "5000", "128KiB", "1M", "-4K", "x"} {
+		if got, err := parseWindow(in); err == nil {
+			t.Errorf("parseWindow(%q) = %d, want an error", in, got)
+		}
+	}
+}
+
 // run executes the CLI in-process and returns its exit code and output.
 func runCLI(args ...string) (code int, stdout, stderr string) {
 	var out, errb bytes.Buffer

@@ -25,6 +25,8 @@ type recordFlags struct {
 	duration  time.Duration
 	output    string
 	ringSize  string
+	window    string
+	keepWin   bool
 	quiet     bool
 	exports   []string // FORMAT=FILE
 	nvml      bool
@@ -94,6 +96,8 @@ goes on; --nvml=false turns the sampling off.`,
 	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (e.g. 30s, 5m)")
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
 	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
+	fl.StringVar(&f.window, "stack-window", "16KiB", "user stack copied per allocation to unwind code without frame pointers: a multiple of 4KiB up to 64KiB, 0 for frame-pointer stacks only")
+	fl.BoolVar(&f.keepWin, "keep-stack-windows", false, "write the stack windows to the trace for report/export to unwind, instead of unwinding while recording (traces grow by the window per allocation)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
 	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE (pprof, memviz, perfetto, json; repeatable)")
 	fl.BoolVar(&f.nvml, "nvml", true, "sample the driver's per-process GPU memory (NVML) into the trace")
@@ -110,6 +114,11 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	ring, err := parseSize(f.ringSize)
 	if err != nil {
 		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
+	}
+	window, err := parseWindow(f.window)
+	if err != nil {
+		return hint.Wrap(fmt.Errorf("--stack-window %q: %w", f.window, err),
+			"e.g. --stack-window 32KiB for deep native stacks, or 0 to copy none")
 	}
 	exports, err := parseExports(f.exports)
 	if err != nil {
@@ -135,6 +144,8 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		Duration: f.duration, Output: output, Version: version,
 		Stderr:       cmd.ErrOrStderr(),
 		LaunchHelper: []string{exe, launchCmdName},
+
+		KeepStackWindows: f.keepWin,
 	}
 	opts.Tracer.RingBytes = ring
 	if f.nvml {
@@ -143,6 +154,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		}
 		opts.NVML, opts.NVMLEvery = gpustat.Open, f.nvmlEvery
 	}
+	opts.Tracer.StackWindow = window
 	res, err := record.Run(cmd.Context(), opts)
 	if err != nil {
 		return err
@@ -156,6 +168,10 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	w := cmd.ErrOrStderr()
 	if res.Lost > 0 {
 		fmt.Fprintf(w, "cudatrace: warning: %d events lost: %s\n", res.Lost, loader.LossHint(res.Counters))
+	}
+	if res.StacksCut > 0 {
+		fmt.Fprintf(w, "cudatrace: %d stacks end where their %s stack window did; a larger --stack-window (up to 64KiB) reaches deeper\n",
+			res.StacksCut, f.window)
 	}
 	if f.output != "" {
 		fmt.Fprintf(w, "cudatrace: %d events written to %s; see `cudatrace report %s`\n", res.Events, f.output, f.output)
@@ -202,9 +218,39 @@ func exitCode(c int) int {
 	return c
 }
 
+// parseWindow reads --stack-window: 0, or a multiple of 4 KiB up to
+// loader.MaxStackWindow. 0 becomes the loader's "none".
+func parseWindow(s string) (int, error) {
+	v, err := parseBytes(s)
+	if err != nil {
+		return 0, err
+	}
+	if v%4096 != 0 || v > loader.MaxStackWindow {
+		return 0, fmt.Errorf("must be 0 or a multiple of 4KiB up to %dKiB", loader.MaxStackWindow>>10)
+	}
+	if v == 0 {
+		return -1, nil
+	}
+	return int(v), nil
+}
+
 // parseSize reads a byte count with an optional K/M/G (or KiB/MiB/GiB)
 // suffix, 1024-based, and requires a power of two of at least a page.
 func parseSize(s string) (uint32, error) {
+	v, err := parseBytes(s)
+	if err != nil {
+		return 0, err
+	}
+	page := uint64(os.Getpagesize())
+	if v < page || v > 1<<30 || v&(v-1) != 0 {
+		return 0, fmt.Errorf("must be a power of two between %d bytes and 1GiB", page)
+	}
+	return uint32(v), nil
+}
+
+// parseBytes reads a byte count with an optional K/M/G (or KiB/MiB/GiB)
+// suffix, 1024-based.
+func parseBytes(s string) (uint64, error) {
 	t := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
 	mult := uint64(1)
 	if n := len(t); n > 0 {
@@ -221,10 +267,8 @@ func parseSize(s string) (uint32, error) {
 	if err != nil {
 		return 0, errors.New("not a size")
 	}
-	v *= mult
-	page := uint64(os.Getpagesize())
-	if v < page || v > 1<<30 || v&(v-1) != 0 {
-		return 0, fmt.Errorf("must be a power of two between %d bytes and 1GiB", page)
+	if v > 1<<40 {
+		return 0, errors.New("too large")
 	}
-	return uint32(v), nil
+	return v * mult, nil
 }

@@ -1,0 +1,560 @@
+// Package pystack reads a CPython 3.10 to 3.13 thread's Python stack (file,
+// function, line) from outside the process, through /proc/PID/mem: the
+// user-space half of Python frames in cudatrace stacks. It finds the
+// interpreter (libpython or a static python executable) in the process's
+// mappings, takes the structure offsets of its build from its DWARF, finds
+// the thread's state by its native thread id and walks the interpreter
+// frames, turning each (code object, instruction) into file:line with the
+// code object's line table.
+//
+// Not done yet (issue 4): the same walk in BPF at each allocation, and
+// merging the frames into the native stack at _PyEval_EvalFrameDefault.
+// Builds without DWARF (distributions' pythons) need offset tables or,
+// for 3.13, _Py_DebugOffsets.
+package pystack
+
+import (
+	"bytes"
+	"debug/dwarf"
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/cudatrace/cudatrace/proc"
+)
+
+// Frame is one Python frame, innermost first in a stack.
+type Frame struct {
+	File     string
+	Function string // co_qualname from 3.11, co_name before
+	Line     int    // 0 when the instruction has no line
+}
+
+// Interp is one process's interpreter: where its runtime state is and how
+// its structures are laid out.
+type Interp struct {
+	Minor   int    // 10 to 13: CPython 3.Minor
+	Path    string // libpython or the python executable
+	runtime uint64 // address of _PyRuntime in the process
+	off     offsets
+}
+
+// offsets are the byte offsets the walk needs; -1 where the version has
+// no such field.
+type offsets struct {
+	interpHead       int64 // _PyRuntime.interpreters.head
+	mainThread       int64 // _PyRuntime.main_thread (3.10: tells the main thread's state)
+	interpThreads    int64 // PyInterpreterState.tstate_head (3.10) / threads.head
+	tsNext           int64
+	tsNativeID       int64 // native_thread_id (3.11+)
+	tsThreadID       int64 // thread_id (pthread_t)
+	tsFrame          int64 // 3.10: frame; 3.13: current_frame
+	tsCFrame         int64 // 3.11, 3.12: cframe
+	cfCurrent        int64 // _PyCFrame.current_frame
+	frPrevious       int64 // f_back (3.10) / previous
+	frCode           int64 // f_code / f_executable
+	frInstr          int64 // f_lasti (3.10, an int) / prev_instr / instr_ptr
+	frOwner          int64 // 3.12+
+	coFilename       int64
+	coName           int64
+	coQualname       int64
+	coFirstLine      int64
+	coLinetable      int64
+	coCodeAdaptive   int64
+	bytesData        int64 // PyBytesObject.ob_sval
+	strLength        int64 // PyASCIIObject.length
+	strState         int64
+	asciiSize        int64 // sizeof(PyASCIIObject): where compact ASCII data starts
+	frameOwnedCStack uint8
+}
+
+var libRe = regexp.MustCompile(`(?:^|/)(?:libpython|python)3\.(\d+)(?:\.so[.0-9]*|d?)$`)
+
+// Detect finds CPython 3.10 to 3.13 in a process's mappings. It returns
+// nil and no error when the process runs no such interpreter.
+func Detect(maps []proc.Mapping) (*Interp, error) {
+	for _, m := range maps {
+		sm := libRe.FindStringSubmatch(m.Path)
+		if sm == nil || !m.File() {
+			continue
+		}
+		minor, _ := strconv.Atoi(sm[1])
+		if minor < 10 || minor > 13 {
+			return nil, fmt.Errorf("%s: CPython 3.%d: only 3.10 to 3.13 are read", m.Path, minor)
+		}
+		in, err := open(m.Path, minor, maps)
+		if errors.Is(err, errNoRuntime) {
+			continue // the executable of a shared-libpython build
+		}
+		return in, err
+	}
+	return nil, nil
+}
+
+var errNoRuntime = errors.New("no _PyRuntime symbol")
+
+func open(path string, minor int, maps []proc.Mapping) (*Interp, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var runtime uint64
+	syms, _ := f.Symbols()
+	dyn, _ := f.DynamicSymbols()
+	for _, s := range append(syms, dyn...) {
+		if s.Name == "_PyRuntime" && s.Section != elf.SHN_UNDEF {
+			runtime = s.Value
+			break
+		}
+	}
+	if runtime == 0 {
+		return nil, errNoRuntime
+	}
+	base, ok := loadBias(f, path, maps)
+	if !ok {
+		return nil, fmt.Errorf("%s: not mapped as its headers say", path)
+	}
+	d, err := f.DWARF()
+	if err != nil {
+		return nil, fmt.Errorf("%s: no DWARF to take CPython's structure offsets from: %w", path, err)
+	}
+	off, err := dwarfOffsets(d, minor)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off}, nil
+}
+
+// loadBias is what the process added to the file's virtual addresses.
+func loadBias(f *elf.File, path string, maps []proc.Mapping) (uint64, bool) {
+	for _, m := range maps {
+		if m.Path != path {
+			continue
+		}
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_LOAD && m.Offset >= p.Off && m.Offset < p.Off+p.Filesz {
+				return m.Start - (m.Offset - p.Off) - p.Vaddr, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// structs indexes the DWARF structures by tag or typedef name.
+func structs(d *dwarf.Data, names map[string]bool) map[string]*dwarf.StructType {
+	out := map[string]*dwarf.StructType{}
+	r := d.Reader()
+	for {
+		e, err := r.Next()
+		if err != nil || e == nil {
+			return out
+		}
+		if e.Tag != dwarf.TagStructType && e.Tag != dwarf.TagTypedef {
+			if e.Tag == dwarf.TagCompileUnit || e.Tag == dwarf.TagPartialUnit {
+				continue
+			}
+			r.SkipChildren()
+			continue
+		}
+		name, _ := e.Val(dwarf.AttrName).(string)
+		if !names[name] || out[name] != nil || e.Val(dwarf.AttrDeclaration) != nil {
+			if e.Children {
+				r.SkipChildren()
+			}
+			continue
+		}
+		t, err := d.Type(e.Offset)
+		if e.Children {
+			r.SkipChildren()
+		}
+		if err != nil {
+			continue
+		}
+		if td, ok := t.(*dwarf.TypedefType); ok {
+			t = td.Type
+		}
+		if st, ok := t.(*dwarf.StructType); ok && !st.Incomplete {
+			out[name] = st
+		}
+	}
+}
+
+// field is the offset of a dotted member path in st; -1 when absent.
+func field(st *dwarf.StructType, path string) int64 {
+	var off int64
+	for _, name := range strings.Split(path, ".") {
+		if st == nil {
+			return -1
+		}
+		var next *dwarf.StructType
+		found := false
+		for _, f := range st.Field {
+			if f.Name == name {
+				off += f.ByteOffset
+				found = true
+				t := f.Type
+				if td, ok := t.(*dwarf.TypedefType); ok {
+					t = td.Type
+				}
+				next, _ = t.(*dwarf.StructType)
+				break
+			}
+		}
+		if !found {
+			return -1
+		}
+		st = next
+	}
+	return off
+}
+
+func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
+	s := structs(d, map[string]bool{"pyruntimestate": true, "_is": true, "_ts": true, "_frame": true,
+		"_PyInterpreterFrame": true, "_PyCFrame": true, "PyCodeObject": true, "PyBytesObject": true, "PyASCIIObject": true})
+	o := offsets{frameOwnedCStack: 3}
+	rt, is, ts, code := s["pyruntimestate"], s["_is"], s["_ts"], s["PyCodeObject"]
+	o.interpHead = field(rt, "interpreters.head")
+	o.mainThread = field(rt, "main_thread")
+	o.tsNext = field(ts, "next")
+	o.tsNativeID = field(ts, "native_thread_id")
+	o.tsThreadID = field(ts, "thread_id")
+	o.tsFrame, o.tsCFrame, o.cfCurrent, o.frOwner = -1, -1, -1, -1
+	o.coQualname = field(code, "co_qualname")
+	o.coFilename = field(code, "co_filename")
+	o.coName = field(code, "co_name")
+	o.coFirstLine = field(code, "co_firstlineno")
+	o.coLinetable = field(code, "co_linetable")
+	o.coCodeAdaptive = field(code, "co_code_adaptive")
+	o.bytesData = field(s["PyBytesObject"], "ob_sval")
+	o.strLength = field(s["PyASCIIObject"], "length")
+	o.strState = field(s["PyASCIIObject"], "state")
+	if a := s["PyASCIIObject"]; a != nil {
+		o.asciiSize = a.ByteSize
+	}
+	switch minor {
+	case 10:
+		o.interpThreads = field(is, "tstate_head")
+		o.tsFrame = field(ts, "frame")
+		fr := s["_frame"]
+		o.frPrevious, o.frCode, o.frInstr = field(fr, "f_back"), field(fr, "f_code"), field(fr, "f_lasti")
+	default:
+		o.interpThreads = field(is, "threads.head")
+		fr := s["_PyInterpreterFrame"]
+		o.frPrevious = field(fr, "previous")
+		if minor == 13 {
+			o.tsFrame = field(ts, "current_frame")
+			o.frCode, o.frInstr = field(fr, "f_executable"), field(fr, "instr_ptr")
+		} else {
+			o.tsCFrame = field(ts, "cframe")
+			o.cfCurrent = field(s["_PyCFrame"], "current_frame")
+			o.frCode, o.frInstr = field(fr, "f_code"), field(fr, "prev_instr")
+		}
+		if minor >= 12 {
+			o.frOwner = field(fr, "owner")
+		}
+	}
+	need := map[string]int64{"interpreters.head": o.interpHead, "thread list": o.interpThreads, "next": o.tsNext,
+		"frame previous": o.frPrevious, "frame code": o.frCode, "frame instruction": o.frInstr,
+		"co_filename": o.coFilename, "co_name": o.coName, "co_firstlineno": o.coFirstLine, "co_linetable": o.coLinetable,
+		"ob_sval": o.bytesData, "PyASCIIObject.state": o.strState}
+	if minor >= 11 {
+		need["native_thread_id"], need["co_code_adaptive"] = o.tsNativeID, o.coCodeAdaptive
+	}
+	for name, v := range need {
+		if v < 0 {
+			return o, fmt.Errorf("CPython 3.%d: no %s in its DWARF", minor, name)
+		}
+	}
+	return o, nil
+}
+
+// mem reads a stopped or running process's memory.
+type mem struct{ f *os.File }
+
+func (m mem) read(addr uint64, b []byte) error {
+	if _, err := m.f.ReadAt(b, int64(addr)); err != nil {
+		return fmt.Errorf("read %d bytes at %#x: %w", len(b), addr, err)
+	}
+	return nil
+}
+
+func (m mem) u64(addr uint64) (uint64, error) {
+	var b [8]byte
+	err := m.read(addr, b[:])
+	return binary.LittleEndian.Uint64(b[:]), err
+}
+
+// MaxFrames bounds a Python stack read.
+const MaxFrames = 128
+
+// Stack reads the Python stack of thread tid of process pid, innermost
+// first. A thread without Python frames (or unknown to the interpreter)
+// has none: nil and no error.
+func (in *Interp) Stack(pid, tid int) ([]Frame, error) {
+	f, err := os.Open(filepath.Join(proc.Root, strconv.Itoa(pid), "mem"))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	m := mem{f}
+	o := &in.off
+	interp, err := m.u64(in.runtime + uint64(o.interpHead))
+	if err != nil {
+		return nil, err
+	}
+	var mainThread uint64
+	if in.Minor == 10 && o.mainThread >= 0 && tid == pid {
+		mainThread, _ = m.u64(in.runtime + uint64(o.mainThread))
+	}
+	ts, err := m.u64(interp + uint64(o.interpThreads))
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; ts != 0 && i < 4096; i++ {
+		var match bool
+		if o.tsNativeID >= 0 {
+			id, err := m.u64(ts + uint64(o.tsNativeID))
+			if err != nil {
+				return nil, err
+			}
+			match = id == uint64(tid)
+		} else if mainThread != 0 {
+			// 3.10 keeps only pthread_self(): the main thread's is known.
+			id, err := m.u64(ts + uint64(o.tsThreadID))
+			if err != nil {
+				return nil, err
+			}
+			match = id == mainThread
+		}
+		if match {
+			return in.walk(m, ts)
+		}
+		if ts, err = m.u64(ts + uint64(o.tsNext)); err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
+}
+
+func (in *Interp) walk(m mem, ts uint64) ([]Frame, error) {
+	o := &in.off
+	var frame uint64
+	var err error
+	if o.tsCFrame >= 0 {
+		cf, err := m.u64(ts + uint64(o.tsCFrame))
+		if err != nil || cf == 0 {
+			return nil, err
+		}
+		frame, err = m.u64(cf + uint64(o.cfCurrent))
+		if err != nil {
+			return nil, err
+		}
+	} else if frame, err = m.u64(ts + uint64(o.tsFrame)); err != nil {
+		return nil, err
+	}
+	var out []Frame
+	for frame != 0 && len(out) < MaxFrames {
+		if o.frOwner >= 0 {
+			var owner [1]byte
+			if err := m.read(frame+uint64(o.frOwner), owner[:]); err != nil {
+				return out, err
+			}
+			if owner[0] == o.frameOwnedCStack { // a C call's shim frame
+				if frame, err = m.u64(frame + uint64(o.frPrevious)); err != nil {
+					return out, err
+				}
+				continue
+			}
+		}
+		code, err := m.u64(frame + uint64(o.frCode))
+		if err != nil {
+			return out, err
+		}
+		var units int64 // code units from the first instruction
+		if in.Minor == 10 {
+			var b [4]byte
+			if err := m.read(frame+uint64(o.frInstr), b[:]); err != nil {
+				return out, err
+			}
+			units = int64(int32(binary.LittleEndian.Uint32(b[:])))
+		} else {
+			ip, err := m.u64(frame + uint64(o.frInstr))
+			if err != nil {
+				return out, err
+			}
+			units = (int64(ip) - int64(code) - o.coCodeAdaptive) / 2
+		}
+		fr, err := in.codeFrame(m, code, units)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, fr)
+		if frame, err = m.u64(frame + uint64(o.frPrevious)); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+func (in *Interp) codeFrame(m mem, code uint64, units int64) (Frame, error) {
+	o := &in.off
+	var fr Frame
+	var err error
+	ptr := func(off int64) uint64 {
+		if err != nil || off < 0 {
+			return 0
+		}
+		var v uint64
+		v, err = m.u64(code + uint64(off))
+		return v
+	}
+	filename, name, qualname, table := ptr(o.coFilename), ptr(o.coName), ptr(o.coQualname), ptr(o.coLinetable)
+	if err != nil {
+		return fr, err
+	}
+	var first [4]byte
+	if err := m.read(code+uint64(o.coFirstLine), first[:]); err != nil {
+		return fr, err
+	}
+	if fr.File, err = in.str(m, filename); err != nil {
+		return fr, err
+	}
+	fn := name
+	if qualname != 0 {
+		fn = qualname
+	}
+	if fr.Function, err = in.str(m, fn); err != nil {
+		return fr, err
+	}
+	lt, err := in.bytesObj(m, table)
+	if err != nil {
+		return fr, err
+	}
+	firstLine := int(int32(binary.LittleEndian.Uint32(first[:])))
+	if in.Minor == 10 {
+		fr.Line = line310(lt, firstLine, units*2)
+	} else {
+		fr.Line = line311(lt, firstLine, units)
+	}
+	return fr, nil
+}
+
+const maxObject = 1 << 20
+
+// str reads a compact ASCII str (file and function names are).
+func (in *Interp) str(m mem, obj uint64) (string, error) {
+	o := &in.off
+	n, err := m.u64(obj + uint64(o.strLength))
+	if err != nil {
+		return "", err
+	}
+	var st [4]byte
+	if err := m.read(obj+uint64(o.strState), st[:]); err != nil {
+		return "", err
+	}
+	state := binary.LittleEndian.Uint32(st[:])
+	if state&(1<<5) == 0 || state&(1<<6) == 0 || n > maxObject {
+		return "?", nil // not compact ASCII: left unread
+	}
+	b := make([]byte, n)
+	if err := m.read(obj+uint64(o.asciiSize), b); err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+func (in *Interp) bytesObj(m mem, obj uint64) ([]byte, error) {
+	n, err := m.u64(obj + 16) // PyVarObject.ob_size
+	if err != nil {
+		return nil, err
+	}
+	if n > maxObject {
+		return nil, fmt.Errorf("bytes object of %d bytes at %#x", n, obj)
+	}
+	b := make([]byte, n)
+	return b, m.read(obj+uint64(in.off.bytesData), b)
+}
+
+// line310 reads 3.10's co_linetable: (bytecode delta, line delta) byte
+// pairs, a line delta of -128 meaning no line. off is in bytes.
+func line310(t []byte, first int, off int64) int {
+	line, start := first, int64(0)
+	for i := 0; i+1 < len(t); i += 2 {
+		end := start + int64(t[i])
+		cur := -1
+		if d := int8(t[i+1]); d != -128 {
+			line += int(d)
+			cur = line
+		}
+		if off >= start && off < end {
+			return max(cur, 0)
+		}
+		start = end
+	}
+	return 0
+}
+
+// line311 reads the location table of 3.11 and later (Objects/
+// locations.md): entries of a header byte (code, length in code units)
+// and the line delta and columns the code says. off is in code units.
+func line311(t []byte, first int, off int64) int {
+	r := bytes.NewReader(t)
+	varint := func() int {
+		b, _ := r.ReadByte()
+		v, shift := int(b&63), 0
+		for b&64 != 0 {
+			var err error
+			if b, err = r.ReadByte(); err != nil {
+				break
+			}
+			shift += 6
+			v |= int(b&63) << shift
+		}
+		return v
+	}
+	svarint := func() int {
+		v := varint()
+		if v&1 != 0 {
+			return -(v >> 1)
+		}
+		return v >> 1
+	}
+	line, addr := first, int64(0)
+	for r.Len() > 0 {
+		h, _ := r.ReadByte()
+		code, length := int(h>>3)&15, int64(h&7)+1
+		cur := line
+		switch {
+		case code == 15:
+			cur = -1
+		case code == 14:
+			line += svarint()
+			varint()
+			varint()
+			varint()
+			cur = line
+		case code == 13:
+			line += svarint()
+			cur = line
+		case code >= 10:
+			line += code - 10
+			r.ReadByte()
+			r.ReadByte()
+			cur = line
+		default:
+			r.ReadByte()
+		}
+		if off >= addr && off < addr+length {
+			return max(cur, 0)
+		}
+		addr += length
+	}
+	return 0
+}

@@ -1,0 +1,162 @@
+package pystack
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cudatrace/cudatrace/proc"
+)
+
+func markedLine(t *testing.T, tag string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "nested.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range strings.Split(string(b), "\n") {
+		if strings.HasSuffix(l, "# LINE:"+tag) {
+			return i + 1
+		}
+	}
+	t.Fatalf("no LINE:%s", tag)
+	return 0
+}
+
+// Every CPython 3.10 to 3.13 under pyenv: the main thread's Python stack,
+// read from outside while it blocks in a ctypes call, is the script's
+// frames with their exact lines and (qualified, from 3.11) names. From
+// 3.11, a second thread's too (3.10 keeps no native thread id: only the
+// main thread is found).
+func TestStackCPython(t *testing.T) {
+	script, _ := filepath.Abs(filepath.Join("testdata", "nested.py"))
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+			if len(found) == 0 {
+				if os.Getenv("CI") == "true" {
+					t.Fatalf("CI=true: no CPython %s under /root/.pyenv/versions", v)
+				}
+				t.Skipf("no CPython %s under /root/.pyenv/versions", v)
+			}
+			checkStack(t, found[0], script, v, false)
+			if v != "3.10" {
+				checkStack(t, found[0], script, v, true)
+			}
+		})
+	}
+}
+
+func checkStack(t *testing.T, python, script, v string, thread bool) {
+	t.Helper()
+	args := []string{script}
+	if thread {
+		args = append(args, "thread")
+	}
+	cmd := exec.Command(python, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	pid := cmd.Process.Pid
+	tid := 0
+	if l, err := bufio.NewReader(out).ReadString('\n'); err != nil || !strings.HasPrefix(l, "ready ") {
+		t.Fatalf("script said %q, %v", l, err)
+	} else if tid, err = strconv.Atoi(strings.TrimSpace(l[6:])); err != nil {
+		t.Fatal(err)
+	}
+	maps, err := proc.ReadMaps(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := Detect(maps)
+	if err != nil || in == nil {
+		t.Fatalf("Detect: %v, %v", in, err)
+	}
+	if want := int(v[3] - '0' + 10); in.Minor != want {
+		t.Fatalf("detected 3.%d", in.Minor)
+	}
+	method := "method"
+	if in.Minor >= 11 {
+		method = "Outer.method"
+	}
+	frames := []Frame{
+		{script, "leaf", markedLine(t, "leaf")},
+		{script, "middle", markedLine(t, "middle")},
+		{script, method, markedLine(t, "method")},
+		{script, "<module>", markedLine(t, "module")},
+	}
+	if thread {
+		// The thread runs Outer.method from threading's bootstrap.
+		frames = append(frames[:3:3], Frame{"threading.py", "Thread.run", 0},
+			Frame{"threading.py", "Thread._bootstrap_inner", 0}, Frame{"threading.py", "Thread._bootstrap", 0})
+		if tid == pid {
+			t.Fatalf("the thread is the main thread")
+		}
+	}
+	want := fmt.Sprint(frames)
+	// The thread reaches pause() just after it said "ready".
+	var got string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		st, err := in.Stack(pid, tid)
+		if err != nil {
+			t.Fatalf("Stack: %v", err)
+		}
+		if thread {
+			// threading.py's lines differ by version: its frames
+			// are checked by file name and function.
+			for i := range st {
+				if i >= 3 && filepath.Base(st[i].File) == "threading.py" {
+					st[i].File, st[i].Line = "threading.py", 0
+				}
+			}
+		}
+		if got = fmt.Sprint(st); got == want {
+			break
+		}
+	}
+	if got != want {
+		t.Fatalf("stack\n got %s\nwant %s", got, want)
+	}
+	if thread {
+		// Meanwhile the main thread waits in join.
+		st, err := in.Stack(pid, pid)
+		if err != nil || len(st) == 0 || st[len(st)-1] != (Frame{script, "<module>", markedLine(t, "join")}) {
+			t.Errorf("main thread: %v, %v; want <module> at line %d last", st, err, markedLine(t, "join"))
+		}
+	}
+	// A thread the interpreter does not know has no Python stack.
+	if st, err := in.Stack(pid, pid+1<<20); err != nil || st != nil {
+		t.Errorf("unknown thread: %v, %v", st, err)
+	}
+}
+
+func TestLineTables(t *testing.T) {
+	// 3.10: (2 bytes, +1), (4 bytes, no line), (2 bytes, +2).
+	t310 := []byte{2, 1, 4, 0x80, 2, 2}
+	for off, want := range map[int64]int{0: 11, 1: 11, 2: 0, 5: 0, 6: 13, 8: 0} {
+		if got := line310(t310, 10, off); got != want {
+			t.Errorf("line310 at %d: %d, want %d", off, got, want)
+		}
+	}
+	// 3.11+: no-column entry (code 13) +3 over 2 units; one-line form
+	// (code 11: +1) over 1 unit; no location (15) over 1 unit; long form
+	// (14) -2 over 3 units.
+	t311 := []byte{0x80 | 13<<3 | 1, 6, 0x80 | 11<<3, 1, 2, 0x80 | 15<<3, 0x80 | 14<<3 | 2, 5, 0, 1, 2}
+	for off, want := range map[int64]int{0: 23, 1: 23, 2: 24, 3: 0, 4: 22, 6: 22, 7: 0} {
+		if got := line311(t311, 20, off); got != want {
+			t.Errorf("line311 at %d: %d, want %d", off, got, want)
+		}
+	}
+}

@@ -1,0 +1,464 @@
+// Package unwind walks x86-64 user stacks from call-frame information
+// (.eh_frame, .debug_frame) the way a debugger does, for code built
+// without frame pointers: CPython, libtorch, libcudart and most -O2 code.
+// It runs in user space, after the fact, on what a BPF program copied into
+// the record at the probe: three registers and a window of stack bytes. The
+// process may be gone; its mapped files are opened by path, and their
+// tables are read entry by entry and cached per file.
+package unwind
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/proc"
+)
+
+// MaxFrames bounds an unwound stack, as events.MaxFrames bounds a
+// frame-pointer one.
+const MaxFrames = events.MaxFrames
+
+// Unwinder unwinds stacks, caching each mapped file's tables. It is safe
+// for concurrent use; Close releases the files it holds open.
+type Unwinder struct {
+	mu     sync.Mutex
+	byFile map[fileKey]*tableEntry
+	byID   map[string]*tableEntry
+}
+
+type fileKey struct {
+	path  string
+	size  int64
+	mtime int64
+}
+
+type tableEntry struct {
+	once sync.Once
+	t    *table
+	err  error
+}
+
+// New returns an Unwinder with empty caches.
+func New() *Unwinder {
+	return &Unwinder{byFile: map[fileKey]*tableEntry{}, byID: map[string]*tableEntry{}}
+}
+
+// Close closes every file the Unwinder opened. It stays usable.
+func (u *Unwinder) Close() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var errs []error
+	closed := map[*table]bool{}
+	for _, e := range u.byFile {
+		if e.t != nil && !closed[e.t] {
+			closed[e.t] = true
+			errs = append(errs, e.t.Close())
+		}
+	}
+	u.byFile = map[fileKey]*tableEntry{}
+	u.byID = map[string]*tableEntry{}
+	return errors.Join(errs...)
+}
+
+// Maps is a process's executable mappings sorted for lookup, with each
+// one's table once looked up. Build it once per capture of the process. It
+// is not safe for concurrent use.
+type Maps struct {
+	m    []proc.Mapping
+	tabs []tabSlot
+}
+
+type tabSlot struct {
+	done bool
+	t    *table
+	err  error
+}
+
+// NewMaps keeps the executable mappings of maps, sorted.
+func NewMaps(maps []proc.Mapping) *Maps {
+	var m []proc.Mapping
+	for _, x := range maps {
+		if x.Exec() {
+			m = append(m, x)
+		}
+	}
+	sort.Slice(m, func(i, j int) bool { return m[i].Start < m[j].Start })
+	return &Maps{m: m, tabs: make([]tabSlot, len(m))}
+}
+
+func (m *Maps) find(pc uint64) int {
+	i := sort.Search(len(m.m), func(i int) bool { return m.m[i].End > pc })
+	if i == len(m.m) || pc < m.m[i].Start {
+		return -1
+	}
+	return i
+}
+
+// Stop says why an unwind ended.
+type Stop struct {
+	Kind   StopKind
+	Detail string // what, where: for a human
+}
+
+// StopKind classifies Stop.
+type StopKind uint8
+
+const (
+	StopEnd       StopKind = iota // the outermost frame: the return address column is undefined or 0
+	StopWindow                    // the next frame's data lies above the copied window
+	StopNoMapping                 // an address outside every executable mapping (or in [uprobes]' trampoline)
+	StopNoCFI                     // a file without an FDE for the address, or that cannot be read
+	StopRule                      // a rule or expression the unwinder does not follow
+	StopLoop                      // the stack pointer did not climb
+	StopMax                       // MaxFrames reached
+)
+
+func (s Stop) String() string { return s.Detail }
+
+// Unwind walks the stack from regs through window, the stack bytes from
+// regs.SP up, and appends the return addresses to pcs (regs.IP first).
+// ipReturn says regs.IP is itself a return address, as at a return probe;
+// at a probe inside a function body (USDT) it is not.
+func (u *Unwinder) Unwind(maps *Maps, regs events.Regs, window []byte, ipReturn bool, pcs []uint64) ([]uint64, Stop) {
+	mem := memory{base: regs.SP, b: window}
+	back := uint64(0)
+	if ipReturn {
+		back = 1
+	}
+	pc, sp, bp := regs.IP, regs.SP, regs.BP
+	bpOK := true
+	pcs = append(pcs, pc)
+	for len(pcs) < MaxFrames {
+		i := maps.find(pc)
+		if i < 0 || !maps.m[i].File() {
+			return pcs, Stop{StopNoMapping, fmt.Sprintf("%#x is in no mapped file", pc)}
+		}
+		m := &maps.m[i]
+		slot := &maps.tabs[i]
+		if !slot.done {
+			slot.t, slot.err = u.table(m)
+			slot.done = true
+		}
+		t, err := slot.t, slot.err
+		if err != nil {
+			return pcs, Stop{StopNoCFI, fmt.Sprintf("%s: %v", m.Path, err)}
+		}
+		v, ok := t.vaddr(pc - m.Start + m.Offset)
+		if !ok {
+			return pcs, Stop{StopNoCFI, fmt.Sprintf("%#x is outside %s's segments", pc, m.Path)}
+		}
+		// Every pc here but a signal frame's is a return address: the call
+		// it returns from is one byte back, and that is the row that holds
+		// while the callee runs (the call may end its function, and the
+		// return address be another's first byte).
+		w, err := t.rowFor(v - back)
+		if err != nil {
+			return pcs, Stop{StopNoCFI, fmt.Sprintf("%#x (%s+%#x): %v", pc, m.Path, v, err)}
+		}
+		st := state{pc: pc, sp: sp, bp: bp, bpOK: bpOK, mem: &mem}
+		cfa, err := st.cfa(&w)
+		if err != nil {
+			return pcs, stopFor(err, pc, m.Path)
+		}
+		if w.ra.kind == ruleUndef {
+			return pcs, Stop{StopEnd, "end of stack"}
+		}
+		if w.ra.kind == ruleSame {
+			return pcs, Stop{StopRule, fmt.Sprintf("at %#x (%s): no rule for the return address", pc, m.Path)}
+		}
+		ra, ok, err := st.apply(&w.ra, cfa)
+		if err != nil || !ok {
+			if err == nil {
+				err = errors.New("return address rule")
+			}
+			return pcs, stopFor(err, pc, m.Path)
+		}
+		nbp, nbpOK, err := st.apply(&w.rbp, cfa)
+		if err != nil {
+			nbpOK = false // rbp lost: only frames whose CFA needs it stop
+		}
+		if ra == 0 {
+			return pcs, Stop{StopEnd, "end of stack"}
+		}
+		if cfa <= sp {
+			return pcs, Stop{StopLoop, fmt.Sprintf("CFA %#x at or below sp %#x at %#x", cfa, sp, pc)}
+		}
+		pc, sp, bp, bpOK = ra, cfa, nbp, nbpOK
+		back = 1
+		pcs = append(pcs, pc)
+	}
+	return pcs, Stop{StopMax, fmt.Sprintf("%d frames", MaxFrames)}
+}
+
+var (
+	errWindow = errors.New("above the copied stack window")
+	errRule   = errors.New("rule not followed")
+)
+
+func stopFor(err error, pc uint64, path string) Stop {
+	switch {
+	case errors.Is(err, errWindow):
+		return Stop{StopWindow, fmt.Sprintf("at %#x (%s): %v", pc, path, err)}
+	default:
+		return Stop{StopRule, fmt.Sprintf("at %#x (%s): %v", pc, path, err)}
+	}
+}
+
+func (u *Unwinder) table(m *proc.Mapping) (*table, error) {
+	st, err := os.Stat(m.Path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file")
+	}
+	key := fileKey{m.Path, st.Size(), st.ModTime().UnixNano()}
+	u.mu.Lock()
+	e := u.byFile[key]
+	if e == nil {
+		if m.BuildID != "" {
+			e = u.byID[m.BuildID]
+		}
+		if e == nil {
+			e = &tableEntry{}
+			if m.BuildID != "" {
+				u.byID[m.BuildID] = e
+			}
+		}
+		u.byFile[key] = e
+	}
+	u.mu.Unlock()
+	e.once.Do(func() { e.t, e.err = openTable(m.Path) })
+	return e.t, e.err
+}
+
+// memory is the copied stack window: the only memory the unwinder reads.
+type memory struct {
+	base uint64
+	b    []byte
+}
+
+func (m *memory) read(addr uint64) (uint64, error) {
+	if addr < m.base || addr-m.base > uint64(len(m.b)) || uint64(len(m.b))-(addr-m.base) < 8 {
+		return 0, fmt.Errorf("%#x: %w (%#x to %#x)", addr, errWindow, m.base, m.base+uint64(len(m.b)))
+	}
+	return binary.LittleEndian.Uint64(m.b[addr-m.base:]), nil
+}
+
+// state is one frame's registers as far as they are known.
+type state struct {
+	pc, sp, bp uint64
+	bpOK       bool
+	mem        *memory
+}
+
+func (s *state) reg(r uint64) (uint64, error) {
+	switch r {
+	case regRSP:
+		return s.sp, nil
+	case regRBP:
+		if s.bpOK {
+			return s.bp, nil
+		}
+		return 0, fmt.Errorf("rbp unknown in this frame: %w", errRule)
+	case regRA:
+		return s.pc, nil
+	}
+	return 0, fmt.Errorf("CFA from DWARF register %d: %w", r, errRule)
+}
+
+func (s *state) cfa(w *row) (uint64, error) {
+	if w.cfaExpr != nil {
+		return s.eval(w.cfaExpr, 0, false)
+	}
+	v, err := s.reg(w.cfaReg)
+	return v + uint64(w.cfaOff), err
+}
+
+// apply gives a register's value in the caller under rule r; ok is false
+// when the rule leaves it unknown.
+func (s *state) apply(r *rule, cfa uint64) (uint64, bool, error) {
+	switch r.kind {
+	case ruleSame:
+		return s.bp, s.bpOK, nil // only rbp gets here: Unwind refuses "same" for the return address
+	case ruleUndef:
+		return 0, false, nil
+	case ruleOffset:
+		v, err := s.mem.read(cfa + uint64(r.off))
+		return v, err == nil, err
+	case ruleValOffset:
+		return cfa + uint64(r.off), true, nil
+	case ruleRegister:
+		v, err := s.reg(r.reg)
+		return v, err == nil, err
+	case ruleExpr:
+		addr, err := s.eval(r.expr, cfa, true)
+		if err != nil {
+			return 0, false, err
+		}
+		v, err := s.mem.read(addr)
+		return v, err == nil, err
+	case ruleValExpr:
+		v, err := s.eval(r.expr, cfa, true)
+		return v, err == nil, err
+	}
+	return 0, false, errRule
+}
+
+// eval runs a DWARF expression of the kinds compilers put in CFI: register
+// plus offset, dereference, and the arithmetic of PLT entries. push starts
+// the stack with cfa (register rules).
+func (s *state) eval(expr []byte, cfa uint64, push bool) (uint64, error) {
+	var st []uint64
+	if push {
+		st = append(st, cfa)
+	}
+	r := &buf{b: expr}
+	pop := func() uint64 {
+		if len(st) == 0 {
+			r.fail()
+			return 0
+		}
+		v := st[len(st)-1]
+		st = st[:len(st)-1]
+		return v
+	}
+	for r.off < len(r.b) && r.err == nil {
+		op := r.u8()
+		switch {
+		case op >= 0x30 && op <= 0x4f: // lit0..31
+			st = append(st, uint64(op-0x30))
+		case op >= 0x70 && op <= 0x8f: // breg0..31
+			v, err := s.reg(uint64(op - 0x70))
+			if err != nil {
+				return 0, err
+			}
+			st = append(st, v+uint64(r.sleb()))
+		case op == 0x92: // bregx
+			v, err := s.reg(r.uleb())
+			if err != nil {
+				return 0, err
+			}
+			st = append(st, v+uint64(r.sleb()))
+		case op == 0x06: // deref
+			v, err := s.mem.read(pop())
+			if err != nil {
+				return 0, err
+			}
+			st = append(st, v)
+		case op == 0x08:
+			st = append(st, uint64(r.u8()))
+		case op == 0x09:
+			st = append(st, uint64(int64(int8(r.u8()))))
+		case op == 0x0a:
+			st = append(st, uint64(r.u16()))
+		case op == 0x0b:
+			st = append(st, uint64(int64(int16(r.u16()))))
+		case op == 0x0c:
+			st = append(st, uint64(r.u32()))
+		case op == 0x0d:
+			st = append(st, uint64(int64(int32(r.u32()))))
+		case op == 0x0e, op == 0x0f:
+			st = append(st, r.u64())
+		case op == 0x10:
+			st = append(st, r.uleb())
+		case op == 0x11:
+			st = append(st, uint64(r.sleb()))
+		case op == 0x12: // dup
+			v := pop()
+			st = append(st, v, v)
+		case op == 0x13: // drop
+			pop()
+		case op == 0x23: // plus_uconst
+			st = append(st, pop()+r.uleb())
+		case op == 0x1a, op == 0x1c, op == 0x22, op == 0x24, op == 0x25, op == 0x21, op == 0x27,
+			op >= 0x29 && op <= 0x2e:
+			b, a := pop(), pop()
+			st = append(st, binop(op, a, b))
+		default:
+			return 0, fmt.Errorf("DWARF expression op %#x: %w", op, errRule)
+		}
+	}
+	if r.err != nil || len(st) == 0 {
+		return 0, fmt.Errorf("DWARF expression: %w", errRule)
+	}
+	return st[len(st)-1], nil
+}
+
+func binop(op uint8, a, b uint64) uint64 {
+	bool64 := func(c bool) uint64 {
+		if c {
+			return 1
+		}
+		return 0
+	}
+	switch op {
+	case 0x1a:
+		return a & b
+	case 0x1c:
+		return a - b
+	case 0x21:
+		return a | b
+	case 0x22:
+		return a + b
+	case 0x24:
+		return a << (b & 63)
+	case 0x25:
+		return a >> (b & 63)
+	case 0x27:
+		return a ^ b
+	case 0x29:
+		return bool64(a == b)
+	case 0x2a:
+		return bool64(int64(a) >= int64(b))
+	case 0x2b:
+		return bool64(int64(a) > int64(b))
+	case 0x2c:
+		return bool64(int64(a) <= int64(b))
+	case 0x2d:
+		return bool64(int64(a) < int64(b))
+	case 0x2e:
+		return bool64(a != b)
+	}
+	return 0
+}
+
+// Merge chooses between a frame-pointer stack and one unwound from CFI,
+// both starting at the same instruction. A CFI unwind that reached the end
+// of the stack is complete and wins: through code without frame pointers
+// the frame-pointer walk follows a stale rbp and may even go "deeper" on
+// garbage. Where the CFI unwind stopped short (the window ended, a file
+// without CFI) and its last frame is also in the frame-pointer stack, the
+// frame-pointer frames past it continue it: they climbed the same chain.
+// Otherwise the deeper of the two is returned, the CFI one on a tie.
+func Merge(fp, cfi []uint64, stop Stop) []uint64 {
+	if len(cfi) == 0 {
+		return fp
+	}
+	if stop.Kind == StopEnd {
+		return cfi
+	}
+	if len(cfi) > 1 {
+		last := cfi[len(cfi)-1]
+		for i := 1; i < len(fp); i++ {
+			if fp[i] == last {
+				for _, pc := range fp[i+1:] {
+					if len(cfi) == MaxFrames {
+						break
+					}
+					cfi = append(cfi, pc)
+				}
+				break
+			}
+		}
+	}
+	if len(fp) > len(cfi) {
+		return fp
+	}
+	return cfi
+}
