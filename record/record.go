@@ -169,6 +169,16 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		s.sampler = startSampler(opts.NVML, opts.NVMLEvery)
 		defer s.sampler.close()
 	}
+	// Libraries loaded after this point: the PID filter's processes are
+	// searched every 500 ms, with --all every process every 2 s. A uprobe
+	// on a file covers every process that maps it, so a library needs
+	// finding once, in whichever process maps it first.
+	if opts.All {
+		s.scanner = startScanner(allPIDs, lateScanAllEvery, libs)
+	} else {
+		s.scanner = startScanner(tr.TracedPIDs, lateScanEvery, libs)
+	}
+	defer s.scanner.close()
 	if len(opts.Command) > 0 {
 		child, err := launch(opts, tr)
 		if err != nil {

@@ -64,7 +64,7 @@ type session struct {
 	reason string
 
 	lastCounters time.Time
-	lastScan     time.Time
+	scanner      *scanner // finds libraries loaded late
 	lastPrune    time.Time
 	libs         loader.Libraries // every library attached, by inode
 	warned       map[string]bool
@@ -154,63 +154,6 @@ func (s *session) writeAttach(ar loader.AttachResult, late *tracefile.Attach) {
 	}
 	if err := s.w.WriteAttach(a); err != nil {
 		s.warn(err)
-	}
-}
-
-// scanLate attaches the CUDA libraries a traced process mapped after
-// tracing began: a library at a path the start-up search did not cover
-// (a wheel dlopen'ed from a virtualenv, a container's copy). The processes
-// of the PID filter are searched, or with --all every process: a uprobe
-// on a file covers every process that maps it, so a library needs finding
-// once, in whichever process maps it first.
-func (s *session) scanLate() {
-	every := lateScanEvery
-	if s.opts.All {
-		every = lateScanAllEvery
-	}
-	if time.Since(s.lastScan) < every {
-		return
-	}
-	s.lastScan = time.Now()
-	pids := s.tr.TracedPIDs()
-	if s.opts.All {
-		all, err := proc.PIDs()
-		if err != nil {
-			s.warn(err)
-		}
-		pids = pids[:0]
-		for _, pid := range all {
-			pids = append(pids, uint32(pid))
-		}
-	}
-	self := uint32(os.Getpid())
-	for _, pid := range pids {
-		if pid == self {
-			continue
-		}
-		paths, err := loader.FromProcess(int(pid))
-		if err != nil {
-			continue // exited
-		}
-		for _, path := range paths {
-			if isNew, err := s.libs.Add(path); err != nil || !isNew {
-				continue
-			}
-			lib := s.libs.List()[len(s.libs.List())-1]
-			ar, err := s.tr.Attach(lib)
-			if err != nil {
-				s.warn(fmt.Errorf("pid %d loaded %s after tracing began, and it cannot be traced: %w", pid, path, err))
-				continue
-			}
-			var before uint64
-			if p := s.res.Ledger.Process(pid); p != nil {
-				before = p.Allocs + p.Failed + p.Frees + p.UnknownFrees
-			}
-			s.res.Attached = append(s.res.Attached, ar)
-			s.writeAttach(ar, &tracefile.Attach{Time: bootNow(), PID: pid, EventsBefore: before})
-			fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began: attached %d probes now; its calls before this were not traced\n",
-				pid, path, ar.Programs)
-		}
 	}
 }
 
@@ -385,7 +328,7 @@ func (s *session) buildID(pid int, m proc.Mapping) string {
 // Tick flushes the trace, snapshots counters and decides whether the
 // session is over.
 func (s *session) Tick() {
-	s.scanLate()
+	s.attachLate()
 	s.prune()
 	s.takeNVML()
 	if (s.w != nil || s.opts.Observer != nil) && time.Since(s.lastCounters) >= counterEvery {
