@@ -153,21 +153,30 @@ func Cmdline(pid int) ([]string, error) {
 
 // PPID returns the parent's PID, from /proc/PID/stat.
 func PPID(pid int) (int, error) {
-	b, err := os.ReadFile(path(pid, "stat"))
+	f, err := statFields(pid, 2)
 	if err != nil {
-		return 0, wrapNotExist(pid, err)
-	}
-	// The comm field is in parentheses and may contain anything: parse after
-	// the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("pid %d: malformed stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0, fmt.Errorf("pid %d: malformed stat", pid)
+		return 0, err
 	}
 	return strconv.Atoi(f[1])
+}
+
+// statFields returns /proc/PID/stat's fields from the third (state) on,
+// at least min of them. The comm field before them is in parentheses and
+// may contain anything: the fields are those after the last ')'.
+func statFields(pid, min int) ([]string, error) {
+	b, err := os.ReadFile(path(pid, "stat"))
+	if err != nil {
+		return nil, wrapNotExist(pid, err)
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < min {
+		return nil, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	return f, nil
 }
 
 // RootPath returns the path by which the tracer sees file p of process pid:
@@ -212,18 +221,10 @@ const userHZ = 100
 // USER_HZ precision (10 ms), from /proc/PID/stat. A PID and its start time
 // name a process for good: PIDs are reused, the pair is not.
 func StartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(path(pid, "stat"))
-	if err != nil {
-		return 0, wrapNotExist(pid, err)
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("pid %d: malformed stat", pid)
-	}
 	// Field 22 of stat; the first after ')' is field 3.
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, fmt.Errorf("pid %d: malformed stat", pid)
+	f, err := statFields(pid, 20)
+	if err != nil {
+		return 0, err
 	}
 	ticks, err := strconv.ParseUint(f[19], 10, 64)
 	if err != nil {

@@ -831,18 +831,8 @@ func TestAgentLateLibrary(t *testing.T) {
 	dir := t.TempDir()
 	ag := startAgentArgs(t, ctx, "--dump-dir", "")
 	// The copy is made after the agent's start-up search: a new file.
-	wheel := filepath.Join(dir, "venv", "lib", "python3.12", "site-packages", "nvidia", "cuda_runtime", "lib")
-	if err := os.MkdirAll(wheel, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(fakeLib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lib := filepath.Join(wheel, "libcudart.so.12")
-	if err := os.WriteFile(lib, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	lib := wheelCopy(t, filepath.Join(dir, "venv", "lib", "python3.12", "site-packages"))
+	wheel := filepath.Dir(lib)
 	// LD_LIBRARY_PATH wins over the workload's RUNPATH: it loads the copy.
 	log := filepath.Join(dir, "fake.log")
 	j := startJob(t, ctx, log, "LD_LIBRARY_PATH="+wheel)

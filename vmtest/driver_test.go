@@ -228,25 +228,14 @@ func TestStaticRuntime(t *testing.T) {
 // process that loads the copy is traced through it.
 func TestLibraryCopies(t *testing.T) {
 	ctx, dir := traceSetup(t)
-	copyDir := filepath.Join(dir, "venv")
-	if err := os.MkdirAll(copyDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(fakeLib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	copyLib := filepath.Join(copyDir, "libcudart.so.12")
-	if err := os.WriteFile(copyLib, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	copyLib := libCopy(t, filepath.Join(dir, "venv"))
 	link := filepath.Join(dir, "libcudart-link.so.12")
 	if err := os.Symlink(fakeLib, link); err != nil {
 		t.Fatal(err)
 	}
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "copies.trace")
 	// The workload's RUNPATH names the original; LD_LIBRARY_PATH comes first.
-	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, "LD_LIBRARY_PATH="+copyDir)},
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, "LD_LIBRARY_PATH="+filepath.Dir(copyLib))},
 		"--lib", fakeLib, "--lib", link, "--lib", copyLib, "-o", trace, "--", workload("mix"), "1", "40", "9")
 	rec.finish(t, 45*time.Second)
 
@@ -330,15 +319,21 @@ func TestDlopenLate(t *testing.T) {
 // under sitePackages: a second file, no start-up search covers.
 func wheelCopy(t *testing.T, sitePackages string) string {
 	t.Helper()
-	wheel := filepath.Join(sitePackages, "nvidia", "cuda_runtime", "lib")
-	if err := os.MkdirAll(wheel, 0o755); err != nil {
+	return libCopy(t, filepath.Join(sitePackages, "nvidia", "cuda_runtime", "lib"))
+}
+
+// libCopy copies the stand-in runtime into dir (made if need be) as
+// libcudart.so.12: the same bytes, another file.
+func libCopy(t *testing.T, dir string) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(fakeLib)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lib := filepath.Join(wheel, "libcudart.so.12")
+	lib := filepath.Join(dir, "libcudart.so.12")
 	if err := os.WriteFile(lib, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
