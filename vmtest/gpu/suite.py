@@ -16,7 +16,8 @@ memory, read by the workload itself at quiet checkpoints (workloads/):
   torch-memviz      cudatrace's memviz export read by PyTorch's own
                     `python -m torch.cuda._memory_viz stats`, beside PyTorch's
   nvml              traced bytes plus the CUDA context's cost (a baseline
-                    process) against NVML's figure for the process
+                    process) against NVML's figure for the process; and
+                    cudatrace's own NVML samples against nvidia-smi's
   overhead          training step time: traced / untraced, and traced /
                     torch.cuda.memory._record_memory_history
   jax-platform, jax-bfc, cupy-pool, cupy-nopool
@@ -294,7 +295,15 @@ class Suite:
             if abs(rest - base_rest) > 16 << 20:
                 problems.append("%s: NVML %d, traced %d: remainder %d, baseline remainder %d (%+d MiB)" % (
                     cp["label"], cp["nvml_used"], traced, rest, base_rest, (rest - base_rest) >> 20))
-        return {"baseline_remainder": base_rest, "checkpoints": rows, "problems": problems}
+        # cudatrace's own NVML sampling (record, through go-nvml) against
+        # nvidia-smi's readings in the workload.
+        own = proc_of(rep, doc["pid"]).get("nvml") or {}
+        smi = max(cp["nvml_used"] for cp in doc["checkpoints"])
+        if not own.get("samples"):
+            problems.append("cudatrace recorded no NVML sample of the process: %s" % (rep.get("nvml") or {}).get("error"))
+        elif abs(own["max_used_bytes"] - smi) > 64 << 20:
+            problems.append("cudatrace's NVML max %d, nvidia-smi's %d" % (own["max_used_bytes"], smi))
+        return {"baseline_remainder": base_rest, "checkpoints": rows, "cudatrace_nvml": own, "problems": problems}
 
     def overhead(self):
         self.need("torch")
