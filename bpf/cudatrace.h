@@ -134,7 +134,7 @@ struct ct_ustack {
 // CPython 3.10 to 3.13: where a process keeps its thread states and how
 // its structures are laid out, filled from Go (package pystack) when the
 // process is first seen. Offsets are bytes; -1 where the version has none.
-#define CT_PY_MAX_FRAMES 32
+#define CT_PY_MAX_FRAMES 32 // a power of two: BPF masks indexes with it
 #define CT_PY_MAX_THREADS 32
 
 struct ct_pyoffsets {

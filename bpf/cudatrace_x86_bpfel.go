@@ -127,6 +127,12 @@ type CudatraceLastFree struct {
 	TsNs uint64
 }
 
+type CudatracePyBlock struct {
+	_ structs.HostLayout
+	F [32]CudatraceCtPyframe
+	T CudatraceCtPytrailer
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -140,6 +146,7 @@ const (
 	CudatraceMapLastFree           = "last_free"
 	CudatraceMapPids               = "pids"
 	CudatraceMapPyProcs            = "py_procs"
+	CudatraceMapPyScratch          = "py_scratch"
 	CudatraceMapSeen               = "seen"
 	CudatraceMapThreadDev          = "thread_dev"
 	CudatraceMapUsdtSpecs          = "usdt_specs"
@@ -247,6 +254,7 @@ type CudatraceMapSpecs struct {
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
 	Seen        *ebpf.MapSpec `ebpf:"seen"`
 	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
@@ -298,6 +306,7 @@ type CudatraceMaps struct {
 	LastFree    *ebpf.Map `ebpf:"last_free"`
 	Pids        *ebpf.Map `ebpf:"pids"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
+	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
 	Seen        *ebpf.Map `ebpf:"seen"`
 	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
@@ -314,6 +323,7 @@ func (m *CudatraceMaps) Close() error {
 		m.LastFree,
 		m.Pids,
 		m.PyProcs,
+		m.PyScratch,
 		m.Seen,
 		m.ThreadDev,
 		m.UsdtSpecs,
