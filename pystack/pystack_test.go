@@ -87,6 +87,26 @@ func checkStack(t *testing.T, python, script, v string, thread bool) {
 	if want := int(v[3] - '0' + 10); in.Minor != want {
 		t.Fatalf("detected 3.%d", in.Minor)
 	}
+	// The interpreter loop lies in the interpreter's executable mapping,
+	// where BPF stacks' return addresses into it will be.
+	if len(in.Eval) == 0 {
+		t.Fatalf("no _PyEval_EvalFrameDefault in %s", in.Path)
+	}
+	for _, r := range in.Eval {
+		inside := false
+		for _, m := range maps {
+			if m.Path == in.Path && m.Exec() && r[0] >= m.Start && r[1] <= m.End && r[0] < r[1] {
+				inside = true
+			}
+		}
+		if !inside {
+			t.Errorf("_PyEval_EvalFrameDefault at %#x-%#x: in no executable mapping of %s", r[0], r[1], in.Path)
+		}
+	}
+	// 3.11 alone marks entry frames with is_entry.
+	if l := in.Layout(); (l.FrEntry >= 0) != (in.Minor == 11) || l.Minor != uint32(in.Minor) || (l.FrOwner >= 0) != (in.Minor >= 12) {
+		t.Errorf("layout %+v for 3.%d", l, in.Minor)
+	}
 	method := "method"
 	if in.Minor >= 11 {
 		method = "Outer.method"
