@@ -27,7 +27,7 @@ type pyKey struct {
 // launched command is held (SIGSTOP) at its first record, which therefore
 // has none; the records after it do.
 func (s *session) detectPython(pid uint32, ps *procState, maps []proc.Mapping) {
-	if ps.py != nil || ps.pyTried {
+	if ps.py != nil || ps.pyTried || s.opts.NoPythonFrames {
 		return
 	}
 	ps.pyTried = true
