@@ -5,7 +5,8 @@
 # Turns kernel.bpf_stats_enabled on for the run and restores it after.
 # With PYTHON=/path/to/python3.X (CPython 3.10-3.13) the workload is
 # bench/pyloop.py instead, eight Python frames deep, recorded with and
-# without --no-python-frames: the cost of walking the interpreter's frames.
+# without --no-python-frames, --stack-window 0: the cost of walking the
+# interpreter's frames alone.
 # Needs root, gcc, bpftool, jq. Usage: bench/bpfcost.sh [PAIRS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,14 +55,14 @@ if [ -n "${PYTHON:-}" ]; then
 	for r in $(seq "$ROUNDS"); do
 		line="round $r:"
 		for py in on off; do
-			c=$(cost 16KiB $py); all[$py]+="$c "; line+=" python-frames=$py ${c}ns"
+			c=$(cost 0 $py); all[$py]+="$c "; line+=" python-frames=$py ${c}ns"
 		done
 		echo "$line" >&2
 	done
 	median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 	printf '%-14s %18s\n' python-frames "ns per ct_exit"
 	for py in on off; do printf '%-14s %18s\n' "$py" "$(echo "${all[$py]}" | median)"; done
-	echo "($("$PYTHON" -V), 16 KiB window, $PAIRS pairs per recording, median of $ROUNDS rounds, $(nproc) CPUs, $(uname -r))"
+	echo "($("$PYTHON" -V), --stack-window 0, $PAIRS pairs per recording, median of $ROUNDS rounds, $(nproc) CPUs, $(uname -r))"
 	exit 0
 fi
 for r in $(seq "$ROUNDS"); do
