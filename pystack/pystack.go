@@ -9,8 +9,10 @@
 //
 // The same walk runs in BPF at each allocation (Layout gives it the
 // offsets; bpf/cudatrace.bpf.c py_stack), and Code resolves what it
-// recorded. Builds without DWARF (distributions' pythons) need offset tables or,
-// for 3.13, _Py_DebugOffsets.
+// recorded. 3.13's offsets come from its _Py_DebugOffsets, so a 3.13
+// build needs no DWARF (free-threaded ones are not read); 3.10 to 3.12
+// builds without DWARF (distributions' pythons)
+// would need offset tables, not made yet.
 package pystack
 
 import (
@@ -133,13 +135,17 @@ func open(path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: not mapped as its headers say", path)
 	}
-	d, err := f.DWARF()
-	if err != nil {
-		return nil, fmt.Errorf("%s: no DWARF to take CPython's structure offsets from: %w", path, err)
-	}
-	off, err := dwarfOffsets(d, minor)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	// 3.13 describes its own layout in _Py_DebugOffsets, at the start of
+	// _PyRuntime: no DWARF needed. Earlier versions need the build's DWARF.
+	off, ok := debugOffsets(f, runtime, minor)
+	if !ok {
+		d, err := f.DWARF()
+		if err != nil {
+			return nil, fmt.Errorf("%s: no DWARF to take CPython's structure offsets from: %w", path, err)
+		}
+		if off, err = dwarfOffsets(d, minor); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
 	}
 	for i := range eval {
 		eval[i][0] += base
@@ -161,6 +167,44 @@ func loadBias(f *elf.File, path string, maps []proc.Mapping) (uint64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// debugOffsets reads 3.13's _Py_DebugOffsets (Include/internal/
+// pycore_runtime.h), the initial value of _PyRuntime's first member in
+// the file's data: the "xdebugpy" cookie, the version, then sections of
+// u64 offsets, each led by the structure's size. ok is false where the
+// build has none (before 3.13), or it is not the 3.13 layout read here
+// (a free-threaded build, or another version's).
+func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, ok bool) {
+	const words = 73 // through gc.collecting, 3.13's last member
+	if minor != 13 {
+		return o, false
+	}
+	var raw [words * 8]byte
+	found := false
+	for _, sec := range f.Sections {
+		if sec.Type == elf.SHT_PROGBITS && runtime >= sec.Addr && runtime+uint64(len(raw)) <= sec.Addr+sec.Size {
+			if _, err := sec.ReadAt(raw[:], int64(runtime-sec.Addr)); err != nil {
+				return o, false
+			}
+			found = true
+			break
+		}
+	}
+	w := func(i int) int64 { return int64(binary.LittleEndian.Uint64(raw[i*8:])) }
+	version := w(1) // PY_VERSION_HEX
+	if !found || string(raw[:8]) != "xdebugpy" || version>>16 != 0x030d || w(2) != 0 {
+		return o, false
+	}
+	o = offsets{
+		interpHead: w(5), mainThread: -1, interpThreads: w(9),
+		tsNext: w(21), tsNativeID: w(25), tsThreadID: w(24), tsFrame: w(23), tsCFrame: -1, cfCurrent: -1,
+		frPrevious: w(29), frCode: w(30), frInstr: w(31), frOwner: w(33), frEntry: -1,
+		coFilename: w(35), coName: w(36), coQualname: w(37), coLinetable: w(38), coFirstLine: w(39),
+		coCodeAdaptive: w(43), bytesData: w(66), strState: w(68), strLength: w(69), asciiSize: w(70),
+		frameOwnedCStack: 3,
+	}
+	return o, true
 }
 
 // structs indexes the DWARF structures by tag or typedef name.
