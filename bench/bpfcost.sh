@@ -3,6 +3,10 @@
 # by stack window size, from the kernel's own BPF run-time statistics: unlike
 # the end-to-end ratios of overhead.sh, noisy neighbours barely move it.
 # Turns kernel.bpf_stats_enabled on for the run and restores it after.
+# With PYTHON=/path/to/python3.X (CPython 3.10-3.13) the workload is
+# bench/pyloop.py instead, eight Python frames deep, recorded with and
+# without --no-python-frames, --stack-window 0: the cost of walking the
+# interpreter's frames alone.
 # Needs root, gcc, bpftool, jq. Usage: bench/bpfcost.sh [PAIRS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +31,12 @@ cost() {
 	local before
 	before=$(bpftool -j prog show name ct_exit 2>/dev/null | jq -c '[if type == "array" then .[] else . end | .id]' 2>/dev/null || echo '[]')
 	[ -n "$before" ] || before='[]'
-	"$CUDATRACE" record -q --stack-window "$1" --lib "$W/libcudart.so.12" -- "$W/loop" "$PAIRS" >/dev/null 2>"$W/err" &
+	local cmd=("$W/loop" "$PAIRS") extra=()
+	if [ -n "${PYTHON:-}" ]; then
+		cmd=("$PYTHON" bench/pyloop.py "$W/libcudart.so.12" "$PAIRS")
+		[ "$2" = off ] && extra=(--no-python-frames)
+	fi
+	"$CUDATRACE" record -q --stack-window "$1" "${extra[@]}" --lib "$W/libcudart.so.12" -- "${cmd[@]}" >/dev/null 2>"$W/err" &
 	local rec=$! last=""
 	while kill -0 $rec 2>/dev/null; do
 		s=$(bpftool -j prog show name ct_exit 2>/dev/null | jq -r --argjson b "$before" '[if type == "array" then .[] else . end
@@ -42,6 +51,20 @@ cost() {
 }
 
 declare -A all
+if [ -n "${PYTHON:-}" ]; then
+	for r in $(seq "$ROUNDS"); do
+		line="round $r:"
+		for py in on off; do
+			c=$(cost 0 $py); all[$py]+="$c "; line+=" python-frames=$py ${c}ns"
+		done
+		echo "$line" >&2
+	done
+	median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+	printf '%-14s %18s\n' python-frames "ns per ct_exit"
+	for py in on off; do printf '%-14s %18s\n' "$py" "$(echo "${all[$py]}" | median)"; done
+	echo "($("$PYTHON" -V), --stack-window 0, $PAIRS pairs per recording, median of $ROUNDS rounds, $(nproc) CPUs, $(uname -r))"
+	exit 0
+fi
 for r in $(seq "$ROUNDS"); do
 	line="round $r:"
 	for w in 0 4KiB 16KiB 64KiB; do

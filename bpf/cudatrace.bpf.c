@@ -24,6 +24,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 const struct ct_alloc_event *unused_ct_alloc_event __attribute__((unused));
 const struct ct_usdt_spec *unused_ct_usdt_spec __attribute__((unused));
 const struct ct_ustack *unused_ct_ustack __attribute__((unused));
+const struct ct_pyoffsets *unused_ct_pyoffsets __attribute__((unused));
+const struct ct_pyframe *unused_ct_pyframe __attribute__((unused));
+const struct ct_pytrailer *unused_ct_pytrailer __attribute__((unused));
 
 // Set from Go before load (spec.Variables).
 const volatile __u8 filter_pids = 0;         // 1: only processes in `pids`
@@ -38,6 +41,10 @@ const volatile __u32 stack_window = 0;
 const volatile __u8 hold_new = 0;
 
 #define CT_SIGSTOP 19
+
+// Room for the Python frames at the end of every allocation record.
+#define CT_PY_BLOCK (CT_PY_MAX_FRAMES * sizeof(struct ct_pyframe) + sizeof(struct ct_pytrailer))
+
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -150,10 +157,23 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
+// CPython processes: their interpreter's layout (see py_stack).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); // tgid
+	__type(value, struct ct_pyoffsets);
+} py_procs SEC(".maps");
+
 // Only the fields used here; CO-RE finds them in the running kernel's BTF.
+struct thread_struct {
+	unsigned long fsbase;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
+	struct thread_struct thread;
 } __attribute__((preserve_access_index));
 
 static __always_inline void count(__u32 idx)
@@ -333,7 +353,7 @@ static __always_inline __u32 window_size(void)
 static __always_inline __u32 alloc_record_size(void)
 {
 	__u32 w = window_size();
-	return sizeof(struct ct_alloc_event) + (w ? sizeof(struct ct_ustack) + w : 0);
+	return sizeof(struct ct_alloc_event) + (w ? sizeof(struct ct_ustack) + w : 0) + CT_PY_BLOCK;
 }
 
 // user_window puts the registers and up to window_size() bytes of user stack
@@ -373,6 +393,137 @@ static __always_inline void user_window(struct pt_regs *ctx, struct ct_alloc_eve
 	u->len = len;
 	u->pad = 0;
 	e->h.flags |= CT_F_WINDOW;
+}
+
+static __always_inline __u64 read_u64(__u64 addr)
+{
+	__u64 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+	return v;
+}
+
+// The Python frames block is built here, then copied to the record whole.
+struct py_block {
+	struct ct_pyframe f[CT_PY_MAX_FRAMES];
+	struct ct_pytrailer t;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct py_block);
+} py_scratch SEC(".maps");
+
+// A walk's state, shared with its bpf_loop callbacks: the verifier checks
+// a callback once, not once per iteration and branch.
+struct py_walk {
+	struct ct_pyoffsets o;
+	__u64 want; // the thread id a thread state must hold
+	__s64 idoff;
+	__u64 ts;    // the thread state under examination, then the thread's
+	__u64 frame; // the interpreter frame under examination
+	__u32 n;     // frames recorded
+	__u32 found;
+};
+
+static long py_thread_step(__u64 i, void *arg)
+{
+	struct py_walk *w = arg;
+	if (!w->ts)
+		return 1;
+	if (read_u64(w->ts + w->idoff) == w->want) {
+		w->found = 1;
+		return 1;
+	}
+	w->ts = read_u64(w->ts + w->o.ts_next);
+	return 0;
+}
+
+static long py_frame_step(__u64 i, void *arg)
+{
+	struct py_walk *w = arg;
+	__u32 zero = 0;
+	struct py_block *b = bpf_map_lookup_elem(&py_scratch, &zero);
+	if (!b || !w->frame)
+		return 1;
+	__u64 frame = w->frame;
+	__u32 n = w->n;
+	w->frame = read_u64(frame + w->o.fr_previous);
+	if (w->o.fr_owner >= 0) {
+		__u8 owner = 0;
+		bpf_probe_read_user(&owner, 1, (void *)(frame + w->o.fr_owner));
+		if (owner == 3) { // a shim frame: the run above it ended one C call
+			if (n > 0 && n <= CT_PY_MAX_FRAMES)
+				b->f[(CT_PY_MAX_FRAMES - n) & (CT_PY_MAX_FRAMES - 1)].flags |= 1;
+			return 0;
+		}
+	}
+	if (n >= CT_PY_MAX_FRAMES)
+		return 1;
+	// masked for the verifier, which cannot follow n through w
+	struct ct_pyframe *f = &b->f[(CT_PY_MAX_FRAMES - 1 - n) & (CT_PY_MAX_FRAMES - 1)];
+	f->code = read_u64(frame + w->o.fr_code);
+	f->flags = 0;
+	if (w->o.minor == 10) {
+		__s32 lasti = 0;
+		bpf_probe_read_user(&lasti, sizeof(lasti), (void *)(frame + w->o.fr_instr));
+		f->units = lasti;
+		f->flags = 1;
+	} else {
+		__u64 ip = read_u64(frame + w->o.fr_instr);
+		// arithmetic shift: BPF has no signed division
+		f->units = (__s32)((__s64)(ip - f->code - w->o.co_code_adaptive) >> 1);
+		if (w->o.fr_entry >= 0) {
+			__u8 entry = 0;
+			bpf_probe_read_user(&entry, 1, (void *)(frame + w->o.fr_entry));
+			f->flags = entry ? 1 : 0;
+		}
+	}
+	w->n = n + 1;
+	return 0;
+}
+
+// py_stack puts the calling thread's Python frames (code object and
+// instruction) at the end of the record, block being the CT_PY_BLOCK bytes
+// reserved there, and flags the record; a CPython process's thread without
+// Python frames is flagged CT_F_NOPYTHON. The thread state is found by
+// native_thread_id from 3.11, by pthread_self (the thread pointer, fsbase
+// on x86-64) in 3.10. Code objects are resolved to file:line in user space
+// (record/python.go): the walk only follows pointers, a few reads a frame.
+static __always_inline void py_stack(struct ct_event *h, __u8 *block)
+{
+	__u32 tgid = h->pid, zero = 0;
+	struct ct_pyoffsets *o = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (!o)
+		return;
+	struct py_block *b = bpf_map_lookup_elem(&py_scratch, &zero);
+	if (!b)
+		return;
+	struct py_walk w = {.o = *o, .want = h->tid, .idoff = o->ts_native_id};
+	if (o->minor == 10) {
+		struct task_struct *t = (void *)bpf_get_current_task();
+		w.want = BPF_CORE_READ(t, thread.fsbase);
+		w.idoff = o->ts_thread_id;
+	}
+	__u64 interp = read_u64(o->interp_head);
+	if (interp)
+		w.ts = read_u64(interp + o->interp_threads);
+	bpf_loop(CT_PY_MAX_THREADS, py_thread_step, &w, 0);
+	if (w.found) {
+		if (w.o.ts_cframe >= 0) {
+			__u64 cf = read_u64(w.ts + w.o.ts_cframe);
+			if (cf)
+				w.frame = read_u64(cf + w.o.cf_current);
+		} else {
+			w.frame = read_u64(w.ts + w.o.ts_frame);
+		}
+		bpf_loop(CT_PY_MAX_FRAMES + 8, py_frame_step, &w, 0); // shim frames take turns too
+	}
+	b->t.n = w.n;
+	b->t.pad = 0;
+	__builtin_memcpy(block, b, sizeof(*b));
+	h->flags |= w.n ? CT_F_PYTHON : CT_F_NOPYTHON;
 }
 
 static __always_inline void fill_common(struct ct_event *e, __u64 id)
@@ -472,6 +623,7 @@ int ct_exit(struct pt_regs *ctx)
 	if (e->h.nframes == CT_MAX_FRAMES)
 		e->h.flags |= CT_F_STACK_TRUNC;
 	user_window(ctx, e);
+	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK);
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
 	bpf_map_delete_elem(&last_free, &tid);
@@ -687,6 +839,7 @@ int ct_usdt(struct pt_regs *ctx)
 	if (e->h.nframes == CT_MAX_FRAMES)
 		e->h.flags |= CT_F_STACK_TRUNC;
 	user_window(ctx, e);
+	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK);
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
 	return 0;

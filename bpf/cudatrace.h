@@ -45,6 +45,12 @@ enum ct_flags {
 	// stack[0] holds an argument the header has no field for (cuMemMap's
 	// handle); the frames follow it and nframes does not count it
 	CT_F_AUX = 1 << 4,
+	// the thread's Python frames end the record (struct ct_pyframe[n], then
+	// struct ct_pytrailer as its last 8 bytes); see py_stack
+	CT_F_PYTHON = 1 << 5,
+	// the process runs CPython and the thread had no Python frame (or
+	// none the interpreter knows of): a native-only stack, not a lost one
+	CT_F_NOPYTHON = 1 << 6,
 };
 
 // Loss and health counters, a per-CPU array indexed by these.
@@ -123,6 +129,45 @@ struct ct_ustack {
 	__u32 len; // bytes of data that follow, read from sp up: less than the window where the stack ends
 	__u32 pad;
 	// __u8 data[len];
+};
+
+// CPython 3.10 to 3.13: where a process keeps its thread states and how
+// its structures are laid out, filled from Go (package pystack) when the
+// process is first seen. Offsets are bytes; -1 where the version has none.
+#define CT_PY_MAX_FRAMES 32 // a power of two: BPF masks indexes with it
+#define CT_PY_MAX_THREADS 32
+
+struct ct_pyoffsets {
+	__u64 interp_head; // address of _PyRuntime.interpreters.head
+	__s64 interp_threads;
+	__s64 ts_next;
+	__s64 ts_native_id; // 3.11+: matched to the tid
+	__s64 ts_thread_id; // 3.10: pthread_self, matched to the thread's fsbase
+	__s64 ts_frame;     // 3.10: frame; 3.13: current_frame
+	__s64 ts_cframe;    // 3.11, 3.12
+	__s64 cf_current;
+	__s64 fr_previous;
+	__s64 fr_code;
+	__s64 fr_instr;   // 3.10: f_lasti (int, code units); else an instruction pointer
+	__s64 fr_owner;   // 3.12+: a byte; 3 is a shim frame of a C call into the interpreter
+	__s64 fr_entry;   // 3.11: is_entry, a byte
+	__s64 co_code_adaptive;
+	__u32 minor;
+	__u32 pad;
+};
+
+// One Python frame, innermost first. flags bit 0: the last frame of a run
+// that one C call of _PyEval_EvalFrameDefault executes (3.10: every
+// frame; 3.11: is_entry; 3.12+: the frame before a shim frame).
+struct ct_pyframe {
+	__u64 code;  // PyCodeObject * in the process
+	__s32 units; // code units from the code's first instruction
+	__u32 flags;
+};
+
+struct ct_pytrailer {
+	__u32 n; // frames in use: the n struct ct_pyframe right before this, innermost last
+	__u32 pad;
 };
 
 #endif

@@ -35,6 +35,39 @@ type CudatraceCtEvent struct {
 	Comm    [16]int8
 }
 
+type CudatraceCtPyframe struct {
+	_     structs.HostLayout
+	Code  uint64
+	Units int32
+	Flags uint32
+}
+
+type CudatraceCtPyoffsets struct {
+	_              structs.HostLayout
+	InterpHead     uint64
+	InterpThreads  int64
+	TsNext         int64
+	TsNativeId     int64
+	TsThreadId     int64
+	TsFrame        int64
+	TsCframe       int64
+	CfCurrent      int64
+	FrPrevious     int64
+	FrCode         int64
+	FrInstr        int64
+	FrOwner        int64
+	FrEntry        int64
+	CoCodeAdaptive int64
+	Minor          uint32
+	Pad            uint32
+}
+
+type CudatraceCtPytrailer struct {
+	_   structs.HostLayout
+	N   uint32
+	Pad uint32
+}
+
 type CudatraceCtUsdtSpec struct {
 	_      structs.HostLayout
 	Api    uint16
@@ -94,6 +127,12 @@ type CudatraceLastFree struct {
 	TsNs uint64
 }
 
+type CudatracePyBlock struct {
+	_ structs.HostLayout
+	F [32]CudatraceCtPyframe
+	T CudatraceCtPytrailer
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -106,6 +145,8 @@ const (
 	CudatraceMapInflight           = "inflight"
 	CudatraceMapLastFree           = "last_free"
 	CudatraceMapPids               = "pids"
+	CudatraceMapPyProcs            = "py_procs"
+	CudatraceMapPyScratch          = "py_scratch"
 	CudatraceMapSeen               = "seen"
 	CudatraceMapThreadDev          = "thread_dev"
 	CudatraceMapUsdtSpecs          = "usdt_specs"
@@ -131,6 +172,9 @@ const (
 	CudatraceVarHoldNew            = "hold_new"
 	CudatraceVarStackWindow        = "stack_window"
 	CudatraceVarUnusedCtAllocEvent = "unused_ct_alloc_event"
+	CudatraceVarUnusedCtPyframe    = "unused_ct_pyframe"
+	CudatraceVarUnusedCtPyoffsets  = "unused_ct_pyoffsets"
+	CudatraceVarUnusedCtPytrailer  = "unused_ct_pytrailer"
 	CudatraceVarUnusedCtUsdtSpec   = "unused_ct_usdt_spec"
 	CudatraceVarUnusedCtUstack     = "unused_ct_ustack"
 	CudatraceVarWakeupBytes        = "wakeup_bytes"
@@ -209,6 +253,8 @@ type CudatraceMapSpecs struct {
 	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
+	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
 	Seen        *ebpf.MapSpec `ebpf:"seen"`
 	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
@@ -223,6 +269,9 @@ type CudatraceVariableSpecs struct {
 	HoldNew            *ebpf.VariableSpec `ebpf:"hold_new"`
 	StackWindow        *ebpf.VariableSpec `ebpf:"stack_window"`
 	UnusedCtAllocEvent *ebpf.VariableSpec `ebpf:"unused_ct_alloc_event"`
+	UnusedCtPyframe    *ebpf.VariableSpec `ebpf:"unused_ct_pyframe"`
+	UnusedCtPyoffsets  *ebpf.VariableSpec `ebpf:"unused_ct_pyoffsets"`
+	UnusedCtPytrailer  *ebpf.VariableSpec `ebpf:"unused_ct_pytrailer"`
 	UnusedCtUsdtSpec   *ebpf.VariableSpec `ebpf:"unused_ct_usdt_spec"`
 	UnusedCtUstack     *ebpf.VariableSpec `ebpf:"unused_ct_ustack"`
 	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
@@ -256,6 +305,8 @@ type CudatraceMaps struct {
 	Inflight    *ebpf.Map `ebpf:"inflight"`
 	LastFree    *ebpf.Map `ebpf:"last_free"`
 	Pids        *ebpf.Map `ebpf:"pids"`
+	PyProcs     *ebpf.Map `ebpf:"py_procs"`
+	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
 	Seen        *ebpf.Map `ebpf:"seen"`
 	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
@@ -271,6 +322,8 @@ func (m *CudatraceMaps) Close() error {
 		m.Inflight,
 		m.LastFree,
 		m.Pids,
+		m.PyProcs,
+		m.PyScratch,
 		m.Seen,
 		m.ThreadDev,
 		m.UsdtSpecs,
@@ -286,6 +339,9 @@ type CudatraceVariables struct {
 	HoldNew            *ebpf.Variable `ebpf:"hold_new"`
 	StackWindow        *ebpf.Variable `ebpf:"stack_window"`
 	UnusedCtAllocEvent *ebpf.Variable `ebpf:"unused_ct_alloc_event"`
+	UnusedCtPyframe    *ebpf.Variable `ebpf:"unused_ct_pyframe"`
+	UnusedCtPyoffsets  *ebpf.Variable `ebpf:"unused_ct_pyoffsets"`
+	UnusedCtPytrailer  *ebpf.Variable `ebpf:"unused_ct_pytrailer"`
 	UnusedCtUsdtSpec   *ebpf.Variable `ebpf:"unused_ct_usdt_spec"`
 	UnusedCtUstack     *ebpf.Variable `ebpf:"unused_ct_ustack"`
 	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`

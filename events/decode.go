@@ -38,6 +38,13 @@ const (
 
 	// MaxWindow is CT_MAX_WINDOW: the most stack bytes a record carries.
 	MaxWindow = 64 << 10
+
+	// MaxPyFrames is CT_PY_MAX_FRAMES. With FlagPython a record ends with
+	// n struct ct_pyframe (16 bytes; innermost last) and an 8-byte
+	// trailer whose first word is n.
+	MaxPyFrames   = 32
+	pyFrameSize   = 16
+	pyTrailerSize = 8
 )
 
 // ErrShortRecord means a ring-buffer record was smaller than its header says.
@@ -73,6 +80,12 @@ func Decode(raw []byte, ev *Event) error {
 	ev.Aux = 0
 	ev.Regs = Regs{}
 	ev.Window = ev.Window[:0]
+	ev.Py = ev.Py[:0]
+	if ev.Flags&FlagPython != 0 {
+		if err := decodePy(raw, ev); err != nil {
+			return err
+		}
+	}
 	off := headerSize
 	if ev.Flags&FlagAux != 0 {
 		if len(raw) < off+8 {
@@ -92,6 +105,9 @@ func Decode(raw []byte, ev *Event) error {
 		ev.Stack = append(ev.Stack, le.Uint64(raw[off+i*8:]))
 	}
 	if ev.Flags&FlagWindow == 0 {
+		if RecordLen(ev) > len(raw) {
+			return fmt.Errorf("decode record: Python frames overlap the stack in %d bytes: %w", len(raw), ErrShortRecord)
+		}
 		return nil
 	}
 	u := raw[off+int(n)*8:]
@@ -104,6 +120,29 @@ func Decode(raw []byte, ev *Event) error {
 		return fmt.Errorf("decode record: stack window of %d bytes in %d: %w", wlen, len(raw), ErrShortRecord)
 	}
 	ev.Window = append(ev.Window, u[ustackSize:ustackSize+int(wlen)]...)
+	if RecordLen(ev) > len(raw) {
+		return fmt.Errorf("decode record: Python frames overlap the stack window in %d bytes: %w", len(raw), ErrShortRecord)
+	}
+	return nil
+}
+
+// decodePy reads the Python frames from the end of raw: the ring buffer's
+// records keep them at the end of the room reserved, trace files right
+// after the frames and window; both end with them.
+func decodePy(raw []byte, ev *Event) error {
+	le := binary.LittleEndian
+	if len(raw) < headerSize+pyTrailerSize {
+		return fmt.Errorf("decode record: no Python trailer in %d bytes: %w", len(raw), ErrShortRecord)
+	}
+	end := len(raw) - pyTrailerSize
+	n := int(le.Uint32(raw[end:]))
+	if n > MaxPyFrames || end-n*pyFrameSize < headerSize {
+		return fmt.Errorf("decode record: %d Python frames in %d bytes: %w", n, len(raw), ErrShortRecord)
+	}
+	for j := 0; j < n; j++ {
+		f := raw[end-(j+1)*pyFrameSize:]
+		ev.Py = append(ev.Py, PyFrame{Code: le.Uint64(f), Units: int32(le.Uint32(f[8:])), Flags: le.Uint32(f[12:])})
+	}
 	return nil
 }
 
@@ -130,8 +169,14 @@ func Encode(dst []byte, ev *Event) []byte {
 		flags |= FlagWindow
 		tail = ustackSize + win
 	}
+	py := 0
+	flags &^= FlagPython
+	if ev.Flags&FlagPython != 0 {
+		flags |= FlagPython
+		py = min(len(ev.Py), MaxPyFrames)*pyFrameSize + pyTrailerSize
+	}
 	start := len(dst)
-	dst = append(dst, make([]byte, off+n*8+tail)...)
+	dst = append(dst, make([]byte, off+n*8+tail+py)...)
 	b := dst[start:]
 	le := binary.LittleEndian
 	le.PutUint64(b[offTime:], ev.Time)
@@ -164,12 +209,25 @@ func Encode(dst []byte, ev *Event) []byte {
 		le.PutUint32(u[offULen:], uint32(win))
 		copy(u[ustackSize:], ev.Window[:win])
 	}
-	return dst[:start+off+n*8+tail]
+	if py > 0 {
+		p := b[off+n*8+tail:]
+		np := (py - pyTrailerSize) / pyFrameSize
+		for j := 0; j < np; j++ {
+			f := p[(np-1-j)*pyFrameSize:]
+			le.PutUint64(f, ev.Py[j].Code)
+			le.PutUint32(f[8:], uint32(ev.Py[j].Units))
+			le.PutUint32(f[12:], ev.Py[j].Flags)
+		}
+		le.PutUint32(p[np*pyFrameSize:], uint32(np))
+	}
+	return dst[:start+off+n*8+tail+py]
 }
 
 // RecordLen is how many bytes of a raw record Decode used for ev: the BPF
 // side reserves room for MaxFrames frames and the whole stack window in
-// every allocation record, and writers keep only this prefix.
+// every allocation record, and writers keep only this prefix. A record
+// with FlagPython keeps its Python frames at the end instead: re-encode it
+// (Encode) rather than cut it.
 func RecordLen(ev *Event) int {
 	n := headerSize + 8*len(ev.Stack)
 	if ev.Flags&FlagAux != 0 {
@@ -177,6 +235,9 @@ func RecordLen(ev *Event) int {
 	}
 	if ev.Flags&FlagWindow != 0 {
 		n += ustackSize + len(ev.Window)
+	}
+	if ev.Flags&FlagPython != 0 {
+		n += len(ev.Py)*pyFrameSize + pyTrailerSize
 	}
 	return n
 }

@@ -13,6 +13,8 @@ func TestLayoutMatchesBPF(t *testing.T) {
 	var e bpf.CudatraceCtEvent
 	var a bpf.CudatraceCtAllocEvent
 	var u bpf.CudatraceCtUstack
+	var pf bpf.CudatraceCtPyframe
+	var pt bpf.CudatraceCtPytrailer
 	checks := []struct {
 		name      string
 		got, want uintptr
@@ -37,6 +39,10 @@ func TestLayoutMatchesBPF(t *testing.T) {
 		{"ct_ustack.bp", unsafe.Offsetof(u.Bp), offUBP},
 		{"ct_ustack.len", unsafe.Offsetof(u.Len), offULen},
 		{"sizeof(ct_ustack)", unsafe.Sizeof(u), ustackSize},
+		{"ct_pyframe.units", unsafe.Offsetof(pf.Units), 8},
+		{"ct_pyframe.flags", unsafe.Offsetof(pf.Flags), 12},
+		{"sizeof(ct_pyframe)", unsafe.Sizeof(pf), pyFrameSize},
+		{"sizeof(ct_pytrailer)", unsafe.Sizeof(pt), pyTrailerSize},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -174,6 +180,52 @@ func TestWindowRoundTrip(t *testing.T) {
 	}
 	if err := Decode(raw[:headerSize+3*8+ustackSize-1], &ev); !errors.Is(err, ErrShortRecord) {
 		t.Fatalf("cut ct_ustack: err %v", err)
+	}
+}
+
+// Python frames end the record: in the ring buffer at the end of the room
+// reserved, after unused frame slots and window bytes, and in a trace file
+// right after the window. Both decode to the same frames, innermost first.
+func TestPythonRoundTrip(t *testing.T) {
+	py := []PyFrame{{Code: 0x7f0000001000, Units: 12, Flags: 0}, {Code: 0x7f0000002000, Units: 40, Flags: PyEntry}, {Code: 0x7f0000003000, Units: -1, Flags: PyEntry}}
+	in := Event{Time: 5, PID: 9, TID: 10, Comm: "t", API: CudaMalloc, Flags: FlagWindow | FlagPython,
+		Stack: []uint64{0x401000, 0x402000}, Regs: Regs{IP: 0x401000, SP: 0x7ffc0000, BP: 0x7ffc0100}, Window: []byte{1, 2, 3}, Py: py}
+	raw := Encode(nil, &in)
+	if want := headerSize + 2*8 + ustackSize + 3 + 3*pyFrameSize + pyTrailerSize; len(raw) != want {
+		t.Fatalf("encoded %d bytes, want %d", len(raw), want)
+	}
+	var ev Event
+	if err := Decode(raw, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if len(ev.Py) != 3 || ev.Py[0] != py[0] || ev.Py[1] != py[1] || ev.Py[2] != py[2] || string(ev.Window) != "\x01\x02\x03" {
+		t.Fatalf("got %+v, window %x", ev.Py, ev.Window)
+	}
+	if RecordLen(&ev) != len(raw) {
+		t.Fatalf("RecordLen %d, want %d", RecordLen(&ev), len(raw))
+	}
+	// As BPF reserves it: the frames block moved to the end, the gap unused.
+	tail := 3*pyFrameSize + pyTrailerSize
+	body := raw[:len(raw)-tail]
+	reserved := append(append(append([]byte{}, body...), make([]byte, 4096)...), raw[len(raw)-tail:]...)
+	if err := Decode(reserved, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if len(ev.Py) != 3 || ev.Py[2] != py[2] || len(ev.Stack) != 2 {
+		t.Fatalf("reserved: got %+v, stack %x", ev.Py, ev.Stack)
+	}
+	// A count past what the record holds is refused, as is one past the cap.
+	binary.LittleEndian.PutUint32(raw[len(raw)-pyTrailerSize:], 9)
+	if err := Decode(raw, &ev); !errors.Is(err, ErrShortRecord) {
+		t.Fatalf("9 frames in a record of 3: err %v", err)
+	}
+	binary.LittleEndian.PutUint32(reserved[len(reserved)-pyTrailerSize:], MaxPyFrames+1)
+	if err := Decode(reserved, &ev); !errors.Is(err, ErrShortRecord) {
+		t.Fatalf("%d frames: err %v", MaxPyFrames+1, err)
+	}
+	// The next record without Python frames has none.
+	if err := Decode(record(1, 0x401000), &ev); err != nil || len(ev.Py) != 0 {
+		t.Fatalf("py %+v after a record without, err %v", ev.Py, err)
 	}
 }
 

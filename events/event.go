@@ -22,7 +22,22 @@ type Event struct {
 	// space (package unwind). Window is ev's own copy.
 	Regs   Regs
 	Window []byte
+	// With FlagPython: the thread's CPython frames, innermost first, as BPF
+	// found them; record resolves their code objects to file:line.
+	Py []PyFrame
 }
+
+// PyFrame is one CPython interpreter frame: its code object in the process
+// and the instruction it stands at.
+type PyFrame struct {
+	Code  uint64 // PyCodeObject *
+	Units int32  // code units from the code's first instruction
+	Flags uint32 // PyEntry
+}
+
+// PyEntry marks the outermost frame of the run one C call of the
+// interpreter loop (_PyEval_EvalFrameDefault) executes.
+const PyEntry uint32 = 1
 
 // Regs are the user registers an unwinder starts from. At a return probe IP
 // is the return address in the caller, and SP and BP are the caller's.
@@ -37,6 +52,8 @@ const (
 	FlagWindow     uint16 = 1 << 2 // registers and a window of user stack follow the frames
 	FlagHeld       uint16 = 1 << 3 // the process's first record: BPF stopped it (SIGSTOP) for the reader to read its mappings
 	FlagAux        uint16 = 1 << 4 // the first stack slot holds Aux; the frames follow
+	FlagPython     uint16 = 1 << 5 // the thread's Python frames (Py) end the record
+	FlagNoPython   uint16 = 1 << 6 // a CPython process's thread with no Python frame
 )
 
 // End is when the call's effect on memory takes hold: frees at entry (the

@@ -361,6 +361,21 @@ func (t *Tracer) AddPID(pid uint32) error {
 	return nil
 }
 
+// SetPython tells the BPF programs where process pid's CPython keeps its
+// thread states and how they are laid out: its allocation records carry
+// the allocating thread's Python frames from then on.
+func (t *Tracer) SetPython(pid uint32, o *bpf.CudatraceCtPyoffsets) error {
+	if err := t.objs.PyProcs.Put(pid, o); err != nil {
+		return fmt.Errorf("python layout of pid %d: %w", pid, err)
+	}
+	return nil
+}
+
+// ForgetPython drops a process's CPython layout (it exited).
+func (t *Tracer) ForgetPython(pid uint32) {
+	_ = t.objs.PyProcs.Delete(pid) // absent: nothing to forget
+}
+
 // TracedPIDs lists the processes in the PID filter: those given, and their
 // descendants the fork hook added.
 func (t *Tracer) TracedPIDs() []uint32 {

@@ -7,10 +7,12 @@
 // frames, turning each (code object, instruction) into file:line with the
 // code object's line table.
 //
-// Not done yet (issue 4): the same walk in BPF at each allocation, and
-// merging the frames into the native stack at _PyEval_EvalFrameDefault.
-// Builds without DWARF (distributions' pythons) need offset tables or,
-// for 3.13, _Py_DebugOffsets.
+// The same walk runs in BPF at each allocation (Layout gives it the
+// offsets; bpf/cudatrace.bpf.c py_stack), and Code resolves what it
+// recorded. 3.13's offsets come from its _Py_DebugOffsets, so a 3.13
+// build needs no DWARF (free-threaded ones are not read); 3.10 to 3.12
+// builds without DWARF (distributions' pythons)
+// would need offset tables, not made yet.
 package pystack
 
 import (
@@ -23,6 +25,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -43,6 +46,9 @@ type Interp struct {
 	Path    string // libpython or the python executable
 	runtime uint64 // address of _PyRuntime in the process
 	off     offsets
+	// Eval are the address ranges of _PyEval_EvalFrameDefault (and its
+	// compiler-split .cold part) in the process.
+	Eval [][2]uint64
 }
 
 // offsets are the byte offsets the walk needs; -1 where the version has
@@ -61,6 +67,7 @@ type offsets struct {
 	frCode           int64 // f_code / f_executable
 	frInstr          int64 // f_lasti (3.10, an int) / prev_instr / instr_ptr
 	frOwner          int64 // 3.12+
+	frEntry          int64 // 3.11: is_entry
 	coFilename       int64
 	coName           int64
 	coQualname       int64
@@ -106,12 +113,19 @@ func open(path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	}
 	defer f.Close()
 	var runtime uint64
+	var eval [][2]uint64
 	syms, _ := f.Symbols()
 	dyn, _ := f.DynamicSymbols()
 	for _, s := range append(syms, dyn...) {
-		if s.Name == "_PyRuntime" && s.Section != elf.SHN_UNDEF {
+		if s.Section == elf.SHN_UNDEF {
+			continue
+		}
+		if s.Name == "_PyRuntime" && runtime == 0 {
 			runtime = s.Value
-			break
+		}
+		if (s.Name == "_PyEval_EvalFrameDefault" || s.Name == "_PyEval_EvalFrameDefault.cold") && s.Size > 0 &&
+			!slices.Contains(eval, [2]uint64{s.Value, s.Value + s.Size}) {
+			eval = append(eval, [2]uint64{s.Value, s.Value + s.Size})
 		}
 	}
 	if runtime == 0 {
@@ -121,15 +135,23 @@ func open(path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: not mapped as its headers say", path)
 	}
-	d, err := f.DWARF()
-	if err != nil {
-		return nil, fmt.Errorf("%s: no DWARF to take CPython's structure offsets from: %w", path, err)
+	// 3.13 describes its own layout in _Py_DebugOffsets, at the start of
+	// _PyRuntime: no DWARF needed. Earlier versions need the build's DWARF.
+	off, ok := debugOffsets(f, runtime, minor)
+	if !ok {
+		d, err := f.DWARF()
+		if err != nil {
+			return nil, fmt.Errorf("%s: no DWARF to take CPython's structure offsets from: %w", path, err)
+		}
+		if off, err = dwarfOffsets(d, minor); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
 	}
-	off, err := dwarfOffsets(d, minor)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	for i := range eval {
+		eval[i][0] += base
+		eval[i][1] += base
 	}
-	return &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off}, nil
+	return &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off, Eval: eval}, nil
 }
 
 // loadBias is what the process added to the file's virtual addresses.
@@ -145,6 +167,44 @@ func loadBias(f *elf.File, path string, maps []proc.Mapping) (uint64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// debugOffsets reads 3.13's _Py_DebugOffsets (Include/internal/
+// pycore_runtime.h), the initial value of _PyRuntime's first member in
+// the file's data: the "xdebugpy" cookie, the version, then sections of
+// u64 offsets, each led by the structure's size. ok is false where the
+// build has none (before 3.13), or it is not the 3.13 layout read here
+// (a free-threaded build, or another version's).
+func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, ok bool) {
+	const words = 73 // through gc.collecting, 3.13's last member
+	if minor != 13 {
+		return o, false
+	}
+	var raw [words * 8]byte
+	found := false
+	for _, sec := range f.Sections {
+		if sec.Type == elf.SHT_PROGBITS && runtime >= sec.Addr && runtime+uint64(len(raw)) <= sec.Addr+sec.Size {
+			if _, err := sec.ReadAt(raw[:], int64(runtime-sec.Addr)); err != nil {
+				return o, false
+			}
+			found = true
+			break
+		}
+	}
+	w := func(i int) int64 { return int64(binary.LittleEndian.Uint64(raw[i*8:])) }
+	version := w(1) // PY_VERSION_HEX
+	if !found || string(raw[:8]) != "xdebugpy" || version>>16 != 0x030d || w(2) != 0 {
+		return o, false
+	}
+	o = offsets{
+		interpHead: w(5), mainThread: -1, interpThreads: w(9),
+		tsNext: w(21), tsNativeID: w(25), tsThreadID: w(24), tsFrame: w(23), tsCFrame: -1, cfCurrent: -1,
+		frPrevious: w(29), frCode: w(30), frInstr: w(31), frOwner: w(33), frEntry: -1,
+		coFilename: w(35), coName: w(36), coQualname: w(37), coLinetable: w(38), coFirstLine: w(39),
+		coCodeAdaptive: w(43), bytesData: w(66), strState: w(68), strLength: w(69), asciiSize: w(70),
+		frameOwnedCStack: 3,
+	}
+	return o, true
 }
 
 // structs indexes the DWARF structures by tag or typedef name.
@@ -225,7 +285,7 @@ func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 	o.tsNext = field(ts, "next")
 	o.tsNativeID = field(ts, "native_thread_id")
 	o.tsThreadID = field(ts, "thread_id")
-	o.tsFrame, o.tsCFrame, o.cfCurrent, o.frOwner = -1, -1, -1, -1
+	o.tsFrame, o.tsCFrame, o.cfCurrent, o.frOwner, o.frEntry = -1, -1, -1, -1, -1
 	o.coQualname = field(code, "co_qualname")
 	o.coFilename = field(code, "co_filename")
 	o.coName = field(code, "co_name")
@@ -256,6 +316,9 @@ func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 			o.cfCurrent = field(s["_PyCFrame"], "current_frame")
 			o.frCode, o.frInstr = field(fr, "f_code"), field(fr, "prev_instr")
 		}
+		if minor == 11 {
+			o.frEntry = field(fr, "is_entry")
+		}
 		if minor >= 12 {
 			o.frOwner = field(fr, "owner")
 		}
@@ -273,6 +336,49 @@ func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 		}
 	}
 	return o, nil
+}
+
+// Layout is what a walk of a thread's frames in BPF needs (struct
+// ct_pyoffsets in bpf/cudatrace.h): the address of the interpreter list's
+// head in the process and the structure offsets, -1 where the version has
+// no such field.
+type Layout struct {
+	InterpHead                                            uint64
+	InterpThreads, TsNext, TsNativeID, TsThreadID         int64
+	TsFrame, TsCFrame, CFCurrent                          int64
+	FrPrevious, FrCode, FrInstr, FrOwner, FrEntry, CodeAt int64 // CodeAt: co_code_adaptive
+	Minor                                                 uint32
+}
+
+// Layout returns the interpreter's layout for a walk in BPF.
+func (in *Interp) Layout() Layout {
+	o := &in.off
+	return Layout{InterpHead: in.runtime + uint64(o.interpHead), InterpThreads: o.interpThreads, TsNext: o.tsNext,
+		TsNativeID: o.tsNativeID, TsThreadID: o.tsThreadID, TsFrame: o.tsFrame, TsCFrame: o.tsCFrame,
+		CFCurrent: o.cfCurrent, FrPrevious: o.frPrevious, FrCode: o.frCode, FrInstr: o.frInstr,
+		FrOwner: o.frOwner, FrEntry: o.frEntry, CodeAt: o.coCodeAdaptive, Minor: uint32(in.Minor)}
+}
+
+// Mem is a process's memory, open for resolving code objects.
+type Mem struct{ m mem }
+
+// OpenMem opens process pid's memory; the caller closes it.
+func OpenMem(pid int) (*Mem, error) {
+	f, err := os.Open(filepath.Join(proc.Root, strconv.Itoa(pid), "mem"))
+	if err != nil {
+		return nil, err
+	}
+	return &Mem{mem{f}}, nil
+}
+
+// Close closes the memory file.
+func (m *Mem) Close() error { return m.m.f.Close() }
+
+// Code resolves a code object of the process and an instruction in it
+// (code units from its first) to a frame: what a walk in BPF recorded. The
+// code object must still be alive.
+func (in *Interp) Code(m *Mem, code uint64, units int64) (Frame, error) {
+	return in.codeFrame(m.m, code, units)
 }
 
 // mem reads a stopped or running process's memory.

@@ -2,6 +2,7 @@ package pystack
 
 import (
 	"bufio"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -87,6 +88,26 @@ func checkStack(t *testing.T, python, script, v string, thread bool) {
 	if want := int(v[3] - '0' + 10); in.Minor != want {
 		t.Fatalf("detected 3.%d", in.Minor)
 	}
+	// The interpreter loop lies in the interpreter's executable mapping,
+	// where BPF stacks' return addresses into it will be.
+	if len(in.Eval) == 0 {
+		t.Fatalf("no _PyEval_EvalFrameDefault in %s", in.Path)
+	}
+	for _, r := range in.Eval {
+		inside := false
+		for _, m := range maps {
+			if m.Path == in.Path && m.Exec() && r[0] >= m.Start && r[1] <= m.End && r[0] < r[1] {
+				inside = true
+			}
+		}
+		if !inside {
+			t.Errorf("_PyEval_EvalFrameDefault at %#x-%#x: in no executable mapping of %s", r[0], r[1], in.Path)
+		}
+	}
+	// 3.11 alone marks entry frames with is_entry.
+	if l := in.Layout(); (l.FrEntry >= 0) != (in.Minor == 11) || l.Minor != uint32(in.Minor) || (l.FrOwner >= 0) != (in.Minor >= 12) {
+		t.Errorf("layout %+v for 3.%d", l, in.Minor)
+	}
 	method := "method"
 	if in.Minor >= 11 {
 		method = "Outer.method"
@@ -139,6 +160,55 @@ func checkStack(t *testing.T, python, script, v string, thread bool) {
 	// A thread the interpreter does not know has no Python stack.
 	if st, err := in.Stack(pid, pid+1<<20); err != nil || st != nil {
 		t.Errorf("unknown thread: %v, %v", st, err)
+	}
+}
+
+// 3.13's own description of its layout (_Py_DebugOffsets) says what its
+// DWARF says, for every offset the walks use; earlier versions have none.
+func TestDebugOffsets(t *testing.T) {
+	for _, v := range []string{"3.12", "3.13"} {
+		found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/lib/libpython" + v + ".so.1.0")
+		if len(found) == 0 {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("CI=true: no libpython%s under /root/.pyenv/versions", v)
+			}
+			t.Skipf("no libpython%s under /root/.pyenv/versions", v)
+		}
+		f, err := elf.Open(found[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		var runtime uint64
+		syms, _ := f.DynamicSymbols()
+		for _, s := range syms {
+			if s.Name == "_PyRuntime" {
+				runtime = s.Value
+			}
+		}
+		minor := int(v[3]-'0') + 10
+		deb, ok := debugOffsets(f, runtime, minor)
+		if v == "3.12" {
+			if ok {
+				t.Errorf("%s: _Py_DebugOffsets read from a 3.12 build", found[0])
+			}
+			continue
+		}
+		if !ok {
+			t.Fatalf("%s: no _Py_DebugOffsets", found[0])
+		}
+		d, err := f.DWARF()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dw, err := dwarfOffsets(d, minor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dw.mainThread = -1 // 3.13 finds threads by native id: the debug offsets leave it out
+		if deb != dw {
+			t.Fatalf("%s:\n_Py_DebugOffsets %+v\nDWARF            %+v", found[0], deb, dw)
+		}
 	}
 }
 

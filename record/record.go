@@ -53,6 +53,10 @@ type Options struct {
 	// it comes and keeping only the frames (Tracer.StackWindow sets the
 	// window's size).
 	KeepStackWindows bool
+	// NoPythonFrames leaves CPython processes' Python frames out of their
+	// stacks: no interpreter walk at each allocation (docs/benchmarks.md
+	// says what it costs).
+	NoPythonFrames bool
 }
 
 // Observer watches a session as it happens. Its methods run on the

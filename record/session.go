@@ -78,6 +78,8 @@ type procState struct {
 	captured  time.Time
 	exited    bool
 	recapture int
+	py        *pyProc // nil: no CPython found (yet)
+	pyTried   bool
 }
 
 type fileKey struct {
@@ -170,6 +172,9 @@ func (s *session) prune() {
 	for pid, ps := range s.procs {
 		st, err := proc.StartTime(int(pid))
 		if err != nil || !proc.Alive(int(pid)) || ps.start != 0 && st != ps.start {
+			if ps.py != nil && s.tr != nil {
+				s.tr.ForgetPython(pid)
+			}
 			delete(s.procs, pid)
 		}
 	}
@@ -203,7 +208,13 @@ func (s *session) Record(raw []byte) {
 	}
 	if s.uw != nil && ev.Flags&events.FlagWindow != 0 {
 		raw = s.unwind(ev, ps)
+	} else if ev.Flags&events.FlagPython != 0 {
+		// BPF leaves the Python frames at the end of the room reserved:
+		// RecordLen's prefix would cut them off.
+		s.buf = events.Encode(s.buf[:0], ev)
+		raw = s.buf
 	}
+	s.resolvePython(ev, ps)
 	if s.w != nil {
 		// Only the frames the stack filled: an allocation record reserves
 		// room for all 127 of them.
@@ -269,6 +280,7 @@ func (s *session) capture(pid uint32, ps *procState) {
 		ps.exited = true
 		p.Error = fmt.Sprintf("exited before its mappings could be read (%v): its stacks are not symbolized", err)
 	}
+	s.detectPython(pid, ps, maps)
 	ps.exec = ps.exec[:0]
 	for _, m := range maps {
 		if !m.Exec() || !m.File() {

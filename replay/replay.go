@@ -68,6 +68,7 @@ type Trace struct {
 	// Stacks first seen before any capture of their process: they take
 	// the first capture that comes.
 	pending map[uint32][]*events.Stack
+	py      map[uint32]*pyProc // CPython processes' frame facts (python.go)
 }
 
 // Read replays the trace at path. A trace cut short (the tracer was killed)
@@ -126,6 +127,7 @@ func Read(path string, opts Options) (*Trace, error) {
 			if uw != nil && ev.Flags&events.FlagWindow != 0 {
 				uw.unwind(ev, t.Latest[ev.PID], &t.Unwound)
 			}
+			t.mergePython(ev)
 			ch := t.Ledger.Apply(ev)
 			if ch.Stack != nil {
 				t.noteStack(ev.PID, ch.Stack)
@@ -137,6 +139,8 @@ func Read(path string, opts Options) (*Trace, error) {
 			}
 		case tracefile.TypeProcess:
 			t.capture(rec.Process)
+		case tracefile.TypePython:
+			t.python(rec.Python)
 		case tracefile.TypeAttach:
 			t.Libraries = append(t.Libraries, *rec.Attach)
 		case tracefile.TypeCounters:
@@ -244,6 +248,7 @@ func (s *Symbols) Frames(st *events.Stack) []symbolize.Frame {
 	} else {
 		f = s.sym.Frames(s.t.Maps(st), st.Frames)
 	}
+	s.t.pythonFrames(st.PID, f)
 	s.done[st] = f
 	return f
 }

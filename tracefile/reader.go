@@ -26,6 +26,7 @@ type Record struct {
 	Counters *Counters
 	End      *End
 	NVML     *NVML
+	Python   *Python
 }
 
 // Reader reads a trace frame by frame.
@@ -165,6 +166,9 @@ func (r *Reader) next() (Record, error) {
 	case TypeNVML:
 		rec.NVML = new(NVML)
 		err = json.Unmarshal(payload, rec.NVML)
+	case TypePython:
+		rec.Python = new(Python)
+		err = json.Unmarshal(payload, rec.Python)
 	}
 	if err != nil {
 		return Record{}, fmt.Errorf("%s frame at offset %d: %v: %w", rec.Type, start, err, ErrCorrupt)

@@ -45,11 +45,16 @@ const (
 	// TypeNVML is the driver's view of GPU memory (NVML), sampled while
 	// recording. Readers older than it skip it, as the format allows.
 	TypeNVML Type = 7
+	// TypePython resolves the Python frames of a CPython process's events
+	// (events.FlagPython): where its interpreter loop is and what each
+	// (code object, instruction) of its records is, written before the
+	// first event that needs it. Older readers skip it.
+	TypePython Type = 8
 )
 
 // lastType is the highest frame type this version reads; higher ones are
 // skipped.
-const lastType = TypeNVML
+const lastType = TypePython
 
 func (t Type) String() string {
 	switch t {
@@ -67,6 +72,8 @@ func (t Type) String() string {
 		return "end"
 	case TypeNVML:
 		return "nvml"
+	case TypePython:
+		return "python"
 	}
 	return "unknown"
 }
@@ -122,6 +129,29 @@ type Process struct {
 	Container string `json:"container,omitempty"`
 	Pod       string `json:"pod,omitempty"`
 	Error     string `json:"error,omitempty"` // why the capture is incomplete (the process exited first)
+}
+
+// Python is one batch of a CPython process's Python frame facts. A
+// process's first one gives its version and Eval; later ones add Codes.
+type Python struct {
+	PID   uint32 `json:"pid"`
+	Minor int    `json:"minor,omitempty"` // CPython 3.Minor
+	// Eval are the address ranges of _PyEval_EvalFrameDefault in the
+	// process: each of its frames in a native stack runs one run of
+	// Python frames (events.PyEntry ends a run).
+	Eval  [][2]uint64 `json:"eval,omitempty"`
+	Codes []PyCode    `json:"codes,omitempty"`
+}
+
+// PyCode is what one (code object, instruction) of a process's records
+// stands for.
+type PyCode struct {
+	Code     uint64 `json:"code"`
+	Units    int32  `json:"units"`
+	File     string `json:"file"`
+	Function string `json:"function"` // qualified name from 3.11
+	Line     int    `json:"line"`
+	Error    string `json:"error,omitempty"` // why it could not be read (the code object was freed)
 }
 
 // Attach records one library the probes were attached to.

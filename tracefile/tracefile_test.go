@@ -34,6 +34,7 @@ type want struct {
 	counters *Counters
 	end_     *End
 	nvml     *NVML
+	python   *Python
 }
 
 type sample struct {
@@ -176,6 +177,10 @@ func buildSample(t testing.TB) *sample {
 	}
 	procs := sampleProcesses()
 	add(want{typ: TypeProcess, process: procs[0]}, func() error { return w.WriteProcess(procs[0]) })
+	py := &Python{PID: procs[0].PID, Minor: 12, Eval: [][2]uint64{{0x7f0000010000, 0x7f0000012000}},
+		Codes: []PyCode{{Code: 0x7f0000100000, Units: 17, File: "/srv/train.py", Function: "Model.forward", Line: 42},
+			{Code: 0x7f0000200000, Units: 3, Error: "read 8 bytes at 0x7f0000200000: input/output error"}}}
+	add(want{typ: TypePython, python: py}, func() error { return w.WritePython(py) })
 	evs := sampleEvents()
 	for i := range evs {
 		ev := &evs[i]
@@ -256,7 +261,7 @@ func checkFrame(t *testing.T, i int, g got, w want) {
 			i, g.Type, g.Offset, len(g.Raw), w.typ, w.off, len(w.raw))
 	}
 	set := 0
-	for _, p := range []bool{g.Event != nil, g.Process != nil, g.Attach != nil, g.Counters != nil, g.End != nil, g.NVML != nil} {
+	for _, p := range []bool{g.Event != nil, g.Process != nil, g.Attach != nil, g.Counters != nil, g.End != nil, g.NVML != nil, g.Python != nil} {
 		if p {
 			set++
 		}
@@ -288,6 +293,10 @@ func checkFrame(t *testing.T, i int, g got, w want) {
 	case TypeNVML:
 		if !reflect.DeepEqual(g.NVML, w.nvml) {
 			t.Fatalf("frame %d: nvml\n got %+v\nwant %+v", i, g.NVML, w.nvml)
+		}
+	case TypePython:
+		if !reflect.DeepEqual(g.Python, w.python) {
+			t.Fatalf("frame %d: python\n got %+v\nwant %+v", i, g.Python, w.python)
 		}
 	default:
 		t.Fatalf("frame %d: unexpected type %s", i, w.typ)
@@ -623,7 +632,7 @@ func TestUnknownFrameTypesSkipped(t *testing.T) {
 	data = appendFrame(data, 0, []byte("zero"))
 	off1 := len(data)
 	data = appendFrame(data, byte(TypeEvent), raw)
-	data = appendFrame(data, 8, nil)
+	data = appendFrame(data, 10, nil)
 	data = appendFrame(data, 200, bytes.Repeat([]byte{0xee}, 5000))
 	data = appendFrame(data, 255, []byte("{not json"))
 	off2 := len(data)
@@ -918,7 +927,7 @@ func TestOpenErrors(t *testing.T) {
 
 func TestTypeString(t *testing.T) {
 	for typ, want := range map[Type]string{TypeMeta: "meta", TypeProcess: "process", TypeEvent: "event",
-		TypeCounters: "counters", TypeAttach: "attach", TypeEnd: "end", TypeNVML: "nvml", 0: "unknown", 8: "unknown", 255: "unknown"} {
+		TypeCounters: "counters", TypeAttach: "attach", TypeEnd: "end", TypeNVML: "nvml", TypePython: "python", 0: "unknown", 9: "unknown", 255: "unknown"} {
 		if got := typ.String(); got != want {
 			t.Errorf("Type(%d) = %q, want %q", typ, got, want)
 		}

@@ -107,6 +107,9 @@ func (w *Writer) WriteNVML(n *NVML) error { return w.writeJSON(TypeNVML, n) }
 // WriteEnd appends the end frame. Write nothing after it.
 func (w *Writer) WriteEnd(e *End) error { return w.writeJSON(TypeEnd, e) }
 
+// WritePython writes a Python frame record.
+func (w *Writer) WritePython(p *Python) error { return w.writeJSON(TypePython, p) }
+
 // Flush writes buffered frames to the underlying writer.
 func (w *Writer) Flush() error {
 	if w.err != nil {

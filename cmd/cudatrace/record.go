@@ -27,6 +27,7 @@ type recordFlags struct {
 	ringSize  string
 	window    string
 	keepWin   bool
+	noPy      bool
 	quiet     bool
 	exports   []string // FORMAT=FILE
 	nvml      bool
@@ -97,6 +98,7 @@ goes on; --nvml=false turns the sampling off.`,
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
 	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
 	fl.StringVar(&f.window, "stack-window", "16KiB", "user stack copied per allocation to unwind code without frame pointers: a multiple of 4KiB up to 64KiB, 0 for frame-pointer stacks only")
+	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, merged into stacks where the interpreter runs) out of their stacks")
 	fl.BoolVar(&f.keepWin, "keep-stack-windows", false, "write the stack windows to the trace for report/export to unwind, instead of unwinding while recording (traces grow by the window per allocation)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
 	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE (pprof, memviz, perfetto, json; repeatable)")
@@ -146,6 +148,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		LaunchHelper: []string{exe, launchCmdName},
 
 		KeepStackWindows: f.keepWin,
+		NoPythonFrames:   f.noPy,
 	}
 	opts.Tracer.RingBytes = ring
 	if f.nvml {

@@ -1,0 +1,130 @@
+package vmtest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// pyLine finds the line of testdata/file marked "# LINE:tag".
+func pyLine(t *testing.T, file, tag string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range strings.Split(string(b), "\n") {
+		if strings.HasSuffix(l, "# LINE:"+tag) {
+			return i + 1
+		}
+	}
+	t.Fatalf("no LINE:%s in %s", tag, file)
+	return 0
+}
+
+// TestPythonFrames: CPython 3.10 to 3.13 (pyenv's builds) calling nested
+// Python functions that allocate through ctypes. The stack of that
+// allocation shows each Python frame as file:line:function, exact and in
+// order, in place of the interpreter loop's native frames (none of
+// _PyEval_EvalFrameDefault is left), between ctypes' call and Py_RunMain.
+// An allocation from a thread the interpreter never ran says it had no
+// Python frames instead of showing any.
+func TestPythonFrames(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
+	threads := filepath.Join(t.TempDir(), "pythread.so")
+	if err := gcc("-shared", "-fPIC", "-O2", "-Wall", "-o", threads, filepath.Join("testdata", "pythread.c"), fakeLib); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+			if len(found) == 0 {
+				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
+				return
+			}
+			// 3.10's code objects have no qualified name.
+			model := "Model."
+			if v == "3.10" {
+				model = ""
+			}
+			want := []string{
+				fmt.Sprintf("%s:%d:%sleaf", script, pyLine(t, "pyframes.py", "leaf"), model),
+				fmt.Sprintf("%s:%d:%smiddle", script, pyLine(t, "pyframes.py", "middle"), model),
+				fmt.Sprintf("%s:%d:outer", script, pyLine(t, "pyframes.py", "outer")),
+				fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pyframes.py", "main")),
+			}
+			ctx := testContext(t)
+			dir := t.TempDir()
+			log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
+			rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+				"--lib", fakeLib, "-o", trace, "--", found[0], script, fakeLib, threads)
+			rec.finish(t, 60*time.Second)
+			truth := onlyTruth(t, log, "")
+			rep := runReport(t, ctx, trace)
+			bySize := map[uint64]reportStack{}
+			for _, s := range rep.Stacks {
+				if s.PID == truth.PID {
+					bySize[s.AllocBytes] = s
+				}
+			}
+			if len(bySize) != 3 {
+				t.Fatalf("%d stacks for pid %d, want 3 (warm-up, nested, thread): %+v", len(bySize), truth.PID, rep.Stacks)
+			}
+			nested, ok := bySize[3<<20]
+			if !ok {
+				t.Fatalf("no stack of the 3 MiB allocation: %+v", bySize)
+			}
+			var py, native []string
+			first, last := -1, -1
+			for i, f := range nested.Frames {
+				if f.Module == "[python]" {
+					py = append(py, fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function))
+					if first < 0 {
+						first = i
+					}
+					last = i
+					continue
+				}
+				native = append(native, f.Function)
+				if f.Function == "_PyEval_EvalFrameDefault" {
+					t.Errorf("frame #%d is still the interpreter loop: its Python frames were not merged in", i)
+				}
+			}
+			if strings.Join(py, "\n") != strings.Join(want, "\n") {
+				t.Fatalf("Python frames:\n%s\nwant:\n%s", strings.Join(py, "\n"), strings.Join(want, "\n"))
+			}
+			// Where the interpreter loop stood: below ctypes' call, above main.
+			at := func(fn string) int {
+				for i, f := range nested.Frames {
+					if f.Function == fn {
+						return i
+					}
+				}
+				return -1
+			}
+			if c, m := at("_ctypes_callproc"), at("Py_RunMain"); c < 0 || m < 0 || c > first || last > m {
+				t.Errorf("Python frames at #%d-#%d; _ctypes_callproc #%d, Py_RunMain #%d: %q", first, last, c, m, native)
+			}
+			// The thread without Python: native frames, then the marker.
+			thr, ok := bySize[5<<20]
+			if !ok {
+				t.Fatalf("no stack of the thread's 5 MiB allocation: %+v", bySize)
+			}
+			n := len(thr.Frames)
+			if n < 2 || thr.Frames[0].Function != "run" || thr.Frames[n-1].Function != "[no Python frames on this thread]" {
+				t.Fatalf("thread stack %+v: want run first and the no-Python marker last", thr.Frames)
+			}
+			for _, f := range thr.Frames[:n-1] {
+				if f.Module == "[python]" {
+					t.Errorf("thread stack has a Python frame %+v", f)
+				}
+			}
+		})
+	}
+}
