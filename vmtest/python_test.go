@@ -2,7 +2,6 @@ package vmtest
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,17 +11,7 @@ import (
 // pyLine finds the line of testdata/file marked "# LINE:tag".
 func pyLine(t *testing.T, file, tag string) int {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, l := range strings.Split(string(b), "\n") {
-		if strings.HasSuffix(l, "# LINE:"+tag) {
-			return i + 1
-		}
-	}
-	t.Fatalf("no LINE:%s in %s", tag, file)
-	return 0
+	return lineEnding(t, file, "# LINE:"+tag)
 }
 
 // TestPythonFrames: CPython 3.10 to 3.13 (pyenv's builds) calling nested

@@ -88,16 +88,23 @@ func omitFPChain(t *testing.T, dir, lib2 string, nested bool) string {
 // markedLine finds the line of testdata/file marked "// LINE:tag".
 func markedLine(t *testing.T, file, tag string) int {
 	t.Helper()
+	return lineEnding(t, file, "// LINE:"+tag)
+}
+
+// lineEnding returns the number of the first line of testdata/file that
+// ends with marker.
+func lineEnding(t *testing.T, file, marker string) int {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join("testdata", file))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, l := range strings.Split(string(b), "\n") {
-		if strings.HasSuffix(l, "// LINE:"+tag) {
+		if strings.HasSuffix(l, marker) {
 			return i + 1
 		}
 	}
-	t.Fatalf("no LINE:%s in %s", tag, file)
+	t.Fatalf("no %q in %s", marker, file)
 	return 0
 }
 
