@@ -95,28 +95,16 @@ func TestRealLibcuda(t *testing.T) {
 	if out, err := exec.CommandContext(ctx, tracerBin, "record", "-q", "--lib", real, "-o", trace, "--", "true").CombinedOutput(); err != nil {
 		t.Fatalf("record --lib %s: %v\n%s", real, err, out)
 	}
-	data, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep struct {
-		Libraries []struct {
-			Library string   `json:"library"`
-			Symbols []string `json:"symbols"`
-		} `json:"libraries"`
-	}
-	if err := json.Unmarshal(data, &rep); err != nil {
-		t.Fatal(err)
-	}
-	if len(rep.Libraries) != 1 {
-		t.Fatalf("libraries %+v, want %s", rep.Libraries, real)
+	libs := reportLibraries(t, ctx, trace)
+	if len(libs) != 1 {
+		t.Fatalf("libraries %+v, want %s", libs, real)
 	}
 	for _, sym := range []string{"cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged",
 		"cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost", "cuMemAllocAsync", "cuMemFreeAsync",
 		"cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuMemCreate", "cuMemRelease",
 		"cuMemMap", "cuMemUnmap", "cuMemAddressReserve", "cuMemAddressFree"} {
-		if !slices.Contains(rep.Libraries[0].Symbols, sym) {
-			t.Errorf("%s not attached in %s: %v", sym, real, rep.Libraries[0].Symbols)
+		if !slices.Contains(libs[0].Symbols, sym) {
+			t.Errorf("%s not attached in %s: %v", sym, real, libs[0].Symbols)
 		}
 	}
 }
@@ -202,24 +190,13 @@ func TestStaticRuntime(t *testing.T) {
 		t.Errorf("no stack through alloc_device_buffer in %s", workload("mix_static"))
 	}
 
-	data, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var libs struct {
-		Libraries []struct {
-			Library string `json:"library"`
-		} `json:"libraries"`
-	}
-	if err := json.Unmarshal(data, &libs); err != nil {
-		t.Fatal(err)
-	}
+	libs := reportLibraries(t, ctx, trace)
 	found := false
-	for _, l := range libs.Libraries {
+	for _, l := range libs {
 		found = found || l.Library == workload("mix_static")
 	}
 	if !found {
-		t.Errorf("the executable is not among the libraries probed: %+v", libs.Libraries)
+		t.Errorf("the executable is not among the libraries probed: %+v", libs)
 	}
 }
 
@@ -243,20 +220,8 @@ func TestLibraryCopies(t *testing.T) {
 	rep := runReport(t, ctx, trace)
 	checkProcess(t, rep, want, peakSlack(want, 1), "mix")
 
-	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var libs struct {
-		Libraries []struct {
-			Library string `json:"library"`
-		} `json:"libraries"`
-	}
-	if err := json.Unmarshal(out, &libs); err != nil {
-		t.Fatal(err)
-	}
 	var got []string
-	for _, l := range libs.Libraries {
+	for _, l := range reportLibraries(t, ctx, trace) {
 		got = append(got, l.Library)
 	}
 	if !slices.Equal(got, []string{fakeLib, copyLib}) {
@@ -290,29 +255,42 @@ func TestDlopenLate(t *testing.T) {
 		t.Errorf("record did not say it attached late:\n%s", rec.stderr.String())
 	}
 
-	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		Libraries []struct {
-			Library      string `json:"library"`
-			LateNS       uint64 `json:"late_ns"`
-			LatePID      int    `json:"late_pid"`
-			EventsBefore uint64 `json:"events_before"`
-		} `json:"libraries"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		t.Fatal(err)
-	}
-	if len(doc.Libraries) != 2 || doc.Libraries[1].Library != lib || doc.Libraries[1].LatePID != want.PID ||
-		doc.Libraries[1].LateNS < uint64(time.Second) || doc.Libraries[1].EventsBefore != 0 {
-		t.Errorf("libraries %+v: want %s attached late (after 1 s) for pid %d, after 0 events", doc.Libraries, lib, want.PID)
+	libs := reportLibraries(t, ctx, trace)
+	if len(libs) != 2 || libs[1].Library != lib || libs[1].LatePID != want.PID ||
+		libs[1].LateNS < uint64(time.Second) || libs[1].EventsBefore != 0 {
+		t.Errorf("libraries %+v: want %s attached late (after 1 s) for pid %d, after 0 events", libs, lib, want.PID)
 	}
 	text, err := exec.CommandContext(ctx, tracerBin, "report", trace).Output()
 	if err != nil || !strings.Contains(string(text), "loaded "+lib+" after tracing began") {
 		t.Errorf("the text report does not say the library came late (%v):\n%s", err, text)
 	}
+}
+
+// reportLibrary is one library of `report --json`: what was probed, and
+// when it was attached late, when and for whom.
+type reportLibrary struct {
+	Library      string   `json:"library"`
+	Symbols      []string `json:"symbols"`
+	LateNS       uint64   `json:"late_ns"`
+	LatePID      int      `json:"late_pid"`
+	EventsBefore uint64   `json:"events_before"`
+}
+
+// reportLibraries runs `cudatrace report TRACE --json` and returns its
+// libraries.
+func reportLibraries(t *testing.T, ctx context.Context, trace string) []reportLibrary {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatalf("cudatrace report %s --json: %v", trace, err)
+	}
+	var doc struct {
+		Libraries []reportLibrary `json:"libraries"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc.Libraries
 }
 
 // wheelCopy copies the stand-in runtime where a pip wheel puts its own,
