@@ -11,6 +11,14 @@ import (
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
+// lateScanEvery is how often the traced processes' mappings are searched
+// for CUDA libraries loaded after tracing began (dlopen from a wheel).
+// With --all every process on the host is searched, less often.
+const (
+	lateScanEvery    = 500 * time.Millisecond
+	lateScanAllEvery = 2 * time.Second
+)
+
 // lateLib is a CUDA library file a process maps that no probe covers yet.
 type lateLib struct {
 	pid  uint32

@@ -21,14 +21,6 @@ import (
 // killed tracer's file still says what was lost up to then.
 const counterEvery = time.Second
 
-// lateScanEvery is how often the traced processes' mappings are searched
-// for CUDA libraries loaded after tracing began (dlopen from a wheel).
-// With --all every process on the host is searched, less often.
-const (
-	lateScanEvery    = 500 * time.Millisecond
-	lateScanAllEvery = 2 * time.Second
-)
-
 // pruneEvery is how often a session of every process (--all, the agent)
 // forgets the processes that are gone: on a host where processes come and
 // go for good, its state must stay bounded by the living ones.

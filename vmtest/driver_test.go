@@ -42,41 +42,25 @@ func TestDriver(t *testing.T) {
 	if n := len(rep.Failures); n == 0 || rep.Failures[0].Error != "CUDA_ERROR_OUT_OF_MEMORY" {
 		t.Errorf("failures %+v, want CUDA_ERROR_OUT_OF_MEMORY", rep.Failures)
 	}
-	checkVMM(t, ctx, trace, want)
+	checkVMM(t, rep, want)
 }
 
 // checkVMM: the workload's vmm_mapped leaves two 2 MiB chunks of device 1
 // mapped at the 4th and 6th slots of a 32 MiB reservation, the first of
 // them released while mapped (held, as the driver holds it); the ground
 // truth must say the same, and the report must list both mappings.
-func checkVMM(t *testing.T, ctx context.Context, trace string, want *procTruth) {
+func checkVMM(t *testing.T, rep *report, want *procTruth) {
 	t.Helper()
 	const chunk = 2 << 20
 	if want.Mapped != 2*chunk || want.Maps != 6 || want.Unmaps != 4 || want.Reserved != 16*chunk {
 		t.Fatalf("ground truth: mapped %d, maps %d, unmaps %d, reserved %d; the workload should leave 2 chunks of 6 mapped in 16 reserved",
 			want.Mapped, want.Maps, want.Unmaps, want.Reserved)
 	}
-	data, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
-	if err != nil {
-		t.Fatal(err)
+	p := rep.process(want.PID)
+	if p == nil || len(p.VMMMappings) != 2 {
+		t.Fatalf("vmm_mappings of pid %d: %+v, want 2", want.PID, p)
 	}
-	var rep struct {
-		Processes []struct {
-			Mappings []struct {
-				Addr     uint64 `json:"addr"`
-				Size     uint64 `json:"size"`
-				Device   int    `json:"device"`
-				Released bool   `json:"released"`
-			} `json:"vmm_mappings"`
-		} `json:"processes"`
-	}
-	if err := json.Unmarshal(data, &rep); err != nil {
-		t.Fatal(err)
-	}
-	if len(rep.Processes) != 1 || len(rep.Processes[0].Mappings) != 2 {
-		t.Fatalf("vmm_mappings: %+v, want 2", rep.Processes)
-	}
-	m := rep.Processes[0].Mappings
+	m := p.VMMMappings
 	if m[1].Addr-m[0].Addr != 2*chunk || m[0].Size != chunk || m[1].Size != chunk || m[0].Device != 1 ||
 		m[1].Device != 1 || !m[0].Released || m[1].Released {
 		t.Errorf("vmm_mappings %+v: want chunks 3 (released) and 5 (not) of device 1, 2 MiB each", m)

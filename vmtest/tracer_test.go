@@ -43,6 +43,12 @@ type reportProcess struct {
 	VMMMaps            uint64 `json:"vmm_maps"`
 	VMMUnmaps          uint64 `json:"vmm_unmaps"`
 	VAReservedBytes    uint64 `json:"va_reserved_bytes"`
+	VMMMappings        []struct {
+		Addr     uint64 `json:"addr"`
+		Size     uint64 `json:"size"`
+		Device   int    `json:"device"`
+		Released bool   `json:"released"`
+	} `json:"vmm_mappings"`
 }
 
 type reportDevice struct {
