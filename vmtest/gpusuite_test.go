@@ -96,3 +96,20 @@ func TestGPUSuiteStandin(t *testing.T) {
 		t.Fatalf("without PyTorch: exit %d, results %+v\n%s", code, res.Results, out)
 	}
 }
+
+// TestGPUSuiteParsing runs suite.py's own unit tests (vmtest/gpu/
+// suite_test.py): how it reads PyTorch's `_memory_viz stats` output and
+// the trace's times. No GPU, no root.
+func TestGPUSuiteParsing(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		skipOrFail(t, "no python3: %v", err)
+	}
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.CommandContext(testContext(t), python, "-m", "unittest", "-v", "suite_test")
+	cmd.Dir = filepath.Join(filepath.Dir(file), "gpu")
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("suite_test.py: %v\n%s", err, out)
+	}
+}

@@ -267,11 +267,17 @@ class Suite:
             r = subprocess.run([self.python, "-m", "torch.cuda._memory_viz", "stats", path], capture_output=True, text=True)
             out[who] = {"rc": r.returncode, "stdout": r.stdout[-4000:], "stderr": r.stderr[-2000:]}
         problems = []
-        if out["cudatrace"]["rc"] != 0:
-            problems.append("torch.cuda._memory_viz stats failed on cudatrace's file: " + out["cudatrace"]["stderr"][-500:])
-        elif totals(out["cudatrace"]["stdout"]) != totals(out["pytorch"]["stdout"]):
-            problems.append("stats totals differ: cudatrace %s, pytorch %s" % (totals(out["cudatrace"]["stdout"]),
-                                                                              totals(out["pytorch"]["stdout"])))
+        for who in ("pytorch", "cudatrace"):
+            if out[who]["rc"] != 0:
+                problems.append("torch.cuda._memory_viz stats failed on %s's file: %s" % (who, out[who]["stderr"][-500:]))
+            else:
+                out[who]["totals"] = totals(out[who]["stdout"])
+                missing = [k for k in STATS_KEYS if k not in out[who]["totals"]]
+                if missing:  # a changed format must not pass as {} == {}
+                    problems.append("%s's stats printed no %s: %r" % (who, ", ".join(missing), out[who]["stdout"][-500:]))
+        if not problems and out["cudatrace"]["totals"] != out["pytorch"]["totals"]:
+            problems.append("stats totals differ: cudatrace %s, pytorch %s" % (out["cudatrace"]["totals"],
+                                                                              out["pytorch"]["totals"]))
         return {"stats": out, "problems": problems}
 
     def nvml(self):
@@ -379,13 +385,20 @@ def fmt_segs(segs):
     return "[" + ", ".join("%#x+%d" % s for s in segs[:5]) + (", ..." if len(segs) > 5 else "") + "]"
 
 
+STATS_KEYS = ("segments", "total_reserved", "total_allocated", "total_free")
+
+
 def totals(stats_text):
-    """The byte figures of _memory_viz stats' output, by name."""
+    """The summary lines of `python -m torch.cuda._memory_viz stats`
+    (torch/cuda/_memory_viz.py segsum): "segments: 12", "total_reserved:
+    1.2GiB", "total_allocated: 640.0MiB", "total_free: 600.0MiB (3.1%
+    internal)", by name, as printed (sizes are rounded to one decimal).
+    Only those keys: the per-segment lines and the legend differ in order."""
     out = {}
     for line in stats_text.splitlines():
-        m = re.match(r"^\s*([A-Za-z_ ]+?)\s*[:=]\s*([\d,]+)\s*(?:B|bytes)?\s*$", line)
+        m = re.match(r"^(%s): (.+?)\s*$" % "|".join(STATS_KEYS), line)
         if m:
-            out[m.group(1).strip()] = int(m.group(2).replace(",", ""))
+            out[m.group(1)] = m.group(2)
     return out
 
 
