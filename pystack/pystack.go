@@ -2,17 +2,18 @@
 // function, line) from outside the process, through /proc/PID/mem: the
 // user-space half of Python frames in cudatrace stacks. It finds the
 // interpreter (libpython or a static python executable) in the process's
-// mappings, takes the structure offsets of its build from its DWARF, finds
-// the thread's state by its native thread id and walks the interpreter
-// frames, turning each (code object, instruction) into file:line with the
-// code object's line table.
+// mappings, takes the structure offsets of its build, finds the thread's
+// state by its native thread id and walks the interpreter frames, turning
+// each (code object, instruction) into file:line with the code object's
+// line table.
 //
 // The same walk runs in BPF at each allocation (Layout gives it the
 // offsets; bpf/cudatrace.bpf.c py_stack), and Code resolves what it
-// recorded. 3.13's offsets come from its _Py_DebugOffsets, so a 3.13
-// build needs no DWARF (free-threaded ones are not read); 3.10 to 3.12
-// builds without DWARF (distributions' pythons)
-// would need offset tables, not made yet.
+// recorded. 3.13's offsets come from its _Py_DebugOffsets (free-threaded
+// builds are not read); 3.10 to 3.12's from the build's DWARF where it has
+// some, else, for x86-64 release builds (distributions', conda's,
+// python-build-standalone's), from the table of its minor version
+// (table.go, tables.go).
 package pystack
 
 import (
@@ -136,15 +137,26 @@ func open(path string, minor int, maps []proc.Mapping) (*Interp, error) {
 		return nil, fmt.Errorf("%s: not mapped as its headers say", path)
 	}
 	// 3.13 describes its own layout in _Py_DebugOffsets, at the start of
-	// _PyRuntime: no DWARF needed. Earlier versions need the build's DWARF.
+	// _PyRuntime: no DWARF needed. Earlier versions take it from the
+	// build's DWARF, or, without (distributions' and conda's builds), from
+	// the table of their minor version.
 	off, ok := debugOffsets(f, runtime, minor)
 	if !ok {
-		d, err := f.DWARF()
-		if err != nil {
-			return nil, fmt.Errorf("%s: no DWARF to take CPython's structure offsets from: %w", path, err)
+		derr := errors.New("no DWARF")
+		if f.Section(".debug_info") != nil {
+			if d, err := f.DWARF(); err != nil {
+				derr = fmt.Errorf("its DWARF: %w", err)
+			} else if off, derr = dwarfOffsets(d, minor); derr == nil {
+				ok = true
+			}
 		}
-		if off, err = dwarfOffsets(d, minor); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+		if !ok {
+			var terr error
+			if off, terr = tableOffsets(f, append(syms, dyn...), minor); terr != nil {
+				return nil, fmt.Errorf("%s: no structure offsets for this CPython 3.%d build: %v, and %v; "+
+					"Python frames need CPython 3.13 or later, a build with DWARF (pyenv's, or one built with -g), "+
+					"or an x86-64 release build of 3.10 to 3.12", path, minor, derr, terr)
+			}
 		}
 	}
 	for i := range eval {

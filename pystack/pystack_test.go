@@ -46,21 +46,68 @@ func TestStackCPython(t *testing.T) {
 				}
 				t.Skipf("no CPython %s under /root/.pyenv/versions", v)
 			}
-			checkStack(t, found[0], script, v, false)
+			checkStack(t, found[0], nil, script, v, false)
 			if v != "3.10" {
-				checkStack(t, found[0], script, v, true)
+				checkStack(t, found[0], nil, script, v, true)
 			}
 		})
 	}
 }
 
-func checkStack(t *testing.T, python, script, v string, thread bool) {
+// The same on 3.10 to 3.12 builds without DWARF: pyenv's, their libpython
+// stripped of its debug information, read with the built-in offsets.
+// Debian 12's own python3.11 (3.11.2, static, no DWARF) too, where it is
+// installed (.ci/run installs it).
+func TestStackWithoutDWARF(t *testing.T) {
+	script, _ := filepath.Abs(filepath.Join("testdata", "nested.py"))
+	for _, v := range []string{"3.10", "3.11", "3.12"} {
+		t.Run(v, func(t *testing.T) {
+			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+			if len(found) == 0 {
+				if os.Getenv("CI") == "true" {
+					t.Fatalf("CI=true: no CPython %s under /root/.pyenv/versions", v)
+				}
+				t.Skipf("no CPython %s under /root/.pyenv/versions", v)
+			}
+			env := []string{"LD_LIBRARY_PATH=" + strippedLib(t, v)}
+			in := checkStack(t, found[0], env, script, v, false)
+			if !strings.HasPrefix(in.Path, os.TempDir()) {
+				t.Fatalf("read %s, not the stripped copy", in.Path)
+			}
+			if v != "3.10" {
+				checkStack(t, found[0], env, script, v, true)
+			}
+		})
+	}
+	t.Run("debian-3.11", func(t *testing.T) {
+		const python = "/usr/bin/python3.11"
+		if _, err := os.Stat(python); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("CI=true: %v", err)
+			}
+			t.Skip(err)
+		}
+		f, err := elf.Open(python)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if f.Section(".debug_info") != nil {
+			t.Fatalf("%s has DWARF: it would not test the table", python)
+		}
+		checkStack(t, python, nil, script, "3.11", false)
+		checkStack(t, python, nil, script, "3.11", true)
+	})
+}
+
+func checkStack(t *testing.T, python string, env []string, script, v string, thread bool) *Interp {
 	t.Helper()
 	args := []string{script}
 	if thread {
 		args = append(args, "thread")
 	}
 	cmd := exec.Command(python, args...)
+	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -161,6 +208,7 @@ func checkStack(t *testing.T, python, script, v string, thread bool) {
 	if st, err := in.Stack(pid, pid+1<<20); err != nil || st != nil {
 		t.Errorf("unknown thread: %v, %v", st, err)
 	}
+	return in
 }
 
 // 3.13's own description of its layout (_Py_DebugOffsets) says what its
