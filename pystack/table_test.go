@@ -12,6 +12,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/cudatrace/cudatrace/proc"
 )
 
 var update = flag.Bool("update", false, "rewrite tables.go from the DWARF of the pyenv builds installed")
@@ -126,18 +128,26 @@ func writeTables(t *testing.T, tables map[int]offsets, from []string) {
 	}
 }
 
-// What the tables cannot describe is refused, saying why.
+// What the tables cannot describe is refused, saying why; a build with
+// neither DWARF nor a table is refused saying what would do.
 func TestOffsetTablesRefused(t *testing.T) {
 	lib := pyenvLib(t, "3.11")
-	// An arm64 build: the same file, its e_machine changed.
-	b, err := os.ReadFile(lib)
+	// An arm64 build without DWARF: the stripped file, its e_machine
+	// changed.
+	arm := filepath.Join(strippedLib(t, "3.11"), "libpython3.11.so.1.0")
+	b, err := os.ReadFile(arm)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b[18], b[19] = byte(elf.EM_AARCH64), 0
-	arm := filepath.Join(t.TempDir(), "libpython3.11.so.1.0")
 	if err := os.WriteFile(arm, b, 0o644); err != nil {
 		t.Fatal(err)
+	}
+	in, err := Detect([]proc.Mapping{{Start: 0x7f0000000000, End: 0x7f0000100000, Perms: "r--p", Inode: 1, Path: arm}})
+	want := arm + ": no structure offsets for this CPython 3.11 build: no DWARF, and the built-in offsets are x86-64's, not EM_AARCH64's; " +
+		"Python frames need CPython 3.13 or later, a build with DWARF (pyenv's, or one built with -g), or an x86-64 release build of 3.10 to 3.12"
+	if in != nil || err == nil || err.Error() != want {
+		t.Errorf("Detect: %v, %v\nwant %s", in, err, want)
 	}
 	for _, c := range []struct {
 		path  string
