@@ -29,7 +29,9 @@ import (
 //     the walks use on 3.10 only) is unchecked.
 //   - Debian 12's /usr/bin/python3.11 (3.11.2, built statically, with
 //     other compiler options) reads exact stacks with the 3.11 table
-//     (TestStackCPython).
+//     (TestStackWithoutDWARF), as do pyenv's builds with their
+//     libpython stripped (that test and vmtest's
+//     TestPythonFramesWithoutDWARF).
 //
 // What the table cannot describe is refused: other architectures (the
 // figures are x86-64's), debug builds (Py_DEBUG changes PyObject's

@@ -39,7 +39,7 @@ func TestPythonFrames(t *testing.T) {
 				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
 				return
 			}
-			checkPythonFrames(t, v, found[0], nil, script, threads)
+			checkPythonFrames(t, v, found[0], nil, script, threads, "_ctypes_callproc")
 		})
 	}
 }
@@ -47,8 +47,9 @@ func TestPythonFrames(t *testing.T) {
 // TestPythonFramesWithoutDWARF: the same on CPython 3.10 to 3.12 builds
 // without DWARF, as distributions ship them: pyenv's, run on a copy of
 // their libpython stripped of its debug information (LD_LIBRARY_PATH
-// takes precedence over the executable's RUNPATH). The recorder takes
-// their structure offsets from its built-in tables.
+// takes precedence over the executable's RUNPATH), and Debian 12's own
+// python3.11 (.ci/run installs it). The recorder takes their structure
+// offsets from its built-in tables.
 func TestPythonFramesWithoutDWARF(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
@@ -86,15 +87,32 @@ func TestPythonFramesWithoutDWARF(t *testing.T) {
 			if err != nil || !strings.Contains(string(out), stripped) {
 				t.Fatalf("ldd %s with the copy first: %v\n%s", found[0], err, out)
 			}
-			checkPythonFrames(t, v, found[0], []string{"LD_LIBRARY_PATH=" + dir}, script, threads)
+			checkPythonFrames(t, v, found[0], []string{"LD_LIBRARY_PATH=" + dir}, script, threads, "_ctypes_callproc")
 		})
 	}
+	// Debian 12's own interpreter: 3.11.2, static, without DWARF.
+	t.Run("debian-3.11", func(t *testing.T) {
+		const python = "/usr/bin/python3.11"
+		f, err := elf.Open(python)
+		if err != nil {
+			skipOrFail(t, "Debian's python3.11: %v", err)
+			return
+		}
+		defer f.Close()
+		if f.Section(".debug_info") != nil {
+			t.Fatalf("%s has DWARF: it would not test the tables", python)
+		}
+		// Its _ctypes module is stripped: its _ctypes_callproc has no
+		// name; libffi's ffi_call, which it calls, has.
+		checkPythonFrames(t, "3.11", python, nil, script, threads, "ffi_call")
+	})
 }
 
 // checkPythonFrames records python (CPython v) running pyframes.py, with
 // env added to the environment, and checks the Python frames of its
-// allocations.
-func checkPythonFrames(t *testing.T, v, python string, env []string, script, threads string) {
+// allocations: they stand between the native frame call (ctypes' call
+// into the stand-in) and Py_RunMain.
+func checkPythonFrames(t *testing.T, v, python string, env []string, script, threads, call string) {
 	t.Helper()
 	// 3.10's code objects have no qualified name.
 	model := "Model."
@@ -156,8 +174,8 @@ func checkPythonFrames(t *testing.T, v, python string, env []string, script, thr
 		}
 		return -1
 	}
-	if c, m := at("_ctypes_callproc"), at("Py_RunMain"); c < 0 || m < 0 || c > first || last > m {
-		t.Errorf("Python frames at #%d-#%d; _ctypes_callproc #%d, Py_RunMain #%d: %q", first, last, c, m, native)
+	if c, m := at(call), at("Py_RunMain"); c < 0 || m < 0 || c > first || last > m {
+		t.Errorf("Python frames at #%d-#%d; %s #%d, Py_RunMain #%d: %q", first, last, call, c, m, native)
 	}
 	// The thread without Python: native frames, then the marker.
 	thr, ok := bySize[5<<20]
