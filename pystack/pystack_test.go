@@ -208,7 +208,50 @@ func checkStack(t *testing.T, python string, env []string, script, v string, thr
 	if st, err := in.Stack(pid, pid+1<<20); err != nil || st != nil {
 		t.Errorf("unknown thread: %v, %v", st, err)
 	}
+	checkRawStack(t, in, pid, tid, want, thread)
 	return in
+}
+
+// checkRawStack: the frames as the walk in BPF records them resolve to
+// the stack Stack reads (want, threading.py's lines left out), innermost
+// first, cut at max; the outermost frame of a run entered from C is an
+// entry (3.10: every frame) and the innermost, called from Python, is not.
+func checkRawStack(t *testing.T, in *Interp, pid, tid int, want string, thread bool) {
+	t.Helper()
+	raw, known, err := in.RawStack(pid, tid, 32)
+	if err != nil || !known {
+		t.Fatalf("RawStack: %v, known %v", err, known)
+	}
+	m, err := OpenMem(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var st []Frame
+	for _, r := range raw {
+		fr, err := in.Code(m, r.Code, int64(r.Units))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if thread && len(st) >= 3 && filepath.Base(fr.File) == "threading.py" {
+			fr.File, fr.Line = "threading.py", 0
+		}
+		st = append(st, fr)
+	}
+	if got := fmt.Sprint(st); got != want {
+		t.Fatalf("raw stack\n got %s\nwant %s", got, want)
+	}
+	if last := raw[len(raw)-1]; !last.Entry || raw[0].Entry != (in.Minor == 10) {
+		t.Errorf("3.%d raw stack %+v: want the outermost an entry, the innermost one only on 3.10", in.Minor, raw)
+	}
+	if cut, _, err := in.RawStack(pid, tid, 2); err != nil || len(cut) != 2 || cut[0] != raw[0] || cut[1] != raw[1] {
+		t.Errorf("RawStack cut at 2: %+v, %v; want %+v", cut, err, raw[:2])
+	}
+	// A thread the interpreter does not know: known (no Python) from
+	// 3.11 on, where threads are found by native id; 3.10 cannot tell.
+	if raw, known, err := in.RawStack(pid, pid+1<<20, 32); err != nil || raw != nil || known != (in.Minor != 10) {
+		t.Errorf("unknown thread: %v, known %v, %v", raw, known, err)
+	}
 }
 
 // 3.13's own description of its layout (_Py_DebugOffsets) says what its
