@@ -1,10 +1,13 @@
 package vmtest
 
 import (
+	"bufio"
 	"debug/elf"
 	"fmt"
+	"io"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -146,24 +149,22 @@ func checkPythonFrames(t *testing.T, v, python string, env []string, script, thr
 	if !ok {
 		t.Fatalf("no stack of the 3 MiB allocation: %+v", bySize)
 	}
-	var py, native []string
-	first, last := -1, -1
-	for i, f := range nested.Frames {
-		if f.Module == "[python]" {
-			py = append(py, fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function))
-			if first < 0 {
-				first = i
-			}
-			last = i
-			continue
-		}
-		native = append(native, f.Function)
-		if f.Function == "_PyEval_EvalFrameDefault" {
-			t.Errorf("frame #%d is still the interpreter loop: its Python frames were not merged in", i)
-		}
-	}
+	py, native, first, last := pythonFrames(t, nested)
 	if strings.Join(py, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("Python frames:\n%s\nwant:\n%s", strings.Join(py, "\n"), strings.Join(want, "\n"))
+	}
+	// The process's first allocation, made before the recorder knew
+	// it runs CPython, while BPF held it: its frames too, exact.
+	warm, ok := bySize[1<<20]
+	if !ok {
+		t.Fatalf("no stack of the 1 MiB warm-up: %+v", bySize)
+	}
+	wantWarm := []string{
+		fmt.Sprintf("%s:%d:warmup", script, pyLine(t, "pyframes.py", "warmup")),
+		fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pyframes.py", "main")),
+	}
+	if py, _, _, _ := pythonFrames(t, warm); strings.Join(py, "\n") != strings.Join(wantWarm, "\n") {
+		t.Errorf("first allocation's Python frames:\n%s\nwant:\n%s", strings.Join(py, "\n"), strings.Join(wantWarm, "\n"))
 	}
 	// Where the interpreter loop stood: below ctypes' call, above main.
 	at := func(fn string) int {
@@ -190,5 +191,106 @@ func checkPythonFrames(t *testing.T, v, python string, env []string, script, thr
 		if f.Module == "[python]" {
 			t.Errorf("thread stack has a Python frame %+v", f)
 		}
+	}
+}
+
+// pythonFrames are stack s's Python frames as file:line:function, the
+// names of its native ones, and where the Python frames start and end.
+// No native frame may be the interpreter loop: its Python frames replace
+// it.
+func pythonFrames(t *testing.T, s reportStack) (py, native []string, first, last int) {
+	t.Helper()
+	first, last = -1, -1
+	for i, f := range s.Frames {
+		if f.Module == "[python]" {
+			py = append(py, fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function))
+			if first < 0 {
+				first = i
+			}
+			last = i
+			continue
+		}
+		native = append(native, f.Function)
+		if f.Function == "_PyEval_EvalFrameDefault" {
+			t.Errorf("frame #%d is still the interpreter loop: its Python frames were not merged in", i)
+		}
+	}
+	return py, native, first, last
+}
+
+// TestPythonFramesAttach: a CPython 3.10 to 3.13 process traced with
+// --pid gets the Python frames of its first allocation: the recorder
+// looks for the interpreter when tracing starts, before any record.
+func TestPythonFramesAttach(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyattach.py"))
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+			if len(found) == 0 {
+				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
+				return
+			}
+			ctx := testContext(t)
+			dir := t.TempDir()
+			log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "attach.trace")
+			cmd := exec.CommandContext(ctx, found[0], script, fakeLib)
+			cmd.Env = fakeEnv(log)
+			stdin, err := cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if cmd.ProcessState == nil {
+					cmd.Process.Kill()
+					cmd.Wait()
+				}
+			})
+			if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
+				t.Fatalf("pyattach.py said %q, %v", line, err)
+			}
+			pid := cmd.Process.Pid
+			rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeLib, "--pid", strconv.Itoa(pid), "-o", trace)
+			rec.waitAttached(t, 30*time.Second)
+			if _, err := io.WriteString(stdin, "go\n"); err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("pyattach.py: %v\n%s", err, stderr.String())
+			}
+			rec.finish(t, 20*time.Second) // ends by itself once its target has exited
+			if truth := onlyTruth(t, log, ""); truth.PID != pid {
+				t.Fatalf("ground truth for pid %d, want %d", truth.PID, pid)
+			}
+			rep := runReport(t, ctx, trace)
+			var stacks []reportStack
+			for _, s := range rep.Stacks {
+				if s.PID == pid {
+					stacks = append(stacks, s)
+				}
+			}
+			if len(stacks) != 1 || stacks[0].AllocBytes != 7<<20 || stacks[0].Allocs != 1 {
+				t.Fatalf("stacks of pid %d: %+v, want the one 7 MiB allocation", pid, stacks)
+			}
+			want := []string{
+				fmt.Sprintf("%s:%d:leaf", script, pyLine(t, "pyattach.py", "leaf")),
+				fmt.Sprintf("%s:%d:outer", script, pyLine(t, "pyattach.py", "outer")),
+				fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pyattach.py", "main")),
+			}
+			if py, _, _, _ := pythonFrames(t, stacks[0]); strings.Join(py, "\n") != strings.Join(want, "\n") {
+				t.Fatalf("Python frames:\n%s\nwant:\n%s", strings.Join(py, "\n"), strings.Join(want, "\n"))
+			}
+		})
 	}
 }
