@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -94,6 +95,10 @@ func TestStackWithoutDWARF(t *testing.T) {
 		defer f.Close()
 		if f.Section(".debug_info") != nil {
 			t.Fatalf("%s has DWARF: it would not test the table", python)
+		}
+		syms, _ := f.DynamicSymbols()
+		if v := buildVersion(f, syms, 11); !regexp.MustCompile(`^3\.11\.\d+$`).MatchString(v) {
+			t.Errorf("%s: version %q, want a 3.11 release", python, v)
 		}
 		checkStack(t, python, nil, script, "3.11", false)
 		checkStack(t, python, nil, script, "3.11", true)
