@@ -154,8 +154,8 @@ func open(path string, minor int, maps []proc.Mapping) (*Interp, error) {
 			var terr error
 			if off, terr = tableOffsets(f, append(syms, dyn...), minor); terr != nil {
 				return nil, fmt.Errorf("%s: no structure offsets for this CPython 3.%d build: %v, and %v; "+
-					"Python frames need CPython 3.13 or later, a build with DWARF (pyenv's, or one built with -g), "+
-					"or an x86-64 release build of 3.10 to 3.12", path, minor, derr, terr)
+					"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 release build "+
+					"of 3.10 to 3.12, or a 3.13 one that is not free-threaded", path, minor, derr, terr)
 			}
 		}
 	}
