@@ -2,17 +2,18 @@
 // function, line) from outside the process, through /proc/PID/mem: the
 // user-space half of Python frames in cudatrace stacks. It finds the
 // interpreter (libpython or a static python executable) in the process's
-// mappings, takes the structure offsets of its build from its DWARF, finds
-// the thread's state by its native thread id and walks the interpreter
-// frames, turning each (code object, instruction) into file:line with the
-// code object's line table.
+// mappings, takes the structure offsets of its build, finds the thread's
+// state by its native thread id and walks the interpreter frames, turning
+// each (code object, instruction) into file:line with the code object's
+// line table.
 //
 // The same walk runs in BPF at each allocation (Layout gives it the
 // offsets; bpf/cudatrace.bpf.c py_stack), and Code resolves what it
-// recorded. 3.13's offsets come from its _Py_DebugOffsets, so a 3.13
-// build needs no DWARF (free-threaded ones are not read); 3.10 to 3.12
-// builds without DWARF (distributions' pythons)
-// would need offset tables, not made yet.
+// recorded. 3.13's offsets come from its _Py_DebugOffsets (free-threaded
+// builds are not read); 3.10 to 3.12's from the build's DWARF where it has
+// some, else, for x86-64 release builds (distributions', conda's,
+// python-build-standalone's), from the table of its minor version
+// (table.go, tables.go).
 package pystack
 
 import (
@@ -136,15 +137,26 @@ func open(path string, minor int, maps []proc.Mapping) (*Interp, error) {
 		return nil, fmt.Errorf("%s: not mapped as its headers say", path)
 	}
 	// 3.13 describes its own layout in _Py_DebugOffsets, at the start of
-	// _PyRuntime: no DWARF needed. Earlier versions need the build's DWARF.
+	// _PyRuntime: no DWARF needed. Earlier versions take it from the
+	// build's DWARF, or, without (distributions' and conda's builds), from
+	// the table of their minor version.
 	off, ok := debugOffsets(f, runtime, minor)
 	if !ok {
-		d, err := f.DWARF()
-		if err != nil {
-			return nil, fmt.Errorf("%s: no DWARF to take CPython's structure offsets from: %w", path, err)
+		derr := errors.New("no DWARF")
+		if f.Section(".debug_info") != nil {
+			if d, err := f.DWARF(); err != nil {
+				derr = fmt.Errorf("its DWARF: %w", err)
+			} else if off, derr = dwarfOffsets(d, minor); derr == nil {
+				ok = true
+			}
 		}
-		if off, err = dwarfOffsets(d, minor); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+		if !ok {
+			var terr error
+			if off, terr = tableOffsets(f, append(syms, dyn...), minor); terr != nil {
+				return nil, fmt.Errorf("%s: no structure offsets for this CPython 3.%d build: %v, and %v; "+
+					"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 release build "+
+					"of 3.10 to 3.12, or a 3.13 one that is not free-threaded", path, minor, derr, terr)
+			}
 		}
 	}
 	for i := range eval {
@@ -404,52 +416,113 @@ const MaxFrames = 128
 // first. A thread without Python frames (or unknown to the interpreter)
 // has none: nil and no error.
 func (in *Interp) Stack(pid, tid int) ([]Frame, error) {
-	f, err := os.Open(filepath.Join(proc.Root, strconv.Itoa(pid), "mem"))
+	m, err := openMem(pid)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	m := mem{f}
+	defer m.f.Close()
+	ts, _, err := in.thread(m, pid, tid)
+	if err != nil || ts == 0 {
+		return nil, err
+	}
+	raw, err := in.walk(m, ts, MaxFrames, 2*MaxFrames)
+	var out []Frame
+	for _, r := range raw {
+		fr, err := in.codeFrame(m, r.Code, int64(r.Units))
+		if err != nil {
+			return out, err
+		}
+		out = append(out, fr)
+	}
+	return out, err
+}
+
+// RawFrame is one frame as the walk in BPF records it (struct ct_pyframe
+// in bpf/cudatrace.h): the code object, the instruction in code units
+// from its first, and whether it is the outermost frame of the run one C
+// call of the interpreter loop executes (3.10: every frame; 3.11:
+// is_entry; 3.12 on: the frame before a shim frame).
+type RawFrame struct {
+	Code  uint64
+	Units int32
+	Entry bool
+}
+
+// RawStack reads thread tid's frames as the walk in BPF does, innermost
+// first, at most max of them: what a record of an allocation made while
+// no walk in BPF was set up yet (a process's first) would have carried.
+// known is false where the thread cannot be told from user space, as
+// BPF can: 3.10 threads other than the main one (3.10 keeps only their
+// pthread_self, the thread pointer, which /proc does not show). A known
+// thread with no frames is one the interpreter does not know or that
+// runs no Python.
+func (in *Interp) RawStack(pid, tid, max int) (frames []RawFrame, known bool, err error) {
+	m, err := openMem(pid)
+	if err != nil {
+		return nil, false, err
+	}
+	defer m.f.Close()
+	ts, known, err := in.thread(m, pid, tid)
+	if err != nil || ts == 0 {
+		return nil, known, err
+	}
+	frames, err = in.walk(m, ts, max, max+8)
+	return frames, true, err
+}
+
+func openMem(pid int) (mem, error) {
+	f, err := os.Open(filepath.Join(proc.Root, strconv.Itoa(pid), "mem"))
+	return mem{f}, err
+}
+
+// thread finds thread tid's state: 0 when the interpreter has none for it.
+// known is false where a thread's state cannot be told from user space
+// (3.10 threads other than the main one).
+func (in *Interp) thread(m mem, pid, tid int) (ts uint64, known bool, err error) {
 	o := &in.off
 	interp, err := m.u64(in.runtime + uint64(o.interpHead))
 	if err != nil {
-		return nil, err
+		return 0, false, err
 	}
 	var mainThread uint64
 	if in.Minor == 10 && o.mainThread >= 0 && tid == pid {
 		mainThread, _ = m.u64(in.runtime + uint64(o.mainThread))
 	}
-	ts, err := m.u64(interp + uint64(o.interpThreads))
-	if err != nil {
-		return nil, err
+	known = o.tsNativeID >= 0 || mainThread != 0
+	if ts, err = m.u64(interp + uint64(o.interpThreads)); err != nil {
+		return 0, known, err
 	}
 	for i := 0; ts != 0 && i < 4096; i++ {
 		var match bool
 		if o.tsNativeID >= 0 {
 			id, err := m.u64(ts + uint64(o.tsNativeID))
 			if err != nil {
-				return nil, err
+				return 0, known, err
 			}
 			match = id == uint64(tid)
 		} else if mainThread != 0 {
 			// 3.10 keeps only pthread_self(): the main thread's is known.
 			id, err := m.u64(ts + uint64(o.tsThreadID))
 			if err != nil {
-				return nil, err
+				return 0, known, err
 			}
 			match = id == mainThread
 		}
 		if match {
-			return in.walk(m, ts)
+			return ts, known, nil
 		}
 		if ts, err = m.u64(ts + uint64(o.tsNext)); err != nil {
-			return nil, err
+			return 0, known, err
 		}
 	}
-	return nil, nil
+	return 0, known, nil
 }
 
-func (in *Interp) walk(m mem, ts uint64) ([]Frame, error) {
+// walk reads thread state ts's frames, innermost first, at most max of
+// them in at most steps steps, as py_frame_step in bpf/cudatrace.bpf.c
+// does: shim frames (3.12 on) are skipped, marking the frame before them
+// as an entry, and take steps of their own (BPF takes max + 8).
+func (in *Interp) walk(m mem, ts uint64, max, steps int) ([]RawFrame, error) {
 	o := &in.off
 	var frame uint64
 	var err error
@@ -465,46 +538,53 @@ func (in *Interp) walk(m mem, ts uint64) ([]Frame, error) {
 	} else if frame, err = m.u64(ts + uint64(o.tsFrame)); err != nil {
 		return nil, err
 	}
-	var out []Frame
-	for frame != 0 && len(out) < MaxFrames {
+	var out []RawFrame
+	for step := 0; frame != 0 && step < steps; step++ {
+		cur := frame
+		if frame, err = m.u64(cur + uint64(o.frPrevious)); err != nil {
+			return out, err
+		}
 		if o.frOwner >= 0 {
 			var owner [1]byte
-			if err := m.read(frame+uint64(o.frOwner), owner[:]); err != nil {
+			if err := m.read(cur+uint64(o.frOwner), owner[:]); err != nil {
 				return out, err
 			}
 			if owner[0] == o.frameOwnedCStack { // a C call's shim frame
-				if frame, err = m.u64(frame + uint64(o.frPrevious)); err != nil {
-					return out, err
+				if len(out) > 0 {
+					out[len(out)-1].Entry = true
 				}
 				continue
 			}
 		}
-		code, err := m.u64(frame + uint64(o.frCode))
+		if len(out) >= max {
+			break
+		}
+		code, err := m.u64(cur + uint64(o.frCode))
 		if err != nil {
 			return out, err
 		}
-		var units int64 // code units from the first instruction
+		f := RawFrame{Code: code}
 		if in.Minor == 10 {
 			var b [4]byte
-			if err := m.read(frame+uint64(o.frInstr), b[:]); err != nil {
+			if err := m.read(cur+uint64(o.frInstr), b[:]); err != nil {
 				return out, err
 			}
-			units = int64(int32(binary.LittleEndian.Uint32(b[:])))
+			f.Units, f.Entry = int32(binary.LittleEndian.Uint32(b[:])), true
 		} else {
-			ip, err := m.u64(frame + uint64(o.frInstr))
+			ip, err := m.u64(cur + uint64(o.frInstr))
 			if err != nil {
 				return out, err
 			}
-			units = (int64(ip) - int64(code) - o.coCodeAdaptive) / 2
+			f.Units = int32((int64(ip) - int64(code) - o.coCodeAdaptive) >> 1)
+			if o.frEntry >= 0 {
+				var e [1]byte
+				if err := m.read(cur+uint64(o.frEntry), e[:]); err != nil {
+					return out, err
+				}
+				f.Entry = e[0] != 0
+			}
 		}
-		fr, err := in.codeFrame(m, code, units)
-		if err != nil {
-			return out, err
-		}
-		out = append(out, fr)
-		if frame, err = m.u64(frame + uint64(o.frPrevious)); err != nil {
-			return out, err
-		}
+		out = append(out, f)
 	}
 	return out, nil
 }

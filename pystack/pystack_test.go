@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,21 +47,72 @@ func TestStackCPython(t *testing.T) {
 				}
 				t.Skipf("no CPython %s under /root/.pyenv/versions", v)
 			}
-			checkStack(t, found[0], script, v, false)
+			checkStack(t, found[0], nil, script, v, false)
 			if v != "3.10" {
-				checkStack(t, found[0], script, v, true)
+				checkStack(t, found[0], nil, script, v, true)
 			}
 		})
 	}
 }
 
-func checkStack(t *testing.T, python, script, v string, thread bool) {
+// The same on 3.10 to 3.12 builds without DWARF: pyenv's, their libpython
+// stripped of its debug information, read with the built-in offsets.
+// Debian 12's own python3.11 (3.11.2, static, no DWARF) too, where it is
+// installed (.ci/run installs it).
+func TestStackWithoutDWARF(t *testing.T) {
+	script, _ := filepath.Abs(filepath.Join("testdata", "nested.py"))
+	for _, v := range []string{"3.10", "3.11", "3.12"} {
+		t.Run(v, func(t *testing.T) {
+			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+			if len(found) == 0 {
+				if os.Getenv("CI") == "true" {
+					t.Fatalf("CI=true: no CPython %s under /root/.pyenv/versions", v)
+				}
+				t.Skipf("no CPython %s under /root/.pyenv/versions", v)
+			}
+			env := []string{"LD_LIBRARY_PATH=" + strippedLib(t, v)}
+			in := checkStack(t, found[0], env, script, v, false)
+			if !strings.HasPrefix(in.Path, os.TempDir()) {
+				t.Fatalf("read %s, not the stripped copy", in.Path)
+			}
+			if v != "3.10" {
+				checkStack(t, found[0], env, script, v, true)
+			}
+		})
+	}
+	t.Run("debian-3.11", func(t *testing.T) {
+		const python = "/usr/bin/python3.11"
+		if _, err := os.Stat(python); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("CI=true: %v", err)
+			}
+			t.Skip(err)
+		}
+		f, err := elf.Open(python)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if f.Section(".debug_info") != nil {
+			t.Fatalf("%s has DWARF: it would not test the table", python)
+		}
+		syms, _ := f.DynamicSymbols()
+		if v := buildVersion(f, syms, 11); !regexp.MustCompile(`^3\.11\.\d+$`).MatchString(v) {
+			t.Errorf("%s: version %q, want a 3.11 release", python, v)
+		}
+		checkStack(t, python, nil, script, "3.11", false)
+		checkStack(t, python, nil, script, "3.11", true)
+	})
+}
+
+func checkStack(t *testing.T, python string, env []string, script, v string, thread bool) *Interp {
 	t.Helper()
 	args := []string{script}
 	if thread {
 		args = append(args, "thread")
 	}
 	cmd := exec.Command(python, args...)
+	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -160,6 +212,50 @@ func checkStack(t *testing.T, python, script, v string, thread bool) {
 	// A thread the interpreter does not know has no Python stack.
 	if st, err := in.Stack(pid, pid+1<<20); err != nil || st != nil {
 		t.Errorf("unknown thread: %v, %v", st, err)
+	}
+	checkRawStack(t, in, pid, tid, want, thread)
+	return in
+}
+
+// checkRawStack: the frames as the walk in BPF records them resolve to
+// the stack Stack reads (want, threading.py's lines left out), innermost
+// first, cut at max; the outermost frame of a run entered from C is an
+// entry (3.10: every frame) and the innermost, called from Python, is not.
+func checkRawStack(t *testing.T, in *Interp, pid, tid int, want string, thread bool) {
+	t.Helper()
+	raw, known, err := in.RawStack(pid, tid, 32)
+	if err != nil || !known {
+		t.Fatalf("RawStack: %v, known %v", err, known)
+	}
+	m, err := OpenMem(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var st []Frame
+	for _, r := range raw {
+		fr, err := in.Code(m, r.Code, int64(r.Units))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if thread && len(st) >= 3 && filepath.Base(fr.File) == "threading.py" {
+			fr.File, fr.Line = "threading.py", 0
+		}
+		st = append(st, fr)
+	}
+	if got := fmt.Sprint(st); got != want {
+		t.Fatalf("raw stack\n got %s\nwant %s", got, want)
+	}
+	if last := raw[len(raw)-1]; !last.Entry || raw[0].Entry != (in.Minor == 10) {
+		t.Errorf("3.%d raw stack %+v: want the outermost an entry, the innermost one only on 3.10", in.Minor, raw)
+	}
+	if cut, _, err := in.RawStack(pid, tid, 2); err != nil || len(cut) != 2 || cut[0] != raw[0] || cut[1] != raw[1] {
+		t.Errorf("RawStack cut at 2: %+v, %v; want %+v", cut, err, raw[:2])
+	}
+	// A thread the interpreter does not know: known (no Python) from
+	// 3.11 on, where threads are found by native id; 3.10 cannot tell.
+	if raw, known, err := in.RawStack(pid, pid+1<<20, 32); err != nil || raw != nil || known != (in.Minor != 10) {
+		t.Errorf("unknown thread: %v, known %v, %v", raw, known, err)
 	}
 }
 

@@ -23,21 +23,48 @@ type pyKey struct {
 
 // detectPython looks for CPython 3.10 to 3.13 in a process's mappings
 // when it is first seen and, where it runs one, tells BPF how to walk its
-// threads' frames: its allocation records carry them from then on. A
-// launched command is held (SIGSTOP) at its first record, which therefore
-// has none; the records after it do.
+// threads' frames: its allocation records carry them from then on. The
+// first record, made before, has none from BPF; a launched command is
+// held (SIGSTOP) there, so that record gets its thread's frames read from
+// user space instead (heldPython). A --pid process was looked at when
+// tracing started (detectPythonAtStart): BPF walks its first record too.
 func (s *session) detectPython(pid uint32, ps *procState, maps []proc.Mapping) {
 	if ps.py != nil || ps.pyTried || s.opts.NoPythonFrames {
 		return
 	}
 	ps.pyTried = true
-	in, err := pystack.Detect(maps)
-	if err != nil {
-		s.warn(fmt.Errorf("pid %d: Python frames left out: %w", pid, err))
-		return
+	in, set := s.pyAtStart[pid]
+	delete(s.pyAtStart, pid)
+	if !set {
+		var err error
+		if in, err = s.setPython(pid, maps); err != nil {
+			s.warn(err)
+			return
+		}
 	}
 	if in == nil {
 		return
+	}
+	ps.py = &pyProc{in: in, seen: map[pyKey]bool{}}
+	if s.ev.PID == pid {
+		s.heldPython(&s.ev, in)
+	}
+	if s.w != nil {
+		if err := s.w.WritePython(&tracefile.Python{PID: pid, Minor: in.Minor, Eval: in.Eval}); err != nil {
+			s.warn(err)
+		}
+	}
+}
+
+// setPython finds the interpreter in a process's mappings and tells BPF
+// how to walk its threads' frames; nil and no error where it runs none.
+func (s *session) setPython(pid uint32, maps []proc.Mapping) (*pystack.Interp, error) {
+	in, err := pystack.Detect(maps)
+	if err != nil {
+		return nil, fmt.Errorf("pid %d: Python frames left out: %w", pid, err)
+	}
+	if in == nil {
+		return nil, nil
 	}
 	l := in.Layout()
 	o := bpf.CudatraceCtPyoffsets{InterpHead: l.InterpHead, InterpThreads: l.InterpThreads, TsNext: l.TsNext,
@@ -46,16 +73,68 @@ func (s *session) detectPython(pid uint32, ps *procState, maps []proc.Mapping) {
 		FrOwner: l.FrOwner, FrEntry: l.FrEntry, CoCodeAdaptive: l.CodeAt, Minor: l.Minor}
 	if s.tr != nil {
 		if err := s.tr.SetPython(pid, &o); err != nil {
-			s.warn(err)
-			return
+			return nil, err
 		}
 	}
-	ps.py = &pyProc{in: in, seen: map[pyKey]bool{}}
-	if s.w != nil {
-		if err := s.w.WritePython(&tracefile.Python{PID: pid, Minor: in.Minor, Eval: in.Eval}); err != nil {
+	return in, nil
+}
+
+// detectPythonAtStart looks for CPython in the --pid processes before any
+// of their records arrives, so that BPF walks their first allocation's
+// Python frames too. What it finds waits in pyAtStart for the process's
+// first record, which writes it to the trace (detectPython).
+func (s *session) detectPythonAtStart(pids []int) {
+	if s.opts.NoPythonFrames {
+		return
+	}
+	for _, pid := range pids {
+		maps, err := proc.ReadMaps(pid)
+		if err != nil {
+			continue // gone: its first record, if any, says so
+		}
+		in, err := s.setPython(uint32(pid), maps)
+		if err != nil {
 			s.warn(err)
 		}
+		if s.pyAtStart == nil {
+			s.pyAtStart = map[uint32]*pystack.Interp{}
+		}
+		s.pyAtStart[uint32(pid)] = in // nil too: tried
 	}
+}
+
+// heldPython gives a held record (a launched process's first, made before
+// BPF knew the process runs CPython) the Python frames the walk in BPF
+// would have: the process is stopped right after the call returned, so the
+// thread's frames are still those of the call. Only records BPF walks get
+// them: allocations' (not frees', which are recorded at entry without a
+// stack, nor cuMemMap's).
+func (s *session) heldPython(ev *events.Event, in *pystack.Interp) {
+	if ev.Flags&events.FlagHeld == 0 || ev.Flags&(events.FlagPython|events.FlagNoPython|events.FlagAux) != 0 ||
+		ev.Flags&events.FlagEntryOnly != 0 && ev.API.Info().Op != events.OpAlloc {
+		return
+	}
+	raw, known, err := in.RawStack(int(ev.PID), int(ev.TID), events.MaxPyFrames)
+	if err != nil {
+		s.warn(fmt.Errorf("pid %d: Python frames of its first record: %w", ev.PID, err))
+		return
+	}
+	if !known {
+		return // a 3.10 thread other than the main one: BPF alone can tell
+	}
+	if len(raw) == 0 {
+		ev.Flags |= events.FlagNoPython
+		return
+	}
+	ev.Py = ev.Py[:0]
+	for _, r := range raw {
+		f := events.PyFrame{Code: r.Code, Units: r.Units}
+		if r.Entry {
+			f.Flags = events.PyEntry
+		}
+		ev.Py = append(ev.Py, f)
+	}
+	ev.Flags |= events.FlagPython
 }
 
 // resolvePython writes to the trace what the code objects of ev's Python

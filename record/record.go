@@ -150,6 +150,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	for _, ar := range res.Attached {
 		s.writeAttach(ar, nil)
 	}
+	s.detectPythonAtStart(opts.PIDs)
 	var probes int
 	for _, ar := range res.Attached {
 		probes += ar.Programs

@@ -12,6 +12,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 	"github.com/cudatrace/cudatrace/unwind"
@@ -61,6 +62,9 @@ type session struct {
 	libs         loader.Libraries // every library attached, by inode
 	warned       map[string]bool
 	sampler      *sampler // nil without Options.NVML
+	// pyAtStart: the --pid processes' interpreters, found when tracing
+	// started (nil: none), until their first record (detectPython).
+	pyAtStart map[uint32]*pystack.Interp
 }
 
 type procState struct {

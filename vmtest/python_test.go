@@ -1,8 +1,13 @@
 package vmtest
 
 import (
+	"bufio"
+	"debug/elf"
 	"fmt"
+	"io"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,82 +42,254 @@ func TestPythonFrames(t *testing.T) {
 				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
 				return
 			}
-			// 3.10's code objects have no qualified name.
-			model := "Model."
-			if v == "3.10" {
-				model = ""
+			checkPythonFrames(t, v, found[0], nil, script, threads, "_ctypes_callproc")
+		})
+	}
+}
+
+// TestPythonFramesWithoutDWARF: the same on CPython 3.10 to 3.12 builds
+// without DWARF, as distributions ship them: pyenv's, run on a copy of
+// their libpython stripped of its debug information (LD_LIBRARY_PATH
+// takes precedence over the executable's RUNPATH), and Debian 12's own
+// python3.11 (.ci/run installs it). The recorder takes their structure
+// offsets from its built-in tables.
+func TestPythonFramesWithoutDWARF(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
+	threads := filepath.Join(t.TempDir(), "pythread.so")
+	if err := gcc("-shared", "-fPIC", "-O2", "-Wall", "-o", threads, filepath.Join("testdata", "pythread.c"), fakeLib); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"3.10", "3.11", "3.12"} {
+		t.Run(v, func(t *testing.T) {
+			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+			libs, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/lib/libpython" + v + ".so.1.0")
+			if len(found) == 0 || len(libs) == 0 {
+				skipOrFail(t, "no CPython %s with its libpython under /root/.pyenv/versions", v)
+				return
 			}
-			want := []string{
-				fmt.Sprintf("%s:%d:%sleaf", script, pyLine(t, "pyframes.py", "leaf"), model),
-				fmt.Sprintf("%s:%d:%smiddle", script, pyLine(t, "pyframes.py", "middle"), model),
-				fmt.Sprintf("%s:%d:outer", script, pyLine(t, "pyframes.py", "outer")),
-				fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pyframes.py", "main")),
+			dir := t.TempDir()
+			stripped := filepath.Join(dir, filepath.Base(libs[0]))
+			if out, err := exec.Command("strip", "--strip-debug", "-o", stripped, libs[0]).CombinedOutput(); err != nil {
+				t.Fatalf("strip: %v: %s", err, out)
+			}
+			f, err := elf.Open(stripped)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sec := range f.Sections {
+				if strings.HasPrefix(sec.Name, ".debug_") || strings.HasPrefix(sec.Name, ".zdebug_") {
+					t.Fatalf("%s still has %s", stripped, sec.Name)
+				}
+			}
+			f.Close()
+			// The process must load the copy, not the original.
+			out, err := exec.Command("env", "LD_LIBRARY_PATH="+dir, "ldd", found[0]).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), stripped) {
+				t.Fatalf("ldd %s with the copy first: %v\n%s", found[0], err, out)
+			}
+			checkPythonFrames(t, v, found[0], []string{"LD_LIBRARY_PATH=" + dir}, script, threads, "_ctypes_callproc")
+		})
+	}
+	// Debian 12's own interpreter: 3.11.2, static, without DWARF.
+	t.Run("debian-3.11", func(t *testing.T) {
+		const python = "/usr/bin/python3.11"
+		f, err := elf.Open(python)
+		if err != nil {
+			skipOrFail(t, "Debian's python3.11: %v", err)
+			return
+		}
+		defer f.Close()
+		if f.Section(".debug_info") != nil {
+			t.Fatalf("%s has DWARF: it would not test the tables", python)
+		}
+		// Its _ctypes module is stripped: its _ctypes_callproc has no
+		// name; libffi's ffi_call, which it calls, has.
+		checkPythonFrames(t, "3.11", python, nil, script, threads, "ffi_call")
+	})
+}
+
+// checkPythonFrames records python (CPython v) running pyframes.py, with
+// env added to the environment, and checks the Python frames of its
+// allocations: they stand between the native frame call (ctypes' call
+// into the stand-in) and Py_RunMain.
+func checkPythonFrames(t *testing.T, v, python string, env []string, script, threads, call string) {
+	t.Helper()
+	// 3.10's code objects have no qualified name.
+	model := "Model."
+	if v == "3.10" {
+		model = ""
+	}
+	want := []string{
+		fmt.Sprintf("%s:%d:%sleaf", script, pyLine(t, "pyframes.py", "leaf"), model),
+		fmt.Sprintf("%s:%d:%smiddle", script, pyLine(t, "pyframes.py", "middle"), model),
+		fmt.Sprintf("%s:%d:outer", script, pyLine(t, "pyframes.py", "outer")),
+		fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pyframes.py", "main")),
+	}
+	ctx := testContext(t)
+	dir := t.TempDir()
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, env...)},
+		"--lib", fakeLib, "-o", trace, "--", python, script, fakeLib, threads)
+	rec.finish(t, 60*time.Second)
+	truth := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	bySize := map[uint64]reportStack{}
+	for _, s := range rep.Stacks {
+		if s.PID == truth.PID {
+			bySize[s.AllocBytes] = s
+		}
+	}
+	if len(bySize) != 3 {
+		t.Fatalf("%d stacks for pid %d, want 3 (warm-up, nested, thread): %+v", len(bySize), truth.PID, rep.Stacks)
+	}
+	nested, ok := bySize[3<<20]
+	if !ok {
+		t.Fatalf("no stack of the 3 MiB allocation: %+v", bySize)
+	}
+	py, native, first, last := pythonFrames(t, nested)
+	if strings.Join(py, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("Python frames:\n%s\nwant:\n%s", strings.Join(py, "\n"), strings.Join(want, "\n"))
+	}
+	// The process's first allocation, made before the recorder knew
+	// it runs CPython, while BPF held it: its frames too, exact.
+	warm, ok := bySize[1<<20]
+	if !ok {
+		t.Fatalf("no stack of the 1 MiB warm-up: %+v", bySize)
+	}
+	wantWarm := []string{
+		fmt.Sprintf("%s:%d:warmup", script, pyLine(t, "pyframes.py", "warmup")),
+		fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pyframes.py", "main")),
+	}
+	if py, _, _, _ := pythonFrames(t, warm); strings.Join(py, "\n") != strings.Join(wantWarm, "\n") {
+		t.Errorf("first allocation's Python frames:\n%s\nwant:\n%s", strings.Join(py, "\n"), strings.Join(wantWarm, "\n"))
+	}
+	// Where the interpreter loop stood: below ctypes' call, above main.
+	at := func(fn string) int {
+		for i, f := range nested.Frames {
+			if f.Function == fn {
+				return i
+			}
+		}
+		return -1
+	}
+	if c, m := at(call), at("Py_RunMain"); c < 0 || m < 0 || c > first || last > m {
+		t.Errorf("Python frames at #%d-#%d; %s #%d, Py_RunMain #%d: %q", first, last, call, c, m, native)
+	}
+	// The thread without Python: native frames, then the marker.
+	thr, ok := bySize[5<<20]
+	if !ok {
+		t.Fatalf("no stack of the thread's 5 MiB allocation: %+v", bySize)
+	}
+	n := len(thr.Frames)
+	if n < 2 || thr.Frames[0].Function != "run" || thr.Frames[n-1].Function != "[no Python frames on this thread]" {
+		t.Fatalf("thread stack %+v: want run first and the no-Python marker last", thr.Frames)
+	}
+	for _, f := range thr.Frames[:n-1] {
+		if f.Module == "[python]" {
+			t.Errorf("thread stack has a Python frame %+v", f)
+		}
+	}
+}
+
+// pythonFrames are stack s's Python frames as file:line:function, the
+// names of its native ones, and where the Python frames start and end.
+// No native frame may be the interpreter loop: its Python frames replace
+// it.
+func pythonFrames(t *testing.T, s reportStack) (py, native []string, first, last int) {
+	t.Helper()
+	first, last = -1, -1
+	for i, f := range s.Frames {
+		if f.Module == "[python]" {
+			py = append(py, fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function))
+			if first < 0 {
+				first = i
+			}
+			last = i
+			continue
+		}
+		native = append(native, f.Function)
+		if f.Function == "_PyEval_EvalFrameDefault" {
+			t.Errorf("frame #%d is still the interpreter loop: its Python frames were not merged in", i)
+		}
+	}
+	return py, native, first, last
+}
+
+// TestPythonFramesAttach: a CPython 3.10 to 3.13 process traced with
+// --pid gets the Python frames of its first allocation: the recorder
+// looks for the interpreter when tracing starts, before any record.
+func TestPythonFramesAttach(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyattach.py"))
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+			if len(found) == 0 {
+				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
+				return
 			}
 			ctx := testContext(t)
 			dir := t.TempDir()
-			log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
-			rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
-				"--lib", fakeLib, "-o", trace, "--", found[0], script, fakeLib, threads)
-			rec.finish(t, 60*time.Second)
-			truth := onlyTruth(t, log, "")
+			log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "attach.trace")
+			cmd := exec.CommandContext(ctx, found[0], script, fakeLib)
+			cmd.Env = fakeEnv(log)
+			stdin, err := cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if cmd.ProcessState == nil {
+					cmd.Process.Kill()
+					cmd.Wait()
+				}
+			})
+			if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
+				t.Fatalf("pyattach.py said %q, %v", line, err)
+			}
+			pid := cmd.Process.Pid
+			rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeLib, "--pid", strconv.Itoa(pid), "-o", trace)
+			rec.waitAttached(t, 30*time.Second)
+			if _, err := io.WriteString(stdin, "go\n"); err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("pyattach.py: %v\n%s", err, stderr.String())
+			}
+			rec.finish(t, 20*time.Second) // ends by itself once its target has exited
+			if truth := onlyTruth(t, log, ""); truth.PID != pid {
+				t.Fatalf("ground truth for pid %d, want %d", truth.PID, pid)
+			}
 			rep := runReport(t, ctx, trace)
-			bySize := map[uint64]reportStack{}
+			var stacks []reportStack
 			for _, s := range rep.Stacks {
-				if s.PID == truth.PID {
-					bySize[s.AllocBytes] = s
+				if s.PID == pid {
+					stacks = append(stacks, s)
 				}
 			}
-			if len(bySize) != 3 {
-				t.Fatalf("%d stacks for pid %d, want 3 (warm-up, nested, thread): %+v", len(bySize), truth.PID, rep.Stacks)
+			if len(stacks) != 1 || stacks[0].AllocBytes != 7<<20 || stacks[0].Allocs != 1 {
+				t.Fatalf("stacks of pid %d: %+v, want the one 7 MiB allocation", pid, stacks)
 			}
-			nested, ok := bySize[3<<20]
-			if !ok {
-				t.Fatalf("no stack of the 3 MiB allocation: %+v", bySize)
+			want := []string{
+				fmt.Sprintf("%s:%d:leaf", script, pyLine(t, "pyattach.py", "leaf")),
+				fmt.Sprintf("%s:%d:outer", script, pyLine(t, "pyattach.py", "outer")),
+				fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pyattach.py", "main")),
 			}
-			var py, native []string
-			first, last := -1, -1
-			for i, f := range nested.Frames {
-				if f.Module == "[python]" {
-					py = append(py, fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function))
-					if first < 0 {
-						first = i
-					}
-					last = i
-					continue
-				}
-				native = append(native, f.Function)
-				if f.Function == "_PyEval_EvalFrameDefault" {
-					t.Errorf("frame #%d is still the interpreter loop: its Python frames were not merged in", i)
-				}
-			}
-			if strings.Join(py, "\n") != strings.Join(want, "\n") {
+			if py, _, _, _ := pythonFrames(t, stacks[0]); strings.Join(py, "\n") != strings.Join(want, "\n") {
 				t.Fatalf("Python frames:\n%s\nwant:\n%s", strings.Join(py, "\n"), strings.Join(want, "\n"))
-			}
-			// Where the interpreter loop stood: below ctypes' call, above main.
-			at := func(fn string) int {
-				for i, f := range nested.Frames {
-					if f.Function == fn {
-						return i
-					}
-				}
-				return -1
-			}
-			if c, m := at("_ctypes_callproc"), at("Py_RunMain"); c < 0 || m < 0 || c > first || last > m {
-				t.Errorf("Python frames at #%d-#%d; _ctypes_callproc #%d, Py_RunMain #%d: %q", first, last, c, m, native)
-			}
-			// The thread without Python: native frames, then the marker.
-			thr, ok := bySize[5<<20]
-			if !ok {
-				t.Fatalf("no stack of the thread's 5 MiB allocation: %+v", bySize)
-			}
-			n := len(thr.Frames)
-			if n < 2 || thr.Frames[0].Function != "run" || thr.Frames[n-1].Function != "[no Python frames on this thread]" {
-				t.Fatalf("thread stack %+v: want run first and the no-Python marker last", thr.Frames)
-			}
-			for _, f := range thr.Frames[:n-1] {
-				if f.Module == "[python]" {
-					t.Errorf("thread stack has a Python frame %+v", f)
-				}
 			}
 		})
 	}

@@ -13,9 +13,10 @@ size = ctypes.c_size_t
 
 def warmup():
     # The first record of a launched command stops it (SIGSTOP) until its
-    # mappings are read; Python frames come with the records after it.
+    # mappings are read: its Python frames are read from user space then,
+    # the records after it get theirs from BPF.
     p = ctypes.c_void_p()
-    return lib.cudaMalloc(ctypes.byref(p), size(1 << 20))
+    return lib.cudaMalloc(ctypes.byref(p), size(1 << 20))  # LINE:warmup
 
 
 class Model:
