@@ -129,7 +129,9 @@ func runScreen(ctx context.Context, c *Collector, opts Options, stop <-chan Stop
 	}
 	cache := map[string][]symbolize.Frame{}
 	frames := func(st *Stack) []symbolize.Frame {
-		k := fmt.Sprint(st.Frames)
+		// Per process: addresses mean what its mappings, and its Python
+		// frames' table, say.
+		k := fmt.Sprint(st.PID, st.Frames)
 		if f, ok := cache[k]; ok {
 			return f
 		}
@@ -141,6 +143,7 @@ func runScreen(ctx context.Context, c *Collector, opts Options, stop <-chan Stop
 				f = append(f, symbolize.Frame{Addr: pc})
 			}
 		}
+		st.Python.Fill(f)
 		cache[k] = f
 		return f
 	}
