@@ -1,0 +1,84 @@
+package record
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// pyObserver records what the session hands an observer.
+type pyObserver struct {
+	tables []*pyframes.Table
+	stacks [][]uint64 // ev.Stack as each Event got it
+}
+
+func (o *pyObserver) Process(*tracefile.Process)         {}
+func (o *pyObserver) Tick(*Result)                       {}
+func (o *pyObserver) Python(_ uint32, t *pyframes.Table) { o.tables = append(o.tables, t) }
+func (o *pyObserver) Event(ev *events.Event, _ events.Change) {
+	o.stacks = append(o.stacks, slices.Clone(ev.Stack))
+}
+
+// Without a trace file the session still resolves a CPython process's
+// frames, once each, into the table it hands the observer; the ledger's
+// stacks have them merged in, one per Python line, while the observer and
+// the trace get the record as captured.
+func TestPythonLive(t *testing.T) {
+	obs := &pyObserver{}
+	s := &session{opts: Options{Observer: obs}, res: &Result{Ledger: events.NewLedger()}}
+	pid := uint32(os.Getpid())
+	eval := [][2]uint64{{0x5000, 0x6000}}
+	ps := &procState{py: &pyProc{in: &pystack.Interp{Eval: eval}}}
+	native := []uint64{0x1000, 0x5010, 0x3000}
+	record := func(code uint64, units int32, size uint64) events.Change {
+		ev := &events.Event{PID: pid, API: events.CudaMalloc, Addr: 0x10000 * uint64(units+1), Size: size,
+			Flags: events.FlagPython, Stack: slices.Clone(native),
+			Py: []events.PyFrame{{Code: code, Units: units, Flags: events.PyEntry}}}
+		s.resolvePython(ev, ps)
+		ch := s.apply(ev, ps)
+		obs.Event(ev, ch)
+		return ch
+	}
+	// Two frames the session has resolved already (as if read before),
+	// then one it must read: address 0 is no code object, so it is kept
+	// with the error, not read again.
+	s.resolvePython(&events.Event{PID: pid, Flags: events.FlagNoPython}, ps)
+	if len(obs.tables) != 1 || obs.tables[0] != ps.py.table || !slices.Equal(ps.py.table.Eval, eval) {
+		t.Fatalf("observer got tables %v, want the process's", obs.tables)
+	}
+	tb := ps.py.table
+	tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "forward", Line: 12})
+	tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 9, File: "/app/train.py", Function: "forward", Line: 14})
+	a := record(0xc0de, 4, 100)
+	b := record(0xc0de, 9, 50)
+	a2 := record(0xc0de, 4, 10)
+	c := record(0, 2, 1)
+	record(0, 2, 1)
+	if len(obs.tables) != 1 {
+		t.Errorf("observer got %d tables, want one", len(obs.tables))
+	}
+	if tb.Len() != 3 {
+		t.Fatalf("table has %d frames, want 3 (the unreadable one once)", tb.Len())
+	}
+	if f := tb.Frame(c.Stack.Frames[1]); !strings.HasPrefix(f.Function, "[python: ") {
+		t.Errorf("unreadable code object named %+v", f)
+	}
+	if a.Stack == b.Stack || a.Stack != a2.Stack || a.Stack.AllocBytes != 110 || b.Stack.AllocBytes != 50 {
+		t.Fatalf("stacks: line 12 %+v, line 14 %+v, line 12 again %+v", a.Stack, b.Stack, a2.Stack)
+	}
+	if f := tb.Frame(a.Stack.Frames[1]); len(a.Stack.Frames) != 3 || f.Line != 12 || f.File != "/app/train.py" ||
+		a.Stack.Frames[0] != 0x1000 || a.Stack.Frames[2] != 0x3000 {
+		t.Errorf("ledger stack %x: frame %+v", a.Stack.Frames, f)
+	}
+	for _, st := range obs.stacks {
+		if !slices.Equal(st, native) {
+			t.Errorf("observer's event stack %x, want the native %x", st, native)
+		}
+	}
+}
