@@ -1,0 +1,270 @@
+package vmtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+)
+
+// pyJob is a running testdata/pyagent.py.
+type pyJob struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+	pid int
+}
+
+func startPyJob(t *testing.T, ctx context.Context, python, script, log string) *pyJob {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, python, script, fakeLib)
+	cmd.Env = fakeEnv(log)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	j := &pyJob{cmd: cmd, in: in, out: bufio.NewScanner(out), pid: cmd.Process.Pid}
+	t.Cleanup(func() {
+		in.Close()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s %d stderr: %s", script, j.pid, stderr.String())
+		}
+	})
+	if !j.out.Scan() || j.out.Text() != "ready" {
+		t.Fatalf("%s said %q (%v), want ready; stderr: %s", script, j.out.Text(), j.out.Err(), stderr.String())
+	}
+	return j
+}
+
+func (j *pyJob) do(t *testing.T, want, what string, n uint64) {
+	t.Helper()
+	if _, err := fmt.Fprintf(j.in, "%s %d\n", what, n); err != nil {
+		t.Fatalf("pyagent %d: %s: %v", j.pid, what, err)
+	}
+	if !j.out.Scan() {
+		t.Fatalf("pyagent %d ended its output: %v", j.pid, j.out.Err())
+	}
+	if got := j.out.Text(); got != want {
+		t.Fatalf("pyagent %d: %s %d answered %q, want %q", j.pid, what, n, got, want)
+	}
+}
+
+// TestAgentPython: CPython 3.10 to 3.13 jobs allocate through ctypes from
+// two Python functions under the agent. Its live views show the Python
+// lines report shows: the profile has each function with its exact
+// file:line as a sample of its own with the exact bytes, the memory
+// snapshot's segments carry them as memory_viz's frames, and the OOM
+// black box names the line of the failing call.
+func TestAgentPython(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyagent.py"))
+	dir := t.TempDir()
+	dumps := filepath.Join(dir, "oom")
+	ag := startAgent(t, ctx, "--dump-dir", dumps)
+	frame := func(fn, tag string) string {
+		return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyagent.py", tag), fn)
+	}
+	// Innermost first, as pprof and the report list frames.
+	weights := []string{frame("cuda_malloc", "malloc"), frame("load_weights", "weights"), frame("<module>", "loop")}
+	acts := []string{frame("cuda_malloc", "malloc"), frame("alloc_activations", "activations"), frame("<module>", "loop")}
+	grow := []string{frame("cuda_malloc", "malloc"), frame("grow", "grow"), frame("<module>", "loop")}
+	const wBytes, aBytes = 3 << 20, 5 << 20
+
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+			if len(found) == 0 {
+				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
+				return
+			}
+			log := filepath.Join(dir, v+".log")
+			j := startPyJob(t, ctx, found[0], script, log)
+			pid := strconv.Itoa(j.pid)
+			// The agent learns the job runs CPython from its first record
+			// (the warm-up, made before "ready"): wait until it has read it.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				m := parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
+				if n, _ := metric(t, m, "cudatrace_allocations_total", "pid", pid, "level", "segment"); n == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent did not count pid %s's warm-up allocation within 10s", pid)
+				}
+			}
+			j.do(t, "ok", "weights", wBytes)
+			j.do(t, "ok", "activations", aBytes)
+			j.do(t, "ok", "weights", wBytes)
+			j.do(t, "error 2", "grow", 2*fakeMemLimit) // cudaErrorMemoryAllocation
+
+			truth := onlyTruth(t, log, "")
+			if truth.PID != j.pid || truth.Allocs != 4 || truth.Failed != 1 || truth.AllocBytes != 1<<20+2*wBytes+aBytes {
+				t.Fatalf("ground truth %+v", truth)
+			}
+
+			t.Run("pprof", func(t *testing.T) {
+				p := fetchProfile(t, ctx, fmt.Sprintf("%s/debug/pprof/cuda_memory?pid=%s", ag.url, pid))
+				got := map[string][]int64{}
+				for _, s := range p.Sample {
+					k := strings.Join(pythonLocations(s, script), "\n")
+					if _, dup := got[k]; dup {
+						t.Errorf("two samples with Python frames %q", k)
+					}
+					got[k] = s.Value
+				}
+				want := map[string][]int64{
+					strings.Join(weights, "\n"): {2, 2 * wBytes, 2, 2 * wBytes},
+					strings.Join(acts, "\n"):    {1, aBytes, 1, aBytes},
+					"":                          {1, 1 << 20, 1, 1 << 20}, // the warm-up: no Python frames yet
+				}
+				if len(got) != len(want) {
+					t.Errorf("%d samples, want %d: %v", len(got), len(want), got)
+				}
+				for k, w := range want {
+					if !slices.Equal(got[k], w) {
+						t.Errorf("sample with Python frames\n%s\n= %v, want %v (all: %v)", k, got[k], w, got)
+					}
+				}
+			})
+
+			t.Run("snapshot", func(t *testing.T) {
+				body := get(t, ctx, fmt.Sprintf("%s/snapshot?pid=%s", ag.url, pid), http.StatusOK)
+				py, err := exec.LookPath("python3")
+				if err != nil {
+					skipOrFail(t, "python3 is needed to read the snapshot back: %v", err)
+					return
+				}
+				cmd := exec.CommandContext(ctx, py, "-c", `import pickle, sys
+d = pickle.load(sys.stdin.buffer)
+for s in d["segments"]:
+    fr = ["%s:%d:%s" % (f["filename"], f["line"], f["name"]) for f in s["frames"] if f["filename"] == sys.argv[1]]
+    print(s["total_size"], " ".join(fr))`, script)
+				cmd.Stdin = bytes.NewReader(body)
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					t.Fatalf("pickle.load: %v\n%s", err, out)
+				}
+				got := strings.Split(strings.TrimSpace(string(out)), "\n")
+				want := []string{fmt.Sprintf("%d ", 1<<20),
+					fmt.Sprintf("%d %s", wBytes, strings.Join(weights, " ")),
+					fmt.Sprintf("%d %s", wBytes, strings.Join(weights, " ")),
+					fmt.Sprintf("%d %s", aBytes, strings.Join(acts, " "))}
+				for i := range got {
+					got[i] = strings.TrimRight(got[i], " ")
+				}
+				for i := range want {
+					want[i] = strings.TrimRight(want[i], " ")
+				}
+				slices.Sort(got)
+				slices.Sort(want)
+				if !slices.Equal(got, want) {
+					t.Errorf("snapshot segments:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+				}
+			})
+
+			t.Run("oom dump", func(t *testing.T) {
+				var files []string
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+					files, _ = filepath.Glob(filepath.Join(dumps, fmt.Sprintf("oom-%s-*.json", pid)))
+					if len(files) == 1 || time.Now().After(deadline) {
+						break
+					}
+				}
+				if len(files) != 1 {
+					t.Fatalf("OOM reports of pid %s: %v, want one", pid, files)
+				}
+				data, err := os.ReadFile(files[0])
+				if err != nil {
+					t.Fatal(err)
+				}
+				var rep struct {
+					Failure struct {
+						Size       uint64        `json:"size"`
+						Error      string        `json:"error"`
+						Frames     []reportFrame `json:"frames"`
+						LiveStacks []struct {
+							LiveBytes uint64        `json:"live_bytes"`
+							Frames    []reportFrame `json:"frames"`
+						} `json:"live_stacks"`
+					} `json:"failure"`
+				}
+				if err := json.Unmarshal(data, &rep); err != nil {
+					t.Fatalf("%s: %v", files[0], err)
+				}
+				fl := rep.Failure
+				if fl.Size != 2*fakeMemLimit || fl.Error != "cudaErrorMemoryAllocation" {
+					t.Errorf("failure %+v", fl)
+				}
+				if got := pythonFrames(fl.Frames); !slices.Equal(got, grow) {
+					t.Errorf("failing call's Python frames:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(grow, "\n"))
+				}
+				// The live set by stack, most bytes first, Python lines and all.
+				var live []string
+				for _, s := range fl.LiveStacks {
+					live = append(live, fmt.Sprintf("%d %s", s.LiveBytes, strings.Join(pythonFrames(s.Frames), " ")))
+				}
+				wantLive := []string{fmt.Sprintf("%d %s", 2*wBytes, strings.Join(weights, " ")),
+					fmt.Sprintf("%d %s", aBytes, strings.Join(acts, " ")), fmt.Sprintf("%d ", 1<<20)}
+				if strings.Join(live, "\n") != strings.Join(wantLive, "\n") {
+					t.Errorf("OOM report's live stacks:\n%s\nwant:\n%s", strings.Join(live, "\n"), strings.Join(wantLive, "\n"))
+				}
+			})
+			j.in.Close()
+			if err := j.cmd.Wait(); err != nil {
+				t.Errorf("pyagent %d: %v", j.pid, err)
+			}
+		})
+	}
+	ag.stop(t)
+}
+
+// pythonLocations lists a pprof sample's frames in script, innermost
+// first, as file:line:function.
+func pythonLocations(s *profile.Sample, script string) []string {
+	var out []string
+	for _, loc := range s.Location {
+		for _, l := range loc.Line {
+			if l.Function != nil && l.Function.Filename == script {
+				out = append(out, fmt.Sprintf("%s:%d:%s", l.Function.Filename, l.Line, l.Function.Name))
+			}
+		}
+	}
+	return out
+}
+
+// pythonFrames lists a report stack's Python frames as file:line:function.
+func pythonFrames(fs []reportFrame) []string {
+	var out []string
+	for _, f := range fs {
+		if f.Module == "[python]" {
+			out = append(out, fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function))
+		}
+	}
+	return out
+}
