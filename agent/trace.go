@@ -65,7 +65,7 @@ func (s *traceSub) python(pid uint32, t *pyframes.Table, tot *Totals) {
 	var recs []*tracefile.Python
 	if !seen {
 		// Eval without codes: a new table, should the PID be another's now.
-		recs = append(recs, &tracefile.Python{PID: pid, Eval: t.Eval})
+		recs = append(recs, &tracefile.Python{PID: pid, Minor: t.Minor, Eval: t.Eval})
 	}
 	if done < t.Len() {
 		recs = append(recs, &tracefile.Python{PID: pid, Codes: t.Codes(done)})

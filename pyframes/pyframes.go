@@ -48,6 +48,7 @@ type Table struct {
 	// Eval are the address ranges of the interpreter loop
 	// (_PyEval_EvalFrameDefault and its parts) in the process.
 	Eval   [][2]uint64
+	Minor  int // CPython 3.Minor; 0 when not known
 	ids    map[key]uint64
 	frames []tracefile.PyCode // frames[id-1]
 }

@@ -69,6 +69,7 @@ func (s *session) resolvePython(ev *events.Event, ps *procState) {
 	}
 	if ps.py.table == nil {
 		ps.py.table = pyframes.NewTable(ps.py.in.Eval)
+		ps.py.table.Minor = ps.py.in.Minor
 		if s.opts.Observer != nil {
 			s.opts.Observer.Python(ev.PID, ps.py.table)
 		}

@@ -77,7 +77,8 @@ func (j *pyJob) do(t *testing.T, want, what string, n uint64) {
 // lines report shows: the profile has each function with its exact
 // file:line as a sample of its own with the exact bytes, the memory
 // snapshot's segments carry them as memory_viz's frames, and the OOM
-// black box names the line of the failing call.
+// black box names the line of the failing call; a trace window replays
+// with them.
 func TestAgentPython(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
@@ -233,6 +234,47 @@ for s in d["segments"]:
 					fmt.Sprintf("%d %s", aBytes, strings.Join(acts, " ")), fmt.Sprintf("%d ", 1<<20)}
 				if strings.Join(live, "\n") != strings.Join(wantLive, "\n") {
 					t.Errorf("OOM report's live stacks:\n%s\nwant:\n%s", strings.Join(live, "\n"), strings.Join(wantLive, "\n"))
+				}
+			})
+			t.Run("trace window", func(t *testing.T) {
+				type result struct {
+					body []byte
+					err  error
+				}
+				got := make(chan result, 1)
+				go func() {
+					resp, err := http.Get(fmt.Sprintf("%s/trace?pid=%s&seconds=2", ag.url, pid))
+					if err != nil {
+						got <- result{err: err}
+						return
+					}
+					defer resp.Body.Close()
+					body, err := io.ReadAll(resp.Body)
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("%s: %s", resp.Status, body)
+					}
+					got <- result{body, err}
+				}()
+				time.Sleep(time.Second) // the window is open
+				j.do(t, "ok", "activations", 4096)
+				j.do(t, "ok", "weights", 8192)
+				r := <-got
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				trace := filepath.Join(dir, v+".trace")
+				if err := os.WriteFile(trace, r.body, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				rep := runReport(t, ctx, trace)
+				var stacks []string
+				for _, s := range rep.Stacks {
+					stacks = append(stacks, fmt.Sprintf("%d %s", s.AllocBytes, strings.Join(pythonFrames(s.Frames), " ")))
+				}
+				slices.Sort(stacks)
+				want := []string{"4096 " + strings.Join(acts, " "), "8192 " + strings.Join(weights, " ")}
+				if !slices.Equal(stacks, want) {
+					t.Errorf("the window's stacks:\n%s\nwant:\n%s", strings.Join(stacks, "\n"), strings.Join(want, "\n"))
 				}
 			})
 			j.in.Close()
