@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -309,4 +310,75 @@ func pythonFrames(fs []reportFrame) []string {
 		}
 	}
 	return out
+}
+
+// TestTopPython: top in a tmux pane shows a CPython job's top stacks with
+// their Python lines, the allocations of two Python functions as two
+// stacks with their own bytes.
+func TestTopPython(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	requireTool(t, "tmux")
+	found, _ := filepath.Glob("/root/.pyenv/versions/3.12.*/bin/python3.12")
+	if len(found) == 0 {
+		skipOrFail(t, "no CPython 3.12 under /root/.pyenv/versions")
+		return
+	}
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyagent.py"))
+	j := startPyJob(t, ctx, found[0], script, filepath.Join(dir, "fake.log"))
+
+	x := &tmux{t: t, sock: fmt.Sprintf("cudatrace-vmtest-py-%d", os.Getpid())}
+	t.Cleanup(func() { exec.Command("tmux", "-L", x.sock, "kill-server").Run() })
+	cmd := fmt.Sprintf("%s top --pid %d --lib %s --interval 200ms; exec sleep 600", tracerBin, j.pid, fakeLib)
+	x.run("new-session", "-d", "-s", "top", "-x", "200", "-y", "150", "sh", "-c", cmd)
+	x.waitPane("the header", func(p string) bool {
+		return strings.Contains(p, fmt.Sprintf("cudatrace top: pid %d, every 200ms", j.pid))
+	}, 30*time.Second)
+	// top's first record of the job tells it the job runs CPython; the
+	// walk of its Python frames starts with the records after it.
+	j.do(t, "ok", "weights", 4096)
+	x.waitPane("the first allocation", func(p string) bool {
+		return strings.Contains(p, fmt.Sprintf("pid %d (python3.12): 4096 B of GPU memory live in 1 allocations", j.pid))
+	}, 20*time.Second)
+	j.do(t, "ok", "activations", 5<<20)
+	j.do(t, "ok", "weights", 3<<20)
+	pane := x.waitPane("three stacks", func(p string) bool { return strings.Contains(p, "[3] 4.0 KiB live in 1 allocation") },
+		20*time.Second)
+	// Each stack's lines, up to the next stack's header.
+	head := regexp.MustCompile(`^(\d)\] ([^\n]*)\n`)
+	frameRE := func(fn, tag string) *regexp.Regexp {
+		return regexp.MustCompile(fmt.Sprintf(`#\d+ %s \(pyagent\.py:%d\) \[python\]`, regexp.QuoteMeta(fn), pyLine(t, "pyagent.py", tag)))
+	}
+	want := map[string]struct {
+		head string
+		fn   string
+		tag  string
+	}{
+		"1": {"5.0 MiB live in 1 allocation", "alloc_activations", "activations"},
+		"2": {"3.0 MiB live in 1 allocation", "load_weights", "weights"},
+	}
+	seen := 0
+	for _, chunk := range strings.Split(pane, "\n[")[1:] {
+		m := head.FindStringSubmatch(chunk)
+		if m == nil {
+			continue
+		}
+		w, ok := want[m[1]]
+		if !ok {
+			continue
+		}
+		seen++
+		body := chunk[len(m[0]):]
+		if m[2] != w.head || !frameRE(w.fn, w.tag).MatchString(body) || !frameRE("cuda_malloc", "malloc").MatchString(body) ||
+			!frameRE("<module>", "loop").MatchString(body) || strings.Contains(body, "_PyEval_EvalFrameDefault") {
+			t.Errorf("stack [%s] %q, want %q through %s at pyagent.py:%d, no interpreter loop:\n%s", m[1], m[2], w.head, w.fn,
+				pyLine(t, "pyagent.py", w.tag), body)
+		}
+	}
+	if seen != 2 {
+		t.Errorf("%d of the two Python stacks found in the pane:\n%s", seen, pane)
+	}
+	if t.Failed() {
+		return
+	}
+	t.Logf("top's pane:\n%s", pane)
 }
