@@ -43,6 +43,7 @@ func TestPythonFrames(t *testing.T) {
 	pid := uint32(os.Getpid())
 	s.process(pid, "python3")
 	tb := pyframes.NewTable([][2]uint64{{0x5000, 0x6000}})
+	tb.Minor = 12
 	const file = "/app/train.py"
 	lines := map[int32]int{4: 12, 9: 14, 20: 31} // units -> line
 	fn := map[int32]string{4: "Model.forward", 9: "Model.forward", 20: "grow"}
@@ -157,6 +158,27 @@ for s in d["segments"]:
 	path := filepath.Join(t.TempDir(), "w.trace")
 	if err := os.WriteFile(path, trace.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	// Its first python frame says what the recorder's does: the
+	// interpreter's minor version and its loop's ranges.
+	r, err := tracefile.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pys []*tracefile.Python
+	for {
+		rec, err := r.Next()
+		if err != nil {
+			break
+		}
+		if rec.Type == tracefile.TypePython {
+			pys = append(pys, rec.Python)
+		}
+	}
+	r.Close()
+	if len(pys) != 2 || pys[0].PID != pid || pys[0].Minor != 12 || len(pys[0].Eval) != 1 || pys[0].Eval[0] != [2]uint64{0x5000, 0x6000} ||
+		pys[0].Codes != nil || len(pys[1].Codes) != 3 {
+		t.Errorf("python frames of the window: %+v", pys)
 	}
 	tr, err := replay.Read(path, replay.Options{})
 	if err != nil {
