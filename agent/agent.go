@@ -27,6 +27,7 @@ import (
 	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -108,6 +109,10 @@ type procState struct {
 	ooms      uint64
 	stacks    []*events.Stack // every stack seen, to forget with it
 	keys      []sampleKey
+	// py names the Python frames of the process's stacks (a CPython
+	// process's, from the session): kept as long as its account, so its
+	// stacks still name their Python lines while it is retained.
+	py *pyframes.Table
 }
 
 // reusedBy reports whether a process started at start is another than
@@ -257,11 +262,24 @@ func (a *Agent) Process(p *tracefile.Process) {
 	}
 }
 
+// Python is record.Observer's: the table that names a CPython process's
+// Python frames.
+func (a *Agent) Python(pid uint32, t *pyframes.Table) {
+	if ps := a.procs[pid]; ps != nil {
+		ps.py = t
+	}
+}
+
 // Event is record.Observer's: one event, after the ledger applied it.
 func (a *Agent) Event(ev *events.Event, ch events.Change) {
 	if len(a.subs) > 0 {
+		var py *pyframes.Table
+		if ps := a.procs[ev.PID]; ps != nil && ev.Flags&(events.FlagPython|events.FlagNoPython) != 0 {
+			py = ps.py
+		}
 		raw := events.Encode(nil, ev)
 		for _, s := range a.subs {
+			s.python(ev.PID, py, &a.totals)
 			s.event(ev.PID, raw, &a.totals)
 		}
 	}
@@ -422,6 +440,7 @@ func (a *Agent) forget(pid uint32) {
 // liveStacks symbolizes copied stacks outside the reader goroutine.
 type liveStacks struct {
 	maps map[*events.Stack][]proc.Mapping
+	py   map[uint32]pyframes.Names // the names of the stacks' Python frames, per process
 	syms *symbolize.Symbolizer
 	done map[*events.Stack][]symbolize.Frame
 }
@@ -429,7 +448,8 @@ type liveStacks struct {
 // stacksFor copies the mappings of the stacks given (on the reader
 // goroutine).
 func (a *Agent) stacksFor(sts ...*events.Stack) *liveStacks {
-	ls := &liveStacks{maps: map[*events.Stack][]proc.Mapping{}, syms: a.syms, done: map[*events.Stack][]symbolize.Frame{}}
+	ls := &liveStacks{maps: map[*events.Stack][]proc.Mapping{}, py: map[uint32]pyframes.Names{}, syms: a.syms,
+		done: map[*events.Stack][]symbolize.Frame{}}
 	for _, st := range sts {
 		ls.add(a, st)
 	}
@@ -442,6 +462,13 @@ func (ls *liveStacks) add(a *Agent, st *events.Stack) {
 	}
 	if _, ok := ls.maps[st]; !ok {
 		ls.maps[st] = a.stackMaps[st]
+		var py *pyframes.Table
+		if ps := a.procs[st.PID]; ps != nil {
+			py = ps.py
+		}
+		if n := py.Names(ls.py[st.PID], st.Frames); n != nil {
+			ls.py[st.PID] = n
+		}
 	}
 }
 
@@ -463,6 +490,7 @@ func (ls *liveStacks) Frames(st *events.Stack) []symbolize.Frame {
 	} else {
 		f = ls.syms.Frames(ls.maps[st], st.Frames)
 	}
+	ls.py[st.PID].Fill(f)
 	ls.done[st] = f
 	return f
 }

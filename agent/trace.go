@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -22,11 +23,15 @@ type traceSub struct {
 	items   chan traceItem
 	dropped atomic.Uint64
 	closed  bool
+	// pyDone counts the frames of each Python table written so far (on
+	// the reader goroutine).
+	pyDone map[*pyframes.Table]int
 }
 
 type traceItem struct {
 	raw  []byte
 	proc *tracefile.Process
+	py   *tracefile.Python
 }
 
 func (s *traceSub) wants(pid uint32) bool { return s.pid == 0 || s.pid == pid }
@@ -41,6 +46,40 @@ func (s *traceSub) event(pid uint32, raw []byte, t *Totals) {
 		s.dropped.Add(1)
 		t.TraceDropped++
 	}
+}
+
+// python queues what replay needs to name the Python frames of pid's
+// next event: its interpreter loop's ranges the first time, then the
+// frames the session resolved since the last.
+func (s *traceSub) python(pid uint32, t *pyframes.Table, tot *Totals) {
+	if t == nil || !s.wants(pid) {
+		return
+	}
+	done, seen := s.pyDone[t]
+	if seen && done == t.Len() {
+		return
+	}
+	if s.pyDone == nil {
+		s.pyDone = map[*pyframes.Table]int{}
+	}
+	var recs []*tracefile.Python
+	if !seen {
+		// Eval without codes: a new table, should the PID be another's now.
+		recs = append(recs, &tracefile.Python{PID: pid, Minor: t.Minor, Eval: t.Eval})
+	}
+	if done < t.Len() {
+		recs = append(recs, &tracefile.Python{PID: pid, Codes: t.Codes(done)})
+	}
+	for _, r := range recs {
+		select {
+		case s.items <- traceItem{py: r}:
+		default:
+			s.dropped.Add(1)
+			tot.TraceDropped++
+			return // the next event tries again
+		}
+	}
+	s.pyDone[t] = t.Len()
 }
 
 func (s *traceSub) process(p *tracefile.Process) {
@@ -172,6 +211,9 @@ loop:
 func write(tw *tracefile.Writer, it traceItem) error {
 	if it.proc != nil {
 		return tw.WriteProcess(it.proc)
+	}
+	if it.py != nil {
+		return tw.WritePython(it.py)
 	}
 	return tw.WriteEvent(it.raw)
 }

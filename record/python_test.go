@@ -1,126 +1,84 @@
 package record
 
 import (
-	"bufio"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
+	"github.com/cudatrace/cudatrace/tracefile"
 )
 
-// A script whose main thread waits in pause() two Python frames deep.
-const heldScript = `import ctypes
-libc = ctypes.CDLL(None)
-
-
-def inner():
-    print("ready", flush=True); libc.pause()
-
-
-inner()
-`
-
-// The first record of a CPython process, held by BPF, gets its thread's
-// Python frames as BPF would have recorded them; records BPF does not
-// walk (frees, cuMemMap) or that were not held get none, and a thread the
-// interpreter does not know is flagged as having none.
-func TestHeldPython(t *testing.T) {
-	found, _ := filepath.Glob("/root/.pyenv/versions/3.12.*/bin/python3.12")
-	if len(found) == 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI=true: no CPython 3.12 under /root/.pyenv/versions")
-		}
-		t.Skip("no CPython 3.12 under /root/.pyenv/versions")
-	}
-	script := filepath.Join(t.TempDir(), "held.py")
-	if err := os.WriteFile(script, []byte(heldScript), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(found[0], script)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	if l, err := bufio.NewReader(out).ReadString('\n'); err != nil || l != "ready\n" {
-		t.Fatalf("script said %q, %v", l, err)
-	}
-	pid := cmd.Process.Pid
-	maps, err := proc.ReadMaps(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := fmt.Sprintf("[%s:6:inner %s:9:<module>]", script, script)
-	for _, c := range []struct {
-		name  string
-		ev    events.Event
-		want  string // the Python frames resolved; "" for none
-		flags uint16 // added
-	}{
-		{"held allocation", events.Event{API: events.CudaMalloc, Flags: events.FlagHeld}, want, events.FlagPython},
-		{"held free", events.Event{API: events.CudaFree, Flags: events.FlagHeld | events.FlagEntryOnly}, "", 0},
-		{"held cuMemMap", events.Event{API: events.CuMemMap, Flags: events.FlagHeld | events.FlagAux}, "", 0},
-		{"allocation not held", events.Event{API: events.CudaMalloc}, "", 0},
-		{"held, another thread", events.Event{API: events.CudaMalloc, Flags: events.FlagHeld, TID: uint32(pid) + 1<<20}, "", events.FlagNoPython},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			var stderr strings.Builder
-			s := &session{opts: Options{Stderr: &stderr}, warned: map[string]bool{}}
-			s.ev = c.ev
-			s.ev.PID = uint32(pid)
-			if s.ev.TID == 0 {
-				s.ev.TID = uint32(pid)
-			}
-			ps := &procState{}
-			s.detectPython(uint32(pid), ps, maps)
-			if ps.py == nil {
-				t.Fatalf("no interpreter found: %s", stderr.String())
-			}
-			if got := s.ev.Flags &^ c.ev.Flags; got != c.flags {
-				t.Errorf("flags added %#x, want %#x", got, c.flags)
-			}
-			if got := resolved(t, ps.py.in, pid, s.ev.Py); got != c.want {
-				t.Errorf("Python frames %s, want %s", got, c.want)
-			}
-			if c.want != "" {
-				// <module> ran from C (PyRun): the outermost of its run.
-				if py := s.ev.Py; py[0].Flags != 0 || py[len(py)-1].Flags != events.PyEntry {
-					t.Errorf("frames %+v: want the outermost alone an entry", py)
-				}
-			}
-			if stderr.Len() > 0 {
-				t.Errorf("warned: %s", stderr.String())
-			}
-		})
-	}
+// pyObserver records what the session hands an observer.
+type pyObserver struct {
+	tables []*pyframes.Table
+	stacks [][]uint64 // ev.Stack as each Event got it
 }
 
-func resolved(t *testing.T, in *pystack.Interp, pid int, py []events.PyFrame) string {
-	t.Helper()
-	if len(py) == 0 {
-		return ""
+func (o *pyObserver) Process(*tracefile.Process)         {}
+func (o *pyObserver) Tick(*Result)                       {}
+func (o *pyObserver) Python(_ uint32, t *pyframes.Table) { o.tables = append(o.tables, t) }
+func (o *pyObserver) Event(ev *events.Event, _ events.Change) {
+	o.stacks = append(o.stacks, slices.Clone(ev.Stack))
+}
+
+// Without a trace file the session still resolves a CPython process's
+// frames, once each, into the table it hands the observer; the ledger's
+// stacks have them merged in, one per Python line, while the observer and
+// the trace get the record as captured.
+func TestPythonLive(t *testing.T) {
+	obs := &pyObserver{}
+	s := &session{opts: Options{Observer: obs}, res: &Result{Ledger: events.NewLedger()}}
+	pid := uint32(os.Getpid())
+	eval := [][2]uint64{{0x5000, 0x6000}}
+	ps := &procState{py: &pyProc{in: &pystack.Interp{Eval: eval}}}
+	native := []uint64{0x1000, 0x5010, 0x3000}
+	record := func(code uint64, units int32, size uint64) events.Change {
+		ev := &events.Event{PID: pid, API: events.CudaMalloc, Addr: 0x10000 * uint64(units+1), Size: size,
+			Flags: events.FlagPython, Stack: slices.Clone(native),
+			Py: []events.PyFrame{{Code: code, Units: units, Flags: events.PyEntry}}}
+		s.resolvePython(ev, ps)
+		ch := s.apply(ev, ps)
+		obs.Event(ev, ch)
+		return ch
 	}
-	m, err := pystack.OpenMem(pid)
-	if err != nil {
-		t.Fatal(err)
+	// Two frames the session has resolved already (as if read before),
+	// then one it must read: address 0 is no code object, so it is kept
+	// with the error, not read again.
+	s.resolvePython(&events.Event{PID: pid, Flags: events.FlagNoPython}, ps)
+	if len(obs.tables) != 1 || obs.tables[0] != ps.py.table || !slices.Equal(ps.py.table.Eval, eval) {
+		t.Fatalf("observer got tables %v, want the process's", obs.tables)
 	}
-	defer m.Close()
-	var out []string
-	for _, f := range py {
-		fr, err := in.Code(m, f.Code, int64(f.Units))
-		if err != nil {
-			t.Fatal(err)
+	tb := ps.py.table
+	tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "forward", Line: 12})
+	tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 9, File: "/app/train.py", Function: "forward", Line: 14})
+	a := record(0xc0de, 4, 100)
+	b := record(0xc0de, 9, 50)
+	a2 := record(0xc0de, 4, 10)
+	c := record(0, 2, 1)
+	record(0, 2, 1)
+	if len(obs.tables) != 1 {
+		t.Errorf("observer got %d tables, want one", len(obs.tables))
+	}
+	if tb.Len() != 3 {
+		t.Fatalf("table has %d frames, want 3 (the unreadable one once)", tb.Len())
+	}
+	if f := tb.Frame(c.Stack.Frames[1]); !strings.HasPrefix(f.Function, "[python: ") {
+		t.Errorf("unreadable code object named %+v", f)
+	}
+	if a.Stack == b.Stack || a.Stack != a2.Stack || a.Stack.AllocBytes != 110 || b.Stack.AllocBytes != 50 {
+		t.Fatalf("stacks: line 12 %+v, line 14 %+v, line 12 again %+v", a.Stack, b.Stack, a2.Stack)
+	}
+	if f := tb.Frame(a.Stack.Frames[1]); len(a.Stack.Frames) != 3 || f.Line != 12 || f.File != "/app/train.py" ||
+		a.Stack.Frames[0] != 0x1000 || a.Stack.Frames[2] != 0x3000 {
+		t.Errorf("ledger stack %x: frame %+v", a.Stack.Frames, f)
+	}
+	for _, st := range obs.stacks {
+		if !slices.Equal(st, native) {
+			t.Errorf("observer's event stack %x, want the native %x", st, native)
 		}
-		out = append(out, fmt.Sprintf("%s:%d:%s", fr.File, fr.Line, fr.Function))
 	}
-	return "[" + strings.Join(out, " ") + "]"
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -69,7 +70,17 @@ type Observer interface {
 	// when its mappings are re-read (a library dlopen'ed late): what
 	// symbolizing its stacks needs, captured while it is alive.
 	Process(p *tracefile.Process)
-	// Event is called for every event, after the ledger applied it.
+	// Python is called when pid is found to run CPython, before its
+	// first event with Python facts (events.FlagPython or FlagNoPython),
+	// and again with a new table when another process takes the PID.
+	// The ledger's stacks of the process (ch.Stack in Event) have its
+	// Python frames merged in as synthetic addresses (pyframes.IsPython)
+	// that t names. The session adds to t on the reader's goroutine, as
+	// the events come: read it there (pyframes.Table.Names copies).
+	Python(pid uint32, t *pyframes.Table)
+	// Event is called for every event, after the ledger applied it. ev
+	// is the record as captured, its Stack native only; ch.Stack is the
+	// ledger's, Python frames merged in.
 	Event(ev *events.Event, ch events.Change)
 	// Tick is called at least every Tracer.PollInterval with the session
 	// so far: the ledger, and the BPF counters (losses included) as last

@@ -51,6 +51,9 @@ type session struct {
 	pcs []uint64
 	buf []byte
 	cut uint64 // stacks that ended with the window
+	// merged holds the stack the ledger gets, Python frames merged in
+	// (python.go apply).
+	merged []uint64
 
 	child  *child
 	stop   func()
@@ -218,7 +221,7 @@ func (s *session) Record(raw []byte) {
 			s.warn(err)
 		}
 	}
-	ch := s.res.Ledger.Apply(ev)
+	ch := s.apply(ev, ps)
 	if s.opts.Observer != nil {
 		s.opts.Observer.Event(ev, ch)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 	"github.com/cudatrace/cudatrace/unwind"
@@ -68,7 +69,7 @@ type Trace struct {
 	// Stacks first seen before any capture of their process: they take
 	// the first capture that comes.
 	pending map[uint32][]*events.Stack
-	py      map[uint32]*pyProc // CPython processes' frame facts (python.go)
+	py      map[uint32]*pyframes.Table // CPython processes' frames (python.go)
 }
 
 // Read replays the trace at path. A trace cut short (the tracer was killed)

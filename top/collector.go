@@ -14,6 +14,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -67,11 +68,13 @@ type Device struct {
 
 // Stack is one call stack's live allocations.
 type Stack struct {
+	PID       uint32
 	Live      uint64
 	LiveCount uint64
 	Tensor    bool
-	Frames    []uint64
+	Frames    []uint64       // Python frames merged in (pyframes.IsPython)
 	Maps      []proc.Mapping // the process's, to symbolize Frames with
+	Python    pyframes.Names // the names of Frames' Python frames
 }
 
 // Collector is a record.Observer that publishes snapshots.
@@ -86,6 +89,7 @@ type Collector struct {
 	last    time.Time
 	prev    map[uint32][2]uint64 // allocs, bytes at the last snapshot
 	maps    map[uint32][]proc.Mapping
+	py      map[uint32]*pyframes.Table // CPython processes' Python frames
 	devPeak map[int]uint64
 	gpuLive map[uint32]int    // live allocations of GPU memory, per process, kept by Event
 	comm    map[uint32]string // of processes only NVML lists
@@ -107,7 +111,7 @@ func NewCollector(every time.Duration, top int, pids []int) *Collector {
 		only[uint32(p)] = true
 	}
 	return &Collector{every: every, top: top, only: only, comm: map[uint32]string{}, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
-		maps: map[uint32][]proc.Mapping{}, devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
+		maps: map[uint32][]proc.Mapping{}, py: map[uint32]*pyframes.Table{}, devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
 }
 
 var _ record.Observer = (*Collector)(nil)
@@ -118,6 +122,9 @@ func (c *Collector) Process(p *tracefile.Process) {
 		c.maps[p.PID] = p.Maps
 	}
 }
+
+// Python keeps the table that names a CPython process's Python frames.
+func (c *Collector) Python(pid uint32, t *pyframes.Table) { c.py[pid] = t }
 
 // Event counts each process's live allocations of GPU memory (what Live
 // counts): the ledger would have to walk its live set for it.
@@ -267,8 +274,8 @@ func (c *Collector) stacks(l *events.Ledger, sel uint32, procs []Process) (uint3
 		if st.PID != sel {
 			continue
 		}
-		out = append(out, Stack{Live: st.Live, LiveCount: st.LiveCount, Tensor: st.Tensor,
-			Frames: slices.Clone(st.Frames), Maps: c.maps[st.PID]})
+		out = append(out, Stack{PID: st.PID, Live: st.Live, LiveCount: st.LiveCount, Tensor: st.Tensor,
+			Frames: slices.Clone(st.Frames), Maps: c.maps[st.PID], Python: c.py[st.PID].Names(nil, st.Frames)})
 	}
 	return sel, out
 }

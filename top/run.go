@@ -127,23 +127,7 @@ func runScreen(ctx context.Context, c *Collector, opts Options, stop <-chan Stop
 		sym = symbolize.New()
 		defer sym.Close()
 	}
-	cache := map[string][]symbolize.Frame{}
-	frames := func(st *Stack) []symbolize.Frame {
-		k := fmt.Sprint(st.Frames)
-		if f, ok := cache[k]; ok {
-			return f
-		}
-		var f []symbolize.Frame
-		if sym != nil {
-			f = sym.Frames(st.Maps, st.Frames)
-		} else {
-			for _, pc := range st.Frames {
-				f = append(f, symbolize.Frame{Addr: pc})
-			}
-		}
-		cache[k] = f
-		return f
-	}
+	frames := framer(sym)
 
 	var selected uint32
 	stopped := ""
@@ -220,6 +204,31 @@ func runScreen(ctx context.Context, c *Collector, opts Options, stop <-chan Stop
 		case <-winch:
 		}
 		draw()
+	}
+}
+
+// framer returns the screen's Frames: symbolized with sym (nil: addresses
+// only), Python frames named, each stack once.
+func framer(sym *symbolize.Symbolizer) Frames {
+	cache := map[string][]symbolize.Frame{}
+	return func(st *Stack) []symbolize.Frame {
+		// Per process: addresses mean what its mappings, and its Python
+		// frames' table, say.
+		k := fmt.Sprint(st.PID, st.Frames)
+		if f, ok := cache[k]; ok {
+			return f
+		}
+		var f []symbolize.Frame
+		if sym != nil {
+			f = sym.Frames(st.Maps, st.Frames)
+		} else {
+			for _, pc := range st.Frames {
+				f = append(f, symbolize.Frame{Addr: pc})
+			}
+		}
+		st.Python.Fill(f)
+		cache[k] = f
+		return f
 	}
 }
 

@@ -30,6 +30,7 @@ type agentFlags struct {
 	processLabels bool
 	ringSize      string
 	noSymbolize   bool
+	noPy          bool
 	nvml          bool
 }
 
@@ -57,6 +58,10 @@ serves, on 127.0.0.1 unless --listen says otherwise:
 When an allocation fails with out of memory, the agent writes that
 process's memory snapshot, a pprof profile of its live set and a JSON report
 with the failing stack into --dump-dir (files mode 0600).
+
+The stacks of CPython 3.10 to 3.13 processes show their Python frames
+(file:line:function) in place of the interpreter loop's, as 'cudatrace
+report' does: the Python line that allocated, or failed to.
 
 A process in a container is labelled with its container ID, and with its
 pod's UID under Kubernetes (from /proc/PID/cgroup).
@@ -90,6 +95,7 @@ Off loopback, requests need a bearer token (--token-file), unless
 	fl.BoolVar(&f.processLabels, "process-labels", true, "label metrics with pid, comm, container and pod (off: summed per GPU)")
 	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
+	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
 	fl.BoolVar(&f.nvml, "nvml", true, "export what the driver reports (NVML) beside what was traced")
 	return cmd
 }
@@ -143,7 +149,7 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 			stop()
 		}
 	}()
-	opts := record.Options{Libs: f.libs, All: true, Version: version, Stderr: stderr, Observer: a}
+	opts := record.Options{Libs: f.libs, All: true, Version: version, Stderr: stderr, Observer: a, NoPythonFrames: f.noPy}
 	if f.nvml {
 		opts.NVML = gpustat.Open
 	}

@@ -22,6 +22,7 @@ type topFlags struct {
 	stacks      int
 	nvml        bool
 	noSymbolize bool
+	noPy        bool
 }
 
 func newTopCmd() *cobra.Command {
@@ -35,7 +36,8 @@ every --interval, per GPU and per process: the GPU memory cudatrace sees live
 as nvidia-smi shows it), the REMAINDER between the two (the CUDA context,
 library workspaces, anything not traced), and the allocation rate since the
 last refresh. Under the table, the selected process's call stacks holding
-the most live memory, symbolized.
+the most live memory, symbolized; a CPython (3.10 to 3.13) process's with its
+Python frames (file:line) in place of the interpreter loop's.
 
 Keys: q or Ctrl-C quits; j/k or the arrow keys select a process.
 
@@ -66,6 +68,7 @@ memory as the remainder.`,
 	fl.IntVar(&f.stacks, "stacks", 5, "how many stacks of the selected process to show")
 	fl.BoolVar(&f.nvml, "nvml", true, "compare with the driver's per-process figure (NVML)")
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "show stack addresses only")
+	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
 	return cmd
 }
 
@@ -90,7 +93,7 @@ func runTop(cmd *cobra.Command, f *topFlags) error {
 		stderr = topts.Messages
 	}
 	opts := record.Options{Libs: f.libs, PIDs: f.pids, All: len(f.pids) == 0, Version: version,
-		Stderr: stderr, Observer: c, NVMLEvery: f.every}
+		Stderr: stderr, Observer: c, NVMLEvery: f.every, NoPythonFrames: f.noPy}
 	opts.Tracer.PollInterval = min(f.every/2, 50*time.Millisecond)
 	if f.nvml {
 		opts.NVML = gpustat.Open

@@ -1,0 +1,216 @@
+// Package pyframes puts a CPython process's Python frames into its native
+// stacks, as py-spy --native does, and names them again: one table per
+// process, shared by the replay of a trace (report, export) and the live
+// views (agent, top), so that both show the same merged stacks.
+//
+// In a merged stack a Python frame stands as a synthetic address: the top
+// bit set (never a user-space address), the rest its number in the
+// process's table. A ledger (events.Ledger) then tells apart stacks that
+// differ only in their Python frames as it does by their native ones, and
+// the table turns the addresses back into file:line:function.
+package pyframes
+
+import (
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/symbolize"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+const (
+	addrBit = uint64(1) << 63
+	// NoPythonAddr ends the stack of a CPython process's thread that had
+	// no Python frame (a framework's own threads, autograd's backward
+	// threads): it is named NoPythonFunction.
+	NoPythonAddr = addrBit
+)
+
+// NoPythonFunction is the function name of the frame that says a CPython
+// process's thread ran no Python code when it allocated.
+const NoPythonFunction = "[no Python frames on this thread]"
+
+// Module is the Module of Python frames.
+const Module = "[python]"
+
+// IsPython reports whether addr is a merged stack's Python frame (or
+// NoPythonAddr) rather than a return address.
+func IsPython(addr uint64) bool { return addr&addrBit != 0 }
+
+type key struct {
+	code  uint64
+	units int32
+}
+
+// Table is one process's Python frames, numbered in the order they were
+// first put in it: what its merged stacks' synthetic addresses stand for.
+// It is not safe for concurrent use; Names copies some of it for another
+// goroutine.
+type Table struct {
+	// Eval are the address ranges of the interpreter loop
+	// (_PyEval_EvalFrameDefault and its parts) in the process.
+	Eval   [][2]uint64
+	Minor  int // CPython 3.Minor; 0 when not known
+	ids    map[key]uint64
+	frames []tracefile.PyCode // frames[id-1]
+}
+
+// NewTable returns an empty table for a process whose interpreter loop
+// spans eval.
+func NewTable(eval [][2]uint64) *Table {
+	return &Table{Eval: eval, ids: map[key]uint64{}}
+}
+
+// Has reports whether the frame of (code, units) is in t: resolved, well
+// or not, so not to be read again.
+func (t *Table) Has(code uint64, units int32) bool {
+	_, ok := t.ids[key{code, units}]
+	return ok
+}
+
+// Put adds c's frame, or replaces what t knew of it, and returns its
+// synthetic address.
+func (t *Table) Put(c tracefile.PyCode) uint64 {
+	k := key{c.Code, c.Units}
+	if id, ok := t.ids[k]; ok {
+		t.frames[id-1] = c
+		return addrBit | id
+	}
+	t.frames = append(t.frames, c)
+	id := uint64(len(t.frames))
+	t.ids[k] = id
+	return addrBit | id
+}
+
+// Len is the number of frames in t.
+func (t *Table) Len() int { return len(t.frames) }
+
+// Codes returns the frames from the i-th put on (0: all), in the order
+// they were put: the trace's python records that describe them.
+func (t *Table) Codes(i int) []tracefile.PyCode {
+	return append([]tracefile.PyCode(nil), t.frames[min(i, len(t.frames)):]...)
+}
+
+// Stack appends to dst ev's native stack with its Python frames merged in
+// (Merge), or with NoPythonAddr at its end for a thread that had none, and
+// returns it. A frame never put in t is put now, unnamed. ok is false, and
+// dst returned as is, when ev carries no Python frames to merge.
+func (t *Table) Stack(dst []uint64, ev *events.Event) (merged []uint64, ok bool) {
+	switch {
+	case ev.Flags&events.FlagNoPython != 0:
+		return append(append(dst, ev.Stack...), NoPythonAddr), true
+	case ev.Flags&events.FlagPython == 0:
+		return dst, false
+	}
+	return Merge(dst, ev.Stack, ev.Py, t.Eval, func(f events.PyFrame) uint64 {
+		if id, ok := t.ids[key{f.Code, f.Units}]; ok {
+			return addrBit | id
+		}
+		return t.Put(tracefile.PyCode{Code: f.Code, Units: f.Units, Error: "not resolved while recording"})
+	}), true
+}
+
+// Merge appends to dst native with each address inside eval replaced by
+// the next run of py (innermost first; events.PyEntry ends a run), each
+// Python frame as addr gives it, and returns it. Runs left over (the
+// native stack was cut short) go at the outer end. This is where
+// py-spy --native puts them: each frame of _PyEval_EvalFrameDefault,
+// innermost first, gives way to the Python frames that call of it runs.
+func Merge(dst, native []uint64, py []events.PyFrame, eval [][2]uint64, addr func(events.PyFrame) uint64) []uint64 {
+	i := 0
+	run := func() {
+		for i < len(py) {
+			f := py[i]
+			i++
+			dst = append(dst, addr(f))
+			if f.Flags&events.PyEntry != 0 {
+				return
+			}
+		}
+	}
+	for _, pc := range native {
+		if i < len(py) && inRanges(pc, eval) {
+			run()
+			continue
+		}
+		dst = append(dst, pc)
+	}
+	for i < len(py) {
+		run()
+	}
+	return dst
+}
+
+func inRanges(pc uint64, rs [][2]uint64) bool {
+	for _, r := range rs {
+		if pc >= r[0] && pc < r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// Frame names the synthetic address addr: NoPythonAddr, or a frame of t
+// (t may be nil: the frame is then unnamed, in Module).
+func (t *Table) Frame(addr uint64) symbolize.Frame {
+	f := symbolize.Frame{Addr: addr, Module: Module}
+	if addr == NoPythonAddr {
+		f.Function = NoPythonFunction
+		return f
+	}
+	if t == nil {
+		return f
+	}
+	if id := addr &^ addrBit; id >= 1 && id <= uint64(len(t.frames)) {
+		c := t.frames[id-1]
+		f.Function, f.File, f.Line = c.Function, c.File, c.Line
+		if c.Error != "" && c.Function == "" {
+			f.Function = "[python: " + c.Error + "]"
+		}
+	}
+	return f
+}
+
+// Fill names the Python frames of f (symbolized from a merged stack) from
+// t; t may be nil.
+func (t *Table) Fill(f []symbolize.Frame) {
+	for i := range f {
+		if IsPython(f[i].Addr) {
+			f[i] = t.Frame(f[i].Addr)
+		}
+	}
+}
+
+// Names is a copy of the names of some of a table's synthetic addresses,
+// for a goroutine other than the table's.
+type Names map[uint64]symbolize.Frame
+
+// Names adds to n the names of the Python frames among addrs and returns
+// it (a new Names when n is nil and there are any). t may be nil.
+func (t *Table) Names(n Names, addrs []uint64) Names {
+	for _, a := range addrs {
+		if !IsPython(a) {
+			continue
+		}
+		if _, ok := n[a]; ok {
+			continue
+		}
+		if n == nil {
+			n = Names{}
+		}
+		n[a] = t.Frame(a)
+	}
+	return n
+}
+
+// Fill names the Python frames of f from n; one n lacks is unnamed.
+func (n Names) Fill(f []symbolize.Frame) {
+	for i := range f {
+		if !IsPython(f[i].Addr) {
+			continue
+		}
+		if nf, ok := n[f[i].Addr]; ok {
+			f[i] = nf
+		} else {
+			f[i] = (*Table)(nil).Frame(f[i].Addr)
+		}
+	}
+}

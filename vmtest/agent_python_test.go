@@ -1,0 +1,384 @@
+package vmtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+)
+
+// pyJob is a running testdata/pyagent.py.
+type pyJob struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+	pid int
+}
+
+func startPyJob(t *testing.T, ctx context.Context, python, script, log string) *pyJob {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, python, script, fakeLib)
+	cmd.Env = fakeEnv(log)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	j := &pyJob{cmd: cmd, in: in, out: bufio.NewScanner(out), pid: cmd.Process.Pid}
+	t.Cleanup(func() {
+		in.Close()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s %d stderr: %s", script, j.pid, stderr.String())
+		}
+	})
+	if !j.out.Scan() || j.out.Text() != "ready" {
+		t.Fatalf("%s said %q (%v), want ready; stderr: %s", script, j.out.Text(), j.out.Err(), stderr.String())
+	}
+	return j
+}
+
+func (j *pyJob) do(t *testing.T, want, what string, n uint64) {
+	t.Helper()
+	if _, err := fmt.Fprintf(j.in, "%s %d\n", what, n); err != nil {
+		t.Fatalf("pyagent %d: %s: %v", j.pid, what, err)
+	}
+	if !j.out.Scan() {
+		t.Fatalf("pyagent %d ended its output: %v", j.pid, j.out.Err())
+	}
+	if got := j.out.Text(); got != want {
+		t.Fatalf("pyagent %d: %s %d answered %q, want %q", j.pid, what, n, got, want)
+	}
+}
+
+// TestAgentPython: CPython 3.10 to 3.13 jobs allocate through ctypes from
+// two Python functions under the agent. Its live views show the Python
+// lines report shows: the profile has each function with its exact
+// file:line as a sample of its own with the exact bytes, the memory
+// snapshot's segments carry them as memory_viz's frames, and the OOM
+// black box names the line of the failing call; a trace window replays
+// with them.
+func TestAgentPython(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyagent.py"))
+	dir := t.TempDir()
+	dumps := filepath.Join(dir, "oom")
+	ag := startAgent(t, ctx, "--dump-dir", dumps)
+	frame := func(fn, tag string) string {
+		return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyagent.py", tag), fn)
+	}
+	// Innermost first, as pprof and the report list frames.
+	weights := []string{frame("cuda_malloc", "malloc"), frame("load_weights", "weights"), frame("<module>", "loop")}
+	acts := []string{frame("cuda_malloc", "malloc"), frame("alloc_activations", "activations"), frame("<module>", "loop")}
+	grow := []string{frame("cuda_malloc", "malloc"), frame("grow", "grow"), frame("<module>", "loop")}
+	const wBytes, aBytes = 3 << 20, 5 << 20
+
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+			if len(found) == 0 {
+				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
+				return
+			}
+			log := filepath.Join(dir, v+".log")
+			j := startPyJob(t, ctx, found[0], script, log)
+			pid := strconv.Itoa(j.pid)
+			// The agent learns the job runs CPython from its first record
+			// (the warm-up, made before "ready"): wait until it has read it.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				m := parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
+				if n, _ := metric(t, m, "cudatrace_allocations_total", "pid", pid, "level", "segment"); n == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent did not count pid %s's warm-up allocation within 10s", pid)
+				}
+			}
+			j.do(t, "ok", "weights", wBytes)
+			j.do(t, "ok", "activations", aBytes)
+			j.do(t, "ok", "weights", wBytes)
+			j.do(t, "error 2", "grow", 2*fakeMemLimit) // cudaErrorMemoryAllocation
+
+			truth := onlyTruth(t, log, "")
+			if truth.PID != j.pid || truth.Allocs != 4 || truth.Failed != 1 || truth.AllocBytes != 1<<20+2*wBytes+aBytes {
+				t.Fatalf("ground truth %+v", truth)
+			}
+
+			t.Run("pprof", func(t *testing.T) {
+				p := fetchProfile(t, ctx, fmt.Sprintf("%s/debug/pprof/cuda_memory?pid=%s", ag.url, pid))
+				got := map[string][]int64{}
+				for _, s := range p.Sample {
+					k := strings.Join(pythonLocations(s, script), "\n")
+					if _, dup := got[k]; dup {
+						t.Errorf("two samples with Python frames %q", k)
+					}
+					got[k] = s.Value
+				}
+				want := map[string][]int64{
+					strings.Join(weights, "\n"): {2, 2 * wBytes, 2, 2 * wBytes},
+					strings.Join(acts, "\n"):    {1, aBytes, 1, aBytes},
+					"":                          {1, 1 << 20, 1, 1 << 20}, // the warm-up: no Python frames yet
+				}
+				if len(got) != len(want) {
+					t.Errorf("%d samples, want %d: %v", len(got), len(want), got)
+				}
+				for k, w := range want {
+					if !slices.Equal(got[k], w) {
+						t.Errorf("sample with Python frames\n%s\n= %v, want %v (all: %v)", k, got[k], w, got)
+					}
+				}
+			})
+
+			t.Run("snapshot", func(t *testing.T) {
+				body := get(t, ctx, fmt.Sprintf("%s/snapshot?pid=%s", ag.url, pid), http.StatusOK)
+				py, err := exec.LookPath("python3")
+				if err != nil {
+					skipOrFail(t, "python3 is needed to read the snapshot back: %v", err)
+					return
+				}
+				cmd := exec.CommandContext(ctx, py, "-c", `import pickle, sys
+d = pickle.load(sys.stdin.buffer)
+for s in d["segments"]:
+    fr = ["%s:%d:%s" % (f["filename"], f["line"], f["name"]) for f in s["frames"] if f["filename"] == sys.argv[1]]
+    print(s["total_size"], " ".join(fr))`, script)
+				cmd.Stdin = bytes.NewReader(body)
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					t.Fatalf("pickle.load: %v\n%s", err, out)
+				}
+				got := strings.Split(strings.TrimSpace(string(out)), "\n")
+				want := []string{fmt.Sprintf("%d ", 1<<20),
+					fmt.Sprintf("%d %s", wBytes, strings.Join(weights, " ")),
+					fmt.Sprintf("%d %s", wBytes, strings.Join(weights, " ")),
+					fmt.Sprintf("%d %s", aBytes, strings.Join(acts, " "))}
+				for i := range got {
+					got[i] = strings.TrimRight(got[i], " ")
+				}
+				for i := range want {
+					want[i] = strings.TrimRight(want[i], " ")
+				}
+				slices.Sort(got)
+				slices.Sort(want)
+				if !slices.Equal(got, want) {
+					t.Errorf("snapshot segments:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+				}
+			})
+
+			t.Run("oom dump", func(t *testing.T) {
+				var files []string
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+					files, _ = filepath.Glob(filepath.Join(dumps, fmt.Sprintf("oom-%s-*.json", pid)))
+					if len(files) == 1 || time.Now().After(deadline) {
+						break
+					}
+				}
+				if len(files) != 1 {
+					t.Fatalf("OOM reports of pid %s: %v, want one", pid, files)
+				}
+				data, err := os.ReadFile(files[0])
+				if err != nil {
+					t.Fatal(err)
+				}
+				var rep struct {
+					Failure struct {
+						Size       uint64        `json:"size"`
+						Error      string        `json:"error"`
+						Frames     []reportFrame `json:"frames"`
+						LiveStacks []struct {
+							LiveBytes uint64        `json:"live_bytes"`
+							Frames    []reportFrame `json:"frames"`
+						} `json:"live_stacks"`
+					} `json:"failure"`
+				}
+				if err := json.Unmarshal(data, &rep); err != nil {
+					t.Fatalf("%s: %v", files[0], err)
+				}
+				fl := rep.Failure
+				if fl.Size != 2*fakeMemLimit || fl.Error != "cudaErrorMemoryAllocation" {
+					t.Errorf("failure %+v", fl)
+				}
+				if got := pythonFrames(fl.Frames); !slices.Equal(got, grow) {
+					t.Errorf("failing call's Python frames:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(grow, "\n"))
+				}
+				// The live set by stack, most bytes first, Python lines and all.
+				var live []string
+				for _, s := range fl.LiveStacks {
+					live = append(live, fmt.Sprintf("%d %s", s.LiveBytes, strings.Join(pythonFrames(s.Frames), " ")))
+				}
+				wantLive := []string{fmt.Sprintf("%d %s", 2*wBytes, strings.Join(weights, " ")),
+					fmt.Sprintf("%d %s", aBytes, strings.Join(acts, " ")), fmt.Sprintf("%d ", 1<<20)}
+				if strings.Join(live, "\n") != strings.Join(wantLive, "\n") {
+					t.Errorf("OOM report's live stacks:\n%s\nwant:\n%s", strings.Join(live, "\n"), strings.Join(wantLive, "\n"))
+				}
+			})
+			t.Run("trace window", func(t *testing.T) {
+				type result struct {
+					body []byte
+					err  error
+				}
+				got := make(chan result, 1)
+				go func() {
+					resp, err := http.Get(fmt.Sprintf("%s/trace?pid=%s&seconds=2", ag.url, pid))
+					if err != nil {
+						got <- result{err: err}
+						return
+					}
+					defer resp.Body.Close()
+					body, err := io.ReadAll(resp.Body)
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("%s: %s", resp.Status, body)
+					}
+					got <- result{body, err}
+				}()
+				time.Sleep(time.Second) // the window is open
+				j.do(t, "ok", "activations", 4096)
+				j.do(t, "ok", "weights", 8192)
+				r := <-got
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				trace := filepath.Join(dir, v+".trace")
+				if err := os.WriteFile(trace, r.body, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				rep := runReport(t, ctx, trace)
+				var stacks []string
+				for _, s := range rep.Stacks {
+					stacks = append(stacks, fmt.Sprintf("%d %s", s.AllocBytes, strings.Join(pythonFrames(s.Frames), " ")))
+				}
+				slices.Sort(stacks)
+				want := []string{"4096 " + strings.Join(acts, " "), "8192 " + strings.Join(weights, " ")}
+				if !slices.Equal(stacks, want) {
+					t.Errorf("the window's stacks:\n%s\nwant:\n%s", strings.Join(stacks, "\n"), strings.Join(want, "\n"))
+				}
+			})
+			j.in.Close()
+			if err := j.cmd.Wait(); err != nil {
+				t.Errorf("pyagent %d: %v", j.pid, err)
+			}
+		})
+	}
+	ag.stop(t)
+}
+
+// pythonLocations lists a pprof sample's frames in script, innermost
+// first, as file:line:function.
+func pythonLocations(s *profile.Sample, script string) []string {
+	var out []string
+	for _, loc := range s.Location {
+		for _, l := range loc.Line {
+			if l.Function != nil && l.Function.Filename == script {
+				out = append(out, fmt.Sprintf("%s:%d:%s", l.Function.Filename, l.Line, l.Function.Name))
+			}
+		}
+	}
+	return out
+}
+
+// pythonFrames lists a report stack's Python frames as file:line:function.
+func pythonFrames(fs []reportFrame) []string {
+	var out []string
+	for _, f := range fs {
+		if f.Module == "[python]" {
+			out = append(out, fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function))
+		}
+	}
+	return out
+}
+
+// TestTopPython: top in a tmux pane shows a CPython job's top stacks with
+// their Python lines, the allocations of two Python functions as two
+// stacks with their own bytes.
+func TestTopPython(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	requireTool(t, "tmux")
+	found, _ := filepath.Glob("/root/.pyenv/versions/3.12.*/bin/python3.12")
+	if len(found) == 0 {
+		skipOrFail(t, "no CPython 3.12 under /root/.pyenv/versions")
+		return
+	}
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyagent.py"))
+	j := startPyJob(t, ctx, found[0], script, filepath.Join(dir, "fake.log"))
+
+	x := &tmux{t: t, sock: fmt.Sprintf("cudatrace-vmtest-py-%d", os.Getpid())}
+	t.Cleanup(func() { exec.Command("tmux", "-L", x.sock, "kill-server").Run() })
+	cmd := fmt.Sprintf("%s top --pid %d --lib %s --interval 200ms; exec sleep 600", tracerBin, j.pid, fakeLib)
+	x.run("new-session", "-d", "-s", "top", "-x", "200", "-y", "150", "sh", "-c", cmd)
+	x.waitPane("the header", func(p string) bool {
+		return strings.Contains(p, fmt.Sprintf("cudatrace top: pid %d, every 200ms", j.pid))
+	}, 30*time.Second)
+	// top's first record of the job tells it the job runs CPython; the
+	// walk of its Python frames starts with the records after it.
+	j.do(t, "ok", "weights", 4096)
+	x.waitPane("the first allocation", func(p string) bool {
+		return strings.Contains(p, fmt.Sprintf("pid %d (python3.12): 4096 B of GPU memory live in 1 allocations", j.pid))
+	}, 20*time.Second)
+	j.do(t, "ok", "activations", 5<<20)
+	j.do(t, "ok", "weights", 3<<20)
+	pane := x.waitPane("three stacks", func(p string) bool { return strings.Contains(p, "[3] 4.0 KiB live in 1 allocation") },
+		20*time.Second)
+	// Each stack's lines, up to the next stack's header.
+	head := regexp.MustCompile(`^(\d)\] ([^\n]*)\n`)
+	frameRE := func(fn, tag string) *regexp.Regexp {
+		return regexp.MustCompile(fmt.Sprintf(`#\d+ %s \(pyagent\.py:%d\) \[python\]`, regexp.QuoteMeta(fn), pyLine(t, "pyagent.py", tag)))
+	}
+	want := map[string]struct {
+		head string
+		fn   string
+		tag  string
+	}{
+		"1": {"5.0 MiB live in 1 allocation", "alloc_activations", "activations"},
+		"2": {"3.0 MiB live in 1 allocation", "load_weights", "weights"},
+	}
+	seen := 0
+	for _, chunk := range strings.Split(pane, "\n[")[1:] {
+		m := head.FindStringSubmatch(chunk)
+		if m == nil {
+			continue
+		}
+		w, ok := want[m[1]]
+		if !ok {
+			continue
+		}
+		seen++
+		body := chunk[len(m[0]):]
+		if m[2] != w.head || !frameRE(w.fn, w.tag).MatchString(body) || !frameRE("cuda_malloc", "malloc").MatchString(body) ||
+			!frameRE("<module>", "loop").MatchString(body) || strings.Contains(body, "_PyEval_EvalFrameDefault") {
+			t.Errorf("stack [%s] %q, want %q through %s at pyagent.py:%d, no interpreter loop:\n%s", m[1], m[2], w.head, w.fn,
+				pyLine(t, "pyagent.py", w.tag), body)
+		}
+	}
+	if seen != 2 {
+		t.Errorf("%d of the two Python stacks found in the pane:\n%s", seen, pane)
+	}
+	if t.Failed() {
+		return
+	}
+	t.Logf("top's pane:\n%s", pane)
+}
