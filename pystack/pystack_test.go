@@ -81,7 +81,7 @@ func checkStack(t *testing.T, python, script, v string, thread bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := Detect(maps)
+	in, err := Detect("", maps)
 	if err != nil || in == nil {
 		t.Fatalf("Detect: %v, %v", in, err)
 	}

@@ -31,7 +31,7 @@ func (s *session) detectPython(pid uint32, ps *procState, maps []proc.Mapping) {
 		return
 	}
 	ps.pyTried = true
-	in, err := pystack.Detect(maps)
+	in, err := pystack.Detect(ps.root, maps)
 	if err != nil {
 		s.warn(fmt.Errorf("pid %d: Python frames left out: %w", pid, err))
 		return

@@ -72,11 +72,15 @@ type procState struct {
 	recapture int
 	py        *pyProc // nil: no CPython found (yet)
 	pyTried   bool
+	// root is what its mappings' paths are opened under: "" when it
+	// sees the tracer's files, /proc/PID/root when it has its own (a
+	// container).
+	root string
 }
 
 type fileKey struct {
-	path  string
-	inode uint64
+	path, dev string
+	inode     uint64
 }
 
 func newSession(opts Options, res *Result, tr *loader.Tracer) (*session, error) {
@@ -272,6 +276,14 @@ func (s *session) capture(pid uint32, ps *procState) {
 		ps.exited = true
 		p.Error = fmt.Sprintf("exited before its mappings could be read (%v): its stacks are not symbolized", err)
 	}
+	// A container's paths name its own files: the host's file at the same
+	// path is another build, with other CFI and symbols. /proc/PID/root
+	// reads "/" after pivot_root: the mount namespace tells.
+	p.OwnRoot, _ = proc.OwnRoot(int(pid))
+	ps.root = ""
+	if p.OwnRoot {
+		ps.root = proc.RootPath(int(pid), "/")
+	}
 	s.detectPython(pid, ps, maps)
 	ps.exec = ps.exec[:0]
 	for _, m := range maps {
@@ -282,10 +294,9 @@ func (s *session) capture(pid uint32, ps *procState) {
 		m.BuildID = s.buildID(int(pid), m)
 		p.Maps = append(p.Maps, m)
 	}
-	root, rootErr := os.Readlink(fmt.Sprintf("/proc/%d/root", pid))
 	if s.uw != nil && len(p.Maps) > 0 {
 		open := p.Maps
-		if rootErr == nil && root != "/" {
+		if p.OwnRoot {
 			open = slices.Clone(p.Maps)
 			for i := range open {
 				open[i].Path = proc.RootPath(int(pid), open[i].Path)
@@ -305,7 +316,7 @@ func (s *session) capture(pid uint32, ps *procState) {
 	if in, err := container.Of(int(pid)); err == nil {
 		p.Container, p.Pod = in.ID, in.PodUID
 	}
-	if rootErr == nil && root != "/" {
+	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root != "/" {
 		p.Root = root
 	}
 	if s.opts.Observer != nil {
@@ -320,7 +331,9 @@ func (s *session) capture(pid uint32, ps *procState) {
 }
 
 func (s *session) buildID(pid int, m proc.Mapping) string {
-	k := fileKey{m.Path, m.Inode}
+	// The device too: a container's file system numbers its inodes on
+	// its own.
+	k := fileKey{m.Path, m.Dev, m.Inode}
 	if id, ok := s.buildIDs[k]; ok {
 		return id
 	}

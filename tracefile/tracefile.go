@@ -124,6 +124,10 @@ type Process struct {
 	Start uint64         `json:"start_ns,omitempty"`
 	Maps  []proc.Mapping `json:"maps"` // executable file mappings, with build IDs
 	Root  string         `json:"root,omitempty"`
+	// OwnRoot: the process saw another file tree than the tracer (another
+	// mount namespace, as a container, or a chroot): the paths in Maps
+	// name its files, reached through /proc/PID/root while it lives.
+	OwnRoot bool `json:"own_root,omitempty"`
 	// The container and Kubernetes pod the process runs in, from its
 	// cgroup (package container); empty on the host.
 	Container string `json:"container,omitempty"`
