@@ -97,6 +97,16 @@ type Proc struct {
 	OwnRoot bool
 }
 
+// Live reports whether PID still names p (the same start time): its files
+// are then reachable through /proc/PID/root.
+func (p Proc) Live() bool {
+	if p.PID <= 0 || p.Start == 0 {
+		return false
+	}
+	st, err := proc.StartTime(p.PID)
+	return err == nil && st == p.Start
+}
+
 // Frames symbolizes addrs, which are taken to be return addresses, against
 // maps of a process that sees the tracer's own files. It returns one Frame
 // per address, in order; what cannot be found out is left empty.
@@ -117,11 +127,9 @@ func (s *Symbolizer) FramesOf(p Proc, maps []proc.Mapping, addrs []uint64) []Fra
 
 	r := resolver{s: s, mods: map[string]*module{}}
 	if p.OwnRoot {
-		r.gone = true
-		if p.PID > 0 && p.Start != 0 {
-			if st, err := proc.StartTime(p.PID); err == nil && st == p.Start {
-				r.gone, r.pid = false, p.PID
-			}
+		r.gone = !p.Live()
+		if !r.gone {
+			r.pid = p.PID
 		}
 	}
 	out := make([]Frame, len(addrs))
