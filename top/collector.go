@@ -15,6 +15,8 @@ import (
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/record"
+	"github.com/cudatrace/cudatrace/replay"
+	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -72,6 +74,7 @@ type Stack struct {
 	Tensor    bool
 	Frames    []uint64
 	Maps      []proc.Mapping // the process's, to symbolize Frames with
+	Proc      symbolize.Proc // whose files Maps name (a container's own)
 }
 
 // Collector is a record.Observer that publishes snapshots.
@@ -86,6 +89,7 @@ type Collector struct {
 	last    time.Time
 	prev    map[uint32][2]uint64 // allocs, bytes at the last snapshot
 	maps    map[uint32][]proc.Mapping
+	procs   map[uint32]symbolize.Proc
 	devPeak map[int]uint64
 	gpuLive map[uint32]int    // live allocations of GPU memory, per process, kept by Event
 	comm    map[uint32]string // of processes only NVML lists
@@ -107,7 +111,7 @@ func NewCollector(every time.Duration, top int, pids []int) *Collector {
 		only[uint32(p)] = true
 	}
 	return &Collector{every: every, top: top, only: only, comm: map[uint32]string{}, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
-		maps: map[uint32][]proc.Mapping{}, devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
+		maps: map[uint32][]proc.Mapping{}, procs: map[uint32]symbolize.Proc{}, devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
 }
 
 var _ record.Observer = (*Collector)(nil)
@@ -116,6 +120,7 @@ var _ record.Observer = (*Collector)(nil)
 func (c *Collector) Process(p *tracefile.Process) {
 	if len(p.Maps) > 0 || c.maps[p.PID] == nil {
 		c.maps[p.PID] = p.Maps
+		c.procs[p.PID] = replay.SymbolProc(p)
 	}
 }
 
@@ -268,7 +273,7 @@ func (c *Collector) stacks(l *events.Ledger, sel uint32, procs []Process) (uint3
 			continue
 		}
 		out = append(out, Stack{Live: st.Live, LiveCount: st.LiveCount, Tensor: st.Tensor,
-			Frames: slices.Clone(st.Frames), Maps: c.maps[st.PID]})
+			Frames: slices.Clone(st.Frames), Maps: c.maps[st.PID], Proc: c.procs[st.PID]})
 	}
 	return sel, out
 }

@@ -129,13 +129,13 @@ func runScreen(ctx context.Context, c *Collector, opts Options, stop <-chan Stop
 	}
 	cache := map[string][]symbolize.Frame{}
 	frames := func(st *Stack) []symbolize.Frame {
-		k := fmt.Sprint(st.Frames)
+		k := fmt.Sprint(st.Proc, st.Frames)
 		if f, ok := cache[k]; ok {
 			return f
 		}
 		var f []symbolize.Frame
 		if sym != nil {
-			f = sym.Frames(st.Maps, st.Frames)
+			f = sym.FramesOf(st.Proc, st.Maps, st.Frames)
 		} else {
 			for _, pc := range st.Frames {
 				f = append(f, symbolize.Frame{Addr: pc})
