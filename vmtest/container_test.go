@@ -1,0 +1,254 @@
+package vmtest
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cudatrace/cudatrace/symbolize"
+)
+
+// container is a process in a container as docker, containerd and
+// Kubernetes make one: a mount namespace of its own and pivot_root into
+// its root, where /proc/PID/root still reads "/". Its root is the host's,
+// with one directory (app) over-mounted by the container's own files:
+// the host holds other builds at the same paths.
+type container struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  *bufio.Reader
+	stderr strings.Builder
+	app    string // the directory over-mounted inside, the same path outside
+}
+
+// buildContainer builds testdata/ctr_*.c into dir: the host's copy of the
+// library (host_alloc) in dir/app, the container's (container_alloc) in
+// dir/ctr, the executable in both, every file -O2 -fomit-frame-pointer -g.
+func buildContainer(t *testing.T, dir string) (app, ctr string) {
+	t.Helper()
+	app, ctr = filepath.Join(dir, "app"), filepath.Join(dir, "ctr")
+	src := func(name string) string { p, _ := filepath.Abs(filepath.Join("testdata", name)); return p }
+	cflags := []string{"-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-g", "-Wall"}
+	for _, c := range []struct {
+		dir   string
+		extra []string
+	}{{app, []string{"-DHOST"}}, {ctr, nil}} {
+		if err := os.MkdirAll(c.dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// Both link the library as app/libwork.so: the path the process
+		// maps, inside and outside.
+		lib := filepath.Join(c.dir, "libwork.so")
+		args := append(append(append([]string{}, cflags...), c.extra...), "-shared", "-fPIC",
+			"-Wl,-soname,libwork.so", "-o", lib, src("ctr_work.c"), "-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir)
+		if err := gcc(args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exe := filepath.Join(app, "ctrmain")
+	if err := gcc(append(cflags, "-o", exe, src("ctr_main.c"), "-L"+app, "-lwork", "-Wl,-rpath,"+app+":"+fakeLibDir)...); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ctr, "ctrmain"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return app, ctr
+}
+
+// startContainer runs app/ctrmain in a container whose app is ctr, and
+// waits for it to say it is ready.
+func startContainer(t *testing.T, dir, app, ctr string, env []string) *container {
+	t.Helper()
+	for _, tool := range []string{"unshare", "pivot_root", "mount", "umount"} {
+		requireTool(t, tool)
+	}
+	newRoot := filepath.Join(dir, "newroot")
+	script := strings.Join([]string{
+		"set -e",
+		"mount --make-rprivate /",
+		"mkdir -p " + newRoot,
+		"mount --rbind / " + newRoot,
+		"mount --bind " + ctr + " " + newRoot + app,
+		"cd " + newRoot,
+		"mkdir -p old",
+		"pivot_root . old",
+		"umount -l /old",
+		"exec " + filepath.Join(app, "ctrmain"),
+	}, "\n")
+	c := &container{app: app, cmd: exec.Command("unshare", "-m", "sh", "-c", script)}
+	c.cmd.Env = env
+	c.cmd.Stderr = &c.stderr
+	var err error
+	if c.stdin, err = c.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.lines = bufio.NewReader(out)
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.cmd.Process.Kill()
+		c.cmd.Wait()
+	})
+	c.expect(t, "ready")
+	return c
+}
+
+// expect reads the container's next line, which must be want.
+func (c *container) expect(t *testing.T, want string) {
+	t.Helper()
+	got := make(chan string, 1)
+	go func() {
+		l, _ := c.lines.ReadString('\n')
+		got <- strings.TrimSpace(l)
+	}()
+	select {
+	case l := <-got:
+		if l != want {
+			t.Fatalf("container printed %q, want %q; stderr:\n%s", l, want, c.stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("container printed no %q in 30s; stderr:\n%s", want, c.stderr.String())
+	}
+}
+
+// pidStack returns the frames, as frameString has them, of the one stack
+// of pid in rep, and the module of its innermost frame.
+func pidStack(t *testing.T, rep *report, pid int) ([]string, string) {
+	t.Helper()
+	var found []reportStack
+	for _, s := range rep.Stacks {
+		if s.PID == pid {
+			found = append(found, s)
+		}
+	}
+	if len(found) != 1 || found[0].Allocs != 1 || found[0].AllocBytes != 1<<20 {
+		t.Fatalf("stacks of pid %d: %+v; want one of 1 allocation of 1 MiB", pid, found)
+	}
+	var out []string
+	for _, f := range found[0].Frames {
+		out = append(out, frameString(f.Function, f.File, f.Line))
+	}
+	if len(found[0].Frames) == 0 {
+		t.Fatalf("pid %d's stack has no frames", pid)
+	}
+	return out, found[0].Frames[0].Module
+}
+
+// TestContainerStacks: a process in a container (its own mount namespace,
+// pivot_root) runs a library at a path where the host holds another build
+// of it (other functions, lines, addresses, CFI). Traced with --pid, its
+// stack is unwound with its own library's CFI and named from its own
+// files, function and file:line, while it lives; never from the host's.
+func TestContainerStacks(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	for _, tool := range []string{"gcc", "readlink"} {
+		requireTool(t, tool)
+	}
+	app, ctr := buildContainer(t, dir)
+	hostID, err := symbolize.BuildID(filepath.Join(app, "libwork.so"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrID, err := symbolize.BuildID(filepath.Join(ctr, "libwork.so"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hostID == "" || hostID == ctrID {
+		t.Fatalf("build IDs host %q, container %q: want two, different", hostID, ctrID)
+	}
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "ctr.trace")
+	c := startContainer(t, dir, app, ctr, fakeEnv(log))
+	pid := c.cmd.Process.Pid
+
+	// What makes it a container, as the tracer sees it.
+	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err != nil || root != "/" {
+		t.Fatalf("readlink /proc/%d/root = %q, %v; want \"/\" as in a container", pid, root, err)
+	}
+	if theirs, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); theirs == "" {
+		t.Fatal("no mount namespace")
+	} else if ours, _ := os.Readlink("/proc/self/ns/mnt"); theirs == ours {
+		t.Fatalf("the container shares our mount namespace %s", ours)
+	}
+	if id, err := symbolize.BuildID(fmt.Sprintf("/proc/%d/root%s/libwork.so", pid, app)); err != nil || id != ctrID {
+		t.Fatalf("the container's libwork.so has build ID %q (%v), want %q", id, err, ctrID)
+	}
+
+	rec := startRecord(t, ctx, recordOpts{}, "--pid", strconv.Itoa(pid), "-o", trace)
+	rec.waitAttached(t, 30*time.Second)
+	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	c.expect(t, "allocated")
+	// Long enough for the recorder to have read the event and flushed.
+	time.Sleep(500 * time.Millisecond)
+	if err := rec.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	rec.finish(t, 20*time.Second)
+
+	want := onlyTruth(t, log, "")
+	if want.PID != pid || want.Allocs != 1 {
+		t.Fatalf("ground truth: pid %d with %d allocations, want pid %d with 1", want.PID, want.Allocs, pid)
+	}
+	full := []string{
+		frameString("container_alloc", "ctr_work.c", markedLine(t, "ctr_work.c", "container_alloc")),
+		frameString("work", "ctr_work.c", markedLine(t, "ctr_work.c", "work")),
+		frameString("main", "ctr_main.c", markedLine(t, "ctr_main.c", "main")),
+	}
+	check := func(when string, got []string, module string) {
+		t.Helper()
+		if len(got) < len(full) || strings.Join(got[:len(full)], "\n") != strings.Join(full, "\n") {
+			t.Errorf("%s: stack, innermost first:\n  got  %q\n  want %q (then libc's start code)", when, got, full)
+		}
+		if want := filepath.Join(app, "libwork.so"); module != want {
+			t.Errorf("%s: innermost frame's module %q, want %q (the path the process sees)", when, module, want)
+		}
+		for _, f := range got {
+			if strings.Contains(f, "host_alloc") {
+				t.Errorf("%s: a frame named from the host's file: %q", when, f)
+			}
+		}
+	}
+
+	rep := runReport(t, ctx, trace)
+	got, module := pidStack(t, rep, pid)
+	check("while it runs", got, module)
+	if rep.SymbolWarning != "" {
+		t.Errorf("symbol warning while it runs: %q", rep.SymbolWarning)
+	}
+
+	// Gone: the host's file at its path is another build.
+	c.stdin.Close()
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("container: %v\n%s", err, c.stderr.String())
+	}
+	rep = runReport(t, ctx, trace)
+	got, module = pidStack(t, rep, pid)
+	for _, f := range got[:2] {
+		if f != "" {
+			t.Errorf("after it exited: frame %q named, though no file here has its build ID: %q", f, got)
+		}
+	}
+	if module != filepath.Join(app, "libwork.so") {
+		t.Errorf("after it exited: innermost module %q", module)
+	}
+	if !strings.Contains(rep.SymbolWarning, "frames not named") || !strings.Contains(rep.SymbolWarning, "while the job still runs") {
+		t.Errorf("after it exited: symbol warning %q, want how many frames were not named and what to do", rep.SymbolWarning)
+	}
+}
