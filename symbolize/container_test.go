@@ -129,6 +129,29 @@ func TestFramesOfContainer(t *testing.T) {
 	if f := s.FramesOf(gone, ctrMaps, in)[0]; !named(f) || s.Gone() != 0 {
 		t.Errorf("gone, debug file by build ID: %+v (gone count %d), want lib_alloc and 0", f, s.Gone())
 	}
+
+	// Gone; the host's file differs; the recorder named the address while
+	// it ran (by build ID and file offset).
+	var m proc.Mapping
+	for _, c := range ctrMaps {
+		if in[0] >= c.Start && in[0] < c.End {
+			m = c
+		}
+	}
+	s = New()
+	s.DebugDir = ""
+	rec := Frame{Function: "lib_alloc", File: fx.libSrc, Line: 14, Offset: 0x1181}
+	s.Known(strings.ToUpper(libID), in[0]-m.Start+m.Offset, rec)
+	s.Known(libID, in[0]-m.Start+m.Offset+1, Frame{Function: "elsewhere"})
+	want := Frame{Addr: in[0], Function: "lib_alloc", File: fx.libSrc, Line: 14, Module: path, Offset: 0x1181, BuildID: libID}
+	if f := s.FramesOf(gone, ctrMaps, in)[0]; f != want || s.Gone() != 0 {
+		t.Errorf("gone, named at record time:\n got %+v\nwant %+v (gone count %d, want 0)", f, want, s.Gone())
+	}
+	// A file with the build ID, when there is one, is read instead.
+	install(t, fx.lib, path)
+	if f := s.FramesOf(gone, ctrMaps, in)[0]; !named(f) {
+		t.Errorf("gone, host file with its build ID and a recorded name: %+v", f)
+	}
 }
 
 // install copies from to to, making to's directory.

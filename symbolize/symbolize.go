@@ -52,6 +52,14 @@ type Symbolizer struct {
 	// byBuildID shares one parse between paths holding the same binary
 	// (copies, containers' own roots, hard links).
 	byBuildID map[string]*module
+	// known are frames named by someone who could read the file (the
+	// recorder, for a container's process), for when nobody here can.
+	known map[knownKey]Frame
+}
+
+type knownKey struct {
+	buildID string
+	off     uint64 // file offset of the address
 }
 
 type fileKey struct {
@@ -71,7 +79,19 @@ func New() *Symbolizer {
 		DebugDir:  "/usr/lib/debug",
 		byFile:    map[fileKey]*entry{},
 		byBuildID: map[string]*module{},
+		known:     map[knownKey]Frame{},
 	}
+}
+
+// Known says that in the file with build ID id, file offset off is in
+// f.Function at f.File:f.Line, with ELF address f.Offset: what the
+// recorder read from a container's own file while the process ran. Frames
+// with that build ID and offset take it when no file with the build ID is
+// found here.
+func (s *Symbolizer) Known(id string, off uint64, f Frame) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.known[knownKey{strings.ToLower(id), off}] = Frame{Function: f.Function, File: f.File, Line: f.Line, Offset: f.Offset}
 }
 
 // Close drops the caches. The Symbolizer stays usable: later calls parse
@@ -81,6 +101,7 @@ func (s *Symbolizer) Close() error {
 	defer s.mu.Unlock()
 	s.byFile = map[fileKey]*entry{}
 	s.byBuildID = map[string]*module{}
+	s.known = map[knownKey]Frame{}
 	return nil
 }
 
@@ -226,12 +247,17 @@ func (r *resolver) frame(maps []proc.Mapping, addr uint64) (f Frame) {
 	f.BuildID = m.BuildID
 
 	mod := r.module(m)
-	if mod == nil {
-		return f
-	}
-	if m.BuildID != "" && !strings.EqualFold(m.BuildID, mod.buildID) {
-		// The file on disk is not what the process ran: its headers,
-		// symbols and lines would all describe other code.
+	if mod == nil || m.BuildID != "" && !strings.EqualFold(m.BuildID, mod.buildID) {
+		// No file, or the file on disk is not what the process ran: its
+		// headers, symbols and lines would all describe other code.
+		if m.BuildID != "" {
+			r.s.mu.Lock()
+			k, ok := r.s.known[knownKey{strings.ToLower(m.BuildID), addr - m.Start + m.Offset}]
+			r.s.mu.Unlock()
+			if ok {
+				f.Function, f.File, f.Line, f.Offset = k.Function, k.File, k.Line, k.Offset
+			}
+		}
 		return f
 	}
 	f.BuildID = mod.buildID
