@@ -61,6 +61,7 @@ type session struct {
 	libs         loader.Libraries // every library attached, by inode
 	warned       map[string]bool
 	sampler      *sampler // nil without Options.NVML
+	namer        *namer   // names container processes' frames; nil until one is seen
 }
 
 type procState struct {
@@ -76,6 +77,7 @@ type procState struct {
 	// sees the tracer's files, /proc/PID/root when it has its own (a
 	// container).
 	root string
+	maps []proc.Mapping // executable file mappings of the last capture, with build IDs
 }
 
 type fileKey struct {
@@ -211,6 +213,7 @@ func (s *session) Record(raw []byte) {
 		raw = s.buf
 	}
 	s.resolvePython(ev, ps)
+	s.nameNative(ev, ps)
 	if s.w != nil {
 		// Only the frames the stack filled: an allocation record reserves
 		// room for all 127 of them.
@@ -294,6 +297,9 @@ func (s *session) capture(pid uint32, ps *procState) {
 		m.BuildID = s.buildID(int(pid), m)
 		p.Maps = append(p.Maps, m)
 	}
+	if len(p.Maps) > 0 {
+		ps.maps = p.Maps
+	}
 	if s.uw != nil && len(p.Maps) > 0 {
 		open := p.Maps
 		if p.OwnRoot {
@@ -346,6 +352,7 @@ func (s *session) buildID(pid int, m proc.Mapping) string {
 // session is over.
 func (s *session) Tick() {
 	s.attachLate()
+	s.writeNamed(false)
 	s.prune()
 	s.takeNVML()
 	if (s.w != nil || s.opts.Observer != nil) && time.Since(s.lastCounters) >= counterEvery {
@@ -397,6 +404,7 @@ func (s *session) finish(res *Result) error {
 	if s.w == nil {
 		return nil
 	}
+	s.writeNamed(true)
 	if err := s.w.WriteCounters(&tracefile.Counters{Time: bootNow(), Counters: res.Counters, Lost: res.Lost}); err != nil {
 		return err
 	}
@@ -412,6 +420,9 @@ func (s *session) finish(res *Result) error {
 // close releases the trace file on an error path, and the files the
 // unwinder holds open on every path.
 func (s *session) close() {
+	if s.namer != nil {
+		s.namer.stop()
+	}
 	if s.uw != nil {
 		s.uw.Close()
 	}

@@ -70,6 +70,8 @@ type Trace struct {
 	// the first capture that comes.
 	pending map[uint32][]*events.Stack
 	py      map[uint32]*pyProc // CPython processes' frame facts (python.go)
+	// Native frames of container processes named at record time.
+	symbols []tracefile.Symbol
 }
 
 // Read replays the trace at path. A trace cut short (the tracer was killed)
@@ -142,6 +144,8 @@ func Read(path string, opts Options) (*Trace, error) {
 			t.capture(rec.Process)
 		case tracefile.TypePython:
 			t.python(rec.Python)
+		case tracefile.TypeSymbols:
+			t.symbols = append(t.symbols, rec.Symbols.Frames...)
 		case tracefile.TypeAttach:
 			t.Libraries = append(t.Libraries, *rec.Attach)
 		case tracefile.TypeCounters:
@@ -242,6 +246,9 @@ func (t *Trace) Symbols(enabled bool) *Symbols {
 	s := &Symbols{t: t, done: map[*events.Stack][]symbolize.Frame{}}
 	if enabled {
 		s.sym = symbolize.New()
+		for _, k := range t.symbols {
+			s.sym.Known(k.BuildID, k.Offset, symbolize.Frame{Function: k.Function, File: k.File, Line: k.Line, Offset: k.VAddr})
+		}
 	}
 	return s
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/symbolize"
+	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // container is a process in a container as docker, containerd and
@@ -155,6 +156,8 @@ func pidStack(t *testing.T, rep *report, pid int) ([]string, string) {
 // of it (other functions, lines, addresses, CFI). Traced with --pid, its
 // stack is unwound with its own library's CFI and named from its own
 // files, function and file:line, while it lives; never from the host's.
+// After it exited, report names them from what record read while it ran
+// (symbols frames in the trace).
 func TestContainerStacks(t *testing.T) {
 	ctx, dir := traceSetup(t)
 	for _, tool := range []string{"gcc", "readlink"} {
@@ -240,15 +243,110 @@ func TestContainerStacks(t *testing.T) {
 	}
 	rep = runReport(t, ctx, trace)
 	got, module = pidStack(t, rep, pid)
-	for _, f := range got[:2] {
-		if f != "" {
-			t.Errorf("after it exited: frame %q named, though no file here has its build ID: %q", f, got)
+	check("after it exited, from the names recorded", got, module)
+	if rep.SymbolWarning != "" {
+		t.Errorf("symbol warning after it exited: %q", rep.SymbolWarning)
+	}
+	// Those names are in the trace, by build ID, once each.
+	named := recordedNames(t, trace)
+	for _, fn := range []string{"container_alloc", "work"} {
+		if n := named[ctrID+" "+fn]; n != 1 {
+			t.Errorf("the trace names %s of build ID %s %d times, want 1 (all: %v)", fn, ctrID, n, named)
 		}
 	}
-	if module != filepath.Join(app, "libwork.so") {
-		t.Errorf("after it exited: innermost module %q", module)
+	for k := range named {
+		if strings.HasPrefix(k, hostID) || strings.Contains(k, "host_alloc") {
+			t.Errorf("the trace names the host's file: %q", k)
+		}
 	}
-	if !strings.Contains(rep.SymbolWarning, "frames not named") || !strings.Contains(rep.SymbolWarning, "while the job still runs") {
-		t.Errorf("after it exited: symbol warning %q, want how many frames were not named and what to do", rep.SymbolWarning)
+
+	// Without them (a trace of an older recorder), the frames in its
+	// library stay unnamed, never named from the host's other build, and
+	// report says how many and what to do.
+	bare := filepath.Join(dir, "bare.trace")
+	withoutSymbols(t, trace, bare)
+	rep = runReport(t, ctx, bare)
+	got, module = pidStack(t, rep, pid)
+	if len(got) < 3 || got[0] != "" || got[1] != "" || got[2] != full[2] {
+		t.Errorf("gone, no recorded names: stack %q, want two unnamed frames, then %q", got, full[2])
+	}
+	if module != filepath.Join(app, "libwork.so") {
+		t.Errorf("gone, no recorded names: innermost module %q", module)
+	}
+	if want := "2 frames not named: their processes ran in containers"; !strings.HasPrefix(rep.SymbolWarning, want) ||
+		!strings.Contains(rep.SymbolWarning, "run report while the job still runs") {
+		t.Errorf("gone, no recorded names: symbol warning %q, want it to start %q and say what to do", rep.SymbolWarning, want)
+	}
+}
+
+// withoutSymbols copies the trace at from to to, leaving out its symbols
+// frames.
+func withoutSymbols(t *testing.T, from, to string) {
+	t.Helper()
+	r, err := tracefile.Open(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w, err := tracefile.Create(to, r.Meta())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", from, err)
+		}
+		switch rec.Type {
+		case tracefile.TypeEvent:
+			err = w.WriteEvent(rec.Raw)
+		case tracefile.TypeProcess:
+			err = w.WriteProcess(rec.Process)
+		case tracefile.TypeAttach:
+			err = w.WriteAttach(rec.Attach)
+		case tracefile.TypeCounters:
+			err = w.WriteCounters(rec.Counters)
+		case tracefile.TypeEnd:
+			err = w.WriteEnd(rec.End)
+		case tracefile.TypeNVML:
+			err = w.WriteNVML(rec.NVML)
+		case tracefile.TypePython:
+			err = w.WritePython(rec.Python)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recordedNames counts the symbols frames' names of a trace by "build-ID
+// function".
+func recordedNames(t *testing.T, path string) map[string]int {
+	t.Helper()
+	r, err := tracefile.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	out := map[string]int{}
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if rec.Type == tracefile.TypeSymbols {
+			for _, f := range rec.Symbols.Frames {
+				out[f.BuildID+" "+f.Function]++
+			}
+		}
 	}
 }
