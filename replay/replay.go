@@ -90,14 +90,14 @@ func Read(path string, opts Options) (*Trace, error) {
 	}
 
 	t := &Trace{
-		Path:      path,
-		Meta:      r.Meta(),
-		Ledger:    events.NewLedger(),
-		Counters:  map[string]uint64{},
-		Processes: map[uint32]*tracefile.Process{},
-		Latest:    map[uint32]*tracefile.Process{},
+		Path:       path,
+		Meta:       r.Meta(),
+		Ledger:     events.NewLedger(),
+		Counters:   map[string]uint64{},
+		Processes:  map[uint32]*tracefile.Process{},
+		Latest:     map[uint32]*tracefile.Process{},
 		stackProcs: map[*events.Stack]*tracefile.Process{},
-		pending:   map[uint32][]*events.Stack{},
+		pending:    map[uint32][]*events.Stack{},
 	}
 	for {
 		rec, err := r.Next()
