@@ -350,3 +350,57 @@ func recordedNames(t *testing.T, path string) map[string]int {
 		}
 	}
 }
+
+// TestAgentContainerStacks: the agent's heap profile names the stack of a
+// process in a container from the container's own files while it runs.
+func TestAgentContainerStacks(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	requireTool(t, "gcc")
+	ctx := testContext(t)
+	dir := t.TempDir()
+	app, ctr := buildContainer(t, dir)
+	ag := startAgent(t, ctx, "--dump-dir", "")
+	c := startContainer(t, dir, app, ctr, fakeEnv(filepath.Join(dir, "fake.log")))
+	pid := c.cmd.Process.Pid
+	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	c.expect(t, "allocated")
+
+	want := []string{
+		frameString("container_alloc", "ctr_work.c", markedLine(t, "ctr_work.c", "container_alloc")),
+		frameString("work", "ctr_work.c", markedLine(t, "ctr_work.c", "work")),
+		frameString("main", "ctr_main.c", markedLine(t, "ctr_main.c", "main")),
+	}
+	var got []string
+	// The agent reads the event within a poll or two.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		p := fetchProfile(t, ctx, fmt.Sprintf("%s/debug/pprof/cuda_memory?pid=%d", ag.url, pid))
+		if len(p.Sample) == 1 {
+			got = got[:0]
+			for _, l := range p.Sample[0].Location {
+				for _, ln := range l.Line {
+					got = append(got, frameString(ln.Function.Name, ln.Function.Filename, int(ln.Line)))
+				}
+			}
+			if inuse := p.Sample[0].Value[3]; inuse != 1<<20 {
+				t.Errorf("in-use bytes %d, want %d", inuse, 1<<20)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("profile of pid %d: %d samples after 10s, want 1", pid, len(p.Sample))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(got) < len(want) || strings.Join(got[:len(want)], "\n") != strings.Join(want, "\n") {
+		t.Errorf("agent profile's stack, innermost first:\n  got  %q\n  want %q (then libc's start code)", got, want)
+	}
+	c.stdin.Close()
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("container: %v\n%s", err, c.stderr.String())
+	}
+	ag.stop(t)
+}
