@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -403,4 +404,38 @@ func TestAgentContainerStacks(t *testing.T) {
 		t.Fatalf("container: %v\n%s", err, c.stderr.String())
 	}
 	ag.stop(t)
+}
+
+// TestTopContainerStacks: top's view of a process in a container names
+// its stack from the container's own files.
+func TestTopContainerStacks(t *testing.T) {
+	_, dir := traceSetup(t)
+	requireTool(t, "tmux")
+	requireTool(t, "gcc")
+	app, ctr := buildContainer(t, dir)
+	c := startContainer(t, dir, app, ctr, fakeEnv(filepath.Join(dir, "fake.log")))
+	pid := c.cmd.Process.Pid
+
+	x := &tmux{t: t, sock: fmt.Sprintf("cudatrace-vmtest-ctr-%d", os.Getpid())}
+	t.Cleanup(func() { exec.Command("tmux", "-L", x.sock, "kill-server").Run() })
+	script := fmt.Sprintf("%s top --pid %d --interval 200ms; exec sleep 600", tracerBin, pid)
+	x.run("new-session", "-d", "-s", "top", "-x", "200", "-y", "50", "sh", "-c", script)
+	x.waitPane("the header", func(p string) bool {
+		return strings.Contains(p, fmt.Sprintf("cudatrace top: pid %d, every 200ms", pid))
+	}, 30*time.Second)
+	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	c.expect(t, "allocated")
+	want := fmt.Sprintf(`#0 container_alloc \(ctr_work\.c:%d\) libwork\.so\s+#1 work \(ctr_work\.c:%d\) libwork\.so\s+#2 main \(ctr_main\.c:%d\) ctrmain`,
+		markedLine(t, "ctr_work.c", "container_alloc"), markedLine(t, "ctr_work.c", "work"), markedLine(t, "ctr_main.c", "main"))
+	re := regexp.MustCompile(want)
+	pane := x.waitPane("the container's stack", re.MatchString, 20*time.Second)
+	if strings.Contains(pane, "host_alloc") {
+		t.Errorf("a frame named from the host's file:\n%s", pane)
+	}
+	c.stdin.Close()
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("container: %v\n%s", err, c.stderr.String())
+	}
 }
