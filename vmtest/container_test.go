@@ -75,19 +75,7 @@ func startContainer(t *testing.T, dir, app, ctr string, env []string) *container
 	for _, tool := range []string{"unshare", "pivot_root", "mount", "umount"} {
 		requireTool(t, tool)
 	}
-	newRoot := filepath.Join(dir, "newroot")
-	script := strings.Join([]string{
-		"set -e",
-		"mount --make-rprivate /",
-		"mkdir -p " + newRoot,
-		"mount --rbind / " + newRoot,
-		"mount --bind " + ctr + " " + newRoot + app,
-		"cd " + newRoot,
-		"mkdir -p old",
-		"pivot_root . old",
-		"umount -l /old",
-		"exec " + filepath.Join(app, "ctrmain"),
-	}, "\n")
+	script := containerScript(dir, app, ctr, filepath.Join(app, "ctrmain"))
 	c := &container{app: app, cmd: exec.Command("unshare", "-m", "sh", "-c", script)}
 	c.cmd.Env = env
 	c.cmd.Stderr = &c.stderr
@@ -109,6 +97,25 @@ func startContainer(t *testing.T, dir, app, ctr string, env []string) *container
 	})
 	c.expect(t, "ready")
 	return c
+}
+
+// containerScript is what `unshare -m sh -c` runs to make the container
+// and exec command in it: the host's root, bind-mounted, with ctr over
+// app, pivot_root-ed into.
+func containerScript(dir, app, ctr, command string) string {
+	newRoot := filepath.Join(dir, "newroot")
+	return strings.Join([]string{
+		"set -e",
+		"mount --make-rprivate /",
+		"mkdir -p " + newRoot,
+		"mount --rbind / " + newRoot,
+		"mount --bind " + ctr + " " + newRoot + app,
+		"cd " + newRoot,
+		"mkdir -p old",
+		"pivot_root . old",
+		"umount -l /old",
+		"exec " + command,
+	}, "\n")
 }
 
 // expect reads the container's next line, which must be want.
@@ -437,5 +444,89 @@ func TestTopContainerStacks(t *testing.T) {
 	c.stdin.Close()
 	if err := c.cmd.Wait(); err != nil {
 		t.Fatalf("container: %v\n%s", err, c.stderr.String())
+	}
+}
+
+// TestContainerPython: CPython 3.13 whose interpreter and libpython are
+// the container's own, at paths where the host has none, launched in the
+// container by record. Its allocation's Python frames are read (the
+// interpreter found through /proc/PID/root), and its native frames in
+// libpython are named after it exited, from what record read while it ran.
+func TestContainerPython(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	for _, tool := range []string{"gcc", "unshare", "pivot_root", "mount", "umount"} {
+		requireTool(t, tool)
+	}
+	found, _ := filepath.Glob("/root/.pyenv/versions/3.13.*/bin/python3.13")
+	if len(found) == 0 {
+		skipOrFail(t, "no CPython 3.13 under /root/.pyenv/versions")
+		return
+	}
+	home := filepath.Dir(filepath.Dir(found[0]))
+	app, ctr := filepath.Join(dir, "app"), filepath.Join(dir, "ctr")
+	for _, d := range []string{app, ctr} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{found[0], filepath.Join(home, "lib", "libpython3.13.so.1.0")} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ctr, filepath.Base(f)), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
+	threads := filepath.Join(dir, "pythread.so")
+	if err := gcc("-shared", "-fPIC", "-O2", "-Wall", "-o", threads, filepath.Join("testdata", "pythread.c"), fakeLib); err != nil {
+		t.Fatal(err)
+	}
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
+	// LD_LIBRARY_PATH comes before the interpreter's RUNPATH: the
+	// container's libpython is the one loaded.
+	env := fakeEnv(log, "LD_LIBRARY_PATH="+app, "PYTHONHOME="+home)
+	cmd := containerScript(dir, app, ctr, strings.Join([]string{filepath.Join(app, "python3.13"), script, fakeLib, threads}, " "))
+	rec := startRecord(t, ctx, recordOpts{Env: env}, "--lib", fakeLib, "-o", trace, "--", "unshare", "-m", "sh", "-c", cmd)
+	rec.finish(t, 60*time.Second)
+	if strings.Contains(rec.stderr.String(), "Python frames left out") {
+		t.Errorf("record left Python frames out:\n%s", rec.stderr.String())
+	}
+	truth := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	var nested *reportStack
+	for i, s := range rep.Stacks {
+		if s.PID == truth.PID && s.AllocBytes == 3<<20 {
+			nested = &rep.Stacks[i]
+		}
+	}
+	if nested == nil {
+		t.Fatalf("no stack of pid %d's 3 MiB allocation: %+v", truth.PID, rep.Stacks)
+	}
+	want := []string{
+		fmt.Sprintf("%s:%d:Model.leaf", script, pyLine(t, "pyframes.py", "leaf")),
+		fmt.Sprintf("%s:%d:Model.middle", script, pyLine(t, "pyframes.py", "middle")),
+		fmt.Sprintf("%s:%d:outer", script, pyLine(t, "pyframes.py", "outer")),
+		fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pyframes.py", "main")),
+	}
+	var py []string
+	runMain := ""
+	for _, f := range nested.Frames {
+		if f.Module == "[python]" {
+			py = append(py, fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function))
+		}
+		if f.Function == "Py_RunMain" {
+			runMain = f.Module
+		}
+	}
+	if strings.Join(py, "\n") != strings.Join(want, "\n") {
+		t.Errorf("Python frames:\n%s\nwant:\n%s", strings.Join(py, "\n"), strings.Join(want, "\n"))
+	}
+	if lib := filepath.Join(app, "libpython3.13.so.1.0"); runMain != lib {
+		t.Errorf("Py_RunMain in module %q, want %q: libpython's frames unnamed after it exited", runMain, lib)
+	}
+	if _, err := os.Stat(filepath.Join(app, "libpython3.13.so.1.0")); err == nil {
+		t.Fatal("the container's libpython is visible on the host: the test proves nothing")
 	}
 }
