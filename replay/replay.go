@@ -287,7 +287,7 @@ func (s *Symbols) Gone() uint64 {
 
 // GoneHint is what a user can do about frames counted by Gone.
 const GoneHint = "their processes ran in containers and have exited, and this host holds other files (or none) at their paths: " +
-	"run report while the job still runs, or install the debug files of those build IDs under /usr/lib/debug/.build-id"
+	"run this while the job still runs, or install the debug files of those build IDs under /usr/lib/debug/.build-id"
 
 // Close drops the caches and closes the files the symbolizer opened.
 func (s *Symbols) Close() error {

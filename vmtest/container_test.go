@@ -282,8 +282,16 @@ func TestContainerStacks(t *testing.T) {
 		t.Errorf("gone, no recorded names: innermost module %q", module)
 	}
 	if want := "2 frames not named: their processes ran in containers"; !strings.HasPrefix(rep.SymbolWarning, want) ||
-		!strings.Contains(rep.SymbolWarning, "run report while the job still runs") {
+		!strings.Contains(rep.SymbolWarning, "run this while the job still runs") {
 		t.Errorf("gone, no recorded names: symbol warning %q, want it to start %q and say what to do", rep.SymbolWarning, want)
+	}
+	// export says the same, once.
+	out, err := exec.CommandContext(ctx, tracerBin, "export", "-f", "pprof", "-o", filepath.Join(dir, "bare.pb.gz"), bare).CombinedOutput()
+	if err != nil {
+		t.Fatalf("cudatrace export: %v\n%s", err, out)
+	}
+	if n := strings.Count(string(out), "cudatrace: warning: 2 frames not named:"); n != 1 {
+		t.Errorf("export -f pprof said %d times that 2 frames were not named, want once:\n%s", n, out)
 	}
 }
 
