@@ -1,6 +1,8 @@
 package record
 
 import (
+	"encoding/binary"
+	"hash/maphash"
 	"sort"
 	"sync"
 
@@ -18,7 +20,13 @@ import (
 // not hold up the ring buffer's reader; the names go to the trace at the
 // next tick.
 type namer struct {
-	seen map[namedKey]bool // on the session's goroutine
+	// On the session's goroutine: the addresses named, and the stacks
+	// (by hash) all of whose addresses were, so that a stack seen before
+	// costs one lookup.
+	seen   map[namedKey]bool
+	stacks map[uint64]bool
+	seed   maphash.Seed
+	buf    []byte
 
 	mu      sync.Mutex
 	queue   []nameJob
@@ -27,6 +35,9 @@ type namer struct {
 	wake    chan struct{}
 	done    chan struct{}
 }
+
+// maxNamedStacks bounds the stacks remembered as named.
+const maxNamedStacks = 1 << 18
 
 type namedKey struct {
 	buildID string
@@ -40,7 +51,7 @@ type nameJob struct {
 }
 
 func newNamer() *namer {
-	n := &namer{seen: map[namedKey]bool{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	n := &namer{seen: map[namedKey]bool{}, stacks: map[uint64]bool{}, seed: maphash.MakeSeed(), wake: make(chan struct{}, 1), done: make(chan struct{})}
 	go n.run()
 	return n
 }
@@ -118,6 +129,26 @@ func (s *session) nameNative(ev *events.Event, ps *procState) {
 	if s.namer == nil {
 		s.namer = newNamer()
 	}
+	// Per process and capture: the same addresses in another process, or
+	// after an exec, may lie in other files.
+	b := binary.LittleEndian.AppendUint32(s.namer.buf[:0], ev.PID)
+	b = binary.LittleEndian.AppendUint64(b, ps.start)
+	b = binary.LittleEndian.AppendUint64(b, uint64(ps.captured.UnixNano()))
+	for _, pc := range ev.Stack {
+		b = binary.LittleEndian.AppendUint64(b, pc)
+	}
+	s.namer.buf = b
+	h := maphash.Bytes(s.namer.seed, b)
+	if s.namer.stacks[h] {
+		return
+	}
+	if len(s.namer.stacks) >= maxNamedStacks {
+		// Processes come and go under --all: start over rather than grow
+		// without end; seen addresses still cost a lookup each, not a
+		// parse.
+		clear(s.namer.stacks)
+	}
+	s.namer.stacks[h] = true
 	job := nameJob{p: symbolize.Proc{PID: int(ev.PID), Start: ps.start, OwnRoot: true}, maps: ps.maps}
 	for _, pc := range ev.Stack {
 		m := mappingOf(ps.maps, pc)
