@@ -29,6 +29,7 @@ import (
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/record"
+	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -87,9 +88,9 @@ type Agent struct {
 	// Owned by the reader goroutine.
 	ledger     *events.Ledger
 	procs      map[uint32]*procState
-	stackMaps  map[*events.Stack][]proc.Mapping
-	allocs     map[sampleKey]*[2]int64 // cumulative allocations per sample
-	scraped    map[sampleKey][2]int64  // allocs at the last profile scrape
+	stackMaps  map[*events.Stack]*tracefile.Process // the capture each stack is read against
+	allocs     map[sampleKey]*[2]int64              // cumulative allocations per sample
+	scraped    map[sampleKey][2]int64               // allocs at the last profile scrape
 	lastScrape time.Time
 	node       map[devLevel]*nodeUse
 	totals     Totals
@@ -181,7 +182,7 @@ func New(opts Options) *Agent {
 		dumper:    make(chan struct{}),
 		ledger:    events.NewLedger(), // replaced by the session's at the first Tick
 		procs:     map[uint32]*procState{},
-		stackMaps: map[*events.Stack][]proc.Mapping{},
+		stackMaps: map[*events.Stack]*tracefile.Process{},
 		allocs:    map[sampleKey]*[2]int64{},
 		scraped:   map[sampleKey][2]int64{},
 		node:      map[devLevel]*nodeUse{},
@@ -294,11 +295,7 @@ func (a *Agent) Event(ev *events.Event, ch events.Change) {
 	}
 	if st := ch.Stack; st != nil {
 		if _, ok := a.stackMaps[st]; !ok {
-			var maps []proc.Mapping
-			if ps.capture != nil {
-				maps = ps.capture.Maps
-			}
-			a.stackMaps[st] = maps
+			a.stackMaps[st] = ps.capture
 			ps.stacks = append(ps.stacks, st)
 		}
 	}
@@ -439,7 +436,9 @@ func (a *Agent) forget(pid uint32) {
 
 // liveStacks symbolizes copied stacks outside the reader goroutine.
 type liveStacks struct {
-	maps map[*events.Stack][]proc.Mapping
+	// The capture each stack is read against: its mappings, and whose
+	// files they name (a container's own while it lives).
+	maps map[*events.Stack]*tracefile.Process
 	py   map[uint32]pyframes.Names // the names of the stacks' Python frames, per process
 	syms *symbolize.Symbolizer
 	done map[*events.Stack][]symbolize.Frame
@@ -448,7 +447,7 @@ type liveStacks struct {
 // stacksFor copies the mappings of the stacks given (on the reader
 // goroutine).
 func (a *Agent) stacksFor(sts ...*events.Stack) *liveStacks {
-	ls := &liveStacks{maps: map[*events.Stack][]proc.Mapping{}, py: map[uint32]pyframes.Names{}, syms: a.syms,
+	ls := &liveStacks{maps: map[*events.Stack]*tracefile.Process{}, py: map[uint32]pyframes.Names{}, syms: a.syms,
 		done: map[*events.Stack][]symbolize.Frame{}}
 	for _, st := range sts {
 		ls.add(a, st)
@@ -472,7 +471,12 @@ func (ls *liveStacks) add(a *Agent, st *events.Stack) {
 	}
 }
 
-func (ls *liveStacks) Maps(st *events.Stack) []proc.Mapping { return ls.maps[st] }
+func (ls *liveStacks) Maps(st *events.Stack) []proc.Mapping {
+	if p := ls.maps[st]; p != nil {
+		return p.Maps
+	}
+	return nil
+}
 
 func (ls *liveStacks) Frames(st *events.Stack) []symbolize.Frame {
 	if st == nil {
@@ -488,7 +492,7 @@ func (ls *liveStacks) Frames(st *events.Stack) []symbolize.Frame {
 			f[i] = symbolize.Frame{Addr: pc}
 		}
 	} else {
-		f = ls.syms.Frames(ls.maps[st], st.Frames)
+		f = ls.syms.FramesOf(replay.SymbolProc(ls.maps[st]), ls.Maps(st), st.Frames)
 	}
 	ls.py[st.PID].Fill(f)
 	ls.done[st] = f

@@ -88,6 +88,16 @@ type Options struct {
 	// as PyTorch's _record_memory_history(max_entries=…) does; 0 means
 	// DefaultMemvizEntries, negative means no cap.
 	MemvizEntries int
+	// Warn, when set, hears what the output could not say: frames of
+	// container processes nothing could name.
+	Warn func(msg string)
+}
+
+// warnGone tells opts.Warn how many frames syms could not name.
+func (o *Options) warnGone(syms *replay.Symbols) {
+	if n := syms.Gone(); n > 0 && o.Warn != nil {
+		o.Warn(fmt.Sprintf("%d frames not named: %s", n, replay.GoneHint))
+	}
 }
 
 // DefaultMemvizEntries is how many trace entries per device a memviz

@@ -130,6 +130,7 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("memviz: %w", err)
 	}
+	opts.warnGone(syms)
 	return nil
 }
 

@@ -102,6 +102,7 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 	if err := p.Write(w); err != nil {
 		return fmt.Errorf("pprof: write: %w", err)
 	}
+	opts.warnGone(syms)
 	return nil
 }
 

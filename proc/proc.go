@@ -232,3 +232,27 @@ func StartTime(pid int) (uint64, error) {
 	}
 	return ticks * (1e9 / userHZ), nil
 }
+
+// OwnRoot reports whether pid sees another file tree than the tracer: it
+// lives in another mount namespace (a container: docker, containerd and
+// Kubernetes pivot_root into it, after which /proc/PID/root still reads
+// "/") or is chrooted. Its mappings' paths then name files that only
+// RootPath reaches, while it lives.
+func OwnRoot(pid int) (bool, error) {
+	theirs, err := os.Readlink(filepath.Join(Root, strconv.Itoa(pid), "ns", "mnt"))
+	if err != nil {
+		return false, err
+	}
+	ours, err := os.Readlink(filepath.Join(Root, "self", "ns", "mnt"))
+	if err != nil {
+		return false, err
+	}
+	if theirs != ours {
+		return true, nil
+	}
+	root, err := os.Readlink(filepath.Join(Root, strconv.Itoa(pid), "root"))
+	if err != nil {
+		return false, err
+	}
+	return root != "/", nil
+}

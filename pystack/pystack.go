@@ -85,8 +85,11 @@ type offsets struct {
 var libRe = regexp.MustCompile(`(?:^|/)(?:libpython|python)3\.(\d+)(?:\.so[.0-9]*|d?)$`)
 
 // Detect finds CPython 3.10 to 3.13 in a process's mappings. It returns
-// nil and no error when the process runs no such interpreter.
-func Detect(maps []proc.Mapping) (*Interp, error) {
+// nil and no error when the process runs no such interpreter. root is
+// where the process's paths are opened under: "" for a process that sees
+// the caller's files, /proc/PID/root (proc.RootPath) for a container's;
+// Interp.Path and messages keep the path the process sees.
+func Detect(root string, maps []proc.Mapping) (*Interp, error) {
 	for _, m := range maps {
 		sm := libRe.FindStringSubmatch(m.Path)
 		if sm == nil || !m.File() {
@@ -96,7 +99,7 @@ func Detect(maps []proc.Mapping) (*Interp, error) {
 		if minor < 10 || minor > 13 {
 			return nil, fmt.Errorf("%s: CPython 3.%d: only 3.10 to 3.13 are read", m.Path, minor)
 		}
-		in, err := open(m.Path, minor, maps)
+		in, err := open(root, m.Path, minor, maps)
 		if errors.Is(err, errNoRuntime) {
 			continue // the executable of a shared-libpython build
 		}
@@ -107,8 +110,8 @@ func Detect(maps []proc.Mapping) (*Interp, error) {
 
 var errNoRuntime = errors.New("no _PyRuntime symbol")
 
-func open(path string, minor int, maps []proc.Mapping) (*Interp, error) {
-	f, err := elf.Open(path)
+func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
+	f, err := elf.Open(root + path)
 	if err != nil {
 		return nil, err
 	}

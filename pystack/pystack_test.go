@@ -133,13 +133,14 @@ func checkStack(t *testing.T, python string, env []string, script, v string, thr
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := Detect(maps)
+	in, err := Detect("", maps)
 	if err != nil || in == nil {
 		t.Fatalf("Detect: %v, %v", in, err)
 	}
 	if want := int(v[3] - '0' + 10); in.Minor != want {
 		t.Fatalf("detected 3.%d", in.Minor)
 	}
+	checkDetectInRoot(t, maps, in)
 	// The interpreter loop lies in the interpreter's executable mapping,
 	// where BPF stacks' return addresses into it will be.
 	if len(in.Eval) == 0 {
@@ -324,5 +325,38 @@ func TestLineTables(t *testing.T) {
 		if got := line311(t311, 20, off); got != want {
 			t.Errorf("line311 at %d: %d, want %d", off, got, want)
 		}
+	}
+}
+
+// checkDetectInRoot: a container's interpreter, mapped at a path only its
+// root holds, is read from under that root and keeps the path the process
+// sees.
+func checkDetectInRoot(t *testing.T, maps []proc.Mapping, host *Interp) {
+	t.Helper()
+	root := t.TempDir()
+	moved := append([]proc.Mapping(nil), maps...)
+	for i := range moved {
+		if !moved[i].File() {
+			continue
+		}
+		orig := moved[i].Path
+		moved[i].Path = "/ctr" + orig
+		if err := os.MkdirAll(filepath.Dir(root+moved[i].Path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(orig, root+moved[i].Path); err != nil && !os.IsExist(err) {
+			t.Fatal(err)
+		}
+	}
+	in, err := Detect(root, moved)
+	if err != nil || in == nil {
+		t.Fatalf("Detect under %s: %v, %v", root, in, err)
+	}
+	if in.Path != "/ctr"+host.Path || in.Minor != host.Minor || fmt.Sprint(in.Eval) != fmt.Sprint(host.Eval) {
+		t.Errorf("Detect under a root: path %s, 3.%d, eval %v; want %s, 3.%d, %v",
+			in.Path, in.Minor, in.Eval, "/ctr"+host.Path, host.Minor, host.Eval)
+	}
+	if _, err := Detect("", moved); err == nil {
+		t.Errorf("Detect without the root found %s: it must not read the host's path", "/ctr"+host.Path)
 	}
 }

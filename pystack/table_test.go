@@ -143,7 +143,7 @@ func TestOffsetTablesRefused(t *testing.T) {
 	if err := os.WriteFile(arm, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	in, err := Detect([]proc.Mapping{{Start: 0x7f0000000000, End: 0x7f0000100000, Perms: "r--p", Inode: 1, Path: arm}})
+	in, err := Detect("", []proc.Mapping{{Start: 0x7f0000000000, End: 0x7f0000100000, Perms: "r--p", Inode: 1, Path: arm}})
 	want := arm + ": no structure offsets for this CPython 3.11 build: no DWARF, and the built-in offsets are x86-64's, not EM_AARCH64's; " +
 		"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 release build of 3.10 to 3.12, " +
 		"or a 3.13 one that is not free-threaded"

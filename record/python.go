@@ -36,7 +36,7 @@ func (s *session) detectPython(pid uint32, ps *procState, maps []proc.Mapping) {
 	delete(s.pyAtStart, pid)
 	if !set {
 		var err error
-		if in, err = s.setPython(pid, maps); err != nil {
+		if in, err = s.setPython(pid, ps.root, maps); err != nil {
 			s.warn(err)
 			return
 		}
@@ -57,8 +57,8 @@ func (s *session) detectPython(pid uint32, ps *procState, maps []proc.Mapping) {
 
 // setPython finds the interpreter in a process's mappings and tells BPF
 // how to walk its threads' frames; nil and no error where it runs none.
-func (s *session) setPython(pid uint32, maps []proc.Mapping) (*pystack.Interp, error) {
-	in, err := pystack.Detect(maps)
+func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pystack.Interp, error) {
+	in, err := pystack.Detect(root, maps)
 	if err != nil {
 		return nil, fmt.Errorf("pid %d: Python frames left out: %w", pid, err)
 	}
@@ -91,7 +91,11 @@ func (s *session) detectPythonAtStart(pids []int) {
 		if err != nil {
 			continue // gone: its first record, if any, says so
 		}
-		in, err := s.setPython(uint32(pid), maps)
+		root := "" // a container's paths name its own files
+		if own, _ := proc.OwnRoot(pid); own {
+			root = proc.RootPath(pid, "/")
+		}
+		in, err := s.setPython(uint32(pid), root, maps)
 		if err != nil {
 			s.warn(err)
 		}

@@ -65,6 +65,7 @@ type session struct {
 	libs         loader.Libraries // every library attached, by inode
 	warned       map[string]bool
 	sampler      *sampler // nil without Options.NVML
+	namer        *namer   // names container processes' frames; nil until one is seen
 	// pyAtStart: the --pid processes' interpreters, found when tracing
 	// started (nil: none), until their first record (detectPython).
 	pyAtStart map[uint32]*pystack.Interp
@@ -79,11 +80,16 @@ type procState struct {
 	recapture int
 	py        *pyProc // nil: no CPython found (yet)
 	pyTried   bool
+	// root is what its mappings' paths are opened under: "" when it
+	// sees the tracer's files, /proc/PID/root when it has its own (a
+	// container).
+	root string
+	maps []proc.Mapping // executable file mappings of the last capture, with build IDs
 }
 
 type fileKey struct {
-	path  string
-	inode uint64
+	path, dev string
+	inode     uint64
 }
 
 func newSession(opts Options, res *Result, tr *loader.Tracer) (*session, error) {
@@ -214,6 +220,7 @@ func (s *session) Record(raw []byte) {
 		raw = s.buf
 	}
 	s.resolvePython(ev, ps)
+	s.nameNative(ev, ps)
 	if s.w != nil {
 		// Only the frames the stack filled: an allocation record reserves
 		// room for all 127 of them.
@@ -279,6 +286,14 @@ func (s *session) capture(pid uint32, ps *procState) {
 		ps.exited = true
 		p.Error = fmt.Sprintf("exited before its mappings could be read (%v): its stacks are not symbolized", err)
 	}
+	// A container's paths name its own files: the host's file at the same
+	// path is another build, with other CFI and symbols. /proc/PID/root
+	// reads "/" after pivot_root: the mount namespace tells.
+	p.OwnRoot, _ = proc.OwnRoot(int(pid))
+	ps.root = ""
+	if p.OwnRoot {
+		ps.root = proc.RootPath(int(pid), "/")
+	}
 	s.detectPython(pid, ps, maps)
 	ps.exec = ps.exec[:0]
 	for _, m := range maps {
@@ -289,10 +304,12 @@ func (s *session) capture(pid uint32, ps *procState) {
 		m.BuildID = s.buildID(int(pid), m)
 		p.Maps = append(p.Maps, m)
 	}
-	root, rootErr := os.Readlink(fmt.Sprintf("/proc/%d/root", pid))
+	if len(p.Maps) > 0 {
+		ps.maps = p.Maps
+	}
 	if s.uw != nil && len(p.Maps) > 0 {
 		open := p.Maps
-		if rootErr == nil && root != "/" {
+		if p.OwnRoot {
 			open = slices.Clone(p.Maps)
 			for i := range open {
 				open[i].Path = proc.RootPath(int(pid), open[i].Path)
@@ -312,7 +329,7 @@ func (s *session) capture(pid uint32, ps *procState) {
 	if in, err := container.Of(int(pid)); err == nil {
 		p.Container, p.Pod = in.ID, in.PodUID
 	}
-	if rootErr == nil && root != "/" {
+	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root != "/" {
 		p.Root = root
 	}
 	if s.opts.Observer != nil {
@@ -327,7 +344,9 @@ func (s *session) capture(pid uint32, ps *procState) {
 }
 
 func (s *session) buildID(pid int, m proc.Mapping) string {
-	k := fileKey{m.Path, m.Inode}
+	// The device too: a container's file system numbers its inodes on
+	// its own.
+	k := fileKey{m.Path, m.Dev, m.Inode}
 	if id, ok := s.buildIDs[k]; ok {
 		return id
 	}
@@ -340,6 +359,7 @@ func (s *session) buildID(pid int, m proc.Mapping) string {
 // session is over.
 func (s *session) Tick() {
 	s.attachLate()
+	s.writeNamed(false)
 	s.prune()
 	s.takeNVML()
 	if (s.w != nil || s.opts.Observer != nil) && time.Since(s.lastCounters) >= counterEvery {
@@ -391,6 +411,7 @@ func (s *session) finish(res *Result) error {
 	if s.w == nil {
 		return nil
 	}
+	s.writeNamed(true)
 	if err := s.w.WriteCounters(&tracefile.Counters{Time: bootNow(), Counters: res.Counters, Lost: res.Lost}); err != nil {
 		return err
 	}
@@ -406,6 +427,9 @@ func (s *session) finish(res *Result) error {
 // close releases the trace file on an error path, and the files the
 // unwinder holds open on every path.
 func (s *session) close() {
+	if s.namer != nil {
+		s.namer.stop()
+	}
 	if s.uw != nil {
 		s.uw.Close()
 	}

@@ -65,11 +65,14 @@ type Trace struct {
 	// Unwound says how the stacks of records with a stack window came out.
 	Unwound UnwindStats
 
-	stackMaps map[*events.Stack][]proc.Mapping
+	// The capture each stack is read against (nil: none came).
+	stackProcs map[*events.Stack]*tracefile.Process
 	// Stacks first seen before any capture of their process: they take
 	// the first capture that comes.
 	pending map[uint32][]*events.Stack
 	py      map[uint32]*pyframes.Table // CPython processes' frames (python.go)
+	// Native frames of container processes named at record time.
+	symbols []tracefile.Symbol
 }
 
 // Read replays the trace at path. A trace cut short (the tracer was killed)
@@ -88,14 +91,14 @@ func Read(path string, opts Options) (*Trace, error) {
 	}
 
 	t := &Trace{
-		Path:      path,
-		Meta:      r.Meta(),
-		Ledger:    events.NewLedger(),
-		Counters:  map[string]uint64{},
-		Processes: map[uint32]*tracefile.Process{},
-		Latest:    map[uint32]*tracefile.Process{},
-		stackMaps: map[*events.Stack][]proc.Mapping{},
-		pending:   map[uint32][]*events.Stack{},
+		Path:       path,
+		Meta:       r.Meta(),
+		Ledger:     events.NewLedger(),
+		Counters:   map[string]uint64{},
+		Processes:  map[uint32]*tracefile.Process{},
+		Latest:     map[uint32]*tracefile.Process{},
+		stackProcs: map[*events.Stack]*tracefile.Process{},
+		pending:    map[uint32][]*events.Stack{},
 	}
 	for {
 		rec, err := r.Next()
@@ -142,6 +145,8 @@ func Read(path string, opts Options) (*Trace, error) {
 			t.capture(rec.Process)
 		case tracefile.TypePython:
 			t.python(rec.Python)
+		case tracefile.TypeSymbols:
+			t.symbols = append(t.symbols, rec.Symbols.Frames...)
 		case tracefile.TypeAttach:
 			t.Libraries = append(t.Libraries, *rec.Attach)
 		case tracefile.TypeCounters:
@@ -177,16 +182,16 @@ func (t *Trace) finish() {
 // process's as they were when the stack was first seen. A later capture
 // (after a dlopen or an exec) describes the addresses of later events.
 func (t *Trace) noteStack(pid uint32, st *events.Stack) {
-	if _, seen := t.stackMaps[st]; seen {
+	if _, seen := t.stackProcs[st]; seen {
 		return
 	}
 	p, ok := t.Latest[pid]
 	if !ok {
-		t.stackMaps[st] = nil
+		t.stackProcs[st] = nil
 		t.pending[pid] = append(t.pending[pid], st)
 		return
 	}
-	t.stackMaps[st] = p.Maps
+	t.stackProcs[st] = p
 }
 
 func (t *Trace) capture(p *tracefile.Process) {
@@ -195,7 +200,7 @@ func (t *Trace) capture(p *tracefile.Process) {
 		t.Processes[p.PID] = p
 	}
 	for _, st := range t.pending[p.PID] {
-		t.stackMaps[st] = p.Maps
+		t.stackProcs[st] = p
 	}
 	delete(t.pending, p.PID)
 	t.Last = max(t.Last, p.Time)
@@ -203,7 +208,21 @@ func (t *Trace) capture(p *tracefile.Process) {
 
 // Maps returns the mappings st's addresses are to be read against; nil
 // when its process was never captured.
-func (t *Trace) Maps(st *events.Stack) []proc.Mapping { return t.stackMaps[st] }
+func (t *Trace) Maps(st *events.Stack) []proc.Mapping {
+	if p := t.stackProcs[st]; p != nil {
+		return p.Maps
+	}
+	return nil
+}
+
+// SymbolProc says whose files the mappings of capture p name, for
+// symbolize.FramesOf.
+func SymbolProc(p *tracefile.Process) symbolize.Proc {
+	if p == nil {
+		return symbolize.Proc{}
+	}
+	return symbolize.Proc{PID: int(p.PID), Start: p.Start, OwnRoot: p.OwnRoot}
+}
 
 // DurationNS is the time from the start of the recording to the last thing
 // it recorded.
@@ -228,6 +247,9 @@ func (t *Trace) Symbols(enabled bool) *Symbols {
 	s := &Symbols{t: t, done: map[*events.Stack][]symbolize.Frame{}}
 	if enabled {
 		s.sym = symbolize.New()
+		for _, k := range t.symbols {
+			s.sym.Known(k.BuildID, k.Offset, symbolize.Frame{Function: k.Function, File: k.File, Line: k.Line, Offset: k.VAddr})
+		}
 	}
 	return s
 }
@@ -247,12 +269,26 @@ func (s *Symbols) Frames(st *events.Stack) []symbolize.Frame {
 			f[i] = symbolize.Frame{Addr: pc}
 		}
 	} else {
-		f = s.sym.Frames(s.t.Maps(st), st.Frames)
+		p := s.t.stackProcs[st]
+		f = s.sym.FramesOf(SymbolProc(p), s.t.Maps(st), st.Frames)
 	}
 	s.t.pythonFrames(st.PID, f)
 	s.done[st] = f
 	return f
 }
+
+// Gone is how many frames of processes in containers, gone by now, no
+// file with their build ID could name (symbolize.Symbolizer.Gone).
+func (s *Symbols) Gone() uint64 {
+	if s.sym == nil {
+		return 0
+	}
+	return s.sym.Gone()
+}
+
+// GoneHint is what a user can do about frames counted by Gone.
+const GoneHint = "their processes ran in containers and have exited, and this host holds other files (or none) at their paths: " +
+	"run this while the job still runs, or install the debug files of those build IDs under /usr/lib/debug/.build-id"
 
 // Close drops the caches and closes the files the symbolizer opened.
 func (s *Symbols) Close() error {
@@ -291,6 +327,32 @@ func newUnwinder() *unwinder {
 
 func (w *unwinder) Close() error { return w.u.Close() }
 
+// unwindFiles returns p's mappings with the paths of the files that hold
+// their call-frame information: a container's own through /proc/PID/root
+// while it lives; once it is gone, only host files with the build ID it
+// mapped (another build's CFI would unwind wrong).
+func unwindFiles(p *tracefile.Process) []proc.Mapping {
+	if !p.OwnRoot {
+		return p.Maps
+	}
+	live := SymbolProc(p).Live()
+	var out []proc.Mapping
+	for _, m := range p.Maps {
+		switch {
+		case live:
+			m.Path = proc.RootPath(int(p.PID), m.Path)
+		case m.BuildID == "":
+			continue
+		default:
+			if id, _ := symbolize.BuildID(m.Path); !strings.EqualFold(id, m.BuildID) {
+				continue
+			}
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
 func (w *unwinder) unwind(ev *events.Event, p *tracefile.Process, st *UnwindStats) {
 	st.Events++
 	if p == nil || len(p.Maps) == 0 || len(ev.Window) == 0 {
@@ -298,7 +360,7 @@ func (w *unwinder) unwind(ev *events.Event, p *tracefile.Process, st *UnwindStat
 	}
 	m := w.maps[p]
 	if m == nil {
-		m = unwind.NewMaps(p.Maps)
+		m = unwind.NewMaps(unwindFiles(p))
 		w.maps[p] = m
 	}
 	// At a return probe the instruction pointer is a return address; a

@@ -57,9 +57,12 @@ type Report struct {
 	Events     uint64    `json:"events"` // event records read
 	Trace      TraceInfo `json:"trace"`
 	Warning    string    `json:"warning,omitempty"`
-	Processes  []Process `json:"processes"` // by PID
-	Stacks     []Stack   `json:"stacks"`    // most live bytes first, then most allocated
-	Failures   []Failure `json:"failures"`  // by PID, then in time order
+	// SymbolWarning says how many frames of processes that ran in
+	// containers could not be named, and what to do about it.
+	SymbolWarning string    `json:"symbol_warning,omitempty"`
+	Processes     []Process `json:"processes"` // by PID
+	Stacks        []Stack   `json:"stacks"`    // most live bytes first, then most allocated
+	Failures      []Failure `json:"failures"`  // by PID, then in time order
 	// PeakStacks are, per process, the stacks holding its GPU memory at
 	// the moment of its peak: what to shrink to lower the peak.
 	PeakStacks []PeakStack `json:"peak_stacks"`
@@ -413,6 +416,9 @@ func Load(path string, opts Options) (*Report, error) {
 					Stack: index[a.Stack]})
 			}
 		}
+	}
+	if n := syms.Gone(); n > 0 {
+		rep.SymbolWarning = fmt.Sprintf("%s not named: %s", plural(n, "frame"), replay.GoneHint)
 	}
 	return rep, nil
 }

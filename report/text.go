@@ -217,6 +217,9 @@ func (r *Report) writeHeader(w io.Writer) {
 	if r.Warning != "" {
 		fmt.Fprintf(w, "Warning: %s\n", r.Warning)
 	}
+	if r.SymbolWarning != "" {
+		fmt.Fprintf(w, "Warning: %s\n", r.SymbolWarning)
+	}
 	for _, l := range r.Libraries {
 		if l.LatePID != 0 {
 			fmt.Fprintf(w, "Note: pid %d loaded %s after tracing began; it was attached %s into the trace, after %s of that process: calls into it before then were not traced\n",

@@ -113,6 +113,36 @@ func (m *module) vaddr(off uint64, exec bool) (uint64, bool) {
 	return found, ok
 }
 
+// vaddrInSegment converts an offset into a mapping to a virtual address
+// for a module parsed from a separate debug file, whose segments keep their
+// addresses but not their file bytes (p_filesz 0), so file offsets say
+// nothing. The kernel maps a segment from its first page: a mapping of the
+// only segment with its permissions starts at that segment's first page.
+func (m *module) vaddrInSegment(off uint64, exec bool) (uint64, bool) {
+	var cand *load
+	for i := range m.loads {
+		l := &m.loads[i]
+		if l.exec == exec {
+			if l.filesz != 0 {
+				return 0, false // its file offsets were right, and did not hold off
+			}
+			if cand != nil {
+				return 0, false // which one is mapped here is not known
+			}
+			cand = l
+		}
+	}
+	if cand == nil {
+		return 0, false
+	}
+	const page = 4096
+	v := cand.vaddr&^(page-1) + off
+	if v < cand.vaddr || v-cand.vaddr >= cand.memsz {
+		return 0, false
+	}
+	return v, true
+}
+
 func (m *module) readSymbols(f *elf.File) error {
 	syms, err := f.Symbols()
 	symtab := err == nil

@@ -2,7 +2,9 @@
 // function names and source lines, from the process's mappings recorded
 // while it ran. The process may be gone by then: the mapped files are opened
 // by path on this host, and their build IDs guard against a file that was
-// replaced in between.
+// replaced in between. A process in a container names files of its own
+// root: they are opened through /proc/PID/root while it lives, and once it
+// is gone only a host file or debug file with the same build ID stands in.
 package symbolize
 
 import (
@@ -14,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cudatrace/cudatrace/proc"
 )
@@ -38,6 +41,10 @@ type Symbolizer struct {
 	// Set it before the first call to Frames.
 	DebugDir string
 
+	// gone counts frames of processes with their own root, gone by the
+	// time they were symbolized, that no file with their build ID named.
+	gone atomic.Uint64
+
 	mu sync.Mutex
 	// byFile avoids even reading the build ID of a file seen before; the
 	// stat fields notice a file rewritten in place under the same path.
@@ -45,6 +52,14 @@ type Symbolizer struct {
 	// byBuildID shares one parse between paths holding the same binary
 	// (copies, containers' own roots, hard links).
 	byBuildID map[string]*module
+	// known are frames named by someone who could read the file (the
+	// recorder, for a container's process), for when nobody here can.
+	known map[knownKey]Frame
+}
+
+type knownKey struct {
+	buildID string
+	off     uint64 // file offset of the address
 }
 
 type fileKey struct {
@@ -64,7 +79,19 @@ func New() *Symbolizer {
 		DebugDir:  "/usr/lib/debug",
 		byFile:    map[fileKey]*entry{},
 		byBuildID: map[string]*module{},
+		known:     map[knownKey]Frame{},
 	}
+}
+
+// Known says that in the file with build ID id, file offset off is in
+// f.Function at f.File:f.Line, with ELF address f.Offset: what the
+// recorder read from a container's own file while the process ran. Frames
+// with that build ID and offset take it when no file with the build ID is
+// found here.
+func (s *Symbolizer) Known(id string, off uint64, f Frame) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.known[knownKey{strings.ToLower(id), off}] = Frame{Function: f.Function, File: f.File, Line: f.Line, Offset: f.Offset}
 }
 
 // Close drops the caches. The Symbolizer stays usable: later calls parse
@@ -74,28 +101,126 @@ func (s *Symbolizer) Close() error {
 	defer s.mu.Unlock()
 	s.byFile = map[fileKey]*entry{}
 	s.byBuildID = map[string]*module{}
+	s.known = map[knownKey]Frame{}
 	return nil
 }
 
+// Proc says whose mappings a call symbolizes. The zero value is a process
+// that sees the tracer's own files.
+type Proc struct {
+	PID int
+	// Start is when it started (CLOCK_BOOTTIME ns, proc.StartTime): PID
+	// names the same process only while they match. 0: unknown, and
+	// then PID is not trusted to.
+	Start uint64
+	// OwnRoot: its paths name files of its own root (a container's), not
+	// the tracer's (proc.OwnRoot).
+	OwnRoot bool
+}
+
+// Live reports whether PID still names p (the same start time): its files
+// are then reachable through /proc/PID/root.
+func (p Proc) Live() bool {
+	if p.PID <= 0 || p.Start == 0 {
+		return false
+	}
+	st, err := proc.StartTime(p.PID)
+	return err == nil && st == p.Start
+}
+
 // Frames symbolizes addrs, which are taken to be return addresses, against
-// maps. It returns one Frame per address, in order; what cannot be found out
-// is left empty.
+// maps of a process that sees the tracer's own files. It returns one Frame
+// per address, in order; what cannot be found out is left empty.
 func (s *Symbolizer) Frames(maps []proc.Mapping, addrs []uint64) []Frame {
+	return s.FramesOf(Proc{}, maps, addrs)
+}
+
+// FramesOf is Frames for the mappings of process p. For a process with its
+// own root (a container) the files are its own: while it lives they are
+// read through /proc/PID/root; once it is gone, only a file with the build
+// ID it mapped (a host file at the same path, a parse cached from when it
+// lived, a debug file under DebugDir/.build-id) names its frames. The
+// rest keep module, offset and build ID, and are counted (Gone).
+func (s *Symbolizer) FramesOf(p Proc, maps []proc.Mapping, addrs []uint64) []Frame {
 	sorted := make([]proc.Mapping, len(maps))
 	copy(sorted, maps)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Start < sorted[j].Start })
 
-	// Stat each path once per call, not once per address: stacks hit the
-	// same few modules over and over.
-	mods := map[string]*module{}
+	r := resolver{s: s, mods: map[string]*module{}}
+	if p.OwnRoot {
+		r.gone = !p.Live()
+		if !r.gone {
+			r.pid = p.PID
+		}
+	}
 	out := make([]Frame, len(addrs))
 	for i, addr := range addrs {
-		out[i] = s.frame(sorted, mods, addr)
+		out[i] = r.frame(sorted, addr)
+		if r.gone && out[i].Function == "" && strings.HasPrefix(out[i].Module, "/") {
+			s.gone.Add(1)
+		}
 	}
 	return out
 }
 
-func (s *Symbolizer) frame(maps []proc.Mapping, mods map[string]*module, addr uint64) (f Frame) {
+// Gone returns how many frames FramesOf could not name because their
+// process, one with its own root, was gone and no file with its build ID
+// was found: running while the process lives, or installing debug files
+// by build ID, names them.
+func (s *Symbolizer) Gone() uint64 { return s.gone.Load() }
+
+// resolver finds the files of one process's mappings for one call.
+type resolver struct {
+	s *Symbolizer
+	// Stat each path once per call, not once per address: stacks hit
+	// the same few modules over and over.
+	mods map[string]*module
+	pid  int  // >0: open files through /proc/pid/root
+	gone bool // a process with its own root, gone: its paths name nothing here
+}
+
+// module returns the parsed file m maps, nil when none is found that
+// holds what the process ran.
+func (r *resolver) module(m *proc.Mapping) *module {
+	if mod, ok := r.mods[m.Path]; ok {
+		return mod
+	}
+	var mod *module
+	switch {
+	case r.pid > 0:
+		mod = r.s.module(proc.RootPath(r.pid, m.Path))
+	case r.gone && m.BuildID == "":
+		// Nothing tells a host file at the same path from another.
+	default:
+		mod = r.s.module(m.Path)
+	}
+	if m.BuildID != "" && (mod == nil || !strings.EqualFold(m.BuildID, mod.buildID)) {
+		if byID := r.s.byID(strings.ToLower(m.BuildID)); byID != nil {
+			mod = byID
+		}
+	}
+	r.mods[m.Path] = mod
+	return mod
+}
+
+// byID returns a parse of the binary with build ID id: one cached from
+// another path (another container's copy, or this process's own root while
+// it lived), else its debug file under DebugDir/.build-id.
+func (s *Symbolizer) byID(id string) *module {
+	s.mu.Lock()
+	mod := s.byBuildID[id]
+	s.mu.Unlock()
+	if mod != nil || s.DebugDir == "" || len(id) < 3 {
+		return mod
+	}
+	mod = s.module(filepath.Join(s.DebugDir, ".build-id", id[:2], id[2:]+".debug"))
+	if mod == nil || mod.buildID != id {
+		return nil
+	}
+	return mod
+}
+
+func (r *resolver) frame(maps []proc.Mapping, addr uint64) (f Frame) {
 	f.Addr = addr
 	defer func() {
 		// A malformed file must cost a frame its names, not the caller
@@ -121,17 +246,18 @@ func (s *Symbolizer) frame(maps []proc.Mapping, mods map[string]*module, addr ui
 	f.Module = m.Path
 	f.BuildID = m.BuildID
 
-	mod, ok := mods[m.Path]
-	if !ok {
-		mod = s.module(m.Path)
-		mods[m.Path] = mod
-	}
-	if mod == nil {
-		return f
-	}
-	if m.BuildID != "" && !strings.EqualFold(m.BuildID, mod.buildID) {
-		// The file on disk is not what the process ran: its headers,
-		// symbols and lines would all describe other code.
+	mod := r.module(m)
+	if mod == nil || m.BuildID != "" && !strings.EqualFold(m.BuildID, mod.buildID) {
+		// No file, or the file on disk is not what the process ran: its
+		// headers, symbols and lines would all describe other code.
+		if m.BuildID != "" {
+			r.s.mu.Lock()
+			k, ok := r.s.known[knownKey{strings.ToLower(m.BuildID), addr - m.Start + m.Offset}]
+			r.s.mu.Unlock()
+			if ok {
+				f.Function, f.File, f.Line, f.Offset = k.Function, k.File, k.Line, k.Offset
+			}
+		}
 		return f
 	}
 	f.BuildID = mod.buildID
@@ -140,6 +266,9 @@ func (s *Symbolizer) frame(maps []proc.Mapping, mods map[string]*module, addr ui
 	}
 
 	vaddr, ok := mod.vaddr(addr-m.Start+m.Offset, m.Exec())
+	if !ok {
+		vaddr, ok = mod.vaddrInSegment(addr-m.Start, m.Exec())
+	}
 	if !ok {
 		return f
 	}

@@ -304,8 +304,18 @@ func TestFramesFileReplacedInPlace(t *testing.T) {
 		t.Fatalf("before replacement: Function = %q, want lib_alloc", got)
 	}
 	copyFile(t, fx.widget, copyPath)
-	if got := s.Frames(maps, in)[0]; got.Function != "" || got.File != "" || got.BuildID != id {
-		t.Errorf("after replacement: %+v, want no function and the recorded build ID", got)
+	if got := s.Frames(maps, in)[0]; got.Function != "lib_alloc" || got.BuildID != id {
+		t.Errorf("after replacement: %+v, want lib_alloc from the parse of the build ID it ran, cached", got)
+	}
+	if got := New().Frames(maps, in)[0]; got.Function != "" || got.File != "" || got.BuildID != id {
+		t.Errorf("after replacement, nothing cached: %+v, want no function and the recorded build ID", got)
+	}
+	noID := append([]proc.Mapping(nil), maps...)
+	for i := range noID {
+		noID[i].BuildID = ""
+	}
+	if got := s.Frames(noID, in)[0]; got.Function == "lib_alloc" {
+		t.Errorf("after replacement, no build ID recorded: %+v; the cache kept the old file", got)
 	}
 }
 

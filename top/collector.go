@@ -16,6 +16,8 @@ import (
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/record"
+	"github.com/cudatrace/cudatrace/replay"
+	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -75,6 +77,7 @@ type Stack struct {
 	Frames    []uint64       // Python frames merged in (pyframes.IsPython)
 	Maps      []proc.Mapping // the process's, to symbolize Frames with
 	Python    pyframes.Names // the names of Frames' Python frames
+	Proc      symbolize.Proc // whose files Maps name (a container's own)
 }
 
 // Collector is a record.Observer that publishes snapshots.
@@ -90,6 +93,7 @@ type Collector struct {
 	prev    map[uint32][2]uint64 // allocs, bytes at the last snapshot
 	maps    map[uint32][]proc.Mapping
 	py      map[uint32]*pyframes.Table // CPython processes' Python frames
+	procs   map[uint32]symbolize.Proc
 	devPeak map[int]uint64
 	gpuLive map[uint32]int    // live allocations of GPU memory, per process, kept by Event
 	comm    map[uint32]string // of processes only NVML lists
@@ -111,7 +115,7 @@ func NewCollector(every time.Duration, top int, pids []int) *Collector {
 		only[uint32(p)] = true
 	}
 	return &Collector{every: every, top: top, only: only, comm: map[uint32]string{}, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
-		maps: map[uint32][]proc.Mapping{}, py: map[uint32]*pyframes.Table{}, devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
+		maps: map[uint32][]proc.Mapping{}, py: map[uint32]*pyframes.Table{}, procs: map[uint32]symbolize.Proc{}, devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
 }
 
 var _ record.Observer = (*Collector)(nil)
@@ -120,6 +124,7 @@ var _ record.Observer = (*Collector)(nil)
 func (c *Collector) Process(p *tracefile.Process) {
 	if len(p.Maps) > 0 || c.maps[p.PID] == nil {
 		c.maps[p.PID] = p.Maps
+		c.procs[p.PID] = replay.SymbolProc(p)
 	}
 }
 
@@ -275,7 +280,8 @@ func (c *Collector) stacks(l *events.Ledger, sel uint32, procs []Process) (uint3
 			continue
 		}
 		out = append(out, Stack{PID: st.PID, Live: st.Live, LiveCount: st.LiveCount, Tensor: st.Tensor,
-			Frames: slices.Clone(st.Frames), Maps: c.maps[st.PID], Python: c.py[st.PID].Names(nil, st.Frames)})
+			Frames: slices.Clone(st.Frames), Maps: c.maps[st.PID], Python: c.py[st.PID].Names(nil, st.Frames),
+			Proc: c.procs[st.PID]})
 	}
 	return sel, out
 }

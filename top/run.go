@@ -212,15 +212,15 @@ func runScreen(ctx context.Context, c *Collector, opts Options, stop <-chan Stop
 func framer(sym *symbolize.Symbolizer) Frames {
 	cache := map[string][]symbolize.Frame{}
 	return func(st *Stack) []symbolize.Frame {
-		// Per process: addresses mean what its mappings, and its Python
-		// frames' table, say.
-		k := fmt.Sprint(st.PID, st.Frames)
+		// Per process: addresses mean what its mappings, its files (a
+		// container's own) and its Python frames' table say.
+		k := fmt.Sprint(st.PID, st.Proc, st.Frames)
 		if f, ok := cache[k]; ok {
 			return f
 		}
 		var f []symbolize.Frame
 		if sym != nil {
-			f = sym.Frames(st.Maps, st.Frames)
+			f = sym.FramesOf(st.Proc, st.Maps, st.Frames)
 		} else {
 			for _, pc := range st.Frames {
 				f = append(f, symbolize.Frame{Addr: pc})

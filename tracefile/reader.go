@@ -27,6 +27,7 @@ type Record struct {
 	End      *End
 	NVML     *NVML
 	Python   *Python
+	Symbols  *Symbols
 }
 
 // Reader reads a trace frame by frame.
@@ -169,6 +170,9 @@ func (r *Reader) next() (Record, error) {
 	case TypePython:
 		rec.Python = new(Python)
 		err = json.Unmarshal(payload, rec.Python)
+	case TypeSymbols:
+		rec.Symbols = new(Symbols)
+		err = json.Unmarshal(payload, rec.Symbols)
 	}
 	if err != nil {
 		return Record{}, fmt.Errorf("%s frame at offset %d: %v: %w", rec.Type, start, err, ErrCorrupt)

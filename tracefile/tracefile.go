@@ -50,11 +50,16 @@ const (
 	// (code object, instruction) of its records is, written before the
 	// first event that needs it. Older readers skip it.
 	TypePython Type = 8
+	// TypeSymbols names native frames of processes that ran with their own
+	// root (containers), resolved from their own files while they ran: the
+	// reading host may hold other builds at their paths, or nothing. Older
+	// readers skip it.
+	TypeSymbols Type = 9
 )
 
 // lastType is the highest frame type this version reads; higher ones are
 // skipped.
-const lastType = TypePython
+const lastType = TypeSymbols
 
 func (t Type) String() string {
 	switch t {
@@ -74,6 +79,8 @@ func (t Type) String() string {
 		return "nvml"
 	case TypePython:
 		return "python"
+	case TypeSymbols:
+		return "symbols"
 	}
 	return "unknown"
 }
@@ -124,11 +131,32 @@ type Process struct {
 	Start uint64         `json:"start_ns,omitempty"`
 	Maps  []proc.Mapping `json:"maps"` // executable file mappings, with build IDs
 	Root  string         `json:"root,omitempty"`
+	// OwnRoot: the process saw another file tree than the tracer (another
+	// mount namespace, as a container, or a chroot): the paths in Maps
+	// name its files, reached through /proc/PID/root while it lives.
+	OwnRoot bool `json:"own_root,omitempty"`
 	// The container and Kubernetes pod the process runs in, from its
 	// cgroup (package container); empty on the host.
 	Container string `json:"container,omitempty"`
 	Pod       string `json:"pod,omitempty"`
 	Error     string `json:"error,omitempty"` // why the capture is incomplete (the process exited first)
+}
+
+// Symbols is one batch of native frames named at record time.
+type Symbols struct {
+	Frames []Symbol `json:"frames"`
+}
+
+// Symbol is what the file with build ID BuildID holds at file offset
+// Offset: where a return address of a stack fell (address - mapping start +
+// mapping offset), so a reader finds it from the process's mappings alone.
+type Symbol struct {
+	BuildID  string `json:"build_id"`
+	Offset   uint64 `json:"offset"`
+	VAddr    uint64 `json:"vaddr,omitempty"` // the address in the file's own ELF terms (what addr2line takes)
+	Function string `json:"function,omitempty"`
+	File     string `json:"file,omitempty"`
+	Line     int    `json:"line,omitempty"`
 }
 
 // Python is one batch of a CPython process's Python frame facts. A

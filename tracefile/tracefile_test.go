@@ -35,6 +35,7 @@ type want struct {
 	end_     *End
 	nvml     *NVML
 	python   *Python
+	symbols  *Symbols
 }
 
 type sample struct {
@@ -181,6 +182,9 @@ func buildSample(t testing.TB) *sample {
 		Codes: []PyCode{{Code: 0x7f0000100000, Units: 17, File: "/srv/train.py", Function: "Model.forward", Line: 42},
 			{Code: 0x7f0000200000, Units: 3, Error: "read 8 bytes at 0x7f0000200000: input/output error"}}}
 	add(want{typ: TypePython, python: py}, func() error { return w.WritePython(py) })
+	syms := &Symbols{Frames: []Symbol{{BuildID: "3e5d5d2a4f4f6da8b15e007164ddc4b8b75d703e", Offset: 0x1181, VAddr: 0x1181,
+		Function: "container_alloc", File: "/src/work.c", Line: 35}, {BuildID: "ab", Offset: 7}}}
+	add(want{typ: TypeSymbols, symbols: syms}, func() error { return w.WriteSymbols(syms) })
 	evs := sampleEvents()
 	for i := range evs {
 		ev := &evs[i]
@@ -261,7 +265,7 @@ func checkFrame(t *testing.T, i int, g got, w want) {
 			i, g.Type, g.Offset, len(g.Raw), w.typ, w.off, len(w.raw))
 	}
 	set := 0
-	for _, p := range []bool{g.Event != nil, g.Process != nil, g.Attach != nil, g.Counters != nil, g.End != nil, g.NVML != nil, g.Python != nil} {
+	for _, p := range []bool{g.Event != nil, g.Process != nil, g.Attach != nil, g.Counters != nil, g.End != nil, g.NVML != nil, g.Python != nil, g.Symbols != nil} {
 		if p {
 			set++
 		}
@@ -297,6 +301,10 @@ func checkFrame(t *testing.T, i int, g got, w want) {
 	case TypePython:
 		if !reflect.DeepEqual(g.Python, w.python) {
 			t.Fatalf("frame %d: python\n got %+v\nwant %+v", i, g.Python, w.python)
+		}
+	case TypeSymbols:
+		if !reflect.DeepEqual(g.Symbols, w.symbols) {
+			t.Fatalf("frame %d: symbols\n got %+v\nwant %+v", i, g.Symbols, w.symbols)
 		}
 	default:
 		t.Fatalf("frame %d: unexpected type %s", i, w.typ)
@@ -639,7 +647,7 @@ func TestUnknownFrameTypesSkipped(t *testing.T) {
 	data = appendFrame(data, byte(TypeEvent), raw)
 	off3 := len(data)
 	data = appendFrame(data, byte(TypeEnd), end)
-	data = appendFrame(data, 9, []byte("after the end"))
+	data = appendFrame(data, 11, []byte("after the end"))
 	r, err := NewReader(bytes.NewReader(data))
 	if err != nil {
 		t.Fatal(err)
@@ -927,7 +935,7 @@ func TestOpenErrors(t *testing.T) {
 
 func TestTypeString(t *testing.T) {
 	for typ, want := range map[Type]string{TypeMeta: "meta", TypeProcess: "process", TypeEvent: "event",
-		TypeCounters: "counters", TypeAttach: "attach", TypeEnd: "end", TypeNVML: "nvml", TypePython: "python", 0: "unknown", 9: "unknown", 255: "unknown"} {
+		TypeCounters: "counters", TypeAttach: "attach", TypeEnd: "end", TypeNVML: "nvml", TypePython: "python", TypeSymbols: "symbols", 0: "unknown", 10: "unknown", 255: "unknown"} {
 		if got := typ.String(); got != want {
 			t.Errorf("Type(%d) = %q, want %q", typ, got, want)
 		}

@@ -110,6 +110,9 @@ func (w *Writer) WriteEnd(e *End) error { return w.writeJSON(TypeEnd, e) }
 // WritePython writes a Python frame record.
 func (w *Writer) WritePython(p *Python) error { return w.writeJSON(TypePython, p) }
 
+// WriteSymbols writes a frame of native frames named at record time.
+func (w *Writer) WriteSymbols(s *Symbols) error { return w.writeJSON(TypeSymbols, s) }
+
 // Flush writes buffered frames to the underlying writer.
 func (w *Writer) Flush() error {
 	if w.err != nil {

@@ -24,6 +24,8 @@ type report struct {
 	Processes  []reportProcess `json:"processes"`
 	Stacks     []reportStack   `json:"stacks"`
 	Failures   []reportFailure `json:"failures"`
+	// How many frames of processes in containers nothing named.
+	SymbolWarning string `json:"symbol_warning"`
 }
 
 type reportProcess struct {

@@ -94,7 +94,8 @@ func runExport(cmd *cobra.Command, f *exportFlags, trace string) error {
 	if err != nil {
 		return err
 	}
-	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: f.entries}
+	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: f.entries,
+		Warn: func(msg string) { cmd.PrintErrf("cudatrace: warning: %s\n", msg) }}
 	for _, p := range f.pids {
 		opts.PIDs = append(opts.PIDs, uint32(p))
 	}

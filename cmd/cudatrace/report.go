@@ -62,8 +62,12 @@ checked against the build IDs captured while recording. A trace cut short
 			if err != nil {
 				return hint.Wrap(err, "give the path of a file written by `cudatrace record -o FILE`")
 			}
-			if rep.Warning != "" && f.json { // the text report carries it itself
-				cmd.PrintErrf("cudatrace: warning: %s\n", rep.Warning)
+			if f.json { // the text report carries them itself
+				for _, w := range []string{rep.Warning, rep.SymbolWarning} {
+					if w != "" {
+						cmd.PrintErrf("cudatrace: warning: %s\n", w)
+					}
+				}
 			}
 			if f.json {
 				return rep.WriteJSON(cmd.OutOrStdout())
