@@ -21,7 +21,8 @@ import (
 	"github.com/google/pprof/profile"
 )
 
-// pyJob is a running testdata/pyagent.py.
+// pyJob is a running Python script of testdata (pyagent.py, pyattach.py)
+// that loads the stand-in, says "ready" and reads its steps from stdin.
 type pyJob struct {
 	cmd *exec.Cmd
 	in  io.WriteCloser
@@ -101,13 +102,9 @@ func TestAgentPython(t *testing.T) {
 
 	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
 		t.Run(v, func(t *testing.T) {
-			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
-			if len(found) == 0 {
-				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
-				return
-			}
+			python := pyenvPython(t, v)
 			log := filepath.Join(dir, v+".log")
-			j := startPyJob(t, ctx, found[0], script, log)
+			j := startPyJob(t, ctx, python, script, log)
 			pid := strconv.Itoa(j.pid)
 			// The agent learns the job runs CPython from its first record
 			// (the warm-up, made before "ready"): wait until it has read it.
@@ -238,35 +235,11 @@ for s in d["segments"]:
 				}
 			})
 			t.Run("trace window", func(t *testing.T) {
-				type result struct {
-					body []byte
-					err  error
-				}
-				got := make(chan result, 1)
-				go func() {
-					resp, err := http.Get(fmt.Sprintf("%s/trace?pid=%s&seconds=2", ag.url, pid))
-					if err != nil {
-						got <- result{err: err}
-						return
-					}
-					defer resp.Body.Close()
-					body, err := io.ReadAll(resp.Body)
-					if err == nil && resp.StatusCode != http.StatusOK {
-						err = fmt.Errorf("%s: %s", resp.Status, body)
-					}
-					got <- result{body, err}
-				}()
-				time.Sleep(time.Second) // the window is open
-				j.do(t, "ok", "activations", 4096)
-				j.do(t, "ok", "weights", 8192)
-				r := <-got
-				if r.err != nil {
-					t.Fatal(r.err)
-				}
 				trace := filepath.Join(dir, v+".trace")
-				if err := os.WriteFile(trace, r.body, 0o644); err != nil {
-					t.Fatal(err)
-				}
+				traceWindow(t, ag.url, j.pid, 2, trace, func() {
+					j.do(t, "ok", "activations", 4096)
+					j.do(t, "ok", "weights", 8192)
+				})
 				rep := runReport(t, ctx, trace)
 				var stacks []string
 				for _, s := range rep.Stacks {
@@ -318,13 +291,9 @@ func pyFrameNames(fs []reportFrame) []string {
 func TestTopPython(t *testing.T) {
 	ctx, dir := traceSetup(t)
 	requireTool(t, "tmux")
-	found, _ := filepath.Glob("/root/.pyenv/versions/3.12.*/bin/python3.12")
-	if len(found) == 0 {
-		skipOrFail(t, "no CPython 3.12 under /root/.pyenv/versions")
-		return
-	}
+	python := pyenvPython(t, "3.12")
 	script, _ := filepath.Abs(filepath.Join("testdata", "pyagent.py"))
-	j := startPyJob(t, ctx, found[0], script, filepath.Join(dir, "fake.log"))
+	j := startPyJob(t, ctx, python, script, filepath.Join(dir, "fake.log"))
 
 	x := &tmux{t: t, sock: fmt.Sprintf("cudatrace-vmtest-py-%d", os.Getpid())}
 	t.Cleanup(func() { exec.Command("tmux", "-L", x.sock, "kill-server").Run() })

@@ -491,36 +491,12 @@ func TestAgent(t *testing.T) {
 	})
 
 	t.Run("trace window", func(t *testing.T) {
-		type result struct {
-			body []byte
-			err  error
-		}
-		got := make(chan result, 1)
-		go func() {
-			resp, err := http.Get(fmt.Sprintf("%s/trace?pid=%d&seconds=3", ag.url, a.pid))
-			if err != nil {
-				got <- result{err: err}
-				return
-			}
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			if err == nil && resp.StatusCode != http.StatusOK {
-				err = fmt.Errorf("%s: %s", resp.Status, body)
-			}
-			got <- result{body, err}
-		}()
-		time.Sleep(time.Second) // the window is open
-		a.do(t, "ok", "step %d", 4096)
-		a.do(t, "ok", "weights %d 1", 2048)
-		b.do(t, "ok", "weights %d 0", 1) // another process: not in the window
-		r := <-got
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
 		trace := filepath.Join(dir, "window.trace")
-		if err := os.WriteFile(trace, r.body, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		traceWindow(t, ag.url, a.pid, 3, trace, func() {
+			a.do(t, "ok", "step %d", 4096)
+			a.do(t, "ok", "weights %d 1", 2048)
+			b.do(t, "ok", "weights %d 0", 1) // another process: not in the window
+		})
 		rep := runReport(t, ctx, trace)
 		if len(rep.Processes) != 1 {
 			t.Fatalf("the window has %d processes, want pid %d only", len(rep.Processes), a.pid)
@@ -895,4 +871,37 @@ func TestAgentNVML(t *testing.T) {
 	wantMetric(t, m, 5000000, "cudatrace_live_bytes", "pid", pid, "gpu", "1", "UUID", "GPU-fake-1", "level", "segment")
 	j.end(t)
 	ag.stop(t)
+}
+
+// traceWindow asks the agent at url for pid's /trace window of seconds,
+// runs steps while it is open, and writes what came back to path.
+func traceWindow(t *testing.T, url string, pid, seconds int, path string, steps func()) {
+	t.Helper()
+	type result struct {
+		body []byte
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := http.Get(fmt.Sprintf("%s/trace?pid=%d&seconds=%d", url, pid, seconds))
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s: %s", resp.Status, body)
+		}
+		got <- result{body, err}
+	}()
+	time.Sleep(time.Second) // the window is open
+	steps()
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if err := os.WriteFile(path, r.body, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

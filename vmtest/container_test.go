@@ -465,19 +465,15 @@ func TestContainerPython(t *testing.T) {
 	for _, tool := range []string{"gcc", "unshare", "pivot_root", "mount", "umount"} {
 		requireTool(t, tool)
 	}
-	found, _ := filepath.Glob("/root/.pyenv/versions/3.13.*/bin/python3.13")
-	if len(found) == 0 {
-		skipOrFail(t, "no CPython 3.13 under /root/.pyenv/versions")
-		return
-	}
-	home := filepath.Dir(filepath.Dir(found[0]))
+	python := pyenvPython(t, "3.13")
+	home := filepath.Dir(filepath.Dir(python))
 	app, ctr := filepath.Join(dir, "app"), filepath.Join(dir, "ctr")
 	for _, d := range []string{app, ctr} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, f := range []string{found[0], filepath.Join(home, "lib", "libpython3.13.so.1.0")} {
+	for _, f := range []string{python, filepath.Join(home, "lib", "libpython3.13.so.1.0")} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

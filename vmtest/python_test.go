@@ -1,7 +1,6 @@
 package vmtest
 
 import (
-	"bufio"
 	"debug/elf"
 	"fmt"
 	"io"
@@ -37,12 +36,8 @@ func TestPythonFrames(t *testing.T) {
 	}
 	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
 		t.Run(v, func(t *testing.T) {
-			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
-			if len(found) == 0 {
-				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
-				return
-			}
-			checkPythonFrames(t, v, found[0], nil, script, threads, "_ctypes_callproc")
+			python := pyenvPython(t, v)
+			checkPythonFrames(t, v, python, nil, script, threads, "_ctypes_callproc")
 		})
 	}
 }
@@ -64,11 +59,10 @@ func TestPythonFramesWithoutDWARF(t *testing.T) {
 	}
 	for _, v := range []string{"3.10", "3.11", "3.12"} {
 		t.Run(v, func(t *testing.T) {
-			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
-			libs, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/lib/libpython" + v + ".so.1.0")
-			if len(found) == 0 || len(libs) == 0 {
-				skipOrFail(t, "no CPython %s with its libpython under /root/.pyenv/versions", v)
-				return
+			python := pyenvPython(t, v)
+			libs, _ := filepath.Glob(filepath.Join(filepath.Dir(filepath.Dir(python)), "lib", "libpython"+v+".so.1.0"))
+			if len(libs) == 0 {
+				skipOrFail(t, "%s has no libpython%s.so.1.0 beside it", python, v)
 			}
 			dir := t.TempDir()
 			stripped := filepath.Join(dir, filepath.Base(libs[0]))
@@ -86,11 +80,11 @@ func TestPythonFramesWithoutDWARF(t *testing.T) {
 			}
 			f.Close()
 			// The process must load the copy, not the original.
-			out, err := exec.Command("env", "LD_LIBRARY_PATH="+dir, "ldd", found[0]).CombinedOutput()
+			out, err := exec.Command("env", "LD_LIBRARY_PATH="+dir, "ldd", python).CombinedOutput()
 			if err != nil || !strings.Contains(string(out), stripped) {
-				t.Fatalf("ldd %s with the copy first: %v\n%s", found[0], err, out)
+				t.Fatalf("ldd %s with the copy first: %v\n%s", python, err, out)
 			}
-			checkPythonFrames(t, v, found[0], []string{"LD_LIBRARY_PATH=" + dir}, script, threads, "_ctypes_callproc")
+			checkPythonFrames(t, v, python, []string{"LD_LIBRARY_PATH=" + dir}, script, threads, "_ctypes_callproc")
 		})
 	}
 	// Debian 12's own interpreter: 3.11.2, static, without DWARF.
@@ -228,46 +222,19 @@ func TestPythonFramesAttach(t *testing.T) {
 	script, _ := filepath.Abs(filepath.Join("testdata", "pyattach.py"))
 	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
 		t.Run(v, func(t *testing.T) {
-			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
-			if len(found) == 0 {
-				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
-				return
-			}
+			python := pyenvPython(t, v)
 			ctx := testContext(t)
 			dir := t.TempDir()
 			log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "attach.trace")
-			cmd := exec.CommandContext(ctx, found[0], script, fakeLib)
-			cmd.Env = fakeEnv(log)
-			stdin, err := cmd.StdinPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if cmd.ProcessState == nil {
-					cmd.Process.Kill()
-					cmd.Wait()
-				}
-			})
-			if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
-				t.Fatalf("pyattach.py said %q, %v", line, err)
-			}
-			pid := cmd.Process.Pid
+			j := startPyJob(t, ctx, python, script, log) // it has said "ready"
+			pid := j.pid
 			rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeLib, "--pid", strconv.Itoa(pid), "-o", trace)
 			rec.waitAttached(t, 30*time.Second)
-			if _, err := io.WriteString(stdin, "go\n"); err != nil {
+			if _, err := io.WriteString(j.in, "go\n"); err != nil {
 				t.Fatal(err)
 			}
-			if err := cmd.Wait(); err != nil {
-				t.Fatalf("pyattach.py: %v\n%s", err, stderr.String())
+			if err := j.cmd.Wait(); err != nil {
+				t.Fatalf("pyattach.py: %v", err) // its stderr is logged on the way out
 			}
 			rec.finish(t, 20*time.Second) // ends by itself once its target has exited
 			if truth := onlyTruth(t, log, ""); truth.PID != pid {
@@ -293,4 +260,16 @@ func TestPythonFramesAttach(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pyenvPython is pyenv's CPython interpreter of version v ("3.12"): the
+// image carries 3.8 to 3.13, built with DWARF. Without it a test skips,
+// or fails in CI.
+func pyenvPython(t *testing.T, v string) string {
+	t.Helper()
+	found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
+	if len(found) == 0 {
+		skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
+	}
+	return found[0]
 }

@@ -284,12 +284,7 @@ func TestUnwindCPython(t *testing.T) {
 	want := []string{"ffi_call", "_ctypes_callproc", "_PyEval_EvalFrameDefault", "Py_RunMain", "Py_BytesMain", "__libc_start_main", "_start"}
 	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
 		t.Run(v, func(t *testing.T) {
-			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
-			if len(found) == 0 {
-				skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
-				return
-			}
-			py := found[0]
+			py := pyenvPython(t, v)
 			ctx := testContext(t)
 			dir := t.TempDir()
 			for _, window := range []string{"", "0"} {
