@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -73,13 +72,11 @@ func FromProcess(pid int) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A process in the tracer's own mount namespace sees the paths the
-	// tracer sees: keep them as they are, so messages and reports name the
-	// files users know. (Its root alone does not tell: `unshare -m` keeps
-	// "/" and mounts what nobody outside sees.)
-	theirs, err1 := os.Readlink(filepath.Join(proc.Root, strconv.Itoa(pid), "ns", "mnt"))
-	ours, err2 := os.Readlink(filepath.Join(proc.Root, "self", "ns", "mnt"))
-	sameRoot := err1 == nil && err2 == nil && theirs == ours
+	// A process that sees the tracer's file tree names the files the
+	// tracer sees: keep its paths as they are, so messages and reports name
+	// the files users know. When that cannot be told, go through its root.
+	own, err := proc.OwnRoot(pid)
+	sameRoot := err == nil && !own
 	var out []string
 	seen := map[string]bool{}
 	for _, m := range maps {
