@@ -4,11 +4,17 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/record"
+	"github.com/cudatrace/cudatrace/replay"
+	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -155,8 +161,9 @@ func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Durat
 		unsubscribe()
 		return err
 	}
+	win := &window{tw: tw, caps: map[uint32]*tracefile.Process{}, pcs: map[uint32]map[uint64]bool{}}
 	for _, p := range procs {
-		tw.WriteProcess(p)
+		win.write(traceItem{proc: p})
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -172,7 +179,7 @@ loop:
 				reason = "agent stopped"
 				break loop
 			}
-			if err := write(tw, it); err != nil {
+			if err := win.write(it); err != nil {
 				unsubscribe()
 				return err
 			}
@@ -194,12 +201,15 @@ loop:
 	lost := unsubscribe()
 	// What was queued before the unsubscribe is in the window too.
 	for it := range sub.items {
-		if err := write(tw, it); err != nil {
+		if err := win.write(it); err != nil {
 			return err
 		}
 		if it.raw != nil {
 			events++
 		}
+	}
+	if err := win.names(a.syms); err != nil {
+		return err
 	}
 	lost += sub.dropped.Load()
 	tw.WriteCounters(&tracefile.Counters{Time: bootNow(), Counters: map[string]uint64{"agent_dropped": sub.dropped.Load()},
@@ -208,14 +218,67 @@ loop:
 	return tw.Close()
 }
 
-func write(tw *tracefile.Writer, it traceItem) error {
-	if it.proc != nil {
-		return tw.WriteProcess(it.proc)
+// window writes a trace window's items and gathers its processes' return
+// addresses: the window is read elsewhere, on a machine without the files
+// those processes mapped, so it names its frames itself (names).
+type window struct {
+	tw   *tracefile.Writer
+	caps map[uint32]*tracefile.Process // the latest capture of each process
+	pcs  map[uint32]map[uint64]bool    // the return addresses of each process's events
+	ev   events.Event
+}
+
+func (w *window) write(it traceItem) error {
+	switch {
+	case it.proc != nil:
+		w.caps[it.proc.PID] = it.proc
+		return w.tw.WriteProcess(it.proc)
+	case it.py != nil:
+		return w.tw.WritePython(it.py)
 	}
-	if it.py != nil {
-		return tw.WritePython(it.py)
+	if events.Decode(it.raw, &w.ev) == nil && len(w.ev.Stack) > 0 {
+		set := w.pcs[w.ev.PID]
+		if set == nil {
+			set = map[uint64]bool{}
+			w.pcs[w.ev.PID] = set
+		}
+		for _, pc := range w.ev.Stack {
+			set[pc] = true
+		}
 	}
-	return tw.WriteEvent(it.raw)
+	return w.tw.WriteEvent(it.raw)
+}
+
+// names writes the names of the window's native frames, each (build ID,
+// file offset) once, as record --portable does: report and export on
+// another machine take them where no file there holds the build. Without
+// a symbolizer (--no-symbolize) there are none.
+func (w *window) names(sym *symbolize.Symbolizer) error {
+	if sym == nil {
+		return nil
+	}
+	type key struct {
+		id  string
+		off uint64
+	}
+	seen := map[key]bool{}
+	var out []tracefile.Symbol
+	for _, pid := range slices.Sorted(maps.Keys(w.pcs)) {
+		p := w.caps[pid]
+		if p == nil {
+			continue
+		}
+		for _, n := range record.Names(sym, replay.SymbolProc(p), p.Maps, slices.Sorted(maps.Keys(w.pcs[pid]))) {
+			if k := (key{n.BuildID, n.Offset}); !seen[k] {
+				seen[k] = true
+				out = append(out, n)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return w.tw.WriteSymbols(&tracefile.Symbols{Frames: out})
 }
 
 func kernel() string {

@@ -1,8 +1,10 @@
 package record
 
 import (
+	"cmp"
 	"encoding/binary"
 	"hash/maphash"
+	"slices"
 	"sort"
 	"sync"
 
@@ -13,9 +15,10 @@ import (
 )
 
 // namer names, while they run, the native return addresses of processes
-// with their own root (containers) into the trace (symbols frames): once
-// such a process is gone, the host reading the trace may hold other builds
-// of its files, or none. Each (build ID, file offset) is named once. The
+// with their own root (containers), or of every process with
+// Options.Portable, into the trace (symbols frames): once such a process
+// is gone, the host reading the trace may hold other builds of its files,
+// or none (another machine). Each (build ID, file offset) is named once. The
 // files are parsed on a goroutine of its own, so that a large library does
 // not hold up the ring buffer's reader; the names go to the trace at the
 // next tick.
@@ -75,19 +78,33 @@ func (n *namer) run() {
 		n.queue = n.queue[1:]
 		n.mu.Unlock()
 
-		var out []tracefile.Symbol
-		for i, f := range sym.FramesOf(job.p, job.maps, job.pcs) {
-			if f.Function == "" && f.File == "" {
-				continue
-			}
-			m := mappingOf(job.maps, job.pcs[i])
-			out = append(out, tracefile.Symbol{BuildID: m.BuildID, Offset: job.pcs[i] - m.Start + m.Offset,
-				VAddr: f.Offset, Function: f.Function, File: f.File, Line: f.Line})
-		}
+		out := Names(sym, job.p, job.maps, job.pcs)
 		n.mu.Lock()
 		n.named = append(n.named, out...)
 		n.mu.Unlock()
 	}
+}
+
+// Names names return addresses pcs of process p, whose mappings are maps,
+// for a trace's symbols frames: each one sym names,
+// keyed by its file's build ID and file offset, which replay matches when
+// no file here holds that build (the process ran in a container, or on
+// another machine). Addresses in files without a build ID are left out:
+// nothing would tie the name to the file.
+func Names(sym *symbolize.Symbolizer, p symbolize.Proc, maps []proc.Mapping, pcs []uint64) []tracefile.Symbol {
+	if !slices.IsSortedFunc(maps, func(a, b proc.Mapping) int { return cmp.Compare(a.Start, b.Start) }) {
+		maps = slices.SortedFunc(slices.Values(maps), func(a, b proc.Mapping) int { return cmp.Compare(a.Start, b.Start) })
+	}
+	var out []tracefile.Symbol
+	for i, f := range sym.FramesOf(p, maps, pcs) {
+		m := mappingOf(maps, pcs[i])
+		if m == nil || m.BuildID == "" || f.Function == "" && f.File == "" {
+			continue
+		}
+		out = append(out, tracefile.Symbol{BuildID: m.BuildID, Offset: pcs[i] - m.Start + m.Offset,
+			VAddr: f.Offset, Function: f.Function, File: f.File, Line: f.Line})
+	}
+	return out
 }
 
 // take returns the names found since the last call.
@@ -121,9 +138,10 @@ func mappingOf(maps []proc.Mapping, pc uint64) *proc.Mapping {
 }
 
 // nameNative queues the return addresses of ev's stack not named before,
-// for a process with its own root, while its files are at hand.
+// while its files are at hand: for a process with its own root, and, with
+// Options.Portable, for every process.
 func (s *session) nameNative(ev *events.Event, ps *procState) {
-	if ps.root == "" || s.w == nil || len(ev.Stack) == 0 {
+	if ps.root == "" && !s.opts.Portable || s.w == nil || len(ev.Stack) == 0 {
 		return
 	}
 	if s.namer == nil {
@@ -149,7 +167,7 @@ func (s *session) nameNative(ev *events.Event, ps *procState) {
 		clear(s.namer.stacks)
 	}
 	s.namer.stacks[h] = true
-	job := nameJob{p: symbolize.Proc{PID: int(ev.PID), Start: ps.start, OwnRoot: true}, maps: ps.maps}
+	job := nameJob{p: symbolize.Proc{PID: int(ev.PID), Start: ps.start, OwnRoot: ps.root != ""}, maps: ps.maps}
 	for _, pc := range ev.Stack {
 		m := mappingOf(ps.maps, pc)
 		if m == nil || m.BuildID == "" {

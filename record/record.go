@@ -58,6 +58,11 @@ type Options struct {
 	// stacks: no interpreter walk at each allocation (docs/benchmarks.md
 	// says what it costs).
 	NoPythonFrames bool
+	// Portable names every process's native frames into the trace while
+	// it runs (symbols frames, once per file and address), as is always
+	// done for processes in containers, so that report and export name
+	// them on a machine without the same files.
+	Portable bool
 }
 
 // Observer watches a session as it happens. Its methods run on the

@@ -873,8 +873,9 @@ func TestAgentNVML(t *testing.T) {
 	ag.stop(t)
 }
 
-// traceWindow asks the agent at url for pid's /trace window of seconds,
-// runs steps while it is open, and writes what came back to path.
+// traceWindow asks the agent at url for pid's (0: every process's)
+// /trace window of seconds, runs steps while it is open, and writes what
+// came back to path.
 func traceWindow(t *testing.T, url string, pid, seconds int, path string, steps func()) {
 	t.Helper()
 	type result struct {
@@ -883,7 +884,11 @@ func traceWindow(t *testing.T, url string, pid, seconds int, path string, steps 
 	}
 	got := make(chan result, 1)
 	go func() {
-		resp, err := http.Get(fmt.Sprintf("%s/trace?pid=%d&seconds=%d", url, pid, seconds))
+		q := fmt.Sprintf("seconds=%d", seconds)
+		if pid != 0 {
+			q += fmt.Sprintf("&pid=%d", pid)
+		}
+		resp, err := http.Get(url + "/trace?" + q)
 		if err != nil {
 			got <- result{err: err}
 			return

@@ -368,7 +368,9 @@ func recordedNames(t *testing.T, path string) map[string]int {
 }
 
 // TestAgentContainerStacks: the agent's heap profile names the stack of a
-// process in a container from the container's own files while it runs.
+// process in a container from the container's own files while it runs,
+// and a /trace window of it carries those names, so report names it after
+// the container is gone, where the host holds another build of its files.
 func TestAgentContainerStacks(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
@@ -380,10 +382,15 @@ func TestAgentContainerStacks(t *testing.T) {
 	ag := startAgent(t, ctx, "--dump-dir", "")
 	c := startContainer(t, dir, app, ctr, fakeEnv(filepath.Join(dir, "fake.log")))
 	pid := c.cmd.Process.Pid
-	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	c.expect(t, "allocated")
+	window := filepath.Join(dir, "window.trace")
+	// Every process's window: the agent learns of the container's process
+	// at its first record, made while the window is open.
+	traceWindow(t, ag.url, 0, 3, window, func() {
+		if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+			t.Fatal(err)
+		}
+		c.expect(t, "allocated")
+	})
 
 	want := []string{
 		frameString("container_alloc", "ctr_work.c", markedLine(t, "ctr_work.c", "container_alloc")),
@@ -419,6 +426,23 @@ func TestAgentContainerStacks(t *testing.T) {
 		t.Fatalf("container: %v\n%s", err, c.stderr.String())
 	}
 	ag.stop(t)
+
+	// The container is gone; its names are in the window.
+	ctrID, err := symbolize.BuildID(filepath.Join(ctr, "libwork.so"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := recordedNames(t, window); n[ctrID+" container_alloc"] != 1 || n[ctrID+" work"] != 1 {
+		t.Errorf("the window names container_alloc %d and work %d times under the container's build ID, want once each: %v",
+			n[ctrID+" container_alloc"], n[ctrID+" work"], n)
+	}
+	got, module := pidStack(t, runReport(t, ctx, window), pid)
+	if len(got) < len(want) || strings.Join(got[:len(want)], "\n") != strings.Join(want, "\n") {
+		t.Errorf("report of the window after the container exited, innermost first:\n  got  %q\n  want %q", got, want)
+	}
+	if lib := filepath.Join(app, "libwork.so"); module != lib {
+		t.Errorf("report of the window: innermost module %q, want %q", module, lib)
+	}
 }
 
 // TestTopContainerStacks: top's view of a process in a container names

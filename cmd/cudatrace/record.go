@@ -28,6 +28,7 @@ type recordFlags struct {
 	window    string
 	keepWin   bool
 	noPy      bool
+	portable  bool
 	quiet     bool
 	exports   []string // FORMAT=FILE
 	nvml      bool
@@ -74,7 +75,13 @@ does) how much GPU memory each process holds, and keeps that in the trace:
 'cudatrace report' puts it beside the traced live bytes, and the remainder
 is what tracing did not see (the CUDA context, library workspaces). Without
 NVML (no libnvidia-ml, or no driver loaded) one line says so and tracing
-goes on; --nvml=false turns the sampling off.`,
+goes on; --nvml=false turns the sampling off.
+
+Stacks are named (function, file:line) when report or export reads the
+trace, from the files the processes mapped, checked by build ID. A
+container's files are read while it runs and its frames named into the
+trace, since the host may hold other builds at the same paths; --portable
+does the same for every process, for a trace read on another machine.`,
 		Example: `  # Launch a training script and keep the trace
   cudatrace record -o train.trace -- python train.py --epochs 1
 
@@ -83,6 +90,9 @@ goes on; --nvml=false turns the sampling off.`,
 
   # Attach to a running job for one minute
   cudatrace record --pid 4242 --duration 1m -o job.trace
+
+  # A trace to read on a laptop: the frames are named while recording
+  cudatrace record --portable -o job.trace -- python train.py
 
   # Everything on the host that uses a given libcudart, until Ctrl-C
   cudatrace record --all --lib /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12`,
@@ -99,6 +109,7 @@ goes on; --nvml=false turns the sampling off.`,
 	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
 	fl.StringVar(&f.window, "stack-window", "16KiB", "user stack copied per allocation to unwind code without frame pointers: a multiple of 4KiB up to 64KiB, 0 for frame-pointer stacks only")
 	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, merged into stacks where the interpreter runs) out of their stacks")
+	fl.BoolVar(&f.portable, "portable", false, "name every native frame into the trace while recording, so report/export name them on another machine, without these libraries (containers' frames are always named)")
 	fl.BoolVar(&f.keepWin, "keep-stack-windows", false, "write the stack windows to the trace for report/export to unwind, instead of unwinding while recording (traces grow by the window per allocation)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
 	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE (pprof, memviz, perfetto, json; repeatable)")
@@ -149,6 +160,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 
 		KeepStackWindows: f.keepWin,
 		NoPythonFrames:   f.noPy,
+		Portable:         f.portable,
 	}
 	opts.Tracer.RingBytes = ring
 	if f.nvml {
