@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -251,22 +252,9 @@ func TestTraceWindow(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "w.trace")
-	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r, err := tracefile.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
 	var types []tracefile.Type
 	var sizes []uint64
-	for {
-		rec, err := r.Next()
-		if err != nil {
-			break
-		}
+	readWindow(t, buf.Bytes(), func(rec tracefile.Record) {
 		types = append(types, rec.Type)
 		if rec.Type == tracefile.TypeEvent {
 			sizes = append(sizes, rec.Event.Size)
@@ -274,7 +262,7 @@ func TestTraceWindow(t *testing.T) {
 		if rec.Type == tracefile.TypeEnd && rec.End.Events != 1 {
 			t.Errorf("end record: %d events, want 1", rec.End.Events)
 		}
-	}
+	})
 	want := []tracefile.Type{tracefile.TypeProcess, tracefile.TypeEvent, tracefile.TypeCounters, tracefile.TypeEnd}
 	if len(types) != len(want) || len(sizes) != 1 || sizes[0] != 2 {
 		t.Fatalf("frames %v (event sizes %v), want %v with the 2-byte allocation only", types, sizes, want)
@@ -313,5 +301,31 @@ func TestPIDReused(t *testing.T) {
 	if len(st.Processes) != 1 || st.Processes[0].Comm != "new" || st.Processes[0].Live != 7 || st.Processes[0].Allocs != 1 ||
 		st.Processes[0].Peak != 7 || st.Stacks != 1 {
 		t.Fatalf("after reuse: %+v, %d stacks", st.Processes, st.Stacks)
+	}
+}
+
+// readWindow writes a trace window's bytes to a file, calls each with
+// every record of it (Event is reused from one call to the next, as
+// tracefile.Reader's), and returns the file's path.
+func readWindow(t *testing.T, data []byte, each func(tracefile.Record)) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "w.trace")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := tracefile.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			return path
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		each(rec)
 	}
 }

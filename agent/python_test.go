@@ -155,27 +155,14 @@ for s in d["segments"]:
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "w.trace")
-	if err := os.WriteFile(path, trace.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	// Its first python frame says what the recorder's does: the
 	// interpreter's minor version and its loop's ranges.
-	r, err := tracefile.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var pys []*tracefile.Python
-	for {
-		rec, err := r.Next()
-		if err != nil {
-			break
-		}
+	path := readWindow(t, trace.Bytes(), func(rec tracefile.Record) {
 		if rec.Type == tracefile.TypePython {
 			pys = append(pys, rec.Python)
 		}
-	}
-	r.Close()
+	})
 	if len(pys) != 2 || pys[0].PID != pid || pys[0].Minor != 12 || len(pys[0].Eval) != 1 || pys[0].Eval[0] != [2]uint64{0x5000, 0x6000} ||
 		pys[0].Codes != nil || len(pys[1].Codes) != 3 {
 		t.Errorf("python frames of the window: %+v", pys)

@@ -1,12 +1,10 @@
 package vmtest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,57 +19,13 @@ import (
 	"github.com/google/pprof/profile"
 )
 
-// pyJob is a running Python script of testdata (pyagent.py, pyattach.py)
+// startPyJob runs a Python script of testdata (pyagent.py, pyattach.py)
 // that loads the stand-in, says "ready" and reads its steps from stdin.
-type pyJob struct {
-	cmd *exec.Cmd
-	in  io.WriteCloser
-	out *bufio.Scanner
-	pid int
-}
-
-func startPyJob(t *testing.T, ctx context.Context, python, script, log string) *pyJob {
+func startPyJob(t *testing.T, ctx context.Context, python, script, log string) *job {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, python, script, fakeLib)
 	cmd.Env = fakeEnv(log)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr lockedBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	j := &pyJob{cmd: cmd, in: in, out: bufio.NewScanner(out), pid: cmd.Process.Pid}
-	t.Cleanup(func() {
-		in.Close()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("%s %d stderr: %s", script, j.pid, stderr.String())
-		}
-	})
-	if !j.out.Scan() || j.out.Text() != "ready" {
-		t.Fatalf("%s said %q (%v), want ready; stderr: %s", script, j.out.Text(), j.out.Err(), stderr.String())
-	}
-	return j
-}
-
-func (j *pyJob) do(t *testing.T, want, what string, n uint64) {
-	t.Helper()
-	if _, err := fmt.Fprintf(j.in, "%s %d\n", what, n); err != nil {
-		t.Fatalf("pyagent %d: %s: %v", j.pid, what, err)
-	}
-	if !j.out.Scan() {
-		t.Fatalf("pyagent %d ended its output: %v", j.pid, j.out.Err())
-	}
-	if got := j.out.Text(); got != want {
-		t.Fatalf("pyagent %d: %s %d answered %q, want %q", j.pid, what, n, got, want)
-	}
+	return startCmdJob(t, filepath.Base(script), cmd)
 }
 
 // TestAgentPython: CPython 3.10 to 3.13 jobs allocate through ctypes from
@@ -117,10 +71,10 @@ func TestAgentPython(t *testing.T) {
 					t.Fatalf("the agent did not count pid %s's warm-up allocation within 10s", pid)
 				}
 			}
-			j.do(t, "ok", "weights", wBytes)
-			j.do(t, "ok", "activations", aBytes)
-			j.do(t, "ok", "weights", wBytes)
-			j.do(t, "error 2", "grow", 2*fakeMemLimit) // cudaErrorMemoryAllocation
+			j.do(t, "ok", "weights %d", wBytes)
+			j.do(t, "ok", "activations %d", aBytes)
+			j.do(t, "ok", "weights %d", wBytes)
+			j.do(t, "error 2", "grow %d", 2*fakeMemLimit) // cudaErrorMemoryAllocation
 
 			truth := onlyTruth(t, log, "")
 			if truth.PID != j.pid || truth.Allocs != 4 || truth.Failed != 1 || truth.AllocBytes != 1<<20+2*wBytes+aBytes {
@@ -237,8 +191,8 @@ for s in d["segments"]:
 			t.Run("trace window", func(t *testing.T) {
 				trace := filepath.Join(dir, v+".trace")
 				traceWindow(t, ag.url, j.pid, 2, trace, func() {
-					j.do(t, "ok", "activations", 4096)
-					j.do(t, "ok", "weights", 8192)
+					j.do(t, "ok", "activations %d", 4096)
+					j.do(t, "ok", "weights %d", 8192)
 				})
 				rep := runReport(t, ctx, trace)
 				var stacks []string
@@ -304,12 +258,12 @@ func TestTopPython(t *testing.T) {
 	}, 30*time.Second)
 	// top --pid looks at the job when it starts: its first record, too,
 	// carries its Python frames, so it joins the later load_weights stack.
-	j.do(t, "ok", "weights", 4096)
+	j.do(t, "ok", "weights %d", 4096)
 	x.waitPane("the first allocation", func(p string) bool {
 		return strings.Contains(p, fmt.Sprintf("pid %d (python3.12): 4096 B of GPU memory live in 1 allocations", j.pid))
 	}, 20*time.Second)
-	j.do(t, "ok", "activations", 5<<20)
-	j.do(t, "ok", "weights", 3<<20)
+	j.do(t, "ok", "activations %d", 5<<20)
+	j.do(t, "ok", "weights %d", 3<<20)
 	pane := x.waitPane("both stacks", func(p string) bool { return strings.Contains(p, "[2] 3.0 MiB live in 2 allocations") },
 		20*time.Second)
 	// Each stack's lines, up to the next stack's header.

@@ -135,18 +135,28 @@ func get(t *testing.T, ctx context.Context, url string, want int, header ...stri
 	return body
 }
 
-// job is a running agentload.
+// job is a running test program (agentload, or a Python script of
+// testdata) that says "ready", then answers each line of stdin with one
+// line.
 type job struct {
-	cmd *exec.Cmd
-	in  io.WriteCloser
-	out *bufio.Scanner
-	pid int
+	name string // for messages
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Scanner
+	pid  int
 }
 
 func startJob(t *testing.T, ctx context.Context, log string, env ...string) *job {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, workload("agentload"))
 	cmd.Env = fakeEnv(log, env...)
+	return startCmdJob(t, "agentload", cmd)
+}
+
+// startCmdJob starts cmd with pipes for stdin and stdout, and waits for it
+// to say "ready". Its stderr is logged if the test fails.
+func startCmdJob(t *testing.T, name string, cmd *exec.Cmd) *job {
+	t.Helper()
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -155,21 +165,21 @@ func startJob(t *testing.T, ctx context.Context, log string, env ...string) *job
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr bytes.Buffer
+	var stderr lockedBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	j := &job{cmd: cmd, in: in, out: bufio.NewScanner(out), pid: cmd.Process.Pid}
+	j := &job{name: name, cmd: cmd, in: in, out: bufio.NewScanner(out), pid: cmd.Process.Pid}
 	t.Cleanup(func() {
 		in.Close()
 		cmd.Wait()
-		if t.Failed() && stderr.Len() > 0 {
-			t.Logf("agentload %d stderr: %s", j.pid, stderr.String())
+		if t.Failed() && stderr.String() != "" {
+			t.Logf("%s %d stderr: %s", name, j.pid, stderr.String())
 		}
 	})
-	if r := j.reply(t); r != "ready" {
-		t.Fatalf("agentload said %q, want ready", r)
+	if !j.out.Scan() || j.out.Text() != "ready" {
+		t.Fatalf("%s said %q (%v), want ready; stderr: %s", name, j.out.Text(), j.out.Err(), stderr.String())
 	}
 	return j
 }
@@ -177,7 +187,7 @@ func startJob(t *testing.T, ctx context.Context, log string, env ...string) *job
 func (j *job) reply(t *testing.T) string {
 	t.Helper()
 	if !j.out.Scan() {
-		t.Fatalf("agentload %d ended its output: %v", j.pid, j.out.Err())
+		t.Fatalf("%s %d ended its output: %v", j.name, j.pid, j.out.Err())
 	}
 	return j.out.Text()
 }
@@ -187,10 +197,10 @@ func (j *job) do(t *testing.T, want string, format string, args ...any) {
 	t.Helper()
 	cmd := fmt.Sprintf(format, args...)
 	if _, err := fmt.Fprintln(j.in, cmd); err != nil {
-		t.Fatalf("agentload %d: %s: %v", j.pid, cmd, err)
+		t.Fatalf("%s %d: %s: %v", j.name, j.pid, cmd, err)
 	}
 	if r := j.reply(t); r != want {
-		t.Fatalf("agentload %d: %s answered %q, want %q", j.pid, cmd, r, want)
+		t.Fatalf("%s %d: %s answered %q, want %q", j.name, j.pid, cmd, r, want)
 	}
 }
 
