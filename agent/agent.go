@@ -485,15 +485,7 @@ func (ls *liveStacks) Frames(st *events.Stack) []symbolize.Frame {
 	if f, ok := ls.done[st]; ok {
 		return f
 	}
-	var f []symbolize.Frame
-	if ls.syms == nil {
-		f = make([]symbolize.Frame, len(st.Frames))
-		for i, pc := range st.Frames {
-			f[i] = symbolize.Frame{Addr: pc}
-		}
-	} else {
-		f = ls.syms.FramesOf(replay.SymbolProc(ls.maps[st]), ls.Maps(st), st.Frames)
-	}
+	f := ls.syms.FramesOf(replay.SymbolProc(ls.maps[st]), ls.Maps(st), st.Frames)
 	ls.py[st.PID].Fill(f)
 	ls.done[st] = f
 	return f

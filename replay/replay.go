@@ -262,16 +262,7 @@ func (s *Symbols) Frames(st *events.Stack) []symbolize.Frame {
 	if f, ok := s.done[st]; ok {
 		return f
 	}
-	var f []symbolize.Frame
-	if s.sym == nil {
-		f = make([]symbolize.Frame, len(st.Frames))
-		for i, pc := range st.Frames {
-			f[i] = symbolize.Frame{Addr: pc}
-		}
-	} else {
-		p := s.t.stackProcs[st]
-		f = s.sym.FramesOf(SymbolProc(p), s.t.Maps(st), st.Frames)
-	}
+	f := s.sym.FramesOf(SymbolProc(s.t.stackProcs[st]), s.t.Maps(st), st.Frames)
 	s.t.pythonFrames(st.PID, f)
 	s.done[st] = f
 	return f

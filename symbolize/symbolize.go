@@ -141,7 +141,17 @@ func (s *Symbolizer) Frames(maps []proc.Mapping, addrs []uint64) []Frame {
 // ID it mapped (a host file at the same path, a parse cached from when it
 // lived, a debug file under DebugDir/.build-id) names its frames. The
 // rest keep module, offset and build ID, and are counted (Gone).
+//
+// A nil Symbolizer (symbolization turned off) names nothing: each Frame
+// holds its address only.
 func (s *Symbolizer) FramesOf(p Proc, maps []proc.Mapping, addrs []uint64) []Frame {
+	if s == nil {
+		out := make([]Frame, len(addrs))
+		for i, pc := range addrs {
+			out[i] = Frame{Addr: pc}
+		}
+		return out
+	}
 	sorted := make([]proc.Mapping, len(maps))
 	copy(sorted, maps)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Start < sorted[j].Start })
@@ -231,8 +241,8 @@ func (r *resolver) frame(maps []proc.Mapping, addr uint64) (f Frame) {
 		}
 	}()
 
-	i := sort.Search(len(maps), func(i int) bool { return maps[i].End > addr })
-	if i == len(maps) || addr < maps[i].Start {
+	i := proc.Find(maps, addr)
+	if i < 0 {
 		return f
 	}
 	m := &maps[i]

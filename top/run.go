@@ -218,14 +218,7 @@ func framer(sym *symbolize.Symbolizer) Frames {
 		if f, ok := cache[k]; ok {
 			return f
 		}
-		var f []symbolize.Frame
-		if sym != nil {
-			f = sym.FramesOf(st.Proc, st.Maps, st.Frames)
-		} else {
-			for _, pc := range st.Frames {
-				f = append(f, symbolize.Frame{Addr: pc})
-			}
-		}
+		f := sym.FramesOf(st.Proc, st.Maps, st.Frames)
 		st.Python.Fill(f)
 		cache[k] = f
 		return f
