@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -177,6 +178,16 @@ func statFields(pid, min int) ([]string, error) {
 		return nil, fmt.Errorf("pid %d: malformed stat", pid)
 	}
 	return f, nil
+}
+
+// Find returns the index of the mapping of maps (sorted by Start, as
+// /proc/PID/maps lists them) that holds addr, -1 when none does.
+func Find(maps []Mapping, addr uint64) int {
+	i := sort.Search(len(maps), func(i int) bool { return maps[i].End > addr })
+	if i == len(maps) || addr < maps[i].Start {
+		return -1
+	}
+	return i
 }
 
 // RootPath returns the path by which the tracer sees file p of process pid:

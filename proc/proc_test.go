@@ -136,3 +136,18 @@ func TestStartTime(t *testing.T) {
 		t.Error("StartTime of no process: no error")
 	}
 }
+
+func TestFind(t *testing.T) {
+	maps := []Mapping{{Start: 0x1000, End: 0x2000}, {Start: 0x3000, End: 0x5000}}
+	for _, c := range []struct {
+		addr uint64
+		want int
+	}{{0xfff, -1}, {0x1000, 0}, {0x1fff, 0}, {0x2000, -1}, {0x3000, 1}, {0x4fff, 1}, {0x5000, -1}} {
+		if got := Find(maps, c.addr); got != c.want {
+			t.Errorf("Find(%#x) = %d, want %d", c.addr, got, c.want)
+		}
+	}
+	if got := Find(nil, 0x1000); got != -1 {
+		t.Errorf("Find in no mappings = %d, want -1", got)
+	}
+}

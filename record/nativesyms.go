@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"slices"
-	"sort"
 	"sync"
 
 	"github.com/cudatrace/cudatrace/events"
@@ -130,11 +129,10 @@ func (n *namer) stop() {
 
 // mappingOf returns the mapping of maps (sorted by address) holding pc.
 func mappingOf(maps []proc.Mapping, pc uint64) *proc.Mapping {
-	i := sort.Search(len(maps), func(i int) bool { return maps[i].End > pc })
-	if i == len(maps) || pc < maps[i].Start {
-		return nil
+	if i := proc.Find(maps, pc); i >= 0 {
+		return &maps[i]
 	}
-	return &maps[i]
+	return nil
 }
 
 // nameNative queues the return addresses of ev's stack not named before,

@@ -91,13 +91,7 @@ func NewMaps(maps []proc.Mapping) *Maps {
 	return &Maps{m: m, tabs: make([]tabSlot, len(m))}
 }
 
-func (m *Maps) find(pc uint64) int {
-	i := sort.Search(len(m.m), func(i int) bool { return m.m[i].End > pc })
-	if i == len(m.m) || pc < m.m[i].Start {
-		return -1
-	}
-	return i
-}
+func (m *Maps) find(pc uint64) int { return proc.Find(m.m, pc) }
 
 // Stop says why an unwind ended.
 type Stop struct {
