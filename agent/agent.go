@@ -8,7 +8,7 @@
 // the reader goroutine that calls the Observer methods. Other goroutines
 // never touch them: they queue a request (a function) that the next Tick
 // runs on the reader goroutine (within the poll interval, 50 ms), and read
-// what it copied. Copies hold *events.Stack and *events.Allocation
+// what it copied. Copies hold *ledger.Stack and *ledger.Allocation
 // pointers, but only their fields that never change after creation
 // (PID, Frames, Tensor; an Allocation's every field).
 package agent
@@ -26,6 +26,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/record"
@@ -86,9 +87,9 @@ type Agent struct {
 	dumper  chan struct{} // closed when the dump goroutine is done
 
 	// Owned by the reader goroutine.
-	ledger     *events.Ledger
+	ledger     *ledger.Ledger
 	procs      map[uint32]*procState
-	stackMaps  map[*events.Stack]*tracefile.Process // the capture each stack is read against
+	stackMaps  map[*ledger.Stack]*tracefile.Process // the capture each stack is read against
 	allocs     map[sampleKey]*[2]int64              // cumulative allocations per sample
 	scraped    map[sampleKey][2]int64               // allocs at the last profile scrape
 	lastScrape time.Time
@@ -108,7 +109,7 @@ type procState struct {
 	exitedAt  time.Time // zero while it runs
 	lastDump  time.Time
 	ooms      uint64
-	stacks    []*events.Stack // every stack seen, to forget with it
+	stacks    []*ledger.Stack // every stack seen, to forget with it
 	keys      []sampleKey
 	// py names the Python frames of the process's stacks (a CPython
 	// process's, from the session): kept as long as its account, so its
@@ -124,7 +125,7 @@ func (ps *procState) reusedBy(start uint64) bool {
 
 // sampleKey is one pprof sample: one stack, device and function.
 type sampleKey struct {
-	st     *events.Stack
+	st     *ledger.Stack
 	device int32
 	api    events.API
 }
@@ -180,9 +181,9 @@ func New(opts Options) *Agent {
 		stopped:   make(chan struct{}),
 		dumps:     make(chan *oomDump, 8),
 		dumper:    make(chan struct{}),
-		ledger:    events.NewLedger(), // replaced by the session's at the first Tick
+		ledger:    ledger.New(), // replaced by the session's at the first Tick
 		procs:     map[uint32]*procState{},
-		stackMaps: map[*events.Stack]*tracefile.Process{},
+		stackMaps: map[*ledger.Stack]*tracefile.Process{},
 		allocs:    map[sampleKey]*[2]int64{},
 		scraped:   map[sampleKey][2]int64{},
 		node:      map[devLevel]*nodeUse{},
@@ -272,7 +273,7 @@ func (a *Agent) Python(pid uint32, t *pyframes.Table) {
 }
 
 // Event is record.Observer's: one event, after the ledger applied it.
-func (a *Agent) Event(ev *events.Event, ch events.Change) {
+func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 	if len(a.subs) > 0 {
 		var py *pyframes.Table
 		if ps := a.procs[ev.PID]; ps != nil && ev.Flags&(events.FlagPython|events.FlagNoPython) != 0 {
@@ -438,24 +439,24 @@ func (a *Agent) forget(pid uint32) {
 type liveStacks struct {
 	// The capture each stack is read against: its mappings, and whose
 	// files they name (a container's own while it lives).
-	maps map[*events.Stack]*tracefile.Process
+	maps map[*ledger.Stack]*tracefile.Process
 	py   map[uint32]pyframes.Names // the names of the stacks' Python frames, per process
 	syms *symbolize.Symbolizer
-	done map[*events.Stack][]symbolize.Frame
+	done map[*ledger.Stack][]symbolize.Frame
 }
 
 // stacksFor copies the mappings of the stacks given (on the reader
 // goroutine).
-func (a *Agent) stacksFor(sts ...*events.Stack) *liveStacks {
-	ls := &liveStacks{maps: map[*events.Stack]*tracefile.Process{}, py: map[uint32]pyframes.Names{}, syms: a.syms,
-		done: map[*events.Stack][]symbolize.Frame{}}
+func (a *Agent) stacksFor(sts ...*ledger.Stack) *liveStacks {
+	ls := &liveStacks{maps: map[*ledger.Stack]*tracefile.Process{}, py: map[uint32]pyframes.Names{}, syms: a.syms,
+		done: map[*ledger.Stack][]symbolize.Frame{}}
 	for _, st := range sts {
 		ls.add(a, st)
 	}
 	return ls
 }
 
-func (ls *liveStacks) add(a *Agent, st *events.Stack) {
+func (ls *liveStacks) add(a *Agent, st *ledger.Stack) {
 	if st == nil {
 		return
 	}
@@ -471,14 +472,14 @@ func (ls *liveStacks) add(a *Agent, st *events.Stack) {
 	}
 }
 
-func (ls *liveStacks) Maps(st *events.Stack) []proc.Mapping {
+func (ls *liveStacks) Maps(st *ledger.Stack) []proc.Mapping {
 	if p := ls.maps[st]; p != nil {
 		return p.Maps
 	}
 	return nil
 }
 
-func (ls *liveStacks) Frames(st *events.Stack) []symbolize.Frame {
+func (ls *liveStacks) Frames(st *ledger.Stack) []symbolize.Frame {
 	if st == nil {
 		return []symbolize.Frame{}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/google/pprof/profile"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -23,14 +24,14 @@ import (
 type session struct {
 	t      *testing.T
 	a      *Agent
-	ledger *events.Ledger
+	ledger *ledger.Ledger
 	ops    chan func()
 	done   chan struct{}
 }
 
 func newSession(t *testing.T, opts Options) *session {
 	opts.NoSymbolize = true
-	s := &session{t: t, a: New(opts), ledger: events.NewLedger(), ops: make(chan func()), done: make(chan struct{})}
+	s := &session{t: t, a: New(opts), ledger: ledger.New(), ops: make(chan func()), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		tick := time.NewTicker(5 * time.Millisecond)

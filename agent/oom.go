@@ -12,6 +12,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/export"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/report"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -25,9 +26,9 @@ type oomDump struct {
 	time     time.Time
 	pid      uint32
 	stats    ProcessStats
-	failure  events.Failure
-	segs     []*events.Allocation
-	tensors  []*events.Allocation
+	failure  ledger.Failure
+	segs     []*ledger.Allocation
+	tensors  []*ledger.Allocation
 	level    bool // tensor events
 	src      *liveStacks
 	deviceOf int32
@@ -55,7 +56,7 @@ type OOMFiles struct {
 }
 
 // oom queues the black box of a failed allocation, rate-limited per process.
-func (a *Agent) oom(ev *events.Event, ch events.Change, ps *procState) {
+func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 	if a.opts.DumpDir == "" {
 		return
 	}
@@ -67,7 +68,7 @@ func (a *Agent) oom(ev *events.Event, ch events.Change, ps *procState) {
 	ps.lastDump = now
 	p := ch.Process
 	d := &oomDump{time: a.wall(ev.End()), pid: p.PID, stats: a.processStats(ps, p),
-		failure: events.Failure{Time: ev.End(), TID: ev.TID, API: ev.API, Size: ev.Size, Device: ev.Device,
+		failure: ledger.Failure{Time: ev.End(), TID: ev.TID, API: ev.API, Size: ev.Size, Device: ev.Device,
 			Result: ev.Result, Stack: ch.Stack},
 		segs: p.LiveAllocations(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0, deviceOf: ev.Device}
 	d.src = a.stacksFor(ch.Stack)
@@ -179,7 +180,7 @@ func (a *Agent) writeDump(d *oomDump) error {
 }
 
 func (a *Agent) oomReport(d *oomDump, files OOMFiles) *OOMReport {
-	frames := func(st *events.Stack) []report.Frame { return toFrames(d.src.Frames(st)) }
+	frames := func(st *ledger.Stack) []report.Frame { return toFrames(d.src.Frames(st)) }
 	s := &d.stats
 	rep := &OOMReport{Time: d.time.Format(time.RFC3339Nano), PID: d.pid, Comm: s.Comm, Cmdline: s.Cmdline,
 		Container: s.Container, PodUID: s.PodUID, Files: files}
@@ -188,10 +189,10 @@ func (a *Agent) oomReport(d *oomDump, files OOMFiles) *OOMReport {
 		Result: f.Result, Error: f.API.ResultName(f.Result), Time: rep.Time, Frames: frames(f.Stack),
 		LiveBytes: s.Live}
 	type group struct {
-		st           *events.Stack
+		st           *ledger.Stack
 		bytes, count uint64
 	}
-	by := map[*events.Stack]*group{}
+	by := map[*ledger.Stack]*group{}
 	var groups []*group
 	for _, al := range d.segs {
 		if !al.API.Segment() || al.Device != f.Device {

@@ -10,6 +10,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/ledger"
 )
 
 // ProcessStats is a copy of one process's account.
@@ -28,7 +29,7 @@ type ProcessStats struct {
 	HostLive, HostPeak                uint64
 	TensorLive, TensorPeak            uint64
 	OOMs                              uint64
-	Devices                           []events.Device // by ordinal
+	Devices                           []ledger.Device // by ordinal
 }
 
 // NodeStats is the GPU memory of the running traced processes, summed
@@ -89,7 +90,7 @@ func (a *Agent) stats() *Stats {
 	return s
 }
 
-func (a *Agent) processStats(ps *procState, p *events.Process) ProcessStats {
+func (a *Agent) processStats(ps *procState, p *ledger.Process) ProcessStats {
 	out := ProcessStats{PID: p.PID, Comm: p.Comm, Container: ps.container.ID, PodUID: ps.container.PodUID,
 		Exited: !ps.exitedAt.IsZero(), Allocs: p.Allocs, Frees: p.Frees, Failed: p.Failed, AllocBytes: p.AllocBytes,
 		UnknownFrees: p.UnknownFrees, TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees,
@@ -190,7 +191,7 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 // out-of-memory failures.
 func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 	var (
-		segs, tensors []*events.Allocation
+		segs, tensors []*ledger.Allocation
 		trace         []export.LiveEntry
 		src           *liveStacks
 		level         bool
@@ -231,7 +232,7 @@ func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 
 // oomEntries lists p's latest n out-of-memory failures as memviz oom
 // entries, oldest first.
-func (a *Agent) oomEntries(p *events.Process, n int) []export.LiveEntry {
+func (a *Agent) oomEntries(p *ledger.Process, n int) []export.LiveEntry {
 	var out []export.LiveEntry
 	for i := len(p.Failures) - 1; i >= 0 && len(out) < n; i-- {
 		f := &p.Failures[i]

@@ -1,5 +1,7 @@
-// Package events turns the BPF programs' ring-buffer records into typed
-// events and keeps the ledger of what each process holds.
+// Package events is what the BPF programs report, in Go: the traced
+// functions (API, with what each does to memory), the ring-buffer record's
+// layout and its decoder (Decode, Encode), and CUDA's error names. It holds
+// no state; package ledger accounts for the decoded events.
 package events
 
 // API identifies the traced function. The numbers travel from Go to BPF as

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -131,7 +132,7 @@ func until(path string, m Moment, opts *Options) (uint64, error) {
 // at its highest (the first time it got there).
 func peakTime(path string, opts *Options) (uint64, error) {
 	var live, peak, when uint64
-	_, err := replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch events.Change) error {
+	_, err := replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		if ch.Process == nil || !opts.selected(ch.Process.PID) {
 			return nil
 		}

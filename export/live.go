@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 )
 
 // LiveSample is one pprof sample of a live profile: one stack of one
@@ -20,7 +21,7 @@ import (
 // alloc_* counts the allocations the caller chose to count (the agent:
 // those made since the last scrape), inuse_* the live set.
 type LiveSample struct {
-	Stack                    *events.Stack
+	Stack                    *ledger.Stack
 	Device                   int32
 	API                      events.API
 	AllocObjects, AllocBytes int64
@@ -80,7 +81,7 @@ type LiveEntry struct {
 	Addr   uint64
 	Size   uint64
 	Device int32
-	Stack  *events.Stack // nil: no frames
+	Stack  *ledger.Stack // nil: no frames
 	TimeUS int64         // Unix epoch µs; 0 leaves time_us out
 }
 
@@ -88,11 +89,11 @@ type LiveEntry struct {
 // segments are its live allocations (pinned host memory is left out: it is
 // not device memory), cut into the blocks of its live tensors when tensors
 // is set (the process has PyTorch's tensor events), as WriteMemvizTrace
-// does. Both lists are by address, as events.Process returns them. trace
+// does. Both lists are by address, as ledger.Process returns them. trace
 // becomes device_traces, in order. The snapshot is validated.
-func LiveSnapshot(segments, liveTensors []*events.Allocation, tensors bool, trace []LiveEntry, src Stacks) (*Snapshot, error) {
-	done := map[*events.Stack][]MemvizFrame{}
-	frames := func(st *events.Stack) []MemvizFrame {
+func LiveSnapshot(segments, liveTensors []*ledger.Allocation, tensors bool, trace []LiveEntry, src Stacks) (*Snapshot, error) {
+	done := map[*ledger.Stack][]MemvizFrame{}
+	frames := func(st *ledger.Stack) []MemvizFrame {
 		if st == nil {
 			return nil
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -20,8 +21,8 @@ type fakeStacks struct{}
 
 var fakeMap = proc.Mapping{Start: 0, End: 0x10000, Path: "/bin/w", BuildID: "abcd"}
 
-func (fakeStacks) Maps(*events.Stack) []proc.Mapping { return []proc.Mapping{fakeMap} }
-func (fakeStacks) Frames(st *events.Stack) []symbolize.Frame {
+func (fakeStacks) Maps(*ledger.Stack) []proc.Mapping { return []proc.Mapping{fakeMap} }
+func (fakeStacks) Frames(st *ledger.Stack) []symbolize.Frame {
 	out := make([]symbolize.Frame, len(st.Frames))
 	for i, pc := range st.Frames {
 		out[i] = symbolize.Frame{Addr: pc, Function: fmt.Sprintf("fn%x", pc), File: "w.c", Line: int(pc), Module: "/bin/w"}
@@ -30,7 +31,7 @@ func (fakeStacks) Frames(st *events.Stack) []symbolize.Frame {
 }
 
 func TestWriteLivePprof(t *testing.T) {
-	l := events.NewLedger()
+	l := ledger.New()
 	ev := func(pid uint32, api events.API, addr, size uint64, frames ...uint64) {
 		l.Apply(&events.Event{PID: pid, TID: pid, Comm: "job", API: api, Addr: addr, Size: size, Stack: frames})
 	}
@@ -81,7 +82,7 @@ func TestWriteLivePprof(t *testing.T) {
 }
 
 func TestLiveSnapshot(t *testing.T) {
-	l := events.NewLedger()
+	l := ledger.New()
 	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.CudaMalloc, Addr: 0x10000, Size: 4096, Device: 1, Stack: []uint64{0xa}})
 	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.CudaMallocHost, Addr: 0x90000, Size: 64, Stack: []uint64{0xb}})
 	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.TorchMalloc, Addr: 0x10200, Size: 1000, Device: 1, Stack: []uint64{0xc}})

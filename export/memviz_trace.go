@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -50,7 +51,7 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	// at the end.
 	counts, tensorCounts := map[int]int{}, map[int]int{}
 	tensors := false
-	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch events.Change) error {
+	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		if ch.Process == nil || !opts.selected(ch.Process.PID) {
 			return nil
 		}
@@ -78,7 +79,7 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 
 	syms := t.Symbols(!opts.NoSymbolize)
 	defer syms.Close()
-	fr := &memvizFramer{t: t, syms: syms, done: map[*events.Stack][]MemvizFrame{}}
+	fr := &memvizFramer{t: t, syms: syms, done: map[*ledger.Stack][]MemvizFrame{}}
 	defer fr.close()
 
 	snap := &Snapshot{}
@@ -142,7 +143,7 @@ func joinPIDs(pids []uint32) string {
 	return strings.Join(s, ", ")
 }
 
-func memvizSegment(a *events.Allocation, frames []MemvizFrame) MemvizSegment {
+func memvizSegment(a *ledger.Allocation, frames []MemvizFrame) MemvizSegment {
 	kind := MemvizLarge
 	if a.Size <= memvizSmall {
 		kind = MemvizSmall
@@ -158,15 +159,15 @@ func memvizSegment(a *events.Allocation, frames []MemvizFrame) MemvizSegment {
 // segment is also its one block (segment_alloc then alloc; free_requested,
 // free_completed then segment_free); with them, segments and tensor blocks
 // have entries of their own.
-func memvizEntries(ev *events.Event, ch events.Change, tensors bool, emit func(dev int, e MemvizTraceEntry),
-	stack func(*events.Stack) []MemvizFrame) {
-	frames := func(st *events.Stack) []MemvizFrame {
+func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, emit func(dev int, e MemvizTraceEntry),
+	stack func(*ledger.Stack) []MemvizFrame) {
+	frames := func(st *ledger.Stack) []MemvizFrame {
 		if stack == nil {
 			return nil
 		}
 		return stack(st)
 	}
-	entries := func(a *events.Allocation, actions ...MemvizAction) {
+	entries := func(a *ledger.Allocation, actions ...MemvizAction) {
 		f := frames(a.Stack)
 		for _, action := range actions {
 			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f})
@@ -200,13 +201,13 @@ func memvizEntries(ev *events.Event, ch events.Change, tensors bool, emit func(d
 // memvizTensorSegment is segment a cut into the blocks of the live tensors
 // inside it (sorted by address), each rounded up to PyTorch's 512 bytes
 // where room allows, with inactive blocks (cached, free) between them.
-func memvizTensorSegment(a *events.Allocation, frames []MemvizFrame, live []*events.Allocation,
-	stack func(*events.Stack) []MemvizFrame) MemvizSegment {
+func memvizTensorSegment(a *ledger.Allocation, frames []MemvizFrame, live []*ledger.Allocation,
+	stack func(*ledger.Stack) []MemvizFrame) MemvizSegment {
 	seg := memvizSegment(a, frames)
 	seg.Blocks, seg.AllocatedSize, seg.ActiveSize, seg.RequestedSize = nil, 0, 0, 0
 	end := a.Addr + a.Size
 	at := a.Addr
-	i, _ := slices.BinarySearchFunc(live, a.Addr, func(t *events.Allocation, addr uint64) int {
+	i, _ := slices.BinarySearchFunc(live, a.Addr, func(t *ledger.Allocation, addr uint64) int {
 		return cmp.Compare(t.Addr, addr)
 	})
 	for ; i < len(live) && live[i].Addr < end; i++ {
@@ -240,7 +241,7 @@ func memvizTensorSegment(a *events.Allocation, frames []MemvizFrame, live []*eve
 type memvizFramer struct {
 	t    *replay.Trace // the first pass: its stacks carry the mappings
 	syms *replay.Symbols
-	done map[*events.Stack][]MemvizFrame
+	done map[*ledger.Stack][]MemvizFrame
 	err  error // the first replay error of a device trace
 	// stops end the device replays: all of them, whether or not the
 	// encoder got to the end of their lists.
@@ -253,7 +254,7 @@ func (m *memvizFramer) close() {
 	}
 }
 
-func (m *memvizFramer) frames(st *events.Stack) []MemvizFrame {
+func (m *memvizFramer) frames(st *ledger.Stack) []MemvizFrame {
 	if st == nil {
 		return nil
 	}
@@ -292,7 +293,7 @@ func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors boo
 	var next func() (MemvizTraceEntry, bool)
 	seq := func(yield func(MemvizTraceEntry) bool) {
 		toSkip := skip
-		_, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch events.Change) error {
+		_, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch ledger.Change) error {
 			if ch.Process == nil || !opts.selected(ch.Process.PID) {
 				return nil
 			}
@@ -306,7 +307,7 @@ func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors boo
 					return
 				}
 				more = yield(e)
-			}, func(st *events.Stack) []MemvizFrame {
+			}, func(st *ledger.Stack) []MemvizFrame {
 				// This pass's stacks are its own: find the first pass's.
 				return m.frames(m.t.Ledger.StackOf(st.PID, st.Frames, st.Tensor))
 			})

@@ -10,6 +10,7 @@ import (
 	"github.com/google/pprof/profile"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
@@ -27,7 +28,7 @@ var pprofSampleTypes = []*profile.ValueType{
 // sampleKey is what one pprof sample aggregates: one stack of one process
 // (a ledger stack is per process), one device, one function.
 type sampleKey struct {
-	st     *events.Stack
+	st     *ledger.Stack
 	device int32
 	api    events.API
 }
@@ -42,7 +43,7 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 		return err
 	}
 	allocs := map[sampleKey]*[4]int64{}
-	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch events.Change) error {
+	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		if a := ch.Alloc; a != nil && opts.selected(ch.Process.PID) {
 			v := sampleValues(allocs, sampleKey{a.Stack, a.Device, a.API})
 			v[0]++
@@ -120,8 +121,8 @@ func sampleValues(m map[sampleKey]*[4]int64, k sampleKey) *[4]int64 {
 // trace gives them (replay.Trace.Maps, replay.Symbols.Frames), and so does
 // a live session (the agent's, from the mappings it captured).
 type Stacks interface {
-	Maps(st *events.Stack) []proc.Mapping
-	Frames(st *events.Stack) []symbolize.Frame
+	Maps(st *ledger.Stack) []proc.Mapping
+	Frames(st *ledger.Stack) []symbolize.Frame
 }
 
 // replayStacks is a replayed trace's Stacks.
@@ -130,8 +131,8 @@ type replayStacks struct {
 	syms *replay.Symbols
 }
 
-func (r replayStacks) Maps(st *events.Stack) []proc.Mapping      { return r.t.Maps(st) }
-func (r replayStacks) Frames(st *events.Stack) []symbolize.Frame { return r.syms.Frames(st) }
+func (r replayStacks) Maps(st *ledger.Stack) []proc.Mapping      { return r.t.Maps(st) }
+func (r replayStacks) Frames(st *ledger.Stack) []symbolize.Frame { return r.syms.Frames(st) }
 
 // pprofBuilder gives each mapping, location and function one entry.
 type pprofBuilder struct {
@@ -142,7 +143,7 @@ type pprofBuilder struct {
 	mappings  map[proc.Mapping]*profile.Mapping
 	locations map[locKey]*profile.Location
 	functions map[[2]string]*profile.Function
-	stacks    map[*events.Stack][]*profile.Location
+	stacks    map[*ledger.Stack][]*profile.Location
 }
 
 // locKey: one location per address in one mapping, or per address and
@@ -165,7 +166,7 @@ func newPprofBuilder(src Stacks, comm map[uint32]string, labels map[uint32]map[s
 		mappings:  map[proc.Mapping]*profile.Mapping{},
 		locations: map[locKey]*profile.Location{},
 		functions: map[[2]string]*profile.Function{},
-		stacks:    map[*events.Stack][]*profile.Location{},
+		stacks:    map[*ledger.Stack][]*profile.Location{},
 	}
 	return b
 }
@@ -202,7 +203,7 @@ func (b *pprofBuilder) sample(k sampleKey, v *[4]int64) {
 }
 
 // stack returns st's locations, innermost first, as pprof wants them.
-func (b *pprofBuilder) stack(st *events.Stack) []*profile.Location {
+func (b *pprofBuilder) stack(st *ledger.Stack) []*profile.Location {
 	if locs, ok := b.stacks[st]; ok {
 		return locs
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -32,7 +33,7 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 	tw := &timelineWriter{w: bufio.NewWriterSize(w, 256<<10), start: meta.StartBoot, named: map[uint32]bool{},
 		last: map[uint32]*[]trackTime{}}
 	tw.raw(`{"displayTimeUnit":"ms","traceEvents":[`)
-	_, err = replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch events.Change) error {
+	_, err = replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		p := ch.Process
 		if p == nil || !opts.selected(p.PID) {
 			return nil
@@ -73,7 +74,7 @@ type track struct {
 	device int32
 }
 
-func trackOf(a *events.Allocation) track {
+func trackOf(a *ledger.Allocation) track {
 	info := a.API.Info()
 	switch {
 	case info.Layer == events.LayerTensor:
@@ -85,7 +86,7 @@ func trackOf(a *events.Allocation) track {
 }
 
 // sameTrack reports whether a and b count on the same counter track.
-func sameTrack(a, b *events.Allocation) bool { return trackOf(a) == trackOf(b) }
+func sameTrack(a, b *ledger.Allocation) bool { return trackOf(a) == trackOf(b) }
 
 // trackTime is the time of a counter track's latest value.
 type trackTime struct {
@@ -143,7 +144,7 @@ func (tw *timelineWriter) ts(b []byte, t uint64) []byte {
 	return b
 }
 
-func (tw *timelineWriter) process(p *events.Process) {
+func (tw *timelineWriter) process(p *ledger.Process) {
 	if tw.named[p.PID] {
 		return
 	}
@@ -156,7 +157,7 @@ func (tw *timelineWriter) process(p *events.Process) {
 
 // counter writes the live bytes of a's device (or of pinned host memory)
 // in p after an event changed them.
-func (tw *timelineWriter) counter(p *events.Process, a *events.Allocation, t uint64) {
+func (tw *timelineWriter) counter(p *ledger.Process, a *ledger.Allocation, t uint64) {
 	tr := trackOf(a)
 	t = tw.stamp(p.PID, tr, t)
 	b := append(tw.buf[:0], `"ph":"C","pid":`...)

@@ -5,7 +5,7 @@
 //
 // In a merged stack a Python frame stands as a synthetic address: the top
 // bit set (never a user-space address), the rest its number in the
-// process's table. A ledger (events.Ledger) then tells apart stacks that
+// process's table. A ledger (ledger.Ledger) then tells apart stacks that
 // differ only in their Python frames as it does by their native ones, and
 // the table turns the addresses back into file:line:function.
 package pyframes

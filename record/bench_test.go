@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -39,7 +40,7 @@ func BenchmarkApplyPython(b *testing.B) {
 	}
 	for _, python := range []bool{false, true} {
 		b.Run(fmt.Sprintf("python=%v", python), func(b *testing.B) {
-			s := &session{res: &Result{Ledger: events.NewLedger()}}
+			s := &session{res: &Result{Ledger: ledger.New()}}
 			ps := &procState{}
 			if python {
 				ps.py = &pyProc{in: &pystack.Interp{Eval: eval}, table: pyframes.NewTable(eval)}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -21,7 +21,7 @@ func nvmlSession(t *testing.T, open func() (gpustat.Source, error)) (*session, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &session{opts: Options{Stderr: &stderr}, res: &Result{Ledger: events.NewLedger()}, w: w,
+	s := &session{opts: Options{Stderr: &stderr}, res: &Result{Ledger: ledger.New()}, w: w,
 		warned: map[string]bool{}}
 	s.sampler = startSampler(open, 5*time.Millisecond)
 	t.Cleanup(s.sampler.close)

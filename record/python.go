@@ -5,6 +5,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
@@ -195,7 +196,7 @@ func (s *session) resolvePython(ev *events.Event, ps *procState) {
 // shows and stacks that differ only in their Python frames stay apart.
 // ev keeps its native stack: the observers and the trace get the record
 // as captured.
-func (s *session) apply(ev *events.Event, ps *procState) events.Change {
+func (s *session) apply(ev *events.Event, ps *procState) ledger.Change {
 	if ps.py == nil || ps.py.table == nil {
 		return s.res.Ledger.Apply(ev)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -21,7 +22,7 @@ type pyObserver struct {
 func (o *pyObserver) Process(*tracefile.Process)         {}
 func (o *pyObserver) Tick(*Result)                       {}
 func (o *pyObserver) Python(_ uint32, t *pyframes.Table) { o.tables = append(o.tables, t) }
-func (o *pyObserver) Event(ev *events.Event, _ events.Change) {
+func (o *pyObserver) Event(ev *events.Event, _ ledger.Change) {
 	o.stacks = append(o.stacks, slices.Clone(ev.Stack))
 }
 
@@ -31,12 +32,12 @@ func (o *pyObserver) Event(ev *events.Event, _ events.Change) {
 // the trace get the record as captured.
 func TestPythonLive(t *testing.T) {
 	obs := &pyObserver{}
-	s := &session{opts: Options{Observer: obs}, res: &Result{Ledger: events.NewLedger()}}
+	s := &session{opts: Options{Observer: obs}, res: &Result{Ledger: ledger.New()}}
 	pid := uint32(os.Getpid())
 	eval := [][2]uint64{{0x5000, 0x6000}}
 	ps := &procState{py: &pyProc{in: &pystack.Interp{Eval: eval}}}
 	native := []uint64{0x1000, 0x5010, 0x3000}
-	record := func(code uint64, units int32, size uint64) events.Change {
+	record := func(code uint64, units int32, size uint64) ledger.Change {
 		ev := &events.Event{PID: pid, API: events.CudaMalloc, Addr: 0x10000 * uint64(units+1), Size: size,
 			Flags: events.FlagPython, Stack: slices.Clone(native),
 			Py: []events.PyFrame{{Code: code, Units: units, Flags: events.PyEntry}}}

@@ -20,6 +20,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
@@ -86,7 +87,7 @@ type Observer interface {
 	// Event is called for every event, after the ledger applied it. ev
 	// is the record as captured, its Stack native only; ch.Stack is the
 	// ledger's, Python frames merged in.
-	Event(ev *events.Event, ch events.Change)
+	Event(ev *events.Event, ch ledger.Change)
 	// Tick is called at least every Tracer.PollInterval with the session
 	// so far: the ledger, and the BPF counters (losses included) as last
 	// read, at most once a second.
@@ -95,7 +96,7 @@ type Observer interface {
 
 // Result is what a finished session holds.
 type Result struct {
-	Ledger     *events.Ledger
+	Ledger     *ledger.Ledger
 	Counters   map[string]uint64
 	Lost       uint64
 	Attached   []loader.AttachResult
@@ -144,7 +145,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	defer tr.Close()
 
-	res := &Result{Ledger: events.NewLedger(), Output: opts.Output}
+	res := &Result{Ledger: ledger.New(), Output: opts.Output}
 	for _, lib := range libs {
 		ar, err := tr.Attach(lib)
 		if err != nil {

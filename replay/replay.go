@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/symbolize"
@@ -29,12 +30,12 @@ type Options struct {
 	// OnEvent, when set, is called after the ledger has applied each event,
 	// with what changed. ev is reused by the next event: copy what must
 	// outlive the call. An error stops the replay and is returned by Read.
-	OnEvent func(ev *events.Event, ch events.Change) error
+	OnEvent func(ev *events.Event, ch ledger.Change) error
 	// OnNVML, when set, is called for each sample of the driver's view
 	// (nvml frame) with the ledger as it stands at that point of the file:
 	// the traced live bytes to put beside the driver's. An error stops the
 	// replay and is returned by Read.
-	OnNVML func(n *tracefile.NVML, l *events.Ledger) error
+	OnNVML func(n *tracefile.NVML, l *ledger.Ledger) error
 	// FramePointersOnly keeps the frame-pointer stacks as recorded and
 	// skips unwinding the records' stack windows from call-frame
 	// information.
@@ -46,7 +47,7 @@ type Options struct {
 type Trace struct {
 	Path      string
 	Meta      tracefile.Meta
-	Ledger    *events.Ledger
+	Ledger    *ledger.Ledger
 	Events    uint64 // event records applied
 	Lost      uint64 // events the BPF side counted as lost
 	Counters  map[string]uint64
@@ -66,10 +67,10 @@ type Trace struct {
 	Unwound UnwindStats
 
 	// The capture each stack is read against (nil: none came).
-	stackProcs map[*events.Stack]*tracefile.Process
+	stackProcs map[*ledger.Stack]*tracefile.Process
 	// Stacks first seen before any capture of their process: they take
 	// the first capture that comes.
-	pending map[uint32][]*events.Stack
+	pending map[uint32][]*ledger.Stack
 	py      map[uint32]*pyframes.Table // CPython processes' frames (python.go)
 	// Native frames of container processes named at record time.
 	symbols []tracefile.Symbol
@@ -93,12 +94,12 @@ func Read(path string, opts Options) (*Trace, error) {
 	t := &Trace{
 		Path:       path,
 		Meta:       r.Meta(),
-		Ledger:     events.NewLedger(),
+		Ledger:     ledger.New(),
 		Counters:   map[string]uint64{},
 		Processes:  map[uint32]*tracefile.Process{},
 		Latest:     map[uint32]*tracefile.Process{},
-		stackProcs: map[*events.Stack]*tracefile.Process{},
-		pending:    map[uint32][]*events.Stack{},
+		stackProcs: map[*ledger.Stack]*tracefile.Process{},
+		pending:    map[uint32][]*ledger.Stack{},
 	}
 	for {
 		rec, err := r.Next()
@@ -181,7 +182,7 @@ func (t *Trace) finish() {
 // noteStack remembers the mappings a stack is to be symbolized with: its
 // process's as they were when the stack was first seen. A later capture
 // (after a dlopen or an exec) describes the addresses of later events.
-func (t *Trace) noteStack(pid uint32, st *events.Stack) {
+func (t *Trace) noteStack(pid uint32, st *ledger.Stack) {
 	if _, seen := t.stackProcs[st]; seen {
 		return
 	}
@@ -208,7 +209,7 @@ func (t *Trace) capture(p *tracefile.Process) {
 
 // Maps returns the mappings st's addresses are to be read against; nil
 // when its process was never captured.
-func (t *Trace) Maps(st *events.Stack) []proc.Mapping {
+func (t *Trace) Maps(st *ledger.Stack) []proc.Mapping {
 	if p := t.stackProcs[st]; p != nil {
 		return p.Maps
 	}
@@ -237,14 +238,14 @@ func (t *Trace) DurationNS() uint64 {
 type Symbols struct {
 	t    *Trace
 	sym  *symbolize.Symbolizer // nil: addresses only
-	done map[*events.Stack][]symbolize.Frame
+	done map[*ledger.Stack][]symbolize.Frame
 }
 
 // Symbols returns a symbolizer for t's stacks. With enabled false, frames
 // carry only their addresses (and modules are not opened). Close it when
 // done.
 func (t *Trace) Symbols(enabled bool) *Symbols {
-	s := &Symbols{t: t, done: map[*events.Stack][]symbolize.Frame{}}
+	s := &Symbols{t: t, done: map[*ledger.Stack][]symbolize.Frame{}}
 	if enabled {
 		s.sym = symbolize.New()
 		for _, k := range t.symbols {
@@ -255,7 +256,7 @@ func (t *Trace) Symbols(enabled bool) *Symbols {
 }
 
 // Frames returns st's frames, innermost first; an empty slice for nil.
-func (s *Symbols) Frames(st *events.Stack) []symbolize.Frame {
+func (s *Symbols) Frames(st *ledger.Stack) []symbolize.Frame {
 	if st == nil {
 		return []symbolize.Frame{}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -50,7 +51,7 @@ func items() []any {
 func TestRead(t *testing.T) {
 	path, _ := tracetest.Write(t, tracefile.Meta{StartBoot: base}, items()...)
 	var seen []uint64
-	tr, err := Read(path, Options{OnEvent: func(ev *events.Event, ch events.Change) error {
+	tr, err := Read(path, Options{OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		seen = append(seen, ev.Addr)
 		if ch.Process == nil || ch.Process.PID != ev.PID {
 			t.Errorf("event %#x: change %+v", ev.Addr, ch)
@@ -111,7 +112,7 @@ func TestReadErrors(t *testing.T) {
 	path, ends := tracetest.Write(t, tracefile.Meta{StartBoot: base}, items()...)
 	stop := errors.New("enough")
 	n := 0
-	_, err := Read(path, Options{OnEvent: func(*events.Event, events.Change) error {
+	_, err := Read(path, Options{OnEvent: func(*events.Event, ledger.Change) error {
 		if n++; n == 2 {
 			return stop
 		}

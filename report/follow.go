@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 )
 
@@ -45,7 +46,7 @@ type failureContext struct {
 }
 
 type stackLive struct {
-	st           *events.Stack
+	st           *ledger.Stack
 	bytes, count uint64
 }
 
@@ -69,7 +70,7 @@ func newFollower(start uint64, interval time.Duration) *follower {
 		seq: map[uint32]uint64{}, peakSeq: map[uint32]uint64{}, peak: map[uint32]uint64{}, spans: map[spanKey]*span{}}
 }
 
-func (f *follower) onEvent(ev *events.Event, ch events.Change) error {
+func (f *follower) onEvent(ev *events.Event, ch ledger.Change) error {
 	p := ch.Process
 	if p == nil {
 		return nil
@@ -85,7 +86,7 @@ func (f *follower) onEvent(ev *events.Event, ch events.Change) error {
 			fc.deviceLive = d.Live
 		}
 		if len(f.failures[p.PID]) < maxFailureStacks {
-			fc.stacks = liveByStack(p, func(a *events.Allocation) bool { return a.Device == ev.Device })
+			fc.stacks = liveByStack(p, func(a *ledger.Allocation) bool { return a.Device == ev.Device })
 			fc.stacks = fc.stacks[:min(len(fc.stacks), failureStacks)]
 		}
 		f.failures[p.PID] = append(f.failures[p.PID], fc)
@@ -173,8 +174,8 @@ func (f *follower) intervals(last uint64) ([]Interval, bool) {
 
 // liveByStack sums p's live GPU allocations that keep passes by stack,
 // most bytes first.
-func liveByStack(p *events.Process, keep func(*events.Allocation) bool) []stackLive {
-	by := map[*events.Stack]*stackLive{}
+func liveByStack(p *ledger.Process, keep func(*ledger.Allocation) bool) []stackLive {
+	by := map[*ledger.Stack]*stackLive{}
 	for _, a := range p.LiveAllocations() {
 		if !a.API.Segment() || !keep(a) {
 			continue
@@ -213,7 +214,7 @@ func (f *follower) peakStacks(t *replay.Trace) (map[uint32][]stackLive, error) {
 		return out, nil
 	}
 	seq := map[uint32]uint64{}
-	_, err := replay.Read(t.Path, replay.Options{OnEvent: func(ev *events.Event, ch events.Change) error {
+	_, err := replay.Read(t.Path, replay.Options{OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		p := ch.Process
 		if p == nil {
 			return nil
@@ -222,7 +223,7 @@ func (f *follower) peakStacks(t *replay.Trace) (map[uint32][]stackLive, error) {
 		if seq[p.PID] != want[p.PID] {
 			return nil
 		}
-		stacks := liveByStack(p, func(*events.Allocation) bool { return true })
+		stacks := liveByStack(p, func(*ledger.Allocation) bool { return true })
 		for i := range stacks {
 			stacks[i].st = t.Ledger.StackOf(p.PID, stacks[i].st.Frames, stacks[i].st.Tensor)
 		}

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -121,7 +121,7 @@ func (f *nvmlFollower) since(t uint64) uint64 {
 	return t - f.start
 }
 
-func (f *nvmlFollower) onNVML(n *tracefile.NVML, l *events.Ledger) error {
+func (f *nvmlFollower) onNVML(n *tracefile.NVML, l *ledger.Ledger) error {
 	f.frames++
 	if n.Error != "" {
 		f.failed++

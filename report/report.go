@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -312,7 +312,7 @@ func Load(path string, opts Options) (*Report, error) {
 
 	syms := t.Symbols(!opts.NoSymbolize)
 	defer syms.Close()
-	frames := func(st *events.Stack) []Frame { return toFrames(syms.Frames(st)) }
+	frames := func(st *ledger.Stack) []Frame { return toFrames(syms.Frames(st)) }
 
 	rep.Processes = []Process{}
 	rep.Failures = []Failure{}
@@ -387,7 +387,7 @@ func Load(path string, opts Options) (*Report, error) {
 	}
 
 	rep.Stacks = []Stack{}
-	index := map[*events.Stack]int{}
+	index := map[*ledger.Stack]int{}
 	for _, st := range t.Ledger.Stacks() {
 		if !opts.selected(st.PID) {
 			continue
@@ -423,7 +423,7 @@ func Load(path string, opts Options) (*Report, error) {
 	return rep, nil
 }
 
-func devices(p *events.Process) []Device {
+func devices(p *ledger.Process) []Device {
 	out := []Device{}
 	for _, d := range p.DeviceList() {
 		out = append(out, Device{Device: d.Device, LiveBytes: d.Live, PeakBytes: d.Peak,
@@ -441,9 +441,9 @@ func nonNil[T any](s []T) []T {
 
 // leaks groups by stack the allocations live at the end that are at least
 // opts.MinAge old.
-func leaks(t *replay.Trace, opts *Options, frames func(*events.Stack) []Frame) []Leak {
+func leaks(t *replay.Trace, opts *Options, frames func(*ledger.Stack) []Frame) []Leak {
 	type group struct {
-		st           *events.Stack
+		st           *ledger.Stack
 		bytes, count uint64
 		oldest       uint64 // time of the oldest allocation
 	}
@@ -452,7 +452,7 @@ func leaks(t *replay.Trace, opts *Options, frames func(*events.Stack) []Frame) [
 		if !opts.selected(p.PID) {
 			continue
 		}
-		by := map[*events.Stack]*group{}
+		by := map[*ledger.Stack]*group{}
 		for _, a := range p.LiveAllocations() {
 			if a.Time > t.Last || t.Last-a.Time < uint64(opts.MinAge) {
 				continue

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -575,7 +576,7 @@ func TestText(t *testing.T) {
 }
 
 func TestWriteSummary(t *testing.T) {
-	l := events.NewLedger()
+	l := ledger.New()
 	l.Apply(&events.Event{Time: 1, PID: 42, Comm: "python3", API: events.CudaMalloc, Addr: 1, Size: 3 << 29, Device: 0})
 	l.Apply(&events.Event{Time: 2, PID: 42, Comm: "python3", API: events.CudaMallocHost, Addr: 2, Size: 1 << 20})
 	l.Apply(&events.Event{Time: 3, PID: 42, Comm: "python3", API: events.CudaFree, Addr: 1})
@@ -591,7 +592,7 @@ func TestWriteSummary(t *testing.T) {
 		t.Errorf("summary\n%s\nwant\n%s", buf.String(), want)
 	}
 	buf.Reset()
-	if err := WriteSummary(&buf, events.NewLedger(), 0); err != nil {
+	if err := WriteSummary(&buf, ledger.New(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if buf.String() != "No CUDA allocation traced.\n" {

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 )
 
 // WriteJSON writes the report as indented JSON.
@@ -41,7 +41,7 @@ func HumanBytes(n uint64) string {
 
 // WriteSummary prints the per-process table of a ledger: what `record`
 // prints when it stops. lost is the count of events the BPF side dropped.
-func WriteSummary(w io.Writer, l *events.Ledger, lost uint64) error {
+func WriteSummary(w io.Writer, l *ledger.Ledger, lost uint64) error {
 	var rows []Process
 	for _, p := range l.Processes() {
 		rows = append(rows, Process{PID: p.PID, Comm: p.Comm, Allocs: p.Allocs, Frees: p.Frees, Failed: p.Failed,

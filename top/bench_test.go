@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/record"
 )
 
@@ -13,7 +14,7 @@ import (
 // 20 frames, seen through a collector.
 func benchLedger(live int) (*Collector, *record.Result) {
 	c := NewCollector(time.Second, 5, nil)
-	l := events.NewLedger()
+	l := ledger.New()
 	stacks := make([][]uint64, 1000)
 	for i := range stacks {
 		for f := range 20 {

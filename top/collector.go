@@ -13,6 +13,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/record"
@@ -133,7 +134,7 @@ func (c *Collector) Python(pid uint32, t *pyframes.Table) { c.py[pid] = t }
 
 // Event counts each process's live allocations of GPU memory (what Live
 // counts): the ledger would have to walk its live set for it.
-func (c *Collector) Event(_ *events.Event, ch events.Change) {
+func (c *Collector) Event(_ *events.Event, ch ledger.Change) {
 	if ch.Process == nil {
 		return
 	}
@@ -264,7 +265,7 @@ func (c *Collector) commOf(pid uint32) string {
 
 // stacks returns the top stacks by live bytes of sel, or of the first
 // process when sel is not traced.
-func (c *Collector) stacks(l *events.Ledger, sel uint32, procs []Process) (uint32, []Stack) {
+func (c *Collector) stacks(l *ledger.Ledger, sel uint32, procs []Process) (uint32, []Stack) {
 	if l.Process(sel) == nil {
 		if len(procs) == 0 {
 			return 0, nil

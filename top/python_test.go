@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -15,7 +16,7 @@ import (
 // under one native stack are two stacks, each with its own bytes.
 func TestPythonStacks(t *testing.T) {
 	c := NewCollector(time.Second, 5, nil)
-	l := events.NewLedger()
+	l := ledger.New()
 	tb := pyframes.NewTable([][2]uint64{{0x5000, 0x6000}})
 	c.Python(100, tb)
 	for i, line := range []int{12, 14} {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -20,7 +21,7 @@ func (c *clock) now() time.Time { return c.t }
 
 var collector *Collector // the one the test's events go to
 
-func alloc(l *events.Ledger, pid uint32, comm string, addr, size uint64, dev int32, api events.API, stack ...uint64) {
+func alloc(l *ledger.Ledger, pid uint32, comm string, addr, size uint64, dev int32, api events.API, stack ...uint64) {
 	ev := &events.Event{Time: addr, PID: pid, TID: pid, Comm: comm, API: api, Addr: addr, Size: size, Device: dev, Stack: stack}
 	collector.Event(ev, l.Apply(ev))
 }
@@ -32,7 +33,7 @@ func TestCollector(t *testing.T) {
 	c.now, c.start = clk.now, clk.t
 	c.comm[300] = "jax" // as /proc would say
 	collector = c
-	l := events.NewLedger()
+	l := ledger.New()
 	res := &record.Result{Ledger: l, Events: 3}
 	alloc(l, 100, "train", 0x1000, 1000, 0, events.CudaMalloc, 0xa)
 	alloc(l, 100, "train", 0x2000, 3000, 1, events.CudaMalloc, 0xb)

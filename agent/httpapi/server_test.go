@@ -13,6 +13,7 @@ import (
 	"github.com/cudatrace/cudatrace/agent"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -29,7 +30,7 @@ var nvmlSample = &gpustat.Sample{
 func serve(t *testing.T, opts Options) *httptest.Server {
 	t.Helper()
 	a := agent.New(agent.Options{NoSymbolize: true})
-	ledger := events.NewLedger()
+	led := ledger.New()
 	pid := uint32(os.Getpid())
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -42,7 +43,7 @@ func serve(t *testing.T, opts Options) *httptest.Server {
 			{PID: pid, Comm: "job", API: events.TorchMalloc, Addr: 0x1000, Size: 60, Device: 0, Stack: []uint64{3}},
 			{PID: pid, Comm: "job", API: events.CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{4}},
 		} {
-			ch := ledger.Apply(&ev)
+			ch := led.Apply(&ev)
 			a.Event(&ev, ch)
 		}
 		tick := time.NewTicker(5 * time.Millisecond)
@@ -52,7 +53,7 @@ func serve(t *testing.T, opts Options) *httptest.Server {
 			case <-stop:
 				return
 			case <-tick.C:
-				a.Tick(&record.Result{Ledger: ledger, Events: 4, Lost: 2, NVML: nvmlSample})
+				a.Tick(&record.Result{Ledger: led, Events: 4, Lost: 2, NVML: nvmlSample})
 			}
 		}
 	}()

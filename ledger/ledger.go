@@ -1,4 +1,9 @@
-package events
+// Package ledger keeps the account of what each traced process holds, fed
+// one decoded event (package events) at a time: live allocations by
+// address, per-process and per-device totals with their peaks, failures,
+// VMM mappings and the aggregate of every allocation stack. record, replay,
+// top and the agent each run one; the reports and exports read it.
+package ledger
 
 import (
 	"cmp"
@@ -6,6 +11,8 @@ import (
 	"iter"
 	"slices"
 	"sort"
+
+	"github.com/cudatrace/cudatrace/events"
 )
 
 // Ledger keeps what each process holds: live allocations keyed by address,
@@ -94,7 +101,7 @@ type Device struct {
 type Allocation struct {
 	Addr, Size uint64
 	Device     int32
-	API        API
+	API        events.API
 	Time       uint64 // when it took effect (return of the call)
 	TID        uint32
 	Stack      *Stack
@@ -111,7 +118,7 @@ func (a *Allocation) Released() bool { return a.released }
 type Failure struct {
 	Time   uint64
 	TID    uint32
-	API    API
+	API    events.API
 	Size   uint64
 	Device int32
 	Result int32
@@ -141,8 +148,8 @@ type stackKey struct {
 // failures are still counted.
 const DefaultMaxFailures = 10000
 
-// NewLedger returns an empty ledger.
-func NewLedger() *Ledger {
+// New returns an empty ledger.
+func New() *Ledger {
 	return &Ledger{
 		procs:    make(map[uint32]*Process),
 		stacks:   make(map[stackKey]*Stack),
@@ -238,18 +245,18 @@ func (c *Change) AllFreed() iter.Seq[*Allocation] {
 }
 
 // Apply accounts for one event and says what changed.
-func (l *Ledger) Apply(ev *Event) Change {
+func (l *Ledger) Apply(ev *events.Event) Change {
 	info := ev.API.Info()
 	switch info.Op {
-	case OpAlloc:
+	case events.OpAlloc:
 		return l.alloc(ev, info)
-	case OpFree:
+	case events.OpFree:
 		return l.free(ev)
-	case OpMap:
+	case events.OpMap:
 		return l.mapVMM(ev)
-	case OpUnmap:
+	case events.OpUnmap:
 		return l.proc(ev.PID, ev.Comm).unmapVMM(ev)
-	case OpReserve:
+	case events.OpReserve:
 		p := l.proc(ev.PID, ev.Comm)
 		if ev.OK() {
 			if old, ok := p.reserves[ev.Addr]; ok { // its cuMemAddressFree was lost
@@ -259,7 +266,7 @@ func (l *Ledger) Apply(ev *Event) Change {
 			p.Reserved += ev.Size
 		}
 		return Change{Process: p}
-	case OpUnreserve:
+	case events.OpUnreserve:
 		p := l.proc(ev.PID, ev.Comm)
 		if size, ok := p.reserves[ev.Addr]; ok {
 			delete(p.reserves, ev.Addr)
@@ -270,9 +277,9 @@ func (l *Ledger) Apply(ev *Event) Change {
 	return Change{}
 }
 
-func (l *Ledger) alloc(ev *Event, info APIInfo) Change {
+func (l *Ledger) alloc(ev *events.Event, info events.APIInfo) Change {
 	p := l.proc(ev.PID, ev.Comm)
-	if info.Layer == LayerTensor {
+	if info.Layer == events.LayerTensor {
 		return l.tensorAlloc(p, ev)
 	}
 	st := l.stack(ev.PID, ev.Stack, false)
@@ -299,7 +306,7 @@ func (l *Ledger) alloc(ev *Event, info APIInfo) Change {
 	p.live[ev.Addr] = a
 	st.Live += a.Size
 	st.LiveCount++
-	if info.Kind == KindHost {
+	if info.Kind == events.KindHost {
 		p.HostLive += a.Size
 		p.HostPeak = max(p.HostPeak, p.HostLive)
 		return ch
@@ -315,9 +322,9 @@ func (l *Ledger) alloc(ev *Event, info APIInfo) Change {
 	return ch
 }
 
-func (l *Ledger) free(ev *Event) Change {
+func (l *Ledger) free(ev *events.Event) Change {
 	p := l.proc(ev.PID, ev.Comm)
-	if ev.API.Info().Layer == LayerTensor {
+	if ev.API.Info().Layer == events.LayerTensor {
 		return p.tensorFree(ev)
 	}
 	a := p.live[ev.Addr]
@@ -338,7 +345,7 @@ func (l *Ledger) free(ev *Event) Change {
 
 // mapVMM records a cuMemMap: the handle's physical memory (ev.Aux) at
 // virtual address ev.Addr.
-func (l *Ledger) mapVMM(ev *Event) Change {
+func (l *Ledger) mapVMM(ev *events.Event) Change {
 	p := l.proc(ev.PID, ev.Comm)
 	if !ev.OK() {
 		p.FailedMaps++
@@ -364,7 +371,7 @@ func (l *Ledger) mapVMM(ev *Event) Change {
 
 // unmapVMM removes the mappings that start in [ev.Addr, ev.Addr+ev.Size):
 // cuMemUnmap takes whole mappings, and one call may cover several.
-func (p *Process) unmapVMM(ev *Event) Change {
+func (p *Process) unmapVMM(ev *events.Event) Change {
 	ch := Change{Process: p}
 	var gone []*Mapping
 	if m := p.mappings[ev.Addr]; m != nil && m.Size >= ev.Size {
@@ -413,7 +420,7 @@ func (p *Process) unmapOne(m *Mapping) *Allocation {
 	return a
 }
 
-func (l *Ledger) tensorAlloc(p *Process, ev *Event) Change {
+func (l *Ledger) tensorAlloc(p *Process, ev *events.Event) Change {
 	st := l.stack(ev.PID, ev.Stack, true)
 	ch := Change{Process: p, Stack: st}
 	p.TensorAllocs++
@@ -440,7 +447,7 @@ func (l *Ledger) tensorAlloc(p *Process, ev *Event) Change {
 	return ch
 }
 
-func (p *Process) tensorFree(ev *Event) Change {
+func (p *Process) tensorFree(ev *events.Event) Change {
 	a := p.tensors[ev.Addr]
 	if a == nil {
 		p.UnknownTensorFrees++
@@ -469,7 +476,7 @@ func (p *Process) release(a *Allocation) {
 func (p *Process) account(a *Allocation) {
 	a.Stack.Live -= a.Size
 	a.Stack.LiveCount--
-	if a.API.Info().Kind == KindHost {
+	if a.API.Info().Kind == events.KindHost {
 		p.HostLive -= a.Size
 		return
 	}

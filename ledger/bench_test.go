@@ -1,6 +1,10 @@
-package events
+package ledger
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/cudatrace/cudatrace/events"
+)
 
 // BenchmarkDecodeApply is the user-space cost of one event in `record`:
 // decode the ring-buffer record, then account for it in the ledger. Half the
@@ -15,15 +19,15 @@ func BenchmarkDecodeApply(b *testing.B) {
 		}
 		addr := 0x7f0000000000 + uint64(i)*0x100000
 		raws = append(raws,
-			Encode(nil, &Event{Time: uint64(2 * i), Duration: 500, PID: 42, TID: 43, Comm: "python3", API: CudaMalloc, Addr: addr, Size: 1 << 20, Stack: stack}),
-			Encode(nil, &Event{Time: uint64(2*i + 1), PID: 42, TID: 43, Comm: "python3", API: CudaFree, Addr: addr, Flags: FlagEntryOnly}))
+			events.Encode(nil, &events.Event{Time: uint64(2 * i), Duration: 500, PID: 42, TID: 43, Comm: "python3", API: events.CudaMalloc, Addr: addr, Size: 1 << 20, Stack: stack}),
+			events.Encode(nil, &events.Event{Time: uint64(2*i + 1), PID: 42, TID: 43, Comm: "python3", API: events.CudaFree, Addr: addr, Flags: events.FlagEntryOnly}))
 	}
-	l := NewLedger()
-	var ev Event
+	l := New()
+	var ev events.Event
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		if err := Decode(raws[i%len(raws)], &ev); err != nil {
+		if err := events.Decode(raws[i%len(raws)], &ev); err != nil {
 			b.Fatal(err)
 		}
 		l.Apply(&ev)

@@ -1,24 +1,28 @@
-package events
+package ledger
 
-import "testing"
+import (
+	"testing"
 
-func alloc(pid uint32, api API, addr, size uint64, dev int32, frames ...uint64) *Event {
-	return &Event{PID: pid, TID: pid, Comm: "w", API: api, Addr: addr, Size: size, Device: dev, Stack: frames}
+	"github.com/cudatrace/cudatrace/events"
+)
+
+func alloc(pid uint32, api events.API, addr, size uint64, dev int32, frames ...uint64) *events.Event {
+	return &events.Event{PID: pid, TID: pid, Comm: "w", API: api, Addr: addr, Size: size, Device: dev, Stack: frames}
 }
 
-func free(pid uint32, api API, addr uint64) *Event {
-	return &Event{PID: pid, TID: pid, Comm: "w", API: api, Addr: addr, Flags: FlagEntryOnly}
+func free(pid uint32, api events.API, addr uint64) *events.Event {
+	return &events.Event{PID: pid, TID: pid, Comm: "w", API: api, Addr: addr, Flags: events.FlagEntryOnly}
 }
 
 func TestLedgerTotals(t *testing.T) {
-	l := NewLedger()
-	l.Apply(alloc(1, CudaMalloc, 0x1000, 100, 0, 0xa))
-	l.Apply(alloc(1, CudaMallocManaged, 0x2000, 50, 1, 0xb))
-	l.Apply(alloc(1, CudaMallocHost, 0x9000, 70, 0, 0xa))
-	l.Apply(&Event{PID: 1, API: CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{0xc}})
-	l.Apply(free(1, CudaFree, 0x1000))
-	l.Apply(free(1, CudaFree, 0x5555))                // never seen
-	l.Apply(alloc(1, CudaMalloc, 0x1000, 30, 1, 0xa)) // address reused
+	l := New()
+	l.Apply(alloc(1, events.CudaMalloc, 0x1000, 100, 0, 0xa))
+	l.Apply(alloc(1, events.CudaMallocManaged, 0x2000, 50, 1, 0xb))
+	l.Apply(alloc(1, events.CudaMallocHost, 0x9000, 70, 0, 0xa))
+	l.Apply(&events.Event{PID: 1, API: events.CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{0xc}})
+	l.Apply(free(1, events.CudaFree, 0x1000))
+	l.Apply(free(1, events.CudaFree, 0x5555))                // never seen
+	l.Apply(alloc(1, events.CudaMalloc, 0x1000, 30, 1, 0xa)) // address reused
 
 	p := l.Process(1)
 	checks := map[string][2]uint64{
@@ -56,9 +60,9 @@ func TestLedgerTotals(t *testing.T) {
 }
 
 func TestLedgerLostFreeReplaces(t *testing.T) {
-	l := NewLedger()
-	l.Apply(alloc(7, CudaMalloc, 0x1000, 100, 0))
-	l.Apply(alloc(7, CudaMalloc, 0x1000, 40, 0)) // the free in between was lost
+	l := New()
+	l.Apply(alloc(7, events.CudaMalloc, 0x1000, 100, 0))
+	l.Apply(alloc(7, events.CudaMalloc, 0x1000, 40, 0)) // the free in between was lost
 	p := l.Process(7)
 	if p.Replaced != 1 || p.Live != 40 || p.Allocs != 2 || len(p.LiveAllocations()) != 1 {
 		t.Fatalf("replaced %d live %d allocs %d", p.Replaced, p.Live, p.Allocs)
@@ -66,10 +70,10 @@ func TestLedgerLostFreeReplaces(t *testing.T) {
 }
 
 func TestLedgerFailuresBounded(t *testing.T) {
-	l := NewLedger()
+	l := New()
 	l.maxFails = 3
 	for i := 0; i < 10; i++ {
-		l.Apply(&Event{PID: 1, API: CudaMalloc, Size: 1, Result: 2})
+		l.Apply(&events.Event{PID: 1, API: events.CudaMalloc, Size: 1, Result: 2})
 	}
 	p := l.Process(1)
 	if p.Failed != 10 || len(p.Failures) != 3 {
@@ -78,9 +82,9 @@ func TestLedgerFailuresBounded(t *testing.T) {
 }
 
 func TestLedgerPerProcess(t *testing.T) {
-	l := NewLedger()
-	l.Apply(alloc(1, CudaMalloc, 0x1000, 10, 0))
-	l.Apply(alloc(2, CudaMalloc, 0x1000, 20, 0)) // same address, other process: not a reuse
+	l := New()
+	l.Apply(alloc(1, events.CudaMalloc, 0x1000, 10, 0))
+	l.Apply(alloc(2, events.CudaMalloc, 0x1000, 20, 0)) // same address, other process: not a reuse
 	if l.Process(1).Live != 10 || l.Process(2).Live != 20 || l.Process(1).Replaced != 0 {
 		t.Fatal("processes share state")
 	}
@@ -92,8 +96,8 @@ func TestLedgerPerProcess(t *testing.T) {
 // Apply says what it did: readers that follow the ledger (the exports'
 // timelines) rely on it instead of diffing the ledger.
 func TestLedgerChange(t *testing.T) {
-	l := NewLedger()
-	ch := l.Apply(alloc(1, CudaMalloc, 0x1000, 100, 2, 0xa))
+	l := New()
+	ch := l.Apply(alloc(1, events.CudaMalloc, 0x1000, 100, 2, 0xa))
 	if ch.Process != l.Process(1) || ch.Alloc == nil || ch.Freed != nil || ch.Stack == nil {
 		t.Fatalf("alloc: %+v", ch)
 	}
@@ -102,27 +106,27 @@ func TestLedgerChange(t *testing.T) {
 	}
 	first := ch.Alloc
 
-	ch = l.Apply(&Event{PID: 1, API: CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{0xc}})
+	ch = l.Apply(&events.Event{PID: 1, API: events.CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{0xc}})
 	if ch.Alloc != nil || ch.Freed != nil || ch.Stack == nil || ch.Stack.Frames[0] != 0xc {
 		t.Errorf("failed call: %+v", ch)
 	}
 
 	// An allocation at a live address displaces the older one.
-	ch = l.Apply(alloc(1, CudaMalloc, 0x1000, 30, 0, 0xb))
+	ch = l.Apply(alloc(1, events.CudaMalloc, 0x1000, 30, 0, 0xb))
 	if ch.Freed != first || ch.Alloc == nil || ch.Alloc.Size != 30 {
 		t.Errorf("replacing alloc: %+v", ch)
 	}
 	second := ch.Alloc
 
-	ch = l.Apply(free(1, CudaFree, 0x1000))
+	ch = l.Apply(free(1, events.CudaFree, 0x1000))
 	if ch.Freed != second || ch.Alloc != nil || ch.Stack != nil {
 		t.Errorf("free: %+v", ch)
 	}
-	ch = l.Apply(free(1, CudaFree, 0x1000)) // already freed
+	ch = l.Apply(free(1, events.CudaFree, 0x1000)) // already freed
 	if ch.Process == nil || ch.Freed != nil {
 		t.Errorf("unknown free: %+v", ch)
 	}
-	if ch = l.Apply(&Event{PID: 1, API: CudaSetDevice}); ch.Process != nil || ch.Alloc != nil || ch.Freed != nil || ch.AlsoFreed != nil {
+	if ch = l.Apply(&events.Event{PID: 1, API: events.CudaSetDevice}); ch.Process != nil || ch.Alloc != nil || ch.Freed != nil || ch.AlsoFreed != nil {
 		t.Errorf("set device: %+v", ch)
 	}
 }
@@ -131,15 +135,15 @@ func TestLedgerChange(t *testing.T) {
 // segments they are cut from, and their addresses (inside a segment) do not
 // collide with the segment's.
 func TestLedgerTensors(t *testing.T) {
-	l := NewLedger()
-	l.Apply(alloc(1, CudaMalloc, 0x1000, 2<<20, 0, 0xa))
-	ch := l.Apply(alloc(1, TorchMalloc, 0x1000, 100, 0, 0xb)) // at the segment's own address
+	l := New()
+	l.Apply(alloc(1, events.CudaMalloc, 0x1000, 2<<20, 0, 0xa))
+	ch := l.Apply(alloc(1, events.TorchMalloc, 0x1000, 100, 0, 0xb)) // at the segment's own address
 	if ch.Alloc == nil || ch.Freed != nil || ch.Stack == nil || !ch.Stack.Tensor {
 		t.Fatalf("tensor alloc: %+v", ch)
 	}
-	l.Apply(alloc(1, TorchMalloc, 0x1200, 300, 1, 0xb))
-	l.Apply(free(1, TorchFree, 0x1000))
-	l.Apply(free(1, TorchFree, 0x9999)) // never seen
+	l.Apply(alloc(1, events.TorchMalloc, 0x1200, 300, 1, 0xb))
+	l.Apply(free(1, events.TorchFree, 0x1000))
+	l.Apply(free(1, events.TorchFree, 0x9999)) // never seen
 	p := l.Process(1)
 	got := []uint64{p.Allocs, p.Live, p.Peak, p.TensorAllocs, p.TensorFrees, p.TensorAllocBytes, p.TensorLive,
 		p.TensorPeak, p.UnknownTensorFrees, p.UnknownFrees, p.Devices[1].TensorLive, p.Devices[0].TensorPeak}
@@ -158,7 +162,7 @@ func TestLedgerTensors(t *testing.T) {
 	if l.StackOf(1, []uint64{0xb}, true) == nil || l.StackOf(1, []uint64{0xb}, false) != nil {
 		t.Errorf("the tensor stack is not kept apart")
 	}
-	if TorchMalloc.Segment() || !CuMemCreate.Segment() || CudaMallocHost.Segment() || CudaSetDevice.Segment() {
+	if events.TorchMalloc.Segment() || !events.CuMemCreate.Segment() || events.CudaMallocHost.Segment() || events.CudaSetDevice.Segment() {
 		t.Errorf("Segment() wrong")
 	}
 }
@@ -166,11 +170,11 @@ func TestLedgerTensors(t *testing.T) {
 // TestLedgerForget: a forgotten process leaves no account and no stacks; the
 // others are untouched, and a later event of the same PID starts afresh.
 func TestLedgerForget(t *testing.T) {
-	l := NewLedger()
-	l.Apply(alloc(1, CudaMalloc, 0x1000, 100, 0, 0xa))
-	l.Apply(alloc(1, TorchMalloc, 0x1000, 10, 0, 0xa))
-	l.Apply(alloc(2, CudaMalloc, 0x1000, 7, 0, 0xa))
-	l.Apply(&Event{PID: 1, API: CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{0xc}})
+	l := New()
+	l.Apply(alloc(1, events.CudaMalloc, 0x1000, 100, 0, 0xa))
+	l.Apply(alloc(1, events.TorchMalloc, 0x1000, 10, 0, 0xa))
+	l.Apply(alloc(2, events.CudaMalloc, 0x1000, 7, 0, 0xa))
+	l.Apply(&events.Event{PID: 1, API: events.CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{0xc}})
 	if got := len(l.Stacks()); got != 4 {
 		t.Fatalf("before: %d stacks, want 4", got)
 	}
@@ -186,7 +190,7 @@ func TestLedgerForget(t *testing.T) {
 	if p := l.Process(2); p == nil || p.Live != 7 || p.Allocs != 1 {
 		t.Fatalf("process 2 = %+v", p)
 	}
-	l.Apply(alloc(1, CudaMalloc, 0x2000, 5, 0, 0xa))
+	l.Apply(alloc(1, events.CudaMalloc, 0x2000, 5, 0, 0xa))
 	p := l.Process(1)
 	if p.Allocs != 1 || p.Live != 5 || p.Peak != 5 || p.Failed != 0 {
 		t.Errorf("process 1 after forget: allocs %d live %d peak %d failed %d, want 1 5 5 0", p.Allocs, p.Live, p.Peak, p.Failed)
@@ -196,12 +200,12 @@ func TestLedgerForget(t *testing.T) {
 	}
 }
 
-func vmmMap(pid uint32, va, size, handle uint64) *Event {
-	return &Event{PID: pid, TID: pid, Comm: "w", API: CuMemMap, Addr: va, Size: size, Aux: handle, Flags: FlagAux,
+func vmmMap(pid uint32, va, size, handle uint64) *events.Event {
+	return &events.Event{PID: pid, TID: pid, Comm: "w", API: events.CuMemMap, Addr: va, Size: size, Aux: handle, Flags: events.FlagAux,
 		Device: 5, Stack: []uint64{0xd}}
 }
 
-func sized(pid uint32, api API, addr, size uint64) *Event {
+func sized(pid uint32, api events.API, addr, size uint64) *events.Event {
 	ev := free(pid, api, addr)
 	ev.Size = size
 	return ev
@@ -211,15 +215,15 @@ func sized(pid uint32, api API, addr, size uint64) *Event {
 // unmapped, in either order, as the driver keeps it; mappings and
 // reservations hold no memory of their own.
 func TestLedgerVMM(t *testing.T) {
-	l := NewLedger()
-	l.Apply(&Event{PID: 1, API: CuMemAddressReserve, Addr: 0x7000_0000, Size: 1 << 30})
-	l.Apply(alloc(1, CuMemCreate, 0xa1, 2<<20, 1, 0xa))
-	l.Apply(alloc(1, CuMemCreate, 0xa2, 2<<20, 1, 0xa))
-	l.Apply(alloc(1, CuMemCreate, 0xa3, 4<<20, 0, 0xb))
+	l := New()
+	l.Apply(&events.Event{PID: 1, API: events.CuMemAddressReserve, Addr: 0x7000_0000, Size: 1 << 30})
+	l.Apply(alloc(1, events.CuMemCreate, 0xa1, 2<<20, 1, 0xa))
+	l.Apply(alloc(1, events.CuMemCreate, 0xa2, 2<<20, 1, 0xa))
+	l.Apply(alloc(1, events.CuMemCreate, 0xa3, 4<<20, 0, 0xb))
 	l.Apply(vmmMap(1, 0x7000_0000, 2<<20, 0xa1))
 	l.Apply(vmmMap(1, 0x7020_0000, 2<<20, 0xa2))
 	l.Apply(vmmMap(1, 0x7040_0000, 4<<20, 0xa3))
-	l.Apply(&Event{PID: 1, API: CuMemMap, Addr: 0x7080_0000, Size: 1, Aux: 0xa1, Flags: FlagAux, Result: 1})
+	l.Apply(&events.Event{PID: 1, API: events.CuMemMap, Addr: 0x7080_0000, Size: 1, Aux: 0xa1, Flags: events.FlagAux, Result: 1})
 
 	p := l.Process(1)
 	if p.Live != 8<<20 || p.Mapped != 8<<20 || p.Reserved != 1<<30 || p.Maps != 3 || p.FailedMaps != 1 {
@@ -232,21 +236,21 @@ func TestLedgerVMM(t *testing.T) {
 	}
 
 	// Released right after mapping, as CUDA's samples do: still held.
-	if ch := l.Apply(free(1, CuMemRelease, 0xa1)); ch.Freed != nil {
+	if ch := l.Apply(free(1, events.CuMemRelease, 0xa1)); ch.Freed != nil {
 		t.Fatalf("release of mapped memory freed %+v", ch.Freed)
 	}
-	l.Apply(free(1, CuMemRelease, 0xa2))
+	l.Apply(free(1, events.CuMemRelease, 0xa2))
 	if p.Live != 8<<20 || p.Frees != 2 || len(p.LiveAllocations()) != 3 {
 		t.Fatalf("after release: live %d frees %d, %d live allocations", p.Live, p.Frees, len(p.LiveAllocations()))
 	}
 	// The driver may hand a released handle out again.
-	l.Apply(alloc(1, CuMemCreate, 0xa1, 6<<20, 1, 0xc))
+	l.Apply(alloc(1, events.CuMemCreate, 0xa1, 6<<20, 1, 0xc))
 	if p.Live != 14<<20 || p.Replaced != 0 || len(p.LiveAllocations()) != 4 {
 		t.Fatalf("reused handle: live %d replaced %d", p.Live, p.Replaced)
 	}
 
 	// One cuMemUnmap over the first two mappings frees both.
-	ch := l.Apply(sized(1, CuMemUnmap, 0x7000_0000, 4<<20))
+	ch := l.Apply(sized(1, events.CuMemUnmap, 0x7000_0000, 4<<20))
 	if ch.Freed == nil || ch.Freed.Size != 2<<20 || len(ch.AlsoFreed) != 1 || ch.Freed.Addr != 0xa1 || ch.AlsoFreed[0].Addr != 0xa2 {
 		t.Fatalf("unmap of two: %+v", ch)
 	}
@@ -254,14 +258,14 @@ func TestLedgerVMM(t *testing.T) {
 		t.Fatalf("after unmap: live %d mapped %d unmaps %d dev1 %d", p.Live, p.Mapped, p.Unmaps, p.Devices[1].Live)
 	}
 	// Unmapped first, released later: the release frees it.
-	if ch := l.Apply(sized(1, CuMemUnmap, 0x7040_0000, 4<<20)); ch.Freed != nil {
+	if ch := l.Apply(sized(1, events.CuMemUnmap, 0x7040_0000, 4<<20)); ch.Freed != nil {
 		t.Fatalf("unmap of unreleased memory freed it")
 	}
-	if ch := l.Apply(free(1, CuMemRelease, 0xa3)); ch.Freed == nil || ch.Freed.Size != 4<<20 {
+	if ch := l.Apply(free(1, events.CuMemRelease, 0xa3)); ch.Freed == nil || ch.Freed.Size != 4<<20 {
 		t.Fatalf("release after unmap: %+v", ch)
 	}
-	l.Apply(sized(1, CuMemUnmap, 0x9000_0000, 1<<20)) // never mapped
-	l.Apply(sized(1, CuMemAddressFree, 0x7000_0000, 1<<30))
+	l.Apply(sized(1, events.CuMemUnmap, 0x9000_0000, 1<<20)) // never mapped
+	l.Apply(sized(1, events.CuMemAddressFree, 0x7000_0000, 1<<30))
 	if p.Live != 6<<20 || p.Mapped != 0 || p.MappedPeak != 8<<20 || p.Reserved != 0 || p.UnknownUnmaps != 1 ||
 		len(p.Mappings()) != 0 || l.StackOf(1, []uint64{0xa}, false).Live != 0 || l.StackOf(1, []uint64{0xc}, false).Live != 6<<20 {
 		t.Fatalf("end: live %d mapped %d/%d reserved %d unknown unmaps %d", p.Live, p.Mapped, p.MappedPeak, p.Reserved, p.UnknownUnmaps)
