@@ -15,6 +15,7 @@ import (
 	"github.com/google/pprof/profile"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/symbolize"
@@ -46,13 +47,7 @@ type profileFixture struct {
 
 func buildProfileFixture(t *testing.T) profileFixture {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("gcc is needed to build the fixture: %v", err)
-		}
-		t.Skipf("no gcc: %v", err)
-	}
+	gcc := testenv.LookPath(t, "gcc")
 	dir := t.TempDir()
 	src, exe := filepath.Join(dir, "prog.c"), filepath.Join(dir, "prog")
 	if err := os.WriteFile(src, []byte(profileFixtureSrc), 0o644); err != nil {
@@ -205,10 +200,7 @@ func TestPprof(t *testing.T) {
 	}
 
 	// go tool pprof reads it.
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("no go tool: %v", err)
-	}
+	goTool := testenv.LookPath(t, "go")
 	out, err := exec.Command(goTool, "tool", "pprof", "-top", "-sample_index=inuse_space", file).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go tool pprof: %v\n%s", err, out)

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+
+	"github.com/cudatrace/cudatrace/internal/testenv"
 )
 
 func TestParseUSDTArgs(t *testing.T) {
@@ -34,18 +36,9 @@ func TestParseUSDTArgs(t *testing.T) {
 // The notes of a library built with sys/sdt.h, semaphores included, as
 // readelf -n shows them.
 func TestReadUSDT(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	gcc := testenv.LookPath(t, "gcc")
 	if _, err := os.Stat("/usr/include/x86_64-linux-gnu/sys/sdt.h"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("sys/sdt.h (systemtap-sdt-dev): %v", err)
-		}
-		t.Skip(err)
+		testenv.SkipOrFail(t, "sys/sdt.h (systemtap-sdt-dev): %v", err)
 	}
 	dir := t.TempDir()
 	src, lib := filepath.Join(dir, "p.c"), filepath.Join(dir, "libp.so")

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/proc"
 )
 
@@ -40,16 +41,10 @@ func TestStackCPython(t *testing.T) {
 	script, _ := filepath.Abs(filepath.Join("testdata", "nested.py"))
 	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
 		t.Run(v, func(t *testing.T) {
-			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
-			if len(found) == 0 {
-				if os.Getenv("CI") == "true" {
-					t.Fatalf("CI=true: no CPython %s under /root/.pyenv/versions", v)
-				}
-				t.Skipf("no CPython %s under /root/.pyenv/versions", v)
-			}
-			checkStack(t, found[0], nil, script, v, false)
+			python := testenv.Python(t, v)
+			checkStack(t, python, nil, script, v, false)
 			if v != "3.10" {
-				checkStack(t, found[0], nil, script, v, true)
+				checkStack(t, python, nil, script, v, true)
 			}
 		})
 	}
@@ -63,30 +58,21 @@ func TestStackWithoutDWARF(t *testing.T) {
 	script, _ := filepath.Abs(filepath.Join("testdata", "nested.py"))
 	for _, v := range []string{"3.10", "3.11", "3.12"} {
 		t.Run(v, func(t *testing.T) {
-			found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
-			if len(found) == 0 {
-				if os.Getenv("CI") == "true" {
-					t.Fatalf("CI=true: no CPython %s under /root/.pyenv/versions", v)
-				}
-				t.Skipf("no CPython %s under /root/.pyenv/versions", v)
-			}
+			python := testenv.Python(t, v)
 			env := []string{"LD_LIBRARY_PATH=" + strippedLib(t, v)}
-			in := checkStack(t, found[0], env, script, v, false)
+			in := checkStack(t, python, env, script, v, false)
 			if !strings.HasPrefix(in.Path, os.TempDir()) {
 				t.Fatalf("read %s, not the stripped copy", in.Path)
 			}
 			if v != "3.10" {
-				checkStack(t, found[0], env, script, v, true)
+				checkStack(t, python, env, script, v, true)
 			}
 		})
 	}
 	t.Run("debian-3.11", func(t *testing.T) {
 		const python = "/usr/bin/python3.11"
 		if _, err := os.Stat(python); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("CI=true: %v", err)
-			}
-			t.Skip(err)
+			testenv.SkipOrFail(t, "%v", err)
 		}
 		f, err := elf.Open(python)
 		if err != nil {
@@ -264,14 +250,8 @@ func checkRawStack(t *testing.T, in *Interp, pid, tid int, want string, thread b
 // DWARF says, for every offset the walks use; earlier versions have none.
 func TestDebugOffsets(t *testing.T) {
 	for _, v := range []string{"3.12", "3.13"} {
-		found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/lib/libpython" + v + ".so.1.0")
-		if len(found) == 0 {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("CI=true: no libpython%s under /root/.pyenv/versions", v)
-			}
-			t.Skipf("no libpython%s under /root/.pyenv/versions", v)
-		}
-		f, err := elf.Open(found[0])
+		lib := testenv.LibPython(t, v)
+		f, err := elf.Open(lib)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -287,12 +267,12 @@ func TestDebugOffsets(t *testing.T) {
 		deb, ok := debugOffsets(f, runtime, minor)
 		if v == "3.12" {
 			if ok {
-				t.Errorf("%s: _Py_DebugOffsets read from a 3.12 build", found[0])
+				t.Errorf("%s: _Py_DebugOffsets read from a 3.12 build", lib)
 			}
 			continue
 		}
 		if !ok {
-			t.Fatalf("%s: no _Py_DebugOffsets", found[0])
+			t.Fatalf("%s: no _Py_DebugOffsets", lib)
 		}
 		d, err := f.DWARF()
 		if err != nil {
@@ -304,7 +284,7 @@ func TestDebugOffsets(t *testing.T) {
 		}
 		dw.mainThread = -1 // 3.13 finds threads by native id: the debug offsets leave it out
 		if deb != dw {
-			t.Fatalf("%s:\n_Py_DebugOffsets %+v\nDWARF            %+v", found[0], deb, dw)
+			t.Fatalf("%s:\n_Py_DebugOffsets %+v\nDWARF            %+v", lib, deb, dw)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/proc"
 )
 
@@ -22,14 +23,7 @@ var update = flag.Bool("update", false, "rewrite tables.go from the DWARF of the
 // CI=true, else a skip, when there is none.
 func pyenvLib(t *testing.T, v string) string {
 	t.Helper()
-	found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/lib/libpython" + v + ".so.1.0")
-	if len(found) == 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true: no libpython%s under /root/.pyenv/versions", v)
-		}
-		t.Skipf("no libpython%s under /root/.pyenv/versions", v)
-	}
-	return found[0]
+	return testenv.LibPython(t, v)
 }
 
 func elfSymbols(t *testing.T, f *elf.File) []elf.Symbol {

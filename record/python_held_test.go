@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pystack"
 )
@@ -31,18 +32,12 @@ inner()
 // walk (frees, cuMemMap) or that were not held get none, and a thread the
 // interpreter does not know is flagged as having none.
 func TestHeldPython(t *testing.T) {
-	found, _ := filepath.Glob("/root/.pyenv/versions/3.12.*/bin/python3.12")
-	if len(found) == 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI=true: no CPython 3.12 under /root/.pyenv/versions")
-		}
-		t.Skip("no CPython 3.12 under /root/.pyenv/versions")
-	}
+	python := testenv.Python(t, "3.12")
 	script := filepath.Join(t.TempDir(), "held.py")
 	if err := os.WriteFile(script, []byte(heldScript), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(found[0], script)
+	cmd := exec.Command(python, script)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
@@ -255,16 +256,6 @@ func TestJSONEmptyLists(t *testing.T) {
 	}
 }
 
-// skipOrFail skips a test that lacks a tool, or fails it in CI, where a
-// skip would hide that the test did not run.
-func skipOrFail(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true, so this is a failure, not a skip: "+format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
 // The symbolization fixture: a Go program that prints the return
 // addresses a call into target and other would leave, what the Go runtime
 // says of the first (function, file, line), then its own mappings.
@@ -311,7 +302,7 @@ func buildFixture(t *testing.T) fixture {
 	t.Helper()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		skipOrFail(t, "no go tool in PATH to build the fixture: %v", err)
+		testenv.SkipOrFail(t, "no go tool in PATH to build the fixture: %v", err)
 	}
 	dir := t.TempDir()
 	for name, text := range map[string]string{

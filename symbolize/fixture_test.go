@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/proc"
 )
 
@@ -53,7 +54,7 @@ func needTool(t testing.TB, names ...string) {
 	t.Helper()
 	for _, n := range names {
 		if _, err := exec.LookPath(n); err != nil {
-			t.Skipf("%s not installed: these tests compile real ELF fixtures with it", n)
+			testenv.SkipOrFail(t, "%s not installed: these tests compile real ELF fixtures with it", n)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -20,9 +21,7 @@ import (
 // and two libraries, with -g) into dir, with extra compiler flags.
 func chain(t testing.TB, dir string, flags ...string) string {
 	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc not installed")
-	}
+	testenv.LookPath(t, "gcc")
 	src, _ := filepath.Abs("testdata")
 	cc := func(args ...string) {
 		t.Helper()

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cudatrace/cudatrace/internal/testenv"
 )
 
 // realLibcudart is NVIDIA's libcudart from Debian's non-free libcudart11.0.
@@ -216,17 +218,8 @@ func gcc(args ...string) error {
 	return nil
 }
 
-// inCI reports whether a skip must count as a failure.
-func inCI() bool { return os.Getenv("CI") == "true" }
-
 // skipOrFail skips the test, or fails it in CI, where a skip is a failure.
-func skipOrFail(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if inCI() {
-		t.Fatalf("CI=true, so this is a failure, not a skip: "+format, args...)
-	}
-	t.Skipf(format, args...)
-}
+var skipOrFail = testenv.SkipOrFail
 
 // Capability numbers from linux/capability.h.
 const (

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cudatrace/cudatrace/internal/testenv"
 )
 
 // pyLine finds the line of testdata/file marked "# LINE:tag".
@@ -267,9 +269,5 @@ func TestPythonFramesAttach(t *testing.T) {
 // or fails in CI.
 func pyenvPython(t *testing.T, v string) string {
 	t.Helper()
-	found, _ := filepath.Glob("/root/.pyenv/versions/" + v + ".*/bin/python" + v)
-	if len(found) == 0 {
-		skipOrFail(t, "no CPython %s under /root/.pyenv/versions", v)
-	}
-	return found[0]
+	return testenv.Python(t, v)
 }
