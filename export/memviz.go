@@ -26,6 +26,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/cudatrace/cudatrace/internal/pickle"
 )
 
 // ErrInvalidSnapshot wraps every error Validate returns.
@@ -161,7 +163,7 @@ func WriteMemviz(w io.Writer, s *Snapshot) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	if err := NewPickleEncoder(w).Encode(s.pyValue()); err != nil {
+	if err := pickle.NewEncoder(w).Encode(s.pyValue()); err != nil {
 		return fmt.Errorf("memviz: %w", err)
 	}
 	return nil
@@ -178,7 +180,7 @@ func WriteMemviz(w io.Writer, s *Snapshot) error {
 //   - AllocatedSize, ActiveSize and RequestedSize are the sums described on
 //     MemvizSegment;
 //   - segments on one device do not overlap;
-//   - every int is at most MaxSafeInt, and so is a segment's end address.
+//   - every int is at most pickle.MaxSafeInt, and so is a segment's end address.
 func (s *Snapshot) Validate() error {
 	if s == nil {
 		return fmt.Errorf("%w: nil snapshot", ErrInvalidSnapshot)
@@ -254,8 +256,8 @@ func (seg *MemvizSegment) validate(nTraces int) error {
 	if seg.TotalSize == 0 {
 		return errors.New("total_size is 0")
 	}
-	if seg.Address+seg.TotalSize > MaxSafeInt+1 {
-		return fmt.Errorf("ends at %#x, past 2^53: %w", seg.Address+seg.TotalSize, ErrUnsafeInt)
+	if seg.Address+seg.TotalSize > pickle.MaxSafeInt+1 {
+		return fmt.Errorf("ends at %#x, past 2^53: %w", seg.Address+seg.TotalSize, pickle.ErrUnsafeInt)
 	}
 	if err := memvizFramesOK(seg.Frames); err != nil {
 		return err
@@ -347,15 +349,15 @@ func memvizFramesOK(frames []MemvizFrame) error {
 }
 
 func memvizUint(name string, v uint64) error {
-	if v > MaxSafeInt {
-		return fmt.Errorf("%s %d: %w", name, v, ErrUnsafeInt)
+	if v > pickle.MaxSafeInt {
+		return fmt.Errorf("%s %d: %w", name, v, pickle.ErrUnsafeInt)
 	}
 	return nil
 }
 
 func memvizInt(name string, v int64) error {
-	if v > MaxSafeInt || v < -MaxSafeInt {
-		return fmt.Errorf("%s %d: %w", name, v, ErrUnsafeInt)
+	if v > pickle.MaxSafeInt || v < -pickle.MaxSafeInt {
+		return fmt.Errorf("%s %d: %w", name, v, pickle.ErrUnsafeInt)
 	}
 	return nil
 }
@@ -363,70 +365,70 @@ func memvizInt(name string, v int64) error {
 // pyValue is the snapshot as the dict PyTorch builds, keys in PyTorch's
 // order. The lists are lazy, so only one record's dict exists at a time
 // while writing.
-func (s *Snapshot) pyValue() PyDict {
-	segments := PyLazyList{Len: len(s.Segments), Item: func(i int) (any, error) {
+func (s *Snapshot) pyValue() pickle.Dict {
+	segments := pickle.LazyList{Len: len(s.Segments), Item: func(i int) (any, error) {
 		return s.Segments[i].pyValue(), nil
 	}}
-	traces := PyLazyList{Len: len(s.DeviceTraces), Item: func(d int) (any, error) {
+	traces := pickle.LazyList{Len: len(s.DeviceTraces), Item: func(d int) (any, error) {
 		trace := s.DeviceTraces[d]
-		return PyLazyList{Len: len(trace), Item: func(j int) (any, error) {
+		return pickle.LazyList{Len: len(trace), Item: func(j int) (any, error) {
 			return trace[j].pyValue(), nil
 		}}, nil
 	}}
-	return PyDict{{"segments", segments}, {"device_traces", traces}}
+	return pickle.Dict{{Key: "segments", Value: segments}, {Key: "device_traces", Value: traces}}
 }
 
-func (seg *MemvizSegment) pyValue() PyDict {
-	blocks := PyLazyList{Len: len(seg.Blocks), Item: func(j int) (any, error) {
+func (seg *MemvizSegment) pyValue() pickle.Dict {
+	blocks := pickle.LazyList{Len: len(seg.Blocks), Item: func(j int) (any, error) {
 		b := &seg.Blocks[j]
-		return PyDict{
-			{"address", b.Address},
-			{"size", b.Size},
-			{"requested_size", b.RequestedSize},
-			{"state", string(b.State)},
-			{"frames", memvizFrames(b.Frames)},
+		return pickle.Dict{
+			{Key: "address", Value: b.Address},
+			{Key: "size", Value: b.Size},
+			{Key: "requested_size", Value: b.RequestedSize},
+			{Key: "state", Value: string(b.State)},
+			{Key: "frames", Value: memvizFrames(b.Frames)},
 		}, nil
 	}}
-	return PyDict{
-		{"device", seg.Device},
-		{"address", seg.Address},
-		{"total_size", seg.TotalSize},
-		{"allocated_size", seg.AllocatedSize},
-		{"active_size", seg.ActiveSize},
-		{"requested_size", seg.RequestedSize},
-		{"stream", seg.Stream},
-		{"segment_type", string(seg.SegmentType)},
-		{"segment_pool_id", PyTuple{seg.PoolID[0], seg.PoolID[1]}},
-		{"is_expandable", seg.IsExpandable},
-		{"frames", memvizFrames(seg.Frames)},
-		{"blocks", blocks},
+	return pickle.Dict{
+		{Key: "device", Value: seg.Device},
+		{Key: "address", Value: seg.Address},
+		{Key: "total_size", Value: seg.TotalSize},
+		{Key: "allocated_size", Value: seg.AllocatedSize},
+		{Key: "active_size", Value: seg.ActiveSize},
+		{Key: "requested_size", Value: seg.RequestedSize},
+		{Key: "stream", Value: seg.Stream},
+		{Key: "segment_type", Value: string(seg.SegmentType)},
+		{Key: "segment_pool_id", Value: pickle.Tuple{seg.PoolID[0], seg.PoolID[1]}},
+		{Key: "is_expandable", Value: seg.IsExpandable},
+		{Key: "frames", Value: memvizFrames(seg.Frames)},
+		{Key: "blocks", Value: blocks},
 	}
 }
 
-func (t *MemvizTraceEntry) pyValue() PyDict {
-	d := make(PyDict, 0, 6)
-	d = append(d, PyKV{"action", string(t.Action)})
+func (t *MemvizTraceEntry) pyValue() pickle.Dict {
+	d := make(pickle.Dict, 0, 6)
+	d = append(d, pickle.KV{Key: "action", Value: string(t.Action)})
 	if t.Action == MemvizOOM {
-		d = append(d, PyKV{"device_free", t.DeviceFree})
+		d = append(d, pickle.KV{Key: "device_free", Value: t.DeviceFree})
 	} else {
-		d = append(d, PyKV{"addr", t.Addr})
+		d = append(d, pickle.KV{Key: "addr", Value: t.Addr})
 	}
-	d = append(d, PyKV{"size", t.Size}, PyKV{"stream", t.Stream})
+	d = append(d, pickle.KV{Key: "size", Value: t.Size}, pickle.KV{Key: "stream", Value: t.Stream})
 	if t.TimeUS != 0 {
-		d = append(d, PyKV{"time_us", t.TimeUS})
+		d = append(d, pickle.KV{Key: "time_us", Value: t.TimeUS})
 	}
-	return append(d, PyKV{"frames", memvizFrames(t.Frames)})
+	return append(d, pickle.KV{Key: "frames", Value: memvizFrames(t.Frames)})
 }
 
 // memvizFrames writes frames with PyTorch's keys and key order. Always a
 // list, even empty: a block without "frames" is read as the legacy format.
-func memvizFrames(frames []MemvizFrame) PyLazyList {
-	return PyLazyList{Len: len(frames), Item: func(k int) (any, error) {
+func memvizFrames(frames []MemvizFrame) pickle.LazyList {
+	return pickle.LazyList{Len: len(frames), Item: func(k int) (any, error) {
 		f := &frames[k]
-		return PyDict{
-			{"name", strings.ToValidUTF8(f.Name, "\uFFFD")},
-			{"filename", strings.ToValidUTF8(f.Filename, "\uFFFD")},
-			{"line", f.Line},
+		return pickle.Dict{
+			{Key: "name", Value: strings.ToValidUTF8(f.Name, "\uFFFD")},
+			{Key: "filename", Value: strings.ToValidUTF8(f.Filename, "\uFFFD")},
+			{Key: "line", Value: f.Line},
 		}, nil
 	}}
 }

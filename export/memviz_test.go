@@ -10,6 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cudatrace/cudatrace/internal/pickle"
+	"github.com/cudatrace/cudatrace/internal/testenv"
 )
 
 const (
@@ -172,7 +175,7 @@ print(json.dumps(sorted(actions)))
 `
 
 func TestMemvizPython(t *testing.T) {
-	py := pickleNeedPython(t)
+	py := testenv.Python3(t, "pickle", "pickletools")
 	s := memvizTestSnapshot()
 	dir := t.TempDir()
 	snapPath := filepath.Join(dir, "snapshot.pickle")
@@ -194,7 +197,7 @@ func TestMemvizPython(t *testing.T) {
 	if err := os.WriteFile(wantPath, want, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out := pickleRunPython(t, py, memvizCheckScript, snapPath, wantPath)
+	out := testenv.RunPython(t, py, memvizCheckScript, snapPath, wantPath)
 	var actions []string
 	if err := json.Unmarshal(out, &actions); err != nil {
 		t.Fatalf("python output %q: %v", out, err)
@@ -244,16 +247,16 @@ func TestMemvizInvalid(t *testing.T) {
 		{"block size 2^53", func(s *Snapshot) {
 			b := &s.Segments[2].Blocks[0]
 			b.Size = 1 << 53
-		}, "segment 2 at 0x7e0000000000 on device 1: block 0 at 0x7e0000000000: size 9007199254740992", ErrUnsafeInt},
-		{"address 2^53", func(s *Snapshot) { s.DeviceTraces[1][0].Addr = 1 << 53 }, "device_traces[1][0] (segment_map): addr", ErrUnsafeInt},
-		{"time_us", func(s *Snapshot) { s.DeviceTraces[0][0].TimeUS = -(1 << 53) }, "time_us", ErrUnsafeInt},
-		{"frame line", func(s *Snapshot) { s.Segments[0].Frames = []MemvizFrame{{Line: 1 << 60}} }, "frames[0].line", ErrUnsafeInt},
-		{"pool id", func(s *Snapshot) { s.Segments[0].PoolID[1] = -1 << 62 }, "segment_pool_id[1]", ErrUnsafeInt},
+		}, "segment 2 at 0x7e0000000000 on device 1: block 0 at 0x7e0000000000: size 9007199254740992", pickle.ErrUnsafeInt},
+		{"address 2^53", func(s *Snapshot) { s.DeviceTraces[1][0].Addr = 1 << 53 }, "device_traces[1][0] (segment_map): addr", pickle.ErrUnsafeInt},
+		{"time_us", func(s *Snapshot) { s.DeviceTraces[0][0].TimeUS = -(1 << 53) }, "time_us", pickle.ErrUnsafeInt},
+		{"frame line", func(s *Snapshot) { s.Segments[0].Frames = []MemvizFrame{{Line: 1 << 60}} }, "frames[0].line", pickle.ErrUnsafeInt},
+		{"pool id", func(s *Snapshot) { s.Segments[0].PoolID[1] = -1 << 62 }, "segment_pool_id[1]", pickle.ErrUnsafeInt},
 		{"segment end past 2^53", func(s *Snapshot) {
 			seg := &s.Segments[2]
-			seg.Address = MaxSafeInt - 10
+			seg.Address = pickle.MaxSafeInt - 10
 			seg.Blocks[0].Address = seg.Address
-		}, "past 2^53", ErrUnsafeInt},
+		}, "past 2^53", pickle.ErrUnsafeInt},
 		{"blocks short", func(s *Snapshot) { s.Segments[0].TotalSize = 24 * memvizMiB }, "segment 0 at 0x7f3a00000000 on device 0: blocks cover 20971520 of 25165824 bytes", nil},
 		{"blocks long", func(s *Snapshot) { s.Segments[0].TotalSize = 16 * memvizMiB }, "blocks 0..2 cover 20971520 bytes, more than total_size 16777216", nil},
 		{"gap", func(s *Snapshot) { s.Segments[0].Blocks[1].Address += 4096 }, "block 1 starts at 0x7f3a00801000, want 0x7f3a00800000", nil},
@@ -339,16 +342,16 @@ func TestMemvizValidEdges(t *testing.T) {
 // TestMemvizInvalidUTF8Frames: frame text is shown, not parsed, so bad bytes
 // become U+FFFD rather than failing the export.
 func TestMemvizInvalidUTF8Frames(t *testing.T) {
-	py := pickleNeedPython(t)
+	py := testenv.Python3(t, "pickle", "pickletools")
 	s := memvizTestSnapshot()
 	s.Segments[0].Blocks[0].Frames = []MemvizFrame{{Filename: "lib\xff.so", Line: 1, Name: "fn\xc3"}}
 	var buf bytes.Buffer
 	if err := WriteMemviz(&buf, s); err != nil {
 		t.Fatal(err)
 	}
-	out := pickleRunPython(t, py, `import pickle, sys, json
+	out := testenv.RunPython(t, py, `import pickle, sys, json
 f = pickle.load(open(sys.argv[1], "rb"))["segments"][0]["blocks"][0]["frames"][0]
-print(json.dumps([f["filename"], f["name"]]))`, pickleWriteTemp(t, buf.Bytes()))
+print(json.dumps([f["filename"], f["name"]]))`, testenv.TempFile(t, "v.pickle", buf.Bytes()))
 	var got []string
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatal(err)
@@ -361,7 +364,7 @@ print(json.dumps([f["filename"], f["name"]]))`, pickleWriteTemp(t, buf.Bytes()))
 // TestMemvizLarge writes a snapshot of 3000 segments and 30000 events and
 // loads it back, for the batching and the memo at scale.
 func TestMemvizLarge(t *testing.T) {
-	py := pickleNeedPython(t)
+	py := testenv.Python3(t, "pickle", "pickletools")
 	s := &Snapshot{DeviceTraces: make([][]MemvizTraceEntry, 1)}
 	for i := range 3000 {
 		addr := uint64(0x7f00_0000_0000 + i*4*memvizMiB)
@@ -382,12 +385,26 @@ func TestMemvizLarge(t *testing.T) {
 	if err := WriteMemviz(&buf, s); err != nil {
 		t.Fatal(err)
 	}
-	out := pickleRunPython(t, py, `import pickle, sys
+	out := testenv.RunPython(t, py, `import pickle, sys
 s = pickle.load(open(sys.argv[1], "rb"))
 segs, trace = s["segments"], s["device_traces"][0]
 assert len(segs) == 3000 and len(trace) == 30000
 assert all(seg["blocks"][0]["frames"][0]["filename"] == "file%d.py" % (i % 500) for i, seg in enumerate(segs))
 assert [e["time_us"] for e in trace] == list(range(1, 30001))
-print(len(open(sys.argv[1], "rb").read()))`, pickleWriteTemp(t, buf.Bytes()))
+print(len(open(sys.argv[1], "rb").read()))`, testenv.TempFile(t, "v.pickle", buf.Bytes()))
 	t.Logf("3000 segments, 30000 events: %s bytes", strings.TrimSpace(string(out)))
+}
+
+// TestMemvizOpcodes holds the snapshot writer's own output to the opcodes
+// package pickle lists (all MemoryViz.js reads), none newer than protocol 2.
+func TestMemvizOpcodes(t *testing.T) {
+	py := testenv.Python3(t, "pickle", "pickletools")
+	var snap bytes.Buffer
+	if err := WriteMemviz(&snap, memvizTestSnapshot()); err != nil {
+		t.Fatal(err)
+	}
+	path := testenv.TempFile(t, "snap.pickle", snap.Bytes())
+	if res := testenv.PickleOpcodes(t, py, pickle.Opcodes(), path); len(res.Extra) > 0 {
+		t.Errorf("encoder emitted opcodes outside the MemoryViz.js set: %v", res.Extra)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/pickle"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
@@ -46,7 +47,7 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	}
 	// Pass 1: the live set at the moment, the processes, and how many trace
 	// entries each device gets (a pickled list does not need its length,
-	// but PyLazyList does).
+	// but pickle.LazyList does).
 	// Both ways of counting, as whether tensor events come is known only
 	// at the end.
 	counts, tensorCounts := map[int]int{}, map[int]int{}
@@ -113,18 +114,18 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	if limit == 0 {
 		limit = DefaultMemvizEntries
 	}
-	traces := PyLazyList{Len: maxDev + 1, Item: func(dev int) (any, error) {
+	traces := pickle.LazyList{Len: maxDev + 1, Item: func(dev int) (any, error) {
 		n := counts[dev]
 		if limit > 0 && n > limit {
 			return fr.deviceTrace(path, end, dev, tensors, n-limit, limit, &opts), nil
 		}
 		return fr.deviceTrace(path, end, dev, tensors, 0, n, &opts), nil
 	}}
-	segments := PyLazyList{Len: len(snap.Segments), Item: func(i int) (any, error) {
+	segments := pickle.LazyList{Len: len(snap.Segments), Item: func(i int) (any, error) {
 		return snap.Segments[i].pyValue(), nil
 	}}
-	enc := NewPickleEncoder(w)
-	err = enc.Encode(PyDict{{"segments", segments}, {"device_traces", traces}})
+	enc := pickle.NewEncoder(w)
+	err = enc.Encode(pickle.Dict{{Key: "segments", Value: segments}, {Key: "device_traces", Value: traces}})
 	if fr.err != nil {
 		err = fr.err // the replay's error is the cause; the pickle's is its echo
 	}
@@ -289,7 +290,7 @@ var errStopReplay = errors.New("stop")
 // entry by entry as the encoder writes them. The first skip entries are
 // left out, and the list has the n after them (skip+n is the count the
 // first pass made).
-func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors bool, skip, n int, opts *Options) PyLazyList {
+func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors bool, skip, n int, opts *Options) pickle.LazyList {
 	var next func() (MemvizTraceEntry, bool)
 	seq := func(yield func(MemvizTraceEntry) bool) {
 		toSkip := skip
@@ -320,7 +321,7 @@ func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors boo
 			m.err = err
 		}
 	}
-	return PyLazyList{Len: n, Item: func(i int) (any, error) {
+	return pickle.LazyList{Len: n, Item: func(i int) (any, error) {
 		if next == nil {
 			var stop func()
 			next, stop = iter.Pull(seq)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -60,7 +61,7 @@ json.dump(pickle.load(open(sys.argv[1], "rb")), sys.stdout)
 
 func memvizExport(t *testing.T, path string, opts Options) map[string]any {
 	t.Helper()
-	py := pickleNeedPython(t)
+	py := testenv.Python3(t, "pickle", "pickletools")
 	out := filepath.Join(t.TempDir(), "snap.pickle")
 	var buf bytes.Buffer
 	if err := WriteMemvizTrace(&buf, path, opts); err != nil {
@@ -70,7 +71,7 @@ func memvizExport(t *testing.T, path string, opts Options) map[string]any {
 		t.Fatal(err)
 	}
 	var snap map[string]any
-	if err := json.Unmarshal(pickleRunPython(t, py, memvizDumpScript, out), &snap); err != nil {
+	if err := json.Unmarshal(testenv.RunPython(t, py, memvizDumpScript, out), &snap); err != nil {
 		t.Fatal(err)
 	}
 	return snap

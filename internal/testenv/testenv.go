@@ -6,9 +6,12 @@
 package testenv
 
 import (
+	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -62,4 +65,76 @@ func Python(t testing.TB, v string) string {
 func LibPython(t testing.TB, v string) string {
 	t.Helper()
 	return Pyenv(t, v+".*/lib/libpython"+v+".so.1.0", "libpython"+v)
+}
+
+// Python3 returns the python3 on PATH that can import modules, or skips
+// (fails under CI=true) where there is none: the pickle and memviz tests
+// check their files with CPython's own reader.
+func Python3(t testing.TB, modules ...string) string {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err == nil && len(modules) > 0 {
+		err = exec.Command(py, "-c", "import "+strings.Join(modules, ", ")).Run()
+	}
+	if err != nil {
+		SkipOrFail(t, "python3 (importing %s) is needed: %v", strings.Join(modules, ", "), err)
+	}
+	return py
+}
+
+// RunPython runs the Python script with args under py and returns its
+// stdout; a failure fails the test with the script's stderr.
+func RunPython(t testing.TB, py, script string, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(py, append([]string{"-c", script}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, stderr.String())
+	}
+	return out
+}
+
+// Opcodes is what PickleOpcodes finds in pickle files: the opcodes they
+// hold outside the allowed set, and those of the set none of them holds.
+type Opcodes struct{ Extra, Unused []string }
+
+// PickleOpcodes walks pickle files with CPython's pickletools.genops under
+// py. Each must start with PROTO 2, end with STOP at its last byte and hold
+// no opcode newer than protocol 2 (the test fails otherwise).
+func PickleOpcodes(t testing.TB, py string, allowed []string, paths ...string) Opcodes {
+	t.Helper()
+	script := `
+import json, pickletools, sys
+allowed = set(json.loads(sys.argv[1]))
+used = set()
+for path in sys.argv[2:]:
+    data = open(path, "rb").read()
+    ops = list(pickletools.genops(data))
+    assert ops[0][0].name == "PROTO" and ops[0][1] == 2, ops[0]
+    assert ops[-1][0].name == "STOP" and ops[-1][2] == len(data) - 1, "STOP is not the last byte"
+    for op, arg, pos in ops:
+        used.add(op.name)
+        assert op.proto <= 2, "%s is protocol %d" % (op.name, op.proto)
+print(json.dumps({"extra": sorted(used - allowed), "unused": sorted(allowed - used)}))
+`
+	set, _ := json.Marshal(allowed)
+	out := RunPython(t, py, script, append([]string{string(set)}, paths...)...)
+	var res Opcodes
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("python output %q: %v", out, err)
+	}
+	return res
+}
+
+// TempFile writes data to a file called name in a directory the test
+// removes when it ends, and returns its path.
+func TempFile(t testing.TB, name string, data []byte) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

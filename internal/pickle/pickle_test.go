@@ -1,4 +1,4 @@
-package export
+package pickle
 
 import (
 	"bytes"
@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -18,34 +17,6 @@ import (
 
 	"github.com/cudatrace/cudatrace/internal/testenv"
 )
-
-// pickleNeedPython returns the python3 to run, skipping the test when there
-// is none, or failing it under CI=true, where a skip would hide that the
-// round trip was never checked.
-func pickleNeedPython(t *testing.T) string {
-	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err == nil {
-		err = exec.Command(py, "-c", "import pickle, pickletools").Run()
-	}
-	if err != nil {
-		testenv.SkipOrFail(t, "python3 is needed for the pickle round trip: %v", err)
-	}
-	return py
-}
-
-// pickleRunPython runs a Python script with args and returns its stdout.
-func pickleRunPython(t *testing.T, py, script string, args ...string) []byte {
-	t.Helper()
-	cmd := exec.Command(py, append([]string{"-c", script}, args...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("python: %v\n%s", err, stderr.String())
-	}
-	return out
-}
 
 // pickleTagScript loads a pickle and prints it as JSON with every value
 // tagged by its exact Python type (True is not 1, (1,) is not [1]), ints as
@@ -88,19 +59,19 @@ func pickleTag(t *testing.T, v any) any {
 		return []any{"float", fmt.Sprintf("%016x", math.Float64bits(x))}
 	case float32:
 		return pickleTag(t, float64(x))
-	case PyDict:
+	case Dict:
 		kvs := []any{}
 		for _, kv := range x {
 			kvs = append(kvs, []any{kv.Key, pickleTag(t, kv.Value)})
 		}
 		return []any{"dict", kvs}
-	case PyTuple:
+	case Tuple:
 		items := []any{}
 		for _, e := range x {
 			items = append(items, pickleTag(t, e))
 		}
 		return []any{"tuple", items}
-	case PyLazyList:
+	case LazyList:
 		items := []any{}
 		for i := range x.Len {
 			e, err := x.Item(i)
@@ -146,25 +117,16 @@ func pickleTag(t *testing.T, v any) any {
 func pickleEncode(t *testing.T, v any) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := NewPickleEncoder(&buf).Encode(v); err != nil {
+	if err := NewEncoder(&buf).Encode(v); err != nil {
 		t.Fatalf("Encode: %v", err)
 	}
 	return buf.Bytes()
 }
 
-func pickleWriteTemp(t *testing.T, data []byte) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "v.pickle")
-	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // pickleRoundTrip loads Encode(v) in CPython and requires exactly v back.
 func pickleRoundTrip(t *testing.T, py string, v any) {
 	t.Helper()
-	out := pickleRunPython(t, py, pickleTagScript, pickleWriteTemp(t, pickleEncode(t, v)))
+	out := testenv.RunPython(t, py, pickleTagScript, testenv.TempFile(t, "v.pickle", pickleEncode(t, v)))
 	var got any
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatalf("python output: %v", err)
@@ -206,7 +168,7 @@ func pickleDiff(got, want any, path string) (string, string) {
 type pickleName string
 
 func TestPickleRoundTrip(t *testing.T) {
-	py := pickleNeedPython(t)
+	py := testenv.Python3(t, "pickle", "pickletools")
 
 	// Lists and a dict past 2 batches of 1000, so APPENDS/SETITEMS batching
 	// and the memo past index 255 (LONG_BINPUT/LONG_BINGET) are exercised.
@@ -224,9 +186,9 @@ func TestPickleRoundTrip(t *testing.T) {
 	}
 	seven := 7
 	var nilPtr *int
-	lazy := PyLazyList{Len: 1001, Item: func(i int) (any, error) { return PyTuple{i, strconv.Itoa(i)}, nil }}
+	lazy := LazyList{Len: 1001, Item: func(i int) (any, error) { return Tuple{i, strconv.Itoa(i)}, nil }}
 
-	v := PyDict{
+	v := Dict{
 		{"zeta first", "dict order is the caller's"},
 		{"ints", ints},
 		{"strs", strs},
@@ -242,10 +204,10 @@ func TestPickleRoundTrip(t *testing.T) {
 		{"consts", []any{nil, true, false}},
 		{"unicode", []any{"", "ascii", "héllo wörld", "日本語のテキスト", "emoji 🎉🚀", "nul\x00inside", "tab\tnewline\n", "\u2028", strings.Repeat("ü", 300)}},
 		{"repeated", []any{"héllo wörld", "日本語のテキスト", "ascii"}},
-		{"tuples", []any{PyTuple{}, PyTuple{1}, PyTuple{1, "a"}, PyTuple{1, "a", nil}, PyTuple{1, 2, 3, 4, 5}, PyTuple{PyTuple{}, []any{}}}},
-		{"empty", []any{[]any{}, map[string]any{}, PyDict{}, PyLazyList{}, []string(nil)}},
-		{"nested", map[string]any{"b": []any{map[string]any{"y": []any{[]any{[]any{"deep"}}}, "x": PyDict{{"q", 1}, {"p", 2}}}}, "a": nil}},
-		{"typed", PyDict{
+		{"tuples", []any{Tuple{}, Tuple{1}, Tuple{1, "a"}, Tuple{1, "a", nil}, Tuple{1, 2, 3, 4, 5}, Tuple{Tuple{}, []any{}}}},
+		{"empty", []any{[]any{}, map[string]any{}, Dict{}, LazyList{}, []string(nil)}},
+		{"nested", map[string]any{"b": []any{map[string]any{"y": []any{[]any{[]any{"deep"}}}, "x": Dict{{"q", 1}, {"p", 2}}}}, "a": nil}},
+		{"typed", Dict{
 			{"[]string", []string{"x", "y"}},
 			{"[]int64", []int64{-1, 1 << 40}},
 			{"map[string]int", map[string]int{"b": 2, "a": 1}},
@@ -253,7 +215,7 @@ func TestPickleRoundTrip(t *testing.T) {
 			{"pointer", &seven},
 			{"nil pointer", nilPtr},
 			{"array", [2]int64{3, -4}},
-			{"[]PyDict", []PyDict{{{"k", "v"}}}},
+			{"[]Dict", []Dict{{{"k", "v"}}}},
 		}},
 		{"lazy", lazy},
 	}
@@ -263,7 +225,7 @@ func TestPickleRoundTrip(t *testing.T) {
 // TestPickleMatchesCPython: for scalars and single strings the encoder picks
 // the same opcodes as CPython's pickle.dumps(v, protocol=2), byte for byte.
 func TestPickleMatchesCPython(t *testing.T) {
-	py := pickleNeedPython(t)
+	py := testenv.Python3(t, "pickle", "pickletools")
 	type sample struct {
 		Kind, Value, Ours string
 	}
@@ -285,7 +247,7 @@ func TestPickleMatchesCPython(t *testing.T) {
 	add("none", "", nil)
 	add("bool", "1", true)
 	add("bool", "0", false)
-	add("tuple", "", PyTuple{}) // CPython memoizes a list or dict, but not ()
+	add("tuple", "", Tuple{}) // CPython memoizes a list or dict, but not ()
 
 	in, err := json.Marshal(samples)
 	if err != nil {
@@ -308,7 +270,7 @@ print("\n".join(bad))
 	if err := os.WriteFile(path, in, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out := strings.TrimSpace(string(pickleRunPython(t, py, script, path))); out != "" {
+	if out := strings.TrimSpace(string(testenv.RunPython(t, py, script, path))); out != "" {
 		t.Fatalf("bytes differ from CPython's protocol 2 pickler:\n%s", out)
 	}
 }
@@ -318,52 +280,20 @@ print("\n".join(bad))
 // newer than protocol 2, and this value must exercise every one of them, so
 // the list cannot go stale in either direction.
 func TestPickleOpcodes(t *testing.T) {
-	py := pickleNeedPython(t)
+	py := testenv.Python3(t, "pickle", "pickletools")
 	keys := make([]any, 300) // > 256 distinct strings: LONG_BINPUT, LONG_BINGET
 	for i := range keys {
 		keys[i] = fmt.Sprintf("key%d", i)
 	}
-	v := PyDict{
+	v := Dict{
 		{"keys", keys},
 		{"again", keys},
 		{"ints", []any{1, 300, -1, 1 << 40, 70000}},
 		{"misc", []any{nil, true, false, 1.5, ""}},
-		{"tuples", []any{PyTuple{}, PyTuple{1}, PyTuple{1, 2}, PyTuple{1, 2, 3}, PyTuple{1, 2, 3, 4}}},
+		{"tuples", []any{Tuple{}, Tuple{1}, Tuple{1, 2}, Tuple{1, 2, 3}, Tuple{1, 2, 3, 4}}},
 		{"empty", map[string]any{}},
 	}
-	// Also the snapshot writer's own output.
-	var snap bytes.Buffer
-	if err := WriteMemviz(&snap, memvizTestSnapshot()); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	p1, p2 := filepath.Join(dir, "v.pickle"), filepath.Join(dir, "snap.pickle")
-	if err := os.WriteFile(p1, pickleEncode(t, v), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p2, snap.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	script := `
-import json, pickletools, sys
-allowed = set(json.loads(sys.argv[1]))
-used = set()
-for path in sys.argv[2:]:
-    data = open(path, "rb").read()
-    ops = list(pickletools.genops(data))
-    assert ops[0][0].name == "PROTO" and ops[0][1] == 2, ops[0]
-    assert ops[-1][0].name == "STOP" and ops[-1][2] == len(data) - 1, "STOP is not the last byte"
-    for op, arg, pos in ops:
-        used.add(op.name)
-        assert op.proto <= 2, "%s is protocol %d" % (op.name, op.proto)
-print(json.dumps({"extra": sorted(used - allowed), "unused": sorted(allowed - used)}))
-`
-	allowed, _ := json.Marshal(pickleOpcodes)
-	out := pickleRunPython(t, py, script, string(allowed), p1, p2)
-	var res struct{ Extra, Unused []string }
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("python output %q: %v", out, err)
-	}
+	res := testenv.PickleOpcodes(t, py, Opcodes(), testenv.TempFile(t, "v.pickle", pickleEncode(t, v)))
 	if len(res.Extra) > 0 {
 		t.Errorf("encoder emitted opcodes outside the MemoryViz.js set: %v", res.Extra)
 	}
@@ -397,7 +327,7 @@ func TestPickleUnsafeInts(t *testing.T) {
 		uint64(1) << 53, int64(1) << 53, -(int64(1) << 53), uint64(math.MaxUint64), int64(math.MinInt64),
 		uint(1) << 60, int(1) << 62,
 	} {
-		err := NewPickleEncoder(&bytes.Buffer{}).Encode(PyDict{{"seg", []any{0, v}}})
+		err := NewEncoder(&bytes.Buffer{}).Encode(Dict{{"seg", []any{0, v}}})
 		if !errors.Is(err, ErrUnsafeInt) {
 			t.Errorf("%T %v: got %v, want ErrUnsafeInt", v, v, err)
 			continue
@@ -408,7 +338,7 @@ func TestPickleUnsafeInts(t *testing.T) {
 	}
 	// The largest safe magnitudes are fine.
 	for _, v := range []any{uint64(MaxSafeInt), int64(MaxSafeInt), int64(-MaxSafeInt)} {
-		if err := NewPickleEncoder(&bytes.Buffer{}).Encode(v); err != nil {
+		if err := NewEncoder(&bytes.Buffer{}).Encode(v); err != nil {
 			t.Errorf("%v: %v", v, err)
 		}
 	}
@@ -433,25 +363,25 @@ func TestPickleErrors(t *testing.T) {
 		is   error  // errors.Is target, if any
 		msg  string // substring of the message
 	}{
-		{"struct", struct{}{}, ErrPickleUnsupported, "struct {}"},
-		{"int keys", map[int]string{1: "a"}, ErrPickleUnsupported, "dict keys must be strings"},
-		{"bytes", []byte("raw"), ErrPickleUnsupported, "bytes"},
-		{"chan", []any{make(chan int)}, ErrPickleUnsupported, "$[0]"},
-		{"complex", complex(1, 2), ErrPickleUnsupported, "complex128"},
-		{"invalid utf-8", PyDict{{"name", "bad\xff"}}, nil, `$["name"]: string "bad\xff" is not valid UTF-8`},
+		{"struct", struct{}{}, ErrUnsupported, "struct {}"},
+		{"int keys", map[int]string{1: "a"}, ErrUnsupported, "dict keys must be strings"},
+		{"bytes", []byte("raw"), ErrUnsupported, "bytes"},
+		{"chan", []any{make(chan int)}, ErrUnsupported, "$[0]"},
+		{"complex", complex(1, 2), ErrUnsupported, "complex128"},
+		{"invalid utf-8", Dict{{"name", "bad\xff"}}, nil, `$["name"]: string "bad\xff" is not valid UTF-8`},
 		{"invalid utf-8 key", map[string]any{"\xfe": 1}, nil, "not valid UTF-8"},
 		{"cycle", cyclic, nil, "a cycle?"},
-		{"lazy item error", PyLazyList{Len: 3, Item: func(i int) (any, error) {
+		{"lazy item error", LazyList{Len: 3, Item: func(i int) (any, error) {
 			if i == 2 {
 				return nil, boom
 			}
 			return i, nil
 		}}, boom, "$[2]: boom"},
-		{"lazy without func", PyLazyList{Len: 1}, nil, "without an Item func"},
+		{"lazy without func", LazyList{Len: 1}, nil, "without an Item func"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			enc := NewPickleEncoder(&buf)
+			enc := NewEncoder(&buf)
 			err := enc.Encode(c.v)
 			if err == nil {
 				t.Fatal("no error")
@@ -479,7 +409,7 @@ func TestPickleErrors(t *testing.T) {
 		for i := range big {
 			big[i] = "some text"
 		}
-		err := NewPickleEncoder(&pickleFailWriter{after: after}).Encode(big)
+		err := NewEncoder(&pickleFailWriter{after: after}).Encode(big)
 		if err == nil || !strings.Contains(err.Error(), "pickle: write: disk full") {
 			t.Errorf("fail after %d bytes: got %v", after, err)
 		}

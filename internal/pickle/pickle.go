@@ -1,7 +1,5 @@
-package export
-
-// pickle.go: a small Python pickle writer, enough for the PyTorch memory
-// snapshot (memviz.go) and nothing more.
+// Package pickle is a small Python pickle writer, enough for the PyTorch
+// memory snapshot (package export's memviz format) and nothing more.
 //
 // The reader that matters most is pytorch.org/memory_viz: MemoryViz.js has
 // its own unpickler (torch/utils/viz/MemoryViz.js, function unpickle(buffer)),
@@ -35,6 +33,7 @@ package export
 //
 // Only strings are memoized: a shared list or dict would be one object in two
 // places for the JS reader, whose annotate_snapshot edits entries in place.
+package pickle
 
 import (
 	"bufio"
@@ -79,9 +78,9 @@ const (
 	pkLongBinGet = 'j'
 )
 
-// pickleOpcodes is the table above by pickletools name; the tests hold the
+// opcodes is the table above by pickletools name; the tests hold the
 // encoder's output to it.
-var pickleOpcodes = []string{
+var opcodes = []string{
 	"PROTO", "STOP",
 	"NONE", "NEWTRUE", "NEWFALSE",
 	"BININT1", "BININT2", "BININT", "LONG1",
@@ -91,6 +90,11 @@ var pickleOpcodes = []string{
 	"EMPTY_TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "TUPLE",
 	"BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET",
 }
+
+// Opcodes lists, by their pickletools names, every opcode an Encoder
+// writes: the tests of its output (and of export's memory snapshot) check
+// against it.
+func Opcodes() []string { return slices.Clone(opcodes) }
 
 // MaxSafeInt is the largest magnitude memory_viz's JS reader holds exactly
 // (Number.MAX_SAFE_INTEGER, 2^53-1). Larger ints are refused.
@@ -113,36 +117,36 @@ var (
 	// ErrUnsafeInt is returned for an int whose magnitude is 2^53 or more:
 	// memory_viz reads numbers as float64 and would show a rounded value.
 	ErrUnsafeInt = errors.New("int magnitude >= 2^53, which memory_viz cannot read exactly")
-	// ErrPickleUnsupported is returned for a value with no pickle mapping.
-	ErrPickleUnsupported = errors.New("type has no pickle mapping")
+	// ErrUnsupported is returned for a value with no pickle mapping.
+	ErrUnsupported = errors.New("type has no pickle mapping")
 )
 
-// PyKV is one entry of a PyDict.
-type PyKV struct {
+// KV is one entry of a Dict.
+type KV struct {
 	Key   string
 	Value any
 }
 
-// PyDict is a dict written in slice order, so the caller picks the key order
+// Dict is a dict written in slice order, so the caller picks the key order
 // (a Go map is written with its keys sorted, to be deterministic). A
 // repeated key is written twice and the reader keeps the last value.
-type PyDict []PyKV
+type Dict []KV
 
-// PyTuple is written as a Python tuple (an array in memory_viz).
-type PyTuple []any
+// Tuple is written as a Python tuple (an array in memory_viz).
+type Tuple []any
 
-// PyLazyList is a list whose items are made while it is being written, so a
+// LazyList is a list whose items are made while it is being written, so a
 // long list of records never exists as one []any: Item(i) is called once for
 // each i in [0, Len), in order, and its result is written before the next
 // call.
-type PyLazyList struct {
+type LazyList struct {
 	Len  int
 	Item func(i int) (any, error)
 }
 
-// PickleEncoder writes Go values as pickles to a stream. It is not safe for
+// Encoder writes Go values as pickles to a stream. It is not safe for
 // concurrent use.
-type PickleEncoder struct {
+type Encoder struct {
 	out  io.Writer
 	w    *bufio.Writer
 	err  error // the first write error; later writes are skipped
@@ -150,10 +154,10 @@ type PickleEncoder struct {
 	buf  [16]byte
 }
 
-// NewPickleEncoder returns an encoder writing to w through a 64 KiB buffer,
+// NewEncoder returns an encoder writing to w through a 64 KiB buffer,
 // which each Encode flushes.
-func NewPickleEncoder(w io.Writer) *PickleEncoder {
-	return &PickleEncoder{out: w, w: bufio.NewWriterSize(w, 64<<10)}
+func NewEncoder(w io.Writer) *Encoder {
+	return &Encoder{out: w, w: bufio.NewWriterSize(w, 64<<10)}
 }
 
 // errPickleWrite stops the walk after a write error; Encode reports the
@@ -167,22 +171,22 @@ var errPickleWrite = errors.New("write failed")
 //	int and uint kinds        int; |v| must be <= MaxSafeInt (ErrUnsafeInt)
 //	float32, float64          float
 //	string                    str; must be valid UTF-8
-//	PyDict                    dict, keys in slice order
+//	Dict                    dict, keys in slice order
 //	map[string]T              dict, keys sorted
-//	[]T, [N]T, PyLazyList     list ([]byte is refused: no bytes opcode in
+//	[]T, [N]T, LazyList     list ([]byte is refused: no bytes opcode in
 //	                          MemoryViz.js)
-//	PyTuple                   tuple
+//	Tuple                   tuple
 //	*T                        what it points to; nil is None
 //
 // Named types are written by their kind; anything else is
-// ErrPickleUnsupported. An error says where in v it happened, such as
+// ErrUnsupported. An error says where in v it happened, such as
 // `pickle: $["segments"][3]["size"]: …`.
 //
 // After an error in v, what is still in the buffer is dropped, so a small
 // value writes nothing, but a large one may have written some of its first
 // 64 KiB blocks already. A write error is sticky: every later Encode returns
 // it.
-func (e *PickleEncoder) Encode(v any) error {
+func (e *Encoder) Encode(v any) error {
 	if e.err != nil {
 		return e.err
 	}
@@ -213,7 +217,7 @@ func (e *PickleEncoder) Encode(v any) error {
 // writeByte and write buffer output, keeping the first error. They take a
 // byte or a slice of e.buf rather than a variadic list, which would cost an
 // allocation per call.
-func (e *PickleEncoder) writeByte(c byte) {
+func (e *Encoder) writeByte(c byte) {
 	if e.err != nil {
 		return
 	}
@@ -222,7 +226,7 @@ func (e *PickleEncoder) writeByte(c byte) {
 	}
 }
 
-func (e *PickleEncoder) write(b []byte) {
+func (e *Encoder) write(b []byte) {
 	if e.err != nil {
 		return
 	}
@@ -231,7 +235,7 @@ func (e *PickleEncoder) write(b []byte) {
 	}
 }
 
-func (e *PickleEncoder) writeString(s string) {
+func (e *Encoder) writeString(s string) {
 	if e.err != nil {
 		return
 	}
@@ -271,7 +275,7 @@ func pickleAt(err error, elem string) error {
 	if err == errPickleWrite {
 		return err
 	}
-	// A type assertion, not errors.As: a PyLazyList.Item error that wraps
+	// A type assertion, not errors.As: a LazyList.Item error that wraps
 	// some other encoder's path error must not get this path glued on.
 	if pe, ok := err.(*picklePathError); ok {
 		pe.rev = append(pe.rev, elem)
@@ -280,7 +284,7 @@ func pickleAt(err error, elem string) error {
 	return &picklePathError{rev: []string{elem}, err: err}
 }
 
-func (e *PickleEncoder) value(v any, depth int) error {
+func (e *Encoder) value(v any, depth int) error {
 	if e.err != nil {
 		return errPickleWrite
 	}
@@ -310,7 +314,7 @@ func (e *PickleEncoder) value(v any, depth int) error {
 		return nil
 	case string:
 		return e.str(x)
-	case PyDict:
+	case Dict:
 		return e.dict(len(x), func(i int) (string, any) { return x[i].Key, x[i].Value }, depth)
 	case map[string]any:
 		keys := make([]string, 0, len(x))
@@ -321,12 +325,12 @@ func (e *PickleEncoder) value(v any, depth int) error {
 		return e.dict(len(keys), func(i int) (string, any) { return keys[i], x[keys[i]] }, depth)
 	case []any:
 		return e.list(len(x), func(i int) (any, error) { return x[i], nil }, depth)
-	case PyLazyList:
+	case LazyList:
 		if x.Len < 0 || (x.Len > 0 && x.Item == nil) {
-			return fmt.Errorf("PyLazyList of length %d without an Item func", x.Len)
+			return fmt.Errorf("LazyList of length %d without an Item func", x.Len)
 		}
 		return e.list(x.Len, x.Item, depth)
-	case PyTuple:
+	case Tuple:
 		return e.tuple(x, depth)
 	}
 	return e.reflectValue(reflect.ValueOf(v), depth)
@@ -334,7 +338,7 @@ func (e *PickleEncoder) value(v any, depth int) error {
 
 // reflectValue covers the rest: other int widths, named types (type Action
 // string), typed slices and maps, pointers.
-func (e *PickleEncoder) reflectValue(rv reflect.Value, depth int) error {
+func (e *Encoder) reflectValue(rv reflect.Value, depth int) error {
 	switch rv.Kind() {
 	case reflect.Bool:
 		return e.value(rv.Bool(), depth)
@@ -357,14 +361,14 @@ func (e *PickleEncoder) reflectValue(rv reflect.Value, depth int) error {
 		if rv.Type().Elem().Kind() == reflect.Uint8 {
 			// bytes need BINBYTES, which MemoryViz.js does not read, and a
 			// list of small ints is seldom what was meant.
-			return fmt.Errorf("%s: %w (MemoryViz.js reads no bytes opcode)", rv.Type(), ErrPickleUnsupported)
+			return fmt.Errorf("%s: %w (MemoryViz.js reads no bytes opcode)", rv.Type(), ErrUnsupported)
 		}
 		return e.list(rv.Len(), func(i int) (any, error) { return rv.Index(i).Interface(), nil }, depth)
 	case reflect.Array:
 		return e.list(rv.Len(), func(i int) (any, error) { return rv.Index(i).Interface(), nil }, depth)
 	case reflect.Map:
 		if rv.Type().Key().Kind() != reflect.String {
-			return fmt.Errorf("%s: %w (dict keys must be strings)", rv.Type(), ErrPickleUnsupported)
+			return fmt.Errorf("%s: %w (dict keys must be strings)", rv.Type(), ErrUnsupported)
 		}
 		keys := rv.MapKeys()
 		slices.SortFunc(keys, func(a, b reflect.Value) int { return strings.Compare(a.String(), b.String()) })
@@ -375,10 +379,10 @@ func (e *PickleEncoder) reflectValue(rv reflect.Value, depth int) error {
 		e.writeByte(pkNone) // a nil interface inside a typed container
 		return nil
 	}
-	return fmt.Errorf("%s: %w", rv.Type(), ErrPickleUnsupported)
+	return fmt.Errorf("%s: %w", rv.Type(), ErrUnsupported)
 }
 
-func (e *PickleEncoder) uint(u uint64) error {
+func (e *Encoder) uint(u uint64) error {
 	if u > MaxSafeInt {
 		return fmt.Errorf("%d: %w", u, ErrUnsafeInt)
 	}
@@ -386,7 +390,7 @@ func (e *PickleEncoder) uint(u uint64) error {
 }
 
 // int writes v in the shortest form, as CPython's save_long does.
-func (e *PickleEncoder) int(v int64) error {
+func (e *Encoder) int(v int64) error {
 	if v > MaxSafeInt || v < -MaxSafeInt {
 		return fmt.Errorf("%d: %w", v, ErrUnsafeInt)
 	}
@@ -422,13 +426,13 @@ func (e *PickleEncoder) int(v int64) error {
 	return nil
 }
 
-func (e *PickleEncoder) float(f float64) {
+func (e *Encoder) float(f float64) {
 	e.buf[0] = pkBinFloat
 	binary.BigEndian.PutUint64(e.buf[1:], math.Float64bits(f))
 	e.write(e.buf[:9])
 }
 
-func (e *PickleEncoder) str(s string) error {
+func (e *Encoder) str(s string) error {
 	if id, ok := e.memo[s]; ok {
 		e.memoOp(pkBinGet, pkLongBinGet, id)
 		return nil
@@ -455,7 +459,7 @@ func (e *PickleEncoder) str(s string) error {
 
 // memoOp writes a memo put or get: the 1-byte index form below 256, the
 // 4-byte one above.
-func (e *PickleEncoder) memoOp(short, long byte, id uint32) {
+func (e *Encoder) memoOp(short, long byte, id uint32) {
 	if id < 256 {
 		e.buf[0], e.buf[1] = short, byte(id)
 		e.write(e.buf[:2])
@@ -469,7 +473,7 @@ func (e *PickleEncoder) memoOp(short, long byte, id uint32) {
 // list writes EMPTY_LIST, then MARK items APPENDS for each batch. CPython
 // writes a batch of one as item APPEND; MARK item APPENDS means the same
 // and keeps the opcode set smaller.
-func (e *PickleEncoder) list(n int, item func(int) (any, error), depth int) error {
+func (e *Encoder) list(n int, item func(int) (any, error), depth int) error {
 	e.writeByte(pkEmptyList)
 	for start := 0; start < n; start += pickleBatch {
 		e.writeByte(pkMark)
@@ -488,7 +492,7 @@ func (e *PickleEncoder) list(n int, item func(int) (any, error), depth int) erro
 }
 
 // dict is list's counterpart: EMPTY_DICT, then MARK key value … SETITEMS.
-func (e *PickleEncoder) dict(n int, kv func(int) (string, any), depth int) error {
+func (e *Encoder) dict(n int, kv func(int) (string, any), depth int) error {
 	e.writeByte(pkEmptyDict)
 	for start := 0; start < n; start += pickleBatch {
 		e.writeByte(pkMark)
@@ -508,7 +512,7 @@ func (e *PickleEncoder) dict(n int, kv func(int) (string, any), depth int) error
 }
 
 // tuple uses protocol 2's short forms up to 3 items, as CPython does.
-func (e *PickleEncoder) tuple(t PyTuple, depth int) error {
+func (e *Encoder) tuple(t Tuple, depth int) error {
 	if len(t) == 0 {
 		e.writeByte(pkEmptyTuple)
 		return nil
