@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -231,17 +232,6 @@ func (f *nvmlFollower) process(pid uint32) *ProcessNVML {
 	return &ProcessNVML{Devices: []NVMLUse{}}
 }
 
-// signedBytes is HumanBytes with a sign: "+1.5 MiB", "-512 B", "0 B".
-func signedBytes(n int64) string {
-	switch {
-	case n > 0:
-		return "+" + HumanBytes(uint64(n))
-	case n < 0:
-		return "-" + HumanBytes(uint64(-n))
-	}
-	return "0 B"
-}
-
 // writeNVML prints the cross-check: the GPUs, then per process NVML's
 // figure beside the traced one.
 func (r *Report) writeNVML(w io.Writer, comm map[uint32]string) {
@@ -261,8 +251,8 @@ func (r *Report) writeNVML(w io.Writer, comm map[uint32]string) {
 	t := table{right: []bool{true, false, true, true, true, true, false}}
 	t.add("GPU", "NAME", "TOTAL", "USED", "FREE", "MAX-USED", "UUID")
 	for _, g := range n.Devices {
-		t.add(fmt.Sprint(g.Index), g.Name, HumanBytes(g.TotalBytes), HumanBytes(g.UsedBytes), HumanBytes(g.FreeBytes),
-			HumanBytes(g.MaxUsedBytes), g.UUID)
+		t.add(fmt.Sprint(g.Index), g.Name, units.Bytes(g.TotalBytes), units.Bytes(g.UsedBytes), units.Bytes(g.FreeBytes),
+			units.Bytes(g.MaxUsedBytes), g.UUID)
 	}
 	t.write(w)
 	fmt.Fprintln(w, "\nNVML-USED is what the driver charged the process at its last sample, TRACED what cudatrace")
@@ -278,14 +268,14 @@ func (r *Report) writeNVML(w io.Writer, comm map[uint32]string) {
 			t.add(fmt.Sprint(p.PID), p.Comm, "not listed", "", "", "", "", "", "")
 			continue
 		}
-		t.add(fmt.Sprint(p.PID), p.Comm, HumanBytes(pn.UsedBytes), HumanBytes(pn.TracedBytes),
-			signedBytes(pn.RemainderBytes), signedBytes(pn.FirstRemainderBytes), signedBytes(pn.MinRemainderBytes),
-			signedBytes(pn.MaxRemainderBytes), signedBytes(pn.DriftBytes))
+		t.add(fmt.Sprint(p.PID), p.Comm, units.Bytes(pn.UsedBytes), units.Bytes(pn.TracedBytes),
+			units.SignedBytes(pn.RemainderBytes), units.SignedBytes(pn.FirstRemainderBytes), units.SignedBytes(pn.MinRemainderBytes),
+			units.SignedBytes(pn.MaxRemainderBytes), units.SignedBytes(pn.DriftBytes))
 	}
 	t.write(w)
 	for _, u := range n.Untraced {
 		fmt.Fprintf(w, "Not traced: pid %d held %s of GPU memory (NVML) and made no traced call: is its CUDA library probed? (--lib)\n",
-			u.PID, HumanBytes(u.UsedBytes))
+			u.PID, units.Bytes(u.UsedBytes))
 	}
 	if len(n.Intervals) == 0 {
 		return
@@ -295,8 +285,8 @@ func (r *Report) writeNVML(w io.Writer, comm map[uint32]string) {
 	t.add("PID", "COMM", "FROM", "SAMPLES", "NVML-USED", "TRACED", "REMAINDER", "MIN", "MAX")
 	for _, iv := range n.Intervals {
 		t.add(fmt.Sprint(iv.PID), comm[iv.PID], time.Duration(iv.StartNS).String(), fmt.Sprint(iv.Samples),
-			HumanBytes(iv.UsedBytes), HumanBytes(iv.TracedBytes), signedBytes(iv.RemainderBytes),
-			signedBytes(iv.MinRemainderBytes), signedBytes(iv.MaxRemainderBytes))
+			units.Bytes(iv.UsedBytes), units.Bytes(iv.TracedBytes), units.SignedBytes(iv.RemainderBytes),
+			units.SignedBytes(iv.MinRemainderBytes), units.SignedBytes(iv.MaxRemainderBytes))
 	}
 	t.write(w)
 }

@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/ledger"
 )
 
@@ -22,21 +22,6 @@ func (r *Report) WriteJSON(w io.Writer) error {
 		return fmt.Errorf("write report: %w", err)
 	}
 	return nil
-}
-
-// HumanBytes formats a byte count 1024-based: "512 B", "1.5 MiB". It never
-// prints "1024.0" of a unit: that is "1.0" of the next.
-func HumanBytes(n uint64) string {
-	if n < 1024 {
-		return fmt.Sprintf("%d B", n)
-	}
-	const units = "KMGTPE"
-	v, i := float64(n)/1024, 0
-	for i < len(units)-1 && math.Round(v*10)/10 >= 1024 {
-		v /= 1024
-		i++
-	}
-	return fmt.Sprintf("%.1f %ciB", v, units[i])
 }
 
 // WriteSummary prints the per-process table of a ledger: what `record`
@@ -87,19 +72,19 @@ func writeProcesses(w io.Writer, rows []Process) error {
 	t.add(head...)
 	for _, p := range rows {
 		row := []string{fmt.Sprint(p.PID), p.Comm, fmt.Sprint(p.Allocs), fmt.Sprint(p.Frees), fmt.Sprint(p.Failed),
-			HumanBytes(p.AllocBytes), HumanBytes(p.LiveBytes), HumanBytes(p.PeakBytes), HumanBytes(p.HostLiveBytes)}
+			units.Bytes(p.AllocBytes), units.Bytes(p.LiveBytes), units.Bytes(p.PeakBytes), units.Bytes(p.HostLiveBytes)}
 		if tensors {
-			row = append(row, HumanBytes(p.TensorLiveBytes), HumanBytes(p.TensorPeakBytes))
+			row = append(row, units.Bytes(p.TensorLiveBytes), units.Bytes(p.TensorPeakBytes))
 		}
 		if vmm {
-			row = append(row, HumanBytes(p.VMMMappedBytes))
+			row = append(row, units.Bytes(p.VMMMappedBytes))
 		}
 		t.add(row...)
 		if len(p.Devices) > 1 {
 			for _, d := range p.Devices {
-				row := []string{"", fmt.Sprintf("  gpu %d", d.Device), "", "", "", "", HumanBytes(d.LiveBytes), HumanBytes(d.PeakBytes), ""}
+				row := []string{"", fmt.Sprintf("  gpu %d", d.Device), "", "", "", "", units.Bytes(d.LiveBytes), units.Bytes(d.PeakBytes), ""}
 				if tensors {
-					row = append(row, HumanBytes(d.TensorLiveBytes), HumanBytes(d.TensorPeakBytes))
+					row = append(row, units.Bytes(d.TensorLiveBytes), units.Bytes(d.TensorPeakBytes))
 				}
 				if vmm {
 					row = append(row, "")
@@ -254,7 +239,7 @@ func (r *Report) writeStacks(w io.Writer, comm map[uint32]string) {
 			what = "tensors: "
 		}
 		fmt.Fprintf(w, "\n[%d] %s%s live in %s; %s allocated in %s; pid %d (%s)\n", i+1, what,
-			HumanBytes(s.LiveBytes), plural(s.LiveCount, "allocation"), HumanBytes(s.AllocBytes),
+			units.Bytes(s.LiveBytes), plural(s.LiveCount, "allocation"), units.Bytes(s.AllocBytes),
 			plural(s.Allocs, "call"), s.PID, comm[s.PID])
 		writeFrames(w, s.Frames)
 	}
@@ -295,18 +280,18 @@ func (r *Report) writeFailures(w io.Writer, comm map[uint32]string) {
 	fmt.Fprintf(w, "\nFailed allocations (%s):\n", plural(uint64(len(r.Failures)), "call"))
 	for _, g := range groups {
 		fmt.Fprintf(w, "\n%d × %s in pid %d (%s): %s (%d), %s requested in all; the first from:\n",
-			g.n, g.api, g.pid, comm[g.pid], g.err, g.first.Result, HumanBytes(g.bytes))
+			g.n, g.api, g.pid, comm[g.pid], g.err, g.first.Result, units.Bytes(g.bytes))
 		writeFrames(w, g.first.Frames)
 		f := g.first
 		fmt.Fprintf(w, "  when it failed, pid %d held %s of GPU memory, %s of it on gpu %d", f.PID,
-			HumanBytes(f.LiveBytes), HumanBytes(f.DeviceLiveBytes), f.Device)
+			units.Bytes(f.LiveBytes), units.Bytes(f.DeviceLiveBytes), f.Device)
 		if len(f.LiveStacks) == 0 {
 			fmt.Fprintln(w)
 			continue
 		}
 		fmt.Fprintln(w, ", most from:")
 		for i, s := range f.LiveStacks {
-			fmt.Fprintf(w, "  (%c) %s in %s:\n", 'a'+i, HumanBytes(s.LiveBytes), plural(s.LiveCount, "allocation"))
+			fmt.Fprintf(w, "  (%c) %s in %s:\n", 'a'+i, units.Bytes(s.LiveBytes), plural(s.LiveCount, "allocation"))
 			writeFramesIndent(w, s.Frames, "    ")
 		}
 	}
@@ -330,10 +315,10 @@ func (r *Report) writePeaks(w io.Writer, comm map[uint32]string) {
 				when = fmt.Sprintf(" (%s into the trace)", roundAge(at.Sub(r.Trace.Start)))
 			}
 			fmt.Fprintf(w, "\nAt its peak%s, pid %d (%s) held %s of GPU memory, from:\n", when, s.PID, comm[s.PID],
-				HumanBytes(p.PeakBytes))
+				units.Bytes(p.PeakBytes))
 		}
 		n++
-		fmt.Fprintf(w, "\n[%d] %s in %s\n", n, HumanBytes(s.LiveBytes), plural(s.LiveCount, "allocation"))
+		fmt.Fprintf(w, "\n[%d] %s in %s\n", n, units.Bytes(s.LiveBytes), plural(s.LiveCount, "allocation"))
 		writeFrames(w, s.Frames)
 	}
 }
@@ -352,7 +337,7 @@ func (r *Report) writeLeaks(w io.Writer, comm map[uint32]string) {
 	n := min(len(r.Leaks), r.topN())
 	fmt.Fprintf(w, "\nLeak candidates, live at the end and older than %s (%d of %d stacks):\n", age, n, len(r.Leaks))
 	for i, l := range r.Leaks[:n] {
-		fmt.Fprintf(w, "\n[%d] %s in %s, the oldest %s old; pid %d (%s)\n", i+1, HumanBytes(l.LiveBytes),
+		fmt.Fprintf(w, "\n[%d] %s in %s, the oldest %s old; pid %d (%s)\n", i+1, units.Bytes(l.LiveBytes),
 			plural(l.LiveCount, "allocation"), roundAge(time.Duration(l.OldestAgeNS)), l.PID, comm[l.PID])
 		writeFrames(w, l.Frames)
 	}
@@ -384,14 +369,14 @@ func (r *Report) writeIntervals(w io.Writer, comm map[uint32]string) {
 	t := table{right: []bool{true, false, true, true, true, true, true}}
 	t.add("PID", "COMM", "GPU", "FROM", "USED", "PEAKED", "LIVE")
 	for _, iv := range r.Intervals {
-		used := HumanBytes(uint64(iv.Used))
+		used := units.Bytes(uint64(iv.Used))
 		if iv.Used < 0 {
-			used = "-" + HumanBytes(uint64(-iv.Used))
+			used = "-" + units.Bytes(uint64(-iv.Used))
 		} else if iv.Used > 0 {
 			used = "+" + used
 		}
 		t.add(fmt.Sprint(iv.PID), comm[iv.PID], fmt.Sprint(iv.Device), time.Duration(iv.StartNS).String(), used,
-			HumanBytes(iv.Peaked), HumanBytes(iv.LiveEnd))
+			units.Bytes(iv.Peaked), units.Bytes(iv.LiveEnd))
 	}
 	if err := t.write(w); err != nil {
 		fmt.Fprintf(w, "%v", err) // errWriter keeps the error

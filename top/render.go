@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cudatrace/cudatrace/report"
+	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
 
@@ -49,10 +49,10 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		for _, d := range s.Devices {
 			used, rem, total, name := "-", "-", "-", ""
 			if d.NVML != nil {
-				used, total, name = report.HumanBytes(d.NVML.Used), report.HumanBytes(d.NVML.Total), d.NVML.Name
-				rem = signed(int64(d.NVML.Used) - int64(d.Live))
+				used, total, name = units.Bytes(d.NVML.Used), units.Bytes(d.NVML.Total), d.NVML.Name
+				rem = units.SignedBytes(int64(d.NVML.Used) - int64(d.Live))
 			}
-			t.add(fmt.Sprint(d.Number), report.HumanBytes(d.Live), report.HumanBytes(d.Peak), used, rem, total, name)
+			t.add(fmt.Sprint(d.Number), units.Bytes(d.Live), units.Bytes(d.Peak), used, rem, total, name)
 		}
 		out = append(out, t.lines()...)
 		add("")
@@ -68,10 +68,10 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		}
 		used, rem := "-", "-"
 		if p.Listed {
-			used, rem = report.HumanBytes(p.NVMLUsed), signed(p.Remainder())
+			used, rem = units.Bytes(p.NVMLUsed), units.SignedBytes(p.Remainder())
 		}
-		t.add(mark, fmt.Sprint(p.PID), p.Comm, report.HumanBytes(p.Live), report.HumanBytes(p.Peak), used, rem,
-			fmt.Sprintf("%.1f", p.AllocRate), report.HumanBytes(uint64(p.ByteRate)))
+		t.add(mark, fmt.Sprint(p.PID), p.Comm, units.Bytes(p.Live), units.Bytes(p.Peak), used, rem,
+			fmt.Sprintf("%.1f", p.AllocRate), units.Bytes(uint64(p.ByteRate)))
 	}
 	out = append(out, t.lines()...)
 	if len(s.Processes) == 0 {
@@ -91,7 +91,7 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 				if st.Tensor {
 					what = "tensors: "
 				}
-				add("[%d] %s%s live in %d allocation%s", i+1, what, report.HumanBytes(st.Live), st.LiveCount, plural(st.LiveCount))
+				add("[%d] %s%s live in %d allocation%s", i+1, what, units.Bytes(st.Live), st.LiveCount, plural(st.LiveCount))
 				for j, f := range frames(&st) {
 					add("    #%d %s", j, frameText(f))
 				}
@@ -142,16 +142,6 @@ func clip(s string, width int) string {
 		return string(r[:width])
 	}
 	return s
-}
-
-func signed(n int64) string {
-	switch {
-	case n > 0:
-		return "+" + report.HumanBytes(uint64(n))
-	case n < 0:
-		return "-" + report.HumanBytes(uint64(-n))
-	}
-	return "0 B"
 }
 
 // WriteLines prints a snapshot as plain lines, one per process and one per

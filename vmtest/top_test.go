@@ -235,7 +235,7 @@ func TestTopTerminal(t *testing.T) {
 	}
 }
 
-// humanBytes is report.HumanBytes, written again here on purpose.
+// humanBytes is units.Bytes, written again here on purpose.
 func humanBytes(n uint64) string {
 	if n < 1024 {
 		return fmt.Sprintf("%d B", n)
