@@ -184,16 +184,6 @@ func (a API) Segment() bool {
 	return (info.Op == OpAlloc || info.Op == OpFree) && info.Kind != KindHost && info.Layer != LayerTensor
 }
 
-// APIByName finds an API by its C symbol name.
-func APIByName(name string) (API, bool) {
-	for i := API(1); i < apiEnd; i++ {
-		if apis[i].Name == name {
-			return i, true
-		}
-	}
-	return APIUnknown, false
-}
-
 // APIs lists every known API id, in order.
 func APIs() []API {
 	out := make([]API, 0, apiEnd-1)

@@ -412,34 +412,6 @@ func (m mem) u64(addr uint64) (uint64, error) {
 	return binary.LittleEndian.Uint64(b[:]), err
 }
 
-// MaxFrames bounds a Python stack read.
-const MaxFrames = 128
-
-// Stack reads the Python stack of thread tid of process pid, innermost
-// first. A thread without Python frames (or unknown to the interpreter)
-// has none: nil and no error.
-func (in *Interp) Stack(pid, tid int) ([]Frame, error) {
-	m, err := openMem(pid)
-	if err != nil {
-		return nil, err
-	}
-	defer m.f.Close()
-	ts, _, err := in.thread(m, pid, tid)
-	if err != nil || ts == 0 {
-		return nil, err
-	}
-	raw, err := in.walk(m, ts, MaxFrames, 2*MaxFrames)
-	var out []Frame
-	for _, r := range raw {
-		fr, err := in.codeFrame(m, r.Code, int64(r.Units))
-		if err != nil {
-			return out, err
-		}
-		out = append(out, fr)
-	}
-	return out, err
-}
-
 // RawFrame is one frame as the walk in BPF records it (struct ct_pyframe
 // in bpf/cudatrace.h): the code object, the instruction in code units
 // from its first, and whether it is the outermost frame of the run one C

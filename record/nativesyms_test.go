@@ -44,7 +44,7 @@ func namerSetup(t testing.TB) (*session, *bytes.Buffer, *procState, uint64, symb
 		}
 		for _, frac := range []uint64{2, 3, 5, 7} {
 			a := m.Start + (m.End-m.Start)/frac
-			if f := ref.Frames(maps, []uint64{a})[0]; f.Function != "" {
+			if f := ref.FramesOf(symbolize.Proc{}, maps, []uint64{a})[0]; f.Function != "" {
 				pc, want, in = a, f, m
 				break
 			}

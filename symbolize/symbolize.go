@@ -128,15 +128,9 @@ func (p Proc) Live() bool {
 	return err == nil && st == p.Start
 }
 
-// Frames symbolizes addrs, which are taken to be return addresses, against
-// maps of a process that sees the tracer's own files. It returns one Frame
-// per address, in order; what cannot be found out is left empty.
-func (s *Symbolizer) Frames(maps []proc.Mapping, addrs []uint64) []Frame {
-	return s.FramesOf(Proc{}, maps, addrs)
-}
-
-// FramesOf is Frames for the mappings of process p. For a process with its
-// own root (a container) the files are its own: while it lives they are
+// FramesOf symbolizes addrs, which are taken to be return addresses,
+// against maps of process p. It returns one Frame per address, in order;
+// what cannot be found out is left empty. For a process with its own root (a container) the files are its own: while it lives they are
 // read through /proc/PID/root; once it is gone, only a file with the build
 // ID it mapped (a host file at the same path, a parse cached from when it
 // lived, a debug file under DebugDir/.build-id) names its frames. The

@@ -125,7 +125,7 @@ func TestUnwindOmitFramePointerChain(t *testing.T) {
 	u := New()
 	defer u.Close()
 	pcs, stop := u.Unwind(NewMaps(d.maps), d.regs, d.window, false, nil)
-	frames := symbolize.New().Frames(d.maps, pcs)
+	frames := symbolize.New().FramesOf(symbolize.Proc{}, d.maps, pcs)
 	for i, f := range frames {
 		t.Logf("#%d %#x %s %s:%d (%s)", i, f.Addr, f.Function, f.File, f.Line, filepath.Base(f.Module))
 	}
@@ -180,7 +180,7 @@ func TestUnwindDebugFrameAndStackRealign(t *testing.T) {
 			u := New()
 			defer u.Close()
 			pcs, stop := u.Unwind(NewMaps(d.maps), d.regs, d.window, false, nil)
-			frames := symbolize.New().Frames(d.maps, pcs)
+			frames := symbolize.New().FramesOf(symbolize.Proc{}, d.maps, pcs)
 			t.Logf("stop: %s", stop)
 			checkChain(t, frames[1:], chainWant(t))
 		})
