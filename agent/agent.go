@@ -26,6 +26,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
@@ -90,8 +91,8 @@ type Agent struct {
 	ledger     *ledger.Ledger
 	procs      map[uint32]*procState
 	stackMaps  map[*ledger.Stack]*tracefile.Process // the capture each stack is read against
-	allocs     map[sampleKey]*[2]int64              // cumulative allocations per sample
-	scraped    map[sampleKey][2]int64               // allocs at the last profile scrape
+	allocs     map[export.SampleKey]*[2]int64       // cumulative allocations per sample
+	scraped    map[export.SampleKey][2]int64        // allocs at the last profile scrape
 	lastScrape time.Time
 	node       map[devLevel]*nodeUse
 	totals     Totals
@@ -110,7 +111,7 @@ type procState struct {
 	lastDump  time.Time
 	ooms      uint64
 	stacks    []*ledger.Stack // every stack seen, to forget with it
-	keys      []sampleKey
+	keys      []export.SampleKey
 	// py names the Python frames of the process's stacks (a CPython
 	// process's, from the session): kept as long as its account, so its
 	// stacks still name their Python lines while it is retained.
@@ -121,13 +122,6 @@ type procState struct {
 // the one ps describes (0: unknown, not another).
 func (ps *procState) reusedBy(start uint64) bool {
 	return ps.first != nil && ps.first.Start != 0 && start != 0 && start != ps.first.Start
-}
-
-// sampleKey is one pprof sample: one stack, device and function.
-type sampleKey struct {
-	st     *ledger.Stack
-	device int32
-	api    events.API
 }
 
 // devLevel keys the node's totals.
@@ -184,8 +178,8 @@ func New(opts Options) *Agent {
 		ledger:    ledger.New(), // replaced by the session's at the first Tick
 		procs:     map[uint32]*procState{},
 		stackMaps: map[*ledger.Stack]*tracefile.Process{},
-		allocs:    map[sampleKey]*[2]int64{},
-		scraped:   map[sampleKey][2]int64{},
+		allocs:    map[export.SampleKey]*[2]int64{},
+		scraped:   map[export.SampleKey][2]int64{},
 		node:      map[devLevel]*nodeUse{},
 	}
 	a.lastScrape = a.start
@@ -311,7 +305,7 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 		}
 	}
 	if al := ch.Alloc; al != nil {
-		k := sampleKey{al.Stack, al.Device, al.API}
+		k := export.KeyOf(al)
 		v := a.allocs[k]
 		if v == nil {
 			v = new([2]int64)

@@ -136,25 +136,12 @@ func (a *Agent) writeDump(d *oomDump) error {
 		return fmt.Errorf("memviz: %w", err)
 	}
 
-	samples := map[sampleKey]*export.LiveSample{}
-	for _, al := range append(slices.Clone(d.segs), d.tensors...) {
-		k := sampleKey{al.Stack, al.Device, al.API}
-		s := samples[k]
-		if s == nil {
-			s = &export.LiveSample{Stack: al.Stack, Device: al.Device, API: al.API}
-			samples[k] = s
-		}
-		s.InuseObjects++
-		s.InuseBytes += int64(al.Size)
-	}
-	lp := &export.LiveProfile{Comm: map[uint32]string{d.pid: d.stats.Comm},
+	lp := &export.LiveProfile{Samples: export.Samples{}, Comm: map[uint32]string{d.pid: d.stats.Comm},
 		Labels: map[uint32]map[string]string{d.pid: {"container": d.stats.Container, "pod": d.stats.PodUID}},
 		Time:   d.time,
 		Comment: fmt.Sprintf("cudatrace agent: GPU memory of pid %d live when %s of %d bytes failed (%s)",
 			d.pid, d.failure.API, d.failure.Size, d.failure.API.ResultName(d.failure.Result))}
-	for _, s := range samples {
-		lp.Samples = append(lp.Samples, *s)
-	}
+	lp.Samples.AddLive(d.segs, d.tensors)
 	var profBuf bytes.Buffer
 	if err := export.WriteLivePprof(&profBuf, lp, d.src); err != nil {
 		return err

@@ -133,23 +133,12 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 		pids = []uint32{pid}
 	}
 	now := time.Now()
-	lp := &export.LiveProfile{Comm: map[uint32]string{}, Labels: map[uint32]map[string]string{}, Time: now,
+	lp := &export.LiveProfile{Samples: export.Samples{}, Comm: map[uint32]string{}, Labels: map[uint32]map[string]string{}, Time: now,
 		Duration: now.Sub(a.lastScrape),
 		Comment: fmt.Sprintf("cudatrace agent: GPU memory; inuse_* is the live set at %s, alloc_* the allocations since %s",
 			now.Format(time.RFC3339), a.lastScrape.Format(time.RFC3339))}
 	if pid == 0 {
 		a.lastScrape = now
-	}
-	src := a.stacksFor()
-	samples := map[sampleKey]*export.LiveSample{}
-	sample := func(k sampleKey) *export.LiveSample {
-		s := samples[k]
-		if s == nil {
-			s = &export.LiveSample{Stack: k.st, Device: k.device, API: k.api}
-			samples[k] = s
-			src.add(a, k.st)
-		}
-		return s
 	}
 	for _, pid := range pids {
 		p := a.ledger.Process(pid)
@@ -159,28 +148,20 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 		}
 		lp.Comm[pid] = p.Comm
 		lp.Labels[pid] = map[string]string{"container": ps.container.ID, "pod": ps.container.PodUID}
-		for _, al := range p.LiveAllocations() {
-			s := sample(sampleKey{al.Stack, al.Device, al.API})
-			s.InuseObjects++
-			s.InuseBytes += int64(al.Size)
-		}
-		for _, al := range p.LiveTensors() {
-			s := sample(sampleKey{al.Stack, al.Device, al.API})
-			s.InuseObjects++
-			s.InuseBytes += int64(al.Size)
-		}
+		lp.Samples.AddLive(p.LiveAllocations(), p.LiveTensors())
 		for _, k := range ps.keys {
 			v := a.allocs[k]
 			old := a.scraped[k]
 			if d0, d1 := v[0]-old[0], v[1]-old[1]; d0 != 0 || d1 != 0 {
-				s := sample(k)
-				s.AllocObjects, s.AllocBytes = d0, d1
+				s := lp.Samples.At(k)
+				s[0], s[1] = d0, d1
 			}
 			a.scraped[k] = *v
 		}
 	}
-	for _, s := range samples {
-		lp.Samples = append(lp.Samples, *s)
+	src := a.stacksFor()
+	for k := range lp.Samples {
+		src.add(a, k.Stack)
 	}
 	return lp, src, nil
 }

@@ -6,31 +6,18 @@ package export
 // the samples and the live set come from differs.
 
 import (
-	"cmp"
-	"fmt"
 	"io"
-	"slices"
 	"time"
 
-	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 )
 
-// LiveSample is one pprof sample of a live profile: one stack of one
-// process, one device, one function. The values are the heap profile's:
-// alloc_* counts the allocations the caller chose to count (the agent:
-// those made since the last scrape), inuse_* the live set.
-type LiveSample struct {
-	Stack                    *ledger.Stack
-	Device                   int32
-	API                      events.API
-	AllocObjects, AllocBytes int64
-	InuseObjects, InuseBytes int64
-}
-
 // LiveProfile is a pprof profile to build from a live ledger.
 type LiveProfile struct {
-	Samples []LiveSample
+	// Samples: alloc_* counts the allocations the caller chose to count
+	// (the agent: those made since the last scrape), inuse_* the live set
+	// (Samples.AddLive).
+	Samples Samples
 	Comm    map[uint32]string // each process's name, for the comm label
 	// Labels adds string labels per process (container, pod); empty
 	// values are left out.
@@ -48,31 +35,13 @@ func WriteLivePprof(w io.Writer, lp *LiveProfile, src Stacks) error {
 	if comm == nil {
 		comm = map[uint32]string{}
 	}
-	b := newPprofBuilder(src, comm, lp.Labels)
-	samples := slices.Clone(lp.Samples)
-	// A stable order, as WritePprof's.
-	slices.SortFunc(samples, func(a, b LiveSample) int {
-		return cmp.Or(cmp.Compare(a.Stack.PID, b.Stack.PID), slices.Compare(a.Stack.Frames, b.Stack.Frames),
-			cmp.Compare(a.Device, b.Device), cmp.Compare(a.API, b.API))
-	})
-	for i := range samples {
-		s := &samples[i]
-		v := [4]int64{s.AllocObjects, s.AllocBytes, s.InuseObjects, s.InuseBytes}
-		b.sample(sampleKey{s.Stack, s.Device, s.API}, &v)
-	}
-	p := b.p
+	p := newPprofBuilder(src, comm, lp.Labels).build(lp.Samples)
 	p.TimeNanos = lp.Time.UnixNano()
 	p.DurationNanos = int64(lp.Duration)
 	if lp.Comment != "" {
 		p.Comments = []string{lp.Comment}
 	}
-	if err := p.CheckValid(); err != nil {
-		return fmt.Errorf("pprof: the profile built is invalid: %w", err)
-	}
-	if err := p.Write(w); err != nil {
-		return fmt.Errorf("pprof: write: %w", err)
-	}
-	return nil
+	return writeGzipped(w, p)
 }
 
 // LiveEntry is one entry of a live snapshot's device trace.

@@ -41,9 +41,9 @@ func TestWriteLivePprof(t *testing.T) {
 	st1 := l.StackOf(1, []uint64{0xa, 0xb}, false)
 	st2 := l.StackOf(2, []uint64{0xc}, false)
 	lp := &LiveProfile{
-		Samples: []LiveSample{
-			{Stack: st2, API: events.CudaMalloc, InuseObjects: 1, InuseBytes: 7},
-			{Stack: st1, API: events.CudaMalloc, AllocObjects: 1, AllocBytes: 50, InuseObjects: 2, InuseBytes: 150},
+		Samples: Samples{
+			{Stack: st2, API: events.CudaMalloc}: {0, 0, 1, 7},
+			{Stack: st1, API: events.CudaMalloc}: {1, 50, 2, 150},
 		},
 		Comm:     map[uint32]string{1: "job", 2: "other"},
 		Labels:   map[uint32]map[string]string{1: {"container": "c0ffee", "pod": ""}},

@@ -1,10 +1,8 @@
 package export
 
 import (
-	"cmp"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 
 	"github.com/google/pprof/profile"
@@ -25,14 +23,6 @@ var pprofSampleTypes = []*profile.ValueType{
 	{Type: "inuse_space", Unit: "bytes"},
 }
 
-// sampleKey is what one pprof sample aggregates: one stack of one process
-// (a ledger stack is per process), one device, one function.
-type sampleKey struct {
-	st     *ledger.Stack
-	device int32
-	api    events.API
-}
-
 // WritePprof writes the trace at path as a gzipped pprof profile of the
 // Go heap profile's shape. inuse_* is the live set at opts.At; alloc_*
 // counts the successful allocations from the start up to the same moment,
@@ -42,10 +32,10 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 	if err != nil {
 		return err
 	}
-	allocs := map[sampleKey]*[4]int64{}
+	samples := Samples{}
 	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		if a := ch.Alloc; a != nil && opts.selected(ch.Process.PID) {
-			v := sampleValues(allocs, sampleKey{a.Stack, a.Device, a.API})
+			v := samples.At(KeyOf(a))
 			v[0]++
 			v[1] += int64(a.Size)
 		}
@@ -55,13 +45,8 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 		return err
 	}
 	for _, p := range t.Ledger.Processes() {
-		if !opts.selected(p.PID) {
-			continue
-		}
-		for _, a := range append(p.LiveAllocations(), p.LiveTensors()...) {
-			v := sampleValues(allocs, sampleKey{a.Stack, a.Device, a.API})
-			v[2]++
-			v[3] += int64(a.Size)
+		if opts.selected(p.PID) {
+			samples.AddLive(p.LiveAllocations(), p.LiveTensors())
 		}
 	}
 
@@ -76,20 +61,7 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 		}
 	}
 	b := newPprofBuilder(replayStacks{t, syms}, comm, labels)
-	keys := make([]sampleKey, 0, len(allocs))
-	for k := range allocs {
-		keys = append(keys, k)
-	}
-	// A stable order: the same trace always writes the same profile.
-	slices.SortFunc(keys, func(a, b sampleKey) int {
-		return cmp.Or(cmp.Compare(a.st.PID, b.st.PID), slices.Compare(a.st.Frames, b.st.Frames),
-			cmp.Compare(a.device, b.device), cmp.Compare(a.api, b.api))
-	})
-	for _, k := range keys {
-		b.sample(k, allocs[k])
-	}
-
-	p := b.p
+	p := b.build(samples)
 	p.TimeNanos = t.Meta.WallTime(t.Meta.StartBoot).UnixNano()
 	if end != 0 {
 		p.DurationNanos = int64(end - t.Meta.StartBoot)
@@ -97,23 +69,22 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 		p.DurationNanos = int64(t.DurationNS())
 	}
 	p.Comments = []string{fmt.Sprintf("cudatrace: GPU memory allocations of %s; inuse_* is the live set at %s", path, opts.At)}
+	if err := writeGzipped(w, p); err != nil {
+		return err
+	}
+	opts.warnGone(syms)
+	return nil
+}
+
+// writeGzipped checks p and writes it gzipped.
+func writeGzipped(w io.Writer, p *profile.Profile) error {
 	if err := p.CheckValid(); err != nil {
 		return fmt.Errorf("pprof: the profile built is invalid: %w", err)
 	}
 	if err := p.Write(w); err != nil {
 		return fmt.Errorf("pprof: write: %w", err)
 	}
-	opts.warnGone(syms)
 	return nil
-}
-
-func sampleValues(m map[sampleKey]*[4]int64, k sampleKey) *[4]int64 {
-	v := m[k]
-	if v == nil {
-		v = new([4]int64)
-		m[k] = v
-	}
-	return v
 }
 
 // Stacks is what the exports need of a stack beyond its addresses: the
@@ -171,8 +142,16 @@ func newPprofBuilder(src Stacks, comm map[uint32]string, labels map[uint32]map[s
 	return b
 }
 
-func (b *pprofBuilder) sample(k sampleKey, v *[4]int64) {
-	info := k.api.Info()
+// build adds samples to the profile, in a stable order, and returns it.
+func (b *pprofBuilder) build(samples Samples) *profile.Profile {
+	for _, k := range samples.sorted() {
+		b.sample(k, samples[k])
+	}
+	return b.p
+}
+
+func (b *pprofBuilder) sample(k SampleKey, v *Values) {
+	info := k.API.Info()
 	// Segments are what the runtime and the driver hand out; tensors, the
 	// blocks a framework's allocator cuts from them. Both are in the
 	// profile: filter with -tagfocus level=tensor (or segment).
@@ -181,24 +160,24 @@ func (b *pprofBuilder) sample(k sampleKey, v *[4]int64) {
 		level = "tensor"
 	}
 	labels := map[string][]string{
-		"comm":  {b.comm[k.st.PID]},
-		"api":   {k.api.String()},
+		"comm":  {b.comm[k.Stack.PID]},
+		"api":   {k.API.String()},
 		"kind":  {info.Kind.String()},
 		"level": {level},
 		// A string: pprof's encoding reads a numeric label of 0 back
 		// as an empty string label, and device 0 is the common one.
-		"device": {strconv.Itoa(int(k.device))},
+		"device": {strconv.Itoa(int(k.Device))},
 	}
-	for name, v := range b.labels[k.st.PID] {
+	for name, v := range b.labels[k.Stack.PID] {
 		if v != "" {
 			labels[name] = []string{v}
 		}
 	}
 	b.p.Sample = append(b.p.Sample, &profile.Sample{
-		Location: b.stack(k.st),
+		Location: b.stack(k.Stack),
 		Value:    v[:],
 		Label:    labels,
-		NumLabel: map[string][]int64{"pid": {int64(k.st.PID)}},
+		NumLabel: map[string][]int64{"pid": {int64(k.Stack.PID)}},
 	})
 }
 
