@@ -330,3 +330,43 @@ func readWindow(t *testing.T, data []byte, each func(tracefile.Record)) string {
 		each(rec)
 	}
 }
+
+// TestOOMDumpProcess: the dump's process account is the report's, every
+// field of it: a lost free (replaced), tensor bytes and when the peak was
+// reached are in it, as `cudatrace report` shows them.
+func TestOOMDumpProcess(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "oom")
+	s := newSession(t, Options{DumpDir: dir, DumpEvery: time.Hour})
+	pid := uint32(os.Getpid())
+	s.process(pid, "job")
+	s.event(events.Event{Time: 1000, PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x10000, Size: 4096, Stack: []uint64{1}})
+	s.event(events.Event{Time: 2000, PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x10000, Size: 8192, Stack: []uint64{1}})
+	s.event(events.Event{Time: 3000, PID: pid, Comm: "job", API: events.TorchMalloc, Addr: 0x10000, Size: 1000, Stack: []uint64{2}})
+	s.event(events.Event{Time: 5000, PID: pid, TID: 9, Comm: "job", API: events.CudaMalloc, Size: 1 << 40, Result: 2, Stack: []uint64{3}})
+
+	var files []string
+	for deadline := time.Now().Add(5 * time.Second); len(files) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		files, _ = filepath.Glob(filepath.Join(dir, "oom-*.json"))
+	}
+	if len(files) != 1 {
+		t.Fatalf("dump reports %v, want 1", files)
+	}
+	data, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep OOMReport
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	p := rep.Process
+	if p.Replaced != 1 || p.LiveBytes != 8192 || p.PeakBytes != 8192 || p.AllocBytes != 4096+8192 || p.TensorAllocBytes != 1000 ||
+		p.TensorLiveBytes != 1000 || p.LiveAllocations != 1 || p.Comm != "job" {
+		t.Errorf("process %s", data)
+	}
+	peak, err1 := time.Parse(time.RFC3339Nano, p.PeakTime)
+	failed, err2 := time.Parse(time.RFC3339Nano, rep.Failure.Time)
+	if err1 != nil || err2 != nil || failed.Sub(peak) != 3000*time.Nanosecond {
+		t.Errorf("peak_time %q, failure time %q: want the peak 3000 ns before the failure (%v, %v)", p.PeakTime, rep.Failure.Time, err1, err2)
+	}
+}

@@ -2,19 +2,16 @@ package agent
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/report"
-	"github.com/cudatrace/cudatrace/symbolize"
 )
 
 // oomStacks is how many of the live set's stacks an OOM report lists.
@@ -23,15 +20,15 @@ const oomStacks = 10
 // oomDump is what the OOM black box writes of one failure, copied on the
 // reader goroutine at the moment the allocation failed.
 type oomDump struct {
-	time     time.Time
-	pid      uint32
-	stats    ProcessStats
-	failure  ledger.Failure
-	segs     []*ledger.Allocation
-	tensors  []*ledger.Allocation
-	level    bool // tensor events
-	src      *liveStacks
-	deviceOf int32
+	time    time.Time
+	pid     uint32
+	proc    report.Process // its account at the failure
+	failure ledger.Failure
+	ctx     report.FailureContext
+	segs    []*ledger.Allocation
+	tensors []*ledger.Allocation
+	level   bool // tensor events
+	src     *liveStacks
 }
 
 // OOMReport is the JSON file of the OOM black box: the failed call and
@@ -67,10 +64,15 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 	}
 	ps.lastDump = now
 	p := ch.Process
-	d := &oomDump{time: a.wall(ev.End()), pid: p.PID, stats: a.processStats(ps, p),
+	d := &oomDump{time: a.wall(ev.End()), pid: p.PID, proc: report.NewProcess(p, a.wall),
 		failure: ledger.Failure{Time: ev.End(), TID: ev.TID, API: ev.API, Size: ev.Size, Device: ev.Device,
 			Result: ev.Result, Stack: ch.Stack},
-		segs: p.LiveAllocations(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0, deviceOf: ev.Device}
+		ctx:  report.ContextOf(p, ev.Device, oomStacks),
+		segs: p.LiveAllocations(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0}
+	d.proc.Container, d.proc.PodUID = ps.container.ID, ps.container.PodUID
+	if ps.first != nil {
+		d.proc.Cmdline = ps.first.Cmdline
+	}
 	d.src = a.stacksFor(ch.Stack)
 	for _, al := range d.segs {
 		d.src.add(a, al.Stack)
@@ -136,8 +138,8 @@ func (a *Agent) writeDump(d *oomDump) error {
 		return fmt.Errorf("memviz: %w", err)
 	}
 
-	lp := &export.LiveProfile{Samples: export.Samples{}, Comm: map[uint32]string{d.pid: d.stats.Comm},
-		Labels: map[uint32]map[string]string{d.pid: {"container": d.stats.Container, "pod": d.stats.PodUID}},
+	lp := &export.LiveProfile{Samples: export.Samples{}, Comm: map[uint32]string{d.pid: d.proc.Comm},
+		Labels: map[uint32]map[string]string{d.pid: {"container": d.proc.Container, "pod": d.proc.PodUID}},
 		Time:   d.time,
 		Comment: fmt.Sprintf("cudatrace agent: GPU memory of pid %d live when %s of %d bytes failed (%s)",
 			d.pid, d.failure.API, d.failure.Size, d.failure.API.ResultName(d.failure.Result))}
@@ -161,67 +163,17 @@ func (a *Agent) writeDump(d *oomDump) error {
 		}
 	}
 	fmt.Fprintf(a.opts.Stderr, "cudatrace agent: pid %d (%s): %s of %d bytes failed with %s; dumped %s\n",
-		d.pid, d.stats.Comm, d.failure.API, d.failure.Size, d.failure.API.ResultName(d.failure.Result),
+		d.pid, d.proc.Comm, d.failure.API, d.failure.Size, d.failure.API.ResultName(d.failure.Result),
 		filepath.Join(a.opts.DumpDir, files.Report))
 	return nil
 }
 
 func (a *Agent) oomReport(d *oomDump, files OOMFiles) *OOMReport {
-	frames := func(st *ledger.Stack) []report.Frame { return toFrames(d.src.Frames(st)) }
-	s := &d.stats
-	rep := &OOMReport{Time: d.time.Format(time.RFC3339Nano), PID: d.pid, Comm: s.Comm, Cmdline: s.Cmdline,
-		Container: s.Container, PodUID: s.PodUID, Files: files}
-	f := &d.failure
-	rep.Failure = report.Failure{PID: d.pid, TID: f.TID, API: f.API.String(), Size: f.Size, Device: f.Device,
-		Result: f.Result, Error: f.API.ResultName(f.Result), Time: rep.Time, Frames: frames(f.Stack),
-		LiveBytes: s.Live}
-	type group struct {
-		st           *ledger.Stack
-		bytes, count uint64
-	}
-	by := map[*ledger.Stack]*group{}
-	var groups []*group
-	for _, al := range d.segs {
-		if !al.API.Segment() || al.Device != f.Device {
-			continue
-		}
-		rep.Failure.DeviceLiveBytes += al.Size
-		g := by[al.Stack]
-		if g == nil {
-			g = &group{st: al.Stack}
-			by[al.Stack] = g
-			groups = append(groups, g)
-		}
-		g.bytes += al.Size
-		g.count++
-	}
-	slices.SortFunc(groups, func(x, y *group) int {
-		return cmp.Or(cmp.Compare(y.bytes, x.bytes), cmp.Compare(y.count, x.count), slices.Compare(x.st.Frames, y.st.Frames))
-	})
-	for _, g := range groups[:min(len(groups), oomStacks)] {
-		rep.Failure.LiveStacks = append(rep.Failure.LiveStacks, report.StackShare{LiveBytes: g.bytes, LiveCount: g.count,
-			Frames: frames(g.st)})
-	}
-	rep.Process = report.Process{PID: d.pid, Comm: s.Comm, Cmdline: s.Cmdline, Container: s.Container, PodUID: s.PodUID,
-		Allocs: s.Allocs, Frees: s.Frees,
-		Failed: s.Failed, AllocBytes: s.AllocBytes, LiveBytes: s.Live, PeakBytes: s.Peak, HostLiveBytes: s.HostLive,
-		HostPeakBytes: s.HostPeak, LiveAllocations: len(d.segs), UnknownFrees: s.UnknownFrees,
-		TensorAllocs: s.TensorAllocs, TensorFrees: s.TensorFrees, TensorLiveBytes: s.TensorLive,
-		TensorPeakBytes: s.TensorPeak, Devices: []report.Device{}}
-	for _, dv := range s.Devices {
-		rep.Process.Devices = append(rep.Process.Devices, report.Device{Device: dv.Device, LiveBytes: dv.Live,
-			PeakBytes: dv.Peak, TensorLiveBytes: dv.TensorLive, TensorPeakBytes: dv.TensorPeak})
-	}
-	return rep
-}
-
-func toFrames(fs []symbolize.Frame) []report.Frame {
-	out := make([]report.Frame, 0, len(fs))
-	for _, f := range fs {
-		out = append(out, report.Frame{Function: f.Function, File: f.File, Line: f.Line, Module: f.Module,
-			Address: fmt.Sprintf("%#x", f.Addr), Offset: f.Offset})
-	}
-	return out
+	frames := func(st *ledger.Stack) []report.Frame { return report.Frames(d.src.Frames(st)) }
+	p := &d.proc
+	return &OOMReport{Time: d.time.Format(time.RFC3339Nano), PID: d.pid, Comm: p.Comm, Cmdline: p.Cmdline,
+		Container: p.Container, PodUID: p.PodUID, Files: files,
+		Failure: report.NewFailure(d.pid, &d.failure, &d.ctx, a.wall, frames), Process: *p}
 }
 
 // writeFile0600 creates path with mode 0600 whatever the umask, and never

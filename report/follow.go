@@ -30,24 +30,15 @@ type follower struct {
 	start    uint64 // boot ns of the recording's start
 	interval uint64 // ns; 0: no interval table
 
-	// Per PID, parallel to the ledger's Process.Failures.
-	failures map[uint32][]failureContext
+	// Per PID, parallel to the ledger's Process.Failures; no stacks past
+	// maxFailureStacks.
+	failures map[uint32][]FailureContext
 	// Per PID: its events so far, and how many it had when its peak was
 	// last raised (a second replay stops there to see the peak's stacks).
 	seq, peakSeq map[uint32]uint64
 	peak         map[uint32]uint64
 
 	spans map[spanKey]*span
-}
-
-type failureContext struct {
-	live, deviceLive uint64
-	stacks           []stackLive // nil past maxFailureStacks
-}
-
-type stackLive struct {
-	st           *ledger.Stack
-	bytes, count uint64
 }
 
 type spanKey struct {
@@ -66,7 +57,7 @@ type span struct {
 }
 
 func newFollower(start uint64, interval time.Duration) *follower {
-	return &follower{start: start, interval: uint64(interval), failures: map[uint32][]failureContext{},
+	return &follower{start: start, interval: uint64(interval), failures: map[uint32][]FailureContext{},
 		seq: map[uint32]uint64{}, peakSeq: map[uint32]uint64{}, peak: map[uint32]uint64{}, spans: map[spanKey]*span{}}
 }
 
@@ -81,15 +72,11 @@ func (f *follower) onEvent(ev *events.Event, ch ledger.Change) error {
 		f.peakSeq[p.PID] = f.seq[p.PID]
 	}
 	if ch.Stack != nil && ch.Alloc == nil && len(p.Failures) > len(f.failures[p.PID]) {
-		fc := failureContext{live: p.Live}
-		if d := p.Devices[ev.Device]; d != nil {
-			fc.deviceLive = d.Live
-		}
+		n := 0
 		if len(f.failures[p.PID]) < maxFailureStacks {
-			fc.stacks = liveByStack(p, func(a *ledger.Allocation) bool { return a.Device == ev.Device })
-			fc.stacks = fc.stacks[:min(len(fc.stacks), failureStacks)]
+			n = failureStacks
 		}
-		f.failures[p.PID] = append(f.failures[p.PID], fc)
+		f.failures[p.PID] = append(f.failures[p.PID], ContextOf(p, ev.Device, n))
 	}
 	if f.interval == 0 {
 		return nil
@@ -172,44 +159,18 @@ func (f *follower) intervals(last uint64) ([]Interval, bool) {
 	return out, overflowed
 }
 
-// liveByStack sums p's live GPU allocations that keep passes by stack,
-// most bytes first.
-func liveByStack(p *ledger.Process, keep func(*ledger.Allocation) bool) []stackLive {
-	by := map[*ledger.Stack]*stackLive{}
-	for _, a := range p.LiveAllocations() {
-		if !a.API.Segment() || !keep(a) {
-			continue
-		}
-		s := by[a.Stack]
-		if s == nil {
-			s = &stackLive{st: a.Stack}
-			by[a.Stack] = s
-		}
-		s.bytes += a.Size
-		s.count++
-	}
-	out := make([]stackLive, 0, len(by))
-	for _, s := range by {
-		out = append(out, *s)
-	}
-	slices.SortFunc(out, func(a, b stackLive) int {
-		return cmp.Or(cmp.Compare(b.bytes, a.bytes), cmp.Compare(b.count, a.count), slices.Compare(a.st.Frames, b.st.Frames))
-	})
-	return out
-}
-
 // peakStacks replays the trace a second time, stopping in each process at
 // the event that raised its peak last, and returns the stacks of its live
 // GPU memory then, each as the first pass's aggregate (so it is symbolized
 // once, with the first pass's mappings).
-func (f *follower) peakStacks(t *replay.Trace) (map[uint32][]stackLive, error) {
+func (f *follower) peakStacks(t *replay.Trace) (map[uint32][]LiveShare, error) {
 	want := map[uint32]uint64{}
 	for pid, n := range f.peakSeq {
 		if f.peak[pid] > 0 {
 			want[pid] = n
 		}
 	}
-	out := map[uint32][]stackLive{}
+	out := map[uint32][]LiveShare{}
 	if len(want) == 0 {
 		return out, nil
 	}
@@ -223,9 +184,9 @@ func (f *follower) peakStacks(t *replay.Trace) (map[uint32][]stackLive, error) {
 		if seq[p.PID] != want[p.PID] {
 			return nil
 		}
-		stacks := liveByStack(p, func(*ledger.Allocation) bool { return true })
+		stacks := LiveByStack(p, func(*ledger.Allocation) bool { return true })
 		for i := range stacks {
-			stacks[i].st = t.Ledger.StackOf(p.PID, stacks[i].st.Frames, stacks[i].st.Tensor)
+			stacks[i].Stack = t.Ledger.StackOf(p.PID, stacks[i].Stack.Frames, stacks[i].Stack.Tensor)
 		}
 		out[p.PID] = stacks
 		return nil

@@ -11,7 +11,6 @@ import (
 
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
-	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -312,7 +311,7 @@ func Load(path string, opts Options) (*Report, error) {
 
 	syms := t.Symbols(!opts.NoSymbolize)
 	defer syms.Close()
-	frames := func(st *ledger.Stack) []Frame { return toFrames(syms.Frames(st)) }
+	frames := func(st *ledger.Stack) []Frame { return Frames(syms.Frames(st)) }
 
 	rep.Processes = []Process{}
 	rep.Failures = []Failure{}
@@ -320,21 +319,7 @@ func Load(path string, opts Options) (*Report, error) {
 		if !opts.selected(p.PID) {
 			continue
 		}
-		out := Process{PID: p.PID, Comm: p.Comm, Allocs: p.Allocs, Frees: p.Frees,
-			Failed: p.Failed, AllocBytes: p.AllocBytes, LiveBytes: p.Live, PeakBytes: p.Peak,
-			HostLiveBytes: p.HostLive, HostPeakBytes: p.HostPeak, UnknownFrees: p.UnknownFrees,
-			Replaced: p.Replaced, LiveAllocations: len(p.LiveAllocations()), Devices: devices(p),
-			TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees, TensorAllocBytes: p.TensorAllocBytes,
-			TensorLiveBytes: p.TensorLive, TensorPeakBytes: p.TensorPeak, UnknownTensorFrees: p.UnknownTensorFrees,
-			VMMMappedBytes: p.Mapped, VMMMappedPeakBytes: p.MappedPeak, VMMMaps: p.Maps, VMMUnmaps: p.Unmaps,
-			VMMFailedMaps: p.FailedMaps, VMMUnknownUnmaps: p.UnknownUnmaps, VAReservedBytes: p.Reserved}
-		for _, m := range p.Mappings() {
-			out.VMMMappings = append(out.VMMMappings, Mapping{Addr: m.Addr, Size: m.Size, Handle: m.Handle,
-				Device: m.Device, Released: m.Alloc != nil && m.Alloc.Released()})
-		}
-		if p.PeakTime != 0 {
-			out.PeakTime = meta.WallTime(p.PeakTime).Format(time.RFC3339Nano)
-		}
+		out := NewProcess(p, meta.WallTime)
 		if c := t.Processes[p.PID]; c != nil {
 			out.Cmdline, out.Container, out.PodUID = c.Cmdline, c.Container, c.Pod
 		}
@@ -343,17 +328,12 @@ func Load(path string, opts Options) (*Report, error) {
 		}
 		out.NVML = nv.process(p.PID)
 		rep.Processes = append(rep.Processes, out)
-		for i, f := range p.Failures {
-			out := Failure{PID: p.PID, TID: f.TID, API: f.API.String(), Size: f.Size,
-				Device: f.Device, Result: f.Result, Error: f.API.ResultName(f.Result),
-				Time: meta.WallTime(f.Time).Format(time.RFC3339Nano), Frames: frames(f.Stack)}
-			if ctx := fol.failures[p.PID]; i < len(ctx) {
-				out.LiveBytes, out.DeviceLiveBytes = ctx[i].live, ctx[i].deviceLive
-				for _, s := range ctx[i].stacks {
-					out.LiveStacks = append(out.LiveStacks, StackShare{LiveBytes: s.bytes, LiveCount: s.count, Frames: frames(s.st)})
-				}
+		for i := range p.Failures {
+			var ctx *FailureContext
+			if fcs := fol.failures[p.PID]; i < len(fcs) {
+				ctx = &fcs[i]
 			}
-			rep.Failures = append(rep.Failures, out)
+			rep.Failures = append(rep.Failures, NewFailure(p.PID, &p.Failures[i], ctx, meta.WallTime, frames))
 		}
 	}
 
@@ -365,7 +345,7 @@ func Load(path string, opts Options) (*Report, error) {
 	for _, p := range rep.Processes {
 		stacks := peaks[p.PID]
 		for _, s := range stacks[:min(len(stacks), opts.top())] {
-			rep.PeakStacks = append(rep.PeakStacks, PeakStack{PID: p.PID, LiveBytes: s.bytes, LiveCount: s.count, Frames: frames(s.st)})
+			rep.PeakStacks = append(rep.PeakStacks, PeakStack{PID: p.PID, LiveBytes: s.Bytes, LiveCount: s.Count, Frames: frames(s.Stack)})
 		}
 	}
 	if opts.MinAge > 0 {
@@ -423,15 +403,6 @@ func Load(path string, opts Options) (*Report, error) {
 	return rep, nil
 }
 
-func devices(p *ledger.Process) []Device {
-	out := []Device{}
-	for _, d := range p.DeviceList() {
-		out = append(out, Device{Device: d.Device, LiveBytes: d.Live, PeakBytes: d.Peak,
-			TensorLiveBytes: d.TensorLive, TensorPeakBytes: d.TensorPeak})
-	}
-	return out
-}
-
 func nonNil[T any](s []T) []T {
 	if s == nil {
 		return []T{}
@@ -476,16 +447,6 @@ func leaks(t *replay.Trace, opts *Options, frames func(*ledger.Stack) []Frame) [
 	for _, g := range groups {
 		out = append(out, Leak{PID: g.st.PID, LiveBytes: g.bytes, LiveCount: g.count, OldestAgeNS: t.Last - g.oldest,
 			Frames: frames(g.st)})
-	}
-	return out
-}
-
-// toFrames formats symbolized frames for the report.
-func toFrames(fs []symbolize.Frame) []Frame {
-	out := make([]Frame, 0, len(fs))
-	for _, f := range fs {
-		out = append(out, Frame{Function: f.Function, File: f.File, Line: f.Line, Module: f.Module,
-			Address: fmt.Sprintf("%#x", f.Addr), Offset: f.Offset})
 	}
 	return out
 }

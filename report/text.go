@@ -29,10 +29,7 @@ func (r *Report) WriteJSON(w io.Writer) error {
 func WriteSummary(w io.Writer, l *ledger.Ledger, lost uint64) error {
 	var rows []Process
 	for _, p := range l.Processes() {
-		rows = append(rows, Process{PID: p.PID, Comm: p.Comm, Allocs: p.Allocs, Frees: p.Frees, Failed: p.Failed,
-			AllocBytes: p.AllocBytes, LiveBytes: p.Live, PeakBytes: p.Peak, HostLiveBytes: p.HostLive,
-			TensorAllocs: p.TensorAllocs, TensorLiveBytes: p.TensorLive, TensorPeakBytes: p.TensorPeak,
-			VMMMaps: p.Maps, VMMMappedBytes: p.Mapped, Devices: devices(p)})
+		rows = append(rows, NewProcess(p, nil))
 	}
 	if err := writeProcesses(w, rows); err != nil {
 		return err
