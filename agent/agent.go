@@ -18,11 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
@@ -169,7 +166,7 @@ func New(opts Options) *Agent {
 	}
 	a := &Agent{
 		opts:      opts,
-		bootOff:   time.Duration(time.Now().UnixNano() - int64(bootNow())),
+		bootOff:   time.Duration(time.Now().UnixNano() - int64(record.BootNow())),
 		start:     time.Now(),
 		reqs:      make(chan request, 64),
 		stopped:   make(chan struct{}),
@@ -496,21 +493,7 @@ func (a *Agent) pids() []uint32 {
 	return out
 }
 
-func bootNow() uint64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
-		return 0
-	}
-	return uint64(ts.Nano())
-}
-
 // warn reports a problem the agent carries on after.
 func (a *Agent) warn(format string, args ...any) {
 	fmt.Fprintf(a.opts.Stderr, "cudatrace agent: warning: "+format+"\n", args...)
-}
-
-// hostname for trace metadata.
-func hostname() string {
-	h, _ := os.Hostname()
-	return h
 }

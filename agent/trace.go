@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
@@ -151,12 +150,12 @@ func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Durat
 		return lost
 	}
 
-	meta := tracefile.Meta{Tool: "cudatrace " + a.opts.Version + " agent", Host: hostname(), Kernel: kernel(),
-		StartBoot: bootNow(), StartWall: time.Now(), All: pid == 0}
+	meta := record.TraceMeta("cudatrace " + a.opts.Version + " agent")
+	meta.All = pid == 0
 	if pid != 0 {
 		meta.PIDs = []int{int(pid)}
 	}
-	tw, err := tracefile.NewWriter(w, meta)
+	tw, err := record.NewTraceWriter(w, meta)
 	if err != nil {
 		unsubscribe()
 		return err
@@ -212,17 +211,15 @@ loop:
 		return err
 	}
 	lost += sub.dropped.Load()
-	tw.WriteCounters(&tracefile.Counters{Time: bootNow(), Counters: map[string]uint64{"agent_dropped": sub.dropped.Load()},
-		Lost: lost})
-	tw.WriteEnd(&tracefile.End{Time: bootNow(), Events: events, Reason: reason})
-	return tw.Close()
+	return tw.Finish(tracefile.Counters{Counters: map[string]uint64{"agent_dropped": sub.dropped.Load()}, Lost: lost},
+		tracefile.End{Events: events, Reason: reason})
 }
 
 // window writes a trace window's items and gathers its processes' return
 // addresses: the window is read elsewhere, on a machine without the files
 // those processes mapped, so it names its frames itself (names).
 type window struct {
-	tw   *tracefile.Writer
+	tw   *record.TraceWriter
 	caps map[uint32]*tracefile.Process // the latest capture of each process
 	pcs  map[uint32]map[uint64]bool    // the return addresses of each process's events
 	ev   events.Event
@@ -257,41 +254,11 @@ func (w *window) names(sym *symbolize.Symbolizer) error {
 	if sym == nil {
 		return nil
 	}
-	type key struct {
-		id  string
-		off uint64
-	}
-	seen := map[key]bool{}
 	var out []tracefile.Symbol
 	for _, pid := range slices.Sorted(maps.Keys(w.pcs)) {
-		p := w.caps[pid]
-		if p == nil {
-			continue
-		}
-		for _, n := range record.Names(sym, replay.SymbolProc(p), p.Maps, slices.Sorted(maps.Keys(w.pcs[pid]))) {
-			if k := (key{n.BuildID, n.Offset}); !seen[k] {
-				seen[k] = true
-				out = append(out, n)
-			}
+		if p := w.caps[pid]; p != nil {
+			out = append(out, record.Names(sym, replay.SymbolProc(p), p.Maps, slices.Sorted(maps.Keys(w.pcs[pid])))...)
 		}
 	}
-	if len(out) == 0 {
-		return nil
-	}
-	return w.tw.WriteSymbols(&tracefile.Symbols{Frames: out})
-}
-
-func kernel() string {
-	var uts syscall.Utsname
-	if syscall.Uname(&uts) != nil {
-		return ""
-	}
-	var b []byte
-	for _, c := range uts.Release {
-		if c == 0 {
-			break
-		}
-		b = append(b, byte(c))
-	}
-	return string(b)
+	return w.tw.WriteNames(out)
 }

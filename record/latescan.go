@@ -125,7 +125,7 @@ func (s *session) attachLate() {
 			before = p.Allocs + p.Failed + p.Frees + p.UnknownFrees
 		}
 		s.res.Attached = append(s.res.Attached, ar)
-		s.writeAttach(ar, &tracefile.Attach{Time: bootNow(), PID: f.pid, EventsBefore: before})
+		s.writeAttach(ar, &tracefile.Attach{Time: BootNow(), PID: f.pid, EventsBefore: before})
 		fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began: attached %d probes now; its calls before this were not traced\n",
 			f.pid, f.path, ar.Programs)
 	}

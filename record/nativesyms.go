@@ -206,7 +206,7 @@ func (s *session) writeNamed(final bool) {
 	if len(named) == 0 || s.w == nil {
 		return
 	}
-	if err := s.w.WriteSymbols(&tracefile.Symbols{Frames: named}); err != nil {
+	if err := s.w.WriteNames(named); err != nil {
 		s.warn(err)
 	}
 }

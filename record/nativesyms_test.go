@@ -57,7 +57,7 @@ func namerSetup(t testing.TB) (*session, *bytes.Buffer, *procState, uint64, symb
 		t.Fatalf("no address in a mapping with a build ID that symbolizes: %+v", maps)
 	}
 	var trace bytes.Buffer
-	w, err := tracefile.NewWriter(&trace, tracefile.Meta{Tool: "test"})
+	w, err := NewTraceWriter(&trace, tracefile.Meta{Tool: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

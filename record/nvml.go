@@ -44,7 +44,7 @@ func (s *sampler) run(ctx context.Context, open func() (gpustat.Source, error), 
 	defer close(s.done)
 	src, err := open()
 	if err != nil {
-		s.put(nvmlSample{time: bootNow(), err: err, open: true})
+		s.put(nvmlSample{time: BootNow(), err: err, open: true})
 		return
 	}
 	defer src.Close()
@@ -52,7 +52,7 @@ func (s *sampler) run(ctx context.Context, open func() (gpustat.Source, error), 
 	defer tick.Stop()
 	for {
 		sm, err := gpustat.Take(src)
-		s.put(nvmlSample{time: bootNow(), sample: sm, err: err})
+		s.put(nvmlSample{time: BootNow(), sample: sm, err: err})
 		select {
 		case <-ctx.Done():
 			return

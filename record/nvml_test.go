@@ -17,7 +17,7 @@ import (
 func nvmlSession(t *testing.T, open func() (gpustat.Source, error)) (*session, *bytes.Buffer, *bytes.Buffer) {
 	t.Helper()
 	var trace, stderr bytes.Buffer
-	w, err := tracefile.NewWriter(&trace, tracefile.Meta{Tool: "test"})
+	w, err := NewTraceWriter(&trace, tracefile.Meta{Tool: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -428,11 +428,3 @@ func LaunchMain(argv []string) error {
 	}
 	return unix.Exec(path, argv, os.Environ())
 }
-
-func bootNow() uint64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
-		return 0
-	}
-	return uint64(ts.Nano())
-}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -37,7 +36,7 @@ type session struct {
 	opts   Options
 	res    *Result
 	tr     *loader.Tracer
-	w      *tracefile.Writer // nil without -o
+	w      *TraceWriter // nil without -o
 	ev     events.Event
 	events uint64
 
@@ -105,39 +104,14 @@ func newSession(opts Options, res *Result, tr *loader.Tracer) (*session, error) 
 	if opts.Output == "" {
 		return s, nil
 	}
-	host, _ := os.Hostname()
-	var uts syscall.Utsname
-	var kernel string
-	if syscall.Uname(&uts) == nil {
-		kernel = cString(uts.Release[:])
-	}
-	meta := tracefile.Meta{
-		Tool:      "cudatrace " + opts.Version,
-		Host:      host,
-		Kernel:    kernel,
-		StartBoot: bootNow(),
-		StartWall: time.Now(),
-		Command:   opts.Command,
-		PIDs:      opts.PIDs,
-		All:       opts.All,
-	}
-	w, err := tracefile.Create(opts.Output, meta)
+	meta := TraceMeta("cudatrace " + opts.Version)
+	meta.Command, meta.PIDs, meta.All = opts.Command, opts.PIDs, opts.All
+	w, err := CreateTrace(opts.Output, meta)
 	if err != nil {
 		return nil, err
 	}
 	s.w = w
 	return s, nil
-}
-
-func cString(b []int8) string {
-	var sb strings.Builder
-	for _, c := range b {
-		if c == 0 {
-			break
-		}
-		sb.WriteByte(byte(c))
-	}
-	return sb.String()
 }
 
 func (s *session) warn(err error) {
@@ -280,7 +254,7 @@ func (ps *procState) covers(stack []uint64) bool {
 // seen, because the process may be gone by the time anyone reads the trace.
 func (s *session) capture(pid uint32, ps *procState) {
 	ps.captured = time.Now()
-	p := &tracefile.Process{PID: pid, Time: bootNow(), Comm: s.ev.Comm}
+	p := &tracefile.Process{PID: pid, Time: BootNow(), Comm: s.ev.Comm}
 	maps, err := proc.ReadMaps(int(pid))
 	if err != nil {
 		ps.exited = true
@@ -401,7 +375,7 @@ func (s *session) writeCounters() {
 	if s.w == nil {
 		return
 	}
-	if err := s.w.WriteCounters(&tracefile.Counters{Time: bootNow(), Counters: c, Lost: loader.Lost(c)}); err != nil {
+	if err := s.w.WriteCounters(&tracefile.Counters{Time: BootNow(), Counters: c, Lost: loader.Lost(c)}); err != nil {
 		s.warn(err)
 	}
 }
@@ -412,14 +386,8 @@ func (s *session) finish(res *Result) error {
 		return nil
 	}
 	s.writeNamed(true)
-	if err := s.w.WriteCounters(&tracefile.Counters{Time: bootNow(), Counters: res.Counters, Lost: res.Lost}); err != nil {
-		return err
-	}
-	if err := s.w.WriteEnd(&tracefile.End{Time: bootNow(), Events: s.events, Reason: res.StopReason,
-		ExitCode: res.ExitCode}); err != nil {
-		return err
-	}
-	err := s.w.Close()
+	err := s.w.Finish(tracefile.Counters{Counters: res.Counters, Lost: res.Lost},
+		tracefile.End{Events: s.events, Reason: res.StopReason, ExitCode: res.ExitCode})
 	s.w = nil
 	return err
 }

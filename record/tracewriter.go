@@ -1,0 +1,102 @@
+package record
+
+import (
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// TraceWriter is the one writer of trace files: `record -o` and the
+// agent's /trace windows both write through it, so a window is the same
+// file a recording is. It is a tracefile.Writer that also names the native
+// frames of the trace once each (WriteNames) and ends a trace the one way
+// (Finish).
+type TraceWriter struct {
+	*tracefile.Writer
+	named map[nameKey]bool
+}
+
+type nameKey struct {
+	buildID string
+	off     uint64
+}
+
+// TraceMeta is the metadata of a trace that tool ("cudatrace v1.2", "…
+// agent") starts now on this machine; the caller adds what it traces
+// (Command, PIDs, All).
+func TraceMeta(tool string) tracefile.Meta {
+	host, _ := os.Hostname()
+	meta := tracefile.Meta{Tool: tool, Host: host, StartBoot: BootNow(), StartWall: time.Now()}
+	var uts unix.Utsname
+	if unix.Uname(&uts) == nil {
+		meta.Kernel = unix.ByteSliceToString(uts.Release[:])
+	}
+	return meta
+}
+
+// CreateTrace creates the trace file at path.
+func CreateTrace(path string, meta tracefile.Meta) (*TraceWriter, error) {
+	w, err := tracefile.Create(path, meta)
+	if err != nil {
+		return nil, err
+	}
+	return &TraceWriter{Writer: w}, nil
+}
+
+// NewTraceWriter writes a trace to out.
+func NewTraceWriter(out io.Writer, meta tracefile.Meta) (*TraceWriter, error) {
+	w, err := tracefile.NewWriter(out, meta)
+	if err != nil {
+		return nil, err
+	}
+	return &TraceWriter{Writer: w}, nil
+}
+
+// WriteNames writes the names of native frames (a symbols frame) that the
+// trace does not hold yet: each (build ID, file offset) is named once.
+func (w *TraceWriter) WriteNames(names []tracefile.Symbol) error {
+	var out []tracefile.Symbol
+	for _, n := range names {
+		k := nameKey{n.BuildID, n.Offset}
+		if w.named[k] {
+			continue
+		}
+		if w.named == nil {
+			w.named = map[nameKey]bool{}
+		}
+		w.named[k] = true
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return w.WriteSymbols(&tracefile.Symbols{Frames: out})
+}
+
+// Finish ends the trace: the last counters, the end frame (both stamped
+// now) and the file closed, whatever failed first.
+func (w *TraceWriter) Finish(c tracefile.Counters, e tracefile.End) error {
+	c.Time, e.Time = BootNow(), BootNow()
+	err := w.WriteCounters(&c)
+	if err == nil {
+		err = w.WriteEnd(&e)
+	}
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// BootNow is the trace's clock now: CLOCK_BOOTTIME in nanoseconds, the
+// clock of the BPF side's records.
+func BootNow() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
+}
