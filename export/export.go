@@ -3,7 +3,10 @@
 // memory_viz snapshots, Chrome/Perfetto timelines and JSON. Every format is
 // built from a replay of the trace file (package replay), so memory stays
 // bounded by the live set and the distinct stacks, whatever the number of
-// events.
+// events. The agent writes its live profile and snapshots with the same
+// code (live.go): a live set becomes pprof samples one way (Samples), for
+// a trace and a running ledger alike. The pickle encoder under memviz is
+// internal/pickle.
 package export
 
 import (
