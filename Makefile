@@ -38,7 +38,7 @@ test-unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /vmtest)
 
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem ./events/ ./ledger/ ./tracefile/ ./symbolize/ ./unwind/ ./export/ ./top/ ./record/
+	$(GO) test -run '^$$' -bench . -benchmem ./ledger/ ./tracefile/ ./symbolize/ ./unwind/ ./export/ ./top/ ./record/
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
 
 # The agent's memory over 5000 short-lived traced processes (a few minutes).
