@@ -530,6 +530,9 @@ func (p *Process) LiveAllocations() []*Allocation {
 	return out
 }
 
+// LiveCount is len(p.LiveAllocations()), without building the list.
+func (p *Process) LiveCount() int { return len(p.live) + len(p.released) }
+
 // Mappings returns p's live VMM mappings by virtual address.
 func (p *Process) Mappings() []*Mapping {
 	out := make([]*Mapping, 0, len(p.mappings))

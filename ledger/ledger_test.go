@@ -240,13 +240,14 @@ func TestLedgerVMM(t *testing.T) {
 		t.Fatalf("release of mapped memory freed %+v", ch.Freed)
 	}
 	l.Apply(free(1, events.CuMemRelease, 0xa2))
-	if p.Live != 8<<20 || p.Frees != 2 || len(p.LiveAllocations()) != 3 {
-		t.Fatalf("after release: live %d frees %d, %d live allocations", p.Live, p.Frees, len(p.LiveAllocations()))
+	if p.Live != 8<<20 || p.Frees != 2 || len(p.LiveAllocations()) != 3 || p.LiveCount() != 3 {
+		t.Fatalf("after release: live %d frees %d, %d live allocations (LiveCount %d)", p.Live, p.Frees,
+			len(p.LiveAllocations()), p.LiveCount())
 	}
 	// The driver may hand a released handle out again.
 	l.Apply(alloc(1, events.CuMemCreate, 0xa1, 6<<20, 1, 0xc))
-	if p.Live != 14<<20 || p.Replaced != 0 || len(p.LiveAllocations()) != 4 {
-		t.Fatalf("reused handle: live %d replaced %d", p.Live, p.Replaced)
+	if p.Live != 14<<20 || p.Replaced != 0 || len(p.LiveAllocations()) != 4 || p.LiveCount() != 4 {
+		t.Fatalf("reused handle: live %d replaced %d, LiveCount %d", p.Live, p.Replaced, p.LiveCount())
 	}
 
 	// One cuMemUnmap over the first two mappings frees both.

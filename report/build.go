@@ -33,7 +33,7 @@ func NewProcess(p *ledger.Process, wall func(boot uint64) time.Time) Process {
 	out := Process{PID: p.PID, Comm: p.Comm, Allocs: p.Allocs, Frees: p.Frees,
 		Failed: p.Failed, AllocBytes: p.AllocBytes, LiveBytes: p.Live, PeakBytes: p.Peak,
 		HostLiveBytes: p.HostLive, HostPeakBytes: p.HostPeak, UnknownFrees: p.UnknownFrees,
-		Replaced: p.Replaced, LiveAllocations: len(p.LiveAllocations()), Devices: devices(p),
+		Replaced: p.Replaced, LiveAllocations: p.LiveCount(), Devices: devices(p),
 		TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees, TensorAllocBytes: p.TensorAllocBytes,
 		TensorLiveBytes: p.TensorLive, TensorPeakBytes: p.TensorPeak, UnknownTensorFrees: p.UnknownTensorFrees,
 		VMMMappedBytes: p.Mapped, VMMMappedPeakBytes: p.MappedPeak, VMMMaps: p.Maps, VMMUnmaps: p.Unmaps,
