@@ -1,6 +1,8 @@
 // Package report turns a trace file into what a user reads: per-process
 // and per-device memory, the stacks holding the most memory, and failed
-// allocations, as a text table or JSON.
+// allocations, as a text table or JSON. Its models (Process, Failure,
+// Frame) are built from a ledger in one place (build.go), which record's
+// summary and the agent's OOM dump use too.
 package report
 
 import (
