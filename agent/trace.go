@@ -11,9 +11,8 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
-	"github.com/cudatrace/cudatrace/record"
-	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -36,7 +35,7 @@ type traceSub struct {
 
 type traceItem struct {
 	raw  []byte
-	proc *tracefile.Process
+	proc *procmodel.Capture
 	py   *tracefile.Python
 }
 
@@ -88,7 +87,7 @@ func (s *traceSub) python(pid uint32, t *pyframes.Table, tot *Totals) {
 	s.pyDone[t] = t.Len()
 }
 
-func (s *traceSub) process(p *tracefile.Process) {
+func (s *traceSub) process(p *procmodel.Capture) {
 	if !s.wants(p.PID) {
 		return
 	}
@@ -114,7 +113,7 @@ func (s *traceSub) end() {
 func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Duration) error {
 	sub := &traceSub{pid: pid, items: make(chan traceItem, traceQueue)}
 	var (
-		procs     []*tracefile.Process
+		procs     []*procmodel.Capture
 		lostStart uint64
 		err       error
 	)
@@ -124,8 +123,8 @@ func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Durat
 			return
 		}
 		for _, p := range a.pids() {
-			if ps := a.procs[p]; sub.wants(p) && ps.capture != nil {
-				procs = append(procs, ps.capture)
+			if c := a.model.Get(p).Current(); sub.wants(p) && c != nil {
+				procs = append(procs, c)
 			}
 		}
 		lostStart = a.res.Lost
@@ -161,7 +160,7 @@ func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Durat
 		unsubscribe()
 		return err
 	}
-	win := &window{tw: tw, caps: map[uint32]*tracefile.Process{}, pcs: map[uint32]map[uint64]bool{}}
+	win := &window{tw: tw, caps: map[uint32]*procmodel.Capture{}, pcs: map[uint32]map[uint64]bool{}}
 	for _, p := range procs {
 		win.write(traceItem{proc: p})
 	}
@@ -223,7 +222,7 @@ loop:
 // those processes mapped, so it names its frames itself (names).
 type window struct {
 	tw   *tracefile.Writer
-	caps map[uint32]*tracefile.Process // the latest capture of each process
+	caps map[uint32]*procmodel.Capture // the latest capture of each process
 	pcs  map[uint32]map[uint64]bool    // the return addresses of each process's events
 	ev   events.Event
 }
@@ -232,7 +231,7 @@ func (w *window) write(it traceItem) error {
 	switch {
 	case it.proc != nil:
 		w.caps[it.proc.PID] = it.proc
-		return w.tw.WriteProcess(it.proc)
+		return w.tw.WriteProcess(it.proc.File())
 	case it.py != nil:
 		return w.tw.WritePython(it.py)
 	}
@@ -262,13 +261,13 @@ func (w *window) names(sym *symbolize.Symbolizer) error {
 		off uint64
 	}
 	seen := map[key]bool{}
-	var out []tracefile.Symbol
+	var out []procmodel.Symbol
 	for _, pid := range slices.Sorted(maps.Keys(w.pcs)) {
 		p := w.caps[pid]
 		if p == nil {
 			continue
 		}
-		for _, n := range record.Names(sym, replay.SymbolProc(p), p.Maps, slices.Sorted(maps.Keys(w.pcs[pid]))) {
+		for _, n := range procmodel.Names(sym, p, slices.Sorted(maps.Keys(w.pcs[pid]))) {
 			if k := (key{n.BuildID, n.Offset}); !seen[k] {
 				seen[k] = true
 				out = append(out, n)
@@ -278,7 +277,7 @@ func (w *window) names(sym *symbolize.Symbolizer) error {
 	if len(out) == 0 {
 		return nil
 	}
-	return w.tw.WriteSymbols(&tracefile.Symbols{Frames: out})
+	return w.tw.WriteSymbols(procmodel.SymbolsFile(out))
 }
 
 func kernel() string {

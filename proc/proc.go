@@ -21,16 +21,17 @@ import (
 var Root = "/proc"
 
 // Mapping is one line of /proc/PID/maps, plus the build ID of the mapped file
-// when the recorder could read it.
+// when the recorder could read it. It is an in-memory type: the trace file
+// records mappings as tracefile.Mapping.
 type Mapping struct {
-	Start   uint64 `json:"start"`
-	End     uint64 `json:"end"`
-	Offset  uint64 `json:"offset"` // file offset of Start
-	Perms   string `json:"perms"`
-	Dev     string `json:"dev,omitempty"` // major:minor, hex, as the kernel prints it
-	Inode   uint64 `json:"inode,omitempty"`
-	Path    string `json:"path,omitempty"`
-	BuildID string `json:"build_id,omitempty"` // hex GNU build ID of Path
+	Start   uint64
+	End     uint64
+	Offset  uint64 // file offset of Start
+	Perms   string
+	Dev     string // major:minor, hex, as the kernel prints it
+	Inode   uint64
+	Path    string
+	BuildID string // hex GNU build ID of Path
 }
 
 // Exec reports whether the mapping is executable (the only ones return
