@@ -11,6 +11,8 @@
 // what it copied. Copies hold *events.Stack and *events.Allocation
 // pointers, but only their fields that never change after creation
 // (PID, Frames, Tensor; an Allocation's every field).
+//
+// docs/architecture.md places it among the other packages.
 package agent
 
 import (

@@ -1,7 +1,8 @@
 // Package proc reads what the kernel tells about a process: its memory
 // mappings, command name and command line. It is a leaf: the loader uses it
 // to find CUDA libraries in a target, the recorder to capture what
-// symbolization needs before the process exits.
+// symbolization needs before the process exits (package procmodel).
+// docs/architecture.md places it among the other packages.
 package proc
 
 import (

@@ -1,6 +1,7 @@
 // Package record runs one tracing session: it finds the libraries, attaches
 // the probes, launches or follows the targets, and writes every event to the
-// trace file and the ledger until the session ends.
+// trace file and the ledger until the session ends. docs/architecture.md
+// follows an event through it.
 package record
 
 import (

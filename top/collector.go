@@ -2,7 +2,8 @@
 // Collector watches the session (record.Observer) on the reader's
 // goroutine and publishes a Snapshot once per refresh; the terminal UI, or
 // the plain-lines writer when stdout is not a terminal, draws snapshots on
-// its own goroutine.
+// its own goroutine. docs/architecture.md places it among the other
+// packages.
 package top
 
 import (

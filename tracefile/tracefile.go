@@ -1,7 +1,8 @@
 // Package tracefile writes and reads cudatrace's trace file: a header, then
 // self-delimiting, checksummed frames written as events arrive, so a tracer
 // killed mid-run leaves a file readable up to its last complete frame.
-// docs/trace-format.md is the format's specification.
+// docs/trace-format.md is the format's specification; docs/architecture.md
+// says who reads and writes it.
 package tracefile
 
 import (
