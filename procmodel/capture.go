@@ -11,6 +11,7 @@
 package procmodel
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"slices"
@@ -192,17 +193,9 @@ func (b *BuildIDs) Of(pid int, m proc.Mapping) string {
 
 // sortedMaps returns maps sorted by address (maps itself when it is).
 func sortedMaps(maps []proc.Mapping) []proc.Mapping {
-	cmp := func(a, b proc.Mapping) int {
-		switch {
-		case a.Start < b.Start:
-			return -1
-		case a.Start > b.Start:
-			return 1
-		}
-		return 0
-	}
-	if slices.IsSortedFunc(maps, cmp) {
+	byStart := func(a, b proc.Mapping) int { return cmp.Compare(a.Start, b.Start) }
+	if slices.IsSortedFunc(maps, byStart) {
 		return maps
 	}
-	return slices.SortedFunc(slices.Values(maps), cmp)
+	return slices.SortedFunc(slices.Values(maps), byStart)
 }

@@ -54,11 +54,11 @@ func New() *Processes {
 func (m *Processes) Get(pid uint32) *Process { return m.procs[pid] }
 
 func (m *Processes) get(pid uint32) *Process {
-	p := m.procs[pid]
-	if p == nil {
-		p = &Process{PID: pid}
-		m.procs[pid] = p
+	if p, ok := m.procs[pid]; ok {
+		return p
 	}
+	p := &Process{PID: pid}
+	m.procs[pid] = p
 	return p
 }
 
