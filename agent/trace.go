@@ -73,7 +73,7 @@ func (s *traceSub) python(pid uint32, t *pyframes.Table, tot *Totals) {
 		recs = append(recs, &tracefile.Python{PID: pid, Minor: t.Minor, Eval: t.Eval})
 	}
 	if done < t.Len() {
-		recs = append(recs, &tracefile.Python{PID: pid, Codes: t.Codes(done)})
+		recs = append(recs, &tracefile.Python{PID: pid, Codes: procmodel.PyCodesFile(t.Codes(done))})
 	}
 	for _, r := range recs {
 		select {

@@ -7,7 +7,6 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // The ledger keeps the stack with the Python frames in place of the
@@ -19,7 +18,7 @@ func TestApplyPython(t *testing.T) {
 	defer e.Close()
 	l := events.NewLedger()
 	tb := pyframes.NewTable([][2]uint64{{0x5000, 0x6000}})
-	addr := tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "step", Line: 3})
+	addr := tb.Put(pyframes.Code{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "step", Line: 3})
 	native := []uint64{0x1000, 0x5010, 0x3000}
 	ev := &events.Event{PID: 7, API: events.CudaMalloc, Addr: 0x10000, Size: 10, Flags: events.FlagPython,
 		Stack: slices.Clone(native), Py: []events.PyFrame{{Code: 0xc0de, Units: 4, Flags: events.PyEntry}}}

@@ -2,11 +2,12 @@ package procmodel
 
 import (
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
-// The trace file's edge: its process and symbols frames (package
+// The trace file's edge: its process, symbols and Python frames (package
 // tracefile, whose JSON shapes docs/trace-format.md specifies) to and from
 // the model's types. Only the recorder's writer, the replay's reader and
 // the agent's trace window call these.
@@ -39,6 +40,11 @@ func SymbolsFile(syms []Symbol) *tracefile.Symbols {
 		return tracefile.Symbol{BuildID: s.BuildID, Offset: s.Offset, VAddr: s.Frame.Offset,
 			Function: s.Frame.Function, File: s.Frame.File, Line: s.Frame.Line}
 	})}
+}
+
+// PyCodesFile returns the codes of a python frame that records cs.
+func PyCodesFile(cs []pyframes.Code) []tracefile.PyCode {
+	return convert(cs, func(c pyframes.Code) tracefile.PyCode { return tracefile.PyCode(c) })
 }
 
 // convert converts each element of in with f. A nil slice stays nil and

@@ -68,14 +68,14 @@ func TestViewFrames(t *testing.T) {
 	c := &Capture{PID: 2, Maps: maps("/lib")}
 	m.Add(c)
 	tb := pyframes.NewTable(nil)
-	addr := tb.Put(tracefile.PyCode{Code: 1, Units: 2, File: "/app/train.py", Function: "step", Line: 7})
+	addr := tb.Put(pyframes.Code{Code: 1, Units: 2, File: "/app/train.py", Function: "step", Line: 7})
 	m.SetPython(2, tb)
 	st := &events.Stack{PID: 2, Frames: []uint64{addr, 0x1010, pyframes.NoPythonAddr}}
 	m.Bind(2, st)
 	v := NewView()
 	v.Add(m, st)
 	v.Add(m, nil)
-	tb.Put(tracefile.PyCode{Code: 1, Units: 2, File: "/app/other.py", Function: "later", Line: 1}) // after the copy
+	tb.Put(pyframes.Code{Code: 1, Units: 2, File: "/app/other.py", Function: "later", Line: 1}) // after the copy
 	got := v.Frames(nil, st)
 	if len(got) != 3 || got[0].Function != "step" || got[0].File != "/app/train.py" || got[0].Line != 7 ||
 		got[1] != (symbolize.Frame{Addr: 0x1010}) || got[2].Function != pyframes.NoPythonFunction {

@@ -8,7 +8,6 @@ import (
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // BenchmarkApplyPython is what the live views' Python frames cost the
@@ -48,7 +47,7 @@ func BenchmarkApplyPython(b *testing.B) {
 				for _, ev := range evs {
 					for _, f := range ev.Py {
 						if !ps.p.Py.Has(f.Code, f.Units) {
-							ps.p.Py.Put(tracefile.PyCode{Code: f.Code, Units: f.Units, File: "/app/train.py", Function: "f", Line: 1})
+							ps.p.Py.Put(pyframes.Code{Code: f.Code, Units: f.Units, File: "/app/train.py", Function: "f", Line: 1})
 						}
 					}
 				}

@@ -6,6 +6,7 @@ import (
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -151,13 +152,13 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 			s.opts.Observer.Python(ev.PID, table)
 		}
 	}
-	var out []tracefile.PyCode
+	var out []pyframes.Code
 	var m *pystack.Mem
 	for _, f := range ev.Py {
 		if table.Has(f.Code, f.Units) {
 			continue
 		}
-		c := tracefile.PyCode{Code: f.Code, Units: f.Units}
+		c := pyframes.Code{Code: f.Code, Units: f.Units}
 		if m == nil {
 			var err error
 			if m, err = pystack.OpenMem(int(ev.PID)); err != nil {
@@ -179,7 +180,7 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	if len(out) == 0 || s.w == nil {
 		return
 	}
-	if err := s.w.WritePython(&tracefile.Python{PID: ev.PID, Codes: out}); err != nil {
+	if err := s.w.WritePython(&tracefile.Python{PID: ev.PID, Codes: procmodel.PyCodesFile(out)}); err != nil {
 		s.warn(err)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // pyObserver records what the session hands an observer.
@@ -54,8 +53,8 @@ func TestPythonLive(t *testing.T) {
 		t.Fatalf("observer got tables %v, want the process's", obs.tables)
 	}
 	tb := ps.p.Py
-	tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "forward", Line: 12})
-	tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 9, File: "/app/train.py", Function: "forward", Line: 14})
+	tb.Put(pyframes.Code{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "forward", Line: 12})
+	tb.Put(pyframes.Code{Code: 0xc0de, Units: 9, File: "/app/train.py", Function: "forward", Line: 14})
 	a := record(0xc0de, 4, 100)
 	b := record(0xc0de, 9, 50)
 	a2 := record(0xc0de, 4, 10)

@@ -6,7 +6,8 @@ import (
 )
 
 // python keeps a CPython process's frame facts (tracefile.Python records)
-// in its table (package pyframes), in the process model.
+// in its table (package pyframes), in the process model: each code a
+// pyframes.Code, the file's tracefile.PyCode converted.
 func (t *Trace) python(p *tracefile.Python) {
 	pt := t.Procs.Python(p.PID)
 	if pt == nil || len(p.Eval) > 0 && p.Codes == nil {
@@ -17,6 +18,6 @@ func (t *Trace) python(p *tracefile.Python) {
 		pt.Eval = p.Eval
 	}
 	for _, c := range p.Codes {
-		pt.Put(c)
+		pt.Put(pyframes.Code(c))
 	}
 }
