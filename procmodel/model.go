@@ -128,13 +128,6 @@ func (m *Processes) Forget(pid uint32) {
 	delete(m.procs, pid)
 }
 
-// Each calls f for every process known, in no order.
-func (m *Processes) Each(f func(*Process)) {
-	for _, p := range m.procs {
-		f(p)
-	}
-}
-
 // Frames names st (nil: no frames), on the model's goroutine: the one way
 // a stack becomes frames (Frames).
 func (m *Processes) Frames(sym *symbolize.Symbolizer, st *events.Stack) []symbolize.Frame {
