@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -160,7 +161,7 @@ func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Durat
 		unsubscribe()
 		return err
 	}
-	win := &window{tw: tw, caps: map[uint32]*procmodel.Capture{}, pcs: map[uint32]map[uint64]bool{}}
+	win := &window{tw: tw, procs: procmodel.New(), pcs: map[*procmodel.Capture]map[uint64]bool{}}
 	for _, p := range procs {
 		win.write(traceItem{proc: p})
 	}
@@ -221,31 +222,44 @@ loop:
 // addresses: the window is read elsewhere, on a machine without the files
 // those processes mapped, so it names its frames itself (names).
 type window struct {
-	tw   *tracefile.Writer
-	caps map[uint32]*procmodel.Capture // the latest capture of each process
-	pcs  map[uint32]map[uint64]bool    // the return addresses of each process's events
-	ev   events.Event
+	tw *tracefile.Writer
+	// procs holds the window's captures, as replay will read them: each
+	// event's addresses are named against its process's capture current
+	// then (procmodel.Processes).
+	procs *procmodel.Processes
+	pcs   map[*procmodel.Capture]map[uint64]bool // the return addresses of the events read against each capture
+	ev    events.Event
 }
 
 func (w *window) write(it traceItem) error {
 	switch {
 	case it.proc != nil:
-		w.caps[it.proc.PID] = it.proc
+		w.procs.Add(it.proc)
 		return w.tw.WriteProcess(it.proc.File())
 	case it.py != nil:
 		return w.tw.WritePython(it.py)
 	}
 	if events.Decode(it.raw, &w.ev) == nil && len(w.ev.Stack) > 0 {
-		set := w.pcs[w.ev.PID]
-		if set == nil {
-			set = map[uint64]bool{}
-			w.pcs[w.ev.PID] = set
-		}
-		for _, pc := range w.ev.Stack {
-			set[pc] = true
-		}
+		w.note(&w.ev)
 	}
 	return w.tw.WriteEvent(it.raw)
+}
+
+// note gathers ev's return addresses under the capture of its process
+// current now (none yet: left unnamed, as replay would).
+func (w *window) note(ev *events.Event) {
+	c := w.procs.Get(ev.PID).Current()
+	if c == nil {
+		return
+	}
+	set := w.pcs[c]
+	if set == nil {
+		set = map[uint64]bool{}
+		w.pcs[c] = set
+	}
+	for _, pc := range ev.Stack {
+		set[pc] = true
+	}
 }
 
 // names writes the names of the window's native frames, each (build ID,
@@ -262,12 +276,9 @@ func (w *window) names(sym *symbolize.Symbolizer) error {
 	}
 	seen := map[key]bool{}
 	var out []procmodel.Symbol
-	for _, pid := range slices.Sorted(maps.Keys(w.pcs)) {
-		p := w.caps[pid]
-		if p == nil {
-			continue
-		}
-		for _, n := range procmodel.Names(sym, p, slices.Sorted(maps.Keys(w.pcs[pid]))) {
+	byProcess := func(a, b *procmodel.Capture) int { return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Time, b.Time)) }
+	for _, c := range slices.SortedFunc(maps.Keys(w.pcs), byProcess) {
+		for _, n := range procmodel.Names(sym, c, slices.Sorted(maps.Keys(w.pcs[c]))) {
 			if k := (key{n.BuildID, n.Offset}); !seen[k] {
 				seen[k] = true
 				out = append(out, n)
