@@ -276,7 +276,9 @@ func (w *window) names(sym *symbolize.Symbolizer) error {
 	}
 	seen := map[key]bool{}
 	var out []procmodel.Symbol
-	byProcess := func(a, b *procmodel.Capture) int { return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Time, b.Time)) }
+	byProcess := func(a, b *procmodel.Capture) int {
+		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Time, b.Time))
+	}
 	for _, c := range slices.SortedFunc(maps.Keys(w.pcs), byProcess) {
 		for _, n := range procmodel.Names(sym, c, slices.Sorted(maps.Keys(w.pcs[c]))) {
 			if k := (key{n.BuildID, n.Offset}); !seen[k] {
