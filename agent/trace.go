@@ -246,7 +246,8 @@ func (w *window) write(it traceItem) error {
 }
 
 // note gathers ev's return addresses under the capture of its process
-// current now (none yet: left unnamed, as replay would).
+// current now. A process is captured before its first event is handed on,
+// so there is one; an event without is left unnamed.
 func (w *window) note(ev *events.Event) {
 	c := w.procs.Get(ev.PID).Current()
 	if c == nil {
