@@ -1,12 +1,11 @@
 // Package replay reads a trace file back through the ledger, event by
 // event, through the same enrichment as the live session (package enrich),
 // keeping in a process model (package procmodel) what symbolizing its
-// stacks needs: the mappings each process had when a stack was first
-// seen. The report and every export
-// are built on one pass (or two, for a moment in the past) of Read, in
-// memory bounded by the live set and the distinct stacks, not by the
-// number of events. docs/architecture.md places it among the other
-// packages.
+// stacks needs: the mappings each process had when a stack was first seen.
+// The report and every export are built on one pass (or two, for a moment
+// in the past) of Read, in memory bounded by the live set and the distinct
+// stacks, not by the number of events. docs/architecture.md places it
+// among the other packages.
 package replay
 
 import (
