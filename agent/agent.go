@@ -11,6 +11,8 @@
 // what it copied. Copies hold *ledger.Stack and *ledger.Allocation
 // pointers, but only their fields that never change after creation
 // (PID, Frames, Tensor; an Allocation's every field).
+//
+// docs/architecture.md places it among the other packages.
 package agent
 
 import (
@@ -26,11 +28,10 @@ import (
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/record"
-	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // Options tune an Agent.
@@ -87,9 +88,9 @@ type Agent struct {
 	// Owned by the reader goroutine.
 	ledger     *ledger.Ledger
 	procs      map[uint32]*procState
-	stackMaps  map[*ledger.Stack]*tracefile.Process // the capture each stack is read against
-	allocs     map[export.SampleKey]*[2]int64       // cumulative allocations per sample
-	scraped    map[export.SampleKey][2]int64        // allocs at the last profile scrape
+	model      *procmodel.Processes           // captures, Python tables, the capture each stack is read against
+	allocs     map[export.SampleKey]*[2]int64 // cumulative allocations per sample
+	scraped    map[export.SampleKey][2]int64  // allocs at the last profile scrape
 	lastScrape time.Time
 	node       map[devLevel]*nodeUse
 	totals     Totals
@@ -99,26 +100,23 @@ type Agent struct {
 	lastExit   time.Time
 }
 
-// procState is what the agent keeps of a process beside the ledger.
+// procState is the agent's account of a process beside the ledger and
+// the process model (a.model: its captures, its Python frames' table,
+// kept as long as the account, so that its stacks are named while it is
+// retained).
 type procState struct {
-	capture   *tracefile.Process // latest with mappings
-	first     *tracefile.Process // first capture (cmdline at start)
+	start     uint64 // of its first capture (0: unknown)
 	container container.Info
 	exitedAt  time.Time // zero while it runs
 	lastDump  time.Time
 	ooms      uint64
-	stacks    []*ledger.Stack // every stack seen, to forget with it
 	keys      []export.SampleKey
-	// py names the Python frames of the process's stacks (a CPython
-	// process's, from the session): kept as long as its account, so its
-	// stacks still name their Python lines while it is retained.
-	py *pyframes.Table
 }
 
 // reusedBy reports whether a process started at start is another than
 // the one ps describes (0: unknown, not another).
 func (ps *procState) reusedBy(start uint64) bool {
-	return ps.first != nil && ps.first.Start != 0 && start != 0 && start != ps.first.Start
+	return ps.start != 0 && start != 0 && start != ps.start
 }
 
 // devLevel keys the node's totals.
@@ -165,19 +163,19 @@ func New(opts Options) *Agent {
 		opts.Stderr = io.Discard
 	}
 	a := &Agent{
-		opts:      opts,
-		bootOff:   time.Duration(time.Now().UnixNano() - int64(record.BootNow())),
-		start:     time.Now(),
-		reqs:      make(chan request, 64),
-		stopped:   make(chan struct{}),
-		dumps:     make(chan *oomDump, 8),
-		dumper:    make(chan struct{}),
-		ledger:    ledger.New(), // replaced by the session's at the first Tick
-		procs:     map[uint32]*procState{},
-		stackMaps: map[*ledger.Stack]*tracefile.Process{},
-		allocs:    map[export.SampleKey]*[2]int64{},
-		scraped:   map[export.SampleKey][2]int64{},
-		node:      map[devLevel]*nodeUse{},
+		opts:    opts,
+		bootOff: time.Duration(time.Now().UnixNano() - int64(record.BootNow())),
+		start:   time.Now(),
+		reqs:    make(chan request, 64),
+		stopped: make(chan struct{}),
+		dumps:   make(chan *oomDump, 8),
+		dumper:  make(chan struct{}),
+		ledger:  ledger.New(), // replaced by the session's at the first Tick
+		procs:   map[uint32]*procState{},
+		model:   procmodel.New(),
+		allocs:  map[export.SampleKey]*[2]int64{},
+		scraped: map[export.SampleKey][2]int64{},
+		node:    map[devLevel]*nodeUse{},
 	}
 	a.lastScrape = a.start
 	if !opts.NoSymbolize {
@@ -232,34 +230,30 @@ func (a *Agent) wall(boot uint64) time.Time { return time.Unix(0, int64(boot)+in
 
 // Process is record.Observer's: a process first seen, or its mappings
 // read again.
-func (a *Agent) Process(p *tracefile.Process) {
-	ps := a.procs[p.PID]
-	if ps == nil || !ps.exitedAt.IsZero() || ps.reusedBy(p.Start) {
+func (a *Agent) Process(c *procmodel.Capture) {
+	ps := a.procs[c.PID]
+	if ps == nil || !ps.exitedAt.IsZero() || ps.reusedBy(c.Start) {
 		if ps != nil {
-			a.forget(p.PID) // the PID was reused
+			a.forget(c.PID) // the PID was reused
 		}
-		ps = &procState{first: p}
-		a.procs[p.PID] = ps
+		ps = &procState{start: c.Start}
+		a.procs[c.PID] = ps
 		a.totals.ProcessesSeen++
 	}
-	if p.Container != "" || p.Pod != "" {
-		ps.container = container.Info{ID: p.Container, PodUID: p.Pod}
+	if c.Container != "" || c.Pod != "" {
+		ps.container = container.Info{ID: c.Container, PodUID: c.Pod}
 	}
-	// A capture that failed (the process exited first) keeps the mappings
-	// read before.
-	if ps.capture == nil || p.Error == "" {
-		ps.capture = p
-	}
+	a.model.Add(c)
 	for _, s := range a.subs {
-		s.process(p)
+		s.process(c)
 	}
 }
 
 // Python is record.Observer's: the table that names a CPython process's
 // Python frames.
 func (a *Agent) Python(pid uint32, t *pyframes.Table) {
-	if ps := a.procs[pid]; ps != nil {
-		ps.py = t
+	if a.procs[pid] != nil {
+		a.model.SetPython(pid, t)
 	}
 }
 
@@ -267,8 +261,8 @@ func (a *Agent) Python(pid uint32, t *pyframes.Table) {
 func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 	if len(a.subs) > 0 {
 		var py *pyframes.Table
-		if ps := a.procs[ev.PID]; ps != nil && ev.Flags&(events.FlagPython|events.FlagNoPython) != 0 {
-			py = ps.py
+		if a.procs[ev.PID] != nil && ev.Flags&(events.FlagPython|events.FlagNoPython) != 0 {
+			py = a.model.Python(ev.PID)
 		}
 		raw := events.Encode(nil, ev)
 		for _, s := range a.subs {
@@ -285,11 +279,8 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 		ps = &procState{}
 		a.procs[p.PID] = ps
 	}
-	if st := ch.Stack; st != nil {
-		if _, ok := a.stackMaps[st]; !ok {
-			a.stackMaps[st] = ps.capture
-			ps.stacks = append(ps.stacks, st)
-		}
+	if ch.Stack != nil {
+		a.model.Bind(p.PID, ch.Stack)
 	}
 	if f := ch.Freed; f != nil {
 		if f.API.Info().Layer == events.LayerTensor {
@@ -414,9 +405,7 @@ func (a *Agent) forget(pid uint32) {
 	if ps == nil {
 		return
 	}
-	for _, st := range ps.stacks {
-		delete(a.stackMaps, st)
-	}
+	a.model.Forget(pid)
 	for _, k := range ps.keys {
 		delete(a.allocs, k)
 		delete(a.scraped, k)
@@ -426,48 +415,28 @@ func (a *Agent) forget(pid uint32) {
 	a.totals.ProcessesForgotten++
 }
 
-// liveStacks symbolizes copied stacks outside the reader goroutine.
+// liveStacks names copied stacks outside the reader goroutine: a
+// procmodel.View of them, and the agent's symbolizer.
 type liveStacks struct {
-	// The capture each stack is read against: its mappings, and whose
-	// files they name (a container's own while it lives).
-	maps map[*ledger.Stack]*tracefile.Process
-	py   map[uint32]pyframes.Names // the names of the stacks' Python frames, per process
+	view *procmodel.View
 	syms *symbolize.Symbolizer
 	done map[*ledger.Stack][]symbolize.Frame
 }
 
-// stacksFor copies the mappings of the stacks given (on the reader
+// stacksFor copies what naming the stacks given needs (on the reader
 // goroutine).
 func (a *Agent) stacksFor(sts ...*ledger.Stack) *liveStacks {
-	ls := &liveStacks{maps: map[*ledger.Stack]*tracefile.Process{}, py: map[uint32]pyframes.Names{}, syms: a.syms,
-		done: map[*ledger.Stack][]symbolize.Frame{}}
+	ls := &liveStacks{view: procmodel.NewView(), syms: a.syms, done: map[*ledger.Stack][]symbolize.Frame{}}
 	for _, st := range sts {
 		ls.add(a, st)
 	}
 	return ls
 }
 
-func (ls *liveStacks) add(a *Agent, st *ledger.Stack) {
-	if st == nil {
-		return
-	}
-	if _, ok := ls.maps[st]; !ok {
-		ls.maps[st] = a.stackMaps[st]
-		var py *pyframes.Table
-		if ps := a.procs[st.PID]; ps != nil {
-			py = ps.py
-		}
-		if n := py.Names(ls.py[st.PID], st.Frames); n != nil {
-			ls.py[st.PID] = n
-		}
-	}
-}
+func (ls *liveStacks) add(a *Agent, st *ledger.Stack) { ls.view.Add(a.model, st) }
 
 func (ls *liveStacks) Maps(st *ledger.Stack) []proc.Mapping {
-	if p := ls.maps[st]; p != nil {
-		return p.Maps
-	}
-	return nil
+	return ls.view.CaptureOf(st).Mappings()
 }
 
 func (ls *liveStacks) Frames(st *ledger.Stack) []symbolize.Frame {
@@ -477,8 +446,7 @@ func (ls *liveStacks) Frames(st *ledger.Stack) []symbolize.Frame {
 	if f, ok := ls.done[st]; ok {
 		return f
 	}
-	f := ls.syms.FramesOf(replay.SymbolProc(ls.maps[st]), ls.Maps(st), st.Frames)
-	ls.py[st.PID].Fill(f)
+	f := ls.view.Frames(ls.syms, st)
 	ls.done[st] = f
 	return f
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -60,7 +61,7 @@ func (s *session) run(f func()) {
 }
 
 func (s *session) process(pid uint32, comm string) {
-	s.run(func() { s.a.Process(&tracefile.Process{PID: pid, Comm: comm}) })
+	s.run(func() { s.a.Process(&procmodel.Capture{PID: pid, Comm: comm}) })
 }
 
 func (s *session) event(ev events.Event) {
@@ -282,9 +283,9 @@ func TestPIDReused(t *testing.T) {
 	s := newSession(t, Options{})
 	pid := uint32(os.Getpid())
 	time.Sleep(20 * time.Millisecond) // a Tick has handed over the ledger
-	s.run(func() { s.a.Process(&tracefile.Process{PID: pid, Comm: "old", Start: 100}) })
+	s.run(func() { s.a.Process(&procmodel.Capture{PID: pid, Comm: "old", Start: 100}) })
 	s.event(events.Event{PID: pid, Comm: "old", API: events.CudaMalloc, Addr: 0x1000, Size: 100, Stack: []uint64{1}})
-	s.run(func() { s.a.Process(&tracefile.Process{PID: pid, Comm: "old", Start: 100}) }) // a recapture: the same process
+	s.run(func() { s.a.Process(&procmodel.Capture{PID: pid, Comm: "old", Start: 100}) }) // a recapture: the same process
 	s.event(events.Event{PID: pid, Comm: "old", API: events.CudaMalloc, Addr: 0x2000, Size: 10, Stack: []uint64{1}})
 	st, err := s.a.Stats(ctx(t))
 	if err != nil {
@@ -293,7 +294,7 @@ func TestPIDReused(t *testing.T) {
 	if len(st.Processes) != 1 || st.Processes[0].Live != 110 || st.Processes[0].Allocs != 2 {
 		t.Fatalf("before reuse: %+v", st.Processes)
 	}
-	s.run(func() { s.a.Process(&tracefile.Process{PID: pid, Comm: "new", Start: 200}) })
+	s.run(func() { s.a.Process(&procmodel.Capture{PID: pid, Comm: "new", Start: 200}) })
 	s.event(events.Event{PID: pid, Comm: "new", API: events.CudaMalloc, Addr: 0x1000, Size: 7, Stack: []uint64{1}})
 	st, err = s.a.Stats(ctx(t))
 	if err != nil {

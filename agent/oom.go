@@ -70,8 +70,8 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 		ctx:  report.ContextOf(p, ev.Device, oomStacks),
 		segs: p.LiveAllocations(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0}
 	d.proc.Container, d.proc.PodUID = ps.container.ID, ps.container.PodUID
-	if ps.first != nil {
-		d.proc.Cmdline = ps.first.Cmdline
+	if c := a.model.Get(p.PID); c != nil && c.First != nil {
+		d.proc.Cmdline = c.First.Cmdline
 	}
 	d.src = a.stacksFor(ch.Stack)
 	for _, al := range d.segs {

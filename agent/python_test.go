@@ -50,7 +50,7 @@ func TestPythonFrames(t *testing.T) {
 	s.run(func() {
 		s.a.Python(pid, tb)
 		for _, u := range []int32{4, 9} { // 20 is resolved as the session would, later
-			tb.Put(tracefile.PyCode{Code: 0xc0de, Units: u, File: file, Function: fn[u], Line: lines[u]})
+			tb.Put(pyframes.Code{Code: 0xc0de, Units: u, File: file, Function: fn[u], Line: lines[u]})
 		}
 	})
 	ev := func(units int32, addr, size uint64, result int32) events.Event {
@@ -69,7 +69,7 @@ func TestPythonFrames(t *testing.T) {
 	go func() { errc <- s.a.Trace(ctx(t), &trace, pid, 500*time.Millisecond) }()
 	time.Sleep(200 * time.Millisecond) // subscribed
 	s.run(func() {
-		tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 20, File: file, Function: fn[20], Line: lines[20]})
+		tb.Put(pyframes.Code{Code: 0xc0de, Units: 20, File: file, Function: fn[20], Line: lines[20]})
 	})
 	s.pyEvent(tb, ev(20, 0, 1<<40, 2))
 	s.pyEvent(tb, ev(9, 0x40000, 8, 0))

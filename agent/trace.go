@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -10,9 +11,9 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/record"
-	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -35,7 +36,7 @@ type traceSub struct {
 
 type traceItem struct {
 	raw  []byte
-	proc *tracefile.Process
+	proc *procmodel.Capture
 	py   *tracefile.Python
 }
 
@@ -73,7 +74,7 @@ func (s *traceSub) python(pid uint32, t *pyframes.Table, tot *Totals) {
 		recs = append(recs, &tracefile.Python{PID: pid, Minor: t.Minor, Eval: t.Eval})
 	}
 	if done < t.Len() {
-		recs = append(recs, &tracefile.Python{PID: pid, Codes: t.Codes(done)})
+		recs = append(recs, &tracefile.Python{PID: pid, Codes: procmodel.PyCodesFile(t.Codes(done))})
 	}
 	for _, r := range recs {
 		select {
@@ -87,7 +88,7 @@ func (s *traceSub) python(pid uint32, t *pyframes.Table, tot *Totals) {
 	s.pyDone[t] = t.Len()
 }
 
-func (s *traceSub) process(p *tracefile.Process) {
+func (s *traceSub) process(p *procmodel.Capture) {
 	if !s.wants(p.PID) {
 		return
 	}
@@ -113,7 +114,7 @@ func (s *traceSub) end() {
 func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Duration) error {
 	sub := &traceSub{pid: pid, items: make(chan traceItem, traceQueue)}
 	var (
-		procs     []*tracefile.Process
+		procs     []*procmodel.Capture
 		lostStart uint64
 		err       error
 	)
@@ -123,8 +124,8 @@ func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Durat
 			return
 		}
 		for _, p := range a.pids() {
-			if ps := a.procs[p]; sub.wants(p) && ps.capture != nil {
-				procs = append(procs, ps.capture)
+			if c := a.model.Get(p).Current(); sub.wants(p) && c != nil {
+				procs = append(procs, c)
 			}
 		}
 		lostStart = a.res.Lost
@@ -160,7 +161,7 @@ func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Durat
 		unsubscribe()
 		return err
 	}
-	win := &window{tw: tw, caps: map[uint32]*tracefile.Process{}, pcs: map[uint32]map[uint64]bool{}}
+	win := &window{tw: tw, procs: procmodel.New(), pcs: map[*procmodel.Capture]map[uint64]bool{}}
 	for _, p := range procs {
 		win.write(traceItem{proc: p})
 	}
@@ -219,31 +220,45 @@ loop:
 // addresses: the window is read elsewhere, on a machine without the files
 // those processes mapped, so it names its frames itself (names).
 type window struct {
-	tw   *record.TraceWriter
-	caps map[uint32]*tracefile.Process // the latest capture of each process
-	pcs  map[uint32]map[uint64]bool    // the return addresses of each process's events
-	ev   events.Event
+	tw *record.TraceWriter
+	// procs holds the window's captures, as replay will read them: each
+	// event's addresses are named against its process's capture current
+	// then (procmodel.Processes).
+	procs *procmodel.Processes
+	pcs   map[*procmodel.Capture]map[uint64]bool // the return addresses of the events read against each capture
+	ev    events.Event
 }
 
 func (w *window) write(it traceItem) error {
 	switch {
 	case it.proc != nil:
-		w.caps[it.proc.PID] = it.proc
-		return w.tw.WriteProcess(it.proc)
+		w.procs.Add(it.proc)
+		return w.tw.WriteProcess(it.proc.File())
 	case it.py != nil:
 		return w.tw.WritePython(it.py)
 	}
 	if events.Decode(it.raw, &w.ev) == nil && len(w.ev.Stack) > 0 {
-		set := w.pcs[w.ev.PID]
-		if set == nil {
-			set = map[uint64]bool{}
-			w.pcs[w.ev.PID] = set
-		}
-		for _, pc := range w.ev.Stack {
-			set[pc] = true
-		}
+		w.note(&w.ev)
 	}
 	return w.tw.WriteEvent(it.raw)
+}
+
+// note gathers ev's return addresses under the capture of its process
+// current now. A process is captured before its first event is handed on,
+// so there is one; an event without is left unnamed.
+func (w *window) note(ev *events.Event) {
+	c := w.procs.Get(ev.PID).Current()
+	if c == nil {
+		return
+	}
+	set := w.pcs[c]
+	if set == nil {
+		set = map[uint64]bool{}
+		w.pcs[c] = set
+	}
+	for _, pc := range ev.Stack {
+		set[pc] = true
+	}
 }
 
 // names writes the names of the window's native frames, each (build ID,
@@ -254,11 +269,12 @@ func (w *window) names(sym *symbolize.Symbolizer) error {
 	if sym == nil {
 		return nil
 	}
-	var out []tracefile.Symbol
-	for _, pid := range slices.Sorted(maps.Keys(w.pcs)) {
-		if p := w.caps[pid]; p != nil {
-			out = append(out, record.Names(sym, replay.SymbolProc(p), p.Maps, slices.Sorted(maps.Keys(w.pcs[pid])))...)
-		}
+	var out []procmodel.Symbol
+	byProcess := func(a, b *procmodel.Capture) int {
+		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Time, b.Time))
 	}
-	return w.tw.WriteNames(out)
+	for _, c := range slices.SortedFunc(maps.Keys(w.pcs), byProcess) {
+		out = append(out, procmodel.Names(sym, c, slices.Sorted(maps.Keys(w.pcs[c])))...)
+	}
+	return w.tw.WriteNames(out) // names each (build ID, offset) once
 }

@@ -66,7 +66,7 @@ func (a *Agent) Stats(ctx context.Context) (*Stats, error) {
 
 func (a *Agent) stats() *Stats {
 	s := &Stats{Totals: a.totals, Events: a.res.Events, Lost: a.res.Lost, Counters: map[string]uint64{},
-		Stacks: len(a.stackMaps), Start: a.start, NVML: a.res.NVML, NVMLError: a.res.NVMLError}
+		Stacks: a.model.Stacks(), Start: a.start, NVML: a.res.NVML, NVMLError: a.res.NVMLError}
 	for k, v := range a.res.Counters {
 		s.Counters[k] = v
 	}
@@ -96,8 +96,8 @@ func (a *Agent) processStats(ps *procState, p *ledger.Process) ProcessStats {
 		UnknownFrees: p.UnknownFrees, TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees,
 		Live: p.Live, Peak: p.Peak, HostLive: p.HostLive, HostPeak: p.HostPeak,
 		TensorLive: p.TensorLive, TensorPeak: p.TensorPeak, OOMs: ps.ooms}
-	if ps.first != nil {
-		out.Cmdline = ps.first.Cmdline
+	if c := a.model.Get(p.PID); c != nil && c.First != nil {
+		out.Cmdline = c.First.Cmdline
 	}
 	for _, d := range p.DeviceList() {
 		out.Devices = append(out.Devices, *d)

@@ -13,7 +13,6 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
-	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -40,7 +39,7 @@ func memvizItems() []any {
 	bad.Result = 1 // cudaErrorInvalidValue: not an OOM
 	return []any{
 		&tracefile.Process{PID: 7, Comm: "train", Time: memvizBase,
-			Maps: []proc.Mapping{{Start: 0x1000, End: 0x2000, Perms: "r-xp", Path: "/opt/train"}}},
+			Maps: []tracefile.Mapping{{Start: 0x1000, End: 0x2000, Perms: "r-xp", Path: "/opt/train"}}},
 		ev(1000, 7, events.CudaMalloc, 0x7000_0000, 2<<20, 0, 0xa1),
 		ev(2000, 7, events.CudaMalloc, 0x7100_0000, 512, 1, 0xb1),
 		ev(2500, 7, events.CudaMallocHost, 0x9000, 64, 0, 0xc1),

@@ -56,7 +56,7 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 	labels := map[uint32]map[string]string{}
 	for _, p := range t.Ledger.Processes() {
 		comm[p.PID] = p.Comm
-		if c := t.Processes[p.PID]; c != nil {
+		if c := t.First(p.PID); c != nil {
 			labels[p.PID] = map[string]string{"container": c.Container, "pod": c.Pod}
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -93,7 +94,7 @@ func profileItems(fx profileFixture) []any {
 	fail := ev(2500, 10, events.CudaMalloc, 0, 1<<40, 0, fx.leaf)
 	fail.Result = 2
 	return []any{
-		&tracefile.Process{PID: 10, Comm: "prog", Time: memvizBase, Maps: fx.maps},
+		(&procmodel.Capture{PID: 10, Comm: "prog", Time: memvizBase, Maps: fx.maps}).File(),
 		ev(1000, 10, events.CudaMalloc, 0x1000, 1000, 0, fx.leaf, fx.cl),
 		ev(1100, 10, events.CudaMalloc, 0x2000, 3000, 0, fx.leaf, fx.cl),
 		ev(1200, 10, events.CudaMalloc, 0x3000, 500, 1, fx.cl),

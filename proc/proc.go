@@ -1,7 +1,8 @@
 // Package proc reads what the kernel tells about a process: its memory
 // mappings, command name and command line. It is a leaf: the loader uses it
 // to find CUDA libraries in a target, the recorder to capture what
-// symbolization needs before the process exits.
+// symbolization needs before the process exits (package procmodel).
+// docs/architecture.md places it among the other packages.
 package proc
 
 import (
@@ -21,16 +22,17 @@ import (
 var Root = "/proc"
 
 // Mapping is one line of /proc/PID/maps, plus the build ID of the mapped file
-// when the recorder could read it.
+// when the recorder could read it. It is an in-memory type: the trace file
+// records mappings as tracefile.Mapping.
 type Mapping struct {
-	Start   uint64 `json:"start"`
-	End     uint64 `json:"end"`
-	Offset  uint64 `json:"offset"` // file offset of Start
-	Perms   string `json:"perms"`
-	Dev     string `json:"dev,omitempty"` // major:minor, hex, as the kernel prints it
-	Inode   uint64 `json:"inode,omitempty"`
-	Path    string `json:"path,omitempty"`
-	BuildID string `json:"build_id,omitempty"` // hex GNU build ID of Path
+	Start   uint64
+	End     uint64
+	Offset  uint64 // file offset of Start
+	Perms   string
+	Dev     string // major:minor, hex, as the kernel prints it
+	Inode   uint64
+	Path    string
+	BuildID string // hex GNU build ID of Path
 }
 
 // Exec reports whether the mapping is executable (the only ones return

@@ -13,7 +13,6 @@ package pyframes
 import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/symbolize"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 const (
@@ -35,6 +34,17 @@ const Module = "[python]"
 // NoPythonAddr) rather than a return address.
 func IsPython(addr uint64) bool { return addr&addrBit != 0 }
 
+// Code is what one (code object, instruction) of a process's records
+// stands for. The trace file records it as tracefile.PyCode.
+type Code struct {
+	Code     uint64
+	Units    int32
+	File     string
+	Function string // qualified name from 3.11
+	Line     int
+	Error    string // why it could not be read (the code object was freed)
+}
+
 type key struct {
 	code  uint64
 	units int32
@@ -50,7 +60,7 @@ type Table struct {
 	Eval   [][2]uint64
 	Minor  int // CPython 3.Minor; 0 when not known
 	ids    map[key]uint64
-	frames []tracefile.PyCode // frames[id-1]
+	frames []Code // frames[id-1]
 }
 
 // NewTable returns an empty table for a process whose interpreter loop
@@ -68,7 +78,7 @@ func (t *Table) Has(code uint64, units int32) bool {
 
 // Put adds c's frame, or replaces what t knew of it, and returns its
 // synthetic address.
-func (t *Table) Put(c tracefile.PyCode) uint64 {
+func (t *Table) Put(c Code) uint64 {
 	k := key{c.Code, c.Units}
 	if id, ok := t.ids[k]; ok {
 		t.frames[id-1] = c
@@ -85,8 +95,8 @@ func (t *Table) Len() int { return len(t.frames) }
 
 // Codes returns the frames from the i-th put on (0: all), in the order
 // they were put: the trace's python records that describe them.
-func (t *Table) Codes(i int) []tracefile.PyCode {
-	return append([]tracefile.PyCode(nil), t.frames[min(i, len(t.frames)):]...)
+func (t *Table) Codes(i int) []Code {
+	return append([]Code(nil), t.frames[min(i, len(t.frames)):]...)
 }
 
 // Stack appends to dst ev's native stack with its Python frames merged in
@@ -104,7 +114,7 @@ func (t *Table) Stack(dst []uint64, ev *events.Event) (merged []uint64, ok bool)
 		if id, ok := t.ids[key{f.Code, f.Units}]; ok {
 			return addrBit | id
 		}
-		return t.Put(tracefile.PyCode{Code: f.Code, Units: f.Units, Error: "not resolved while recording"})
+		return t.Put(Code{Code: f.Code, Units: f.Units, Error: "not resolved while recording"})
 	}), true
 }
 

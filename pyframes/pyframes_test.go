@@ -6,7 +6,6 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/symbolize"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // Each interpreter-loop frame of the native stack, innermost first, gives
@@ -43,8 +42,8 @@ func TestMerge(t *testing.T) {
 func TestTable(t *testing.T) {
 	eval := [][2]uint64{{0x5000, 0x6000}}
 	tb := NewTable(eval)
-	a := tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "forward", Line: 12})
-	b := tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 9, File: "/app/train.py", Function: "forward", Line: 14})
+	a := tb.Put(Code{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "forward", Line: 12})
+	b := tb.Put(Code{Code: 0xc0de, Units: 9, File: "/app/train.py", Function: "forward", Line: 14})
 	if a == b || !IsPython(a) || !IsPython(b) || IsPython(0x7f0000001000) {
 		t.Fatalf("addresses %#x and %#x", a, b)
 	}
@@ -88,7 +87,7 @@ func TestTable(t *testing.T) {
 
 	// Names: a copy that later puts do not change.
 	n := tb.Names(nil, []uint64{0x1000, b, NoPythonAddr})
-	tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 9, File: "/app/other.py", Function: "changed", Line: 1})
+	tb.Put(Code{Code: 0xc0de, Units: 9, File: "/app/other.py", Function: "changed", Line: 1})
 	frames = []symbolize.Frame{{Addr: b}, {Addr: NoPythonAddr}, {Addr: a}}
 	n.Fill(frames)
 	want = []symbolize.Frame{{Addr: b, Function: "forward", File: "/app/train.py", Line: 14, Module: Module},

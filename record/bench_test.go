@@ -6,9 +6,9 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // BenchmarkApplyPython is what the live views' Python frames cost the
@@ -40,14 +40,15 @@ func BenchmarkApplyPython(b *testing.B) {
 	}
 	for _, python := range []bool{false, true} {
 		b.Run(fmt.Sprintf("python=%v", python), func(b *testing.B) {
-			s := &session{res: &Result{Ledger: ledger.New()}}
-			ps := &procState{}
+			s := newState(Options{}, &Result{Ledger: ledger.New()})
+			ps := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42})}
 			if python {
-				ps.py = &pyProc{in: &pystack.Interp{Eval: eval}, table: pyframes.NewTable(eval)}
+				ps.py = &pystack.Interp{Eval: eval}
+				ps.p.Py = pyframes.NewTable(eval)
 				for _, ev := range evs {
 					for _, f := range ev.Py {
-						if !ps.py.table.Has(f.Code, f.Units) {
-							ps.py.table.Put(tracefile.PyCode{Code: f.Code, Units: f.Units, File: "/app/train.py", Function: "f", Line: 1})
+						if !ps.p.Py.Has(f.Code, f.Units) {
+							ps.p.Py.Put(pyframes.Code{Code: f.Code, Units: f.Units, File: "/app/train.py", Function: "f", Line: 1})
 						}
 					}
 				}

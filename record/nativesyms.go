@@ -1,16 +1,13 @@
 package record
 
 import (
-	"cmp"
 	"encoding/binary"
 	"hash/maphash"
-	"slices"
 	"sync"
 
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/symbolize"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // namer names, while they run, the native return addresses of processes
@@ -32,7 +29,7 @@ type namer struct {
 
 	mu      sync.Mutex
 	queue   []nameJob
-	named   []tracefile.Symbol
+	named   []procmodel.Symbol
 	stopped bool
 	wake    chan struct{}
 	done    chan struct{}
@@ -47,9 +44,8 @@ type namedKey struct {
 }
 
 type nameJob struct {
-	p    symbolize.Proc
-	maps []proc.Mapping
-	pcs  []uint64
+	c   *procmodel.Capture
+	pcs []uint64
 }
 
 func newNamer() *namer {
@@ -77,37 +73,15 @@ func (n *namer) run() {
 		n.queue = n.queue[1:]
 		n.mu.Unlock()
 
-		out := Names(sym, job.p, job.maps, job.pcs)
+		out := procmodel.Names(sym, job.c, job.pcs)
 		n.mu.Lock()
 		n.named = append(n.named, out...)
 		n.mu.Unlock()
 	}
 }
 
-// Names names return addresses pcs of process p, whose mappings are maps,
-// for a trace's symbols frames: each one sym names,
-// keyed by its file's build ID and file offset, which replay matches when
-// no file here holds that build (the process ran in a container, or on
-// another machine). Addresses in files without a build ID are left out:
-// nothing would tie the name to the file.
-func Names(sym *symbolize.Symbolizer, p symbolize.Proc, maps []proc.Mapping, pcs []uint64) []tracefile.Symbol {
-	if !slices.IsSortedFunc(maps, func(a, b proc.Mapping) int { return cmp.Compare(a.Start, b.Start) }) {
-		maps = slices.SortedFunc(slices.Values(maps), func(a, b proc.Mapping) int { return cmp.Compare(a.Start, b.Start) })
-	}
-	var out []tracefile.Symbol
-	for i, f := range sym.FramesOf(p, maps, pcs) {
-		m := mappingOf(maps, pcs[i])
-		if m == nil || m.BuildID == "" || f.Function == "" && f.File == "" {
-			continue
-		}
-		out = append(out, tracefile.Symbol{BuildID: m.BuildID, Offset: pcs[i] - m.Start + m.Offset,
-			VAddr: f.Offset, Function: f.Function, File: f.File, Line: f.Line})
-	}
-	return out
-}
-
 // take returns the names found since the last call.
-func (n *namer) take() []tracefile.Symbol {
+func (n *namer) take() []procmodel.Symbol {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	out := n.named
@@ -127,19 +101,12 @@ func (n *namer) stop() {
 	<-n.done
 }
 
-// mappingOf returns the mapping of maps (sorted by address) holding pc.
-func mappingOf(maps []proc.Mapping, pc uint64) *proc.Mapping {
-	if i := proc.Find(maps, pc); i >= 0 {
-		return &maps[i]
-	}
-	return nil
-}
-
 // nameNative queues the return addresses of ev's stack not named before,
 // while its files are at hand: for a process with its own root, and, with
 // Options.Portable, for every process.
-func (s *session) nameNative(ev *events.Event, ps *procState) {
-	if ps.root == "" && !s.opts.Portable || s.w == nil || len(ev.Stack) == 0 {
+func (s *session) nameNative(ev *events.Event, lp *liveProc) {
+	c := lp.p.Current()
+	if c == nil || !c.OwnRoot && !s.opts.Portable || s.w == nil || len(ev.Stack) == 0 {
 		return
 	}
 	if s.namer == nil {
@@ -148,8 +115,8 @@ func (s *session) nameNative(ev *events.Event, ps *procState) {
 	// Per process and capture: the same addresses in another process, or
 	// after an exec, may lie in other files.
 	b := binary.LittleEndian.AppendUint32(s.namer.buf[:0], ev.PID)
-	b = binary.LittleEndian.AppendUint64(b, ps.start)
-	b = binary.LittleEndian.AppendUint64(b, uint64(ps.captured.UnixNano()))
+	b = binary.LittleEndian.AppendUint64(b, c.Start)
+	b = binary.LittleEndian.AppendUint64(b, c.Time)
 	for _, pc := range ev.Stack {
 		b = binary.LittleEndian.AppendUint64(b, pc)
 	}
@@ -165,9 +132,9 @@ func (s *session) nameNative(ev *events.Event, ps *procState) {
 		clear(s.namer.stacks)
 	}
 	s.namer.stacks[h] = true
-	job := nameJob{p: symbolize.Proc{PID: int(ev.PID), Start: ps.start, OwnRoot: ps.root != ""}, maps: ps.maps}
+	job := nameJob{c: c}
 	for _, pc := range ev.Stack {
-		m := mappingOf(ps.maps, pc)
+		m := procmodel.MappingOf(c.Maps, pc)
 		if m == nil || m.BuildID == "" {
 			continue // without a build ID nothing ties a name to the file
 		}

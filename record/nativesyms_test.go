@@ -8,6 +8,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -16,7 +17,7 @@ import (
 // with its own root (read through /proc/self's PID/root, as a
 // container's), and a return address in one of its libraries with a GNU
 // build ID that the symbolizer names, with that name.
-func namerSetup(t testing.TB) (*session, *bytes.Buffer, *procState, uint64, symbolize.Frame, proc.Mapping) {
+func namerSetup(t testing.TB) (*session, *bytes.Buffer, *liveProc, uint64, symbolize.Frame, proc.Mapping) {
 	t.Helper()
 	pid := os.Getpid()
 	all, err := proc.ReadMaps(pid)
@@ -61,13 +62,14 @@ func namerSetup(t testing.TB) (*session, *bytes.Buffer, *procState, uint64, symb
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &session{opts: Options{Stderr: io.Discard}, w: w, warned: map[string]bool{}}
+	s := newState(Options{Stderr: io.Discard}, nil)
+	s.w = w
 	t.Cleanup(func() {
 		if s.namer != nil {
 			s.namer.stop()
 		}
 	})
-	ps := &procState{start: start, root: proc.RootPath(pid, "/"), maps: maps}
+	ps := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: uint32(pid), Start: start, OwnRoot: true, Maps: maps})}
 	return s, &trace, ps, pc, want, in
 }
 
@@ -107,7 +109,7 @@ func TestNameNative(t *testing.T) {
 	}
 	// A process that sees the tracer's files is left to report.
 	s2, trace2, ps2, pc2, _, _ := namerSetup(t)
-	ps2.root = ""
+	ps2.p = s2.procs.Add(&procmodel.Capture{PID: 1, Start: ps2.p.Current().Start, Maps: ps2.p.Current().Maps})
 	s2.nameNative(&events.Event{PID: 1, Stack: []uint64{pc2}}, ps2)
 	s2.writeNamed(true)
 	s2.w.Flush()

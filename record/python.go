@@ -5,21 +5,12 @@ import (
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
-
-// pyProc is a CPython process's interpreter, as the session knows it.
-type pyProc struct {
-	in *pystack.Interp
-	// table holds the (code, instruction) pairs resolved so far, read
-	// once each: the stacks the ledger keeps have them merged in. nil
-	// until the process's first event with Python frames.
-	table *pyframes.Table
-}
 
 // detectPython looks for CPython 3.10 to 3.13 in a process's mappings
 // when it is first seen and, where it runs one, tells BPF how to walk its
@@ -28,16 +19,16 @@ type pyProc struct {
 // held (SIGSTOP) there, so that record gets its thread's frames read from
 // user space instead (heldPython). A --pid process was looked at when
 // tracing started (detectPythonAtStart): BPF walks its first record too.
-func (s *session) detectPython(pid uint32, ps *procState, maps []proc.Mapping) {
-	if ps.py != nil || ps.pyTried || s.opts.NoPythonFrames {
+func (s *session) detectPython(pid uint32, lp *liveProc, root string, maps []proc.Mapping) {
+	if lp.py != nil || lp.pyTried || s.opts.NoPythonFrames {
 		return
 	}
-	ps.pyTried = true
+	lp.pyTried = true
 	in, set := s.pyAtStart[pid]
 	delete(s.pyAtStart, pid)
 	if !set {
 		var err error
-		if in, err = s.setPython(pid, ps.root, maps); err != nil {
+		if in, err = s.setPython(pid, root, maps); err != nil {
 			s.warn(err)
 			return
 		}
@@ -45,7 +36,7 @@ func (s *session) detectPython(pid uint32, ps *procState, maps []proc.Mapping) {
 	if in == nil {
 		return
 	}
-	ps.py = &pyProc{in: in}
+	lp.py = in
 	if s.ev.PID == pid {
 		s.heldPython(&s.ev, in)
 	}
@@ -143,71 +134,53 @@ func (s *session) heldPython(ev *events.Event, in *pystack.Interp) {
 
 // resolvePython reads what the code objects of ev's Python frames are
 // (file, function, line), for those not read before, into the process's
-// table, and writes them to the trace: code objects live in the process
-// and may be freed once it moves on, so they are read now, before the
-// event itself is written, with or without a trace file (the live views
-// name them from the table).
-func (s *session) resolvePython(ev *events.Event, ps *procState) {
-	if ps.py == nil || ev.Flags&(events.FlagPython|events.FlagNoPython) == 0 {
+// table (in the model, from its first event with Python facts on), and
+// writes them to the trace: code objects live in the process and may be
+// freed once it moves on, so they are read now, before the event itself
+// is written, with or without a trace file (the live views name them from
+// the table).
+func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
+	if lp.py == nil || ev.Flags&(events.FlagPython|events.FlagNoPython) == 0 {
 		return
 	}
-	if ps.py.table == nil {
-		ps.py.table = pyframes.NewTable(ps.py.in.Eval)
-		ps.py.table.Minor = ps.py.in.Minor
+	table := lp.p.Py
+	if table == nil {
+		table = pyframes.NewTable(lp.py.Eval)
+		table.Minor = lp.py.Minor
+		lp.p.Py = table
 		if s.opts.Observer != nil {
-			s.opts.Observer.Python(ev.PID, ps.py.table)
+			s.opts.Observer.Python(ev.PID, table)
 		}
 	}
-	var out []tracefile.PyCode
+	var out []pyframes.Code
 	var m *pystack.Mem
 	for _, f := range ev.Py {
-		if ps.py.table.Has(f.Code, f.Units) {
+		if table.Has(f.Code, f.Units) {
 			continue
 		}
-		c := tracefile.PyCode{Code: f.Code, Units: f.Units}
+		c := pyframes.Code{Code: f.Code, Units: f.Units}
 		if m == nil {
 			var err error
 			if m, err = pystack.OpenMem(int(ev.PID)); err != nil {
 				c.Error = err.Error()
-				ps.py.table.Put(c)
+				table.Put(c)
 				out = append(out, c)
 				continue
 			}
 			defer m.Close()
 		}
-		fr, err := ps.py.in.Code(m, f.Code, int64(f.Units))
+		fr, err := lp.py.Code(m, f.Code, int64(f.Units))
 		if err != nil {
 			c.Error = err.Error()
 		}
 		c.File, c.Function, c.Line = fr.File, fr.Function, fr.Line
-		ps.py.table.Put(c)
+		table.Put(c)
 		out = append(out, c)
 	}
 	if len(out) == 0 || s.w == nil {
 		return
 	}
-	if err := s.w.WritePython(&tracefile.Python{PID: ev.PID, Codes: out}); err != nil {
+	if err := s.w.WritePython(&tracefile.Python{PID: ev.PID, Codes: procmodel.PyCodesFile(out)}); err != nil {
 		s.warn(err)
 	}
-}
-
-// apply hands ev to the ledger with its Python frames merged into its
-// stack, as replay does, so that the live views' stacks are those report
-// shows and stacks that differ only in their Python frames stay apart.
-// ev keeps its native stack: the observers and the trace get the record
-// as captured.
-func (s *session) apply(ev *events.Event, ps *procState) ledger.Change {
-	if ps.py == nil || ps.py.table == nil {
-		return s.res.Ledger.Apply(ev)
-	}
-	merged, ok := ps.py.table.Stack(s.merged[:0], ev)
-	if !ok {
-		return s.res.Ledger.Apply(ev)
-	}
-	s.merged = merged
-	native := ev.Stack
-	ev.Stack = merged // the ledger copies the frames of a stack it keeps
-	ch := s.res.Ledger.Apply(ev)
-	ev.Stack = native
-	return ch
 }

@@ -69,21 +69,21 @@ func TestHeldPython(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var stderr strings.Builder
-			s := &session{opts: Options{Stderr: &stderr}, warned: map[string]bool{}}
+			s := newState(Options{Stderr: &stderr}, nil)
 			s.ev = c.ev
 			s.ev.PID = uint32(pid)
 			if s.ev.TID == 0 {
 				s.ev.TID = uint32(pid)
 			}
-			ps := &procState{}
-			s.detectPython(uint32(pid), ps, maps)
+			ps := &liveProc{}
+			s.detectPython(uint32(pid), ps, "", maps)
 			if ps.py == nil {
 				t.Fatalf("no interpreter found: %s", stderr.String())
 			}
 			if got := s.ev.Flags &^ c.ev.Flags; got != c.flags {
 				t.Errorf("flags added %#x, want %#x", got, c.flags)
 			}
-			if got := resolved(t, ps.py.in, pid, s.ev.Py); got != c.want {
+			if got := resolved(t, ps.py, pid, s.ev.Py); got != c.want {
 				t.Errorf("Python frames %s, want %s", got, c.want)
 			}
 			if c.want != "" {

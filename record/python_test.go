@@ -8,9 +8,9 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // pyObserver records what the session hands an observer.
@@ -19,7 +19,7 @@ type pyObserver struct {
 	stacks [][]uint64 // ev.Stack as each Event got it
 }
 
-func (o *pyObserver) Process(*tracefile.Process)         {}
+func (o *pyObserver) Process(*procmodel.Capture)         {}
 func (o *pyObserver) Tick(*Result)                       {}
 func (o *pyObserver) Python(_ uint32, t *pyframes.Table) { o.tables = append(o.tables, t) }
 func (o *pyObserver) Event(ev *events.Event, _ ledger.Change) {
@@ -32,10 +32,10 @@ func (o *pyObserver) Event(ev *events.Event, _ ledger.Change) {
 // the trace get the record as captured.
 func TestPythonLive(t *testing.T) {
 	obs := &pyObserver{}
-	s := &session{opts: Options{Observer: obs}, res: &Result{Ledger: ledger.New()}}
+	s := newState(Options{Observer: obs}, &Result{Ledger: ledger.New()})
 	pid := uint32(os.Getpid())
 	eval := [][2]uint64{{0x5000, 0x6000}}
-	ps := &procState{py: &pyProc{in: &pystack.Interp{Eval: eval}}}
+	ps := &liveProc{py: &pystack.Interp{Eval: eval}, p: s.procs.Add(&procmodel.Capture{PID: pid})}
 	native := []uint64{0x1000, 0x5010, 0x3000}
 	record := func(code uint64, units int32, size uint64) ledger.Change {
 		ev := &events.Event{PID: pid, API: events.CudaMalloc, Addr: 0x10000 * uint64(units+1), Size: size,
@@ -50,12 +50,12 @@ func TestPythonLive(t *testing.T) {
 	// then one it must read: address 0 is no code object, so it is kept
 	// with the error, not read again.
 	s.resolvePython(&events.Event{PID: pid, Flags: events.FlagNoPython}, ps)
-	if len(obs.tables) != 1 || obs.tables[0] != ps.py.table || !slices.Equal(ps.py.table.Eval, eval) {
+	if len(obs.tables) != 1 || obs.tables[0] != ps.p.Py || !slices.Equal(ps.p.Py.Eval, eval) {
 		t.Fatalf("observer got tables %v, want the process's", obs.tables)
 	}
-	tb := ps.py.table
-	tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "forward", Line: 12})
-	tb.Put(tracefile.PyCode{Code: 0xc0de, Units: 9, File: "/app/train.py", Function: "forward", Line: 14})
+	tb := ps.p.Py
+	tb.Put(pyframes.Code{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "forward", Line: 12})
+	tb.Put(pyframes.Code{Code: 0xc0de, Units: 9, File: "/app/train.py", Function: "forward", Line: 14})
 	a := record(0xc0de, 4, 100)
 	b := record(0xc0de, 9, 50)
 	a2 := record(0xc0de, 4, 10)

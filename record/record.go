@@ -1,6 +1,7 @@
 // Package record runs one tracing session: it finds the libraries, attaches
 // the probes, launches or follows the targets, and writes every event to the
-// trace file and the ledger until the session ends.
+// trace file and the ledger until the session ends. docs/architecture.md
+// follows an event through it.
 package record
 
 import (
@@ -23,8 +24,8 @@ import (
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // Options describe a session.
@@ -75,7 +76,7 @@ type Observer interface {
 	// Process is called when a traced process is first seen, and again
 	// when its mappings are re-read (a library dlopen'ed late): what
 	// symbolizing its stacks needs, captured while it is alive.
-	Process(p *tracefile.Process)
+	Process(c *procmodel.Capture)
 	// Python is called when pid is found to run CPython, before its
 	// first event with Python facts (events.FlagPython or FlagNoPython),
 	// and again with a new table when another process takes the PID.
@@ -228,7 +229,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	res.Lost = loader.Lost(res.Counters)
 	res.Events = s.events
-	res.StacksCut = s.cut
+	res.StacksCut = s.en.Stats.Cut
 	if err := s.finish(res); err != nil {
 		return res, err
 	}

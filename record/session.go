@@ -2,19 +2,20 @@ package record
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"syscall"
 	"time"
 
-	"github.com/cudatrace/cudatrace/container"
+	"github.com/cudatrace/cudatrace/enrich"
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
+	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
-	"github.com/cudatrace/cudatrace/unwind"
 )
 
 // counterEvery is how often a counters snapshot goes to the trace, so a
@@ -31,7 +32,7 @@ const pruneEvery = 5 * time.Second
 const recaptureEvery = 200 * time.Millisecond
 
 // session is the loader's Handler for one recording: it decodes records,
-// feeds the ledger and writes the trace.
+// enriches them (package enrich), feeds the ledger and writes the trace.
 type session struct {
 	opts   Options
 	res    *Result
@@ -40,19 +41,20 @@ type session struct {
 	ev     events.Event
 	events uint64
 
-	procs    map[uint32]*procState
-	buildIDs map[fileKey]string
+	// procs is what is known of each process: its captures, its Python
+	// frames' table, the capture each stack is read against.
+	procs *procmodel.Processes
+	// live is what the session itself keeps of each process while it
+	// runs: when its mappings were read, its interpreter.
+	live map[uint32]*liveProc
+	ids  procmodel.BuildIDs
 
-	// uw unwinds the records' stack windows as they come, unless
-	// Options.KeepStackWindows leaves that to replay; buf holds a record
+	// en unwinds the records' stack windows as they come (unless
+	// Options.KeepStackWindows leaves that to replay) and merges their
+	// Python frames into the ledger's stacks; buf holds a record
 	// re-encoded without its window.
-	uw  *unwind.Unwinder
-	pcs []uint64
+	en  *enrich.Enricher
 	buf []byte
-	cut uint64 // stacks that ended with the window
-	// merged holds the stack the ledger gets, Python frames merged in
-	// (python.go apply).
-	merged []uint64
 
 	child  *child
 	stop   func()
@@ -70,37 +72,32 @@ type session struct {
 	pyAtStart map[uint32]*pystack.Interp
 }
 
-type procState struct {
-	start     uint64      // the process's start time: a PID reused has another
-	exec      [][2]uint64 // executable ranges of the last capture
-	umaps     *unwind.Maps
+// liveProc is what the session keeps of a running process beside the
+// model: when it last read its mappings, and the CPython interpreter it
+// found there.
+type liveProc struct {
+	p         *procmodel.Process // the model's, set by the first capture
 	captured  time.Time
 	exited    bool
 	recapture int
-	py        *pyProc // nil: no CPython found (yet)
+	py        *pystack.Interp // nil: no CPython found (yet)
 	pyTried   bool
-	// root is what its mappings' paths are opened under: "" when it
-	// sees the tracer's files, /proc/PID/root when it has its own (a
-	// container).
-	root string
-	maps []proc.Mapping // executable file mappings of the last capture, with build IDs
 }
 
-type fileKey struct {
-	path, dev string
-	inode     uint64
+// newState returns a session's state, with no trace file.
+func newState(opts Options, res *Result) *session {
+	return &session{
+		opts: opts, res: res,
+		procs:  procmodel.New(),
+		live:   make(map[uint32]*liveProc),
+		warned: make(map[string]bool),
+		en:     enrich.New(!opts.KeepStackWindows),
+	}
 }
 
 func newSession(opts Options, res *Result, tr *loader.Tracer) (*session, error) {
-	s := &session{
-		opts: opts, res: res, tr: tr,
-		procs:    make(map[uint32]*procState),
-		buildIDs: make(map[fileKey]string),
-		warned:   make(map[string]bool),
-	}
-	if !opts.KeepStackWindows {
-		s.uw = unwind.New()
-	}
+	s := newState(opts, res)
+	s.tr = tr
 	if opts.Output == "" {
 		return s, nil
 	}
@@ -108,6 +105,7 @@ func newSession(opts Options, res *Result, tr *loader.Tracer) (*session, error) 
 	meta.Command, meta.PIDs, meta.All = opts.Command, opts.PIDs, opts.All
 	w, err := CreateTrace(opts.Output, meta)
 	if err != nil {
+		s.en.Close()
 		return nil, err
 	}
 	s.w = w
@@ -148,18 +146,24 @@ func (s *session) prune() {
 		return
 	}
 	s.lastPrune = time.Now()
-	for pid, ps := range s.procs {
+	for pid, lp := range s.live {
+		start := uint64(0)
+		if c := lp.p.Current(); c != nil {
+			start = c.Start
+		}
 		st, err := proc.StartTime(int(pid))
-		if err != nil || !proc.Alive(int(pid)) || ps.start != 0 && st != ps.start {
-			if ps.py != nil && s.tr != nil {
+		if err != nil || !proc.Alive(int(pid)) || start != 0 && st != start {
+			if lp.py != nil && s.tr != nil {
 				s.tr.ForgetPython(pid)
 			}
-			delete(s.procs, pid)
+			delete(s.live, pid)
+			s.procs.Forget(pid)
+			s.en.Forget(pid)
 		}
 	}
 }
 
-// Record handles one ring-buffer record.
+// Record handles one ring-buffer record, in named steps.
 func (s *session) Record(raw []byte) {
 	if err := events.Decode(raw, &s.ev); err != nil {
 		s.warn(err)
@@ -167,166 +171,124 @@ func (s *session) Record(raw []byte) {
 	}
 	s.events++
 	ev := &s.ev
-	ps := s.procs[ev.PID]
-	if ps == nil {
-		ps = &procState{}
-		s.procs[ev.PID] = ps
-		s.capture(ev.PID, ps)
-	} else if !ps.exited && !ps.covers(ev.Stack) && time.Since(ps.captured) >= recaptureEvery && ps.recapture < 100 {
-		// A return address outside every executable mapping we know:
-		// something was mapped since the capture (dlopen).
-		ps.recapture++
-		s.capture(ev.PID, ps)
-	}
-	if ev.Flags&events.FlagHeld != 0 {
-		// BPF stopped the process at this record for the capture above
-		// (or for one made earlier, if BPF forgot the process): let it go.
-		if err := syscall.Kill(int(ev.PID), syscall.SIGCONT); err != nil && err != syscall.ESRCH {
-			s.warn(fmt.Errorf("resume pid %d after reading its mappings: %w", ev.PID, err))
-		}
-	}
-	if s.uw != nil && ev.Flags&events.FlagWindow != 0 {
-		raw = s.unwind(ev, ps)
-	} else if ev.Flags&events.FlagPython != 0 {
-		// BPF leaves the Python frames at the end of the room reserved:
-		// RecordLen's prefix would cut them off.
-		s.buf = events.Encode(s.buf[:0], ev)
-		raw = s.buf
-	}
-	s.resolvePython(ev, ps)
-	s.nameNative(ev, ps)
-	if s.w != nil {
-		// Only the frames the stack filled: an allocation record reserves
-		// room for all 127 of them.
-		if err := s.w.WriteEvent(raw[:events.RecordLen(ev)]); err != nil {
-			s.warn(err)
-		}
-	}
-	ch := s.apply(ev, ps)
+	lp := s.track(ev)
+	s.resume(ev)
+	raw = s.enrich(ev, lp, raw)
+	s.nameNative(ev, lp)
+	s.write(ev, raw)
+	ch := s.apply(ev, lp)
 	if s.opts.Observer != nil {
 		s.opts.Observer.Event(ev, ch)
 	}
 }
 
-// unwind replaces ev's frame-pointer stack with the deeper of it and the
-// stack unwound from its window, drops the window (16 KiB or so a record:
-// most of a trace's bytes) and returns the record re-encoded to match.
-// The files are read now, while they are surely the ones the process
-// mapped; a container's through /proc/PID/root while it lives.
-func (s *session) unwind(ev *events.Event, ps *procState) []byte {
-	if ps.umaps != nil {
-		var stop unwind.Stop
-		s.pcs, stop = s.uw.Unwind(ps.umaps, ev.Regs, ev.Window, ev.Flags&events.FlagEntryOnly == 0, s.pcs[:0])
-		merged := unwind.Merge(ev.Stack, s.pcs, stop)
-		if stop.Kind == unwind.StopWindow && len(merged) == len(s.pcs) {
-			s.cut++
-		}
-		ev.Stack = append(ev.Stack[:0], merged...)
-		if !ps.exited && !ps.covers(ev.Stack) && time.Since(ps.captured) >= recaptureEvery && ps.recapture < 100 {
-			ps.recapture++ // an unwound frame in a library mapped since
-			s.capture(ev.PID, ps)
-		}
+// track returns what the session keeps of ev's process: captured when
+// first seen, and again when ev's stack points outside every mapping
+// known (refresh).
+func (s *session) track(ev *events.Event) *liveProc {
+	lp := s.live[ev.PID]
+	if lp == nil {
+		lp = &liveProc{}
+		s.live[ev.PID] = lp
+		s.capture(ev.PID, lp)
+		return lp
 	}
-	ev.Flags &^= events.FlagWindow
-	ev.Window = ev.Window[:0]
-	s.buf = events.Encode(s.buf[:0], ev)
-	return s.buf
+	s.refresh(ev.PID, lp, ev.Stack)
+	return lp
 }
 
-func (ps *procState) covers(stack []uint64) bool {
-	for _, pc := range stack {
-		in := false
-		for _, r := range ps.exec {
-			if pc >= r[0] && pc < r[1] {
-				in = true
-				break
-			}
-		}
-		if !in {
-			return false
-		}
+// refresh reads pid's mappings again when stack has a return address
+// outside every executable mapping of its current capture: something was
+// mapped since (dlopen). At most every recaptureEvery, 100 times a
+// process, and never once it was found gone.
+func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64) {
+	if lp.exited || lp.recapture >= 100 || time.Since(lp.captured) < recaptureEvery ||
+		lp.p.Current().Covers(stack) {
+		return
 	}
-	return true
+	lp.recapture++
+	s.capture(pid, lp)
 }
 
-// capture reads what symbolization needs from a live process: its
-// executable mappings with build IDs. It is done when the process is first
-// seen, because the process may be gone by the time anyone reads the trace.
-func (s *session) capture(pid uint32, ps *procState) {
-	ps.captured = time.Now()
-	p := &tracefile.Process{PID: pid, Time: BootNow(), Comm: s.ev.Comm}
-	maps, err := proc.ReadMaps(int(pid))
-	if err != nil {
-		ps.exited = true
-		p.Error = fmt.Sprintf("exited before its mappings could be read (%v): its stacks are not symbolized", err)
+// resume lets a process go that BPF stopped at ev for the capture of its
+// mappings (or for one made earlier, if BPF forgot the process).
+func (s *session) resume(ev *events.Event) {
+	if ev.Flags&events.FlagHeld == 0 {
+		return
 	}
-	// A container's paths name its own files: the host's file at the same
-	// path is another build, with other CFI and symbols. /proc/PID/root
-	// reads "/" after pivot_root: the mount namespace tells.
-	p.OwnRoot, _ = proc.OwnRoot(int(pid))
-	ps.root = ""
-	if p.OwnRoot {
-		ps.root = proc.RootPath(int(pid), "/")
+	if err := syscall.Kill(int(ev.PID), syscall.SIGCONT); err != nil && err != syscall.ESRCH {
+		s.warn(fmt.Errorf("resume pid %d after reading its mappings: %w", ev.PID, err))
 	}
-	s.detectPython(pid, ps, maps)
-	ps.exec = ps.exec[:0]
-	for _, m := range maps {
-		if !m.Exec() || !m.File() {
-			continue
-		}
-		ps.exec = append(ps.exec, [2]uint64{m.Start, m.End})
-		m.BuildID = s.buildID(int(pid), m)
-		p.Maps = append(p.Maps, m)
+}
+
+// enrich unwinds ev's stack window, if it has one, and reads the code
+// objects of its Python frames; it returns the record re-encoded to
+// match. The unwinder reads the files now, while they are surely the ones
+// the process mapped (a container's through /proc/PID/root while it
+// lives), and the window (16 KiB or so a record: most of a trace's bytes)
+// is dropped.
+func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte) []byte {
+	switch {
+	case s.en.Unwinds() && ev.Flags&events.FlagWindow != 0:
+		s.en.Unwind(ev, lp.p.Current())
+		s.refresh(ev.PID, lp, ev.Stack) // an unwound frame in a library mapped since
+		ev.Flags &^= events.FlagWindow
+		ev.Window = ev.Window[:0]
+		s.buf = events.Encode(s.buf[:0], ev)
+		raw = s.buf
+	case ev.Flags&events.FlagPython != 0:
+		// BPF leaves the Python frames at the end of the room reserved:
+		// RecordLen's prefix would cut them off.
+		s.buf = events.Encode(s.buf[:0], ev)
+		raw = s.buf
 	}
-	if len(p.Maps) > 0 {
-		ps.maps = p.Maps
-	}
-	if s.uw != nil && len(p.Maps) > 0 {
-		open := p.Maps
-		if p.OwnRoot {
-			open = slices.Clone(p.Maps)
-			for i := range open {
-				open[i].Path = proc.RootPath(int(pid), open[i].Path)
-			}
-		}
-		ps.umaps = unwind.NewMaps(open)
-	}
-	if c, err := proc.Comm(int(pid)); err == nil {
-		p.Comm = c
-	}
-	p.Cmdline, _ = proc.Cmdline(int(pid))
-	p.PPID, _ = proc.PPID(int(pid))
-	if st, err := proc.StartTime(int(pid)); err == nil {
-		p.Start, ps.start = st, st
-	}
-	p.Exe, _ = os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	if in, err := container.Of(int(pid)); err == nil {
-		p.Container, p.Pod = in.ID, in.PodUID
-	}
-	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root != "/" {
-		p.Root = root
-	}
-	if s.opts.Observer != nil {
-		s.opts.Observer.Process(p)
-	}
+	s.resolvePython(ev, lp)
+	return raw
+}
+
+// write writes the record to the trace: only the frames the stack filled
+// (an allocation record reserves room for all 127 of them).
+func (s *session) write(ev *events.Event, raw []byte) {
 	if s.w == nil {
 		return
 	}
-	if err := s.w.WriteProcess(p); err != nil {
+	if err := s.w.WriteEvent(raw[:events.RecordLen(ev)]); err != nil {
 		s.warn(err)
 	}
 }
 
-func (s *session) buildID(pid int, m proc.Mapping) string {
-	// The device too: a container's file system numbers its inodes on
-	// its own.
-	k := fileKey{m.Path, m.Dev, m.Inode}
-	if id, ok := s.buildIDs[k]; ok {
-		return id
+// apply hands ev to the ledger with its Python frames merged in, as
+// replay does (enrich.Enricher.Apply), so that the live views' stacks are
+// those report shows.
+func (s *session) apply(ev *events.Event, lp *liveProc) ledger.Change {
+	var py *pyframes.Table
+	if lp.p != nil {
+		py = lp.p.Py
 	}
-	id, _ := symbolize.BuildID(proc.RootPath(pid, m.Path))
-	s.buildIDs[k] = id
-	return id
+	return s.en.Apply(s.res.Ledger, ev, py)
+}
+
+// capture reads what symbolization needs from a live process: its
+// executable mappings with build IDs (procmodel.Read). It is done when the
+// process is first seen, because the process may be gone by the time
+// anyone reads the trace.
+func (s *session) capture(pid uint32, lp *liveProc) {
+	lp.captured = time.Now()
+	c, all := procmodel.Read(pid, s.ev.Comm, BootNow(), &s.ids)
+	if c.Error != "" {
+		lp.exited = true
+	}
+	s.detectPython(pid, lp, c.RootDir(), all)
+	lp.p = s.procs.Add(c)
+	if s.opts.Observer != nil {
+		s.opts.Observer.Process(c)
+	}
+	if s.w == nil {
+		return
+	}
+	if err := s.w.WriteProcess(c.File()); err != nil {
+		s.warn(err)
+	}
 }
 
 // Tick flushes the trace, snapshots counters and decides whether the
@@ -398,9 +360,7 @@ func (s *session) close() {
 	if s.namer != nil {
 		s.namer.stop()
 	}
-	if s.uw != nil {
-		s.uw.Close()
-	}
+	s.en.Close()
 	if s.w != nil {
 		s.w.Close()
 		s.w = nil

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -58,8 +59,8 @@ func NewTraceWriter(out io.Writer, meta tracefile.Meta) (*TraceWriter, error) {
 
 // WriteNames writes the names of native frames (a symbols frame) that the
 // trace does not hold yet: each (build ID, file offset) is named once.
-func (w *TraceWriter) WriteNames(names []tracefile.Symbol) error {
-	var out []tracefile.Symbol
+func (w *TraceWriter) WriteNames(names []procmodel.Symbol) error {
+	var out []procmodel.Symbol
 	for _, n := range names {
 		k := nameKey{n.BuildID, n.Offset}
 		if w.named[k] {
@@ -74,7 +75,7 @@ func (w *TraceWriter) WriteNames(names []tracefile.Symbol) error {
 	if len(out) == 0 {
 		return nil
 	}
-	return w.WriteSymbols(&tracefile.Symbols{Frames: out})
+	return w.WriteSymbols(procmodel.SymbolsFile(out))
 }
 
 // Finish ends the trace: the last counters, the end frame (both stamped

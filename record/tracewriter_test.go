@@ -7,6 +7,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/cudatrace/cudatrace/procmodel"
+	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -24,10 +26,10 @@ func TestTraceWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := tracefile.Symbol{BuildID: "ab", Offset: 0x10, Function: "f"}
-	b := tracefile.Symbol{BuildID: "ab", Offset: 0x20, Function: "g"}
-	c := tracefile.Symbol{BuildID: "cd", Offset: 0x10, Function: "h"}
-	for _, names := range [][]tracefile.Symbol{{a, b, a}, {b}, {c, a}, nil} {
+	a := procmodel.Symbol{BuildID: "ab", Offset: 0x10, Frame: symbolize.Frame{Function: "f"}}
+	b := procmodel.Symbol{BuildID: "ab", Offset: 0x20, Frame: symbolize.Frame{Function: "g"}}
+	c := procmodel.Symbol{BuildID: "cd", Offset: 0x10, Frame: symbolize.Frame{Function: "h"}}
+	for _, names := range [][]procmodel.Symbol{{a, b, a}, {b}, {c, a}, nil} {
 		if err := w.WriteNames(names); err != nil {
 			t.Fatal(err)
 		}

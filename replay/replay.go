@@ -1,9 +1,11 @@
 // Package replay reads a trace file back through the ledger, event by
-// event, keeping what symbolizing its stacks needs: the mappings each
-// process had when a stack was first seen. The report and every export
-// are built on one pass (or two, for a moment in the past) of Read, in
-// memory bounded by the live set and the distinct stacks, not by the
-// number of events.
+// event, through the same enrichment as the live session (package enrich),
+// keeping in a process model (package procmodel) what symbolizing its
+// stacks needs: the mappings each process had when a stack was first seen.
+// The report and every export are built on one pass (or two, for a moment
+// in the past) of Read, in memory bounded by the live set and the distinct
+// stacks, not by the number of events. docs/architecture.md places it
+// among the other packages.
 package replay
 
 import (
@@ -12,13 +14,13 @@ import (
 	"io"
 	"strings"
 
+	"github.com/cudatrace/cudatrace/enrich"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
-	"github.com/cudatrace/cudatrace/unwind"
 )
 
 // Options tune Read.
@@ -58,22 +60,33 @@ type Trace struct {
 	// truncated or damaged trace), or that the end record is missing.
 	Warning string
 
-	// Processes holds each PID's first capture, with the mappings it had then.
-	Processes map[uint32]*tracefile.Process
-	// Latest holds each PID's latest capture.
-	Latest map[uint32]*tracefile.Process
+	// Procs is what the file says of each process: its captures, its
+	// Python frames' table, and the capture each stack is read against.
+	Procs *procmodel.Processes
 
 	// Unwound says how the stacks of records with a stack window came out.
-	Unwound UnwindStats
+	Unwound enrich.Stats
 
-	// The capture each stack is read against (nil: none came).
-	stackProcs map[*ledger.Stack]*tracefile.Process
-	// Stacks first seen before any capture of their process: they take
-	// the first capture that comes.
-	pending map[uint32][]*ledger.Stack
-	py      map[uint32]*pyframes.Table // CPython processes' frames (python.go)
-	// Native frames of container processes named at record time.
-	symbols []tracefile.Symbol
+	// Native frames named at record time (processes in containers, or
+	// every process with record --portable).
+	symbols []procmodel.Symbol
+}
+
+// First returns pid's first capture (the command line at its start); nil
+// when none was recorded.
+func (t *Trace) First(pid uint32) *procmodel.Capture {
+	if p := t.Procs.Get(pid); p != nil {
+		return p.First
+	}
+	return nil
+}
+
+// Latest returns pid's latest capture; nil when none was recorded.
+func (t *Trace) Latest(pid uint32) *procmodel.Capture {
+	if p := t.Procs.Get(pid); p != nil {
+		return p.Latest
+	}
+	return nil
 }
 
 // Read replays the trace at path. A trace cut short (the tracer was killed)
@@ -85,22 +98,17 @@ func Read(path string, opts Options) (*Trace, error) {
 		return nil, err // Open names the path
 	}
 	defer r.Close()
-	var uw *unwinder
-	if !opts.FramePointersOnly {
-		uw = newUnwinder()
-		defer uw.Close()
-	}
+	en := enrich.New(!opts.FramePointersOnly)
+	defer en.Close()
 
 	t := &Trace{
-		Path:       path,
-		Meta:       r.Meta(),
-		Ledger:     ledger.New(),
-		Counters:   map[string]uint64{},
-		Processes:  map[uint32]*tracefile.Process{},
-		Latest:     map[uint32]*tracefile.Process{},
-		stackProcs: map[*ledger.Stack]*tracefile.Process{},
-		pending:    map[uint32][]*ledger.Stack{},
+		Path:     path,
+		Meta:     r.Meta(),
+		Ledger:   ledger.New(),
+		Counters: map[string]uint64{},
+		Procs:    procmodel.New(),
 	}
+	defer func() { t.Unwound = en.Stats }()
 	for {
 		rec, err := r.Next()
 		switch {
@@ -129,13 +137,10 @@ func Read(path string, opts Options) (*Trace, error) {
 			}
 			t.Events++
 			t.Last = max(t.Last, ev.End())
-			if uw != nil && ev.Flags&events.FlagWindow != 0 {
-				uw.unwind(ev, t.Latest[ev.PID], &t.Unwound)
-			}
-			t.mergePython(ev)
-			ch := t.Ledger.Apply(ev)
+			en.Unwind(ev, t.Procs.Get(ev.PID).Current())
+			ch := en.Apply(t.Ledger, ev, t.Procs.Python(ev.PID))
 			if ch.Stack != nil {
-				t.noteStack(ev.PID, ch.Stack)
+				t.Procs.Bind(ev.PID, ch.Stack)
 			}
 			if opts.OnEvent != nil {
 				if err := opts.OnEvent(ev, ch); err != nil {
@@ -143,11 +148,12 @@ func Read(path string, opts Options) (*Trace, error) {
 				}
 			}
 		case tracefile.TypeProcess:
-			t.capture(rec.Process)
+			t.Procs.Add(procmodel.FromFile(rec.Process))
+			t.Last = max(t.Last, rec.Process.Time)
 		case tracefile.TypePython:
 			t.python(rec.Python)
 		case tracefile.TypeSymbols:
-			t.symbols = append(t.symbols, rec.Symbols.Frames...)
+			t.symbols = append(t.symbols, procmodel.SymbolsFromFile(rec.Symbols.Frames)...)
 		case tracefile.TypeAttach:
 			t.Libraries = append(t.Libraries, *rec.Attach)
 		case tracefile.TypeCounters:
@@ -179,50 +185,10 @@ func (t *Trace) finish() {
 	}
 }
 
-// noteStack remembers the mappings a stack is to be symbolized with: its
-// process's as they were when the stack was first seen. A later capture
-// (after a dlopen or an exec) describes the addresses of later events.
-func (t *Trace) noteStack(pid uint32, st *ledger.Stack) {
-	if _, seen := t.stackProcs[st]; seen {
-		return
-	}
-	p, ok := t.Latest[pid]
-	if !ok {
-		t.stackProcs[st] = nil
-		t.pending[pid] = append(t.pending[pid], st)
-		return
-	}
-	t.stackProcs[st] = p
-}
-
-func (t *Trace) capture(p *tracefile.Process) {
-	t.Latest[p.PID] = p
-	if _, ok := t.Processes[p.PID]; !ok {
-		t.Processes[p.PID] = p
-	}
-	for _, st := range t.pending[p.PID] {
-		t.stackProcs[st] = p
-	}
-	delete(t.pending, p.PID)
-	t.Last = max(t.Last, p.Time)
-}
-
 // Maps returns the mappings st's addresses are to be read against; nil
 // when its process was never captured.
 func (t *Trace) Maps(st *ledger.Stack) []proc.Mapping {
-	if p := t.stackProcs[st]; p != nil {
-		return p.Maps
-	}
-	return nil
-}
-
-// SymbolProc says whose files the mappings of capture p name, for
-// symbolize.FramesOf.
-func SymbolProc(p *tracefile.Process) symbolize.Proc {
-	if p == nil {
-		return symbolize.Proc{}
-	}
-	return symbolize.Proc{PID: int(p.PID), Start: p.Start, OwnRoot: p.OwnRoot}
+	return t.Procs.CaptureOf(st).Mappings()
 }
 
 // DurationNS is the time from the start of the recording to the last thing
@@ -248,9 +214,7 @@ func (t *Trace) Symbols(enabled bool) *Symbols {
 	s := &Symbols{t: t, done: map[*ledger.Stack][]symbolize.Frame{}}
 	if enabled {
 		s.sym = symbolize.New()
-		for _, k := range t.symbols {
-			s.sym.Known(k.BuildID, k.Offset, symbolize.Frame{Function: k.Function, File: k.File, Line: k.Line, Offset: k.VAddr})
-		}
+		procmodel.Teach(s.sym, t.symbols)
 	}
 	return s
 }
@@ -263,8 +227,7 @@ func (s *Symbols) Frames(st *ledger.Stack) []symbolize.Frame {
 	if f, ok := s.done[st]; ok {
 		return f
 	}
-	f := s.sym.FramesOf(SymbolProc(s.t.stackProcs[st]), s.t.Maps(st), st.Frames)
-	s.t.pythonFrames(st.PID, f)
+	f := s.t.Procs.Frames(s.sym, st)
 	s.done[st] = f
 	return f
 }
@@ -294,81 +257,4 @@ func (s *Symbols) Close() error {
 // says in its own words.
 func cause(err, sentinel error) string {
 	return strings.TrimSuffix(err.Error(), ": "+sentinel.Error())
-}
-
-// UnwindStats counts what unwinding the records' stack windows did.
-type UnwindStats struct {
-	Events   uint64 // records with a stack window
-	Deeper   uint64 // whose stack the call-frame unwind made deeper than the frame-pointer walk
-	Stops    map[unwind.StopKind]uint64
-	LastStop map[unwind.StopKind]string // an example of each kind of stop, for a warning
-}
-
-// unwinder unwinds records' stack windows against their process's
-// mappings, and puts the deeper of that and the frame-pointer stack in the
-// event before the ledger sees it.
-type unwinder struct {
-	u    *unwind.Unwinder
-	maps map[*tracefile.Process]*unwind.Maps
-	pcs  []uint64
-}
-
-func newUnwinder() *unwinder {
-	return &unwinder{u: unwind.New(), maps: map[*tracefile.Process]*unwind.Maps{}}
-}
-
-func (w *unwinder) Close() error { return w.u.Close() }
-
-// unwindFiles returns p's mappings with the paths of the files that hold
-// their call-frame information: a container's own through /proc/PID/root
-// while it lives; once it is gone, only host files with the build ID it
-// mapped (another build's CFI would unwind wrong).
-func unwindFiles(p *tracefile.Process) []proc.Mapping {
-	if !p.OwnRoot {
-		return p.Maps
-	}
-	live := SymbolProc(p).Live()
-	var out []proc.Mapping
-	for _, m := range p.Maps {
-		switch {
-		case live:
-			m.Path = proc.RootPath(int(p.PID), m.Path)
-		case m.BuildID == "":
-			continue
-		default:
-			if id, _ := symbolize.BuildID(m.Path); !strings.EqualFold(id, m.BuildID) {
-				continue
-			}
-		}
-		out = append(out, m)
-	}
-	return out
-}
-
-func (w *unwinder) unwind(ev *events.Event, p *tracefile.Process, st *UnwindStats) {
-	st.Events++
-	if p == nil || len(p.Maps) == 0 || len(ev.Window) == 0 {
-		return
-	}
-	m := w.maps[p]
-	if m == nil {
-		m = unwind.NewMaps(unwindFiles(p))
-		w.maps[p] = m
-	}
-	// At a return probe the instruction pointer is a return address; a
-	// USDT probe (recorded at entry) sits inside its function.
-	ipReturn := ev.Flags&events.FlagEntryOnly == 0
-	var stop unwind.Stop
-	w.pcs, stop = w.u.Unwind(m, ev.Regs, ev.Window, ipReturn, w.pcs[:0])
-	if st.Stops == nil {
-		st.Stops = map[unwind.StopKind]uint64{}
-		st.LastStop = map[unwind.StopKind]string{}
-	}
-	st.Stops[stop.Kind]++
-	st.LastStop[stop.Kind] = stop.Detail
-	merged := unwind.Merge(ev.Stack, w.pcs, stop)
-	if len(merged) > len(ev.Stack) {
-		st.Deeper++
-	}
-	ev.Stack = append(ev.Stack[:0], merged...)
 }

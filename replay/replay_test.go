@@ -11,7 +11,6 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/ledger"
-	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -27,8 +26,8 @@ func free(tm uint64, pid uint32, addr uint64) events.Event {
 		Flags: events.FlagEntryOnly}
 }
 
-func maps(path string) []proc.Mapping {
-	return []proc.Mapping{{Start: 0x1000, End: 0x2000, Perms: "r-xp", Path: path}}
+func maps(path string) []tracefile.Mapping {
+	return []tracefile.Mapping{{Start: 0x1000, End: 0x2000, Perms: "r-xp", Path: path}}
 }
 
 func items() []any {
@@ -68,8 +67,8 @@ func TestRead(t *testing.T) {
 	if want := []uint64{0xa0, 0xb0, 0xc0, 0xd0, 0xb0, 0xe0}; !slices.Equal(seen, want) {
 		t.Errorf("OnEvent saw %#x, want %#x", seen, want)
 	}
-	if tr.Processes[1].Cmdline[0] != "first" || tr.Latest[1].Cmdline[0] != "second" {
-		t.Errorf("captures: first %+v latest %+v", tr.Processes[1], tr.Latest[1])
+	if tr.First(1).Cmdline[0] != "first" || tr.Latest(1).Cmdline[0] != "second" {
+		t.Errorf("captures: first %+v latest %+v", tr.First(1), tr.Latest(1))
 	}
 	for _, c := range []struct {
 		pid   uint32

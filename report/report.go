@@ -322,10 +322,10 @@ func Load(path string, opts Options) (*Report, error) {
 			continue
 		}
 		out := NewProcess(p, meta.WallTime)
-		if c := t.Processes[p.PID]; c != nil {
+		if c := t.First(p.PID); c != nil {
 			out.Cmdline, out.Container, out.PodUID = c.Cmdline, c.Container, c.Pod
 		}
-		if c := t.Latest[p.PID]; c != nil {
+		if c := t.Latest(p.PID); c != nil {
 			out.CaptureError = c.Error
 		}
 		out.NVML = nv.process(p.PID)

@@ -19,6 +19,7 @@ import (
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -50,7 +51,7 @@ func mixItems() []any {
 		&tracefile.Attach{Library: "/usr/lib/libcudart.so.12", Symbols: []string{"cudaMalloc", "cudaFree"},
 			Missing: []string{"cudaMallocAsync"}},
 		&tracefile.Process{PID: 100, Comm: "mix", Cmdline: []string{"./mix", "--big"}, Time: base + 500,
-			Maps: []proc.Mapping{{Start: 0, End: 0x1000, Perms: "r-xp", Path: "/nonexistent/mix"}}},
+			Maps: []tracefile.Mapping{{Start: 0, End: 0x1000, Perms: "r-xp", Path: "/nonexistent/mix"}}},
 		ok(1000, 100, 100, 100, "mix", events.CudaMalloc, 0x1000, 300, 0, 0xa1, 0xa2),
 		ok(2000, 100, 100, 100, "mix", events.CudaMalloc, 0x2000, 1000, 1, 0xb1),
 		free(3000, 100, "mix", 0x2000, 1),
@@ -349,14 +350,14 @@ func TestSymbolize(t *testing.T) {
 	path, _ := tracetest.Write(t, testMeta(),
 		// pid 1: captured, then a stack, then a capture that no longer
 		// covers the addresses (the mapping went away).
-		&tracefile.Process{PID: 1, Comm: "fixture", Maps: fx.maps},
+		(&procmodel.Capture{PID: 1, Comm: "fixture", Maps: fx.maps}).File(),
 		alloc(1, 1, 0x1000, fx.pc),
-		&tracefile.Process{PID: 1, Comm: "fixture", Maps: []proc.Mapping{}},
+		&tracefile.Process{PID: 1, Comm: "fixture", Maps: []tracefile.Mapping{}},
 		alloc(2, 1, 0x2000, fx.pc),  // the same stack: still symbolized with the first maps
 		alloc(3, 1, 0x3000, fx.pc2), // a new stack: the new maps do not cover it
 		// pid 2: its first event comes before its capture.
 		alloc(4, 2, 0x1000, fx.pc, fx.pc2),
-		&tracefile.Process{PID: 2, Comm: "fixture", Maps: fx.maps},
+		(&procmodel.Capture{PID: 2, Comm: "fixture", Maps: fx.maps}).File(),
 		&tracefile.End{Time: base + 5},
 	)
 	rep, err := Load(path, Options{})

@@ -2,7 +2,8 @@
 // Collector watches the session (record.Observer) on the reader's
 // goroutine and publishes a Snapshot once per refresh; the terminal UI, or
 // the plain-lines writer when stdout is not a terminal, draws snapshots on
-// its own goroutine.
+// its own goroutine. docs/architecture.md places it among the other
+// packages.
 package top
 
 import (
@@ -15,11 +16,9 @@ import (
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/record"
-	"github.com/cudatrace/cudatrace/replay"
-	"github.com/cudatrace/cudatrace/symbolize"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // Snapshot is the session at one refresh, copied out of the ledger.
@@ -75,10 +74,11 @@ type Stack struct {
 	Live      uint64
 	LiveCount uint64
 	Tensor    bool
-	Frames    []uint64       // Python frames merged in (pyframes.IsPython)
-	Maps      []proc.Mapping // the process's, to symbolize Frames with
-	Python    pyframes.Names // the names of Frames' Python frames
-	Proc      symbolize.Proc // whose files Maps name (a container's own)
+	Frames    []uint64 // Python frames merged in (pyframes.IsPython)
+	// Capture is the process's capture Frames are read against: the one
+	// current when the stack was first seen (procmodel.Processes.Bind).
+	Capture *procmodel.Capture
+	Python  pyframes.Names // the names of Frames' Python frames
 }
 
 // Collector is a record.Observer that publishes snapshots.
@@ -92,9 +92,7 @@ type Collector struct {
 	// The reader goroutine's own.
 	last    time.Time
 	prev    map[uint32][2]uint64 // allocs, bytes at the last snapshot
-	maps    map[uint32][]proc.Mapping
-	py      map[uint32]*pyframes.Table // CPython processes' Python frames
-	procs   map[uint32]symbolize.Proc
+	procs   *procmodel.Processes // captures, Python frames, the capture of each stack
 	devPeak map[int]uint64
 	gpuLive map[uint32]int    // live allocations of GPU memory, per process, kept by Event
 	comm    map[uint32]string // of processes only NVML lists
@@ -116,27 +114,26 @@ func NewCollector(every time.Duration, top int, pids []int) *Collector {
 		only[uint32(p)] = true
 	}
 	return &Collector{every: every, top: top, only: only, comm: map[uint32]string{}, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
-		maps: map[uint32][]proc.Mapping{}, py: map[uint32]*pyframes.Table{}, procs: map[uint32]symbolize.Proc{}, devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
+		procs: procmodel.New(), devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
 }
 
 var _ record.Observer = (*Collector)(nil)
 
-// Process keeps the process's mappings for symbolizing its stacks.
-func (c *Collector) Process(p *tracefile.Process) {
-	if len(p.Maps) > 0 || c.maps[p.PID] == nil {
-		c.maps[p.PID] = p.Maps
-		c.procs[p.PID] = replay.SymbolProc(p)
-	}
-}
+// Process keeps the process's capture for symbolizing its stacks.
+func (c *Collector) Process(p *procmodel.Capture) { c.procs.Add(p) }
 
 // Python keeps the table that names a CPython process's Python frames.
-func (c *Collector) Python(pid uint32, t *pyframes.Table) { c.py[pid] = t }
+func (c *Collector) Python(pid uint32, t *pyframes.Table) { c.procs.SetPython(pid, t) }
 
-// Event counts each process's live allocations of GPU memory (what Live
-// counts): the ledger would have to walk its live set for it.
+// Event binds each new stack to its process's capture, and counts each
+// process's live allocations of GPU memory (what Live counts): the ledger
+// would have to walk its live set for it.
 func (c *Collector) Event(_ *events.Event, ch ledger.Change) {
 	if ch.Process == nil {
 		return
+	}
+	if ch.Stack != nil {
+		c.procs.Bind(ch.Process.PID, ch.Stack)
 	}
 	if ch.Alloc != nil && ch.Alloc.API.Segment() {
 		c.gpuLive[ch.Process.PID]++
@@ -281,8 +278,8 @@ func (c *Collector) stacks(l *ledger.Ledger, sel uint32, procs []Process) (uint3
 			continue
 		}
 		out = append(out, Stack{PID: st.PID, Live: st.Live, LiveCount: st.LiveCount, Tensor: st.Tensor,
-			Frames: slices.Clone(st.Frames), Maps: c.maps[st.PID], Python: c.py[st.PID].Names(nil, st.Frames),
-			Proc: c.procs[st.PID]})
+			Frames: slices.Clone(st.Frames), Capture: c.procs.CaptureOf(st),
+			Python: c.procs.Python(st.PID).Names(nil, st.Frames)})
 	}
 	return sel, out
 }

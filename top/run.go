@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
 
@@ -212,14 +213,13 @@ func runScreen(ctx context.Context, c *Collector, opts Options, stop <-chan Stop
 func framer(sym *symbolize.Symbolizer) Frames {
 	cache := map[string][]symbolize.Frame{}
 	return func(st *Stack) []symbolize.Frame {
-		// Per process: addresses mean what its mappings, its files (a
-		// container's own) and its Python frames' table say.
-		k := fmt.Sprint(st.PID, st.Proc, st.Frames)
+		// Per process and capture: addresses mean what its mappings, its
+		// files (a container's own) and its Python frames' table say.
+		k := fmt.Sprintf("%d %p %v", st.PID, st.Capture, st.Frames)
 		if f, ok := cache[k]; ok {
 			return f
 		}
-		f := sym.FramesOf(st.Proc, st.Maps, st.Frames)
-		st.Python.Fill(f)
+		f := procmodel.Frames(sym, st.Capture, st.Python, st.Frames)
 		cache[k] = f
 		return f
 	}

@@ -1,15 +1,14 @@
 // Package tracefile writes and reads cudatrace's trace file: a header, then
 // self-delimiting, checksummed frames written as events arrive, so a tracer
 // killed mid-run leaves a file readable up to its last complete frame.
-// docs/trace-format.md is the format's specification.
+// docs/trace-format.md is the format's specification; docs/architecture.md
+// says who reads and writes it.
 package tracefile
 
 import (
 	"errors"
 	"hash/crc32"
 	"time"
-
-	"github.com/cudatrace/cudatrace/proc"
 )
 
 // Magic opens every trace file. The high first byte and the CR-LF-free tail
@@ -118,7 +117,8 @@ func (m *Meta) WallTime(boot uint64) time.Time {
 
 // Process describes a traced process, written when it is first seen and
 // again when its mappings change (dlopen, exec). Readers symbolize an
-// event's stack with the latest Process frame before it for its PID.
+// event's stack with the latest Process frame before it for its PID. In
+// memory a process is package procmodel's Capture, which converts.
 type Process struct {
 	PID     uint32   `json:"pid"`
 	PPID    int      `json:"ppid,omitempty"`
@@ -128,9 +128,9 @@ type Process struct {
 	Time    uint64   `json:"boot_ns"` // when captured
 	// Start is when the process started (CLOCK_BOOTTIME ns, 10 ms
 	// precision): a PID that names another process later has another.
-	Start uint64         `json:"start_ns,omitempty"`
-	Maps  []proc.Mapping `json:"maps"` // executable file mappings, with build IDs
-	Root  string         `json:"root,omitempty"`
+	Start uint64    `json:"start_ns,omitempty"`
+	Maps  []Mapping `json:"maps"` // executable file mappings, with build IDs
+	Root  string    `json:"root,omitempty"`
 	// OwnRoot: the process saw another file tree than the tracer (another
 	// mount namespace, as a container, or a chroot): the paths in Maps
 	// name its files, reached through /proc/PID/root while it lives.
@@ -140,6 +140,20 @@ type Process struct {
 	Container string `json:"container,omitempty"`
 	Pod       string `json:"pod,omitempty"`
 	Error     string `json:"error,omitempty"` // why the capture is incomplete (the process exited first)
+}
+
+// Mapping is one executable file mapping of a Process frame: a line of
+// /proc/PID/maps (package proc parses them) and the build ID of the file.
+// package procmodel converts it to and from proc.Mapping.
+type Mapping struct {
+	Start   uint64 `json:"start"`
+	End     uint64 `json:"end"`
+	Offset  uint64 `json:"offset"` // file offset of Start
+	Perms   string `json:"perms"`
+	Dev     string `json:"dev,omitempty"` // major:minor, hex, as the kernel prints it
+	Inode   uint64 `json:"inode,omitempty"`
+	Path    string `json:"path,omitempty"`
+	BuildID string `json:"build_id,omitempty"` // hex GNU build ID of Path
 }
 
 // Symbols is one batch of native frames named at record time.

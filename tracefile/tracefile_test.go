@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/proc"
 )
 
 // A frame written to a sample trace, with where it landed and what reading
@@ -110,7 +109,7 @@ func sampleProcesses() []*Process {
 			PID: 4242, PPID: 4000, Comm: "python3",
 			Cmdline: []string{"python3", "train.py", "--epochs", "3"},
 			Exe:     "/usr/bin/python3.12", Time: 1_234_567_990_000,
-			Maps: []proc.Mapping{
+			Maps: []Mapping{
 				{Start: 0x5555_5555_4000, End: 0x5555_5589_a000, Offset: 0x1000, Perms: "r-xp", Dev: "fd:01",
 					Inode: 1_311_254, Path: "/usr/bin/python3.12", BuildID: "3bd0e9c0c1bd54d51f0d1c2a9a70e5bd3f4b1e21"},
 				{Start: 0x7f12_3400_0000, End: 0x7f12_3480_0000, Offset: 0x2_0000, Perms: "r-xp", Dev: "103:02",

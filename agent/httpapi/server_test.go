@@ -14,8 +14,8 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/record"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // nvmlSample is the driver's view the session hands over: one device,
@@ -36,7 +36,7 @@ func serve(t *testing.T, opts Options) *httptest.Server {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		a.Process(&tracefile.Process{PID: pid, Comm: "job"})
+		a.Process(&procmodel.Capture{PID: pid, Comm: "job"})
 		for _, ev := range []events.Event{
 			{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x1000, Size: 100, Device: 0, Stack: []uint64{1}},
 			{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x2000, Size: 40, Device: 1, Stack: []uint64{2}},

@@ -1,0 +1,201 @@
+// Package procmodel is what cudatrace knows about each traced process: its
+// captures over time (mappings with build IDs, whether it has a root of its
+// own, command line, container), its CPython frame table, and which capture
+// each of its stacks is read against. It is the one owner of that state for
+// the live session (record), its observers (top, agent) and the replay of a
+// trace (report, export), and the one place that turns a stack into named
+// frames. Its types are in-memory ones: the trace file's shapes live in
+// package tracefile, and file.go converts between them at the file's edge.
+//
+// docs/architecture.md places it among the other packages.
+package procmodel
+
+import (
+	"cmp"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/cudatrace/cudatrace/container"
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/symbolize"
+)
+
+// Capture is one reading of a live process: what symbolizing and
+// unwinding its stacks needs, taken while it runs, because it may be gone
+// by the time anyone reads the trace. A Capture is never changed once
+// made: the live views share it across goroutines.
+type Capture struct {
+	PID     uint32
+	PPID    int
+	Comm    string
+	Cmdline []string
+	Exe     string
+	Time    uint64 // when captured (CLOCK_BOOTTIME ns)
+	// Start is when the process started (CLOCK_BOOTTIME ns, 10 ms
+	// precision): a PID that names another process later has another.
+	// 0: unknown.
+	Start uint64
+	Maps  []proc.Mapping // executable file mappings, with build IDs
+	Root  string         // where /proc/PID/root points, when not "/"
+	// OwnRoot: the process saw another file tree than the tracer
+	// (another mount namespace, as a container, or a chroot): the paths
+	// in Maps name its files, reached through /proc/PID/root while it
+	// lives.
+	OwnRoot bool
+	// The container and Kubernetes pod it runs in (package container);
+	// empty on the host.
+	Container, Pod string
+	Error          string // why the capture is incomplete (the process exited first)
+}
+
+// Symbol says whose files c's mappings name, for symbolize.FramesOf. A nil
+// Capture is a process that sees the tracer's files.
+func (c *Capture) Symbol() symbolize.Proc {
+	if c == nil {
+		return symbolize.Proc{}
+	}
+	return symbolize.Proc{PID: int(c.PID), Start: c.Start, OwnRoot: c.OwnRoot}
+}
+
+// Mappings returns c's mappings; nil for a nil Capture.
+func (c *Capture) Mappings() []proc.Mapping {
+	if c == nil {
+		return nil
+	}
+	return c.Maps
+}
+
+// Covers reports whether every address of stack lies in one of c's
+// mappings: when not, something was mapped since c was taken (a library
+// dlopen'ed late). A nil Capture covers only an empty stack.
+func (c *Capture) Covers(stack []uint64) bool {
+	maps := c.Mappings()
+	for _, pc := range stack {
+		in := false
+		for i := range maps {
+			if pc >= maps[i].Start && pc < maps[i].End {
+				in = true
+				break
+			}
+		}
+		if !in {
+			return false
+		}
+	}
+	return true
+}
+
+// UnwindFiles returns c's mappings with the paths of the files that hold
+// their call-frame information. A process that sees the tracer's files has
+// them at their paths. One with its own root (a container) has its own:
+// through /proc/PID/root while it lives; once it is gone, only host files
+// with the build ID it mapped (another build's CFI would unwind wrong).
+func (c *Capture) UnwindFiles() []proc.Mapping {
+	if !c.OwnRoot {
+		return c.Maps
+	}
+	live := c.Symbol().Live()
+	var out []proc.Mapping
+	for _, m := range c.Maps {
+		switch {
+		case live:
+			m.Path = proc.RootPath(int(c.PID), m.Path)
+		case m.BuildID == "":
+			continue
+		default:
+			if id, _ := symbolize.BuildID(m.Path); !strings.EqualFold(id, m.BuildID) {
+				continue
+			}
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// RootDir is the directory c's paths are opened under: "" when it sees
+// the tracer's files, /proc/PID/root when it has its own.
+func (c *Capture) RootDir() string {
+	if c == nil || !c.OwnRoot {
+		return ""
+	}
+	return proc.RootPath(int(c.PID), "/")
+}
+
+// Read captures live process pid at boot time now: its executable file
+// mappings with their build IDs (from ids), and who it is. comm names it
+// should /proc not. It also returns every mapping read (the interpreter's
+// detection needs its data mappings too). A process gone before its
+// mappings could be read gets a Capture with Error set and no Maps.
+func Read(pid uint32, comm string, now uint64, ids *BuildIDs) (*Capture, []proc.Mapping) {
+	c := &Capture{PID: pid, Time: now, Comm: comm}
+	all, err := proc.ReadMaps(int(pid))
+	if err != nil {
+		c.Error = fmt.Sprintf("exited before its mappings could be read (%v): its stacks are not symbolized", err)
+	}
+	// A container's paths name its own files: the host's file at the same
+	// path is another build, with other CFI and symbols. /proc/PID/root
+	// reads "/" after pivot_root: the mount namespace tells.
+	c.OwnRoot, _ = proc.OwnRoot(int(pid))
+	for _, m := range all {
+		if !m.Exec() || !m.File() {
+			continue
+		}
+		m.BuildID = ids.Of(int(pid), m)
+		c.Maps = append(c.Maps, m)
+	}
+	if n, err := proc.Comm(int(pid)); err == nil {
+		c.Comm = n
+	}
+	c.Cmdline, _ = proc.Cmdline(int(pid))
+	c.PPID, _ = proc.PPID(int(pid))
+	if st, err := proc.StartTime(int(pid)); err == nil {
+		c.Start = st
+	}
+	c.Exe, _ = os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if in, err := container.Of(int(pid)); err == nil {
+		c.Container, c.Pod = in.ID, in.PodUID
+	}
+	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root != "/" {
+		c.Root = root
+	}
+	return c, all
+}
+
+// BuildIDs caches the build IDs of mapped files, by file: every process
+// of a host maps the same few libraries.
+type BuildIDs struct {
+	m map[fileKey]string
+}
+
+type fileKey struct {
+	path, dev string
+	inode     uint64
+}
+
+// Of returns the build ID of the file m of process pid maps ("" when it
+// has none), read through the process's root.
+func (b *BuildIDs) Of(pid int, m proc.Mapping) string {
+	// The device too: a container's file system numbers its inodes on
+	// its own.
+	k := fileKey{m.Path, m.Dev, m.Inode}
+	if id, ok := b.m[k]; ok {
+		return id
+	}
+	id, _ := symbolize.BuildID(proc.RootPath(pid, m.Path))
+	if b.m == nil {
+		b.m = map[fileKey]string{}
+	}
+	b.m[k] = id
+	return id
+}
+
+// sortedMaps returns maps sorted by address (maps itself when it is).
+func sortedMaps(maps []proc.Mapping) []proc.Mapping {
+	byStart := func(a, b proc.Mapping) int { return cmp.Compare(a.Start, b.Start) }
+	if slices.IsSortedFunc(maps, byStart) {
+		return maps
+	}
+	return slices.SortedFunc(slices.Values(maps), byStart)
+}

@@ -1,0 +1,61 @@
+package procmodel
+
+import (
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/symbolize"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// The trace file's edge: its process, symbols and Python frames (package
+// tracefile, whose JSON shapes docs/trace-format.md specifies) to and from
+// the model's types. Only the recorder's writer, the replay's reader and
+// the agent's trace window call these.
+
+// FromFile returns the capture a process frame records.
+func FromFile(p *tracefile.Process) *Capture {
+	return &Capture{PID: p.PID, PPID: p.PPID, Comm: p.Comm, Cmdline: p.Cmdline, Exe: p.Exe, Time: p.Time,
+		Start: p.Start, Root: p.Root, OwnRoot: p.OwnRoot, Container: p.Container, Pod: p.Pod, Error: p.Error,
+		Maps: convert(p.Maps, func(m tracefile.Mapping) proc.Mapping { return proc.Mapping(m) })}
+}
+
+// File returns the process frame that records c.
+func (c *Capture) File() *tracefile.Process {
+	return &tracefile.Process{PID: c.PID, PPID: c.PPID, Comm: c.Comm, Cmdline: c.Cmdline, Exe: c.Exe, Time: c.Time,
+		Start: c.Start, Root: c.Root, OwnRoot: c.OwnRoot, Container: c.Container, Pod: c.Pod, Error: c.Error,
+		Maps: convert(c.Maps, func(m proc.Mapping) tracefile.Mapping { return tracefile.Mapping(m) })}
+}
+
+// SymbolsFromFile returns the names a symbols frame records.
+func SymbolsFromFile(fs []tracefile.Symbol) []Symbol {
+	return convert(fs, func(f tracefile.Symbol) Symbol {
+		return Symbol{BuildID: f.BuildID, Offset: f.Offset,
+			Frame: symbolize.Frame{Offset: f.VAddr, Function: f.Function, File: f.File, Line: f.Line}}
+	})
+}
+
+// SymbolsFile returns the symbols frame that records syms.
+func SymbolsFile(syms []Symbol) *tracefile.Symbols {
+	return &tracefile.Symbols{Frames: convert(syms, func(s Symbol) tracefile.Symbol {
+		return tracefile.Symbol{BuildID: s.BuildID, Offset: s.Offset, VAddr: s.Frame.Offset,
+			Function: s.Frame.Function, File: s.Frame.File, Line: s.Frame.Line}
+	})}
+}
+
+// PyCodesFile returns the codes of a python frame that records cs.
+func PyCodesFile(cs []pyframes.Code) []tracefile.PyCode {
+	return convert(cs, func(c pyframes.Code) tracefile.PyCode { return tracefile.PyCode(c) })
+}
+
+// convert converts each element of in with f. A nil slice stays nil and
+// an empty one empty: the file tells them apart (null, []).
+func convert[S, D any](in []S, f func(S) D) []D {
+	if in == nil {
+		return nil
+	}
+	out := make([]D, len(in))
+	for i, x := range in {
+		out[i] = f(x)
+	}
+	return out
+}
