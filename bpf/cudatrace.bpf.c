@@ -361,9 +361,20 @@ static __always_inline __u32 alloc_record_size(void)
 // One read takes the whole window; where it fails, the stack ends inside
 // the window (the top of the main thread's stack, a thread's guard page) and
 // a page-by-page read keeps what lies below the first unreadable page.
+//
+// The page-by-page copy is written so that every bound is one the verifier
+// of Linux 5.15 to 6.x proves without following a running length: page k
+// (k a constant, the loop unrolled) lands at first + (k-1)*CT_PAGE, where
+// first (the bytes to the end of sp's page) is 1..CT_PAGE, and it is copied
+// only if k+1 whole pages fit the window, a test of two constants that the
+// verifier settles at load. An earlier loop that added CT_PAGE to a length
+// and stopped at `len > w - CT_PAGE` was accepted by 6.12 but not by 6.1 for
+// windows of 8 KiB and up: 6.1's verifier also walks the branch the test
+// rules out, on a range it cannot see is empty (umin=12289 umax=12288), and
+// rejected the copy there (invalid access to memory, off=16496 size=4096).
 static __always_inline void user_window(struct pt_regs *ctx, struct ct_alloc_event *e)
 {
-	__u32 w = window_size();
+	const __u32 w = window_size();
 	if (!w)
 		return;
 	__u32 n = (__u32)e->h.nframes & 127; // user_stack gives 1..CT_MAX_FRAMES
@@ -378,15 +389,17 @@ static __always_inline void user_window(struct pt_regs *ctx, struct ct_alloc_eve
 	if (bpf_probe_read_user(data, w, (void *)sp) == 0) {
 		len = w;
 	} else {
-		__u32 first = CT_PAGE - (sp & (CT_PAGE - 1)); // to the end of sp's page
+		__u32 first = CT_PAGE - (__u32)(sp & (CT_PAGE - 1)); // to the end of sp's page: 1..CT_PAGE
 		if (bpf_probe_read_user(data, first, (void *)sp) == 0) {
 			len = first;
-			for (int i = 0; i < CT_MAX_WINDOW / CT_PAGE; i++) {
-				if (len > w - CT_PAGE)
-					break; // what is left lies on the page that failed
-				if (bpf_probe_read_user(data + len, CT_PAGE, (void *)(sp + len)))
+#pragma unroll
+			for (__u32 k = 1; k < CT_MAX_WINDOW / CT_PAGE; k++) {
+				if ((k + 1) * CT_PAGE > w)
+					break; // page k might not fit behind a whole first page
+				__u32 off = first + (k - 1) * CT_PAGE;
+				if (bpf_probe_read_user(data + off, CT_PAGE, (void *)(sp + off)))
 					break;
-				len += CT_PAGE;
+				len = off + CT_PAGE;
 			}
 		}
 	}
@@ -423,13 +436,11 @@ struct py_walk {
 	__s64 idoff;
 	__u64 ts;    // the thread state under examination, then the thread's
 	__u64 frame; // the interpreter frame under examination
-	__u32 n;     // frames recorded
 	__u32 found;
 };
 
-static long py_thread_step(__u64 i, void *arg)
+static __always_inline long thread_step(struct py_walk *w)
 {
-	struct py_walk *w = arg;
 	if (!w->ts)
 		return 1;
 	if (read_u64(w->ts + w->idoff) == w->want) {
@@ -440,15 +451,19 @@ static long py_thread_step(__u64 i, void *arg)
 	return 0;
 }
 
-static long py_frame_step(__u64 i, void *arg)
+static __always_inline long frame_step(struct py_walk *w)
 {
-	struct py_walk *w = arg;
 	__u32 zero = 0;
 	struct py_block *b = bpf_map_lookup_elem(&py_scratch, &zero);
 	if (!b || !w->frame)
 		return 1;
 	__u64 frame = w->frame;
-	__u32 n = w->n;
+	// The count lives in the scratch map, not in w: read from a map it is
+	// a number the verifier does not know, so the paths of one step join
+	// again at the next. Kept on the stack it was a constant on each path
+	// and the bounded-loop walk (no bpf_loop) forked per count, past the
+	// verifier's million instructions.
+	__u32 n = b->t.n;
 	w->frame = read_u64(frame + w->o.fr_previous);
 	if (w->o.fr_owner >= 0) {
 		__u8 owner = 0;
@@ -480,8 +495,19 @@ static long py_frame_step(__u64 i, void *arg)
 			f->flags = entry ? 1 : 0;
 		}
 	}
-	w->n = n + 1;
+	b->t.n = n + 1;
 	return 0;
+}
+
+// The bpf_loop (Linux 5.17) callbacks: the verifier checks each once.
+static long py_thread_step(__u64 i, void *arg)
+{
+	return thread_step(arg);
+}
+
+static long py_frame_step(__u64 i, void *arg)
+{
+	return frame_step(arg);
 }
 
 // py_stack puts the calling thread's Python frames (code object and
@@ -491,7 +517,13 @@ static long py_frame_step(__u64 i, void *arg)
 // native_thread_id from 3.11, by pthread_self (the thread pointer, fsbase
 // on x86-64) in 3.10. Code objects are resolved to file:line in user space
 // (record/python.go): the walk only follows pointers, a few reads a frame.
-static __always_inline void py_stack(struct ct_event *h, __u8 *block)
+//
+// use_loop is a constant: 1 walks with bpf_loop (Linux 5.17), whose
+// callbacks the verifier checks once; 0 walks with plain bounded loops
+// (Linux 5.3), which the verifier follows iteration by iteration, for the
+// *_noloop programs that kernels without bpf_loop (5.15, 5.16) load instead
+// (loader/variants.go picks them).
+static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int use_loop)
 {
 	__u32 tgid = h->pid, zero = 0;
 	struct ct_pyoffsets *o = bpf_map_lookup_elem(&py_procs, &tgid);
@@ -509,7 +541,14 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block)
 	__u64 interp = read_u64(o->interp_head);
 	if (interp)
 		w.ts = read_u64(interp + o->interp_threads);
-	bpf_loop(CT_PY_MAX_THREADS, py_thread_step, &w, 0);
+	if (use_loop) {
+		bpf_loop(CT_PY_MAX_THREADS, py_thread_step, &w, 0);
+	} else {
+		for (int i = 0; i < CT_PY_MAX_THREADS; i++)
+			if (thread_step(&w))
+				break;
+	}
+	b->t.n = 0;
 	if (w.found) {
 		if (w.o.ts_cframe >= 0) {
 			__u64 cf = read_u64(w.ts + w.o.ts_cframe);
@@ -518,12 +557,18 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block)
 		} else {
 			w.frame = read_u64(w.ts + w.o.ts_frame);
 		}
-		bpf_loop(CT_PY_MAX_FRAMES + 8, py_frame_step, &w, 0); // shim frames take turns too
+		// shim frames take turns too
+		if (use_loop) {
+			bpf_loop(CT_PY_MAX_FRAMES + 8, py_frame_step, &w, 0);
+		} else {
+			for (int i = 0; i < CT_PY_MAX_FRAMES + 8; i++)
+				if (frame_step(&w))
+					break;
+		}
 	}
-	b->t.n = w.n;
 	b->t.pad = 0;
 	__builtin_memcpy(block, b, sizeof(*b));
-	h->flags |= w.n ? CT_F_PYTHON : CT_F_NOPYTHON;
+	h->flags |= b->t.n ? CT_F_PYTHON : CT_F_NOPYTHON;
 }
 
 static __always_inline void fill_common(struct ct_event *e, __u64 id)
@@ -533,8 +578,7 @@ static __always_inline void fill_common(struct ct_event *e, __u64 id)
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 }
 
-SEC("uretprobe")
-int ct_exit(struct pt_regs *ctx)
+static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id;
@@ -623,11 +667,25 @@ int ct_exit(struct pt_regs *ctx)
 	if (e->h.nframes == CT_MAX_FRAMES)
 		e->h.flags |= CT_F_STACK_TRUNC;
 	user_window(ctx, e);
-	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK);
+	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK, use_loop);
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
 	bpf_map_delete_elem(&last_free, &tid);
 	return 0;
+}
+
+// The return probe of every call that makes a record, in two variants that
+// differ only in how the Python walk loops (see py_stack).
+SEC("uretprobe")
+int ct_exit(struct pt_regs *ctx)
+{
+	return alloc_exit(ctx, 1);
+}
+
+SEC("uretprobe")
+int ct_exit_noloop(struct pt_regs *ctx)
+{
+	return alloc_exit(ctx, 0);
 }
 
 static __always_inline int ctx_enter(struct pt_regs *ctx, __u64 out, __s32 device, __u32 make_current)
@@ -788,8 +846,7 @@ static __always_inline __u64 usdt_arg(struct pt_regs *ctx, const struct ct_usdt_
 // PyTorch's caching allocator: pytorch:malloc(ptr, device, size, stream)
 // when a tensor gets memory, pytorch:free(ptr) when it gives it back. These
 // are tensor-level events, beside the segments cudaMalloc makes.
-SEC("uprobe")
-int ct_usdt(struct pt_regs *ctx)
+static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
@@ -839,10 +896,22 @@ int ct_usdt(struct pt_regs *ctx)
 	if (e->h.nframes == CT_MAX_FRAMES)
 		e->h.flags |= CT_F_STACK_TRUNC;
 	user_window(ctx, e);
-	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK);
+	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK, use_loop);
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
 	return 0;
+}
+
+SEC("uprobe")
+int ct_usdt(struct pt_regs *ctx)
+{
+	return usdt(ctx, 1);
+}
+
+SEC("uprobe")
+int ct_usdt_noloop(struct pt_regs *ctx)
+{
+	return usdt(ctx, 0);
 }
 
 // Frees: (void *ptr, ...). The record goes out before the library releases

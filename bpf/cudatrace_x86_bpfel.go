@@ -159,12 +159,14 @@ const (
 	CudatraceProgCtCtxretainEnter  = "ct_ctxretain_enter"
 	CudatraceProgCtCtxsetEnter     = "ct_ctxset_enter"
 	CudatraceProgCtExit            = "ct_exit"
+	CudatraceProgCtExitNoloop      = "ct_exit_noloop"
 	CudatraceProgCtFork            = "ct_fork"
 	CudatraceProgCtFreeEnter       = "ct_free_enter"
 	CudatraceProgCtPitchEnter      = "ct_pitch_enter"
 	CudatraceProgCtSetdevEnter     = "ct_setdev_enter"
 	CudatraceProgCtSizedFreeEnter  = "ct_sized_free_enter"
 	CudatraceProgCtUsdt            = "ct_usdt"
+	CudatraceProgCtUsdtNoloop      = "ct_usdt_noloop"
 	CudatraceProgCtVmmCreateEnter  = "ct_vmm_create_enter"
 	CudatraceProgCtVmmMapEnter     = "ct_vmm_map_enter"
 	CudatraceVarFilterPids         = "filter_pids"
@@ -231,12 +233,14 @@ type CudatraceProgramSpecs struct {
 	CtCtxretainEnter *ebpf.ProgramSpec `ebpf:"ct_ctxretain_enter"`
 	CtCtxsetEnter    *ebpf.ProgramSpec `ebpf:"ct_ctxset_enter"`
 	CtExit           *ebpf.ProgramSpec `ebpf:"ct_exit"`
+	CtExitNoloop     *ebpf.ProgramSpec `ebpf:"ct_exit_noloop"`
 	CtFork           *ebpf.ProgramSpec `ebpf:"ct_fork"`
 	CtFreeEnter      *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
 	CtPitchEnter     *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
 	CtSetdevEnter    *ebpf.ProgramSpec `ebpf:"ct_setdev_enter"`
 	CtSizedFreeEnter *ebpf.ProgramSpec `ebpf:"ct_sized_free_enter"`
 	CtUsdt           *ebpf.ProgramSpec `ebpf:"ct_usdt"`
+	CtUsdtNoloop     *ebpf.ProgramSpec `ebpf:"ct_usdt_noloop"`
 	CtVmmCreateEnter *ebpf.ProgramSpec `ebpf:"ct_vmm_create_enter"`
 	CtVmmMapEnter    *ebpf.ProgramSpec `ebpf:"ct_vmm_map_enter"`
 }
@@ -360,12 +364,14 @@ type CudatracePrograms struct {
 	CtCtxretainEnter *ebpf.Program `ebpf:"ct_ctxretain_enter"`
 	CtCtxsetEnter    *ebpf.Program `ebpf:"ct_ctxset_enter"`
 	CtExit           *ebpf.Program `ebpf:"ct_exit"`
+	CtExitNoloop     *ebpf.Program `ebpf:"ct_exit_noloop"`
 	CtFork           *ebpf.Program `ebpf:"ct_fork"`
 	CtFreeEnter      *ebpf.Program `ebpf:"ct_free_enter"`
 	CtPitchEnter     *ebpf.Program `ebpf:"ct_pitch_enter"`
 	CtSetdevEnter    *ebpf.Program `ebpf:"ct_setdev_enter"`
 	CtSizedFreeEnter *ebpf.Program `ebpf:"ct_sized_free_enter"`
 	CtUsdt           *ebpf.Program `ebpf:"ct_usdt"`
+	CtUsdtNoloop     *ebpf.Program `ebpf:"ct_usdt_noloop"`
 	CtVmmCreateEnter *ebpf.Program `ebpf:"ct_vmm_create_enter"`
 	CtVmmMapEnter    *ebpf.Program `ebpf:"ct_vmm_map_enter"`
 }
@@ -381,12 +387,14 @@ func (p *CudatracePrograms) Close() error {
 		p.CtCtxretainEnter,
 		p.CtCtxsetEnter,
 		p.CtExit,
+		p.CtExitNoloop,
 		p.CtFork,
 		p.CtFreeEnter,
 		p.CtPitchEnter,
 		p.CtSetdevEnter,
 		p.CtSizedFreeEnter,
 		p.CtUsdt,
+		p.CtUsdtNoloop,
 		p.CtVmmCreateEnter,
 		p.CtVmmMapEnter,
 	)

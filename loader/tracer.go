@@ -82,7 +82,8 @@ func (o *Options) defaults() {
 // descriptor.
 type Tracer struct {
 	opts   Options
-	objs   bpf.CudatraceObjects
+	objs   objects
+	kernel Kernel
 	links  []link.Link
 	fork   link.Link
 	reader *ringbuf.Reader
@@ -96,9 +97,16 @@ func New(opts Options) (*Tracer, error) {
 	if window%4096 != 0 || window > MaxStackWindow {
 		return nil, fmt.Errorf("stack window of %d bytes: must be a multiple of 4096 up to %d", opts.StackWindow, MaxStackWindow)
 	}
+	k, err := ProbeKernel()
+	if err != nil {
+		return nil, err
+	}
 	spec, err := bpf.LoadCudatrace()
 	if err != nil {
 		return nil, fmt.Errorf("load BPF spec: %w", err)
+	}
+	if err := chooseVariants(spec, k); err != nil {
+		return nil, err
 	}
 	set := map[string]any{
 		bpf.CudatraceVarFilterPids:  boolByte(opts.FilterPIDs),
@@ -115,13 +123,9 @@ func New(opts Options) (*Tracer, error) {
 	spec.Maps[bpf.CudatraceMapEvents].MaxEntries = opts.RingBytes
 	spec.Maps[bpf.CudatraceMapInflight].MaxEntries = opts.MaxInflight
 
-	t := &Tracer{opts: opts}
+	t := &Tracer{opts: opts, kernel: k}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load BPF programs: %+v", ve)
-		}
-		return nil, fmt.Errorf("load BPF programs: %w", err)
+		return nil, loadError(err, k)
 	}
 	if opts.FilterPIDs && opts.FollowForks {
 		t.fork, err = link.AttachTracing(link.TracingOptions{Program: t.objs.CtFork})
@@ -137,6 +141,10 @@ func New(opts Options) (*Tracer, error) {
 	}
 	return t, nil
 }
+
+// Kernel says what the running kernel offered and which program variants
+// were loaded.
+func (t *Tracer) Kernel() Kernel { return t.kernel }
 
 func boolByte(b bool) uint8 {
 	if b {
