@@ -436,6 +436,7 @@ struct py_walk {
 	__s64 idoff;
 	__u64 ts;    // the thread state under examination, then the thread's
 	__u64 frame; // the interpreter frame under examination
+	__u32 n;     // frames recorded, in the bpf_loop walk (see frame_step)
 	__u32 found;
 };
 
@@ -451,19 +452,21 @@ static __always_inline long thread_step(struct py_walk *w)
 	return 0;
 }
 
-static __always_inline long frame_step(struct py_walk *w)
+static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 {
 	__u32 zero = 0;
 	struct py_block *b = bpf_map_lookup_elem(&py_scratch, &zero);
 	if (!b || !w->frame)
 		return 1;
 	__u64 frame = w->frame;
-	// The count lives in the scratch map, not in w: read from a map it is
-	// a number the verifier does not know, so the paths of one step join
-	// again at the next. Kept on the stack it was a constant on each path
-	// and the bounded-loop walk (no bpf_loop) forked per count, past the
-	// verifier's million instructions.
-	__u32 n = b->t.n;
+	// The bounded-loop walk keeps the count in the scratch map: read from a
+	// map it is a number the verifier does not know, so the paths of one
+	// step join again at the next; kept in w it was a constant on each
+	// path and that walk forked per count, past the verifier's million
+	// instructions. The bpf_loop walk keeps it in w, as 6.1's verifier
+	// bounds the index below only then (from the map it rejected the
+	// callback: R8 unbounded memory access).
+	__u32 n = use_loop ? w->n : b->t.n;
 	w->frame = read_u64(frame + w->o.fr_previous);
 	if (w->o.fr_owner >= 0) {
 		__u8 owner = 0;
@@ -495,7 +498,10 @@ static __always_inline long frame_step(struct py_walk *w)
 			f->flags = entry ? 1 : 0;
 		}
 	}
-	b->t.n = n + 1;
+	if (use_loop)
+		w->n = n + 1;
+	else
+		b->t.n = n + 1;
 	return 0;
 }
 
@@ -507,7 +513,7 @@ static long py_thread_step(__u64 i, void *arg)
 
 static long py_frame_step(__u64 i, void *arg)
 {
-	return frame_step(arg);
+	return frame_step(arg, 1);
 }
 
 // py_stack puts the calling thread's Python frames (code object and
@@ -562,10 +568,12 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int 
 			bpf_loop(CT_PY_MAX_FRAMES + 8, py_frame_step, &w, 0);
 		} else {
 			for (int i = 0; i < CT_PY_MAX_FRAMES + 8; i++)
-				if (frame_step(&w))
+				if (frame_step(&w, 0))
 					break;
 		}
 	}
+	if (use_loop)
+		b->t.n = w.n;
 	b->t.pad = 0;
 	__builtin_memcpy(block, b, sizeof(*b));
 	h->flags |= b->t.n ? CT_F_PYTHON : CT_F_NOPYTHON;

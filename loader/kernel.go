@@ -12,8 +12,6 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
-
-	"github.com/cudatrace/cudatrace/internal/hint"
 )
 
 // MinKernel is the oldest Linux cudatrace loads on: uprobe attach cookies
@@ -114,8 +112,8 @@ var probeKernel = sync.OnceValues(func() (Kernel, error) {
 func ProbeKernel() (Kernel, error) { return probeKernel() }
 
 func belowFloor(release, missing string) error {
-	return hint.Wrap(fmt.Errorf("Linux %s lacks %s: cudatrace needs Linux %s or later", release, missing, MinKernel),
-		"run it on a newer kernel (Ubuntu 22.04, Debian 12, RHEL 9, Amazon Linux 2023 and later have one)")
+	// One line, no hint: it says all there is to do.
+	return fmt.Errorf("Linux %s lacks %s: cudatrace needs Linux %s or later", release, missing, MinKernel)
 }
 
 // helperName is the helper's C name, as the kernel's docs and verifier
