@@ -27,6 +27,9 @@ const struct ct_ustack *unused_ct_ustack __attribute__((unused));
 const struct ct_pyoffsets *unused_ct_pyoffsets __attribute__((unused));
 const struct ct_pyframe *unused_ct_pyframe __attribute__((unused));
 const struct ct_pytrailer *unused_ct_pytrailer __attribute__((unused));
+// And the enums Go uses, for their generated Go constants.
+const enum ct_shape *unused_ct_shape __attribute__((unused));
+const enum ct_counter *unused_ct_counter __attribute__((unused));
 
 // Set from Go before load (spec.Variables).
 const volatile __u8 filter_pids = 0;         // 1: only processes in `pids`

@@ -118,7 +118,7 @@ func checkFullKernel(t *testing.T, out, python string, noloop bool) {
 	loaded := func(t *testing.T, c, exit string) {
 		t.Helper()
 		progs := readTrim(t, filepath.Join(out, c, "progs.txt"))
-		if !regexp.MustCompile(`name `+exit+`\s`).MatchString(progs) {
+		if !regexp.MustCompile(`name ` + exit + `\s`).MatchString(progs) {
 			t.Errorf("case %s: bpftool prog show lists no %s while recording:\n%s", c, exit, progs)
 		}
 	}
