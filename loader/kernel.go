@@ -30,7 +30,7 @@ type Helper struct {
 	What     string // what it gives, for the message below the floor
 }
 
-// Helpers lists every helper bpf/cudatrace.bpf.c calls (a unit test reads
+// Helpers lists every helper bpf/cudatrace.bpf.c (with its headers) calls (a unit test reads
 // the compiled object and fails on one missing here), with the release
 // that added it (include/uapi/linux/bpf.h's history).
 var Helpers = []Helper{

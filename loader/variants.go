@@ -55,7 +55,7 @@ func (o *objects) Close() error {
 }
 
 // noLoopVariants: the programs that walk Python frames, each to its
-// variant without bpf_loop (bpf/cudatrace.bpf.c, py_stack).
+// variant without bpf_loop (bpf/python.h, py_stack).
 var noLoopVariants = map[string]string{
 	"ct_exit": "ct_exit_noloop",
 	"ct_usdt": "ct_usdt_noloop",
