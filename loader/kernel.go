@@ -89,9 +89,11 @@ var probeKernel = sync.OnceValues(func() (Kernel, error) {
 		case errors.Is(err, ebpf.ErrNotSupported):
 			what := "BPF helper " + helperName(h.Fn)
 			if h.What != "" {
-				what = h.What + " (" + helperName(h.Fn) + ")"
+				what = h.What + " (" + helperName(h.Fn) + ", Linux " + h.Since + ")"
+			} else {
+				what += " (Linux " + h.Since + ")"
 			}
-			return k, belowFloor(k.Release, fmt.Sprintf("%s, Linux %s", what, h.Since))
+			return k, belowFloor(k.Release, what)
 		default:
 			return k, fmt.Errorf("probe BPF helper %s: %w", helperName(h.Fn), err)
 		}
@@ -113,7 +115,7 @@ func ProbeKernel() (Kernel, error) { return probeKernel() }
 
 func belowFloor(release, missing string) error {
 	// One line, no hint: it says all there is to do.
-	return fmt.Errorf("Linux %s lacks %s: cudatrace needs Linux %s or later", release, missing, MinKernel)
+	return fmt.Errorf("this kernel (Linux %s) lacks %s: cudatrace needs Linux %s or later", release, missing, MinKernel)
 }
 
 // helperName is the helper's C name, as the kernel's docs and verifier

@@ -231,7 +231,7 @@ func checkFloorKernel(t *testing.T, out string) {
 		t.Fatalf("cudatrace record succeeded on Linux %s", release)
 	}
 	stderr := readTrim(t, filepath.Join(dir, "stderr"))
-	want := fmt.Sprintf("cudatrace: Linux %s lacks uprobe attach cookies (bpf_get_attach_cookie), Linux 5.15: cudatrace needs Linux 5.15 or later", release)
+	want := fmt.Sprintf("cudatrace: this kernel (Linux %s) lacks uprobe attach cookies (bpf_get_attach_cookie, Linux 5.15): cudatrace needs Linux 5.15 or later", release)
 	if stderr != want {
 		t.Errorf("stderr on Linux %s:\n%s\nwant the one line:\n%s", release, stderr, want)
 	}
@@ -489,4 +489,49 @@ func copyTree(src, dst string, skip func(rel string, dir bool) bool) error {
 		}
 		return nil
 	})
+}
+
+// TestNoBPFLoopVariant: on the host kernel, the programs kernels without
+// bpf_loop (5.15, 5.16) load, forced by the loader's test switch: they are
+// the ones loaded, the mix's ledger and native stacks are exact, and so are
+// CPython's frames from the bounded-loop walk.
+func TestNoBPFLoopVariant(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	requireTool(t, "bpftool")
+	const force = "CUDATRACE_TEST_NO_BPF_LOOP=1"
+	log, trace, progs := filepath.Join(dir, "fake.log"), filepath.Join(dir, "mix.trace"), filepath.Join(dir, "progs.txt")
+	const threads = 4
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, force)}, "--lib", fakeLib, "-o", trace, "--",
+		"sh", "-c", fmt.Sprintf("bpftool prog show > %s; exec %s %d 300 7", progs, workload("mix"), threads))
+	rec.finish(t, 50*time.Second)
+	b, err := os.ReadFile(progs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The tracer's own programs: others' tracers may run beside it.
+	if !regexp.MustCompile(`name ct_exit_noloop\s`).Match(b) || !regexp.MustCompile(`name ct_usdt_noloop\s`).Match(b) {
+		t.Errorf("bpftool prog show lists no ct_exit_noloop and ct_usdt_noloop while recording:\n%s", b)
+	}
+	want := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	checkProcess(t, rep, want, peakSlack(want, threads), "mix")
+	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
+	mix := workload("mix")
+	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "worker_main")
+	checkStacks(t, rep, want.PID, mix, "alloc_pinned_staging", "worker_main")
+	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "setup_context", "main")
+
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
+	threadsLib := filepath.Join(dir, "pythread.so")
+	if err := gcc("-shared", "-fPIC", "-O2", "-Wall", "-o", threadsLib, filepath.Join("testdata", "pythread.c"), fakeLib); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"3.10", "3.12"} {
+		t.Run("python"+v, func(t *testing.T) {
+			checkPythonFrames(t, v, pyenvPython(t, v), []string{force}, script, threadsLib, "_ctypes_callproc")
+		})
+	}
 }
