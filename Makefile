@@ -16,7 +16,7 @@ DEMO_DIR  := bin/demo
 # fresh build say nothing about cudatrace.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build generate test test-unit bench bench-agent lint demo clean
+.PHONY: all build deps generate test test-unit bench bench-agent lint demo clean
 
 all: build
 
@@ -29,9 +29,15 @@ generate:
 	$(GO) generate ./bpf/
 
 # Everything, the privileged end-to-end tests (vmtest/) included. They need
-# root (CAP_BPF, CAP_PERFMON); with CI=true a skip is a failure.
-test: build
-	VMTEST_CUDATRACE=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
+# root (CAP_BPF, CAP_PERFMON); with CI=true a skip is a failure. deps
+# installs what they need on Debian 12 (packages, and the kernels the QEMU
+# matrix boots) and says nothing when it is all there. The matrix makes
+# vmtest longer than go test's default 10 minutes.
+test: deps build
+	VMTEST_CUDATRACE=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 45m ./...
+
+deps:
+	@./scripts/deps.sh
 
 # Unit tests only: no root, no BPF.
 test-unit:

@@ -17,24 +17,28 @@
 #define CT_PAGE 4096
 
 // Argument layouts. One program pair serves every function of a layout; the
-// attach cookie says which function it is.
+// attach cookie says which function it is. loader.Shape is this enum
+// (bpf2go -type ct_shape generates its Go twin): append, never renumber.
 enum ct_shape {
 	CT_SHAPE_ALLOC = 1, // (T **out, size_t size, ...): cudaMalloc, cudaMallocHost, cuMemAlloc_v2, ...
 	CT_SHAPE_PITCH = 2, // (T **out, size_t *pitch, size_t width, size_t height, ...)
 	CT_SHAPE_3D = 3,    // (struct cudaPitchedPtr *out, struct cudaExtent ext) with ext on the stack
-	CT_SHAPE_SETDEV = 4, // (int device)
-	// Driver contexts; handled by programs of their own (ct_ctx_*), no record.
-	CT_SHAPE_CTX_RETAIN = 5, // (CUcontext *out, CUdevice dev): cuDevicePrimaryCtxRetain
-	CT_SHAPE_CTX_CREATE = 6, // (CUcontext *out, unsigned flags, CUdevice dev): cuCtxCreate, makes it current
-	CT_SHAPE_CTX_SET = 7,    // (CUcontext ctx): cuCtxSetCurrent; cuCtxPushCurrent, cuCtxPopCurrent
+	CT_SHAPE_FREE = 4,  // (T *ptr, ...): recorded at entry (ct_free_enter)
+	CT_SHAPE_SETDEV = 5, // (int device)
+	// Driver contexts; handled by programs of their own (ct_ctx*), no record.
+	CT_SHAPE_CTX_RETAIN = 6, // (CUcontext *out, CUdevice dev): cuDevicePrimaryCtxRetain
+	CT_SHAPE_CTX_CREATE = 7, // (CUcontext *out, unsigned flags, CUdevice dev): cuCtxCreate, makes it current
+	CT_SHAPE_CTX_SET = 8,    // (CUcontext ctx): cuCtxSetCurrent
+	CT_SHAPE_CTX_PUSH = 9,   // (CUcontext ctx): cuCtxPushCurrent, the context before it saved
+	CT_SHAPE_CTX_POP = 10,   // (CUcontext *out): cuCtxPopCurrent, the saved one current again
 	// (CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop, ...):
 	// cuMemCreate, on the device prop->location names
-	CT_SHAPE_VMM_CREATE = 8,
+	CT_SHAPE_VMM_CREATE = 11,
 	// (CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h, ...): cuMemMap;
 	// the record carries the handle as its aux value
-	CT_SHAPE_VMM_MAP = 9,
+	CT_SHAPE_VMM_MAP = 12,
 	// (T *ptr, size_t size): cuMemUnmap, cuMemAddressFree; recorded at entry like frees
-	CT_SHAPE_SIZED_FREE = 10,
+	CT_SHAPE_SIZED_FREE = 13,
 };
 
 enum ct_flags {
@@ -54,6 +58,7 @@ enum ct_flags {
 };
 
 // Loss and health counters, a per-CPU array indexed by these.
+// loader.CounterNames is indexed by bpf2go's twin of this enum.
 enum ct_counter {
 	CT_CNT_EVENTS = 0,        // records submitted
 	CT_CNT_RB_FULL = 1,       // ring buffer had no room: event lost

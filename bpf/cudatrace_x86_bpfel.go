@@ -19,6 +19,19 @@ type CudatraceCtAllocEvent struct {
 	Stack [127]uint64
 }
 
+type CudatraceCtCounter uint32
+
+const (
+	CudatraceCtCounterCT_CNT_EVENTS        CudatraceCtCounter = 0
+	CudatraceCtCounterCT_CNT_RB_FULL       CudatraceCtCounter = 1
+	CudatraceCtCounterCT_CNT_INFLIGHT_FULL CudatraceCtCounter = 2
+	CudatraceCtCounterCT_CNT_NO_ENTRY      CudatraceCtCounter = 3
+	CudatraceCtCounterCT_CNT_STALE         CudatraceCtCounter = 4
+	CudatraceCtCounterCT_CNT_NESTED        CudatraceCtCounter = 5
+	CudatraceCtCounterCT_CNT_STACK_ERR     CudatraceCtCounter = 6
+	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 7
+)
+
 type CudatraceCtEvent struct {
 	_       structs.HostLayout
 	TsNs    uint64
@@ -67,6 +80,24 @@ type CudatraceCtPytrailer struct {
 	N   uint32
 	Pad uint32
 }
+
+type CudatraceCtShape uint32
+
+const (
+	CudatraceCtShapeCT_SHAPE_ALLOC      CudatraceCtShape = 1
+	CudatraceCtShapeCT_SHAPE_PITCH      CudatraceCtShape = 2
+	CudatraceCtShapeCT_SHAPE_3D         CudatraceCtShape = 3
+	CudatraceCtShapeCT_SHAPE_FREE       CudatraceCtShape = 4
+	CudatraceCtShapeCT_SHAPE_SETDEV     CudatraceCtShape = 5
+	CudatraceCtShapeCT_SHAPE_CTX_RETAIN CudatraceCtShape = 6
+	CudatraceCtShapeCT_SHAPE_CTX_CREATE CudatraceCtShape = 7
+	CudatraceCtShapeCT_SHAPE_CTX_SET    CudatraceCtShape = 8
+	CudatraceCtShapeCT_SHAPE_CTX_PUSH   CudatraceCtShape = 9
+	CudatraceCtShapeCT_SHAPE_CTX_POP    CudatraceCtShape = 10
+	CudatraceCtShapeCT_SHAPE_VMM_CREATE CudatraceCtShape = 11
+	CudatraceCtShapeCT_SHAPE_VMM_MAP    CudatraceCtShape = 12
+	CudatraceCtShapeCT_SHAPE_SIZED_FREE CudatraceCtShape = 13
+)
 
 type CudatraceCtUsdtSpec struct {
 	_      structs.HostLayout
@@ -159,12 +190,14 @@ const (
 	CudatraceProgCtCtxretainEnter  = "ct_ctxretain_enter"
 	CudatraceProgCtCtxsetEnter     = "ct_ctxset_enter"
 	CudatraceProgCtExit            = "ct_exit"
+	CudatraceProgCtExitNoloop      = "ct_exit_noloop"
 	CudatraceProgCtFork            = "ct_fork"
 	CudatraceProgCtFreeEnter       = "ct_free_enter"
 	CudatraceProgCtPitchEnter      = "ct_pitch_enter"
 	CudatraceProgCtSetdevEnter     = "ct_setdev_enter"
 	CudatraceProgCtSizedFreeEnter  = "ct_sized_free_enter"
 	CudatraceProgCtUsdt            = "ct_usdt"
+	CudatraceProgCtUsdtNoloop      = "ct_usdt_noloop"
 	CudatraceProgCtVmmCreateEnter  = "ct_vmm_create_enter"
 	CudatraceProgCtVmmMapEnter     = "ct_vmm_map_enter"
 	CudatraceVarFilterPids         = "filter_pids"
@@ -172,9 +205,11 @@ const (
 	CudatraceVarHoldNew            = "hold_new"
 	CudatraceVarStackWindow        = "stack_window"
 	CudatraceVarUnusedCtAllocEvent = "unused_ct_alloc_event"
+	CudatraceVarUnusedCtCounter    = "unused_ct_counter"
 	CudatraceVarUnusedCtPyframe    = "unused_ct_pyframe"
 	CudatraceVarUnusedCtPyoffsets  = "unused_ct_pyoffsets"
 	CudatraceVarUnusedCtPytrailer  = "unused_ct_pytrailer"
+	CudatraceVarUnusedCtShape      = "unused_ct_shape"
 	CudatraceVarUnusedCtUsdtSpec   = "unused_ct_usdt_spec"
 	CudatraceVarUnusedCtUstack     = "unused_ct_ustack"
 	CudatraceVarWakeupBytes        = "wakeup_bytes"
@@ -231,12 +266,14 @@ type CudatraceProgramSpecs struct {
 	CtCtxretainEnter *ebpf.ProgramSpec `ebpf:"ct_ctxretain_enter"`
 	CtCtxsetEnter    *ebpf.ProgramSpec `ebpf:"ct_ctxset_enter"`
 	CtExit           *ebpf.ProgramSpec `ebpf:"ct_exit"`
+	CtExitNoloop     *ebpf.ProgramSpec `ebpf:"ct_exit_noloop"`
 	CtFork           *ebpf.ProgramSpec `ebpf:"ct_fork"`
 	CtFreeEnter      *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
 	CtPitchEnter     *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
 	CtSetdevEnter    *ebpf.ProgramSpec `ebpf:"ct_setdev_enter"`
 	CtSizedFreeEnter *ebpf.ProgramSpec `ebpf:"ct_sized_free_enter"`
 	CtUsdt           *ebpf.ProgramSpec `ebpf:"ct_usdt"`
+	CtUsdtNoloop     *ebpf.ProgramSpec `ebpf:"ct_usdt_noloop"`
 	CtVmmCreateEnter *ebpf.ProgramSpec `ebpf:"ct_vmm_create_enter"`
 	CtVmmMapEnter    *ebpf.ProgramSpec `ebpf:"ct_vmm_map_enter"`
 }
@@ -269,9 +306,11 @@ type CudatraceVariableSpecs struct {
 	HoldNew            *ebpf.VariableSpec `ebpf:"hold_new"`
 	StackWindow        *ebpf.VariableSpec `ebpf:"stack_window"`
 	UnusedCtAllocEvent *ebpf.VariableSpec `ebpf:"unused_ct_alloc_event"`
+	UnusedCtCounter    *ebpf.VariableSpec `ebpf:"unused_ct_counter"`
 	UnusedCtPyframe    *ebpf.VariableSpec `ebpf:"unused_ct_pyframe"`
 	UnusedCtPyoffsets  *ebpf.VariableSpec `ebpf:"unused_ct_pyoffsets"`
 	UnusedCtPytrailer  *ebpf.VariableSpec `ebpf:"unused_ct_pytrailer"`
+	UnusedCtShape      *ebpf.VariableSpec `ebpf:"unused_ct_shape"`
 	UnusedCtUsdtSpec   *ebpf.VariableSpec `ebpf:"unused_ct_usdt_spec"`
 	UnusedCtUstack     *ebpf.VariableSpec `ebpf:"unused_ct_ustack"`
 	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
@@ -339,9 +378,11 @@ type CudatraceVariables struct {
 	HoldNew            *ebpf.Variable `ebpf:"hold_new"`
 	StackWindow        *ebpf.Variable `ebpf:"stack_window"`
 	UnusedCtAllocEvent *ebpf.Variable `ebpf:"unused_ct_alloc_event"`
+	UnusedCtCounter    *ebpf.Variable `ebpf:"unused_ct_counter"`
 	UnusedCtPyframe    *ebpf.Variable `ebpf:"unused_ct_pyframe"`
 	UnusedCtPyoffsets  *ebpf.Variable `ebpf:"unused_ct_pyoffsets"`
 	UnusedCtPytrailer  *ebpf.Variable `ebpf:"unused_ct_pytrailer"`
+	UnusedCtShape      *ebpf.Variable `ebpf:"unused_ct_shape"`
 	UnusedCtUsdtSpec   *ebpf.Variable `ebpf:"unused_ct_usdt_spec"`
 	UnusedCtUstack     *ebpf.Variable `ebpf:"unused_ct_ustack"`
 	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
@@ -360,12 +401,14 @@ type CudatracePrograms struct {
 	CtCtxretainEnter *ebpf.Program `ebpf:"ct_ctxretain_enter"`
 	CtCtxsetEnter    *ebpf.Program `ebpf:"ct_ctxset_enter"`
 	CtExit           *ebpf.Program `ebpf:"ct_exit"`
+	CtExitNoloop     *ebpf.Program `ebpf:"ct_exit_noloop"`
 	CtFork           *ebpf.Program `ebpf:"ct_fork"`
 	CtFreeEnter      *ebpf.Program `ebpf:"ct_free_enter"`
 	CtPitchEnter     *ebpf.Program `ebpf:"ct_pitch_enter"`
 	CtSetdevEnter    *ebpf.Program `ebpf:"ct_setdev_enter"`
 	CtSizedFreeEnter *ebpf.Program `ebpf:"ct_sized_free_enter"`
 	CtUsdt           *ebpf.Program `ebpf:"ct_usdt"`
+	CtUsdtNoloop     *ebpf.Program `ebpf:"ct_usdt_noloop"`
 	CtVmmCreateEnter *ebpf.Program `ebpf:"ct_vmm_create_enter"`
 	CtVmmMapEnter    *ebpf.Program `ebpf:"ct_vmm_map_enter"`
 }
@@ -381,12 +424,14 @@ func (p *CudatracePrograms) Close() error {
 		p.CtCtxretainEnter,
 		p.CtCtxsetEnter,
 		p.CtExit,
+		p.CtExitNoloop,
 		p.CtFork,
 		p.CtFreeEnter,
 		p.CtPitchEnter,
 		p.CtSetdevEnter,
 		p.CtSizedFreeEnter,
 		p.CtUsdt,
+		p.CtUsdtNoloop,
 		p.CtVmmCreateEnter,
 		p.CtVmmMapEnter,
 	)

@@ -22,7 +22,8 @@ const (
 )
 
 // Preflight checks what loading and attaching need, so that the user meets
-// one clear sentence instead of a verifier or perf_event_open errno.
+// one clear sentence instead of a verifier or perf_event_open errno: the
+// capabilities, BTF, and (ProbeKernel) every BPF helper the programs call.
 func Preflight() error {
 	caps, err := effectiveCaps()
 	if err == nil && !hasCap(caps, capSysAdmin) && !(hasCap(caps, capBPF) && hasCap(caps, capPerfmon)) {
@@ -36,6 +37,9 @@ func Preflight() error {
 	if err := features.HaveMapType(ebpf.RingBuf); err != nil {
 		return hint.Wrap(fmt.Errorf("this kernel lacks BPF ring buffers: %w", err),
 			"cudatrace needs Linux 5.15 or later")
+	}
+	if _, err := ProbeKernel(); err != nil {
+		return err
 	}
 	return nil
 }

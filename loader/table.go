@@ -3,26 +3,29 @@
 // It owns every BPF object and link it creates.
 package loader
 
-import "github.com/cudatrace/cudatrace/events"
+import (
+	"github.com/cudatrace/cudatrace/bpf"
+	"github.com/cudatrace/cudatrace/events"
+)
 
-// Shape names an argument layout; each has one entry program (see
-// bpf/cudatrace.h enum ct_shape).
+// Shape names an argument layout; each has one entry program. Its values
+// are bpf/cudatrace.h's enum ct_shape, through bpf2go's generated twin.
 type Shape uint8
 
 const (
-	ShapeAlloc     Shape = iota + 1 // (T **out, size_t size, ...)
-	ShapePitch                      // (T **out, size_t *pitch, size_t width, size_t height)
-	Shape3D                         // (cudaPitchedPtr *out, cudaExtent by value)
-	ShapeFree                       // (T *ptr, ...), recorded at entry
-	ShapeSetDevice                  // (int device)
-	ShapeCtxRetain                  // (CUcontext *out, CUdevice dev)
-	ShapeCtxCreate                  // (CUcontext *out, unsigned flags, CUdevice dev), made current
-	ShapeCtxSet                     // (CUcontext ctx), made current
-	ShapeCtxPush                    // (CUcontext ctx), pushed: made current, the one before saved
-	ShapeCtxPop                     // (CUcontext *out): the saved one current again
-	ShapeVMMCreate                  // (handle *out, size_t size, const CUmemAllocationProp *prop, ...)
-	ShapeVMMMap                     // (CUdeviceptr va, size_t size, size_t offset, handle, ...)
-	ShapeSizedFree                  // (T *ptr, size_t size), recorded at entry
+	ShapeAlloc     = Shape(bpf.CudatraceCtShapeCT_SHAPE_ALLOC)      // (T **out, size_t size, ...)
+	ShapePitch     = Shape(bpf.CudatraceCtShapeCT_SHAPE_PITCH)      // (T **out, size_t *pitch, size_t width, size_t height)
+	Shape3D        = Shape(bpf.CudatraceCtShapeCT_SHAPE_3D)         // (cudaPitchedPtr *out, cudaExtent by value)
+	ShapeFree      = Shape(bpf.CudatraceCtShapeCT_SHAPE_FREE)       // (T *ptr, ...), recorded at entry
+	ShapeSetDevice = Shape(bpf.CudatraceCtShapeCT_SHAPE_SETDEV)     // (int device)
+	ShapeCtxRetain = Shape(bpf.CudatraceCtShapeCT_SHAPE_CTX_RETAIN) // (CUcontext *out, CUdevice dev)
+	ShapeCtxCreate = Shape(bpf.CudatraceCtShapeCT_SHAPE_CTX_CREATE) // (CUcontext *out, unsigned flags, CUdevice dev), made current
+	ShapeCtxSet    = Shape(bpf.CudatraceCtShapeCT_SHAPE_CTX_SET)    // (CUcontext ctx), made current
+	ShapeCtxPush   = Shape(bpf.CudatraceCtShapeCT_SHAPE_CTX_PUSH)   // (CUcontext ctx), pushed: made current, the one before saved
+	ShapeCtxPop    = Shape(bpf.CudatraceCtShapeCT_SHAPE_CTX_POP)    // (CUcontext *out): the saved one current again
+	ShapeVMMCreate = Shape(bpf.CudatraceCtShapeCT_SHAPE_VMM_CREATE) // (handle *out, size_t size, const CUmemAllocationProp *prop, ...)
+	ShapeVMMMap    = Shape(bpf.CudatraceCtShapeCT_SHAPE_VMM_MAP)    // (CUdeviceptr va, size_t size, size_t offset, handle, ...)
+	ShapeSizedFree = Shape(bpf.CudatraceCtShapeCT_SHAPE_SIZED_FREE) // (T *ptr, size_t size), recorded at entry
 )
 
 // Probe is one row of the attach table: adding an API is adding a row.

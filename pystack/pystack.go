@@ -8,7 +8,7 @@
 // line table.
 //
 // The same walk runs in BPF at each allocation (Layout gives it the
-// offsets; bpf/cudatrace.bpf.c py_stack), and Code resolves what it
+// offsets; bpf/python.h py_stack), and Code resolves what it
 // recorded. 3.13's offsets come from its _Py_DebugOffsets (free-threaded
 // builds are not read); 3.10 to 3.12's from the build's DWARF where it has
 // some, else, for x86-64 release builds (distributions', conda's,
@@ -494,7 +494,7 @@ func (in *Interp) thread(m mem, pid, tid int) (ts uint64, known bool, err error)
 }
 
 // walk reads thread state ts's frames, innermost first, at most max of
-// them in at most steps steps, as py_frame_step in bpf/cudatrace.bpf.c
+// them in at most steps steps, as frame_step in bpf/python.h
 // does: shim frames (3.12 on) are skipped, marking the frame before them
 // as an entry, and take steps of their own (BPF takes max + 8).
 func (in *Interp) walk(m mem, ts uint64, max, steps int) ([]RawFrame, error) {

@@ -142,6 +142,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	topts.HoldNew = len(opts.Command) > 0
 	tr, err := loader.New(topts)
 	if err != nil {
+		if hint.Of(err) != "" { // the loader's own (a verifier's rejection, memlock)
+			return nil, err
+		}
 		return nil, hint.Wrap(err, "check `dmesg` and that the kernel has BTF and uprobes (CONFIG_UPROBE_EVENTS)")
 	}
 	defer tr.Close()

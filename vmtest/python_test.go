@@ -113,6 +113,23 @@ func TestPythonFramesWithoutDWARF(t *testing.T) {
 // into the stand-in) and Py_RunMain.
 func checkPythonFrames(t *testing.T, v, python string, env []string, script, threads, call string) {
 	t.Helper()
+	ctx := testContext(t)
+	dir := t.TempDir()
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, env...)},
+		"--lib", fakeLib, "-o", trace, "--", python, script, fakeLib, threads)
+	rec.finish(t, 60*time.Second)
+	truth := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	checkPythonReport(t, v, script, call, rep, truth)
+}
+
+// checkPythonReport checks the report of testdata/pyframes.py run on
+// CPython v: the Python frames of its three allocations, exact, where the
+// interpreter loop stood among the native frames, and the thread without
+// Python frames.
+func checkPythonReport(t *testing.T, v, script, call string, rep *report, truth *procTruth) {
+	t.Helper()
 	// 3.10's code objects have no qualified name.
 	model := "Model."
 	if v == "3.10" {
@@ -124,14 +141,6 @@ func checkPythonFrames(t *testing.T, v, python string, env []string, script, thr
 		fmt.Sprintf("%s:%d:outer", script, pyLine(t, "pyframes.py", "outer")),
 		fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pyframes.py", "main")),
 	}
-	ctx := testContext(t)
-	dir := t.TempDir()
-	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
-	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, env...)},
-		"--lib", fakeLib, "-o", trace, "--", python, script, fakeLib, threads)
-	rec.finish(t, 60*time.Second)
-	truth := onlyTruth(t, log, "")
-	rep := runReport(t, ctx, trace)
 	bySize := map[uint64]reportStack{}
 	for _, s := range rep.Stacks {
 		if s.PID == truth.PID {

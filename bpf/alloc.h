@@ -1,0 +1,307 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// Allocations and frees: entry programs remember the arguments, the return
+// program makes the record; frees are recorded at entry.
+// Part of cudatrace.bpf.c, the one program file, which includes it.
+#ifndef CT_ALLOC_H
+#define CT_ALLOC_H
+
+struct inflight {
+	__u64 ts_ns;
+	__u64 sp; // stack pointer at entry: tells the matching return from a nested one
+	__u64 out;
+	__u64 size;
+	__u64 aux1; // PITCH: size_t *pitch; 3D: extent.height; VMM_MAP: va
+	__u64 aux2; // PITCH: height;        3D: extent.depth;  VMM_MAP: handle
+	__u16 api;
+	__u16 shape;
+	__s32 device;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); // tid
+	__type(value, struct inflight);
+} inflight SEC(".maps");
+
+
+// Each thread's latest free, to know the driver's free that a runtime free
+// makes inside itself (cudaFree -> cuMemFree_v2: the same pointer, deeper in
+// the stack, within a millisecond) from a free of its own. An allocation
+// record of the thread clears it: the address may come back and be freed
+// again (a loop of cudaMalloc and cudaFree frees one address from one
+// place over and over).
+struct last_free {
+	__u64 addr;
+	__u64 sp;
+	__u64 ts_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); // tid
+	__type(value, struct last_free);
+} last_free SEC(".maps");
+
+#define CT_NESTED_FREE_NS 1000000
+
+
+// remember stores the call's arguments for the return probe. A call made
+// while another traced call of the same thread is under way (cudaMallocHost
+// calling cudaHostAlloc inside the library) is nested: the outer one is the
+// call the application made, so the inner one is left out.
+static __always_inline int remember(struct pt_regs *ctx, __u16 shape, __u64 out, __u64 size,
+				    __u64 aux1, __u64 aux2)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!traced(tgid))
+		return 0;
+
+	__u64 sp = PT_REGS_SP(ctx);
+	struct inflight *cur = bpf_map_lookup_elem(&inflight, &tid);
+	if (cur) {
+		if (sp < cur->sp) { // deeper in the same thread's stack: nested
+			count(CT_CNT_NESTED);
+			return 0;
+		}
+		count(CT_CNT_STALE); // the earlier call never returned through us
+	}
+
+	struct inflight in = {
+		.ts_ns = bpf_ktime_get_boot_ns(),
+		.sp = sp,
+		.out = out,
+		.size = size,
+		.aux1 = aux1,
+		.aux2 = aux2,
+		.api = (__u16)bpf_get_attach_cookie(ctx),
+		.shape = shape,
+		// cuMemCreate says its device; every other call uses the thread's.
+		.device = shape == CT_SHAPE_VMM_CREATE ? (__s32)aux1 : current_device(tid),
+	};
+	if (bpf_map_update_elem(&inflight, &tid, &in, BPF_ANY))
+		count(CT_CNT_INFLIGHT_FULL);
+	return 0;
+}
+
+SEC("uprobe")
+int ct_alloc_enter(struct pt_regs *ctx)
+{
+	return remember(ctx, CT_SHAPE_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0, 0);
+}
+
+SEC("uprobe")
+int ct_pitch_enter(struct pt_regs *ctx)
+{
+	return remember(ctx, CT_SHAPE_PITCH, PT_REGS_PARM1(ctx), PT_REGS_PARM3(ctx),
+			PT_REGS_PARM2(ctx), PT_REGS_PARM4(ctx));
+}
+
+// cudaMalloc3D(struct cudaPitchedPtr *out, struct cudaExtent extent): the
+// 24-byte extent is passed in memory, just above the return address.
+SEC("uprobe")
+int ct_3d_enter(struct pt_regs *ctx)
+{
+	__u64 ext[3] = {}; // width, height, depth
+	bpf_probe_read_user(ext, sizeof(ext), (void *)(PT_REGS_SP(ctx) + 8));
+	return remember(ctx, CT_SHAPE_3D, PT_REGS_PARM1(ctx), ext[0], ext[1], ext[2]);
+}
+
+// cuMemCreate's CUmemAllocationProp: type (int), requestedHandleTypes (int),
+// then location {type, id}. Physical memory on a device has location type 1
+// (CU_MEM_LOCATION_TYPE_DEVICE), and id is the device ordinal.
+SEC("uprobe")
+int ct_vmm_create_enter(struct pt_regs *ctx)
+{
+	__s32 loc[2] = {}; // location.type, location.id
+	bpf_probe_read_user(loc, sizeof(loc), (void *)(PT_REGS_PARM3(ctx) + 8));
+	__s64 dev = loc[0] == 1 ? loc[1] : -1;
+	return remember(ctx, CT_SHAPE_VMM_CREATE, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), (__u64)dev, 0);
+}
+
+// cuMemMap(CUdeviceptr va, size_t size, size_t offset, handle, flags):
+// every argument by value. The ledger ties the mapping to the handle's
+// physical memory, which stays allocated while it is mapped even after
+// cuMemRelease.
+SEC("uprobe")
+int ct_vmm_map_enter(struct pt_regs *ctx)
+{
+	return remember(ctx, CT_SHAPE_VMM_MAP, 0, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), PT_REGS_PARM4(ctx));
+}
+
+SEC("uprobe")
+int ct_setdev_enter(struct pt_regs *ctx)
+{
+	return remember(ctx, CT_SHAPE_SETDEV, 0, 0, (__u64)(__s32)PT_REGS_PARM1(ctx), 0);
+}
+
+
+static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	struct inflight *in = bpf_map_lookup_elem(&inflight, &tid);
+	if (!in) {
+		count(CT_CNT_NO_ENTRY);
+		return 0;
+	}
+	// After `ret` the stack pointer is 8 above what it was at entry; any
+	// other value is the return of a nested call, which the outer call's
+	// return will account for.
+	if (PT_REGS_SP(ctx) != in->sp + 8)
+		return 0;
+
+	__s32 result = (__s32)PT_REGS_RC(ctx);
+	if (in->shape == CT_SHAPE_SETDEV) {
+		if (result == 0) {
+			__s32 dev = (__s32)in->aux1;
+			bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+		}
+		bpf_map_delete_elem(&inflight, &tid);
+		return 0;
+	}
+
+	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
+	if (!e) {
+		count(CT_CNT_RB_FULL);
+		bpf_map_delete_elem(&inflight, &tid);
+		return 0;
+	}
+	__u64 now = bpf_ktime_get_boot_ns();
+	e->h.ts_ns = in->ts_ns;
+	e->h.dur_ns = now - in->ts_ns;
+	e->h.api = in->api;
+	e->h.device = in->device;
+	e->h.result = result;
+	e->h.flags = 0;
+	e->h.addr = 0;
+	e->h.size = in->size;
+	fill_common(&e->h, id);
+
+	if (in->shape == CT_SHAPE_VMM_MAP) { // failed or not, the call's arguments say it all
+		e->h.addr = in->aux1;
+		e->h.flags = CT_F_AUX;
+		e->stack[0] = in->aux2;
+		bpf_map_delete_elem(&inflight, &tid);
+		e->h.nframes = user_stack(ctx, &e->stack[1], CT_MAX_FRAMES - 1);
+		if (e->h.nframes == CT_MAX_FRAMES - 1)
+			e->h.flags |= CT_F_STACK_TRUNC;
+		count(CT_CNT_EVENTS);
+		bpf_ringbuf_submit(e, wakeup_flags(&e->h)); // no stack window: its frames sit one slot on
+		return 0;
+	}
+
+	if (result == 0) {
+		__u64 addr = 0, pitch = 0;
+		switch (in->shape) {
+		case CT_SHAPE_ALLOC:
+		case CT_SHAPE_VMM_CREATE: // the handle stands for the address
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
+			break;
+		case CT_SHAPE_PITCH:
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
+			bpf_probe_read_user(&pitch, sizeof(pitch), (void *)in->aux1);
+			e->h.size = pitch * in->aux2;
+			break;
+		case CT_SHAPE_3D: {
+			__u64 pp[2] = {}; // cudaPitchedPtr.ptr, .pitch
+			bpf_probe_read_user(pp, sizeof(pp), (void *)in->out);
+			addr = pp[0];
+			e->h.size = pp[1] * in->aux1 * in->aux2;
+			break;
+		}
+		}
+		e->h.addr = addr;
+	} else if (in->shape == CT_SHAPE_3D) {
+		e->h.size = in->size * in->aux1 * in->aux2; // what was asked for
+	} else if (in->shape == CT_SHAPE_PITCH) {
+		e->h.size = in->size * in->aux2;
+	}
+	bpf_map_delete_elem(&inflight, &tid);
+
+	// At the return probe the caller's frames are complete; at entry the
+	// direct caller would be missing (the callee has not pushed rbp yet).
+	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
+	if (e->h.nframes == CT_MAX_FRAMES)
+		e->h.flags |= CT_F_STACK_TRUNC;
+	user_window(ctx, e);
+	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK, use_loop);
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
+	bpf_map_delete_elem(&last_free, &tid);
+	return 0;
+}
+
+// The return probe of every call that makes a record, in two variants that
+// differ only in how the Python walk loops (see py_stack).
+SEC("uretprobe")
+int ct_exit(struct pt_regs *ctx)
+{
+	return alloc_exit(ctx, 1);
+}
+
+SEC("uretprobe")
+int ct_exit_noloop(struct pt_regs *ctx)
+{
+	return alloc_exit(ctx, 0);
+}
+
+
+// Frees: (void *ptr, ...). The record goes out before the library releases
+// the memory (see the top of this file). size is the range's length for
+// calls that take one (cuMemUnmap, cuMemAddressFree), 0 otherwise.
+static __always_inline int free_enter(struct pt_regs *ctx, __u64 size)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!traced(tgid))
+		return 0;
+	__u64 addr = PT_REGS_PARM1(ctx);
+	if (addr == 0)
+		return 0; // cudaFree(NULL) is a no-op (and a common way to init a context)
+
+	__u32 tid = (__u32)id;
+	__u64 sp = PT_REGS_SP(ctx), now = bpf_ktime_get_boot_ns();
+	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);
+	if (lf && lf->addr == addr && sp < lf->sp && now - lf->ts_ns < CT_NESTED_FREE_NS) {
+		count(CT_CNT_NESTED); // the runtime's free, reaching the driver: counted once
+		return 0;
+	}
+	struct last_free nf = {.addr = addr, .sp = sp, .ts_ns = now};
+	bpf_map_update_elem(&last_free, &tid, &nf, BPF_ANY);
+
+	struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(CT_CNT_RB_FULL);
+		return 0;
+	}
+	e->ts_ns = now;
+	e->dur_ns = 0;
+	e->addr = addr;
+	e->size = size;
+	e->device = current_device(tid);
+	e->result = 0;
+	e->api = (__u16)bpf_get_attach_cookie(ctx);
+	e->flags = CT_F_ENTRY_ONLY;
+	e->nframes = 0;
+	fill_common(e, id);
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(e));
+	return 0;
+}
+
+SEC("uprobe")
+int ct_free_enter(struct pt_regs *ctx)
+{
+	return free_enter(ctx, 0);
+}
+
+SEC("uprobe")
+int ct_sized_free_enter(struct pt_regs *ctx)
+{
+	return free_enter(ctx, PT_REGS_PARM2(ctx));
+}
+
+#endif

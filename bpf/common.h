@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// What every program shares: the ring buffer, the pid filter, each thread's
+// device, the counters, and how a record is submitted; following forks.
+// Part of cudatrace.bpf.c, the one program file, which includes it.
+#ifndef CT_COMMON_H
+#define CT_COMMON_H
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20); // overridden from Go
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);  // tgid
+	__type(value, __u8);
+} pids SEC(".maps");
+
+
+// The CUDA runtime's current device is per thread: cudaSetDevice sets it.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); // tid
+	__type(value, __s32);
+} thread_dev SEC(".maps");
+
+
+// Processes that already had a record: their first one wakes the reader at
+// once so it can read /proc/PID/maps before a short-lived process is gone.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} seen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CT_CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+
+// Only the fields used here; CO-RE finds them in the running kernel's BTF.
+struct thread_struct {
+	unsigned long fsbase;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	int pid;
+	int tgid;
+	struct thread_struct thread;
+} __attribute__((preserve_access_index));
+
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&counters, &idx);
+	if (v)
+		*v += 1; // per-CPU: no atomics needed
+}
+
+static __always_inline int traced(__u32 tgid)
+{
+	if (!filter_pids)
+		return 1;
+	return bpf_map_lookup_elem(&pids, &tgid) != NULL;
+}
+
+static __always_inline __s32 current_device(__u32 tid)
+{
+	__s32 *d = bpf_map_lookup_elem(&thread_dev, &tid);
+	return d ? *d : 0;
+}
+
+// wakeup_flags says how to submit e. A process's first record wakes the
+// reader at once so it can read /proc/PID/maps before a short-lived
+// process is gone; with hold_new it also stops the process (SIGSTOP, on its
+// way back to user space) and flags the record, and the reader sends
+// SIGCONT once it has read the mappings: a process that exits right after
+// its first allocation still symbolizes.
+static __always_inline __u64 wakeup_flags(struct ct_event *e)
+{
+	__u8 one = 1;
+	__u32 tgid = e->pid;
+	if (bpf_map_lookup_elem(&seen, &tgid) == NULL) {
+		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
+		if (hold_new && bpf_send_signal(CT_SIGSTOP) == 0)
+			e->flags |= CT_F_HELD;
+		return BPF_RB_FORCE_WAKEUP;
+	}
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+
+
+static __always_inline void fill_common(struct ct_event *e, __u64 id)
+{
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+}
+
+
+// A traced process's children are traced too (a launched shell script, a
+// PyTorch DataLoader worker, torchrun's ranks).
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(ct_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (!filter_pids || !follow_forks)
+		return 0;
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	if (!bpf_map_lookup_elem(&pids, &ptgid))
+		return 0;
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	__u8 one = 1;
+	bpf_map_update_elem(&pids, &ctgid, &one, BPF_ANY);
+	return 0;
+}
+
+#endif

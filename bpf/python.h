@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// CPython processes: the allocating thread's Python frames.
+// Part of cudatrace.bpf.c, the one program file, which includes it.
+#ifndef CT_PYTHON_H
+#define CT_PYTHON_H
+
+// CPython processes: their interpreter's layout (see py_stack).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); // tgid
+	__type(value, struct ct_pyoffsets);
+} py_procs SEC(".maps");
+
+
+static __always_inline __u64 read_u64(__u64 addr)
+{
+	__u64 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+	return v;
+}
+
+// The Python frames block is built here, then copied to the record whole.
+struct py_block {
+	struct ct_pyframe f[CT_PY_MAX_FRAMES];
+	struct ct_pytrailer t;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct py_block);
+} py_scratch SEC(".maps");
+
+// A walk's state, shared with its bpf_loop callbacks: the verifier checks
+// a callback once, not once per iteration and branch.
+struct py_walk {
+	struct ct_pyoffsets o;
+	__u64 want; // the thread id a thread state must hold
+	__s64 idoff;
+	__u64 ts;    // the thread state under examination, then the thread's
+	__u64 frame; // the interpreter frame under examination
+	__u32 n;     // frames recorded, in the bpf_loop walk (see frame_step)
+	__u32 found;
+};
+
+static __always_inline long thread_step(struct py_walk *w)
+{
+	if (!w->ts)
+		return 1;
+	if (read_u64(w->ts + w->idoff) == w->want) {
+		w->found = 1;
+		return 1;
+	}
+	w->ts = read_u64(w->ts + w->o.ts_next);
+	return 0;
+}
+
+static __always_inline long frame_step(struct py_walk *w, const int use_loop)
+{
+	__u32 zero = 0;
+	struct py_block *b = bpf_map_lookup_elem(&py_scratch, &zero);
+	if (!b || !w->frame)
+		return 1;
+	__u64 frame = w->frame;
+	// The bounded-loop walk keeps the count in the scratch map: read from a
+	// map it is a number the verifier does not know, so the paths of one
+	// step join again at the next; kept in w it was a constant on each
+	// path and that walk forked per count, past the verifier's million
+	// instructions. The bpf_loop walk keeps it in w, as 6.1's verifier
+	// bounds the index below only then (from the map it rejected the
+	// callback: R8 unbounded memory access).
+	__u32 n = use_loop ? w->n : b->t.n;
+	w->frame = read_u64(frame + w->o.fr_previous);
+	if (w->o.fr_owner >= 0) {
+		__u8 owner = 0;
+		bpf_probe_read_user(&owner, 1, (void *)(frame + w->o.fr_owner));
+		if (owner == 3) { // a shim frame: the run above it ended one C call
+			if (n > 0 && n <= CT_PY_MAX_FRAMES)
+				b->f[(CT_PY_MAX_FRAMES - n) & (CT_PY_MAX_FRAMES - 1)].flags |= 1;
+			return 0;
+		}
+	}
+	if (n >= CT_PY_MAX_FRAMES)
+		return 1;
+	// masked for the verifier, which cannot follow n through w
+	struct ct_pyframe *f = &b->f[(CT_PY_MAX_FRAMES - 1 - n) & (CT_PY_MAX_FRAMES - 1)];
+	f->code = read_u64(frame + w->o.fr_code);
+	f->flags = 0;
+	if (w->o.minor == 10) {
+		__s32 lasti = 0;
+		bpf_probe_read_user(&lasti, sizeof(lasti), (void *)(frame + w->o.fr_instr));
+		f->units = lasti;
+		f->flags = 1;
+	} else {
+		__u64 ip = read_u64(frame + w->o.fr_instr);
+		// arithmetic shift: BPF has no signed division
+		f->units = (__s32)((__s64)(ip - f->code - w->o.co_code_adaptive) >> 1);
+		if (w->o.fr_entry >= 0) {
+			__u8 entry = 0;
+			bpf_probe_read_user(&entry, 1, (void *)(frame + w->o.fr_entry));
+			f->flags = entry ? 1 : 0;
+		}
+	}
+	if (use_loop)
+		w->n = n + 1;
+	else
+		b->t.n = n + 1;
+	return 0;
+}
+
+// The bpf_loop (Linux 5.17) callbacks: the verifier checks each once.
+static long py_thread_step(__u64 i, void *arg)
+{
+	return thread_step(arg);
+}
+
+static long py_frame_step(__u64 i, void *arg)
+{
+	return frame_step(arg, 1);
+}
+
+// py_stack puts the calling thread's Python frames (code object and
+// instruction) at the end of the record, block being the CT_PY_BLOCK bytes
+// reserved there, and flags the record; a CPython process's thread without
+// Python frames is flagged CT_F_NOPYTHON. The thread state is found by
+// native_thread_id from 3.11, by pthread_self (the thread pointer, fsbase
+// on x86-64) in 3.10. Code objects are resolved to file:line in user space
+// (record/python.go): the walk only follows pointers, a few reads a frame.
+//
+// use_loop is a constant: 1 walks with bpf_loop (Linux 5.17), whose
+// callbacks the verifier checks once; 0 walks with plain bounded loops
+// (Linux 5.3), which the verifier follows iteration by iteration, for the
+// *_noloop programs that kernels without bpf_loop (5.15, 5.16) load instead
+// (loader/variants.go picks them).
+static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int use_loop)
+{
+	__u32 tgid = h->pid, zero = 0;
+	struct ct_pyoffsets *o = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (!o)
+		return;
+	struct py_block *b = bpf_map_lookup_elem(&py_scratch, &zero);
+	if (!b)
+		return;
+	struct py_walk w = {.o = *o, .want = h->tid, .idoff = o->ts_native_id};
+	if (o->minor == 10) {
+		struct task_struct *t = (void *)bpf_get_current_task();
+		w.want = BPF_CORE_READ(t, thread.fsbase);
+		w.idoff = o->ts_thread_id;
+	}
+	__u64 interp = read_u64(o->interp_head);
+	if (interp)
+		w.ts = read_u64(interp + o->interp_threads);
+	if (use_loop) {
+		bpf_loop(CT_PY_MAX_THREADS, py_thread_step, &w, 0);
+	} else {
+		for (int i = 0; i < CT_PY_MAX_THREADS; i++)
+			if (thread_step(&w))
+				break;
+	}
+	b->t.n = 0;
+	if (w.found) {
+		if (w.o.ts_cframe >= 0) {
+			__u64 cf = read_u64(w.ts + w.o.ts_cframe);
+			if (cf)
+				w.frame = read_u64(cf + w.o.cf_current);
+		} else {
+			w.frame = read_u64(w.ts + w.o.ts_frame);
+		}
+		// shim frames take turns too
+		if (use_loop) {
+			bpf_loop(CT_PY_MAX_FRAMES + 8, py_frame_step, &w, 0);
+		} else {
+			for (int i = 0; i < CT_PY_MAX_FRAMES + 8; i++)
+				if (frame_step(&w, 0))
+					break;
+		}
+	}
+	if (use_loop)
+		b->t.n = w.n;
+	b->t.pad = 0;
+	__builtin_memcpy(block, b, sizeof(*b));
+	h->flags |= b->t.n ? CT_F_PYTHON : CT_F_NOPYTHON;
+}
+
+#endif

@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// The user stack of an allocation: the frame-pointer walk and the window
+// copied for unwinding in user space.
+// Part of cudatrace.bpf.c, the one program file, which includes it.
+#ifndef CT_STACK_H
+#define CT_STACK_H
+
+// user_stack walks the frame-pointer chain from the registers at a return
+// probe: the interrupted instruction first, then each frame's return
+// address. bpf_get_stack(BPF_F_USER_STACK) makes the same walk in the
+// kernel, but cost about 5 µs a call on the 6.18 VMs here, as much as a
+// uprobe trap; these reads cost too little to measure (docs/benchmarks.md).
+// The chain must climb the stack: a frame pointing down or to itself is
+// code without frame pointers reusing rbp, and the walk stops there.
+static __always_inline __s32 user_stack(struct pt_regs *ctx, __u64 *stack, const __s32 max)
+{
+	__u64 fp = PT_REGS_FP(ctx);
+	__s32 n = 1;
+
+	stack[0] = PT_REGS_IP(ctx);
+	for (; n < max; n++) {
+		__u64 frame[2]; // the caller's rbp, the return address
+		if (fp == 0)
+			break;
+		if (bpf_probe_read_user(frame, sizeof(frame), (void *)fp)) {
+			count(CT_CNT_STACK_ERR);
+			break;
+		}
+		stack[n] = frame[1];
+		if (frame[0] <= fp) {
+			n++;
+			break;
+		}
+		fp = frame[0];
+	}
+	return n;
+}
+
+// window_size is stack_window made safe for the verifier: a whole number of
+// pages, at most CT_MAX_WINDOW.
+static __always_inline __u32 window_size(void)
+{
+	__u32 w = stack_window;
+	if (w > CT_MAX_WINDOW)
+		w = CT_MAX_WINDOW;
+	return w & ~(CT_PAGE - 1);
+}
+
+// alloc_record_size is what an allocation record is reserved at: every
+// frame slot, and the registers and window when a window is copied.
+static __always_inline __u32 alloc_record_size(void)
+{
+	__u32 w = window_size();
+	return sizeof(struct ct_alloc_event) + (w ? sizeof(struct ct_ustack) + w : 0) + CT_PY_BLOCK;
+}
+
+// user_window puts the registers and up to window_size() bytes of user stack
+// from sp up right after the record's nframes frames, and flags the record.
+// One read takes the whole window; where it fails, the stack ends inside
+// the window (the top of the main thread's stack, a thread's guard page) and
+// a page-by-page read keeps what lies below the first unreadable page.
+//
+// The page-by-page copy is written so that every bound is one the verifier
+// of Linux 5.15 to 6.x proves without following a running length: page k
+// (k a constant, the loop unrolled) lands at first + (k-1)*CT_PAGE, where
+// first (the bytes to the end of sp's page) is 1..CT_PAGE, and it is copied
+// only if k+1 whole pages fit the window, a test of two constants that the
+// verifier settles at load. An earlier loop that added CT_PAGE to a length
+// and stopped at `len > w - CT_PAGE` was accepted by 6.12 but not by 6.1 for
+// windows of 8 KiB and up: 6.1's verifier also walks the branch the test
+// rules out, on a range it cannot see is empty (umin=12289 umax=12288), and
+// rejected the copy there (invalid access to memory, off=16496 size=4096).
+static __always_inline void user_window(struct pt_regs *ctx, struct ct_alloc_event *e)
+{
+	const __u32 w = window_size();
+	if (!w)
+		return;
+	__u32 n = (__u32)e->h.nframes & 127; // user_stack gives 1..CT_MAX_FRAMES
+	struct ct_ustack *u = (void *)e->stack + n * 8;
+	__u8 *data = (void *)(u + 1);
+	__u64 sp = PT_REGS_SP(ctx);
+	__u32 len = 0;
+
+	u->ip = PT_REGS_IP(ctx);
+	u->sp = sp;
+	u->bp = PT_REGS_FP(ctx);
+	if (bpf_probe_read_user(data, w, (void *)sp) == 0) {
+		len = w;
+	} else {
+		__u32 first = CT_PAGE - (__u32)(sp & (CT_PAGE - 1)); // to the end of sp's page: 1..CT_PAGE
+		if (bpf_probe_read_user(data, first, (void *)sp) == 0) {
+			len = first;
+#pragma unroll
+			for (__u32 k = 1; k < CT_MAX_WINDOW / CT_PAGE; k++) {
+				if ((k + 1) * CT_PAGE > w)
+					break; // page k might not fit behind a whole first page
+				__u32 off = first + (k - 1) * CT_PAGE;
+				if (bpf_probe_read_user(data + off, CT_PAGE, (void *)(sp + off)))
+					break;
+				len = off + CT_PAGE;
+			}
+		}
+	}
+	u->len = len;
+	u->pad = 0;
+	e->h.flags |= CT_F_WINDOW;
+}
+
+#endif

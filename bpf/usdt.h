@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// PyTorch's USDT probes (pytorch:malloc, pytorch:free): tensor-level events.
+// Part of cudatrace.bpf.c, the one program file, which includes it.
+#ifndef CT_USDT_H
+#define CT_USDT_H
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CT_USDT_MAX_SPECS);
+	__type(key, __u32); // the attach cookie
+	__type(value, struct ct_usdt_spec);
+} usdt_specs SEC(".maps");
+
+
+// usdt_arg fetches one USDT argument as its spec says, truncated to its
+// size and sign-extended when signed.
+static __always_inline __u64 usdt_arg(struct pt_regs *ctx, const struct ct_usdt_arg *a)
+{
+	__u64 v = 0, base = 0;
+
+	switch (a->kind) {
+	case CT_USDT_ARG_CONST:
+		v = (__u64)a->val;
+		break;
+	case CT_USDT_ARG_REG:
+		bpf_probe_read_kernel(&v, sizeof(v), (void *)ctx + (a->reg_off & 0xff));
+		break;
+	case CT_USDT_ARG_MEM:
+		bpf_probe_read_kernel(&base, sizeof(base), (void *)ctx + (a->reg_off & 0xff));
+		bpf_probe_read_user(&v, sizeof(v), (void *)(base + a->val));
+		break;
+	default:
+		return 0;
+	}
+	int size = a->size < 0 ? -a->size : a->size;
+	if (size > 0 && size < 8) {
+		int shift = 64 - 8 * size;
+		v <<= shift;
+		v = a->size < 0 ? (__u64)((__s64)v >> shift) : v >> shift;
+	}
+	return v;
+}
+
+// PyTorch's caching allocator: pytorch:malloc(ptr, device, size, stream)
+// when a tensor gets memory, pytorch:free(ptr) when it gives it back. These
+// are tensor-level events, beside the segments cudaMalloc makes.
+static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	__u32 key = (__u32)bpf_get_attach_cookie(ctx);
+	struct ct_usdt_spec *spec = bpf_map_lookup_elem(&usdt_specs, &key);
+	if (!spec)
+		return 0;
+	__u64 ptr = usdt_arg(ctx, &spec->args[0]);
+	if (spec->is_free) {
+		struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+		if (!e) {
+			count(CT_CNT_RB_FULL);
+			return 0;
+		}
+		e->ts_ns = bpf_ktime_get_boot_ns();
+		e->dur_ns = 0;
+		e->addr = ptr;
+		e->size = 0;
+		e->device = current_device((__u32)id);
+		e->result = 0;
+		e->api = spec->api;
+		e->flags = CT_F_ENTRY_ONLY;
+		e->nframes = 0;
+		fill_common(e, id);
+		count(CT_CNT_EVENTS);
+		bpf_ringbuf_submit(e, wakeup_flags(e));
+		return 0;
+	}
+	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
+	if (!e) {
+		count(CT_CNT_RB_FULL);
+		return 0;
+	}
+	e->h.ts_ns = bpf_ktime_get_boot_ns();
+	e->h.dur_ns = 0;
+	e->h.addr = ptr;
+	e->h.device = (__s32)usdt_arg(ctx, &spec->args[1]);
+	e->h.size = usdt_arg(ctx, &spec->args[2]);
+	e->h.result = 0;
+	e->h.api = spec->api;
+	e->h.flags = CT_F_ENTRY_ONLY;
+	fill_common(&e->h, id);
+	// The probe sits in the allocator's function body, past its prologue:
+	// the frame-pointer chain starts at its caller's frame.
+	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
+	if (e->h.nframes == CT_MAX_FRAMES)
+		e->h.flags |= CT_F_STACK_TRUNC;
+	user_window(ctx, e);
+	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK, use_loop);
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
+	return 0;
+}
+
+SEC("uprobe")
+int ct_usdt(struct pt_regs *ctx)
+{
+	return usdt(ctx, 1);
+}
+
+SEC("uprobe")
+int ct_usdt_noloop(struct pt_regs *ctx)
+{
+	return usdt(ctx, 0);
+}
+
+#endif

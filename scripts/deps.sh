@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Installs what `make test` needs on Debian 12 and fetches the kernels the
+# vmtest kernel matrix boots under QEMU. Shared by `make test` (the
+# README's test command) and .ci/run. Idempotent, and silent when
+# everything is already there.
+#
+# Kernels go to $CUDATRACE_KERNEL_CACHE (default /var/cache/cudatrace-vmtest),
+# outside the checkout so that they survive between runs: kernels/<series>/vmlinuz
+# and kernels/<series>/release. They come from Debian through a private apt
+# state under that directory (its own sources list and package lists), so
+# the host's apt sources and lists are untouched: 6.1 from bookworm, 6.12
+# from bookworm-security (Debian 12's 6.12 LTS kernel), 5.10 from bullseye.
+set -euo pipefail
+
+export DEBIAN_FRONTEND=noninteractive
+cache=${CUDATRACE_KERNEL_CACHE:-/var/cache/cudatrace-vmtest}
+
+if [ "$(id -u)" != 0 ]; then
+	echo "scripts/deps.sh: not root: installing nothing (the end-to-end tests need root anyway)" >&2
+	exit 0
+fi
+if ! command -v apt-get >/dev/null; then
+	echo "scripts/deps.sh: no apt-get: install the packages README.md lists by hand" >&2
+	exit 0
+fi
+
+# Waits for another apt (another checkout's tests) instead of failing.
+apt_get() { apt-get -o DPkg::Lock::Timeout=600 "$@"; }
+
+sources=/etc/apt/sources.list.d/debian.sources
+# NVIDIA's real libcudart/libcuda/libnvidia-ml live in Debian's non-free component.
+if [ -f "$sources" ] && grep -q '^Components: main$' "$sources"; then
+	sed -i 's/^Components: main$/Components: main contrib non-free non-free-firmware/' "$sources"
+	apt_get update -qq
+fi
+# python3.11: Debian 12's own interpreter, built without DWARF (pystack's offset tables are tested on it).
+# qemu-system-x86, busybox-static: the kernel matrix (vmtest/kernels_test.go).
+need=()
+for p in clang llvm gcc make binutils xz-utils bpftool bpftrace libbpf-dev systemtap-sdt-dev \
+	libcudart11.0 libcuda1 libnvidia-ml1 tmux util-linux prometheus python3.11 \
+	qemu-system-x86 busybox-static cpio; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	echo "scripts/deps.sh: installing ${need[*]}" >&2
+	apt_get update -qq
+	apt_get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# The kernels: series -> the package name's pattern. The generic amd64
+# flavour has BPF, BTF, uprobes, the 8250 console, devtmpfs and initramfs
+# support built in, so the image alone boots (no modules).
+declare -A kernels=(
+	[5.10]='^linux-image-5\.10\.0-[0-9]+-amd64-unsigned$'
+	[6.1]='^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$'
+	[6.12]='^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$'
+)
+missing=()
+for s in "${!kernels[@]}"; do
+	[ -s "$cache/kernels/$s/vmlinuz" ] || missing+=("$s")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "scripts/deps.sh: fetching Debian kernels ${missing[*]} into $cache" >&2
+apt_dir=$cache/apt
+mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$cache/kernels"
+cat >"$apt_dir/sources.list" <<SRC
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bullseye main
+SRC
+private=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o Dir::Etc::sourceparts=/nonexistent
+	-o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache")
+apt-get "${private[@]}" update -qq
+for s in "${missing[@]}"; do
+	pkg=$(apt-cache "${private[@]}" pkgnames linux-image- | { grep -E "${kernels[$s]}" || true; } | sort -V | tail -1)
+	if [ -z "$pkg" ]; then
+		echo "scripts/deps.sh: no Debian package for Linux $s" >&2
+		exit 1
+	fi
+	tmp=$(mktemp -d)
+	chmod 755 "$tmp" # apt downloads as _apt
+	(cd "$tmp" && apt-get "${private[@]}" -o APT::Sandbox::User=root download -qq "$pkg" >/dev/null)
+	dpkg -x "$tmp"/*.deb "$tmp/root"
+	mkdir -p "$cache/kernels/$s"
+	img=$(ls "$tmp"/root/boot/vmlinuz-*)
+	basename "$img" | sed 's/^vmlinuz-//' >"$cache/kernels/$s/release"
+	cp "$img" "$cache/kernels/$s/vmlinuz.tmp"
+	mv "$cache/kernels/$s/vmlinuz.tmp" "$cache/kernels/$s/vmlinuz"
+	rm -rf "$tmp"
+done

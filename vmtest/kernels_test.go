@@ -1,0 +1,537 @@
+package vmtest
+
+// The kernel matrix: cudatrace on the kernels GPU fleets run, booted under
+// QEMU (TCG: no KVM needed) from Debian's kernel packages, which
+// scripts/deps.sh fetches into a cache outside the checkout. The guest,
+// testdata/guest.sh as the initramfs's /init, records the stand-in
+// workloads and sends back what it wrote; the checks run here, with the
+// same ground-truth checkers as the tests on the host kernel.
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// kernelCache is where scripts/deps.sh puts the kernels:
+// kernels/<series>/vmlinuz and kernels/<series>/release.
+func kernelCache() string {
+	if d := os.Getenv("CUDATRACE_KERNEL_CACHE"); d != "" {
+		return d
+	}
+	return "/var/cache/cudatrace-vmtest"
+}
+
+// The CPython the guest runs (pyenv's, with DWARF).
+const guestPython = "3.11"
+
+// TestKernels boots each kernel of the matrix and checks what cudatrace
+// did there: on 6.1 (Debian 12's, Amazon Linux 2023's) and 6.12 exact
+// ledgers of the runtime mix at stack windows 0, 16 and 64 KiB, --pid, the
+// driver API with VMM, Python frames, the agent's /metrics and nothing
+// left loaded; on 6.1 also the variant for kernels without bpf_loop
+// (5.15, 5.16); on 5.10, below the floor, one line refusing it.
+func TestKernels(t *testing.T) {
+	needStandIns(t)
+	needTracer(t)
+	for _, tool := range []string{"qemu-system-x86_64", "busybox", "cpio", "bpftool"} {
+		requireTool(t, tool)
+	}
+	python := pyenvPython(t, guestPython)
+	work := t.TempDir()
+	initrd, err := buildInitramfs(work, python)
+	if err != nil {
+		t.Fatalf("initramfs: %v", err)
+	}
+	cases := []struct {
+		series, cmdline string
+		check           func(t *testing.T, out string)
+	}{
+		{"6.1", "ct_mode=full ct_noloop=1", func(t *testing.T, out string) { checkFullKernel(t, out, python, true) }},
+		{"6.12", "ct_mode=full", func(t *testing.T, out string) { checkFullKernel(t, out, python, false) }},
+		{"5.10", "ct_mode=floor", checkFloorKernel},
+	}
+	for _, c := range cases {
+		t.Run(c.series, func(t *testing.T) {
+			t.Parallel()
+			k := filepath.Join(kernelCache(), "kernels", c.series, "vmlinuz")
+			if _, err := os.Stat(k); err != nil {
+				skipOrFail(t, "no Linux %s kernel (%v): scripts/deps.sh fetches it", c.series, err)
+			}
+			out := filepath.Join(work, c.series)
+			start := time.Now()
+			if err := bootKernel(k, initrd, c.cmdline, out); err != nil {
+				t.Fatalf("Linux %s: %v", c.series, err)
+			}
+			t.Logf("Linux %s booted and ran its cases in %v:\n%s", c.series, time.Since(start).Round(time.Second),
+				guestLines(filepath.Join(out, "console.log")))
+			c.check(t, filepath.Join(out, "results"))
+		})
+	}
+}
+
+// checkFullKernel checks a kernel that cudatrace supports.
+func checkFullKernel(t *testing.T, out, python string, noloop bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
+	mix := workload("mix")
+
+	// recorded: the case exited 0, the truth of its one process, the report.
+	recorded := func(t *testing.T, c string) (*procTruth, *report) {
+		t.Helper()
+		dir := filepath.Join(out, c)
+		if rc := readTrim(t, filepath.Join(dir, "rc")); rc != "0" {
+			t.Fatalf("case %s: cudatrace exited %s:\n%s", c, rc, readTrim(t, filepath.Join(dir, "stderr")))
+		}
+		return onlyTruth(t, filepath.Join(dir, "fake.log"), ""), runReport(t, ctx, filepath.Join(dir, "trace"))
+	}
+	exact := func(t *testing.T, c string, threads int, comm string) (*procTruth, *report) {
+		t.Helper()
+		want, rep := recorded(t, c)
+		if rep.LostEvents != 0 {
+			t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+		}
+		checkProcess(t, rep, want, peakSlack(want, threads), comm)
+		checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
+		return want, rep
+	}
+	mixStacks := func(t *testing.T, rep *report, pid int) {
+		t.Helper()
+		checkStacks(t, rep, pid, mix, "alloc_device_buffer", "worker_main")
+		checkStacks(t, rep, pid, mix, "alloc_pinned_staging", "worker_main")
+		checkStacks(t, rep, pid, mix, "alloc_device_buffer", "setup_context", "main")
+	}
+	loaded := func(t *testing.T, c, exit string) {
+		t.Helper()
+		progs := readTrim(t, filepath.Join(out, c, "progs.txt"))
+		if !regexp.MustCompile(`name ` + exit + `\s`).MatchString(progs) {
+			t.Errorf("case %s: bpftool prog show lists no %s while recording:\n%s", c, exit, progs)
+		}
+	}
+
+	t.Run("mix", func(t *testing.T) {
+		want, rep := exact(t, "mix16", 4, "mix")
+		mixStacks(t, rep, want.PID)
+		loaded(t, "mix16", "ct_exit")
+	})
+	for _, c := range []string{"mix0", "mix64"} {
+		t.Run(c, func(t *testing.T) {
+			want, rep := exact(t, c, 2, "mix")
+			mixStacks(t, rep, want.PID)
+		})
+	}
+	t.Run("driver", func(t *testing.T) {
+		want, rep := exact(t, "driver", 2, "driver")
+		checkStacks(t, rep, want.PID, workload("driver"), "drv_alloc_device", "work", "thread1")
+		checkVMM(t, rep, want)
+	})
+	t.Run("attach", func(t *testing.T) {
+		dir := filepath.Join(out, "attach")
+		if rc := readTrim(t, filepath.Join(dir, "rc")); rc != "0" {
+			t.Fatalf("record --pid exited %s:\n%s", rc, readTrim(t, filepath.Join(dir, "stderr")))
+		}
+		want := onlyTruth(t, filepath.Join(dir, "fake.log"), "PHASE2")
+		rep := runReport(t, ctx, filepath.Join(dir, "trace"))
+		if rep.LostEvents != 0 {
+			t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+		}
+		checkProcess(t, rep, want, 0, "attach_later")
+		checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
+	})
+	t.Run("python", func(t *testing.T) {
+		truth, rep := recorded(t, "python")
+		checkPythonReport(t, guestPython, script, "_ctypes_callproc", rep, truth)
+	})
+	t.Run("agent", func(t *testing.T) { checkGuestAgent(t, filepath.Join(out, "agent")) })
+	if noloop {
+		// What kernels without bpf_loop load, forced: native stacks exact,
+		// and the bounded-loop Python walk's frames exact too.
+		t.Run("noloop", func(t *testing.T) {
+			want, rep := exact(t, "noloop", 4, "mix")
+			mixStacks(t, rep, want.PID)
+			loaded(t, "noloop", "ct_exit_noloop")
+		})
+		t.Run("noloop_python", func(t *testing.T) {
+			truth, rep := recorded(t, "noloop_python")
+			checkPythonReport(t, guestPython, script, "_ctypes_callproc", rep, truth)
+		})
+	}
+	t.Run("nothing left", func(t *testing.T) {
+		for _, f := range []string{"progs.txt", "links.txt"} {
+			text := readTrim(t, filepath.Join(out, "after", f))
+			if strings.Contains(text, "ct_") || strings.Contains(text, "uprobe") {
+				t.Errorf("after every case, bpftool %s shows cudatrace's:\n%s", strings.TrimSuffix(f, ".txt"), text)
+			}
+		}
+	})
+}
+
+// checkGuestAgent: the agent's /metrics, read while hold held its memory,
+// gives each device's live bytes of the process as the ground truth has
+// them at that moment.
+func checkGuestAgent(t *testing.T, dir string) {
+	metrics := readTrim(t, filepath.Join(dir, "metrics.txt"))
+	pid := readTrim(t, filepath.Join(dir, "pid"))
+	want := onlyTruth(t, filepath.Join(dir, "held.log"), "HOLD")
+	if strconv.Itoa(want.PID) != pid {
+		t.Fatalf("ground truth of pid %d, the workload was %s", want.PID, pid)
+	}
+	re := regexp.MustCompile(`^cudatrace_live_bytes\{(.*)\} (\S+)$`)
+	got := map[int]uint64{}
+	for _, line := range strings.Split(metrics, "\n") {
+		m := re.FindStringSubmatch(line)
+		if m == nil || !strings.Contains(m[1], `pid="`+pid+`"`) || !strings.Contains(m[1], `level="segment"`) {
+			continue
+		}
+		g := regexp.MustCompile(`gpu="(\d+)"`).FindStringSubmatch(m[1])
+		if g == nil {
+			continue
+		}
+		d, _ := strconv.Atoi(g[1])
+		v, err := strconv.ParseFloat(m[2], 64) // the exposition writes 6.022169e+06
+		if err != nil {
+			t.Fatalf("/metrics line %q: %v", line, err)
+		}
+		got[d] = uint64(v)
+	}
+	for d, dt := range want.Devices {
+		if got[d] != dt.Live {
+			t.Errorf("cudatrace_live_bytes of pid %s on gpu %d = %d, want %d", pid, d, got[d], dt.Live)
+		}
+	}
+	if len(got) != len(want.Devices) {
+		t.Errorf("live bytes on gpus %v, want %d devices; /metrics:\n%s", got, len(want.Devices), truncate(metrics, 4<<10))
+	}
+	if rc := readTrim(t, filepath.Join(dir, "rc")); rc != "0" {
+		t.Errorf("agent exited %s on SIGTERM:\n%s", rc, readTrim(t, filepath.Join(dir, "stderr")))
+	}
+}
+
+// checkFloorKernel: below 5.15 the refusal is one line naming the
+// running kernel, what it lacks and the release needed; no memlock
+// advice, no verifier log.
+func checkFloorKernel(t *testing.T, out string) {
+	release := readTrim(t, filepath.Join(out, "uname"))
+	dir := filepath.Join(out, "floor")
+	if rc := readTrim(t, filepath.Join(dir, "rc")); rc == "0" {
+		t.Fatalf("cudatrace record succeeded on Linux %s", release)
+	}
+	stderr := readTrim(t, filepath.Join(dir, "stderr"))
+	want := fmt.Sprintf("cudatrace: this kernel (Linux %s) lacks uprobe attach cookies (bpf_get_attach_cookie, Linux 5.15): cudatrace needs Linux 5.15 or later", release)
+	if stderr != want {
+		t.Errorf("stderr on Linux %s:\n%s\nwant the one line:\n%s", release, stderr, want)
+	}
+}
+
+func readTrim(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the guest left no %s: %v", path, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// bootKernel boots vmlinuz with initrd under QEMU and unpacks what the
+// guest sends to out/results; the console goes to out/console.log.
+func bootKernel(vmlinuz, initrd, cmdline, out string) error {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	console, data := filepath.Join(out, "console.log"), filepath.Join(out, "data.b64")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	// -nographic with both serial ports given: ttyS0 the console, ttyS1
+	// the results. panic=-1 and -no-reboot end QEMU on a guest panic.
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", "-machine", "q35,accel=tcg", "-cpu", "max",
+		"-smp", "2", "-m", "2G", "-nographic", "-no-reboot", "-monitor", "none",
+		"-serial", "file:"+console, "-serial", "file:"+data,
+		"-kernel", vmlinuz, "-initrd", initrd,
+		"-append", "console=ttyS0 panic=-1 loglevel=4 "+cmdline)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %v\n%s\nconsole:\n%s", cmd, err, b, tail(console, 4<<10))
+	}
+	raw, err := os.ReadFile(data)
+	if err != nil {
+		return err
+	}
+	text := strings.ReplaceAll(string(raw), "\r", "")
+	begin, end := strings.Index(text, "BEGIN-RESULTS\n"), strings.Index(text, "END-RESULTS")
+	if begin < 0 || end < begin {
+		return fmt.Errorf("the guest sent no results; console:\n%s", tail(console, 8<<10))
+	}
+	b64 := strings.ReplaceAll(text[begin+len("BEGIN-RESULTS\n"):end], "\n", "")
+	tgz, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		return fmt.Errorf("results: %v", err)
+	}
+	return untar(tgz, filepath.Join(out, "results"))
+}
+
+// guestLines are the console's lines from guest.sh: each case's start,
+// with the guest's uptime.
+func guestLines(console string) string {
+	b, _ := os.ReadFile(console)
+	var lines []string
+	for _, l := range strings.Split(strings.ReplaceAll(string(b), "\r", ""), "\n") {
+		if strings.HasPrefix(l, "guest: ") {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+func tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	return truncate(string(b), n)
+}
+
+func untar(tgz []byte, dir string) error {
+	zr, err := gzip.NewReader(bytes.NewReader(tgz))
+	if err != nil {
+		return err
+	}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		name := filepath.Join(dir, filepath.Clean("/"+h.Name))
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(name, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+				return err
+			}
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(name, b, 0o644); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// buildInitramfs makes the guest's root: busybox, guest.sh as /init,
+// cudatrace and bpftool with the libraries they link, the stand-ins and
+// workloads at the paths they have here (their build IDs and paths then
+// name the same files on both sides), pythread.so, and pyenv's CPython
+// with its standard library (less its tests and tools).
+func buildInitramfs(work, python string) (string, error) {
+	root := filepath.Join(work, "root")
+	threads := filepath.Join(buildDir, "kernels", "pythread.so")
+	if err := os.MkdirAll(filepath.Dir(threads), 0o755); err != nil {
+		return "", err
+	}
+	if err := gcc("-shared", "-fPIC", "-O2", "-Wall", "-o", threads, filepath.Join("testdata", "pythread.c"), fakeLib); err != nil {
+		return "", err
+	}
+	busybox, err := exec.LookPath("busybox")
+	if err != nil {
+		return "", err
+	}
+	bpftool, err := exec.LookPath("bpftool")
+	if err != nil {
+		return "", err
+	}
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
+	guest, _ := filepath.Abs(filepath.Join("testdata", "guest.sh"))
+	prefix := filepath.Dir(filepath.Dir(python)) // .../versions/3.11.x
+	copies := map[string]string{
+		busybox:   "/bin/busybox",
+		guest:     "/init",
+		tracerBin: "/usr/bin/cudatrace",
+		bpftool:   "/usr/sbin/bpftool",
+		script:    script,
+		threads:   threads,
+		python:    python,
+	}
+	for src, dst := range copies {
+		if err := copyFile(src, filepath.Join(root, dst)); err != nil {
+			return "", err
+		}
+	}
+	if err := os.Chmod(filepath.Join(root, "init"), 0o755); err != nil {
+		return "", err
+	}
+	for _, d := range []string{fakeLibDir, binDir} {
+		if err := copyTree(d, filepath.Join(root, d), nil); err != nil {
+			return "", err
+		}
+	}
+	pylib := filepath.Join(prefix, "lib", "python"+guestPython)
+	skip := map[string]bool{"test": true, "idlelib": true, "tkinter": true, "turtledemo": true, "ensurepip": true,
+		"lib2to3": true, "site-packages": true, "pydoc_data": true, "unittest": true}
+	if err := copyTree(pylib, filepath.Join(root, pylib), func(rel string, dir bool) bool {
+		if dir {
+			return skip[rel]
+		}
+		// Source and the plain bytecode only: no optimized .pyc.
+		return strings.Contains(rel, ".opt-")
+	}); err != nil {
+		return "", err
+	}
+	// The shared libraries every binary links, as ldd finds them here.
+	elfs := []string{tracerBin, bpftool, python}
+	dyn, _ := filepath.Glob(filepath.Join(pylib, "lib-dynload", "*.so"))
+	elfs = append(elfs, dyn...)
+	libs := map[string]bool{}
+	for _, e := range elfs {
+		out, err := exec.Command("ldd", e).Output()
+		if err != nil {
+			continue // static
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			for _, f := range strings.Fields(line) {
+				if strings.HasPrefix(f, "/") {
+					libs[f] = true
+				}
+			}
+		}
+	}
+	for l := range libs {
+		if err := copyFile(l, filepath.Join(root, l)); err != nil {
+			return "", err
+		}
+	}
+	for _, d := range []string{"proc", "sys", "dev", "tmp", "root", "vm", "usr/bin", "usr/sbin"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return "", err
+		}
+	}
+	env := fmt.Sprintf("CT=/usr/bin/cudatrace\nLIB=%s\nDRV=%s\nBIN=%s\nPY=%s\nSCRIPT=%s\nTHREADS=%s\n",
+		fakeLib, fakeDriver, binDir, python, script, threads)
+	if err := os.WriteFile(filepath.Join(root, "vm", "env"), []byte(env), 0o644); err != nil {
+		return "", err
+	}
+	initrd := filepath.Join(work, "initramfs.cpio")
+	cmd := exec.Command("sh", "-c", "find . -print0 | cpio --null -o -H newc --quiet > "+initrd)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("cpio: %v\n%s", err, b)
+	}
+	return initrd, nil
+}
+
+func copyFile(src, dst string) error {
+	fi, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, fi.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// copyTree copies regular files and symlinks under src to dst; skip says
+// what to leave out, by path relative to src.
+func copyTree(src, dst string, skip func(rel string, dir bool) bool) error {
+	return filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		if skip != nil && rel != "." && skip(rel, d.IsDir()) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		target := filepath.Join(dst, rel)
+		switch {
+		case d.IsDir():
+			return os.MkdirAll(target, 0o755)
+		case d.Type()&os.ModeSymlink != 0:
+			l, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(l, target)
+		case d.Type().IsRegular():
+			return copyFile(p, target)
+		}
+		return nil
+	})
+}
+
+// TestNoBPFLoopVariant: on the host kernel, the programs kernels without
+// bpf_loop (5.15, 5.16) load, forced by the loader's test switch: they are
+// the ones loaded, the mix's ledger and native stacks are exact, and so are
+// CPython's frames from the bounded-loop walk.
+func TestNoBPFLoopVariant(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	requireTool(t, "bpftool")
+	const force = "CUDATRACE_TEST_NO_BPF_LOOP=1"
+	log, trace, progs := filepath.Join(dir, "fake.log"), filepath.Join(dir, "mix.trace"), filepath.Join(dir, "progs.txt")
+	const threads = 4
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, force)}, "--lib", fakeLib, "-o", trace, "--",
+		"sh", "-c", fmt.Sprintf("bpftool prog show > %s; exec %s %d 300 7", progs, workload("mix"), threads))
+	rec.finish(t, 50*time.Second)
+	b, err := os.ReadFile(progs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The tracer's own programs: others' tracers may run beside it.
+	if !regexp.MustCompile(`name ct_exit_noloop\s`).Match(b) || !regexp.MustCompile(`name ct_usdt_noloop\s`).Match(b) {
+		t.Errorf("bpftool prog show lists no ct_exit_noloop and ct_usdt_noloop while recording:\n%s", b)
+	}
+	want := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	checkProcess(t, rep, want, peakSlack(want, threads), "mix")
+	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
+	mix := workload("mix")
+	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "worker_main")
+	checkStacks(t, rep, want.PID, mix, "alloc_pinned_staging", "worker_main")
+	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "setup_context", "main")
+
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
+	threadsLib := filepath.Join(dir, "pythread.so")
+	if err := gcc("-shared", "-fPIC", "-O2", "-Wall", "-o", threadsLib, filepath.Join("testdata", "pythread.c"), fakeLib); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"3.10", "3.12"} {
+		t.Run("python"+v, func(t *testing.T) {
+			checkPythonFrames(t, v, pyenvPython(t, v), []string{force}, script, threadsLib, "_ctypes_callproc")
+		})
+	}
+}
