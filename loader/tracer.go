@@ -14,6 +14,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/watchdog"
 )
 
 // Options tune the BPF side. Zero values pick the defaults.
@@ -353,6 +354,19 @@ func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) 
 	return append(out, l), nil
 }
 
+// Held is the map of processes BPF stopped (HoldNew) and the reader has
+// not resumed: what internal/watchdog resumes if the tracer dies.
+func (t *Tracer) Held() *ebpf.Map { return t.objs.Held }
+
+// Resumed tells BPF's side that the reader sent pid SIGCONT after its held
+// record: the watchdog need not.
+func (t *Tracer) Resumed(pid uint32) {
+	if t == nil || t.objs.Held == nil {
+		return
+	}
+	t.objs.Held.Delete(pid) // absent: the watchdog resumed it first
+}
+
 // AddPID adds a process to the filter (with FilterPIDs).
 func (t *Tracer) AddPID(pid uint32) error {
 	if err := t.objs.Pids.Put(pid, uint8(1)); err != nil {
@@ -500,6 +514,10 @@ func LossHint(c map[string]uint64) string {
 // Close detaches and frees everything; it returns the first error.
 func (t *Tracer) Close() error {
 	first := t.Detach()
+	if t.opts.HoldNew && t.objs.Held != nil {
+		// Processes stopped for records the reader never got to.
+		watchdog.Resume(t.objs.Held, 0, nil)
+	}
 	if t.reader != nil {
 		if err := t.reader.Close(); err != nil && first == nil {
 			first = fmt.Errorf("close ring buffer: %w", err)

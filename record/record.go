@@ -20,6 +20,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/internal/watchdog"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
@@ -41,6 +42,10 @@ type Options struct {
 	// 3, then execs the rest of its arguments: it lets the tracer add the
 	// child to the PID filter before the target runs its first instruction.
 	LaunchHelper []string
+	// Watchdog is argv[0..] of the command whose body is watchdog.Main:
+	// with a launched command, it resumes the processes BPF stopped for
+	// the reader if the tracer dies first. Nil: none (a test's session).
+	Watchdog []string
 	// Observer, when set, watches the session live (top, agent).
 	Observer Observer
 	// NVML, when set, opens the driver's view of GPU memory (gpustat.Open),
@@ -143,6 +148,15 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, hint.Wrap(err, "check `dmesg` and that the kernel has BTF and uprobes (CONFIG_UPROBE_EVENTS)")
 	}
 	defer tr.Close()
+	if topts.HoldNew && len(opts.Watchdog) > 0 {
+		wd, err := watchdog.Start(opts.Watchdog, tr.Held(), opts.Stderr)
+		if err != nil {
+			return nil, hint.Wrap(err, "a launched command is paused at its first allocation; without a watchdog a dying tracer could leave it stopped")
+		}
+		// Runs before tr.Close: the tracer resumes what is held, then
+		// the watchdog goes.
+		defer wd.Close()
+	}
 
 	res := &Result{Ledger: events.NewLedger(), Output: opts.Output}
 	for _, lib := range libs {

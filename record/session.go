@@ -210,6 +210,7 @@ func (s *session) Record(raw []byte) {
 		if err := syscall.Kill(int(ev.PID), syscall.SIGCONT); err != nil && err != syscall.ESRCH {
 			s.warn(fmt.Errorf("resume pid %d after reading its mappings: %w", ev.PID, err))
 		}
+		s.tr.Resumed(ev.PID)
 	}
 	if s.uw != nil && ev.Flags&events.FlagWindow != 0 {
 		raw = s.unwind(ev, ps)

@@ -157,6 +157,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		Duration: f.duration, Output: output, Version: version,
 		Stderr:       cmd.ErrOrStderr(),
 		LaunchHelper: []string{exe, launchCmdName},
+		Watchdog:     []string{exe, watchdogCmdName},
 
 		KeepStackWindows: f.keepWin,
 		NoPythonFrames:   f.noPy,
