@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -104,7 +105,8 @@ type Result struct {
 	Counters   map[string]uint64
 	Lost       uint64
 	Attached   []loader.AttachResult
-	ExitCode   int // of the launched command
+	ExitCode   int    // of the launched command: 128 + the signal's number when one killed it
+	Signal     string // the signal that killed the launched command ("SIGKILL"), if one did
 	Events     uint64
 	Output     string
 	StopReason string
@@ -234,6 +236,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	if s.child != nil {
 		res.ExitCode = s.child.end(opts.Stderr)
+		res.Signal = s.child.signal
 	}
 	res.Counters, err = tr.Counters()
 	if err != nil {
@@ -348,6 +351,9 @@ type child struct {
 	name string
 	done chan struct{}
 	code int
+	// signal names the signal that killed the command, if one did: code
+	// is then 128 + its number, as a shell says.
+	signal string
 }
 
 // end waits for the command after tracing stopped. A command still running
@@ -379,6 +385,26 @@ func (c *child) exited() bool {
 	}
 }
 
+// exitStatus is the shell's figure for how a command ended (Wait's
+// error): its exit code, or 128 + the number of the signal that killed it,
+// and that signal's name.
+func exitStatus(err error) (int, string) {
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, ""
+	case errors.As(err, &ee):
+		// os/exec gives syscall's WaitStatus (x/sys/unix's is another
+		// type).
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal()), unix.SignalName(ws.Signal())
+		}
+		return ee.ExitCode(), ""
+	default:
+		return 127, ""
+	}
+}
+
 // launch starts the command through the launch helper, adds it to the PID
 // filter while it waits, then lets it exec the target.
 func launch(opts Options, tr *loader.Tracer) (*child, error) {
@@ -400,17 +426,7 @@ func launch(opts Options, tr *loader.Tracer) (*child, error) {
 	}
 	c := &child{cmd: cmd, name: opts.Command[0], done: make(chan struct{})}
 	go func() {
-		err := cmd.Wait()
-		var ee *exec.ExitError
-		switch {
-		case errors.As(err, &ee):
-			c.code = ee.ExitCode()
-			if ws, ok := ee.Sys().(unix.WaitStatus); ok && ws.Signaled() {
-				c.code = 128 + int(ws.Signal())
-			}
-		case err != nil:
-			c.code = 127
-		}
+		c.code, c.signal = exitStatus(cmd.Wait())
 		close(c.done)
 	}()
 	if err := tr.AddPID(uint32(cmd.Process.Pid)); err != nil {

@@ -417,7 +417,7 @@ func (s *session) finish(res *Result) error {
 		return err
 	}
 	if err := s.w.WriteEnd(&tracefile.End{Time: bootNow(), Events: s.events, Reason: res.StopReason,
-		ExitCode: res.ExitCode}); err != nil {
+		ExitCode: res.ExitCode, Signal: res.Signal}); err != nil {
 		return err
 	}
 	err := s.w.Close()

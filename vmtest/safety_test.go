@@ -4,8 +4,13 @@ package vmtest
 // hand a node's secrets to another local user (issue 20). Privileged.
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -122,5 +127,238 @@ func TestHeldProcessOutlivesTracer(t *testing.T) {
 	feed.Close() // hold frees and exits
 	if _, ok := waitFor(5*time.Second, func() bool { return procState(hold) == 0 || procState(hold) == 'Z' }); !ok {
 		t.Errorf("hold did not exit after its stdin closed")
+	}
+}
+
+// runCLI runs cudatrace ARGS to its end (30 s at most) and returns its
+// output and exit status.
+func runCLI(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(testContext(t), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, tracerBin, args...)
+	cmd.Env = env
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("cudatrace %s: %v", strings.Join(args, " "), err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("cudatrace %s: still running after 30 s", strings.Join(args, " "))
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("cudatrace %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), cmd.ProcessState.ExitCode(),
+				truncate(o.String(), 4<<10), truncate(e.String(), 4<<10))
+		}
+	})
+	return o.String(), e.String(), cmd.ProcessState.ExitCode()
+}
+
+// oneLineError checks a refusal: exit 1, a short message naming what, no
+// Go stack trace.
+func oneLineError(t *testing.T, stderr string, code int, what ...string) {
+	t.Helper()
+	if code != 1 {
+		t.Errorf("exit status %d, want 1", code)
+	}
+	if strings.Contains(stderr, "goroutine ") || strings.Count(strings.TrimSpace(stderr), "\n") > 1 {
+		t.Errorf("want one error line and a hint, got:\n%s", stderr)
+	}
+	for _, w := range what {
+		if !strings.Contains(stderr, w) {
+			t.Errorf("stderr does not say %q:\n%s", w, stderr)
+		}
+	}
+}
+
+// TestOutputsRefused: outputs that are not regular files are refused before
+// anything is traced (the command never runs, no probe is attached) and
+// left as they were: a FIFO and a link to one for -o and --export, and an
+// --export into a directory that does not exist. `export -o` refuses them
+// too.
+func TestOutputsRefused(t *testing.T) {
+	_, dir := traceSetup(t)
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(fifo, link); err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(dir, "ran")
+	cmd := []string{"--", "sh", "-c", "touch " + marker}
+	for _, c := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"TraceFIFO", []string{"-o", fifo}, []string{fifo, "is a FIFO"}},
+		{"TraceLinkToFIFO", []string{"-o", link}, []string{link, "is a FIFO"}},
+		{"ExportFIFO", []string{"--export", "pprof=" + fifo}, []string{fifo, "is a FIFO"}},
+		{"ExportLinkToFIFO", []string{"--export", "json=" + link}, []string{link, "is a FIFO"}},
+		{"ExportNoDir", []string{"-o", filepath.Join(dir, "t.trace"), "--export", "pprof=" + filepath.Join(dir, "no", "such", "p.pb.gz")},
+			[]string{"p.pb.gz", "no such file or directory"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := append(append([]string{"record", "--lib", fakeLib}, c.args...), cmd...)
+			_, stderr, code := runCLI(t, nil, args...)
+			oneLineError(t, stderr, code, c.want...)
+			if strings.Contains(stderr, attachedLine) {
+				t.Errorf("probes were attached before the output was refused")
+			}
+			if _, err := os.Stat(marker); err == nil {
+				t.Errorf("the command ran before the output was refused")
+			}
+		})
+	}
+	t.Run("Export", func(t *testing.T) {
+		trace := filepath.Join(dir, "t.trace")
+		if _, _, code := runCLI(t, fakeEnv(""), "record", "-q", "--lib", fakeLib, "-o", trace, "--", workload("mix"), "1", "20", "1"); code != 0 {
+			t.Fatalf("record exited %d", code)
+		}
+		for _, out := range []string{fifo, link} {
+			_, stderr, code := runCLI(t, nil, "export", trace, "--format", "pprof", "-o", out)
+			oneLineError(t, stderr, code, out, "is a FIFO")
+		}
+	})
+	for _, p := range []string{fifo, link} {
+		if fi, err := os.Lstat(p); err != nil || fi.Mode()&(os.ModeNamedPipe|os.ModeSymlink) == 0 {
+			t.Errorf("%s is no longer what it was: %v %v", p, fi.Mode(), err)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 3 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("%s holds %v, want fifo, link and t.trace", dir, names)
+	}
+}
+
+// TestOutputModes: a trace and an export are created 0600 (they hold
+// command lines and stacks); an export through a link writes the file it
+// names and keeps that file's mode.
+func TestOutputModes(t *testing.T) {
+	_, dir := traceSetup(t)
+	trace, pb, js := filepath.Join(dir, "t.trace"), filepath.Join(dir, "t.pb.gz"), filepath.Join(dir, "t.json")
+	kept := filepath.Join(dir, "kept.json")
+	if err := os.WriteFile(kept, []byte("old"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(kept, 0o640)
+	link := filepath.Join(dir, "link.json")
+	if err := os.Symlink("kept.json", link); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, code := runCLI(t, fakeEnv(""), "record", "-q", "--lib", fakeLib, "-o", trace,
+		"--export", "pprof="+pb, "--export", "json="+link, "--", workload("mix"), "1", "20", "1"); code != 0 {
+		t.Fatalf("record exited %d", code)
+	}
+	if _, _, code := runCLI(t, nil, "export", trace, "--format", "json", "-o", js); code != 0 {
+		t.Fatalf("export exited %d", code)
+	}
+	for path, want := range map[string]os.FileMode{trace: 0o600, pb: 0o600, js: 0o600, kept: 0o640} {
+		fi, err := os.Lstat(path)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+			continue
+		}
+		if fi.Mode() != want {
+			t.Errorf("%s has mode %v, want %v", filepath.Base(path), fi.Mode(), want)
+		}
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the link was replaced: %v", err)
+	}
+	if b, _ := os.ReadFile(kept); !bytes.HasPrefix(bytes.TrimSpace(b), []byte("{")) {
+		t.Errorf("the link's target holds %.40q, want the JSON export", b)
+	}
+}
+
+// TestKilledCommandStatus: a command killed by SIGKILL makes record exit
+// 137, as a shell says, and the trace's end says so.
+func TestKilledCommandStatus(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	trace := filepath.Join(dir, "k.trace")
+	_, _, code := runCLI(t, nil, "record", "-q", "--lib", fakeLib, "-o", trace, "--", "sh", "-c", "kill -KILL $$")
+	if code != 137 {
+		t.Errorf("record exited %d, want 137", code)
+	}
+	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Trace struct {
+			ExitCode int    `json:"exit_code"`
+			Signal   string `json:"signal"`
+		} `json:"trace"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Trace.ExitCode != 137 || rep.Trace.Signal != "SIGKILL" {
+		t.Errorf("the trace's end says exit_code %d, signal %q; want 137, SIGKILL", rep.Trace.ExitCode, rep.Trace.Signal)
+	}
+}
+
+// TestRingSizeRefused: a ring buffer that cannot hold a few allocation
+// records of the stack window's size is refused with the figures.
+func TestRingSizeRefused(t *testing.T) {
+	_, dir := traceSetup(t)
+	_, stderr, code := runCLI(t, nil, "record", "--ring-size", "4KiB", "--lib", fakeLib, "-o", filepath.Join(dir, "t"), "--", "true")
+	oneLineError(t, stderr, code, "--ring-size 4KiB", "18032 bytes", "256KiB")
+	_, stderr, code = runCLI(t, nil, "record", "--ring-size", "64KiB", "--stack-window", "0", "--lib", fakeLib, "-o", filepath.Join(dir, "t"), "--", "true")
+	if code != 0 {
+		t.Errorf("--ring-size 64KiB without a stack window: exit %d\n%s", code, stderr)
+	}
+}
+
+// TestDiskFull: a trace on a file system that fills up: the command runs to
+// its end, the summary has every allocation, the exit status is 125 (the
+// command succeeded, the trace is incomplete), and the trace reads back up
+// to where it was cut.
+func TestDiskFull(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	mnt := filepath.Join(dir, "small")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=128k"); err != nil {
+		skipOrFail(t, "mount a 128 KiB tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(mnt, "full.trace")
+	stdout, stderr, code := runCLI(t, fakeEnv(log), "record", "--lib", fakeLib, "-o", trace, "--", workload("mix"), "2", "2000", "5")
+	if code != 125 {
+		t.Errorf("record exited %d, want 125", code)
+	}
+	if !strings.Contains(stderr, "no space left on device") || !strings.Contains(stderr, "incomplete") {
+		t.Errorf("stderr does not say the trace is incomplete for lack of space:\n%s", stderr)
+	}
+	want := onlyTruth(t, log, "")
+	var found bool
+	for _, line := range strings.Split(stdout, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[0] != strconv.Itoa(want.PID) {
+			continue
+		}
+		found = true
+		if f[2] != strconv.FormatUint(want.Allocs, 10) || f[3] != strconv.FormatUint(want.Frees, 10) || f[4] != strconv.FormatUint(want.Failed, 10) {
+			t.Errorf("summary line %q: want allocs %d frees %d failed %d", line, want.Allocs, want.Frees, want.Failed)
+		}
+	}
+	if !found {
+		t.Errorf("no summary line for mix (pid %d):\n%s", want.PID, stdout)
+	}
+	cmd := exec.CommandContext(ctx, tracerBin, "report", trace, "--json")
+	var e bytes.Buffer
+	cmd.Stderr = &e
+	if err := cmd.Run(); err != nil || !strings.Contains(e.String(), "truncated") {
+		t.Errorf("report of the cut trace: %v, stderr %q; want it read, saying it is incomplete", err, e.String())
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/cudatrace/cudatrace/agent/httpapi"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/record"
 )
 
@@ -104,6 +105,9 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 	ring, err := parseSize(f.ringSize)
 	if err != nil {
 		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
+	}
+	if err := checkRing(ring, f.ringSize, loader.DefaultStackWindow); err != nil {
+		return err
 	}
 	if f.retention <= 0 {
 		return hint.Wrap(fmt.Errorf("--retention %v: must be positive", f.retention), "e.g. --retention 10m")
