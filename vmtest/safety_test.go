@@ -362,3 +362,45 @@ func TestDiskFull(t *testing.T) {
 		t.Errorf("report of the cut trace: %v, stderr %q; want it read, saying it is incomplete", err, e.String())
 	}
 }
+
+// TestExportFailureKeepsTrace: an --export that fails after the run (its
+// file system filled up) loses nothing: the trace it was made from is
+// kept, its path printed, and record exits 125.
+func TestExportFailureKeepsTrace(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	mnt := filepath.Join(dir, "small")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=64k"); err != nil {
+		skipOrFail(t, "mount a 64 KiB tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	// Full but for a few blocks: the check before tracing can create the
+	// export's file, the export cannot write it.
+	fill, err := os.Create(filepath.Join(mnt, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 4096); ; {
+		if _, err := fill.Write(buf); err != nil {
+			break
+		}
+	}
+	fill.Close()
+	_, stderr, code := runCLI(t, fakeEnv(""), "record", "-q", "--lib", fakeLib, "--export", "json="+filepath.Join(mnt, "x.json"),
+		"--", workload("mix"), "1", "300", "3")
+	if code != 125 {
+		t.Errorf("record exited %d, want 125", code)
+	}
+	i := strings.Index(stderr, "the trace is kept in ")
+	if i < 0 {
+		t.Fatalf("stderr does not say where the trace is kept:\n%s", stderr)
+	}
+	kept, _, _ := strings.Cut(stderr[i+len("the trace is kept in "):], ":")
+	t.Cleanup(func() { os.Remove(kept) })
+	rep := runReport(t, ctx, kept)
+	if len(rep.Processes) != 1 || rep.Processes[0].Allocs == 0 {
+		t.Errorf("the kept trace %s reports %d processes: want mix with its allocations", kept, len(rep.Processes))
+	}
+}
