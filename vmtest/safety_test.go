@@ -404,3 +404,54 @@ func TestExportFailureKeepsTrace(t *testing.T) {
 		t.Errorf("the kept trace %s reports %d processes: want mix with its allocations", kept, len(rep.Processes))
 	}
 }
+
+// TestAgentAccess: by default only root and the agent's own user read the
+// agent: user nobody on the same host is refused (403) every endpoint
+// root is served. With a token, the auth scheme is case-insensitive.
+func TestAgentAccess(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	requireTool(t, "python3.11")
+	a := startAgent(t, ctx)
+	fetchAs := func(uid int, path string, header ...string) string {
+		t.Helper()
+		script := `import sys, urllib.request, urllib.error
+req = urllib.request.Request(sys.argv[1])
+if len(sys.argv) > 2: req.add_header("Authorization", sys.argv[2])
+try:
+    print(urllib.request.urlopen(req, timeout=20).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+`
+		cmd := exec.CommandContext(ctx, "/usr/bin/python3.11", append([]string{"-c", script, a.url + path}, header...)...)
+		cmd.Dir = "/"
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("python3.11 as uid %d: %v\n%s", uid, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	for _, path := range []string{"/", "/metrics", "/debug/pprof/cuda_memory", "/trace?seconds=0.2"} {
+		if got := fetchAs(65534, path); got != "403" {
+			t.Errorf("GET %s as nobody: %s, want 403", path, got)
+		}
+		if got := fetchAs(0, path); got != "200" {
+			t.Errorf("GET %s as root: %s, want 200", path, got)
+		}
+	}
+	a.stop(t)
+
+	tok := filepath.Join(dir, "token")
+	if err := os.WriteFile(tok, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a = startAgent(t, ctx, "--token-file", tok)
+	for h, want := range map[string]string{"bearer s3cret": "200", "Bearer s3cret": "200", "Bearer nope": "401"} {
+		if got := fetchAs(65534, "/metrics", h); got != want {
+			t.Errorf("GET /metrics as nobody with %q: %s, want %s", h, got, want)
+		}
+	}
+	if got := fetchAs(0, "/metrics"); got != "401" {
+		t.Errorf("GET /metrics as root without the token: %s, want 401", got)
+	}
+}

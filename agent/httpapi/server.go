@@ -25,8 +25,13 @@ import (
 type Options struct {
 	Version string
 	// Token, when not empty, is the bearer token every request must carry
-	// (Authorization: Bearer TOKEN).
+	// (Authorization: Bearer TOKEN). Without one, only root and the
+	// agent's own user may read the agent, over loopback (peer.go), unless
+	// Open.
 	Token string
+	// Open serves every client that reaches the listener, without a
+	// token (--insecure-no-token).
+	Open bool
 	// ProcessLabels puts pid, comm, container and pod on the metrics;
 	// off, the metrics are summed per device (fewer series).
 	ProcessLabels bool
@@ -57,7 +62,7 @@ func New(a *agent.Agent, opts Options) http.Handler {
 	mux.HandleFunc("GET /snapshot", s.snapshot)
 	mux.HandleFunc("GET /trace", s.trace)
 	mux.HandleFunc("GET /{$}", s.index)
-	if opts.Token == "" {
+	if opts.Open && opts.Token == "" {
 		return mux
 	}
 	return s.auth(mux)
@@ -68,17 +73,37 @@ type server struct {
 	opts Options
 }
 
+// auth lets a request through with the token, or, without a token
+// configured, from root or the agent's own user over loopback.
 func (s *server) auth(next http.Handler) http.Handler {
-	want := []byte("Bearer " + s.opts.Token)
+	want := []byte(s.opts.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		if len(want) == 0 {
+			if !trustedPeer(r.Context()) {
+				http.Error(w, "cudatrace agent: only root and the agent's own user may read it, over loopback; "+
+					"other clients need the agent to have a --token-file (docs/agent.md, Access)", http.StatusForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
+		if subtle.ConstantTimeCompare(bearer(r), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="cudatrace"`)
 			http.Error(w, "cudatrace agent: a bearer token is required (Authorization: Bearer TOKEN)", http.StatusUnauthorized)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// bearer is the request's bearer token: the auth scheme is
+// case-insensitive (RFC 9110, 11.1).
+func bearer(r *http.Request) []byte {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return nil
+	}
+	return []byte(strings.TrimSpace(tok))
 }
 
 const indexText = `cudatrace agent %s

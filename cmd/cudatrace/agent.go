@@ -67,8 +67,14 @@ report' does: the Python line that allocated, or failed to.
 A process in a container is labelled with its container ID, and with its
 pod's UID under Kubernetes (from /proc/PID/cgroup).
 
-Off loopback, requests need a bearer token (--token-file), unless
---insecure-no-token says otherwise. See docs/agent.md.`,
+Access: what the agent serves (command lines, stacks, memory layouts of
+every process on the node) is root's. Without --token-file only root and
+the agent's own user are served, over loopback (the client socket's owner,
+as the kernel's socket table says); every other local user gets 403. With
+--token-file every request must carry Authorization: Bearer TOKEN (give
+Prometheus, Alloy or Parca the token), and off loopback a token is
+required unless --insecure-no-token serves anyone who reaches the port.
+See docs/agent.md.`,
 		Example: `  # On a GPU node, as root: metrics on 127.0.0.1:9738, OOM dumps in /var/lib/cudatrace/oom
   cudatrace agent
 
@@ -87,8 +93,8 @@ Off loopback, requests need a bearer token (--token-file), unless
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:9738", "HTTP address to serve on (port 0 picks a free one)")
-	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the bearer token every request must carry")
-	fl.BoolVar(&f.noToken, "insecure-no-token", false, "serve off loopback without a token (anyone who reaches the port reads stacks and command lines)")
+	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the bearer token every request must carry (without one: only root and the agent's user, over loopback)")
+	fl.BoolVar(&f.noToken, "insecure-no-token", false, "serve anyone who reaches the port without a token, other local users and off loopback included (they read stacks and command lines)")
 	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
 	fl.DurationVar(&f.retention, "retention", agent.DefaultRetention, "how long an exited process's account is kept")
 	fl.StringVar(&f.dumpDir, "dump-dir", "/var/lib/cudatrace/oom", `where OOM dumps go ("" writes none)`)
@@ -128,7 +134,11 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 	a := agent.New(agent.Options{Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
 		NoSymbolize: f.noSymbolize, Version: version, Stderr: stderr})
 	srv := &http.Server{
-		Handler:           httpapi.New(a, httpapi.Options{Version: version, Token: token, ProcessLabels: f.processLabels}),
+		Handler: httpapi.New(a, httpapi.Options{Version: version, Token: token, Open: f.noToken,
+			ProcessLabels: f.processLabels}),
+		// Who is at the other end: without a token only root and this
+		// user are served.
+		ConnContext:       httpapi.ConnContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}

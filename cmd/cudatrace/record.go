@@ -121,7 +121,7 @@ does the same for every process, for a trace read on another machine.`,
 	fl.BoolVarP(&f.all, "all", "a", false, "trace every process on the host")
 	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (e.g. 30s, 5m)")
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
-	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
+	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two holding at least 8 allocation records of the stack window (256KiB for 16KiB) (raise it if events are lost)")
 	fl.StringVar(&f.window, "stack-window", "16KiB", "user stack copied per allocation to unwind code without frame pointers: a multiple of 4KiB up to 64KiB, 0 for frame-pointer stacks only")
 	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, merged into stacks where the interpreter runs) out of their stacks")
 	fl.BoolVar(&f.portable, "portable", false, "name every native frame into the trace while recording, so report/export name them on another machine, without these libraries (containers' frames are always named)")
