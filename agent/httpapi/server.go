@@ -37,6 +37,9 @@ type Options struct {
 	ProcessLabels bool
 	// MaxTraceWindow bounds /trace?seconds=.
 	MaxTraceWindow time.Duration
+	// MaxTraceWindows bounds the /trace windows open at once (429 past
+	// it); 0: DefaultMaxTraceWindows.
+	MaxTraceWindows int
 }
 
 // DefaultMaxTraceWindow is the longest /trace window by default.
@@ -50,14 +53,19 @@ func New(a *agent.Agent, opts Options) http.Handler {
 	if opts.MaxTraceWindow <= 0 {
 		opts.MaxTraceWindow = DefaultMaxTraceWindow
 	}
+	if opts.MaxTraceWindows <= 0 {
+		opts.MaxTraceWindows = DefaultMaxTraceWindows
+	}
 	reg := prometheus.NewRegistry()
 	// The agent's own memory and CPU, as every Go exporter shows them: a
 	// daemon that must stay bounded is watched by its RSS.
 	reg.MustRegister(newCollector(a, opts.Version, opts.ProcessLabels),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s := &server{a: a, opts: opts}
+	s := &server{a: a, opts: opts,
+		windows: newLimiter("trace windows", opts.MaxTraceWindows, 0, 0),
+		heavy:   newLimiter("profiles and snapshots", DefaultMaxHeavy, DefaultMaxWaiting, heavyWait)}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: metricsInFlight}))
 	mux.HandleFunc("GET /debug/pprof/cuda_memory", s.profile)
 	mux.HandleFunc("GET /snapshot", s.snapshot)
 	mux.HandleFunc("GET /trace", s.trace)
@@ -71,6 +79,9 @@ func New(a *agent.Agent, opts Options) http.Handler {
 type server struct {
 	a    *agent.Agent
 	opts Options
+	// windows: /trace streams open; heavy: profiles and snapshots being
+	// copied and built (limits.go).
+	windows, heavy *limiter
 }
 
 // auth lets a request through with the token, or, without a token
@@ -155,6 +166,10 @@ func (s *server) profile(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	if !s.heavy.acquire(w, r) {
+		return
+	}
+	defer s.heavy.release()
 	var buf bytes.Buffer
 	if err := s.a.Profile(r.Context(), &buf, pid); err != nil {
 		fail(w, err)
@@ -171,6 +186,10 @@ func (s *server) snapshot(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	if !s.heavy.acquire(w, r) {
+		return
+	}
+	defer s.heavy.release()
 	var buf bytes.Buffer
 	if err := s.a.Snapshot(r.Context(), &buf, pid); err != nil {
 		fail(w, err)
@@ -190,13 +209,18 @@ func (s *server) trace(w http.ResponseWriter, r *http.Request) {
 	d := defaultTraceWindow
 	if v := r.URL.Query().Get("seconds"); v != "" {
 		sec, err := strconv.ParseFloat(v, 64)
-		if err != nil || sec <= 0 || time.Duration(sec*float64(time.Second)) > s.opts.MaxTraceWindow {
+		// !(sec > 0) refuses NaN too; +Inf is over any maximum.
+		if err != nil || !(sec > 0) || sec > s.opts.MaxTraceWindow.Seconds() {
 			http.Error(w, fmt.Sprintf("?seconds=%q: want a number of seconds up to %v", v,
 				s.opts.MaxTraceWindow.Seconds()), http.StatusBadRequest)
 			return
 		}
 		d = time.Duration(sec * float64(time.Second))
 	}
+	if !s.windows.acquire(w, r) {
+		return
+	}
+	defer s.windows.release()
 	// The trace streams: the status goes out with the first bytes, so an
 	// unknown PID is checked first.
 	if pid != 0 {

@@ -33,6 +33,7 @@ type agentFlags struct {
 	noSymbolize   bool
 	noPy          bool
 	nvml          bool
+	maxWindows    int
 }
 
 func newAgentCmd() *cobra.Command {
@@ -104,6 +105,7 @@ See docs/agent.md.`,
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
 	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
 	fl.BoolVar(&f.nvml, "nvml", true, "export what the driver reports (NVML) beside what was traced")
+	fl.IntVar(&f.maxWindows, "max-trace-windows", httpapi.DefaultMaxTraceWindows, "most /trace windows open at once (429 past it); each holds at most 4MiB of records for its client")
 	return cmd
 }
 
@@ -114,6 +116,9 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 	}
 	if err := checkRing(ring, f.ringSize, loader.DefaultStackWindow); err != nil {
 		return err
+	}
+	if f.maxWindows <= 0 {
+		return hint.Wrap(fmt.Errorf("--max-trace-windows %d: must be positive", f.maxWindows), "e.g. --max-trace-windows 8")
 	}
 	if f.retention <= 0 {
 		return hint.Wrap(fmt.Errorf("--retention %v: must be positive", f.retention), "e.g. --retention 10m")
@@ -135,7 +140,7 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 		NoSymbolize: f.noSymbolize, Version: version, Stderr: stderr})
 	srv := &http.Server{
 		Handler: httpapi.New(a, httpapi.Options{Version: version, Token: token, Open: f.noToken,
-			ProcessLabels: f.processLabels}),
+			ProcessLabels: f.processLabels, MaxTraceWindows: f.maxWindows}),
 		// Who is at the other end: without a token only root and this
 		// user are served.
 		ConnContext:       httpapi.ConnContext,
