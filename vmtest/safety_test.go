@@ -9,11 +9,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -453,5 +456,149 @@ except urllib.error.HTTPError as e:
 	}
 	if got := fetchAs(0, "/metrics"); got != "401" {
 		t.Errorf("GET /metrics as root without the token: %s, want 401", got)
+	}
+}
+
+// rssOf samples pid's resident set every 20 ms until stop is closed, and
+// returns the most it saw, in bytes.
+func rssOf(pid int, stop <-chan struct{}) <-chan uint64 {
+	out := make(chan uint64, 1)
+	go func() {
+		var most uint64
+		for {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+			for _, line := range strings.Split(string(b), "\n") {
+				if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+					kb, _ := strconv.ParseUint(f[1], 10, 64)
+					most = max(most, kb<<10)
+				}
+			}
+			select {
+			case <-stop:
+				out <- most
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	return out
+}
+
+// TestAgentUnderLoad: 200 concurrent /trace windows whose clients read
+// nothing and 200 concurrent profile requests, while a job allocates:
+// every event of the job still reaches the agent's account (as in a quiet
+// run of the same steps), no event more is lost than in the quiet run, at
+// most --max-trace-windows windows are opened (the rest get 429 at once),
+// every request is answered within a bound, and the agent's RSS stays
+// within the documented bound (docs/agent.md, Limits) above the quiet
+// run's.
+func TestAgentUnderLoad(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	ctx, cancel := context.WithTimeout(ctx, 55*time.Second)
+	defer cancel()
+	a := startAgent(t, ctx, "--dump-dir", "")
+	j := startJob(t, ctx, filepath.Join(dir, "fake.log"))
+	pid := strconv.Itoa(j.pid)
+	for d := range 2 {
+		j.do(t, "ok", "weights %d %d", 64<<20, d)
+	}
+	const steps = 1500
+	counts := func() (allocs, lost float64) {
+		m := parseMetrics(t, get(t, ctx, a.url+"/metrics", http.StatusOK))
+		allocs, _ = metric(t, m, "cudatrace_allocations_total", "pid", pid, "level", "segment")
+		lost, _ = metric(t, m, "cudatrace_lost_events_total")
+		return allocs, lost
+	}
+	// run makes the job take steps while load runs, and returns the
+	// allocations the agent counted, the events lost and the most RSS.
+	run := func(load func()) (allocs, lost float64, rss uint64) {
+		a0, l0 := counts()
+		stop := make(chan struct{})
+		most := rssOf(a.cmd.Process.Pid, stop)
+		done := make(chan struct{})
+		go func() { defer close(done); load() }()
+		for range steps {
+			j.do(t, "ok", "step %d", 4096)
+		}
+		<-done
+		time.Sleep(300 * time.Millisecond) // the agent settles requests 120 ms after they come
+		close(stop)
+		a1, l1 := counts()
+		return a1 - a0, l1 - l0, <-most
+	}
+	quietAllocs, quietLost, quietRSS := run(func() {})
+	if quietAllocs != steps {
+		t.Fatalf("quiet run: the agent counted %v allocations of %d", quietAllocs, steps)
+	}
+
+	const n = 200
+	var (
+		mu      sync.Mutex
+		codes   = map[string]map[int]int{"trace": {}, "profile": {}}
+		slowest time.Duration
+		bodies  []io.Closer
+	)
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: 2 * n}}
+	storm := func() {
+		var wg sync.WaitGroup
+		for i := range 2 * n {
+			kind, path := "trace", "/trace?seconds=20"
+			if i%2 == 1 {
+				kind, path = "profile", "/debug/pprof/cuda_memory"
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				start := time.Now()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.url+path, nil)
+				resp, err := client.Do(req)
+				took := time.Since(start)
+				mu.Lock()
+				defer mu.Unlock()
+				slowest = max(slowest, took)
+				if err != nil {
+					codes[kind][-1]++
+					return
+				}
+				codes[kind][resp.StatusCode]++
+				if kind == "trace" && resp.StatusCode == http.StatusOK {
+					bodies = append(bodies, resp.Body) // a client that reads nothing
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}()
+		}
+		wg.Wait()
+	}
+	stormAllocs, stormLost, stormRSS := run(storm)
+	for _, b := range bodies {
+		b.Close()
+	}
+	t.Logf("quiet: %v allocations, %v lost, RSS %d MiB; storm: %v allocations, %v lost, RSS %d MiB; codes %v; slowest answer %v",
+		quietAllocs, quietLost, quietRSS>>20, stormAllocs, stormLost, stormRSS>>20, codes, slowest.Round(time.Millisecond))
+	if stormAllocs != steps {
+		t.Errorf("under load the agent counted %v allocations of %d", stormAllocs, steps)
+	}
+	if stormLost > quietLost {
+		t.Errorf("under load %v events were lost, %v in the quiet run", stormLost, quietLost)
+	}
+	if got := codes["trace"][http.StatusOK]; got < 1 || got > 8 {
+		t.Errorf("%d trace windows opened, want 1 to 8 (--max-trace-windows)", got)
+	}
+	if got := codes["trace"][http.StatusOK] + codes["trace"][http.StatusTooManyRequests]; got != n {
+		t.Errorf("trace answers %v: want every one 200 or 429", codes["trace"])
+	}
+	if got := codes["profile"][http.StatusOK] + codes["profile"][http.StatusTooManyRequests]; got != n || codes["profile"][http.StatusOK] == 0 {
+		t.Errorf("profile answers %v: want every one 200 or 429, some 200", codes["profile"])
+	}
+	if slowest > 40*time.Second {
+		t.Errorf("the slowest answer took %v", slowest)
+	}
+	// docs/agent.md, Limits: 8 windows of at most 4 MiB queued, 2
+	// profiles built at once.
+	const bound = 96 << 20
+	if stormRSS > quietRSS+bound {
+		t.Errorf("RSS %d MiB under load, %d MiB quiet: more than %d MiB above", stormRSS>>20, quietRSS>>20, bound>>20)
 	}
 }
