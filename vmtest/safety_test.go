@@ -602,3 +602,58 @@ func TestAgentUnderLoad(t *testing.T) {
 		t.Errorf("RSS %d MiB under load, %d MiB quiet: more than %d MiB above", stormRSS>>20, quietRSS>>20, bound>>20)
 	}
 }
+
+// TestNoHoldWhileReaderBehind: a tracer that is alive but not reading (here
+// stopped) cannot keep a job waiting: the process BPF held is resumed after
+// the watchdog's 5 s, and a later process's first allocation, made with the
+// ring buffer's unread data past the wakeup mark (the first mix's 200
+// iterations leave some 2 MiB of records, past the default 16 MiB ring's
+// 1 MiB mark, short of filling it), is not held at all.
+func TestNoHoldWhileReaderBehind(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	stdin, feed, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { feed.Close() })
+	second := filepath.Join(dir, "second.out")
+	script := fmt.Sprintf("read x; %s 1 200 3 >/dev/null; %s 1 20 4 >%s", workload("mix"), workload("mix"), second)
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(""), Stdin: stdin},
+		"--lib", fakeLib, "-o", filepath.Join(dir, "behind.trace"), "--", "sh", "-c", script)
+	stdin.Close()
+	rec.waitAttached(t, 30*time.Second)
+	tracer := rec.cmd.Process.Pid
+	if _, ok := waitFor(10*time.Second, func() bool {
+		for _, comm := range childrenOf(t, tracer) {
+			if comm == "sh" {
+				return true
+			}
+		}
+		return false
+	}); !ok {
+		t.Fatalf("the command did not start: %v", childrenOf(t, tracer))
+	}
+	if err := syscall.Kill(tracer, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(tracer, syscall.SIGCONT) })
+	fmt.Fprintln(feed, "go")
+	took, ok := waitFor(20*time.Second, func() bool {
+		b, _ := os.ReadFile(second)
+		return strings.Contains(string(b), "bad=0")
+	})
+	if !ok {
+		b, _ := os.ReadFile(second)
+		t.Fatalf("with the tracer stopped, the job did not get through within 20 s (second mix wrote %q)", b)
+	}
+	t.Logf("the job got through %v after it started, the tracer stopped", took.Round(time.Millisecond))
+	if took < 4*time.Second {
+		t.Errorf("the job got through in %v: the first mix was not held (the watchdog's 5 s)", took)
+	}
+	if took > 9*time.Second {
+		t.Errorf("the job got through in %v: the second mix was held too, with the reader behind", took)
+	}
+	if procState(tracer) != 'T' {
+		t.Errorf("the tracer is not stopped (state %q): the test proved nothing", procState(tracer))
+	}
+}
