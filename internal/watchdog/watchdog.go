@@ -118,6 +118,10 @@ func Main(stderr io.Writer) error {
 	// group must not take the watchdog before the tracer: it leaves
 	// when the tracer does.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	// The OOM killer's choice when memory runs out is the tracer (its
+	// ring buffer, unwinding, ledger), not this: a few MiB that must
+	// outlive it. Best effort (root may lower its score).
+	os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	held, err := ebpf.NewMapFromFD(fdMap)
 	if err != nil {
 		return fmt.Errorf("watchdog: held map on fd %d: %w", fdMap, err)
