@@ -91,9 +91,9 @@ func MinRingBytes(window int) uint32 {
 // CheckRing says whether a ring of ring bytes is large enough for records
 // with a stack window of window bytes (<= 0: none).
 func CheckRing(ring uint32, window int) error {
-	if min := MinRingBytes(window); ring < min {
+	if need := MinRingBytes(window); ring < need {
 		return fmt.Errorf("a ring buffer of %d bytes holds %d allocation records of %d bytes (stack window of %d bytes): it needs room for %d, at least %d bytes (%dKiB)",
-			ring, ring/RecordBytes(window), RecordBytes(window), max(window, 0), MinRingRecords, min, min>>10)
+			ring, ring/RecordBytes(window), RecordBytes(window), max(window, 0), MinRingRecords, need, need>>10)
 	}
 	return nil
 }
