@@ -107,9 +107,15 @@ func Check(path string) error {
 	if path == Stdout {
 		return nil
 	}
-	target, _, err := Resolve(path)
+	target, fi, err := Resolve(path)
 	if err != nil {
 		return err
+	}
+	// A trace is written in place (Open): the file itself must take it.
+	if fi != nil {
+		if err := unix.Access(target, unix.W_OK); err != nil {
+			return hint.Wrap(fmt.Errorf("cannot write output %s: %w", path, err), "check the file's permissions")
+		}
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".check*")
 	if err != nil {
