@@ -58,13 +58,22 @@ const (
 	DefaultDumpEvery = time.Minute
 	// exitScanEvery is how often the agent checks which processes are gone.
 	exitScanEvery = time.Second
-	// traceQueue is how many records a /trace stream holds while its
-	// client reads: past it, records are dropped and counted.
-	traceQueue = 1 << 16
+	// A /trace stream queues records while its client reads them: at most
+	// traceQueueMax items, fewer for a short window (traceQueuePerSecond
+	// per second of it, at least traceQueueMin: a channel's buffer is
+	// allocated whole), and at most TraceWindowBytes of records. Past
+	// either, records are dropped and counted in the window's losses.
+	traceQueueMin       = 1 << 10
+	traceQueuePerSecond = 1 << 10
+	traceQueueMax       = 1 << 16
 	// snapshotOOMs is how many of a process's latest OOM failures a
 	// snapshot's device traces list.
 	snapshotOOMs = 100
 )
+
+// TraceWindowBytes bounds the records one /trace window holds queued for
+// its client: a window's memory is about this plus its queue's slots.
+const TraceWindowBytes = 4 << 20
 
 // ErrStopped is returned to requests made after the session ended.
 var ErrStopped = errors.New("the agent's tracing session has ended")

@@ -28,6 +28,7 @@ type traceSub struct {
 	pid     uint32 // 0: every process
 	items   chan traceItem
 	dropped atomic.Uint64
+	queued  atomic.Int64 // bytes of records in items (TraceWindowBytes at most)
 	closed  bool
 	// pyDone counts the frames of each Python table written so far (on
 	// the reader goroutine).
@@ -46,12 +47,23 @@ func (s *traceSub) event(pid uint32, raw []byte, t *Totals) {
 	if !s.wants(pid) {
 		return
 	}
+	if s.queued.Load()+int64(len(raw)) > TraceWindowBytes {
+		s.dropped.Add(1)
+		t.TraceDropped++
+		return
+	}
 	select {
 	case s.items <- traceItem{raw: raw}:
+		s.queued.Add(int64(len(raw)))
 	default:
 		s.dropped.Add(1)
 		t.TraceDropped++
 	}
+}
+
+// traceQueue is the queue of a window of d: sized to it, within bounds.
+func traceQueue(d time.Duration) int {
+	return min(max(int(d.Seconds()*traceQueuePerSecond), traceQueueMin), traceQueueMax)
 }
 
 // python queues what replay needs to name the Python frames of pid's
@@ -112,7 +124,7 @@ func (s *traceSub) end() {
 // Records a slow client cannot take are dropped and counted in the trace's
 // lost events.
 func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Duration) error {
-	sub := &traceSub{pid: pid, items: make(chan traceItem, traceQueue)}
+	sub := &traceSub{pid: pid, items: make(chan traceItem, traceQueue(d))}
 	var (
 		procs     []*procmodel.Capture
 		lostStart uint64
@@ -179,6 +191,7 @@ loop:
 				reason = "agent stopped"
 				break loop
 			}
+			sub.queued.Add(-int64(len(it.raw)))
 			if err := win.write(it); err != nil {
 				unsubscribe()
 				return err

@@ -36,6 +36,18 @@ struct {
 	__type(value, __u8);
 } seen SEC(".maps");
 
+// Processes hold_new stopped and the reader has not resumed yet, each with
+// the CLOCK_BOOTTIME ns it was stopped at. The reader deletes a process's
+// entry as it sends SIGCONT; a watchdog process holding this map's fd
+// resumes whatever is left when the tracer dies (internal/watchdog). Full:
+// no more processes are stopped.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);   // tgid
+	__type(value, __u64); // boot ns when stopped
+} held SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, CT_CNT_MAX);
@@ -76,19 +88,37 @@ static __always_inline __s32 current_device(__u32 tid)
 	return d ? *d : 0;
 }
 
+// hold stops the current process (SIGSTOP, on its way back to user space)
+// for the reader, and says whether it did. Never when the reader is behind
+// (as much unread as wakes it: it is not keeping up, and would keep the
+// process waiting), nor without an entry in `held`, which is what resumes
+// it if the tracer dies before its reader gets there.
+static __always_inline int hold(__u32 tgid)
+{
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		return 0;
+	__u64 now = bpf_ktime_get_boot_ns();
+	if (bpf_map_update_elem(&held, &tgid, &now, BPF_NOEXIST))
+		return 0;
+	if (bpf_send_signal(CT_SIGSTOP)) {
+		bpf_map_delete_elem(&held, &tgid);
+		return 0;
+	}
+	return 1;
+}
+
 // wakeup_flags says how to submit e. A process's first record wakes the
 // reader at once so it can read /proc/PID/maps before a short-lived
-// process is gone; with hold_new it also stops the process (SIGSTOP, on its
-// way back to user space) and flags the record, and the reader sends
-// SIGCONT once it has read the mappings: a process that exits right after
-// its first allocation still symbolizes.
+// process is gone; with hold_new it also stops the process (hold) and flags
+// the record, and the reader sends SIGCONT once it has read the mappings: a
+// process that exits right after its first allocation still symbolizes.
 static __always_inline __u64 wakeup_flags(struct ct_event *e)
 {
 	__u8 one = 1;
 	__u32 tgid = e->pid;
 	if (bpf_map_lookup_elem(&seen, &tgid) == NULL) {
 		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
-		if (hold_new && bpf_send_signal(CT_SIGSTOP) == 0)
+		if (hold_new && hold(tgid))
 			e->flags |= CT_F_HELD;
 		return BPF_RB_FORCE_WAKEUP;
 	}

@@ -173,6 +173,7 @@ const (
 	CudatraceMapCtxInflight        = "ctx_inflight"
 	CudatraceMapCtxStacks          = "ctx_stacks"
 	CudatraceMapEvents             = "events"
+	CudatraceMapHeld               = "held"
 	CudatraceMapInflight           = "inflight"
 	CudatraceMapLastFree           = "last_free"
 	CudatraceMapPids               = "pids"
@@ -287,6 +288,7 @@ type CudatraceMapSpecs struct {
 	CtxInflight *ebpf.MapSpec `ebpf:"ctx_inflight"`
 	CtxStacks   *ebpf.MapSpec `ebpf:"ctx_stacks"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
+	Held        *ebpf.MapSpec `ebpf:"held"`
 	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
@@ -341,6 +343,7 @@ type CudatraceMaps struct {
 	CtxInflight *ebpf.Map `ebpf:"ctx_inflight"`
 	CtxStacks   *ebpf.Map `ebpf:"ctx_stacks"`
 	Events      *ebpf.Map `ebpf:"events"`
+	Held        *ebpf.Map `ebpf:"held"`
 	Inflight    *ebpf.Map `ebpf:"inflight"`
 	LastFree    *ebpf.Map `ebpf:"last_free"`
 	Pids        *ebpf.Map `ebpf:"pids"`
@@ -358,6 +361,7 @@ func (m *CudatraceMaps) Close() error {
 		m.CtxInflight,
 		m.CtxStacks,
 		m.Events,
+		m.Held,
 		m.Inflight,
 		m.LastFree,
 		m.Pids,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/watchdog"
 )
 
 // Options tune the BPF side. Zero values pick the defaults.
@@ -59,6 +61,44 @@ const (
 	MaxStackWindow     = 64 << 10 // CT_MAX_WINDOW
 )
 
+// MinRingRecords is how many of the largest records (an allocation with
+// its stack window and Python block) the ring buffer must hold at least: a
+// ring that holds fewer loses bursts of a few allocations every time.
+const MinRingRecords = 8
+
+// RecordBytes is the room one allocation record takes in the ring buffer
+// with a stack window of window bytes (<= 0: none): what BPF reserves
+// (alloc_record_size), plus the ring's 8-byte record header.
+func RecordBytes(window int) uint32 {
+	n := unsafe.Sizeof(bpf.CudatraceCtAllocEvent{}) +
+		events.MaxPyFrames*unsafe.Sizeof(bpf.CudatraceCtPyframe{}) + unsafe.Sizeof(bpf.CudatraceCtPytrailer{})
+	if window > 0 {
+		n += unsafe.Sizeof(bpf.CudatraceCtUstack{}) + uintptr(window)
+	}
+	return uint32(n+7)&^7 + 8
+}
+
+// MinRingBytes is the smallest ring buffer (a power of two) that holds
+// MinRingRecords allocation records with a stack window of window bytes.
+func MinRingBytes(window int) uint32 {
+	need := MinRingRecords * RecordBytes(window)
+	r := uint32(4096)
+	for r < need {
+		r <<= 1
+	}
+	return r
+}
+
+// CheckRing says whether a ring of ring bytes is large enough for records
+// with a stack window of window bytes (<= 0: none).
+func CheckRing(ring uint32, window int) error {
+	if need := MinRingBytes(window); ring < need {
+		return fmt.Errorf("a ring buffer of %d bytes holds %d allocation records of %d bytes (stack window of %d bytes): it needs room for %d, at least %d bytes (%dKiB)",
+			ring, ring/RecordBytes(window), RecordBytes(window), max(window, 0), MinRingRecords, need, need>>10)
+	}
+	return nil
+}
+
 func (o *Options) defaults() {
 	if o.RingBytes == 0 {
 		o.RingBytes = DefaultRingBytes
@@ -97,6 +137,9 @@ func New(opts Options) (*Tracer, error) {
 	window := uint32(max(opts.StackWindow, 0))
 	if window%4096 != 0 || window > MaxStackWindow {
 		return nil, fmt.Errorf("stack window of %d bytes: must be a multiple of 4096 up to %d", opts.StackWindow, MaxStackWindow)
+	}
+	if err := CheckRing(opts.RingBytes, opts.StackWindow); err != nil {
+		return nil, err
 	}
 	k, err := ProbeKernel()
 	if err != nil {
@@ -362,6 +405,19 @@ func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) 
 	return append(out, l), nil
 }
 
+// Held is the map of processes BPF stopped (HoldNew) and the reader has
+// not resumed: what internal/watchdog resumes if the tracer dies.
+func (t *Tracer) Held() *ebpf.Map { return t.objs.Held }
+
+// Resumed tells BPF's side that the reader sent pid SIGCONT after its held
+// record: the watchdog need not.
+func (t *Tracer) Resumed(pid uint32) {
+	if t == nil || t.objs.Held == nil {
+		return
+	}
+	t.objs.Held.Delete(pid) // absent: the watchdog resumed it first
+}
+
 // AddPID adds a process to the filter (with FilterPIDs).
 func (t *Tracer) AddPID(pid uint32) error {
 	if err := t.objs.Pids.Put(pid, uint8(1)); err != nil {
@@ -519,6 +575,10 @@ func LossHint(c map[string]uint64) string {
 // Close detaches and frees everything; it returns the first error.
 func (t *Tracer) Close() error {
 	first := t.Detach()
+	if t.opts.HoldNew && t.objs.Held != nil {
+		// Processes stopped for records the reader never got to.
+		watchdog.Resume(t.objs.Held, 0, nil)
+	}
 	if t.reader != nil {
 		if err := t.reader.Close(); err != nil && first == nil {
 			first = fmt.Errorf("close ring buffer: %w", err)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,6 +22,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/internal/watchdog"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
@@ -43,6 +45,10 @@ type Options struct {
 	// 3, then execs the rest of its arguments: it lets the tracer add the
 	// child to the PID filter before the target runs its first instruction.
 	LaunchHelper []string
+	// Watchdog is argv[0..] of the command whose body is watchdog.Main:
+	// with a launched command, it resumes the processes BPF stopped for
+	// the reader if the tracer dies first. Nil: none (a test's session).
+	Watchdog []string
 	// Observer, when set, watches the session live (top, agent).
 	Observer Observer
 	// NVML, when set, opens the driver's view of GPU memory (gpustat.Open),
@@ -101,7 +107,8 @@ type Result struct {
 	Counters   map[string]uint64
 	Lost       uint64
 	Attached   []loader.AttachResult
-	ExitCode   int // of the launched command
+	ExitCode   int    // of the launched command: 128 + the signal's number when one killed it
+	Signal     string // the signal that killed the launched command ("SIGKILL"), if one did
 	Events     uint64
 	Output     string
 	StopReason string
@@ -148,6 +155,15 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, hint.Wrap(err, "check `dmesg` and that the kernel has BTF and uprobes (CONFIG_UPROBE_EVENTS)")
 	}
 	defer tr.Close()
+	if topts.HoldNew && len(opts.Watchdog) > 0 {
+		wd, err := watchdog.Start(opts.Watchdog, tr.Held(), opts.Stderr)
+		if err != nil {
+			return nil, hint.Wrap(err, "a launched command is paused at its first allocation; without a watchdog a dying tracer could leave it stopped")
+		}
+		// Runs before tr.Close: the tracer resumes what is held, then
+		// the watchdog goes.
+		defer wd.Close()
+	}
 
 	res := &Result{Ledger: ledger.New(), Output: opts.Output}
 	for _, lib := range libs {
@@ -225,6 +241,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	if s.child != nil {
 		res.ExitCode = s.child.end(opts.Stderr)
+		res.Signal = s.child.signal
 	}
 	res.Counters, err = tr.Counters()
 	if err != nil {
@@ -339,6 +356,9 @@ type child struct {
 	name string
 	done chan struct{}
 	code int
+	// signal names the signal that killed the command, if one did: code
+	// is then 128 + its number, as a shell says.
+	signal string
 }
 
 // end waits for the command after tracing stopped. A command still running
@@ -370,6 +390,26 @@ func (c *child) exited() bool {
 	}
 }
 
+// exitStatus is the shell's figure for how a command ended (Wait's
+// error): its exit code, or 128 + the number of the signal that killed it,
+// and that signal's name.
+func exitStatus(err error) (int, string) {
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, ""
+	case errors.As(err, &ee):
+		// os/exec gives syscall's WaitStatus (x/sys/unix's is another
+		// type).
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal()), unix.SignalName(ws.Signal())
+		}
+		return ee.ExitCode(), ""
+	default:
+		return 127, ""
+	}
+}
+
 // launch starts the command through the launch helper, adds it to the PID
 // filter while it waits, then lets it exec the target.
 func launch(opts Options, tr *loader.Tracer) (*child, error) {
@@ -391,17 +431,7 @@ func launch(opts Options, tr *loader.Tracer) (*child, error) {
 	}
 	c := &child{cmd: cmd, name: opts.Command[0], done: make(chan struct{})}
 	go func() {
-		err := cmd.Wait()
-		var ee *exec.ExitError
-		switch {
-		case errors.As(err, &ee):
-			c.code = ee.ExitCode()
-			if ws, ok := ee.Sys().(unix.WaitStatus); ok && ws.Signaled() {
-				c.code = 128 + int(ws.Signal())
-			}
-		case err != nil:
-			c.code = 127
-		}
+		c.code, c.signal = exitStatus(cmd.Wait())
 		close(c.done)
 	}()
 	if err := tr.AddPID(uint32(cmd.Process.Pid)); err != nil {

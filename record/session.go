@@ -219,6 +219,7 @@ func (s *session) resume(ev *events.Event) {
 	if err := syscall.Kill(int(ev.PID), syscall.SIGCONT); err != nil && err != syscall.ESRCH {
 		s.warn(fmt.Errorf("resume pid %d after reading its mappings: %w", ev.PID, err))
 	}
+	s.tr.Resumed(ev.PID)
 }
 
 // enrich unwinds ev's stack window, if it has one, and reads the code
@@ -349,7 +350,7 @@ func (s *session) finish(res *Result) error {
 	}
 	s.writeNamed(true)
 	err := s.w.Finish(tracefile.Counters{Counters: res.Counters, Lost: res.Lost},
-		tracefile.End{Events: s.events, Reason: res.StopReason, ExitCode: res.ExitCode})
+		tracefile.End{Events: s.events, Reason: res.StopReason, ExitCode: res.ExitCode, Signal: res.Signal})
 	s.w = nil
 	return err
 }

@@ -98,6 +98,7 @@ type TraceInfo struct {
 	Complete   bool      `json:"complete"` // the end record is there
 	StopReason string    `json:"stop_reason,omitempty"`
 	ExitCode   int       `json:"exit_code,omitempty"`
+	Signal     string    `json:"signal,omitempty"` // that killed the command
 }
 
 // Process is one process's account.
@@ -308,7 +309,7 @@ func Load(path string, opts Options) (*Report, error) {
 		Start: meta.StartWall, DurationNS: t.DurationNS(), Command: meta.Command, PIDs: meta.PIDs, All: meta.All,
 		Complete: t.End != nil}
 	if t.End != nil {
-		rep.Trace.StopReason, rep.Trace.ExitCode = t.End.Reason, t.End.ExitCode
+		rep.Trace.StopReason, rep.Trace.ExitCode, rep.Trace.Signal = t.End.Reason, t.End.ExitCode, t.End.Signal
 	}
 
 	syms := t.Symbols(!opts.NoSymbolize)

@@ -226,6 +226,10 @@ type End struct {
 	Events   uint64 `json:"events"`
 	Reason   string `json:"reason,omitempty"`
 	ExitCode int    `json:"exit_code,omitempty"`
+	// Signal names the signal that killed the launched command
+	// ("SIGKILL"); ExitCode is then 128 + its number. Absent from
+	// traces written before it was added.
+	Signal string `json:"signal,omitempty"`
 }
 
 // NVML is one sample of the driver's view (NVIDIA's management library,

@@ -8,6 +8,8 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+
+	"github.com/cudatrace/cudatrace/internal/outfile"
 )
 
 // Writer appends frames to a trace. It buffers: call Flush to push what was
@@ -23,15 +25,17 @@ type Writer struct {
 }
 
 // Create creates (or truncates) path and writes the header and meta frame.
+// Only a regular file is written (a link to one is followed); a new one is
+// 0600: a trace holds command lines and stacks (internal/outfile).
 func Create(path string, meta Meta) (*Writer, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := outfile.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("create trace: %w", err)
 	}
 	w, err := NewWriter(f, meta)
 	if err != nil {
 		f.Close()
-		os.Remove(path)
+		os.Remove(f.Name()) // the file, not a link to it
 		return nil, err
 	}
 	w.f = f

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,6 +196,9 @@ const attachedLine = "cudatrace: attached"
 type recordOpts struct {
 	Env []string // nil: this process's
 	Dir string   // working directory; "": this process's
+	// Stdin is what record (and the command it launches) reads; nil:
+	// nothing.
+	Stdin io.Reader
 }
 
 // startRecord starts `cudatrace record ARGS...`. It is killed, with its
@@ -205,6 +209,7 @@ func startRecord(t *testing.T, ctx context.Context, opts recordOpts, args ...str
 	cmd := exec.CommandContext(ctx, tracerBin, append([]string{"record"}, args...)...)
 	cmd.Env = opts.Env
 	cmd.Dir = opts.Dir
+	cmd.Stdin = opts.Stdin
 	// Its own process group, so that what it launched goes with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

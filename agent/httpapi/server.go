@@ -25,13 +25,21 @@ import (
 type Options struct {
 	Version string
 	// Token, when not empty, is the bearer token every request must carry
-	// (Authorization: Bearer TOKEN).
+	// (Authorization: Bearer TOKEN). Without one, only root and the
+	// agent's own user may read the agent, over loopback (peer.go), unless
+	// Open.
 	Token string
+	// Open serves every client that reaches the listener, without a
+	// token (--insecure-no-token).
+	Open bool
 	// ProcessLabels puts pid, comm, container and pod on the metrics;
 	// off, the metrics are summed per device (fewer series).
 	ProcessLabels bool
 	// MaxTraceWindow bounds /trace?seconds=.
 	MaxTraceWindow time.Duration
+	// MaxTraceWindows bounds the /trace windows open at once (429 past
+	// it); 0: DefaultMaxTraceWindows.
+	MaxTraceWindows int
 }
 
 // DefaultMaxTraceWindow is the longest /trace window by default.
@@ -45,19 +53,24 @@ func New(a *agent.Agent, opts Options) http.Handler {
 	if opts.MaxTraceWindow <= 0 {
 		opts.MaxTraceWindow = DefaultMaxTraceWindow
 	}
+	if opts.MaxTraceWindows <= 0 {
+		opts.MaxTraceWindows = DefaultMaxTraceWindows
+	}
 	reg := prometheus.NewRegistry()
 	// The agent's own memory and CPU, as every Go exporter shows them: a
 	// daemon that must stay bounded is watched by its RSS.
 	reg.MustRegister(newCollector(a, opts.Version, opts.ProcessLabels),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s := &server{a: a, opts: opts}
+	s := &server{a: a, opts: opts,
+		windows: newLimiter("trace windows", opts.MaxTraceWindows, 0, 0),
+		heavy:   newLimiter("profiles and snapshots", DefaultMaxHeavy, DefaultMaxWaiting, heavyWait)}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: metricsInFlight}))
 	mux.HandleFunc("GET /debug/pprof/cuda_memory", s.profile)
 	mux.HandleFunc("GET /snapshot", s.snapshot)
 	mux.HandleFunc("GET /trace", s.trace)
 	mux.HandleFunc("GET /{$}", s.index)
-	if opts.Token == "" {
+	if opts.Open && opts.Token == "" {
 		return mux
 	}
 	return s.auth(mux)
@@ -66,19 +79,42 @@ func New(a *agent.Agent, opts Options) http.Handler {
 type server struct {
 	a    *agent.Agent
 	opts Options
+	// windows: /trace streams open; heavy: profiles and snapshots being
+	// copied and built (limits.go).
+	windows, heavy *limiter
 }
 
+// auth lets a request through with the token, or, without a token
+// configured, from root or the agent's own user over loopback.
 func (s *server) auth(next http.Handler) http.Handler {
-	want := []byte("Bearer " + s.opts.Token)
+	want := []byte(s.opts.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		if len(want) == 0 {
+			if !trustedPeer(r.Context()) {
+				http.Error(w, "cudatrace agent: only root and the agent's own user may read it, over loopback; "+
+					"other clients need the agent to have a --token-file (docs/agent.md, Access)", http.StatusForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
+		if subtle.ConstantTimeCompare(bearer(r), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="cudatrace"`)
 			http.Error(w, "cudatrace agent: a bearer token is required (Authorization: Bearer TOKEN)", http.StatusUnauthorized)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// bearer is the request's bearer token: the auth scheme is
+// case-insensitive (RFC 9110, 11.1).
+func bearer(r *http.Request) []byte {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return nil
+	}
+	return []byte(strings.TrimSpace(tok))
 }
 
 const indexText = `cudatrace agent %s
@@ -130,6 +166,10 @@ func (s *server) profile(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	if !s.heavy.acquire(w, r) {
+		return
+	}
+	defer s.heavy.release()
 	var buf bytes.Buffer
 	if err := s.a.Profile(r.Context(), &buf, pid); err != nil {
 		fail(w, err)
@@ -146,6 +186,10 @@ func (s *server) snapshot(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	if !s.heavy.acquire(w, r) {
+		return
+	}
+	defer s.heavy.release()
 	var buf bytes.Buffer
 	if err := s.a.Snapshot(r.Context(), &buf, pid); err != nil {
 		fail(w, err)
@@ -165,13 +209,18 @@ func (s *server) trace(w http.ResponseWriter, r *http.Request) {
 	d := defaultTraceWindow
 	if v := r.URL.Query().Get("seconds"); v != "" {
 		sec, err := strconv.ParseFloat(v, 64)
-		if err != nil || sec <= 0 || time.Duration(sec*float64(time.Second)) > s.opts.MaxTraceWindow {
+		// !(sec > 0) refuses NaN too; +Inf is over any maximum.
+		if err != nil || !(sec > 0) || sec > s.opts.MaxTraceWindow.Seconds() {
 			http.Error(w, fmt.Sprintf("?seconds=%q: want a number of seconds up to %v", v,
 				s.opts.MaxTraceWindow.Seconds()), http.StatusBadRequest)
 			return
 		}
 		d = time.Duration(sec * float64(time.Second))
 	}
+	if !s.windows.acquire(w, r) {
+		return
+	}
+	defer s.windows.release()
 	// The trace streams: the status goes out with the first bytes, so an
 	// unknown PID is checked first.
 	if pid != 0 {

@@ -57,7 +57,9 @@ func serve(t *testing.T, opts Options) *httptest.Server {
 			}
 		}
 	}()
-	srv := httptest.NewServer(New(a, opts))
+	srv := httptest.NewUnstartedServer(New(a, opts))
+	srv.Config.ConnContext = ConnContext
+	srv.Start()
 	t.Cleanup(func() { srv.Close(); close(stop); <-done; a.Close() })
 	return srv
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/cudatrace/cudatrace/agent/httpapi"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/record"
 )
 
@@ -32,6 +33,7 @@ type agentFlags struct {
 	noSymbolize   bool
 	noPy          bool
 	nvml          bool
+	maxWindows    int
 }
 
 func newAgentCmd() *cobra.Command {
@@ -66,8 +68,14 @@ report' does: the Python line that allocated, or failed to.
 A process in a container is labelled with its container ID, and with its
 pod's UID under Kubernetes (from /proc/PID/cgroup).
 
-Off loopback, requests need a bearer token (--token-file), unless
---insecure-no-token says otherwise. See docs/agent.md.`,
+Access: what the agent serves (command lines, stacks, memory layouts of
+every process on the node) is root's. Without --token-file only root and
+the agent's own user are served, over loopback (the client socket's owner,
+as the kernel's socket table says); every other local user gets 403. With
+--token-file every request must carry Authorization: Bearer TOKEN (give
+Prometheus, Alloy or Parca the token), and off loopback a token is
+required unless --insecure-no-token serves anyone who reaches the port.
+See docs/agent.md.`,
 		Example: `  # On a GPU node, as root: metrics on 127.0.0.1:9738, OOM dumps in /var/lib/cudatrace/oom
   cudatrace agent
 
@@ -86,8 +94,8 @@ Off loopback, requests need a bearer token (--token-file), unless
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:9738", "HTTP address to serve on (port 0 picks a free one)")
-	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the bearer token every request must carry")
-	fl.BoolVar(&f.noToken, "insecure-no-token", false, "serve off loopback without a token (anyone who reaches the port reads stacks and command lines)")
+	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the bearer token every request must carry (without one: only root and the agent's user, over loopback)")
+	fl.BoolVar(&f.noToken, "insecure-no-token", false, "serve anyone who reaches the port without a token, other local users and off loopback included (they read stacks and command lines)")
 	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
 	fl.DurationVar(&f.retention, "retention", agent.DefaultRetention, "how long an exited process's account is kept")
 	fl.StringVar(&f.dumpDir, "dump-dir", "/var/lib/cudatrace/oom", `where OOM dumps go ("" writes none)`)
@@ -97,6 +105,7 @@ Off loopback, requests need a bearer token (--token-file), unless
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
 	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
 	fl.BoolVar(&f.nvml, "nvml", true, "export what the driver reports (NVML) beside what was traced")
+	fl.IntVar(&f.maxWindows, "max-trace-windows", httpapi.DefaultMaxTraceWindows, "most /trace windows open at once (429 past it); each holds at most 4MiB of records for its client")
 	return cmd
 }
 
@@ -104,6 +113,12 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 	ring, err := parseSize(f.ringSize)
 	if err != nil {
 		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
+	}
+	if err := checkRing(ring, f.ringSize, loader.DefaultStackWindow); err != nil {
+		return err
+	}
+	if f.maxWindows <= 0 {
+		return hint.Wrap(fmt.Errorf("--max-trace-windows %d: must be positive", f.maxWindows), "e.g. --max-trace-windows 8")
 	}
 	if f.retention <= 0 {
 		return hint.Wrap(fmt.Errorf("--retention %v: must be positive", f.retention), "e.g. --retention 10m")
@@ -124,7 +139,11 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 	a := agent.New(agent.Options{Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
 		NoSymbolize: f.noSymbolize, Version: version, Stderr: stderr})
 	srv := &http.Server{
-		Handler:           httpapi.New(a, httpapi.Options{Version: version, Token: token, ProcessLabels: f.processLabels}),
+		Handler: httpapi.New(a, httpapi.Options{Version: version, Token: token, Open: f.noToken,
+			ProcessLabels: f.processLabels, MaxTraceWindows: f.maxWindows}),
+		// Who is at the other end: without a token only root and this
+		// user are served.
+		ConnContext:       httpapi.ConnContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}

@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/internal/outfile"
 )
 
 type exportFlags struct {
@@ -63,7 +62,7 @@ does. The trace is read as a stream: memory stays bounded by the live set.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&f.format, "format", "f", "", "output format: "+formatList())
-	fl.StringVarP(&f.output, "output", "o", "", "write to this file (- for standard output)")
+	fl.StringVarP(&f.output, "output", "o", "", "write to this file, created 0600 or replaced keeping its mode; a link is followed; never a device, FIFO, socket or directory (- for standard output)")
 	fl.StringVar(&f.at, "at", "end", "the moment whose live set pprof and memviz show: end, peak, or a time since the start (90s)")
 	fl.UintSliceVarP(&f.pids, "pid", "p", nil, "only this process (repeatable)")
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
@@ -90,6 +89,9 @@ func runExport(cmd *cobra.Command, f *exportFlags, trace string) error {
 	if f.output == "" {
 		return hint.Wrap(errors.New("say where to write the output with -o FILE"), "-o - writes to standard output")
 	}
+	if err := outfile.Check(f.output); err != nil {
+		return err
+	}
 	at, err := export.ParseMoment(f.at)
 	if err != nil {
 		return err
@@ -109,34 +111,29 @@ func runExport(cmd *cobra.Command, f *exportFlags, trace string) error {
 }
 
 // writeExport writes trace in format to out ("-": stdout). A file is
-// written under a temporary name and renamed when complete, so a failed
-// export never leaves half a profile where a tool would open it.
+// written under a temporary name and renamed over out when complete, so a
+// failed export never leaves half a profile where a tool would open it;
+// out must be a regular file or a new one (internal/outfile).
 func writeExport(stdout io.Writer, trace string, format export.Format, out string, opts export.Options) error {
-	if out == "-" {
+	if out == outfile.Stdout {
 		bw := bufio.NewWriter(stdout)
 		if err := export.Write(bw, trace, format, opts); err != nil {
 			return err
 		}
 		return bw.Flush()
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".*")
+	f, err := outfile.Create(out)
 	if err != nil {
-		return fmt.Errorf("create %s: %w", out, err)
+		return err
 	}
-	defer os.Remove(tmp.Name()) // after a successful rename this fails harmlessly
-	bw := bufio.NewWriterSize(tmp, 1<<20)
+	defer f.Abort() // after Commit it does nothing
+	bw := bufio.NewWriterSize(f, 1<<20)
 	err = export.Write(bw, trace, format, opts)
 	if err == nil {
 		err = bw.Flush()
 	}
-	if cerr := tmp.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
 	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), out)
+		err = f.Commit()
 	}
 	if err != nil {
 		return fmt.Errorf("export %s to %s: %w", trace, out, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/internal/outfile"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/report"
@@ -51,7 +52,8 @@ driver on the same thread counts once.
 What to trace (one of):
   -- COMMAND ARGS   launch COMMAND and trace it and its children from their
                     first instruction; recording ends when it exits, and
-                    cudatrace exits with its exit code
+                    cudatrace exits with its exit status (128 + N when
+                    signal N killed it)
   --pid PID         attach to a running process (repeatable); recording ends
                     when every one has exited
   --all             every process on the host; ends on Ctrl-C or --duration
@@ -69,6 +71,19 @@ summary per process; -o keeps the full trace for 'cudatrace report' and
 'cudatrace export', and --export writes an export at once (pprof, memviz,
 perfetto or json; see 'cudatrace export --help').
 A command still running when recording stops gets SIGTERM after 2 seconds.
+
+Outputs (-o, --export) are checked before anything is traced. They are
+created 0600 (they hold command lines and stacks), an existing file keeps
+its mode, a link is followed to the file it names, and a device, FIFO,
+socket or directory is refused. If the trace cannot be written whole (disk
+full) the summary is still printed; if an export fails, the trace it was
+made from is kept and its path printed. Exit status: the command's; 125
+when it succeeded (or none was launched) but the trace or an export was
+not written whole; 1 when tracing could not start.
+
+A launched command's processes are paused (SIGSTOP) at their first
+allocation while their mappings are read. A watchdog process beside
+cudatrace resumes them if cudatrace dies first, or after 5 s.
 
 NVML: every second (--nvml-interval), record also asks the NVIDIA driver (NVML, as nvidia-smi
 does) how much GPU memory each process holds, and keeps that in the trace:
@@ -106,7 +121,7 @@ does the same for every process, for a trace read on another machine.`,
 	fl.BoolVarP(&f.all, "all", "a", false, "trace every process on the host")
 	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (e.g. 30s, 5m)")
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
-	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
+	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two holding at least 8 allocation records of the stack window (256KiB for 16KiB) (raise it if events are lost)")
 	fl.StringVar(&f.window, "stack-window", "16KiB", "user stack copied per allocation to unwind code without frame pointers: a multiple of 4KiB up to 64KiB, 0 for frame-pointer stacks only")
 	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, merged into stacks where the interpreter runs) out of their stacks")
 	fl.BoolVar(&f.portable, "portable", false, "name every native frame into the trace while recording, so report/export name them on another machine, without these libraries (containers' frames are always named)")
@@ -133,20 +148,39 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		return hint.Wrap(fmt.Errorf("--stack-window %q: %w", f.window, err),
 			"e.g. --stack-window 32KiB for deep native stacks, or 0 to copy none")
 	}
+	if err := checkRing(ring, f.ringSize, window); err != nil {
+		return err
+	}
 	exports, err := parseExports(f.exports)
 	if err != nil {
 		return err
 	}
+	// Every output is checked before anything is traced: a typo or a
+	// FIFO must not cost a whole training run.
+	if f.output != "" {
+		if err := outfile.Check(f.output); err != nil {
+			return err
+		}
+	}
+	for _, e := range exports {
+		if err := outfile.Check(e.path); err != nil {
+			return hint.Wrap(fmt.Errorf("--export %s=%s: %w", e.format, e.path, err), hint.Of(err))
+		}
+	}
 	output := f.output
+	var temp string // the trace made only for the exports: removed once they are written
 	if output == "" && len(exports) > 0 {
-		// The exports are made from a trace file: keep one until they are.
 		tmp, err := os.CreateTemp("", "cudatrace-*.trace")
 		if err != nil {
 			return fmt.Errorf("create a trace file for --export: %w", err)
 		}
 		tmp.Close()
-		output = tmp.Name()
-		defer os.Remove(output)
+		output, temp = tmp.Name(), tmp.Name()
+		defer func() {
+			if temp != "" {
+				os.Remove(temp)
+			}
+		}()
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -157,6 +191,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		Duration: f.duration, Output: output, Version: version,
 		Stderr:       cmd.ErrOrStderr(),
 		LaunchHelper: []string{exe, launchCmdName},
+		Watchdog:     []string{exe, watchdogCmdName},
 
 		KeepStackWindows: f.keepWin,
 		NoPythonFrames:   f.noPy,
@@ -171,16 +206,22 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	}
 	opts.Tracer.StackWindow = window
 	res, err := record.Run(cmd.Context(), opts)
+	if res == nil {
+		return err // nothing was traced
+	}
+	// From here on the command has run: its summary is printed whatever
+	// became of the files, and the exit status says what did.
+	w := cmd.ErrOrStderr()
+	incomplete := err != nil
 	if err != nil {
-		return err
+		printError(w, hint.Wrap(fmt.Errorf("the trace %s is incomplete: %w", output, err),
+			"it is readable up to the last record written: free space and `cudatrace report` it"))
 	}
 	if !f.quiet {
-		out := cmd.OutOrStdout()
-		if err := report.WriteSummary(out, res.Ledger, res.Lost); err != nil {
-			return err
+		if err := report.WriteSummary(cmd.OutOrStdout(), res.Ledger, res.Lost); err != nil {
+			printError(w, fmt.Errorf("summary: %w", err))
 		}
 	}
-	w := cmd.ErrOrStderr()
 	if res.Lost > 0 {
 		fmt.Fprintf(w, "cudatrace: warning: %d events lost: %s\n", res.Lost, loader.LossHint(res.Counters))
 	}
@@ -188,20 +229,36 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		fmt.Fprintf(w, "cudatrace: %d stacks end where their %s stack window did; a larger --stack-window (up to 64KiB) reaches deeper\n",
 			res.StacksCut, f.window)
 	}
-	if f.output != "" {
+	if f.output != "" && !incomplete {
 		fmt.Fprintf(w, "cudatrace: %d events written to %s; see `cudatrace report %s`\n", res.Events, f.output, f.output)
 	}
+	exportFailed := false
 	for _, e := range exports {
 		if err := writeExport(cmd.OutOrStdout(), output, e.format, e.path, export.Options{}); err != nil {
-			return err
+			printError(w, err)
+			exportFailed = true
+			continue
 		}
 		fmt.Fprintf(w, "cudatrace: %s written to %s\n", e.format, e.path)
 	}
-	if res.ExitCode != 0 {
+	if exportFailed && temp != "" {
+		// Nothing recorded is lost because an export failed.
+		fmt.Fprintf(w, "cudatrace: the trace is kept in %s: `cudatrace export %s --format FORMAT -o FILE` writes it again\n", temp, temp)
+		temp = ""
+	}
+	switch {
+	case res.ExitCode != 0:
 		return exitError{code: exitCode(res.ExitCode)}
+	case incomplete || exportFailed:
+		return exitError{code: exitRecordingFailed}
 	}
 	return nil
 }
+
+// exitRecordingFailed is record's exit status when the command succeeded
+// (or none was launched) but the trace or an export could not be written
+// whole, as timeout(1) and env(1) keep 125 for their own failures.
+const exitRecordingFailed = 125
 
 type exportTarget struct {
 	format export.Format
@@ -231,6 +288,16 @@ func exitCode(c int) int {
 		return 1
 	}
 	return c
+}
+
+// checkRing refuses a --ring-size that holds too few allocation records of
+// the stack window's size: every burst of them would be lost.
+func checkRing(ring uint32, flag string, window int) error {
+	if err := loader.CheckRing(ring, window); err != nil {
+		return hint.Wrap(fmt.Errorf("--ring-size %s: %w", flag, err),
+			fmt.Sprintf("e.g. --ring-size %dKiB, or a smaller --stack-window", loader.MinRingBytes(window)>>10))
+	}
+	return nil
 }
 
 // parseWindow reads --stack-window: 0, or a multiple of 4 KiB up to

@@ -76,6 +76,6 @@ Needs root, or CAP_BPF and CAP_PERFMON, on Linux 5.15 or later with BTF.`,
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return hint.Wrap(err, fmt.Sprintf("see `%s --help`", c.CommandPath()))
 	})
-	root.AddCommand(newRecordCmd(), newReportCmd(), newExportCmd(), newTopCmd(), newAgentCmd(), newLaunchCmd())
+	root.AddCommand(newRecordCmd(), newReportCmd(), newExportCmd(), newTopCmd(), newAgentCmd(), newLaunchCmd(), newWatchdogCmd())
 	return root
 }
