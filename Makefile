@@ -29,9 +29,10 @@ generate:
 	$(GO) generate ./bpf/
 
 # Everything, the privileged end-to-end tests (vmtest/) included. They need
-# root (CAP_BPF, CAP_PERFMON); with CI=true a skip is a failure.
+# root (CAP_BPF, CAP_PERFMON); with CI=true a skip is a failure. vmtest alone
+# takes about 10 minutes, go test's default limit: hence -timeout.
 test: build
-	VMTEST_CUDATRACE=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
+	VMTEST_CUDATRACE=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m ./...
 
 # Unit tests only: no root, no BPF.
 test-unit:
