@@ -539,6 +539,7 @@ func TestAgentUnderLoad(t *testing.T) {
 		bodies  []io.Closer
 	)
 	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: 2 * n}}
+	t.Cleanup(client.CloseIdleConnections)
 	storm := func() {
 		var wg sync.WaitGroup
 		for i := range 2 * n {
