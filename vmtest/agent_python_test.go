@@ -81,6 +81,17 @@ func TestAgentPython(t *testing.T) {
 				t.Fatalf("ground truth %+v", truth)
 			}
 
+			// The job's answer comes before the agent's reader has the
+			// records (under load, by some time): wait until it counted all 4.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				m := parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
+				if n, _ := metric(t, m, "cudatrace_allocations_total", "pid", pid, "level", "segment"); n == 4 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent did not count pid %s's 4 allocations within 10s", pid)
+				}
+			}
 			t.Run("pprof", func(t *testing.T) {
 				p := fetchProfile(t, ctx, fmt.Sprintf("%s/debug/pprof/cuda_memory?pid=%s", ag.url, pid))
 				got := map[string][]int64{}
