@@ -73,7 +73,18 @@ func TestKernels(t *testing.T) {
 			}
 			out := filepath.Join(work, c.series)
 			start := time.Now()
-			if err := bootKernel(k, initrd, c.cmdline, out); err != nil {
+			err := bootKernel(k, initrd, c.cmdline, out)
+			if err != nil && strings.Contains(tail(filepath.Join(out, "console.log"), 64<<10), "Oops: int3") {
+				// The stale-int3 oops of a static branch patched under TCG
+				// (see bootKernel): logged, and booted once more. Any other
+				// oops fails the test.
+				t.Logf("Linux %s: the guest oopsed on an int3, booting it again: %v", c.series, err)
+				if rerr := os.RemoveAll(out); rerr != nil {
+					t.Fatal(rerr)
+				}
+				err = bootKernel(k, initrd, c.cmdline, out)
+			}
+			if err != nil {
 				t.Fatalf("Linux %s: %v", c.series, err)
 			}
 			t.Logf("Linux %s booted and ran its cases in %v:\n%s", c.series, time.Since(start).Round(time.Second),
@@ -257,7 +268,11 @@ func bootKernel(vmlinuz, initrd, cmdline, out string) error {
 	defer cancel()
 	// -nographic with both serial ports given: ttyS0 the console, ttyS1
 	// the results. panic=-1 and -no-reboot end QEMU on a guest panic.
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", "-machine", "q35,accel=tcg", "-cpu", "max",
+	// thread=single: one host thread runs both vCPUs. With a thread per
+	// vCPU (MTTCG) a 6.12 guest once hit a stale int3 while the kernel
+	// patched a static branch (Oops: int3 in secure_tcp_seq_and_ts_off,
+	// from wget), QEMU's cross-modifying code racing the patching.
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", "-machine", "q35", "-accel", "tcg,thread=single", "-cpu", "max",
 		"-smp", "2", "-m", "2G", "-nographic", "-no-reboot", "-monitor", "none",
 		"-serial", "file:"+console, "-serial", "file:"+data,
 		"-kernel", vmlinuz, "-initrd", initrd,
