@@ -7,6 +7,7 @@ package vmtest
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/cudatrace/cudatrace/internal/memviztest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,6 +72,7 @@ func TestExports(t *testing.T) {
 		if err != nil {
 			skipOrFail(t, "no python3 to load the snapshot: %v", err)
 		}
+		memviztest.Check(t, snap, memviztest.Want{})
 		// Sum the segments per device, checking that blocks tile them.
 		out, err := exec.CommandContext(ctx, py, "-c", `
 import json, pickle, sys
