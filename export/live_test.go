@@ -67,7 +67,7 @@ func TestWriteLivePprof(t *testing.T) {
 	}
 	// Sorted by PID: pid 1 first.
 	s := p.Sample[0]
-	if fmt.Sprint(s.Value) != "[1 50 2 150]" || s.NumLabel["pid"][0] != 1 || s.Label["container"][0] != "c0ffee" ||
+	if fmt.Sprint(s.Value) != "[1 50 2 150 0 0 0 0 0 0 0 0]" || s.NumLabel["pid"][0] != 1 || s.Label["container"][0] != "c0ffee" ||
 		s.Label["comm"][0] != "job" || s.Label["level"][0] != "segment" || s.Label["device"][0] != "0" {
 		t.Errorf("pid 1's sample: values %v labels %v %v", s.Value, s.Label, s.NumLabel)
 	}
@@ -79,7 +79,7 @@ func TestWriteLivePprof(t *testing.T) {
 		t.Errorf("pid 1's stack: %v", s.Location)
 	}
 	s = p.Sample[1]
-	if fmt.Sprint(s.Value) != "[0 0 1 7]" || s.Label["comm"][0] != "other" || s.Label["container"] != nil {
+	if fmt.Sprint(s.Value) != "[0 0 1 7 0 0 0 0 0 0 0 0]" || s.Label["comm"][0] != "other" || s.Label["container"] != nil {
 		t.Errorf("pid 2's sample: values %v labels %v", s.Value, s.Label)
 	}
 }

@@ -377,7 +377,7 @@ func TestAgent(t *testing.T) {
 	t.Run("pprof", func(t *testing.T) {
 		url := fmt.Sprintf("%s/debug/pprof/cuda_memory?pid=%d", ag.url, a.pid)
 		p := fetchProfile(t, ctx, url)
-		if p.DefaultSampleType != "inuse_space" || len(p.SampleType) != 4 || p.SampleType[3].Type != "inuse_space" {
+		if p.DefaultSampleType != "inuse_space" || len(p.SampleType) != 12 || p.SampleType[3].Type != "inuse_space" {
 			t.Fatalf("sample types %v, default %q", p.SampleType, p.DefaultSampleType)
 		}
 		got := byTop(p)
