@@ -33,13 +33,21 @@ already use:
 
   pprof     a gzipped profile for 'go tool pprof', Pyroscope or Parca, in
             the Go heap profile's shape: inuse_space (the default view),
-            inuse_objects, alloc_space, alloc_objects, with labels pid, comm,
+            inuse_objects, alloc_space, alloc_objects count GPU memory as
+            the driver holds it (what the report calls GPU live). Tensors
+            (PyTorch's blocks, inside that memory) and pinned host memory
+            have sample types of their own: pick them with
+            'go tool pprof -sample_index=tensor_inuse_space' (or
+            host_inuse_space, tensor_alloc_space, ...). Labels pid, comm,
             device, api, kind and level. inuse_* is the live set at --at.
   memviz    a pickle that https://pytorch.org/memory_viz and
             'python -m torch.cuda._memory_viz' open, like the snapshot of
             torch.cuda.memory._snapshot(): segments (the live set at --at)
             and a trace of the allocations and frees per device (the
-            latest --memviz-entries of them). One process: pick it with --pid.
+            latest --memviz-entries of them; the Allocator Settings tab
+            says when older ones were cut). OOM entries carry the free
+            memory NVML saw last, when the trace has it. One process: pick
+            it with --pid.
   perfetto  Chrome trace JSON for https://ui.perfetto.dev: live GPU memory
             per process and device as counter tracks, failed allocations as
             instant events.
