@@ -77,6 +77,9 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	if err != nil {
 		return err
 	}
+	if err := opts.checkReplay(t, end); err != nil {
+		return err
+	}
 	var pids []uint32
 	for _, p := range t.Ledger.Processes() {
 		if opts.selected(p.PID) && p.Allocs+p.Failed > 0 {

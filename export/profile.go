@@ -52,6 +52,9 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 	if err != nil {
 		return err
 	}
+	if err := opts.checkReplay(t, end); err != nil {
+		return err
+	}
 	for _, p := range t.Ledger.Processes() {
 		if opts.selected(p.PID) {
 			samples.AddLive(p.LiveAllocations(), p.LiveTensors())

@@ -33,7 +33,7 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 	tw := &timelineWriter{w: bufio.NewWriterSize(w, 256<<10), start: meta.StartBoot, named: map[uint32]bool{},
 		last: map[uint32]*[]trackTime{}}
 	tw.raw(`{"displayTimeUnit":"ms","traceEvents":[`)
-	_, err = replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch ledger.Change) error {
+	t, err := replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		p := ch.Process
 		if p == nil || !opts.selected(p.PID) {
 			return nil
@@ -56,6 +56,9 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 		return tw.err
 	}})
 	if err != nil {
+		return err
+	}
+	if err := opts.checkReplay(t, 0); err != nil {
 		return err
 	}
 	tw.raw("]}\n")

@@ -294,6 +294,9 @@ func Load(path string, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := t.CheckPIDs(opts.PIDs); err != nil {
+		return nil, err
+	}
 	meta := t.Meta
 	rep := &Report{LostEvents: t.Lost, Events: t.Events, Counters: t.Counters, Warning: t.Warning,
 		Libraries: []Library{}, top: opts.Top}
