@@ -48,8 +48,9 @@ already use:
             memory NVML saw last, when the trace has it. One process: pick
             it with --pid.
   perfetto  Chrome trace JSON for https://ui.perfetto.dev: live GPU memory
-            per process and device as counter tracks, failed allocations as
-            instant events.
+            per process and device as counter tracks (tensor memory too),
+            failed allocations as instant events on their named threads,
+            with their stacks.
   json      the full report: processes, devices, stacks, failures, the peak.
 
 Stacks are symbolized from the files on this machine, as 'cudatrace report'
