@@ -180,12 +180,14 @@ func TestProfileDelta(t *testing.T) {
 	}
 }
 
+// equal reports whether a GPU memory sample's values are want (its
+// alloc_*/inuse_* group) and the tensor and host groups after it are 0.
 func equal(v []int64, want ...int64) bool {
-	if len(v) != len(want) {
+	if len(v) != 12 || len(want) != 4 {
 		return false
 	}
 	for i := range v {
-		if v[i] != want[i] {
+		if i < 4 && v[i] != want[i] || i >= 4 && v[i] != 0 {
 			return false
 		}
 	}

@@ -153,8 +153,7 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 			v := a.allocs[k]
 			old := a.scraped[k]
 			if d0, d1 := v[0]-old[0], v[1]-old[1]; d0 != 0 || d1 != 0 {
-				s := lp.Samples.At(k)
-				s[0], s[1] = d0, d1
+				lp.Samples.AddAlloc(k, d0, d1)
 			}
 			a.scraped[k] = *v
 		}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -92,6 +93,9 @@ type Options struct {
 	// as PyTorch's _record_memory_history(max_entries=…) does; 0 means
 	// DefaultMemvizEntries, negative means no cap.
 	MemvizEntries int
+	// Top is, for the JSON report, how many stacks per process the peak
+	// lists; 0 means report.DefaultTop.
+	Top int
 	// Warn, when set, hears what the output could not say: frames of
 	// container processes nothing could name.
 	Warn func(msg string)
@@ -102,6 +106,24 @@ func (o *Options) warnGone(syms *replay.Symbols) {
 	if n := syms.Gone(); n > 0 && o.Warn != nil {
 		o.Warn(fmt.Sprintf("%d frames not named: %s", n, replay.GoneHint))
 	}
+}
+
+// checkReplay says, once the trace at path has been read to end, what
+// makes the export wrong rather than empty: a --pid the trace does not
+// have, a moment (until) past its end. It passes the replay's damage
+// warning to o.Warn, as report prints it.
+func (o *Options) checkReplay(t *replay.Trace, until uint64) error {
+	if err := t.CheckPIDs(o.PIDs); err != nil {
+		return err
+	}
+	if t.PastEnd(until) {
+		return hint.Wrap(fmt.Errorf("--at %s is past the end of the trace, which lasts %s", o.At,
+			time.Duration(t.DurationNS()).Round(time.Millisecond)), "give a time within it, or --at end")
+	}
+	if t.Warning != "" && o.Warn != nil {
+		o.Warn(t.Warning)
+	}
+	return nil
 }
 
 // DefaultMemvizEntries is how many trace entries per device a memviz

@@ -6,7 +6,9 @@ package export
 // the samples and the live set come from differs.
 
 import (
+	"cmp"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/cudatrace/cudatrace/ledger"
@@ -78,16 +80,27 @@ func LiveSnapshot(segments, liveTensors []*ledger.Allocation, tensors bool, trac
 	}
 	snap := &Snapshot{}
 	maxDev := -1
+	var segs []*ledger.Allocation
 	for _, a := range segments {
 		if !a.API.Segment() {
 			continue
 		}
+		segs = append(segs, a)
 		seg := memvizSegment(a, frames(a.Stack))
 		if tensors {
 			seg = memvizTensorSegment(a, frames(a.Stack), liveTensors, frames)
 		}
 		snap.Segments = append(snap.Segments, seg)
 		maxDev = max(maxDev, int(a.Device))
+	}
+	if tensors {
+		// Tensors in segments made before the agent attached: their own
+		// segments, so no live tensor is dropped.
+		for _, seg := range orphanSegments(segs, liveTensors, frames) {
+			snap.Segments = append(snap.Segments, seg)
+			maxDev = max(maxDev, seg.Device)
+		}
+		slices.SortStableFunc(snap.Segments, func(a, b MemvizSegment) int { return cmp.Compare(a.Address, b.Address) })
 	}
 	for _, e := range trace {
 		maxDev = max(maxDev, int(e.Device))

@@ -3,12 +3,15 @@ package export
 import (
 	"bytes"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/google/pprof/profile"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/memviztest"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
@@ -64,7 +67,7 @@ func TestWriteLivePprof(t *testing.T) {
 	}
 	// Sorted by PID: pid 1 first.
 	s := p.Sample[0]
-	if fmt.Sprint(s.Value) != "[1 50 2 150]" || s.NumLabel["pid"][0] != 1 || s.Label["container"][0] != "c0ffee" ||
+	if fmt.Sprint(s.Value) != "[1 50 2 150 0 0 0 0 0 0 0 0]" || s.NumLabel["pid"][0] != 1 || s.Label["container"][0] != "c0ffee" ||
 		s.Label["comm"][0] != "job" || s.Label["level"][0] != "segment" || s.Label["device"][0] != "0" {
 		t.Errorf("pid 1's sample: values %v labels %v %v", s.Value, s.Label, s.NumLabel)
 	}
@@ -76,7 +79,7 @@ func TestWriteLivePprof(t *testing.T) {
 		t.Errorf("pid 1's stack: %v", s.Location)
 	}
 	s = p.Sample[1]
-	if fmt.Sprint(s.Value) != "[0 0 1 7]" || s.Label["comm"][0] != "other" || s.Label["container"] != nil {
+	if fmt.Sprint(s.Value) != "[0 0 1 7 0 0 0 0 0 0 0 0]" || s.Label["comm"][0] != "other" || s.Label["container"] != nil {
 		t.Errorf("pid 2's sample: values %v labels %v", s.Value, s.Label)
 	}
 }
@@ -140,4 +143,39 @@ func TestPprofContainerLabels(t *testing.T) {
 	if l := p.Sample[1].Label; l["container"] != nil || l["pod"] != nil {
 		t.Errorf("pid 8 (on the host) has labels %v", l)
 	}
+}
+
+// The agent attached after the process made its segments: a live tensor in
+// a segment it never saw gets a segment of its own rather than being
+// dropped, and the snapshot file passes memory_viz's walk.
+func TestLiveSnapshotUnseenSegment(t *testing.T) {
+	l := ledger.New()
+	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.CudaMalloc, Addr: 0x10000, Size: 4096, Stack: []uint64{0xa}})
+	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.TorchMalloc, Addr: 0x10200, Size: 1000, Stack: []uint64{0xc}})
+	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.TorchMalloc, Addr: 0x80000, Size: 2_500_000, Stack: []uint64{0xc}})
+	p := l.Process(1)
+	snap, err := LiveSnapshot(p.LiveAllocations(), p.LiveTensors(), true, nil, fakeStacks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allocated uint64
+	for _, s := range snap.Segments {
+		allocated += s.AllocatedSize
+	}
+	if len(snap.Segments) != 2 || allocated != 1024+2_500_000 {
+		t.Errorf("%d segments holding %d bytes of tensors, want 2 holding %d", len(snap.Segments), allocated, 1024+2_500_000)
+	}
+	if s := snap.Segments[1]; s.Address != 0x80000 || s.TotalSize != 2_500_000 {
+		t.Errorf("the unseen segment's tensor: segment %#x+%d", s.Address, s.TotalSize)
+	}
+	out := filepath.Join(t.TempDir(), "live.pickle")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteMemviz(f, snap); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	memviztest.Check(t, out, memviztest.Want{})
 }

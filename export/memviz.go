@@ -129,6 +129,8 @@ type MemvizTraceEntry struct {
 	// TimeUS is when the event happened, in microseconds (PyTorch uses the
 	// Unix epoch). Zero leaves "time_us" out, as older PyTorch did.
 	TimeUS int64
+
+	orphan bool // a block in no segment the trace saw (memvizScope)
 }
 
 // MemvizAction is a trace entry's action.

@@ -14,6 +14,7 @@ import (
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
+	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // memvizSmall is the largest block PyTorch's caching allocator keeps in its
@@ -52,20 +53,32 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	// at the end.
 	counts, tensorCounts := map[int]int{}, map[int]int{}
 	tensors := false
+	// Tensor entries outside every segment the trace saw are counted
+	// apart, by block: only those of blocks still live at the moment get
+	// a segment of their own (orphanSegments), and so their entries.
+	orphanCounts := map[memvizBlockKey]int{}
+	scope := newMemvizScope(func(memvizBlockKey) bool { return true })
+	noScope := newMemvizScope(nil)
 	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		if ch.Process == nil || !opts.selected(ch.Process.PID) {
 			return nil
 		}
 		tensors = tensors || ev.API.Info().Layer == events.LayerTensor
-		memvizEntries(ev, ch, false, func(dev int, _ MemvizTraceEntry) { counts[dev]++ }, nil)
-		memvizEntries(ev, ch, true, func(dev int, _ MemvizTraceEntry) { tensorCounts[dev]++ }, nil)
+		memvizEntries(ev, ch, false, noScope, func(dev int, _ MemvizTraceEntry) { counts[dev]++ }, nil)
+		memvizEntries(ev, ch, true, scope, func(dev int, e MemvizTraceEntry) {
+			if e.orphan {
+				orphanCounts[memvizBlockKey{dev, e.Addr, e.Size}]++
+			} else {
+				tensorCounts[dev]++
+			}
+		}, nil)
 		return nil
 	}})
 	if err != nil {
 		return err
 	}
-	if tensors {
-		counts = tensorCounts
+	if err := opts.checkReplay(t, end); err != nil {
+		return err
 	}
 	var pids []uint32
 	for _, p := range t.Ledger.Processes() {
@@ -84,25 +97,47 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	defer fr.close()
 
 	snap := &Snapshot{}
-	maxDev := -1
-	for dev := range counts {
-		maxDev = max(maxDev, dev)
-	}
+	orphans := map[memvizBlockKey]bool{}
 	for _, pid := range pids {
 		p := t.Ledger.Process(pid)
 		live := p.LiveTensors() // by address
+		var segs []*ledger.Allocation
 		for _, a := range p.LiveAllocations() {
 			if !a.API.Segment() {
 				continue
 			}
+			segs = append(segs, a)
 			seg := memvizSegment(a, fr.frames(a.Stack))
 			if tensors {
 				seg = memvizTensorSegment(a, fr.frames(a.Stack), live, fr.frames)
 			}
 			snap.Segments = append(snap.Segments, seg)
-			maxDev = max(maxDev, int(a.Device))
+		}
+		if tensors {
+			for _, seg := range orphanSegments(segs, live, fr.frames) {
+				snap.Segments = append(snap.Segments, seg)
+				orphans[memvizBlockKey{seg.Device, seg.Address, seg.TotalSize}] = true
+			}
 		}
 	}
+	if tensors {
+		counts = tensorCounts
+		for k := range orphans {
+			counts[k.dev] += orphanCounts[k]
+		}
+	}
+	maxDev := -1
+	for dev, n := range counts {
+		if n > 0 {
+			maxDev = max(maxDev, dev)
+		}
+	}
+	for i := range snap.Segments {
+		maxDev = max(maxDev, snap.Segments[i].Device)
+	}
+	slices.SortStableFunc(snap.Segments, func(a, b MemvizSegment) int {
+		return cmp.Compare(a.Address, b.Address)
+	})
 	// One trace list per device 0..max, as PyTorch writes them; Validate
 	// checks the segments against them.
 	snap.DeviceTraces = make([][]MemvizTraceEntry, maxDev+1)
@@ -114,18 +149,25 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	if limit == 0 {
 		limit = DefaultMemvizEntries
 	}
+	settings := &MemvizSettings{MaxEntries: max(limit, 0)}
+	for dev := 0; dev <= maxDev; dev++ {
+		if limit > 0 && counts[dev] > limit {
+			settings.Overflowed = true
+		}
+	}
 	traces := pickle.LazyList{Len: maxDev + 1, Item: func(dev int) (any, error) {
 		n := counts[dev]
 		if limit > 0 && n > limit {
-			return fr.deviceTrace(path, end, dev, tensors, n-limit, limit, &opts), nil
+			return fr.deviceTrace(path, end, dev, tensors, orphans, n-limit, limit, &opts), nil
 		}
-		return fr.deviceTrace(path, end, dev, tensors, 0, n, &opts), nil
+		return fr.deviceTrace(path, end, dev, tensors, orphans, 0, n, &opts), nil
 	}}
 	segments := pickle.LazyList{Len: len(snap.Segments), Item: func(i int) (any, error) {
 		return snap.Segments[i].pyValue(), nil
 	}}
 	enc := pickle.NewEncoder(w)
-	err = enc.Encode(pickle.Dict{{Key: "segments", Value: segments}, {Key: "device_traces", Value: traces}})
+	err = enc.Encode(pickle.Dict{{Key: "segments", Value: segments}, {Key: "device_traces", Value: traces},
+		{Key: "allocator_settings", Value: settings.pyValue()}})
 	if fr.err != nil {
 		err = fr.err // the replay's error is the cause; the pickle's is its echo
 	}
@@ -160,42 +202,61 @@ func memvizSegment(a *ledger.Allocation, frames []MemvizFrame) MemvizSegment {
 // segment is also its one block (segment_alloc then alloc; free_requested,
 // free_completed then segment_free); with them, segments and tensor blocks
 // have entries of their own.
-func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, emit func(dev int, e MemvizTraceEntry),
-	stack func(*ledger.Stack) []MemvizFrame) {
+//
+// scope keeps the segments the trace has seen: a tensor entry is made only
+// for a block inside one of them, or one scope.orphan lets through, so no
+// entry points into memory the snapshot does not list (memory_viz's
+// Allocator State History fails on such an entry).
+func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memvizScope,
+	emit func(dev int, e MemvizTraceEntry), stack func(*ledger.Stack) []MemvizFrame) {
 	frames := func(st *ledger.Stack) []MemvizFrame {
 		if stack == nil {
 			return nil
 		}
 		return stack(st)
 	}
+	orphan := false
 	entries := func(a *ledger.Allocation, actions ...MemvizAction) {
 		f := frames(a.Stack)
 		for _, action := range actions {
-			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f})
+			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f,
+				TimeUS: scope.timeUS(ev), orphan: orphan})
 		}
+		orphan = false
+	}
+	tensorIn := func(a *ledger.Allocation) bool {
+		if !tensors || a.API.Info().Layer != events.LayerTensor {
+			return false
+		}
+		var ok bool
+		ok, orphan = scope.covers(a)
+		return ok
 	}
 	for a := range ch.AllFreed() {
 		switch {
 		case a.API.Segment() && tensors:
+			scope.remove(a)
 			entries(a, MemvizSegmentFree)
 		case a.API.Segment():
 			entries(a, MemvizFreeRequested, MemvizFreeCompleted, MemvizSegmentFree)
-		case a.API.Info().Layer == events.LayerTensor && tensors:
+		case tensorIn(a):
 			entries(a, MemvizFreeRequested, MemvizFreeCompleted)
 		}
 	}
 	if a := ch.Alloc; a != nil {
 		switch {
 		case a.API.Segment() && tensors:
+			scope.add(a)
 			entries(a, MemvizSegmentAlloc)
 		case a.API.Segment():
 			entries(a, MemvizSegmentAlloc, MemvizAlloc)
-		case a.API.Info().Layer == events.LayerTensor && tensors:
+		case tensorIn(a):
 			entries(a, MemvizAlloc)
 		}
 	}
 	if ch.Stack != nil && ch.Alloc == nil && events.IsOOM(ev.Result) && ev.API.Segment() {
-		emit(int(ev.Device), MemvizTraceEntry{Action: MemvizOOM, Size: ev.Size, Frames: frames(ch.Stack)})
+		emit(int(ev.Device), MemvizTraceEntry{Action: MemvizOOM, TimeUS: scope.timeUS(ev), Size: ev.Size, Frames: frames(ch.Stack),
+			DeviceFree: scope.deviceFree(int(ev.Device))})
 	}
 }
 
@@ -290,16 +351,22 @@ var errStopReplay = errors.New("stop")
 // entry by entry as the encoder writes them. The first skip entries are
 // left out, and the list has the n after them (skip+n is the count the
 // first pass made).
-func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors bool, skip, n int, opts *Options) pickle.LazyList {
+func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors bool, orphans map[memvizBlockKey]bool,
+	skip, n int, opts *Options) pickle.LazyList {
 	var next func() (MemvizTraceEntry, bool)
 	seq := func(yield func(MemvizTraceEntry) bool) {
 		toSkip := skip
-		_, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch ledger.Change) error {
+		scope := newMemvizScope(func(k memvizBlockKey) bool { return orphans[k] })
+		scope.meta = &m.t.Meta
+		_, err := replay.Read(path, replay.Options{Until: end, OnNVML: func(s *tracefile.NVML, _ *ledger.Ledger) error {
+			scope.nvml(s)
+			return nil
+		}, OnEvent: func(ev *events.Event, ch ledger.Change) error {
 			if ch.Process == nil || !opts.selected(ch.Process.PID) {
 				return nil
 			}
 			more := true
-			memvizEntries(ev, ch, tensors, func(d int, e MemvizTraceEntry) {
+			memvizEntries(ev, ch, tensors, scope, func(d int, e MemvizTraceEntry) {
 				if d != dev || !more {
 					return
 				}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/memviztest"
 	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -44,6 +45,10 @@ func memvizItems() []any {
 		ev(2000, 7, events.CudaMalloc, 0x7100_0000, 512, 1, 0xb1),
 		ev(2500, 7, events.CudaMallocHost, 0x9000, 64, 0, 0xc1),
 		free(3000, 0x7000_0000, 0),
+		// The driver's view before the OOM: device 1 had 7 GiB free.
+		&tracefile.NVML{Time: memvizBase + 3500, Devices: []tracefile.NVMLDevice{
+			{Index: 0, Total: 16 << 30, Used: 1 << 30, Free: 15 << 30},
+			{Index: 1, Total: 16 << 30, Used: 9 << 30, Free: 7 << 30}}},
 		oom,
 		bad,
 		ev(5000, 7, events.CudaMallocManaged, 0x7200_0000, 4096, 0, 0xa1),
@@ -60,6 +65,13 @@ json.dump(pickle.load(open(sys.argv[1], "rb")), sys.stdout)
 
 func memvizExport(t *testing.T, path string, opts Options) map[string]any {
 	t.Helper()
+	return memvizExportWant(t, path, opts, memviztest.Want{})
+}
+
+// memvizExportWant exports the trace at path as memviz, checks the file as
+// memory_viz reads it (memviztest.Check) and returns it as JSON.
+func memvizExportWant(t *testing.T, path string, opts Options, want memviztest.Want) map[string]any {
+	t.Helper()
 	py := testenv.Python3(t, "pickle", "pickletools")
 	out := filepath.Join(t.TempDir(), "snap.pickle")
 	var buf bytes.Buffer
@@ -69,6 +81,7 @@ func memvizExport(t *testing.T, path string, opts Options) map[string]any {
 	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	memviztest.Check(t, out, want)
 	var snap map[string]any
 	if err := json.Unmarshal(testenv.RunPython(t, py, memvizDumpScript, out), &snap); err != nil {
 		t.Fatal(err)
@@ -80,7 +93,7 @@ func memvizExport(t *testing.T, path string, opts Options) map[string]any {
 // carry only their address.
 func TestMemvizTrace(t *testing.T) {
 	path, _ := tracetest.Write(t, memvizMeta(), memvizItems()...)
-	snap := memvizExport(t, path, Options{PIDs: []uint32{7}, NoSymbolize: true})
+	snap := memvizExportWant(t, path, Options{PIDs: []uint32{7}, NoSymbolize: true}, memviztest.Want{DeviceKnown: true})
 
 	a1 := []any{map[string]any{"name": "0xa1", "filename": "", "line": 0.0}}
 	b1 := []any{map[string]any{"name": "0xb1", "filename": "", "line": 0.0}}
@@ -103,21 +116,31 @@ func TestMemvizTrace(t *testing.T) {
 		t.Errorf("segments\n got %s\nwant %s", g, w)
 	}
 
-	entry := func(action string, addr, size float64, frames []any) map[string]any {
-		return map[string]any{"action": action, "addr": addr, "size": size, "stream": 0.0, "frames": frames}
+	// time_us: the Unix µs when the call returned (the meta's wall clock
+	// at 1700000000 s plus the µs since its start).
+	const t0 = 1700000000_000000.0
+	entry := func(action string, addr, size float64, frames []any, us float64) map[string]any {
+		return map[string]any{"action": action, "addr": addr, "size": size, "stream": 0.0, "frames": frames,
+			"time_us": t0 + us}
 	}
-	oom := map[string]any{"action": "oom", "device_free": 0.0, "size": float64(1 << 40), "stream": 0.0, "frames": a1}
+	// device_free: NVML's free memory on device 1 at the sample before.
+	oom := map[string]any{"action": "oom", "device_free": float64(7 << 30), "size": float64(1 << 40), "stream": 0.0,
+		"frames": a1, "time_us": t0 + 4}
 	want := []any{
 		[]any{
-			entry("segment_alloc", 0x7000_0000, 2<<20, a1), entry("alloc", 0x7000_0000, 2<<20, a1),
-			entry("free_requested", 0x7000_0000, 2<<20, a1), entry("free_completed", 0x7000_0000, 2<<20, a1),
-			entry("segment_free", 0x7000_0000, 2<<20, a1),
-			entry("segment_alloc", 0x7200_0000, 4096, a1), entry("alloc", 0x7200_0000, 4096, a1),
+			entry("segment_alloc", 0x7000_0000, 2<<20, a1, 1), entry("alloc", 0x7000_0000, 2<<20, a1, 1),
+			entry("free_requested", 0x7000_0000, 2<<20, a1, 3), entry("free_completed", 0x7000_0000, 2<<20, a1, 3),
+			entry("segment_free", 0x7000_0000, 2<<20, a1, 3),
+			entry("segment_alloc", 0x7200_0000, 4096, a1, 5), entry("alloc", 0x7200_0000, 4096, a1, 5),
 		},
 		[]any{
-			entry("segment_alloc", 0x7100_0000, 512, b1), entry("alloc", 0x7100_0000, 512, b1),
+			entry("segment_alloc", 0x7100_0000, 512, b1, 2), entry("alloc", 0x7100_0000, 512, b1, 2),
 			oom,
 		},
+	}
+	wantSettings := map[string]any{"trace_alloc_max_entries": float64(DefaultMemvizEntries), "trace_alloc_overflowed": false}
+	if got := snap["allocator_settings"]; !reflect.DeepEqual(got, wantSettings) {
+		t.Errorf("allocator_settings %v, want %v", got, wantSettings)
 	}
 	got := snap["device_traces"]
 	if !reflect.DeepEqual(got, want) {
@@ -159,6 +182,11 @@ func TestMemvizTraceCap(t *testing.T) {
 	}
 	if n := len(snap["segments"].([]any)); n != 2 {
 		t.Errorf("%d segments: the cap must not touch them", n)
+	}
+	// The viewer says the history was cut.
+	wantSettings := map[string]any{"trace_alloc_max_entries": 2.0, "trace_alloc_overflowed": true}
+	if got := snap["allocator_settings"]; !reflect.DeepEqual(got, wantSettings) {
+		t.Errorf("allocator_settings %v, want %v", got, wantSettings)
 	}
 }
 
@@ -219,5 +247,51 @@ func TestMemvizTraceTensors(t *testing.T) {
 	}
 	if w := []string{"segment_alloc", "alloc", "alloc", "alloc", "free_requested", "free_completed"}; !reflect.DeepEqual(actions, w) {
 		t.Errorf("trace %v, want %v", actions, w)
+	}
+}
+
+// A trace that begins after the process's segments exist (record --pid, the
+// agent's windows): tensors in a segment the trace never saw allocated.
+// The live one gets a segment of its own, so nothing live is dropped; the
+// one freed before the end leaves no entry, as no listed memory holds it;
+// the viewer's backward walk finds every entry in a listed segment.
+func TestMemvizTraceAttached(t *testing.T) {
+	ev := func(tm uint64, api events.API, addr, size uint64) events.Event {
+		return events.Event{Time: memvizBase + tm, PID: 7, TID: 7, Comm: "train", API: api, Addr: addr, Size: size,
+			Stack: []uint64{0xa1}}
+	}
+	path, _ := tracetest.Write(t, memvizMeta(),
+		&tracefile.Process{PID: 7, Comm: "train", Time: memvizBase},
+		// Before the trace: a 2 MiB segment at 0x20_0000 held tensors.
+		ev(1000, events.TorchMalloc, 0x20_0000, 600_000),   // live at the end
+		ev(1500, events.TorchMalloc, 0x30_0000, 1000),      // freed below
+		ev(2000, events.CudaMalloc, 0x100_0000, 4096),      // seen
+		ev(2500, events.TorchMalloc, 0x100_0000, 512),      // in the seen segment
+		ev(3000, events.TorchFree, 0x30_0000, 0),           // the orphan freed
+		ev(3500, events.TorchMalloc, 0x40_0000, 1_900_000), // live, another unseen segment
+		&tracefile.End{Time: memvizBase + 6000})
+	snap := memvizExport(t, path, Options{NoSymbolize: true})
+	type segT struct{ addr, size, allocated float64 }
+	var segs []segT
+	for _, s := range snap["segments"].([]any) {
+		m := s.(map[string]any)
+		segs = append(segs, segT{m["address"].(float64), m["total_size"].(float64), m["allocated_size"].(float64)})
+	}
+	want := []segT{{0x20_0000, 600_000, 600_000}, {0x40_0000, 1_900_000, 1_900_000}, {0x100_0000, 4096, 512}}
+	if !reflect.DeepEqual(segs, want) {
+		t.Errorf("segments %v, want %v", segs, want)
+	}
+	type entT struct {
+		action string
+		addr   float64
+	}
+	var got []entT
+	for _, e := range snap["device_traces"].([]any)[0].([]any) {
+		m := e.(map[string]any)
+		got = append(got, entT{m["action"].(string), m["addr"].(float64)})
+	}
+	wantE := []entT{{"alloc", 0x20_0000}, {"segment_alloc", 0x100_0000}, {"alloc", 0x100_0000}, {"alloc", 0x40_0000}}
+	if !reflect.DeepEqual(got, wantE) {
+		t.Errorf("trace %v, want %v", got, wantE)
 	}
 }

@@ -14,13 +14,23 @@ import (
 	"github.com/cudatrace/cudatrace/symbolize"
 )
 
-// Sample types, in the order and with the names of the Go heap profile, so
-// `go tool pprof`, Pyroscope and Parca show them as they show Go memory.
+// Sample types: first those of the Go heap profile, in its order and with
+// its names, so `go tool pprof`, Pyroscope and Parca show GPU memory as they
+// show Go memory (inuse_space by default); then the same four for tensors
+// and for pinned host memory, chosen with -sample_index (see Values).
 var pprofSampleTypes = []*profile.ValueType{
 	{Type: "alloc_objects", Unit: "count"},
 	{Type: "alloc_space", Unit: "bytes"},
 	{Type: "inuse_objects", Unit: "count"},
 	{Type: "inuse_space", Unit: "bytes"},
+	{Type: "tensor_alloc_objects", Unit: "count"},
+	{Type: "tensor_alloc_space", Unit: "bytes"},
+	{Type: "tensor_inuse_objects", Unit: "count"},
+	{Type: "tensor_inuse_space", Unit: "bytes"},
+	{Type: "host_alloc_objects", Unit: "count"},
+	{Type: "host_alloc_space", Unit: "bytes"},
+	{Type: "host_inuse_objects", Unit: "count"},
+	{Type: "host_inuse_space", Unit: "bytes"},
 }
 
 // WritePprof writes the trace at path as a gzipped pprof profile of the
@@ -35,13 +45,14 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 	samples := Samples{}
 	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		if a := ch.Alloc; a != nil && opts.selected(ch.Process.PID) {
-			v := samples.At(KeyOf(a))
-			v[0]++
-			v[1] += int64(a.Size)
+			samples.AddAlloc(KeyOf(a), 1, int64(a.Size))
 		}
 		return nil
 	}})
 	if err != nil {
+		return err
+	}
+	if err := opts.checkReplay(t, end); err != nil {
 		return err
 	}
 	for _, p := range t.Ledger.Processes() {
@@ -143,8 +154,18 @@ func newPprofBuilder(src Stacks, comm map[uint32]string, labels map[uint32]map[s
 }
 
 // build adds samples to the profile, in a stable order, and returns it.
+// The first mapping is a program's: pprof names the profile ("File:") after
+// it, and a process's lowest executable mapping is its program's (the
+// libraries are mapped above it).
 func (b *pprofBuilder) build(samples Samples) *profile.Profile {
-	for _, k := range samples.sorted() {
+	keys := samples.sorted()
+	for _, k := range keys {
+		if maps := b.src.Maps(k.Stack); len(maps) > 0 {
+			b.mapping(maps, maps[0].Start)
+			break
+		}
+	}
+	for _, k := range keys {
 		b.sample(k, samples[k])
 	}
 	return b.p

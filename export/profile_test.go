@@ -129,8 +129,22 @@ func sampleRows(p *profile.Profile) []sampleRow {
 		if s.Label["level"][0] != "segment" || s.Label["comm"][0] != "prog" {
 			panic(fmt.Sprintf("labels %v", s.Label))
 		}
+		// Each sample fills its class's group of four (Values): GPU
+		// memory, tensors or pinned host memory; the others stay 0.
+		group := 0
+		switch {
+		case s.Label["level"][0] == "tensor":
+			group = 1
+		case s.Label["kind"][0] == "host":
+			group = 2
+		}
+		for i, v := range s.Value {
+			if i/4 != group && v != 0 {
+				panic(fmt.Sprintf("sample %v: value %d (%s) outside its group %d", s.Label, i, p.SampleType[i].Type, group))
+			}
+		}
 		rows = append(rows, sampleRow{s.NumLabel["pid"][0], s.Label["device"][0], s.Label["api"][0], s.Label["kind"][0],
-			[4]int64(s.Value), strings.Join(funcs, "<")})
+			[4]int64(s.Value[4*group:]), strings.Join(funcs, "<")})
 	}
 	return rows
 }
@@ -161,13 +175,17 @@ func TestPprof(t *testing.T) {
 	for _, st := range p.SampleType {
 		types = append(types, st.Type+"/"+st.Unit)
 	}
-	if want := []string{"alloc_objects/count", "alloc_space/bytes", "inuse_objects/count", "inuse_space/bytes"}; !slices.Equal(types, want) || p.DefaultSampleType != "inuse_space" {
+	if want := []string{"alloc_objects/count", "alloc_space/bytes", "inuse_objects/count", "inuse_space/bytes",
+		"tensor_alloc_objects/count", "tensor_alloc_space/bytes", "tensor_inuse_objects/count", "tensor_inuse_space/bytes",
+		"host_alloc_objects/count", "host_alloc_space/bytes", "host_inuse_objects/count", "host_inuse_space/bytes",
+	}; !slices.Equal(types, want) || p.DefaultSampleType != "inuse_space" {
 		t.Errorf("sample types %v (default %q), want %v (inuse_space)", types, p.DefaultSampleType, want)
 	}
 	if p.TimeNanos != memvizMeta().StartWall.UnixNano() || p.DurationNanos != 4000 {
 		t.Errorf("time %d duration %d", p.TimeNanos, p.DurationNanos)
 	}
-	// Values: alloc_objects, alloc_space, inuse_objects, inuse_space.
+	// Values: alloc_objects, alloc_space, inuse_objects, inuse_space of
+	// the sample's group (the host one's are host_*).
 	want := []sampleRow{
 		{10, "0", "cudaMalloc", "device", [4]int64{2, 4000, 1, 1000}, "leaf<caller"},
 		{10, "0", "cudaMallocHost", "host", [4]int64{1, 64, 1, 64}, "caller"},
@@ -200,15 +218,25 @@ func TestPprof(t *testing.T) {
 		}
 	}
 
-	// go tool pprof reads it.
+	// go tool pprof reads it. By default the total is the GPU memory live
+	// at the end, as the report says it: 1000 + 500 + 7 bytes, without the
+	// 64 bytes of pinned host memory, which host_inuse_space selects.
 	goTool := testenv.LookPath(t, "go")
-	out, err := exec.Command(goTool, "tool", "pprof", "-top", "-sample_index=inuse_space", file).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go tool pprof: %v\n%s", err, out)
-	}
-	for _, w := range []string{"Type: inuse_space", "Total samples = 1571B", "1000B", "leaf"} {
-		if !strings.Contains(string(out), w) {
-			t.Errorf("go tool pprof -top lacks %q:\n%s", w, out)
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{nil, []string{"File: " + filepath.Base(fx.exe), "Type: inuse_space", "Total samples = 1507B", "1000B", "leaf"}},
+		{[]string{"-sample_index=host_inuse_space"}, []string{"Type: host_inuse_space", "Total samples = 64B"}},
+	} {
+		out, err := exec.Command(goTool, append(append([]string{"tool", "pprof", "-top"}, c.args...), file)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go tool pprof: %v\n%s", err, out)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(string(out), w) {
+				t.Errorf("go tool pprof -top %v lacks %q:\n%s", c.args, w, out)
+			}
 		}
 	}
 }
@@ -251,5 +279,31 @@ func TestPprofAt(t *testing.T) {
 	if err := WritePprof(&bytes.Buffer{}, empty, Options{At: Moment{Peak: true}}); err == nil ||
 		!strings.Contains(err.Error(), "no GPU memory was allocated") {
 		t.Errorf("peak of an empty trace: %v", err)
+	}
+}
+
+// pprof names a profile ("File:") after its first mapping: the program's,
+// not that of the library the first sample's innermost frame is in.
+func TestPprofFileNamesProgram(t *testing.T) {
+	maps := []proc.Mapping{
+		{Start: 0x1000, End: 0x2000, Perms: "r-xp", Path: "/opt/train"},
+		{Start: 0x7f00_0000_0000, End: 0x7f00_0001_0000, Perms: "r-xp", Path: "/usr/lib/libc10_cuda.so"},
+	}
+	ev := func(tm uint64, addr uint64, stack ...uint64) events.Event {
+		return events.Event{Time: memvizBase + tm, Duration: 10, PID: 10, TID: 10, Comm: "train", API: events.CudaMalloc,
+			Addr: addr, Size: 100, Stack: stack}
+	}
+	path, _ := tracetest.Write(t, memvizMeta(),
+		(&procmodel.Capture{PID: 10, Comm: "train", Time: memvizBase, Maps: maps}).File(),
+		ev(1000, 0x10000, 0x7f00_0000_0100),
+		ev(2000, 0x20000, 0x7f00_0000_0100, 0x1100),
+		&tracefile.End{Time: memvizBase + 4000})
+	p, _ := writeProfile(t, path, Options{NoSymbolize: true})
+	if len(p.Mapping) != 2 || p.Mapping[0].File != "/opt/train" {
+		var files []string
+		for _, m := range p.Mapping {
+			files = append(files, m.File)
+		}
+		t.Errorf("mappings %v, want /opt/train first", files)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
+	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -33,7 +34,7 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 	tw := &timelineWriter{w: bufio.NewWriterSize(w, 256<<10), start: meta.StartBoot, named: map[uint32]bool{},
 		last: map[uint32]*[]trackTime{}}
 	tw.raw(`{"displayTimeUnit":"ms","traceEvents":[`)
-	_, err = replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch ledger.Change) error {
+	t, err := replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		p := ch.Process
 		if p == nil || !opts.selected(p.PID) {
 			return nil
@@ -51,13 +52,24 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 			tw.counter(p, a, ev.End())
 		}
 		if ch.Stack != nil && ch.Alloc == nil { // a failed allocation call
-			tw.failure(ev)
+			// Written once the replay is done: frames are named then.
+			tw.failures = append(tw.failures, timelineFailure{ev: *ev, stack: ch.Stack})
+			tw.failures[len(tw.failures)-1].ev.Stack = nil
 		}
 		return tw.err
 	}})
 	if err != nil {
 		return err
 	}
+	if err := opts.checkReplay(t, 0); err != nil {
+		return err
+	}
+	syms := t.Symbols(!opts.NoSymbolize)
+	defer syms.Close()
+	for i := range tw.failures {
+		tw.failure(&tw.failures[i], syms)
+	}
+	opts.warnGone(syms)
 	tw.raw("]}\n")
 	if tw.err == nil {
 		tw.err = tw.w.Flush()
@@ -108,6 +120,15 @@ type timelineWriter struct {
 	last map[uint32]*[]trackTime
 	err  error
 	buf  []byte
+	// failures are the failed calls, written last with their stacks.
+	failures []timelineFailure
+	threads  map[[2]uint32]bool // (pid, tid) given a thread_name
+}
+
+// timelineFailure is a failed allocation call and its stack.
+type timelineFailure struct {
+	ev    events.Event
+	stack *ledger.Stack
 }
 
 func (tw *timelineWriter) raw(s string) {
@@ -210,13 +231,46 @@ func (tw *timelineWriter) stamp(pid uint32, tr track, t uint64) uint64 {
 	return t
 }
 
-func (tw *timelineWriter) failure(ev *events.Event) {
+// failure writes a failed call as an instant on its thread, with its
+// stack (innermost first) in args, after the thread's name.
+func (tw *timelineWriter) failure(f *timelineFailure, syms *replay.Symbols) {
+	ev := &f.ev
+	if key := [2]uint32{ev.PID, ev.TID}; !tw.threads[key] {
+		if tw.threads == nil {
+			tw.threads = map[[2]uint32]bool{}
+		}
+		tw.threads[key] = true
+		name, _ := json.Marshal(fmt.Sprintf("%s (%d)", ev.Comm, ev.TID))
+		tw.event(fmt.Appendf(tw.buf[:0], `"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}`,
+			ev.PID, ev.TID, name))
+	}
+	var stack []string
+	if f.stack != nil {
+		for _, fr := range syms.Frames(f.stack) {
+			stack = append(stack, timelineFrame(fr))
+		}
+	}
+	stackJSON, _ := json.Marshal(stack)
 	name, _ := json.Marshal(fmt.Sprintf("%s failed: %s", ev.API, ev.API.ResultName(ev.Result)))
 	errName, _ := json.Marshal(ev.API.ResultName(ev.Result))
-	b := fmt.Appendf(tw.buf[:0], `"ph":"i","s":"p","name":%s,"pid":%d,"tid":%d,"ts":`, name, ev.PID, ev.TID)
+	b := fmt.Appendf(tw.buf[:0], `"ph":"i","s":"t","name":%s,"pid":%d,"tid":%d,"ts":`, name, ev.PID, ev.TID)
 	b = tw.ts(b, ev.End())
-	b = fmt.Appendf(b, `,"args":{"api":"%s","size":%d,"device":%d,"result":%d,"error":%s}`,
-		ev.API, ev.Size, ev.Device, ev.Result, errName)
+	b = fmt.Appendf(b, `,"args":{"api":"%s","size":%d,"device":%d,"result":%d,"error":%s,"stack":%s}`,
+		ev.API, ev.Size, ev.Device, ev.Result, errName, stackJSON)
 	tw.event(b)
 	tw.buf = b
+}
+
+// timelineFrame is one stack line: function (file:line), or the module
+// and address where the function is unknown.
+func timelineFrame(f symbolize.Frame) string {
+	switch {
+	case f.Function != "" && f.File != "":
+		return fmt.Sprintf("%s (%s:%d)", f.Function, f.File, f.Line)
+	case f.Function != "":
+		return f.Function
+	case f.Module != "":
+		return fmt.Sprintf("%#x (%s)", f.Addr, f.Module)
+	}
+	return fmt.Sprintf("%#x", f.Addr)
 }

@@ -3,6 +3,7 @@ package export
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -47,15 +48,21 @@ func TestPerfetto(t *testing.T) {
 		live float64
 	}
 	counters := map[string][]step{} // "pid/name"
-	var names []string
+	var names, threads []string
 	var instants []traceEvent
 	for _, e := range doc.TraceEvents {
-		switch e.Ph {
+		ph := e.Ph
+		if ph == "M" {
+			ph += e.Name
+		}
+		switch ph {
 		case "C":
 			key := string(rune('0'+e.PID-7)) + "/" + e.Name
 			counters[key] = append(counters[key], step{e.TS, e.Args["live_bytes"].(float64)})
-		case "M":
+		case "M" + "process_name":
 			names = append(names, e.Args["name"].(string))
+		case "M" + "thread_name":
+			threads = append(threads, fmt.Sprintf("%d/%d %s", e.PID, e.TID, e.Args["name"]))
 		case "i":
 			instants = append(instants, e)
 		default:
@@ -74,11 +81,19 @@ func TestPerfetto(t *testing.T) {
 	if !reflect.DeepEqual(names, []string{"train (7)", "train (8)"}) {
 		t.Errorf("process names %q", names)
 	}
+	// The failures' thread is named, and each failure is an instant on it
+	// with its stack.
+	if !reflect.DeepEqual(threads, []string{"7/7 train (7)"}) {
+		t.Errorf("thread names %q", threads)
+	}
 	if len(instants) != 2 {
 		t.Fatalf("instant events %+v, want the two failures", instants)
 	}
 	oom := instants[0]
-	if oom.Name != "cudaMalloc failed: cudaErrorMemoryAllocation" || oom.S != "p" || oom.PID != 7 || oom.TS != 4.010 ||
+	if st, _ := oom.Args["stack"].([]any); len(st) != 1 || st[0] != "0xa1" {
+		t.Errorf("oom stack %v, want [0xa1]", oom.Args["stack"])
+	}
+	if oom.Name != "cudaMalloc failed: cudaErrorMemoryAllocation" || oom.S != "t" || oom.PID != 7 || oom.TS != 4.010 ||
 		oom.Args["size"] != float64(1<<40) || oom.Args["device"] != 1.0 || oom.Args["error"] != "cudaErrorMemoryAllocation" {
 		t.Errorf("oom event %+v", oom)
 	}
@@ -189,11 +204,19 @@ func TestTensorLevelExports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Segments in inuse_space (3), tensors in tensor_inuse_space (7):
+	// never both, so the default total is not counted twice.
 	inuse := map[string]int64{}
 	for _, s := range p.Sample {
-		inuse[s.Label["level"][0]] += s.Value[3]
+		switch s.Label["level"][0] {
+		case "tensor":
+			inuse["tensor"] += s.Value[7]
+			inuse["tensor in inuse_space"] += s.Value[3]
+		default:
+			inuse["segment"] += s.Value[3]
+		}
 	}
-	if want := map[string]int64{"segment": 4096, "tensor": 50}; !reflect.DeepEqual(inuse, want) {
+	if want := map[string]int64{"segment": 4096, "tensor": 50, "tensor in inuse_space": 0}; !reflect.DeepEqual(inuse, want) {
 		t.Errorf("inuse_space by level %v, want %v", inuse, want)
 	}
 }

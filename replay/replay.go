@@ -12,10 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/cudatrace/cudatrace/enrich"
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
@@ -59,6 +61,8 @@ type Trace struct {
 	// Warning says why the replay stopped short of the file's end (a
 	// truncated or damaged trace), or that the end record is missing.
 	Warning string
+
+	skippedLast uint64 // the latest time of the records Until left out
 
 	// Procs is what the file says of each process: its captures, its
 	// Python frames' table, and the capture each stack is read against.
@@ -133,6 +137,7 @@ func Read(path string, opts Options) (*Trace, error) {
 				// Events reach the file in ring-buffer order, close to but
 				// not strictly by time: one from another CPU may still be
 				// due. Skip, don't stop.
+				t.skippedLast = max(t.skippedLast, ev.End())
 				continue
 			}
 			t.Events++
@@ -167,6 +172,7 @@ func Read(path string, opts Options) (*Trace, error) {
 			t.Last = max(t.Last, rec.End.Time)
 		case tracefile.TypeNVML:
 			if opts.Until != 0 && rec.NVML.Time > opts.Until {
+				t.skippedLast = max(t.skippedLast, rec.NVML.Time)
 				continue
 			}
 			t.Last = max(t.Last, rec.NVML.Time)
@@ -257,4 +263,31 @@ func (s *Symbols) Close() error {
 // says in its own words.
 func cause(err, sentinel error) string {
 	return strings.TrimSuffix(err.Error(), ": "+sentinel.Error())
+}
+
+// CheckPIDs returns an error naming the first of pids the trace has no
+// process of (no event, no capture), with the PIDs it has; nil when all
+// are there. A --pid that matches nothing is a mistake to say, not an
+// empty output.
+func (t *Trace) CheckPIDs(pids []uint32) error {
+	for _, pid := range pids {
+		if t.Ledger.Process(pid) == nil && t.First(pid) == nil {
+			var have []string
+			for _, p := range t.Ledger.Processes() {
+				have = append(have, strconv.FormatUint(uint64(p.PID), 10))
+			}
+			if len(have) == 0 {
+				return hint.Wrap(fmt.Errorf("pid %d is not in the trace, which has no process", pid), "leave --pid out")
+			}
+			return hint.Wrap(fmt.Errorf("pid %d is not in the trace", pid), "the trace has pid "+strings.Join(have, ", "))
+		}
+	}
+	return nil
+}
+
+// PastEnd reports whether until (a replay's Options.Until, CLOCK_BOOTTIME
+// ns) lies after every record of the file: a moment the trace never
+// reached.
+func (t *Trace) PastEnd(until uint64) bool {
+	return until != 0 && max(t.Last, t.skippedLast) < until
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -36,6 +37,8 @@ type Options struct {
 	Interval time.Duration
 	// Allocations lists every allocation live at the end (the JSON export).
 	Allocations bool
+	// By, when set, adds the view by function or by source line (views.go).
+	By By
 }
 
 func (o *Options) selected(pid uint32) bool { return len(o.PIDs) == 0 || slices.Contains(o.PIDs, pid) }
@@ -75,6 +78,9 @@ type Report struct {
 	IntervalNS uint64     `json:"interval_ns,omitempty"`
 	// Allocations, with Options.Allocations, is the live set at the end.
 	Allocations []Allocation `json:"allocations,omitempty"`
+	// By and View: with Options.By, the rows by function or line.
+	By   By        `json:"by,omitempty"`
+	View []ViewRow `json:"view,omitempty"`
 	// NVML is the driver's view sampled while recording; nil for a trace
 	// without it (--nvml=false, or an older cudatrace).
 	NVML      *NVMLSummary      `json:"nvml,omitempty"`
@@ -290,8 +296,20 @@ func Load(path string, opts Options) (*Report, error) {
 	fol := newFollower(t0.Meta().StartBoot, opts.Interval)
 	nv := newNVMLFollower(t0.Meta().StartBoot, opts.Interval)
 	t0.Close()
-	t, err := replay.Read(path, replay.Options{OnEvent: fol.onEvent, OnNVML: nv.onNVML})
+	var vf *viewFollower
+	onEvent := fol.onEvent
+	if opts.By != "" {
+		vf = newViewFollower(t0.Meta().StartBoot, uint64(opts.Interval))
+		onEvent = func(ev *events.Event, ch ledger.Change) error {
+			vf.onEvent(ev, ch)
+			return fol.onEvent(ev, ch)
+		}
+	}
+	t, err := replay.Read(path, replay.Options{OnEvent: onEvent, OnNVML: nv.onNVML})
 	if err != nil {
+		return nil, err
+	}
+	if err := t.CheckPIDs(opts.PIDs); err != nil {
 		return nil, err
 	}
 	meta := t.Meta
@@ -385,6 +403,10 @@ func Load(path string, opts Options) (*Report, error) {
 		}
 		rep.Stacks = append(rep.Stacks, Stack{PID: st.PID, Level: level, Allocs: st.Allocs, AllocBytes: st.AllocBytes,
 			LiveBytes: st.Live, LiveCount: st.LiveCount, Frames: frames(st)})
+	}
+	if opts.By != "" {
+		rep.By = opts.By
+		rep.View = buildView(t.Ledger.Stacks(), opts.By, opts.selected, frames, vf)
 	}
 	if opts.Allocations {
 		rep.Allocations = []Allocation{}

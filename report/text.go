@@ -152,6 +152,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	r.writeLeaks(ew, comm)
 	r.writeFailures(ew, comm)
 	r.writeIntervals(ew, comm)
+	r.writeView(ew, comm)
 	if ew.err != nil {
 		return fmt.Errorf("write report: %w", ew.err)
 	}
@@ -445,4 +446,43 @@ func (e *errWriter) Write(p []byte) (int, error) {
 	n, err := e.w.Write(p)
 	e.err = err
 	return n, err
+}
+
+// writeView prints the --by table: per function or line, tensor bytes
+// used and segment bytes acquired, the calls, what is live of each, and
+// with --interval the bytes added (+) and removed (-) per interval.
+func (r *Report) writeView(w io.Writer, comm map[uint32]string) {
+	if r.By == "" {
+		return
+	}
+	fmt.Fprintf(w, "\nBy %s (USED: tensors from the framework's pool; ACQUIRED: segments from the device; a stack counts in every %s it passes through):\n\n", r.By, r.By)
+	if len(r.View) == 0 {
+		fmt.Fprintln(w, "No GPU memory allocated.")
+		return
+	}
+	t := table{right: []bool{true, false, true, true, true, true, true, false}}
+	t.add("PID", "COMM", "USED", "ACQUIRED", "OCCURRENCES", "USED-LIVE", "ACQUIRED-LIVE", strings.ToUpper(string(r.By)))
+	for _, v := range r.View[:min(len(r.View), r.topN())] {
+		t.add(fmt.Sprint(v.PID), comm[v.PID], units.Bytes(v.UsedBytes), units.Bytes(v.AcquiredBytes), fmt.Sprint(v.Occurrences),
+			units.Bytes(v.UsedLiveBytes), units.Bytes(v.AcquiredLiveBytes), v.Key)
+	}
+	if err := t.write(w); err != nil {
+		fmt.Fprintf(w, "%v", err)
+		return
+	}
+	if r.IntervalNS == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nAdded (+) and removed (-) per %s and %s:\n\n", time.Duration(r.IntervalNS), r.By)
+	t = table{right: []bool{true, true, true, true, false}}
+	t.add("PID", "FROM", "ADDED", "REMOVED", strings.ToUpper(string(r.By)))
+	for _, v := range r.View[:min(len(r.View), r.topN())] {
+		for _, iv := range v.Intervals {
+			t.add(fmt.Sprint(v.PID), (time.Duration(iv.Index) * time.Duration(r.IntervalNS)).String(),
+				"+"+units.Bytes(iv.AddedBytes), "-"+units.Bytes(iv.RemovedBytes), v.Key)
+		}
+	}
+	if err := t.write(w); err != nil {
+		fmt.Fprintf(w, "%v", err)
+	}
 }

@@ -43,6 +43,9 @@ type Process struct {
 	Comm       string
 	Live, Peak uint64 // GPU memory, as the report counts it
 	LiveCount  int    // live allocations of GPU memory
+	// TensorLive is the bytes of live tensors (PyTorch's blocks, inside
+	// Live); 0 without tensor events.
+	TensorLive uint64
 	Allocs     uint64 // since tracing began (pinned host memory included)
 	AllocBytes uint64
 	// NVMLUsed is what the driver charges the process (all devices) at
@@ -64,7 +67,7 @@ func (p *Process) Remainder() int64 { return int64(p.NVMLUsed) - int64(p.Live) }
 // otherwise.
 type Device struct {
 	Number     int
-	Live, Peak uint64 // traced, summed over processes; Peak as seen at refreshes
+	Live, Peak uint64 // traced, summed over processes; Peak the highest Live reached, event by event
 	NVML       *gpustat.Device
 }
 
@@ -94,6 +97,10 @@ type Collector struct {
 	prev    map[uint32][2]uint64 // allocs, bytes at the last snapshot
 	procs   *procmodel.Processes // captures, Python frames, the capture of each stack
 	devPeak map[int]uint64
+	// devRun is each device's traced live bytes, summed over processes,
+	// kept event by event so devPeak is the true peak, not one sampled at
+	// refreshes. Each refresh sets it to the ledger's figure again.
+	devRun  map[int]uint64
 	gpuLive map[uint32]int    // live allocations of GPU memory, per process, kept by Event
 	comm    map[uint32]string // of processes only NVML lists
 	seq     int
@@ -114,7 +121,7 @@ func NewCollector(every time.Duration, top int, pids []int) *Collector {
 		only[uint32(p)] = true
 	}
 	return &Collector{every: every, top: top, only: only, comm: map[uint32]string{}, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
-		procs: procmodel.New(), devPeak: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
+		procs: procmodel.New(), devPeak: map[int]uint64{}, devRun: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
 }
 
 var _ record.Observer = (*Collector)(nil)
@@ -135,11 +142,20 @@ func (c *Collector) Event(_ *events.Event, ch ledger.Change) {
 	if ch.Stack != nil {
 		c.procs.Bind(ch.Process.PID, ch.Stack)
 	}
-	if ch.Alloc != nil && ch.Alloc.API.Segment() {
-		c.gpuLive[ch.Process.PID]++
+	for f := range ch.AllFreed() {
+		if f.API.Segment() {
+			d := int(f.Device)
+			c.devRun[d] -= min(c.devRun[d], f.Size)
+		}
 	}
 	if ch.Freed != nil && ch.Freed.API.Segment() {
 		c.gpuLive[ch.Process.PID]--
+	}
+	if a := ch.Alloc; a != nil && a.API.Segment() {
+		c.gpuLive[ch.Process.PID]++
+		d := int(a.Device)
+		c.devRun[d] += a.Size
+		c.devPeak[d] = max(c.devPeak[d], c.devRun[d])
 	}
 }
 
@@ -186,7 +202,7 @@ func (c *Collector) snapshot(res *record.Result, sel uint32, now time.Time) *Sna
 		NVML: res.NVML != nil, NVMLError: res.NVMLError}
 	devLive := map[int]uint64{}
 	for _, p := range res.Ledger.Processes() {
-		row := Process{PID: p.PID, Comm: p.Comm, Live: p.Live, Peak: p.Peak, LiveCount: c.gpuLive[p.PID],
+		row := Process{PID: p.PID, Comm: p.Comm, Live: p.Live, Peak: p.Peak, LiveCount: c.gpuLive[p.PID], TensorLive: p.TensorLive,
 			Allocs: p.Allocs, AllocBytes: p.AllocBytes}
 		if res.NVML != nil {
 			row.NVMLUsed, row.Listed = res.NVML.Used(p.PID)
@@ -229,6 +245,7 @@ func (c *Collector) snapshot(res *record.Result, sel uint32, now time.Time) *Sna
 		}
 	}
 	for n := range nums {
+		c.devRun[n] = devLive[n]
 		c.devPeak[n] = max(c.devPeak[n], devLive[n])
 		d := Device{Number: n, Live: devLive[n], Peak: c.devPeak[n]}
 		if res.NVML != nil {

@@ -57,8 +57,8 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		out = append(out, t.lines()...)
 		add("")
 	}
-	t := &table{right: []bool{false, true, false, true, true, true, true, true, true}}
-	t.add(" ", "PID", "COMM", "LIVE", "PEAK", "NVML-USED", "REMAINDER", "ALLOCS/S", "BYTES/S")
+	t := &table{right: []bool{false, true, false, true, true, true, true, true, true, true}}
+	t.add(" ", "PID", "COMM", "LIVE", "PEAK", "TENSORS", "NVML-USED", "REMAINDER", "ALLOCS/S", "BYTES/S")
 	var sel *Process
 	for i := range s.Processes {
 		p := &s.Processes[i]
@@ -70,7 +70,11 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		if p.Listed {
 			used, rem = units.Bytes(p.NVMLUsed), units.SignedBytes(p.Remainder())
 		}
-		t.add(mark, fmt.Sprint(p.PID), p.Comm, units.Bytes(p.Live), units.Bytes(p.Peak), used, rem,
+		tensors := "-"
+		if p.TensorLive > 0 {
+			tensors = units.Bytes(p.TensorLive)
+		}
+		t.add(mark, fmt.Sprint(p.PID), p.Comm, units.Bytes(p.Live), units.Bytes(p.Peak), tensors, used, rem,
 			fmt.Sprintf("%.1f", p.AllocRate), units.Bytes(uint64(p.ByteRate)))
 	}
 	out = append(out, t.lines()...)
@@ -79,12 +83,12 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 	}
 	if sel != nil && sel.Allocs == 0 && sel.Listed {
 		add("")
-		add("pid %d (%s): no allocation traced; NVML charges it %d B: it allocated before tracing began, or through a library not probed (--lib)",
-			sel.PID, sel.Comm, sel.NVMLUsed)
+		add("pid %d (%s): no allocation traced; NVML charges it %s: it allocated before tracing began, or through a library not probed (--lib)",
+			sel.PID, sel.Comm, units.Bytes(sel.NVMLUsed))
 	} else if sel != nil {
 		add("")
-		add("pid %d (%s): %d B of GPU memory live in %d allocations, peak %d B; %d allocations, %d B, since tracing began",
-			sel.PID, sel.Comm, sel.Live, sel.LiveCount, sel.Peak, sel.Allocs, sel.AllocBytes)
+		add("pid %d (%s): %s of GPU memory live in %d allocations, peak %s; %d allocations, %s, since tracing began",
+			sel.PID, sel.Comm, units.Bytes(sel.Live), sel.LiveCount, units.Bytes(sel.Peak), sel.Allocs, units.Bytes(sel.AllocBytes))
 		if s.StacksPID == sel.PID {
 			for i, st := range s.Stacks {
 				what := ""

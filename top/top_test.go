@@ -105,7 +105,9 @@ func TestCollector(t *testing.T) {
 		len(s.Processes) != 3 {
 		t.Errorf("after 2 s: %+v", s.Processes)
 	}
-	if s.Devices[0].Live != 8500 || s.Devices[0].Peak != 8500 { // the peak as refreshes saw it
+	// The true peak, 1500 + 7000 + 1000 before train's free, which no
+	// refresh saw.
+	if s.Devices[0].Live != 8500 || s.Devices[0].Peak != 9500 {
 		t.Errorf("device 0 %+v", s.Devices[0])
 	}
 
@@ -129,7 +131,7 @@ func testSnapshot() *Snapshot {
 	return &Snapshot{Seq: 4, Elapsed: 12 * time.Second, Events: 99, Lost: 1, NVML: true,
 		Devices: []Device{{Number: 0, Live: 2 << 30, Peak: 5 << 29, NVML: &nd}, {Number: 1, Live: 512, Peak: 512}},
 		Processes: []Process{
-			{PID: 4242, Comm: "python3", Live: 2 << 30, Peak: 5 << 29, LiveCount: 3, Allocs: 10, AllocBytes: 3 << 30,
+			{PID: 4242, Comm: "python3", Live: 2 << 30, Peak: 5 << 29, LiveCount: 3, TensorLive: 1 << 30, Allocs: 10, AllocBytes: 3 << 30,
 				NVMLUsed: 2<<30 + 300<<20, Listed: true, AllocRate: 2.5, ByteRate: 1 << 20},
 			{PID: 77, Comm: "other", Live: 512, Peak: 512, LiveCount: 1, Allocs: 1, AllocBytes: 512},
 		},
@@ -159,11 +161,11 @@ func TestScreen(t *testing.T) {
 		"  0  2.0 GiB  2.5 GiB    3.0 GiB   +1.0 GiB  80.0 GiB  Fake H100",
 		"  1    512 B    512 B          -          -         -",
 		"",
-		"    PID  COMM        LIVE     PEAK  NVML-USED   REMAINDER  ALLOCS/S  BYTES/S",
-		">  4242  python3  2.0 GiB  2.5 GiB    2.3 GiB  +300.0 MiB       2.5  1.0 MiB",
-		"     77  other      512 B    512 B          -           -       0.0      0 B",
+		"    PID  COMM        LIVE     PEAK  TENSORS  NVML-USED   REMAINDER  ALLOCS/S  BYTES/S",
+		">  4242  python3  2.0 GiB  2.5 GiB  1.0 GiB    2.3 GiB  +300.0 MiB       2.5  1.0 MiB",
+		"     77  other      512 B    512 B        -          -           -       0.0      0 B",
 		"",
-		"pid 4242 (python3): 2147483648 B of GPU memory live in 3 allocations, peak 2684354560 B; 10 allocations, 3221225472 B, since tracing began",
+		"pid 4242 (python3): 2.0 GiB of GPU memory live in 3 allocations, peak 2.5 GiB; 10 allocations, 3.0 GiB, since tracing began",
 		"[1] 2.0 GiB live in 2 allocations",
 		"    #0 train_step (train.c:42) train",
 		"    #1 0x20",
@@ -181,7 +183,7 @@ func TestScreen(t *testing.T) {
 	s := testSnapshot()
 	s.Processes = append(s.Processes, Process{PID: 9, Comm: "jax", NVMLUsed: 4096, Listed: true})
 	lines := Screen(s, View{Selected: 9, Width: 200, Height: 30}, frames)
-	if want := "pid 9 (jax): no allocation traced; NVML charges it 4096 B: it allocated before tracing began, or through a library not probed (--lib)"; !contains(lines, want) {
+	if want := "pid 9 (jax): no allocation traced; NVML charges it 4.0 KiB: it allocated before tracing began, or through a library not probed (--lib)"; !contains(lines, want) {
 		t.Errorf("no line %q in\n%s", want, strings.Join(lines, "\n"))
 	}
 	// A small terminal: clipped to its size.

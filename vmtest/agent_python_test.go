@@ -102,10 +102,12 @@ func TestAgentPython(t *testing.T) {
 					}
 					got[k] = s.Value
 				}
+				// GPU memory's four values, then the tensor and host groups, 0.
+				zero := make([]int64, 8)
 				want := map[string][]int64{
-					strings.Join(weights, "\n"): {2, 2 * wBytes, 2, 2 * wBytes},
-					strings.Join(acts, "\n"):    {1, aBytes, 1, aBytes},
-					"":                          {1, 1 << 20, 1, 1 << 20}, // the warm-up: no Python frames yet
+					strings.Join(weights, "\n"): append([]int64{2, 2 * wBytes, 2, 2 * wBytes}, zero...),
+					strings.Join(acts, "\n"):    append([]int64{1, aBytes, 1, aBytes}, zero...),
+					"":                          append([]int64{1, 1 << 20, 1, 1 << 20}, zero...), // the warm-up: no Python frames yet
 				}
 				if len(got) != len(want) {
 					t.Errorf("%d samples, want %d: %v", len(got), len(want), got)
@@ -215,6 +217,7 @@ for s in d["segments"]:
 				if !slices.Equal(stacks, want) {
 					t.Errorf("the window's stacks:\n%s\nwant:\n%s", strings.Join(stacks, "\n"), strings.Join(want, "\n"))
 				}
+				checkMemvizExport(t, ctx, trace, j.pid)
 			})
 			j.in.Close()
 			if err := j.cmd.Wait(); err != nil {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/cudatrace/cudatrace/internal/memviztest"
 	"io"
 	"net"
 	"net/http"
@@ -377,7 +378,7 @@ func TestAgent(t *testing.T) {
 	t.Run("pprof", func(t *testing.T) {
 		url := fmt.Sprintf("%s/debug/pprof/cuda_memory?pid=%d", ag.url, a.pid)
 		p := fetchProfile(t, ctx, url)
-		if p.DefaultSampleType != "inuse_space" || len(p.SampleType) != 4 || p.SampleType[3].Type != "inuse_space" {
+		if p.DefaultSampleType != "inuse_space" || len(p.SampleType) != 12 || p.SampleType[3].Type != "inuse_space" {
 			t.Fatalf("sample types %v, default %q", p.SampleType, p.DefaultSampleType)
 		}
 		got := byTop(p)
@@ -516,6 +517,9 @@ func TestAgent(t *testing.T) {
 			t.Errorf("window: %+v (lost %d), want pid %d: 2 allocs, 1 free, 6144 allocated, 2048 live", p, rep.LostEvents, a.pid)
 		}
 		checkStacks(t, rep, a.pid, workload("agentload"), "train_step", "main")
+		// The window starts after the process's memory exists: its
+		// memviz export must still be one memory_viz can walk.
+		checkMemvizExport(t, ctx, trace, a.pid)
 	})
 
 	t.Run("exited jobs age out", func(t *testing.T) {
@@ -562,6 +566,11 @@ func checkPickleSegments(t *testing.T, ctx context.Context, data []byte, n int, 
 	if err != nil {
 		return // the byte checks above stand
 	}
+	f := filepath.Join(t.TempDir(), "agent.pickle")
+	if err := os.WriteFile(f, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	memviztest.Check(t, f, memviztest.Want{})
 	cmd := exec.CommandContext(ctx, py, "-c",
 		"import pickle,sys; d=pickle.load(sys.stdin.buffer); print(len(d['segments']), sum(s['total_size'] for s in d['segments']))")
 	cmd.Stdin = bytes.NewReader(data)
@@ -919,4 +928,16 @@ func traceWindow(t *testing.T, url string, pid, seconds int, path string, steps 
 	if err := os.WriteFile(path, r.body, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// checkMemvizExport exports pid's memviz snapshot of the trace with the
+// cudatrace under test and checks it as memory_viz reads it.
+func checkMemvizExport(t *testing.T, ctx context.Context, trace string, pid int) {
+	t.Helper()
+	snap := filepath.Join(t.TempDir(), "snap.pickle")
+	if out, err := exec.CommandContext(ctx, tracerBin, "export", trace, "-f", "memviz", "--pid", strconv.Itoa(pid),
+		"-o", snap).CombinedOutput(); err != nil {
+		t.Fatalf("export memviz: %v\n%s", err, out)
+	}
+	memviztest.Check(t, snap, memviztest.Want{})
 }

@@ -7,6 +7,7 @@ package vmtest
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/cudatrace/cudatrace/internal/memviztest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,11 +44,14 @@ func TestExports(t *testing.T) {
 			idx[st.Type] = i
 		}
 		var sum [4]int64
+		var gpuLive int64
 		found := false
 		for _, s := range p.Sample {
+			// GPU memory and pinned host memory, each in its own group.
 			for i, k := range []string{"alloc_objects", "alloc_space", "inuse_objects", "inuse_space"} {
-				sum[i] += s.Value[idx[k]]
+				sum[i] += s.Value[idx[k]] + s.Value[idx["host_"+k]]
 			}
+			gpuLive += s.Value[idx["inuse_space"]]
 			for _, loc := range s.Location {
 				for _, l := range loc.Line {
 					found = found || (l.Function != nil && l.Function.Name == "alloc_device_buffer")
@@ -57,6 +61,10 @@ func TestExports(t *testing.T) {
 		if got := [4]int64{int64(want.Allocs), int64(want.AllocBytes), int64(want.LiveCount()),
 			int64(want.Live + want.HostLive)}; sum != got {
 			t.Errorf("alloc_objects, alloc_space, inuse_objects, inuse_space = %v, want %v (ground truth)", sum, got)
+		}
+		// The default sample type totals the GPU memory live, host memory apart.
+		if gpuLive != int64(want.Live) {
+			t.Errorf("inuse_space totals %d, want the GPU live %d", gpuLive, want.Live)
 		}
 		if !found {
 			t.Errorf("no location names alloc_device_buffer")
@@ -71,6 +79,7 @@ func TestExports(t *testing.T) {
 		if err != nil {
 			skipOrFail(t, "no python3 to load the snapshot: %v", err)
 		}
+		memviztest.Check(t, snap, memviztest.Want{})
 		// Sum the segments per device, checking that blocks tile them.
 		out, err := exec.CommandContext(ctx, py, "-c", `
 import json, pickle, sys

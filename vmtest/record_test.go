@@ -94,6 +94,9 @@ func TestAttachPID(t *testing.T) {
 	// order is fixed and the peaks are exact.
 	checkProcess(t, rep, want, 0, "attach_later")
 	checkNoOtherProcesses(t, rep, map[int]*procTruth{pid: want})
+	// The trace starts after the process's first allocations: its memviz
+	// export lists only memory it saw, and memory_viz can walk it.
+	checkMemvizExport(t, ctx, trace, pid)
 }
 
 // TestShortLived: children of the launched command are traced, each

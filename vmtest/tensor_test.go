@@ -7,6 +7,7 @@ package vmtest
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/cudatrace/cudatrace/internal/memviztest"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -99,6 +100,7 @@ func TestTensors(t *testing.T) {
 	if out, err := exec.CommandContext(ctx, tracerBin, "export", trace, "--format", "memviz", "-o", snap).CombinedOutput(); err != nil {
 		t.Fatalf("export: %v\n%s", err, out)
 	}
+	memviztest.Check(t, snap, memviztest.Want{})
 	out2, err := exec.CommandContext(ctx, py, "-c", `
 import pickle, sys
 s = pickle.load(open(sys.argv[1], "rb"))

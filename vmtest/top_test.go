@@ -169,8 +169,8 @@ func TestTopTerminal(t *testing.T) {
 		return strings.Contains(p, fmt.Sprintf("cudatrace top: pid %d, every 200ms", pid))
 	}, 30*time.Second)
 	want := h.hold(t)
-	detail := fmt.Sprintf("pid %d (hold): %d B of GPU memory live in %d allocations, peak %d B; %d allocations, %d B, since tracing began",
-		pid, want.Live, gpuLiveCount(want), want.Peak, want.Allocs, want.AllocBytes)
+	detail := fmt.Sprintf("pid %d (hold): %s of GPU memory live in %d allocations, peak %s; %d allocations, %s, since tracing began",
+		pid, humanBytes(want.Live), gpuLiveCount(want), humanBytes(want.Peak), want.Allocs, humanBytes(want.AllocBytes))
 	pane := x.waitPane(strconv.Quote(detail), func(p string) bool { return strings.Contains(p, detail) }, 20*time.Second)
 	row := regexp.MustCompile(fmt.Sprintf(`(?m)^>\s+%d\s+hold\s+`, pid))
 	if !row.MatchString(pane) {
@@ -194,7 +194,7 @@ func TestTopTerminal(t *testing.T) {
 	// The process frees everything and exits: the view stays, with its
 	// last state, and says tracing stopped.
 	h.release(t)
-	freed := fmt.Sprintf("pid %d (hold): 0 B of GPU memory live in 0 allocations, peak %d B;", pid, want.Peak)
+	freed := fmt.Sprintf("pid %d (hold): 0 B of GPU memory live in 0 allocations, peak %s;", pid, humanBytes(want.Peak))
 	x.waitPane("that tracing stopped", func(p string) bool {
 		return strings.Contains(p, "tracing stopped: traced processes exited; q to quit") && strings.Contains(p, freed)
 	}, 20*time.Second)

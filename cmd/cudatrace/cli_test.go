@@ -65,9 +65,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"record", "--pid", "1", "--all"}, []string{"one of them"}},
 		{[]string{"record", "--ring-size", "3M", "--all"}, []string{"--ring-size \"3M\"", "power of two", "hint:"}},
 		{[]string{"record", "--bogus"}, []string{"unknown flag: --bogus", "hint: see `cudatrace record --help`"}},
-		{[]string{"report"}, []string{"accepts 1 arg(s)"}},
+		{[]string{"report"}, []string{"say which trace to read"}},
 		{[]string{"report", "/nonexistent/x.trace"}, []string{"/nonexistent/x.trace", "hint:"}},
-		{[]string{"report", "x.trace", "--interval", "soon"}, []string{"invalid argument \"soon\" for \"--interval\""}},
+		{[]string{"report", "x.trace", "--interval", "soon"}, []string{"--interval \"soon\": want a duration"}},
 		{[]string{"export", "x.trace", "-o", "out"}, []string{"say which --format", "hint: one of pprof, memviz, perfetto, json"}},
 		{[]string{"export", "x.trace", "--format", "svg", "-o", "out"}, []string{"unknown format \"svg\"", "hint:"}},
 		{[]string{"export", "x.trace", "--format", "pprof"}, []string{"say where to write", "hint: -o - writes to standard output"}},
@@ -82,7 +82,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"agent", "extra"}, []string{"unknown command \"extra\""}},
 		{[]string{"record", "--export", "svg=x", "--all"}, []string{"unknown format \"svg\""}},
 		{[]string{"top", "--interval", "1ms"}, []string{"--interval 1ms is too short", "hint: e.g. --interval 1s"}},
-		{[]string{"top", "--pid", "2147483646"}, []string{"pid 2147483646: no such process", "hint: check the PID"}},
+		{[]string{"top", "--pid", "4194303"}, []string{"pid 4194303: no such process", "hint: check the PID"}},
 		{[]string{"top", "now"}, []string{"unknown command \"now\" for \"cudatrace top\""}},
 	} {
 		code, _, stderr := runCLI(c.args...)

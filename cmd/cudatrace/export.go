@@ -15,12 +15,11 @@ import (
 )
 
 type exportFlags struct {
-	format      string
-	output      string
-	at          string
-	pids        []uint
-	noSymbolize bool
-	entries     int
+	readFlags
+	format  string
+	output  string
+	at      string
+	entries int
 }
 
 func newExportCmd() *cobra.Command {
@@ -33,16 +32,25 @@ already use:
 
   pprof     a gzipped profile for 'go tool pprof', Pyroscope or Parca, in
             the Go heap profile's shape: inuse_space (the default view),
-            inuse_objects, alloc_space, alloc_objects, with labels pid, comm,
+            inuse_objects, alloc_space, alloc_objects count GPU memory as
+            the driver holds it (what the report calls GPU live). Tensors
+            (PyTorch's blocks, inside that memory) and pinned host memory
+            have sample types of their own: pick them with
+            'go tool pprof -sample_index=tensor_inuse_space' (or
+            host_inuse_space, tensor_alloc_space, ...). Labels pid, comm,
             device, api, kind and level. inuse_* is the live set at --at.
   memviz    a pickle that https://pytorch.org/memory_viz and
             'python -m torch.cuda._memory_viz' open, like the snapshot of
             torch.cuda.memory._snapshot(): segments (the live set at --at)
             and a trace of the allocations and frees per device (the
-            latest --memviz-entries of them). One process: pick it with --pid.
+            latest --memviz-entries of them; the Allocator Settings tab
+            says when older ones were cut). OOM entries carry the free
+            memory NVML saw last, when the trace has it. One process: pick
+            it with --pid.
   perfetto  Chrome trace JSON for https://ui.perfetto.dev: live GPU memory
-            per process and device as counter tracks, failed allocations as
-            instant events.
+            per process and device as counter tracks (tensor memory too),
+            failed allocations as instant events on their named threads,
+            with their stacks.
   json      the full report: processes, devices, stacks, failures, the peak.
 
 Stacks are symbolized from the files on this machine, as 'cudatrace report'
@@ -55,7 +63,7 @@ does. The trace is read as a stream: memory stays bounded by the live set.`,
 
   cudatrace export train.trace --format memviz -o train.pickle   # drop on pytorch.org/memory_viz
   cudatrace export train.trace --format perfetto -o train.json   # open in ui.perfetto.dev`,
-		Args: cobra.ExactArgs(1),
+		Args: oneTrace,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runExport(cmd, &f, args[0])
 		},
@@ -64,8 +72,7 @@ does. The trace is read as a stream: memory stays bounded by the live set.`,
 	fl.StringVarP(&f.format, "format", "f", "", "output format: "+formatList())
 	fl.StringVarP(&f.output, "output", "o", "", "write to this file, created 0600 or replaced keeping its mode; a link is followed; never a device, FIFO, socket or directory (- for standard output)")
 	fl.StringVar(&f.at, "at", "end", "the moment whose live set pprof and memviz show: end, peak, or a time since the start (90s)")
-	fl.UintSliceVarP(&f.pids, "pid", "p", nil, "only this process (repeatable)")
-	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
+	f.add(fl, "json: how many stacks per process at the peak")
 	fl.IntVar(&f.entries, "memviz-entries", export.DefaultMemvizEntries, "memviz: keep each device's latest N trace entries (-1: all)")
 	return cmd
 }
@@ -89,20 +96,26 @@ func runExport(cmd *cobra.Command, f *exportFlags, trace string) error {
 	if f.output == "" {
 		return hint.Wrap(errors.New("say where to write the output with -o FILE"), "-o - writes to standard output")
 	}
-	if err := outfile.Check(f.output); err != nil {
+	if err := f.check(); err != nil {
 		return err
+	}
+	if f.entries < -1 {
+		return hint.Wrap(fmt.Errorf("--memviz-entries %d: want a count, or -1 for all", f.entries), "e.g. --memviz-entries 100000")
 	}
 	at, err := export.ParseMoment(f.at)
 	if err != nil {
+		return hint.Wrap(err, "e.g. --at peak")
+	}
+	if err := checkTrace(trace); err != nil {
 		return err
 	}
-	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: f.entries,
-		Warn: func(msg string) { cmd.PrintErrf("cudatrace: warning: %s\n", msg) }}
-	for _, p := range f.pids {
-		opts.PIDs = append(opts.PIDs, uint32(p))
+	if err := outfile.Check(f.output); err != nil {
+		return err
 	}
+	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: f.entries, PIDs: f.pids, Top: f.top,
+		Warn: func(msg string) { cmd.PrintErrf("cudatrace: warning: %s\n", msg) }}
 	if err := writeExport(cmd.OutOrStdout(), trace, format, f.output, opts); err != nil {
-		return hint.Wrap(err, "give the path of a file written by `cudatrace record -o FILE`")
+		return hint.Default(err, traceHint)
 	}
 	if f.output != "-" {
 		cmd.PrintErrf("cudatrace: %s written to %s\n", format, f.output)

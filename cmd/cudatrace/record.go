@@ -21,7 +21,7 @@ import (
 
 type recordFlags struct {
 	libs      []string
-	pids      []int
+	pids      pidList
 	all       bool
 	duration  time.Duration
 	output    string
@@ -117,7 +117,7 @@ does the same for every process, for a trace read on another machine.`,
 	}
 	fl := cmd.Flags()
 	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
-	fl.IntSliceVarP(&f.pids, "pid", "p", nil, "trace this running process (repeatable)")
+	addPIDFlag(fl, &f.pids, "trace this running process (repeatable)")
 	fl.BoolVarP(&f.all, "all", "a", false, "trace every process on the host")
 	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (e.g. 30s, 5m)")
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
@@ -167,6 +167,11 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 			return hint.Wrap(fmt.Errorf("--export %s=%s: %w", e.format, e.path, err), hint.Of(err))
 		}
 	}
+	// So are the command and the processes: no probe is attached for a
+	// typo.
+	if err := checkTargets(args, f.pids); err != nil {
+		return err
+	}
 	output := f.output
 	var temp string // the trace made only for the exports: removed once they are written
 	if output == "" && len(exports) > 0 {
@@ -187,7 +192,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		return fmt.Errorf("find own executable: %w", err)
 	}
 	opts := record.Options{
-		Libs: f.libs, PIDs: f.pids, All: f.all, Command: args,
+		Libs: f.libs, PIDs: f.pids.ints(), All: f.all, Command: args,
 		Duration: f.duration, Output: output, Version: version,
 		Stderr:       cmd.ErrOrStderr(),
 		LaunchHelper: []string{exe, launchCmdName},

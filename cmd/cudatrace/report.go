@@ -10,11 +10,11 @@ import (
 )
 
 type reportFlags struct {
+	readFlags
 	json     bool
-	top      int
-	pids     []uint
 	minAge   time.Duration
 	interval time.Duration
+	by       string
 }
 
 func newReportCmd() *cobra.Command {
@@ -51,16 +51,32 @@ checked against the build IDs captured while recording. A trace cut short
   cudatrace report train.trace --top 5
   cudatrace report train.trace --min-age 30s     # what was allocated long ago and never freed
   cudatrace report train.trace --interval 10s    # used and peaked per 10 seconds
+  cudatrace report train.trace --by function     # used/acquired/occurrences per function (CupyMemoryProfileHook)
+  cudatrace report train.trace --by line --interval 10s  # bytes added and removed per source line (MemTracker)
   cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'`,
-		Args: cobra.ExactArgs(1),
+		Args: oneTrace,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval}
-			for _, p := range f.pids {
-				opts.PIDs = append(opts.PIDs, uint32(p))
+			if err := f.check(); err != nil {
+				return err
 			}
+			if err := nonNegative("min-age", f.minAge, f.minAge < 0); err != nil {
+				return err
+			}
+			if err := nonNegative("interval", f.interval, f.interval < 0); err != nil {
+				return err
+			}
+			by, err := report.ParseBy(f.by)
+			if err != nil {
+				return hint.Wrap(err, "e.g. --by function")
+			}
+			if err := checkTrace(args[0]); err != nil {
+				return err
+			}
+			opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval, PIDs: f.pids,
+				NoSymbolize: f.noSymbolize, By: by}
 			rep, err := report.Load(args[0], opts)
 			if err != nil {
-				return hint.Wrap(err, "give the path of a file written by `cudatrace record -o FILE`")
+				return hint.Default(err, traceHint)
 			}
 			if f.json { // the text report carries them itself
 				for _, w := range []string{rep.Warning, rep.SymbolWarning} {
@@ -76,9 +92,9 @@ checked against the build IDs captured while recording. A trace cut short
 		},
 	}
 	cmd.Flags().BoolVar(&f.json, "json", false, "print the report as JSON")
-	cmd.Flags().IntVar(&f.top, "top", 20, "how many stacks to show in the text report (and per process at the peak)")
-	cmd.Flags().UintSliceVarP(&f.pids, "pid", "p", nil, "only this process (repeatable)")
+	f.add(cmd.Flags(), "how many stacks to show in the text report (and per process at the peak)")
 	cmd.Flags().DurationVar(&f.minAge, "min-age", 0, "list leak candidates: live at the end and at least this old (e.g. 30s)")
-	cmd.Flags().DurationVar(&f.interval, "interval", 0, "add a table of used and peaked GPU memory per interval (e.g. 10s)")
+	cmd.Flags().DurationVar(&f.interval, "interval", 0, "add a table of used and peaked GPU memory per interval (e.g. 10s); with --by, bytes added and removed per interval and row")
+	cmd.Flags().StringVar(&f.by, "by", "", "add a view by function or by line (Python lines where the stacks have any, else native file:line): tensor bytes used, segment bytes acquired, occurrences")
 	return cmd
 }

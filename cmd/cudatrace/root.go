@@ -73,9 +73,7 @@ Needs root, or CAP_BPF and CAP_PERFMON, on Linux 5.15 or later with BTF.`,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return hint.Wrap(err, fmt.Sprintf("see `%s --help`", c.CommandPath()))
-	})
+	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(newRecordCmd(), newReportCmd(), newExportCmd(), newTopCmd(), newAgentCmd(), newLaunchCmd(), newWatchdogCmd())
 	return root
 }

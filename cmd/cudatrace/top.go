@@ -11,13 +11,15 @@ import (
 
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/top"
 )
 
 type topFlags struct {
 	libs        []string
-	pids        []int
+	pids        pidList
+	ringSize    string
 	every       time.Duration
 	stacks      int
 	nvml        bool
@@ -63,9 +65,12 @@ memory as the remainder.`,
 	}
 	fl := cmd.Flags()
 	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
-	fl.IntSliceVarP(&f.pids, "pid", "p", nil, "watch this process only (repeatable); default: every process")
+	addPIDFlag(fl, &f.pids, "watch this process only (repeatable); default: every process")
 	fl.DurationVarP(&f.every, "interval", "i", time.Second, "refresh interval (and NVML sampling)")
+	fl.IntVar(&f.stacks, "top", 5, "how many stacks of the selected process to show")
 	fl.IntVar(&f.stacks, "stacks", 5, "how many stacks of the selected process to show")
+	_ = fl.MarkDeprecated("stacks", "use --top, as report does")
+	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
 	fl.BoolVar(&f.nvml, "nvml", true, "compare with the driver's per-process figure (NVML)")
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "show stack addresses only")
 	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
@@ -76,7 +81,20 @@ func runTop(cmd *cobra.Command, f *topFlags) error {
 	if f.every < 10*time.Millisecond {
 		return hint.Wrap(fmt.Errorf("--interval %s is too short", f.every), "e.g. --interval 1s")
 	}
-	c := top.NewCollector(f.every, max(f.stacks, 0), f.pids)
+	if f.stacks < 0 {
+		return hint.Wrap(fmt.Errorf("--top %d: must be 0 or more", f.stacks), "e.g. --top 5")
+	}
+	ring, err := parseSize(f.ringSize)
+	if err != nil {
+		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
+	}
+	if err := checkRing(ring, f.ringSize, loader.DefaultStackWindow); err != nil {
+		return err
+	}
+	if err := checkTargets(nil, f.pids); err != nil {
+		return err
+	}
+	c := top.NewCollector(f.every, f.stacks, f.pids.ints())
 	topts := top.Options{Every: f.every, In: os.Stdin, Out: os.Stdout, NoSymbolize: f.noSymbolize, NoNVML: !f.nvml,
 		Target: "all processes"}
 	if len(f.pids) > 0 {
@@ -92,9 +110,10 @@ func runTop(cmd *cobra.Command, f *topFlags) error {
 		topts.Messages = &top.Messages{}
 		stderr = topts.Messages
 	}
-	opts := record.Options{Libs: f.libs, PIDs: f.pids, All: len(f.pids) == 0, Version: version,
+	opts := record.Options{Libs: f.libs, PIDs: f.pids.ints(), All: len(f.pids) == 0, Version: version,
 		Stderr: stderr, Observer: c, NVMLEvery: f.every, NoPythonFrames: f.noPy}
 	opts.Tracer.PollInterval = min(f.every/2, 50*time.Millisecond)
+	opts.Tracer.RingBytes = ring
 	if f.nvml {
 		opts.NVML = gpustat.Open
 	}
@@ -112,7 +131,7 @@ func runTop(cmd *cobra.Command, f *topFlags) error {
 		}
 		stop <- st
 	}()
-	err := top.Run(ctx, c, topts, stop)
+	err = top.Run(ctx, c, topts, stop)
 	cancel()
 	// The probes are detached before top exits; with many of them that
 	// takes seconds, and the terminal is already the user's again.

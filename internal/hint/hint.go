@@ -29,3 +29,13 @@ func Of(err error) string {
 	}
 	return ""
 }
+
+// Default returns err carrying hint unless err already carries one: a hint
+// for the step (reading a trace) that must not cover a more precise one
+// from below (an output path that cannot be written).
+func Default(err error, hint string) error {
+	if Of(err) != "" {
+		return err
+	}
+	return Wrap(err, hint)
+}

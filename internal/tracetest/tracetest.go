@@ -36,6 +36,8 @@ func Write(t testing.TB, meta tracefile.Meta, items ...any) (string, []int64) {
 			err = w.WriteEnd(v)
 		case *tracefile.NVML:
 			err = w.WriteNVML(v)
+		case *tracefile.Symbols:
+			err = w.WriteSymbols(v)
 		default:
 			t.Fatalf("tracetest.Write: %T", it)
 		}

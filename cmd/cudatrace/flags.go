@@ -1,0 +1,166 @@
+package main
+
+// flags.go: the flags verbs share and the checks made on them before
+// anything is read or attached. The verbs that trace (record, top, agent)
+// share --pid as one type (pidList) and --ring-size; those that read a
+// trace (report, export) share readFlags. Every message is one line in
+// cudatrace's words, never pflag's or strconv's.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/cudatrace/cudatrace/internal/hint"
+)
+
+// pidList is --pid: process IDs, repeatable or comma-separated.
+type pidList []uint32
+
+func (p *pidList) String() string {
+	s := make([]string, len(*p))
+	for i, v := range *p {
+		s[i] = strconv.FormatUint(uint64(v), 10)
+	}
+	return "[" + strings.Join(s, ",") + "]"
+}
+
+func (p *pidList) Type() string { return "pid" }
+
+func (p *pidList) Set(s string) error {
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseUint(strings.TrimSpace(f), 10, 32)
+		if err != nil || v == 0 || v > 1<<22 { // the kernel's PID_MAX_LIMIT
+			return fmt.Errorf("not a process ID (want a whole number from 1 to %d)", 1<<22)
+		}
+		*p = append(*p, uint32(v))
+	}
+	return nil
+}
+
+// ints is the list as record.Options takes it.
+func (p pidList) ints() []int {
+	out := make([]int, len(p))
+	for i, v := range p {
+		out[i] = int(v)
+	}
+	return out
+}
+
+func addPIDFlag(fl *pflag.FlagSet, p *pidList, usage string) {
+	fl.VarP(p, "pid", "p", usage)
+}
+
+// readFlags are the flags of the verbs that read a trace.
+type readFlags struct {
+	pids        pidList
+	noSymbolize bool
+	top         int
+}
+
+func (f *readFlags) add(fl *pflag.FlagSet, topUsage string) {
+	addPIDFlag(fl, &f.pids, "only this process (repeatable)")
+	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
+	fl.IntVar(&f.top, "top", 20, topUsage)
+}
+
+func (f *readFlags) check() error {
+	if f.top < 0 {
+		return hint.Wrap(fmt.Errorf("--top %d: must be 0 or more", f.top), "e.g. --top 5")
+	}
+	return nil
+}
+
+// nonNegative checks a duration flag.
+func nonNegative(name string, v fmt.Stringer, negative bool) error {
+	if negative {
+		return hint.Wrap(fmt.Errorf("--%s %s: must not be negative", name, v), "e.g. --"+name+" 30s")
+	}
+	return nil
+}
+
+// traceHint is the hint for a path that is not a readable trace.
+const traceHint = "give the path of a file written by `cudatrace record -o FILE`"
+
+// oneTrace is the Args of report and export: exactly one trace.
+func oneTrace(cmd *cobra.Command, args []string) error {
+	switch len(args) {
+	case 1:
+		return nil
+	case 0:
+		return hint.Wrap(errors.New("say which trace to read"), "e.g. "+cmd.CommandPath()+" train.trace")
+	}
+	return hint.Wrap(fmt.Errorf("one trace at a time: got %d (%s)", len(args), strings.Join(args, " ")),
+		"run "+cmd.CommandPath()+" once per trace")
+}
+
+// checkTrace says, before reading, what makes path no trace at all.
+func checkTrace(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return hint.Wrap(fmt.Errorf("no trace at %s: no such file", path), traceHint)
+	case err != nil:
+		return hint.Wrap(fmt.Errorf("cannot read the trace %s: %w", path, errors.Unwrap(err)), "check the file's permissions")
+	case fi.IsDir():
+		return hint.Wrap(fmt.Errorf("%s is a directory, not a trace", path), traceHint)
+	}
+	return nil
+}
+
+// pflagInvalid is pflag's message for a value its parser refused.
+var pflagInvalid = regexp.MustCompile(`^invalid argument "(.*)" for "(?:-\w, )?--([\w-]+)" flag: (.*)$`)
+
+// flagError turns pflag's messages into one line in cudatrace's words:
+// `--top "x": want a whole number`, not `strconv.ParseInt: parsing "x":
+// invalid syntax`.
+func flagError(c *cobra.Command, err error) error {
+	help := fmt.Sprintf("see `%s --help`", c.CommandPath())
+	m := pflagInvalid.FindStringSubmatch(err.Error())
+	if m == nil {
+		return hint.Wrap(err, help)
+	}
+	value, name, why := m[1], m[2], m[3]
+	want := why
+	if fl := c.Flags().Lookup(name); fl != nil {
+		switch fl.Value.Type() {
+		case "duration":
+			want = "want a duration such as 30s or 5m"
+		case "int", "int32", "int64", "intSlice":
+			want = "want a whole number"
+		case "uint", "uint32", "uint64", "uintSlice":
+			want = "want a whole number, 0 or more"
+		case "bool":
+			want = "want true or false"
+		case "float64":
+			want = "want a number"
+		}
+	}
+	return hint.Wrap(fmt.Errorf("--%s %q: %s", name, value, want), help)
+}
+
+// checkTargets checks, before anything is attached, that the command to
+// launch can be run and that every --pid is a running process.
+func checkTargets(command []string, pids pidList) error {
+	if len(command) > 0 {
+		if _, err := exec.LookPath(command[0]); err != nil {
+			if errors.Is(err, os.ErrNotExist) || errors.Is(err, exec.ErrNotFound) {
+				return hint.Wrap(fmt.Errorf("command %q not found", command[0]), "check its name, or give its path")
+			}
+			return hint.Wrap(fmt.Errorf("cannot run %q: %w", command[0], errors.Unwrap(err)), "check that it is an executable file")
+		}
+	}
+	for _, pid := range pids {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+			return hint.Wrap(fmt.Errorf("pid %d: no such process", pid), "check the PID with ps or nvidia-smi")
+		}
+	}
+	return nil
+}

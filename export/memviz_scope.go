@@ -1,0 +1,150 @@
+package export
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/pickle"
+	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// memvizBlockKey names a tensor block: its device, address and size.
+type memvizBlockKey struct {
+	dev        int
+	addr, size uint64
+}
+
+// memvizScope follows a replay for the memviz trace lists: the segments
+// seen so far, by device, so that a tensor entry is made only for a block
+// inside one of them; the latest NVML sample, for device_free; and the
+// wall clock, for time_us.
+//
+// A trace that starts after the process's segments exist (record --pid,
+// the agent's /trace windows) sees tensors in segments it never saw
+// allocated. Those still live at the moment shown get a segment of their
+// own in the snapshot (orphanSegments); the entries of the others are left
+// out, as the snapshot lists no memory they could be in.
+type memvizScope struct {
+	segs map[int][]span // live segments per device, by address
+	// orphan says whether a block outside every segment gets entries.
+	orphan func(memvizBlockKey) bool
+	meta   *tracefile.Meta // nil: time_us is left out
+	last   *tracefile.NVML // the latest sample of the driver's view
+}
+
+type span struct{ start, end uint64 }
+
+func newMemvizScope(orphan func(memvizBlockKey) bool) *memvizScope {
+	return &memvizScope{segs: map[int][]span{}, orphan: orphan}
+}
+
+func (s *memvizScope) add(a *ledger.Allocation) {
+	dev := int(a.Device)
+	sp := span{a.Addr, a.Addr + a.Size}
+	i, _ := slices.BinarySearchFunc(s.segs[dev], sp.start, func(x span, addr uint64) int { return cmp.Compare(x.start, addr) })
+	s.segs[dev] = slices.Insert(s.segs[dev], i, sp)
+}
+
+func (s *memvizScope) remove(a *ledger.Allocation) {
+	dev := int(a.Device)
+	i, ok := slices.BinarySearchFunc(s.segs[dev], a.Addr, func(x span, addr uint64) int { return cmp.Compare(x.start, addr) })
+	if ok {
+		s.segs[dev] = slices.Delete(s.segs[dev], i, i+1)
+	}
+}
+
+// covers reports whether tensor block a gets trace entries, and whether it
+// is an orphan (in no segment seen).
+func (s *memvizScope) covers(a *ledger.Allocation) (ok, orphan bool) {
+	if s == nil || s.orphan == nil {
+		return true, false
+	}
+	segs := s.segs[int(a.Device)]
+	i, _ := slices.BinarySearchFunc(segs, a.Addr+1, func(x span, addr uint64) int { return cmp.Compare(x.start, addr) })
+	if i > 0 && a.Addr >= segs[i-1].start && a.Addr+a.Size <= segs[i-1].end {
+		return true, false
+	}
+	return s.orphan(memvizBlockKey{int(a.Device), a.Addr, a.Size}), true
+}
+
+func (s *memvizScope) nvml(n *tracefile.NVML) {
+	if n.Error == "" && len(n.Devices) > 0 {
+		s.last = n
+	}
+}
+
+// deviceFree is the driver's free memory on dev at the latest NVML sample
+// (NVML's index is taken as the CUDA ordinal; with one GPU they agree), 0
+// when the trace has none.
+func (s *memvizScope) deviceFree(dev int) uint64 {
+	if s == nil || s.last == nil {
+		return 0
+	}
+	if len(s.last.Devices) == 1 {
+		return s.last.Devices[0].Free
+	}
+	for _, d := range s.last.Devices {
+		if d.Index == dev {
+			return d.Free
+		}
+	}
+	return 0
+}
+
+// timeUS is when ev returned, in Unix µs; 0 without a clock.
+func (s *memvizScope) timeUS(ev *events.Event) int64 {
+	if s == nil || s.meta == nil {
+		return 0
+	}
+	return s.meta.WallTime(ev.End()).UnixMicro()
+}
+
+// orphanSegments makes a segment of each live tensor that lies in none of
+// segs (both by address): memory the process held before the trace began.
+// Each is exactly the tensor's size, one active block, so its entries,
+// which have this size too, fit it. Tensors overlapping one before (a lost
+// free) are left out.
+func orphanSegments(segs, live []*ledger.Allocation, stack func(*ledger.Stack) []MemvizFrame) []MemvizSegment {
+	scope := newMemvizScope(func(memvizBlockKey) bool { return false })
+	for _, a := range segs {
+		scope.add(a)
+	}
+	var out []MemvizSegment
+	lastEnd := map[int32]uint64{}
+	for _, t := range live {
+		if t.Size == 0 || t.Addr < lastEnd[t.Device] {
+			continue
+		}
+		if ok, _ := scope.covers(t); ok {
+			continue
+		}
+		if i, _ := slices.BinarySearchFunc(scope.segs[int(t.Device)], t.Addr+t.Size, func(x span, addr uint64) int {
+			return cmp.Compare(x.start, addr)
+		}); i > 0 && scope.segs[int(t.Device)][i-1].end > t.Addr {
+			continue // straddles a segment's edge
+		}
+		lastEnd[t.Device] = t.Addr + t.Size
+		out = append(out, memvizSegment(t, stack(t.Stack)))
+	}
+	return out
+}
+
+// MemvizSettings is the snapshot's "allocator_settings": what memory_viz's
+// Allocator Settings tab shows. Only the keys cudatrace knows are written.
+type MemvizSettings struct {
+	// MaxEntries is the cap on each device's trace (trace_alloc_max_entries);
+	// 0: none.
+	MaxEntries int
+	// Overflowed says a device's trace was cut to MaxEntries
+	// (trace_alloc_overflowed): older entries are missing.
+	Overflowed bool
+}
+
+func (m *MemvizSettings) pyValue() pickle.Dict {
+	return pickle.Dict{
+		{Key: "trace_alloc_max_entries", Value: m.MaxEntries},
+		{Key: "trace_alloc_overflowed", Value: m.Overflowed},
+	}
+}

@@ -1,0 +1,108 @@
+// Package memviztest checks a memory snapshot file as PyTorch's memory_viz
+// reads it: every test that exports one runs Check on it. The check is a
+// Python script that loads the pickle and walks each device's trace from
+// the snapshot backwards, as MemoryViz.js's Allocator State History does
+// (undoing each entry), so an entry that points into memory the snapshot
+// never lists fails here as it blanks the viewer's pane there.
+package memviztest
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/cudatrace/cudatrace/internal/testenv"
+)
+
+// Want is what Check asserts beyond the rules every snapshot keeps.
+type Want struct {
+	// DeviceKnown: the trace has the driver's view (NVML), so every oom
+	// entry must carry a non-zero device_free.
+	DeviceKnown bool
+}
+
+// Summary is what Check read, for the test's own assertions.
+type Summary struct {
+	Segments int            `json:"segments"`
+	Entries  map[string]int `json:"entries"` // by action, all devices
+	// Live is the bytes of active_allocated blocks per device (by the
+	// device's number as a string, as JSON keys are).
+	Live       map[string]uint64 `json:"live"`
+	Settings   map[string]any    `json:"settings"`
+	DeviceFree []uint64          `json:"device_free"` // of every oom entry
+}
+
+// script checks the snapshot at argv[1]; argv[2] is "1" when device_free
+// must be non-zero. It prints a Summary.
+const script = `
+import json, pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+device_known = sys.argv[2] == "1"
+segs = {}   # device -> {address: size}
+live = {}
+for seg in s["segments"]:
+    end = seg["address"]
+    for b in seg["blocks"]:
+        assert b["address"] == end, "segment %#x: blocks do not tile" % seg["address"]
+        end += b["size"]
+        if b["state"] == "active_allocated":
+            live[seg["device"]] = live.get(seg["device"], 0) + b["size"]
+    assert end == seg["address"] + seg["total_size"], "segment %#x: blocks do not cover it" % seg["address"]
+    segs.setdefault(seg["device"], {})[seg["address"]] = seg["total_size"]
+
+def segment_of(dev, addr):
+    for a, size in segs.get(dev, {}).items():
+        if a <= addr < a + size:
+            return a
+    return None
+
+entries, device_free = {}, []
+for dev, trace in enumerate(s["device_traces"]):
+    for i in range(len(trace) - 1, -1, -1):   # newest first, as MemoryViz.js undoes them
+        e = trace[i]
+        what = "device_traces[%d][%d] %s" % (dev, i, e["action"])
+        act = e["action"]
+        entries[act] = entries.get(act, 0) + 1
+        assert isinstance(e.get("time_us"), int) and e["time_us"] > 0, what + ": no time_us"
+        if act == "oom":
+            if device_known:
+                assert e.get("device_free", 0) > 0, what + ": device_free is 0 where the device is known"
+            device_free.append(e.get("device_free", 0))
+            continue
+        if act == "snapshot":
+            continue
+        addr = e["addr"]
+        if act in ("segment_free", "segment_unmap"):
+            assert segment_of(dev, addr) is None, what + ": %#x freed, but a listed segment is there" % addr
+            segs.setdefault(dev, {})[addr] = e["size"]
+            continue
+        a = segment_of(dev, addr)
+        assert a is not None, what + ": %#x lies in no segment listed at that point" % addr
+        if act in ("segment_alloc", "segment_map"):
+            assert a == addr, what + ": %#x is not a segment's start" % addr
+            del segs[dev][addr]
+        else:
+            assert addr + e["size"] <= a + segs[dev][a], what + ": %#x+%d runs past its segment" % (addr, e["size"])
+print(json.dumps({"segments": len(s["segments"]), "entries": entries,
+    "live": {str(d): v for d, v in live.items()}, "settings": s.get("allocator_settings"),
+    "device_free": device_free}))
+`
+
+// Check loads the snapshot pickle at path with python3 and checks it:
+// blocks tile their segments; walking each device's trace back from the
+// snapshot, every entry's address lies in a segment listed at that point;
+// every entry has time_us; with want.DeviceKnown, every oom entry has a
+// non-zero device_free. It fails t on the first broken rule.
+func Check(t testing.TB, path string, want Want) Summary {
+	t.Helper()
+	py := testenv.Python3(t, "pickle", "json")
+	known := "0"
+	if want.DeviceKnown {
+		known = "1"
+	}
+	out := testenv.RunPython(t, py, script, path, known)
+	var s Summary
+	if err := json.Unmarshal(out, &s); err != nil {
+		t.Fatalf("memviz check: %v: %s", err, out)
+	}
+	return s
+}
