@@ -6,9 +6,11 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -161,27 +163,19 @@ func fail(w http.ResponseWriter, err error) {
 // profile and snapshot are built in memory before the first byte goes
 // out, so an error still gets its status code.
 func (s *server) profile(w http.ResponseWriter, r *http.Request) {
-	pid, err := pidParam(r, false)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	if !s.heavy.acquire(w, r) {
-		return
-	}
-	defer s.heavy.release()
-	var buf bytes.Buffer
-	if err := s.a.Profile(r.Context(), &buf, pid); err != nil {
-		fail(w, err)
-		return
-	}
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Disposition", `attachment; filename="cuda_memory.pb.gz"`)
-	w.Write(buf.Bytes())
+	s.built(w, r, false, s.a.Profile, func(uint32) string { return "cuda_memory.pb.gz" })
 }
 
 func (s *server) snapshot(w http.ResponseWriter, r *http.Request) {
-	pid, err := pidParam(r, true)
+	s.built(w, r, true, s.a.Snapshot, func(pid uint32) string { return fmt.Sprintf("snapshot-%d.pickle", pid) })
+}
+
+// built serves what build writes for the request's ?pid= (required or
+// not), as an attachment named by name, taking one of the heavy requests'
+// slots while it builds.
+func (s *server) built(w http.ResponseWriter, r *http.Request, needPID bool,
+	build func(context.Context, io.Writer, uint32) error, name func(pid uint32) string) {
+	pid, err := pidParam(r, needPID)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
@@ -191,12 +185,12 @@ func (s *server) snapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	defer s.heavy.release()
 	var buf bytes.Buffer
-	if err := s.a.Snapshot(r.Context(), &buf, pid); err != nil {
+	if err := build(r.Context(), &buf, pid); err != nil {
 		fail(w, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename="snapshot-%d.pickle"`, pid))
+	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename=%q`, name(pid)))
 	w.Write(buf.Bytes())
 }
 
