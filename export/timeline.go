@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -52,6 +53,9 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 		}
 		if ch.Stack != nil && ch.Alloc == nil { // a failed allocation call
 			tw.failure(ev)
+		}
+		if ch.Implicit && ch.Freed != nil {
+			tw.implicitFree(ev, ch)
 		}
 		return tw.err
 	}})
@@ -208,6 +212,23 @@ func (tw *timelineWriter) stamp(pid uint32, tr track, t uint64) uint64 {
 	}
 	*tracks = append(*tracks, trackTime{tr, t})
 	return t
+}
+
+// implicitFree marks a context's death that freed memory: the call, and
+// how many allocations of how many bytes went with the context.
+func (tw *timelineWriter) implicitFree(ev *events.Event, ch ledger.Change) {
+	var n, bytes uint64
+	for a := range ch.AllFreed() {
+		n++
+		bytes += a.Size
+	}
+	name, _ := json.Marshal(fmt.Sprintf("%s: %d allocations (%s) freed with their context", ev.API, n, units.Bytes(bytes)))
+	b := fmt.Appendf(tw.buf[:0], `"ph":"i","s":"p","name":%s,"pid":%d,"tid":%d,"ts":`, name, ev.PID, ev.TID)
+	b = tw.ts(b, ev.End())
+	b = fmt.Appendf(b, `,"args":{"api":"%s","context":"%#x","device":%d,"implicit_frees":%d,"implicit_free_bytes":%d}`,
+		ev.API, ev.Addr, ev.Device, n, bytes)
+	tw.event(b)
+	tw.buf = b
 }
 
 func (tw *timelineWriter) failure(ev *events.Event) {
