@@ -4,6 +4,7 @@ package vmtest
 // and NVIDIA's real libcuda. Privileged.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -408,4 +409,44 @@ func TestContextStack(t *testing.T) {
 	if !strings.Contains(string(out), "IMPLICIT-FREED") || !strings.Contains(string(out), "4 (14.0 MiB)") {
 		t.Errorf("report text has no IMPLICIT-FREED column with 4 (14.0 MiB):\n%s", out)
 	}
+}
+
+// TestAttachBeforeCUDA: `record --pid` on a process that has not loaded
+// CUDA yet waits for it, saying so once, and traces what the process does
+// once it dlopen()s a runtime, exactly (issue 17).
+func TestAttachBeforeCUDA(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	lib := wheelCopy(t, filepath.Join(dir, "site-packages"))
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "before.trace")
+	cmd := exec.CommandContext(ctx, workload("dlopen_late"), lib, "30")
+	// Loads the library 4 s after starting: the tracer is attached by then.
+	cmd.Env = append(fakeEnv(log), "DLOPEN_LATE_DELAY_MS=4000")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	rec := startRecord(t, ctx, recordOpts{}, "--pid", fmt.Sprint(cmd.Process.Pid), "-o", trace)
+	if err := <-done; err != nil {
+		t.Fatalf("dlopen_late: %v\n%s", err, out.String())
+	}
+	if code := rec.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("record --pid exited %d, want 0:\n%s", code, rec.stderr.String())
+	}
+	stderr := rec.stderr.String()
+	waiting := fmt.Sprintf("cudatrace: pid %d has not loaded CUDA yet", cmd.Process.Pid)
+	if n := strings.Count(stderr, waiting); n != 1 {
+		t.Errorf("record said %q %d times, want once:\n%s", waiting, n, stderr)
+	}
+	if !strings.Contains(stderr, "loaded "+lib+" after tracing began") {
+		t.Errorf("record did not say it attached late:\n%s", stderr)
+	}
+	want := onlyTruth(t, log, "")
+	if want.PID != cmd.Process.Pid || want.Allocs != 30 {
+		t.Fatalf("ground truth: pid %d with %d allocations, want pid %d with 30", want.PID, want.Allocs, cmd.Process.Pid)
+	}
+	rep := runReport(t, ctx, trace)
+	checkProcess(t, rep, want, 0, "dlopen_late")
 }
