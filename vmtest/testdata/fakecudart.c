@@ -855,6 +855,187 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * What real clients ask of the driver besides memory (Numba's ctypes
+ * driver binds these as it goes, PyCUDA at load): the devices, their
+ * attributes, copies and streams that do nothing, IPC unsupported. Not
+ * logged: they allocate nothing.
+ */
+#define CUDA_ERROR_NOT_SUPPORTED 801
+
+EXPORT CUresult cuDriverGetVersion(int *v)
+{
+	if (!v)
+		return CUDA_ERROR_INVALID_VALUE;
+	*v = 12000;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *n)
+{
+	if (!n)
+		return CUDA_ERROR_INVALID_VALUE;
+	*n = ndevices;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+	if (!dev)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (ordinal < 0 || ordinal >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*dev = ordinal;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+	if (!name || len <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(name, (size_t)len, "cudatrace stand-in GPU %d", dev);
+	return CUDA_SUCCESS;
+}
+
+/* Attributes: compute capability 8.0 (75, 76), unified addressing (41),
+ * mapped host memory (19), managed memory (83), PCI ids; 1024 for the
+ * rest (threads, blocks, ...). */
+EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
+{
+	if (!pi)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	switch (attrib) {
+	case 75: *pi = 8; break;
+	case 76: *pi = 0; break;
+	case 19: case 41: case 83: *pi = 1; break;
+	case 33: *pi = dev; break; /* PCI bus id */
+	case 34: case 50: *pi = 0; break;
+	case 16: *pi = 108; break; /* multiprocessors */
+	case 10: *pi = 32; break;  /* warp size */
+	default: *pi = 1024;
+	}
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
+{
+	if (!major || !minor)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*major = 8;
+	*minor = 0;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice dev)
+{
+	if (!uuid)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(uuid, 0, 16);
+	uuid[0] = (unsigned char)dev;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+	if (!bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	(void)dev;
+	*bytes = mem_limit;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+	if (!flags || !active)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&mu);
+	*flags = 0;
+	*active = primaries[dev].refs > 0;
+	pthread_mutex_unlock(&mu);
+	return CUDA_SUCCESS;
+}
+
+/* Free memory: the current device's limit less what is allocated on it. */
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+	uint64_t used = 0;
+	if (!free_bytes || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < NBUCKETS; i++)
+		for (struct block *b = buckets[i]; b; b = b->next)
+			if (b->kind == KIND_DEVICE && b->dev == cur_dev)
+				used += b->reserved;
+	pthread_mutex_unlock(&mu);
+	*total = mem_limit;
+	*free_bytes = used < mem_limit ? mem_limit - used : 0;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, void *handle, unsigned int flags)
+{
+	(void)p, (void)handle, (void)flags;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, void *handle, unsigned int flags)
+{
+	return cuIpcOpenMemHandle_v2(p, handle, flags);
+}
+
+EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+	(void)flags;
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	*s = (CUstream)(uintptr_t)0x5700;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) { (void)dst, (void)src, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { (void)dst, (void)src, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) { (void)dst, (void)src, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) { (void)dst, (void)src, (void)n, (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) { (void)dst, (void)src, (void)n, (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) { (void)dst, (void)v, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) { (void)dst, (void)v, (void)n, (void)s; return CUDA_SUCCESS; }
+
+/* Mapped pinned memory: the device sees it at its host address. */
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flags)
+{
+	(void)flags;
+	if (!d)
+		return CUDA_ERROR_INVALID_VALUE;
+	*d = (CUdeviceptr)(uintptr_t)p;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+{
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	*s = e == 2 ? "out of memory" : "stand-in error";
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
+{
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	*s = e == 2 ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_UNKNOWN";
+	return CUDA_SUCCESS;
+}
+
 /* drv_alloc wraps do_alloc for the driver's (CUdeviceptr *, size) shape. */
 static CUresult drv_alloc(const char *api, enum kind kind, int valid, uint64_t bytes, uint64_t req, CUdeviceptr *out)
 {
