@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 
 	"github.com/cudatrace/cudatrace/events"
@@ -43,8 +44,12 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 		// One counter value per track and event: an allocation that
 		// displaced a block on the same track (its free was lost) is one
 		// step.
+		// Several allocations freed at once (a context's death, an
+		// unmap) are one step per track too.
+		var stepped []track
 		for f := range ch.AllFreed() {
-			if ch.Alloc == nil || !sameTrack(f, ch.Alloc) {
+			if tr := trackOf(f); (ch.Alloc == nil || !sameTrack(f, ch.Alloc)) && !slices.Contains(stepped, tr) {
+				stepped = append(stepped, tr)
 				tw.counter(p, f, ev.End())
 			}
 		}
