@@ -141,11 +141,13 @@ type nodeUse struct{ live, peak uint64 }
 type Totals struct {
 	Allocs, Frees, Failed, AllocBytes uint64
 	TensorAllocs, TensorFrees         uint64
-	OOMs                              uint64
-	Dumps, DumpErrors, DumpsSkipped   uint64
-	ProcessesSeen, ProcessesExited    uint64
-	ProcessesForgotten                uint64
-	TraceDropped                      uint64
+	// Allocations freed with their context (cuCtxDestroy, cuDevicePrimaryCtxReset, ...), and their bytes.
+	ImplicitFrees, ImplicitFreeBytes uint64
+	OOMs                             uint64
+	Dumps, DumpErrors, DumpsSkipped  uint64
+	ProcessesSeen, ProcessesExited   uint64
+	ProcessesForgotten               uint64
+	TraceDropped                     uint64
 }
 
 type request struct {
@@ -291,10 +293,16 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 	if ch.Stack != nil {
 		a.model.Bind(p.PID, ch.Stack)
 	}
-	if f := ch.Freed; f != nil {
-		if f.API.Info().Layer == events.LayerTensor {
+	// Every allocation the event released: a context's death (implicit
+	// frees) and a cuMemUnmap may release several.
+	for f := range ch.AllFreed() {
+		switch {
+		case ch.Implicit:
+			a.totals.ImplicitFrees++
+			a.totals.ImplicitFreeBytes += f.Size
+		case f.API.Info().Layer == events.LayerTensor:
 			a.totals.TensorFrees++
-		} else {
+		default:
 			a.totals.Frees++
 		}
 		if f.API.Info().Kind != events.KindHost && ps.exitedAt.IsZero() {

@@ -24,6 +24,7 @@ type ProcessStats struct {
 
 	Allocs, Frees, Failed, AllocBytes uint64
 	UnknownFrees                      uint64
+	ImplicitFrees, ImplicitFreeBytes  uint64 // freed with their context
 	TensorAllocs, TensorFrees         uint64
 	Live, Peak                        uint64
 	HostLive, HostPeak                uint64
@@ -93,7 +94,8 @@ func (a *Agent) stats() *Stats {
 func (a *Agent) processStats(ps *procState, p *ledger.Process) ProcessStats {
 	out := ProcessStats{PID: p.PID, Comm: p.Comm, Container: ps.container.ID, PodUID: ps.container.PodUID,
 		Exited: !ps.exitedAt.IsZero(), Allocs: p.Allocs, Frees: p.Frees, Failed: p.Failed, AllocBytes: p.AllocBytes,
-		UnknownFrees: p.UnknownFrees, TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees,
+		UnknownFrees: p.UnknownFrees, ImplicitFrees: p.ImplicitFrees, ImplicitFreeBytes: p.ImplicitFreeBytes,
+		TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees,
 		Live: p.Live, Peak: p.Peak, HostLive: p.HostLive, HostPeak: p.HostPeak,
 		TensorLive: p.TensorLive, TensorPeak: p.TensorPeak, OOMs: ps.ooms}
 	if c := a.model.Get(p.PID); c != nil && c.First != nil {

@@ -14,6 +14,137 @@ struct {
 	__type(value, __s32);
 } ctx_dev SEC(".maps");
 
+// Created contexts' usage counts (cuCtxCreate: 1, cuCtxAttach: one more,
+// cuCtxDetach: one less; at 0 the context dies).
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64); // CUcontext
+	__type(value, __s32);
+} ctx_refs SEC(".maps");
+
+// Primary contexts per process and device: the handle and the retain count
+// (cuDevicePrimaryCtxRetain adds one, Release takes one away; at 0, or at
+// a Reset, what was allocated in it is freed).
+struct primary_key {
+	__u32 tgid;
+	__s32 dev;
+};
+
+struct primary_val {
+	__u64 handle;
+	__s32 refs;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct primary_key);
+	__type(value, struct primary_val);
+} primaries SEC(".maps");
+
+// Each thread's context stack, as the driver keeps it: its top is the
+// current context. Deeper than CT_CTX_STACK, pushes are counted but not
+// saved, and their pops leave the device as it is.
+#define CT_CTX_STACK 8
+
+struct ctx_stack {
+	__u32 depth;
+	__u32 pad;
+	__u64 ctx[CT_CTX_STACK];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); // tid
+	__type(value, struct ctx_stack);
+} ctx_stacks SEC(".maps");
+
+static __always_inline struct ctx_stack *ctx_stack_of(__u32 tid)
+{
+	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
+	if (st)
+		return st;
+	struct ctx_stack empty = {};
+	bpf_map_update_elem(&ctx_stacks, &tid, &empty, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&ctx_stacks, &tid);
+}
+
+// top: the thread's current context, 0 when the stack is empty or its top
+// lies deeper than what is kept.
+static __always_inline __u64 ctx_top(struct ctx_stack *st)
+{
+	__u32 d = st->depth;
+	if (d == 0 || d > CT_CTX_STACK)
+		return 0;
+	return st->ctx[(d - 1) & (CT_CTX_STACK - 1)];
+}
+
+static __always_inline __s32 ctx_device(__u64 handle)
+{
+	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &handle);
+	return dev ? *dev : -1;
+}
+
+// follow_top: the thread's device becomes its current context's, when the
+// context's making was seen.
+static __always_inline void follow_top(__u32 tid, struct ctx_stack *st)
+{
+	__u64 top = ctx_top(st);
+	if (!top)
+		return;
+	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &top);
+	if (dev) {
+		__s32 d = *dev;
+		bpf_map_update_elem(&thread_dev, &tid, &d, BPF_ANY);
+	}
+}
+
+static __always_inline void ctx_push(__u32 tid, struct ctx_stack *st, __u64 handle)
+{
+	__u32 d = st->depth;
+	if (d < CT_CTX_STACK)
+		st->ctx[d & (CT_CTX_STACK - 1)] = handle;
+	st->depth = d + 1;
+	follow_top(tid, st);
+}
+
+static __always_inline void ctx_pop(__u32 tid, struct ctx_stack *st)
+{
+	if (st->depth == 0)
+		return;
+	st->depth--;
+	follow_top(tid, st);
+}
+
+// ctx_record tells the ledger about a context call: which context it is
+// about (addr: the one made current, or the one that died, with its
+// device) and the thread's current context after it (size). The ledger
+// keeps, per thread, the context allocations are made in, and frees a dead
+// context's allocations (implicit frees).
+static __always_inline void ctx_record(struct pt_regs *ctx, __u64 id, __u64 handle, __s32 dev, __u64 after)
+{
+	struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(CT_CNT_RB_FULL);
+		return;
+	}
+	e->ts_ns = bpf_ktime_get_boot_ns();
+	e->dur_ns = 0;
+	e->addr = handle;
+	e->size = after;
+	e->device = dev;
+	e->result = 0;
+	e->api = (__u16)bpf_get_attach_cookie(ctx);
+	e->flags = CT_F_ENTRY_ONLY;
+	e->nframes = 0;
+	fill_common(e, id);
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(e));
+}
+
 // Context calls between entry and return. Apart from `inflight`: the
 // runtime makes them inside its own traced calls (cudaSetDevice retains
 // the primary context), and they must neither displace those nor be
@@ -57,65 +188,77 @@ int ct_ctxcreate_enter(struct pt_regs *ctx)
 	return ctx_enter(ctx, PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM3(ctx), 1);
 }
 
+// The return of cuDevicePrimaryCtxRetain (counted: one retain more) and of
+// cuCtxCreate (usage count 1, pushed on the thread's stack).
 SEC("uretprobe")
 int ct_ctx_exit(struct pt_regs *ctx)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
 	struct ctx_call *c = bpf_map_lookup_elem(&ctx_inflight, &tid);
 	if (!c || PT_REGS_SP(ctx) != c->sp + 8)
 		return 0;
 	__u64 handle = 0;
-	if ((__s32)PT_REGS_RC(ctx) == 0 && bpf_probe_read_user(&handle, sizeof(handle), (void *)c->out) == 0 &&
-	    handle != 0) {
-		__s32 dev = c->device;
-		bpf_map_update_elem(&ctx_dev, &handle, &dev, BPF_ANY);
-		if (c->make_current)
-			bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
-	}
+	__s32 dev = c->device;
+	__u32 create = c->make_current;
+	int ok = (__s32)PT_REGS_RC(ctx) == 0 && bpf_probe_read_user(&handle, sizeof(handle), (void *)c->out) == 0 &&
+		 handle != 0;
 	bpf_map_delete_elem(&ctx_inflight, &tid);
+	if (!ok)
+		return 0;
+	bpf_map_update_elem(&ctx_dev, &handle, &dev, BPF_ANY);
+	if (!create) {
+		struct primary_key k = {.tgid = id >> 32, .dev = dev};
+		struct primary_val *p = bpf_map_lookup_elem(&primaries, &k);
+		if (p) {
+			p->handle = handle;
+			p->refs++;
+		} else {
+			struct primary_val v = {.handle = handle, .refs = 1};
+			bpf_map_update_elem(&primaries, &k, &v, BPF_ANY);
+		}
+		struct ctx_stack *st = ctx_stack_of(tid);
+		ctx_record(ctx, id, handle, dev, st ? ctx_top(st) : 0);
+		return 0;
+	}
+	__s32 one = 1;
+	bpf_map_update_elem(&ctx_refs, &handle, &one, BPF_ANY);
+	struct ctx_stack *st = ctx_stack_of(tid);
+	if (!st)
+		return 0;
+	ctx_push(tid, st, handle);
+	ctx_record(ctx, id, handle, dev, handle);
 	return 0;
 }
 
-// make_current: the thread's device becomes the context's, when the
-// context's making was seen.
-static __always_inline void make_current(__u32 tid, __u64 handle)
-{
-	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &handle);
-	if (dev) {
-		__s32 d = *dev;
-		bpf_map_update_elem(&thread_dev, &tid, &d, BPF_ANY);
-	}
-}
-
-// cuCtxSetCurrent. Taken at entry: it fails only on a context that was
-// never made.
+// cuCtxSetCurrent: replaces the top of the thread's stack (pushes onto an
+// empty one); NULL pops. Taken at entry: it fails only on a context that
+// was never made.
 SEC("uprobe")
 int ct_ctxset_enter(struct pt_regs *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
 	if (!traced(id >> 32))
 		return 0;
-	make_current((__u32)id, PT_REGS_PARM1(ctx));
+	struct ctx_stack *st = ctx_stack_of(tid);
+	if (!st)
+		return 0;
+	__u64 handle = PT_REGS_PARM1(ctx);
+	if (handle == 0) {
+		ctx_pop(tid, st);
+	} else if (st->depth == 0) {
+		ctx_push(tid, st, handle);
+	} else {
+		__u32 d = st->depth;
+		if (d <= CT_CTX_STACK)
+			st->ctx[(d - 1) & (CT_CTX_STACK - 1)] = handle;
+		follow_top(tid, st);
+	}
+	__u64 top = ctx_top(st);
+	ctx_record(ctx, id, top, ctx_device(top), top);
 	return 0;
 }
-
-// Each thread's context stack, as devices: cuCtxPushCurrent saves the
-// device current before it, cuCtxPopCurrent brings it back. Deeper than
-// CT_CTX_STACK, pushes are counted but not saved, and their pops leave the
-// device as it is.
-#define CT_CTX_STACK 8
-
-struct ctx_stack {
-	__u32 depth;
-	__s32 dev[CT_CTX_STACK];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32); // tid
-	__type(value, struct ctx_stack);
-} ctx_stacks SEC(".maps");
 
 SEC("uprobe")
 int ct_ctxpush_enter(struct pt_regs *ctx)
@@ -124,19 +267,13 @@ int ct_ctxpush_enter(struct pt_regs *ctx)
 	__u32 tid = (__u32)id;
 	if (!traced(id >> 32))
 		return 0;
-	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
-	if (!st) {
-		struct ctx_stack empty = {};
-		bpf_map_update_elem(&ctx_stacks, &tid, &empty, BPF_NOEXIST);
-		st = bpf_map_lookup_elem(&ctx_stacks, &tid);
-		if (!st)
-			return 0;
-	}
-	__u32 d = st->depth;
-	if (d < CT_CTX_STACK)
-		st->dev[d & (CT_CTX_STACK - 1)] = current_device(tid);
-	st->depth = d + 1;
-	make_current(tid, PT_REGS_PARM1(ctx));
+	struct ctx_stack *st = ctx_stack_of(tid);
+	if (!st)
+		return 0;
+	__u64 handle = PT_REGS_PARM1(ctx);
+	ctx_push(tid, st, handle);
+	__u64 top = ctx_top(st);
+	ctx_record(ctx, id, handle, ctx_device(handle), top);
 	return 0;
 }
 
@@ -150,13 +287,128 @@ int ct_ctxpop_enter(struct pt_regs *ctx)
 	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
 	if (!st || st->depth == 0)
 		return 0;
-	__u32 d = st->depth - 1;
-	st->depth = d;
-	if (d < CT_CTX_STACK) {
-		__s32 dev = st->dev[d & (CT_CTX_STACK - 1)];
-		bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
-	}
+	ctx_pop(tid, st);
+	__u64 top = ctx_top(st);
+	ctx_record(ctx, id, top, ctx_device(top), top);
 	return 0;
+}
+
+// cuCtxAttach: one use more of the thread's current context.
+SEC("uprobe")
+int ct_ctxattach_enter(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	if (!traced(id >> 32))
+		return 0;
+	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
+	if (!st)
+		return 0;
+	__u64 top = ctx_top(st);
+	__s32 *refs = bpf_map_lookup_elem(&ctx_refs, &top);
+	if (refs)
+		__sync_fetch_and_add(refs, 1);
+	return 0;
+}
+
+// ctx_dies: handle is destroyed. It is popped from the calling thread's
+// stack if current there (other threads' stacks keep a dead handle, as the
+// driver's do), and the ledger frees what was allocated in it.
+static __always_inline int ctx_dies(struct pt_regs *ctx, __u64 id, __u64 handle)
+{
+	__u32 tid = (__u32)id;
+	__s32 dev = ctx_device(handle);
+	bpf_map_delete_elem(&ctx_refs, &handle);
+	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
+	__u64 top = 0;
+	if (st) {
+		if (ctx_top(st) == handle)
+			ctx_pop(tid, st);
+		top = ctx_top(st);
+	}
+	ctx_record(ctx, id, handle, dev, top);
+	return 0;
+}
+
+// cuCtxDestroy: the context dies whatever its usage count.
+SEC("uprobe")
+int ct_ctxdestroy_enter(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	__u64 handle = PT_REGS_PARM1(ctx);
+	if (!handle)
+		return 0;
+	return ctx_dies(ctx, id, handle);
+}
+
+// cuCtxDetach: one use less; the context dies at 0, or when its making
+// was not seen (made before tracing: PyCUDA detaches what it created).
+SEC("uprobe")
+int ct_ctxdetach_enter(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	__u64 handle = PT_REGS_PARM1(ctx);
+	if (!handle)
+		return 0;
+	__s32 *refs = bpf_map_lookup_elem(&ctx_refs, &handle);
+	if (refs) {
+		// Not atomic (the v1 instruction set has no fetch-and-add with a
+		// result): two threads detaching one context at once may miscount.
+		__s32 left = *refs - 1;
+		*refs = left;
+		if (left > 0)
+			return 0;
+	}
+	return ctx_dies(ctx, id, handle);
+}
+
+// primary_drop: cuDevicePrimaryCtxRelease (reset == 0: one retain less) and
+// cuDevicePrimaryCtxReset or the runtime's cudaDeviceReset (reset: the
+// primary context's memory goes now). The record names the primary
+// context where its retain was seen, else 0, and the device.
+static __always_inline int primary_drop(struct pt_regs *ctx, __s32 dev, int reset)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	struct primary_key k = {.tgid = id >> 32, .dev = dev};
+	struct primary_val *p = bpf_map_lookup_elem(&primaries, &k);
+	__u64 handle = 0;
+	if (p) {
+		handle = p->handle;
+		__s32 left = reset ? 0 : p->refs - 1;
+		p->refs = left > 0 ? left : 0;
+		if (left > 0)
+			return 0;
+	} else if (!reset) {
+		return 0; // retained before tracing: its count is unknown
+	}
+	__u32 tid = (__u32)id;
+	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
+	ctx_record(ctx, id, handle, dev, st ? ctx_top(st) : 0);
+	return 0;
+}
+
+SEC("uprobe")
+int ct_primary_release_enter(struct pt_regs *ctx)
+{
+	return primary_drop(ctx, (__s32)PT_REGS_PARM1(ctx), 0);
+}
+
+SEC("uprobe")
+int ct_primary_reset_enter(struct pt_regs *ctx)
+{
+	return primary_drop(ctx, (__s32)PT_REGS_PARM1(ctx), 1);
+}
+
+SEC("uprobe")
+int ct_devreset_enter(struct pt_regs *ctx)
+{
+	return primary_drop(ctx, current_device((__u32)bpf_get_current_pid_tgid()), 1);
 }
 
 #endif

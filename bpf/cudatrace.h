@@ -39,6 +39,14 @@ enum ct_shape {
 	CT_SHAPE_VMM_MAP = 12,
 	// (T *ptr, size_t size): cuMemUnmap, cuMemAddressFree; recorded at entry like frees
 	CT_SHAPE_SIZED_FREE = 13,
+	// Contexts that die, each freeing what was allocated in it; records
+	// of their own (ct_ctx_record in contexts.h), no return probe.
+	CT_SHAPE_CTX_DESTROY = 14,     // (CUcontext ctx): cuCtxDestroy, dies now
+	CT_SHAPE_CTX_DETACH = 15,      // (CUcontext ctx): cuCtxDetach, dies at usage count 0
+	CT_SHAPE_CTX_ATTACH = 16,      // (CUcontext *out, unsigned flags): one use more of the current one
+	CT_SHAPE_PRIMARY_RELEASE = 17, // (CUdevice dev): its primary context dies at the last release
+	CT_SHAPE_PRIMARY_RESET = 18,   // (CUdevice dev): its primary context's memory goes now
+	CT_SHAPE_DEVICE_RESET = 19,    // (void): cudaDeviceReset, the current device's primary context
 };
 
 enum ct_flags {

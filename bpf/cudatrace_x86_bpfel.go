@@ -84,19 +84,25 @@ type CudatraceCtPytrailer struct {
 type CudatraceCtShape uint32
 
 const (
-	CudatraceCtShapeCT_SHAPE_ALLOC      CudatraceCtShape = 1
-	CudatraceCtShapeCT_SHAPE_PITCH      CudatraceCtShape = 2
-	CudatraceCtShapeCT_SHAPE_3D         CudatraceCtShape = 3
-	CudatraceCtShapeCT_SHAPE_FREE       CudatraceCtShape = 4
-	CudatraceCtShapeCT_SHAPE_SETDEV     CudatraceCtShape = 5
-	CudatraceCtShapeCT_SHAPE_CTX_RETAIN CudatraceCtShape = 6
-	CudatraceCtShapeCT_SHAPE_CTX_CREATE CudatraceCtShape = 7
-	CudatraceCtShapeCT_SHAPE_CTX_SET    CudatraceCtShape = 8
-	CudatraceCtShapeCT_SHAPE_CTX_PUSH   CudatraceCtShape = 9
-	CudatraceCtShapeCT_SHAPE_CTX_POP    CudatraceCtShape = 10
-	CudatraceCtShapeCT_SHAPE_VMM_CREATE CudatraceCtShape = 11
-	CudatraceCtShapeCT_SHAPE_VMM_MAP    CudatraceCtShape = 12
-	CudatraceCtShapeCT_SHAPE_SIZED_FREE CudatraceCtShape = 13
+	CudatraceCtShapeCT_SHAPE_ALLOC           CudatraceCtShape = 1
+	CudatraceCtShapeCT_SHAPE_PITCH           CudatraceCtShape = 2
+	CudatraceCtShapeCT_SHAPE_3D              CudatraceCtShape = 3
+	CudatraceCtShapeCT_SHAPE_FREE            CudatraceCtShape = 4
+	CudatraceCtShapeCT_SHAPE_SETDEV          CudatraceCtShape = 5
+	CudatraceCtShapeCT_SHAPE_CTX_RETAIN      CudatraceCtShape = 6
+	CudatraceCtShapeCT_SHAPE_CTX_CREATE      CudatraceCtShape = 7
+	CudatraceCtShapeCT_SHAPE_CTX_SET         CudatraceCtShape = 8
+	CudatraceCtShapeCT_SHAPE_CTX_PUSH        CudatraceCtShape = 9
+	CudatraceCtShapeCT_SHAPE_CTX_POP         CudatraceCtShape = 10
+	CudatraceCtShapeCT_SHAPE_VMM_CREATE      CudatraceCtShape = 11
+	CudatraceCtShapeCT_SHAPE_VMM_MAP         CudatraceCtShape = 12
+	CudatraceCtShapeCT_SHAPE_SIZED_FREE      CudatraceCtShape = 13
+	CudatraceCtShapeCT_SHAPE_CTX_DESTROY     CudatraceCtShape = 14
+	CudatraceCtShapeCT_SHAPE_CTX_DETACH      CudatraceCtShape = 15
+	CudatraceCtShapeCT_SHAPE_CTX_ATTACH      CudatraceCtShape = 16
+	CudatraceCtShapeCT_SHAPE_PRIMARY_RELEASE CudatraceCtShape = 17
+	CudatraceCtShapeCT_SHAPE_PRIMARY_RESET   CudatraceCtShape = 18
+	CudatraceCtShapeCT_SHAPE_DEVICE_RESET    CudatraceCtShape = 19
 )
 
 type CudatraceCtUsdtSpec struct {
@@ -135,7 +141,8 @@ type CudatraceCtxCall struct {
 type CudatraceCtxStack struct {
 	_     structs.HostLayout
 	Depth uint32
-	Dev   [8]int32
+	Pad   uint32
+	Ctx   [8]uint64
 }
 
 type CudatraceInflight struct {
@@ -158,6 +165,19 @@ type CudatraceLastFree struct {
 	TsNs uint64
 }
 
+type CudatracePrimaryKey struct {
+	_    structs.HostLayout
+	Tgid uint32
+	Dev  int32
+}
+
+type CudatracePrimaryVal struct {
+	_      structs.HostLayout
+	Handle uint64
+	Refs   int32
+	Pad    uint32
+}
+
 type CudatracePyBlock struct {
 	_ structs.HostLayout
 	F [32]CudatraceCtPyframe
@@ -168,52 +188,60 @@ type CudatracePyBlock struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	CudatraceMapCounters           = "counters"
-	CudatraceMapCtxDev             = "ctx_dev"
-	CudatraceMapCtxInflight        = "ctx_inflight"
-	CudatraceMapCtxStacks          = "ctx_stacks"
-	CudatraceMapEvents             = "events"
-	CudatraceMapHeld               = "held"
-	CudatraceMapInflight           = "inflight"
-	CudatraceMapLastFree           = "last_free"
-	CudatraceMapPids               = "pids"
-	CudatraceMapPyProcs            = "py_procs"
-	CudatraceMapPyScratch          = "py_scratch"
-	CudatraceMapSeen               = "seen"
-	CudatraceMapThreadDev          = "thread_dev"
-	CudatraceMapUsdtSpecs          = "usdt_specs"
-	CudatraceProgCt3dEnter         = "ct_3d_enter"
-	CudatraceProgCtAllocEnter      = "ct_alloc_enter"
-	CudatraceProgCtCtxExit         = "ct_ctx_exit"
-	CudatraceProgCtCtxcreateEnter  = "ct_ctxcreate_enter"
-	CudatraceProgCtCtxpopEnter     = "ct_ctxpop_enter"
-	CudatraceProgCtCtxpushEnter    = "ct_ctxpush_enter"
-	CudatraceProgCtCtxretainEnter  = "ct_ctxretain_enter"
-	CudatraceProgCtCtxsetEnter     = "ct_ctxset_enter"
-	CudatraceProgCtExit            = "ct_exit"
-	CudatraceProgCtExitNoloop      = "ct_exit_noloop"
-	CudatraceProgCtFork            = "ct_fork"
-	CudatraceProgCtFreeEnter       = "ct_free_enter"
-	CudatraceProgCtPitchEnter      = "ct_pitch_enter"
-	CudatraceProgCtSetdevEnter     = "ct_setdev_enter"
-	CudatraceProgCtSizedFreeEnter  = "ct_sized_free_enter"
-	CudatraceProgCtUsdt            = "ct_usdt"
-	CudatraceProgCtUsdtNoloop      = "ct_usdt_noloop"
-	CudatraceProgCtVmmCreateEnter  = "ct_vmm_create_enter"
-	CudatraceProgCtVmmMapEnter     = "ct_vmm_map_enter"
-	CudatraceVarFilterPids         = "filter_pids"
-	CudatraceVarFollowForks        = "follow_forks"
-	CudatraceVarHoldNew            = "hold_new"
-	CudatraceVarStackWindow        = "stack_window"
-	CudatraceVarUnusedCtAllocEvent = "unused_ct_alloc_event"
-	CudatraceVarUnusedCtCounter    = "unused_ct_counter"
-	CudatraceVarUnusedCtPyframe    = "unused_ct_pyframe"
-	CudatraceVarUnusedCtPyoffsets  = "unused_ct_pyoffsets"
-	CudatraceVarUnusedCtPytrailer  = "unused_ct_pytrailer"
-	CudatraceVarUnusedCtShape      = "unused_ct_shape"
-	CudatraceVarUnusedCtUsdtSpec   = "unused_ct_usdt_spec"
-	CudatraceVarUnusedCtUstack     = "unused_ct_ustack"
-	CudatraceVarWakeupBytes        = "wakeup_bytes"
+	CudatraceMapCounters               = "counters"
+	CudatraceMapCtxDev                 = "ctx_dev"
+	CudatraceMapCtxInflight            = "ctx_inflight"
+	CudatraceMapCtxRefs                = "ctx_refs"
+	CudatraceMapCtxStacks              = "ctx_stacks"
+	CudatraceMapEvents                 = "events"
+	CudatraceMapHeld                   = "held"
+	CudatraceMapInflight               = "inflight"
+	CudatraceMapLastFree               = "last_free"
+	CudatraceMapPids                   = "pids"
+	CudatraceMapPrimaries              = "primaries"
+	CudatraceMapPyProcs                = "py_procs"
+	CudatraceMapPyScratch              = "py_scratch"
+	CudatraceMapSeen                   = "seen"
+	CudatraceMapThreadDev              = "thread_dev"
+	CudatraceMapUsdtSpecs              = "usdt_specs"
+	CudatraceProgCt3dEnter             = "ct_3d_enter"
+	CudatraceProgCtAllocEnter          = "ct_alloc_enter"
+	CudatraceProgCtCtxExit             = "ct_ctx_exit"
+	CudatraceProgCtCtxattachEnter      = "ct_ctxattach_enter"
+	CudatraceProgCtCtxcreateEnter      = "ct_ctxcreate_enter"
+	CudatraceProgCtCtxdestroyEnter     = "ct_ctxdestroy_enter"
+	CudatraceProgCtCtxdetachEnter      = "ct_ctxdetach_enter"
+	CudatraceProgCtCtxpopEnter         = "ct_ctxpop_enter"
+	CudatraceProgCtCtxpushEnter        = "ct_ctxpush_enter"
+	CudatraceProgCtCtxretainEnter      = "ct_ctxretain_enter"
+	CudatraceProgCtCtxsetEnter         = "ct_ctxset_enter"
+	CudatraceProgCtDevresetEnter       = "ct_devreset_enter"
+	CudatraceProgCtExit                = "ct_exit"
+	CudatraceProgCtExitNoloop          = "ct_exit_noloop"
+	CudatraceProgCtFork                = "ct_fork"
+	CudatraceProgCtFreeEnter           = "ct_free_enter"
+	CudatraceProgCtPitchEnter          = "ct_pitch_enter"
+	CudatraceProgCtPrimaryReleaseEnter = "ct_primary_release_enter"
+	CudatraceProgCtPrimaryResetEnter   = "ct_primary_reset_enter"
+	CudatraceProgCtSetdevEnter         = "ct_setdev_enter"
+	CudatraceProgCtSizedFreeEnter      = "ct_sized_free_enter"
+	CudatraceProgCtUsdt                = "ct_usdt"
+	CudatraceProgCtUsdtNoloop          = "ct_usdt_noloop"
+	CudatraceProgCtVmmCreateEnter      = "ct_vmm_create_enter"
+	CudatraceProgCtVmmMapEnter         = "ct_vmm_map_enter"
+	CudatraceVarFilterPids             = "filter_pids"
+	CudatraceVarFollowForks            = "follow_forks"
+	CudatraceVarHoldNew                = "hold_new"
+	CudatraceVarStackWindow            = "stack_window"
+	CudatraceVarUnusedCtAllocEvent     = "unused_ct_alloc_event"
+	CudatraceVarUnusedCtCounter        = "unused_ct_counter"
+	CudatraceVarUnusedCtPyframe        = "unused_ct_pyframe"
+	CudatraceVarUnusedCtPyoffsets      = "unused_ct_pyoffsets"
+	CudatraceVarUnusedCtPytrailer      = "unused_ct_pytrailer"
+	CudatraceVarUnusedCtShape          = "unused_ct_shape"
+	CudatraceVarUnusedCtUsdtSpec       = "unused_ct_usdt_spec"
+	CudatraceVarUnusedCtUstack         = "unused_ct_ustack"
+	CudatraceVarWakeupBytes            = "wakeup_bytes"
 )
 
 // LoadCudatrace returns the embedded CollectionSpec for Cudatrace.
@@ -258,25 +286,31 @@ type CudatraceSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type CudatraceProgramSpecs struct {
-	Ct3dEnter        *ebpf.ProgramSpec `ebpf:"ct_3d_enter"`
-	CtAllocEnter     *ebpf.ProgramSpec `ebpf:"ct_alloc_enter"`
-	CtCtxExit        *ebpf.ProgramSpec `ebpf:"ct_ctx_exit"`
-	CtCtxcreateEnter *ebpf.ProgramSpec `ebpf:"ct_ctxcreate_enter"`
-	CtCtxpopEnter    *ebpf.ProgramSpec `ebpf:"ct_ctxpop_enter"`
-	CtCtxpushEnter   *ebpf.ProgramSpec `ebpf:"ct_ctxpush_enter"`
-	CtCtxretainEnter *ebpf.ProgramSpec `ebpf:"ct_ctxretain_enter"`
-	CtCtxsetEnter    *ebpf.ProgramSpec `ebpf:"ct_ctxset_enter"`
-	CtExit           *ebpf.ProgramSpec `ebpf:"ct_exit"`
-	CtExitNoloop     *ebpf.ProgramSpec `ebpf:"ct_exit_noloop"`
-	CtFork           *ebpf.ProgramSpec `ebpf:"ct_fork"`
-	CtFreeEnter      *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
-	CtPitchEnter     *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
-	CtSetdevEnter    *ebpf.ProgramSpec `ebpf:"ct_setdev_enter"`
-	CtSizedFreeEnter *ebpf.ProgramSpec `ebpf:"ct_sized_free_enter"`
-	CtUsdt           *ebpf.ProgramSpec `ebpf:"ct_usdt"`
-	CtUsdtNoloop     *ebpf.ProgramSpec `ebpf:"ct_usdt_noloop"`
-	CtVmmCreateEnter *ebpf.ProgramSpec `ebpf:"ct_vmm_create_enter"`
-	CtVmmMapEnter    *ebpf.ProgramSpec `ebpf:"ct_vmm_map_enter"`
+	Ct3dEnter             *ebpf.ProgramSpec `ebpf:"ct_3d_enter"`
+	CtAllocEnter          *ebpf.ProgramSpec `ebpf:"ct_alloc_enter"`
+	CtCtxExit             *ebpf.ProgramSpec `ebpf:"ct_ctx_exit"`
+	CtCtxattachEnter      *ebpf.ProgramSpec `ebpf:"ct_ctxattach_enter"`
+	CtCtxcreateEnter      *ebpf.ProgramSpec `ebpf:"ct_ctxcreate_enter"`
+	CtCtxdestroyEnter     *ebpf.ProgramSpec `ebpf:"ct_ctxdestroy_enter"`
+	CtCtxdetachEnter      *ebpf.ProgramSpec `ebpf:"ct_ctxdetach_enter"`
+	CtCtxpopEnter         *ebpf.ProgramSpec `ebpf:"ct_ctxpop_enter"`
+	CtCtxpushEnter        *ebpf.ProgramSpec `ebpf:"ct_ctxpush_enter"`
+	CtCtxretainEnter      *ebpf.ProgramSpec `ebpf:"ct_ctxretain_enter"`
+	CtCtxsetEnter         *ebpf.ProgramSpec `ebpf:"ct_ctxset_enter"`
+	CtDevresetEnter       *ebpf.ProgramSpec `ebpf:"ct_devreset_enter"`
+	CtExit                *ebpf.ProgramSpec `ebpf:"ct_exit"`
+	CtExitNoloop          *ebpf.ProgramSpec `ebpf:"ct_exit_noloop"`
+	CtFork                *ebpf.ProgramSpec `ebpf:"ct_fork"`
+	CtFreeEnter           *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
+	CtPitchEnter          *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
+	CtPrimaryReleaseEnter *ebpf.ProgramSpec `ebpf:"ct_primary_release_enter"`
+	CtPrimaryResetEnter   *ebpf.ProgramSpec `ebpf:"ct_primary_reset_enter"`
+	CtSetdevEnter         *ebpf.ProgramSpec `ebpf:"ct_setdev_enter"`
+	CtSizedFreeEnter      *ebpf.ProgramSpec `ebpf:"ct_sized_free_enter"`
+	CtUsdt                *ebpf.ProgramSpec `ebpf:"ct_usdt"`
+	CtUsdtNoloop          *ebpf.ProgramSpec `ebpf:"ct_usdt_noloop"`
+	CtVmmCreateEnter      *ebpf.ProgramSpec `ebpf:"ct_vmm_create_enter"`
+	CtVmmMapEnter         *ebpf.ProgramSpec `ebpf:"ct_vmm_map_enter"`
 }
 
 // CudatraceMapSpecs contains maps before they are loaded into the kernel.
@@ -286,12 +320,14 @@ type CudatraceMapSpecs struct {
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
 	CtxDev      *ebpf.MapSpec `ebpf:"ctx_dev"`
 	CtxInflight *ebpf.MapSpec `ebpf:"ctx_inflight"`
+	CtxRefs     *ebpf.MapSpec `ebpf:"ctx_refs"`
 	CtxStacks   *ebpf.MapSpec `ebpf:"ctx_stacks"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	Held        *ebpf.MapSpec `ebpf:"held"`
 	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
+	Primaries   *ebpf.MapSpec `ebpf:"primaries"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
 	Seen        *ebpf.MapSpec `ebpf:"seen"`
@@ -341,12 +377,14 @@ type CudatraceMaps struct {
 	Counters    *ebpf.Map `ebpf:"counters"`
 	CtxDev      *ebpf.Map `ebpf:"ctx_dev"`
 	CtxInflight *ebpf.Map `ebpf:"ctx_inflight"`
+	CtxRefs     *ebpf.Map `ebpf:"ctx_refs"`
 	CtxStacks   *ebpf.Map `ebpf:"ctx_stacks"`
 	Events      *ebpf.Map `ebpf:"events"`
 	Held        *ebpf.Map `ebpf:"held"`
 	Inflight    *ebpf.Map `ebpf:"inflight"`
 	LastFree    *ebpf.Map `ebpf:"last_free"`
 	Pids        *ebpf.Map `ebpf:"pids"`
+	Primaries   *ebpf.Map `ebpf:"primaries"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
 	Seen        *ebpf.Map `ebpf:"seen"`
@@ -359,12 +397,14 @@ func (m *CudatraceMaps) Close() error {
 		m.Counters,
 		m.CtxDev,
 		m.CtxInflight,
+		m.CtxRefs,
 		m.CtxStacks,
 		m.Events,
 		m.Held,
 		m.Inflight,
 		m.LastFree,
 		m.Pids,
+		m.Primaries,
 		m.PyProcs,
 		m.PyScratch,
 		m.Seen,
@@ -396,25 +436,31 @@ type CudatraceVariables struct {
 //
 // It can be passed to LoadCudatraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type CudatracePrograms struct {
-	Ct3dEnter        *ebpf.Program `ebpf:"ct_3d_enter"`
-	CtAllocEnter     *ebpf.Program `ebpf:"ct_alloc_enter"`
-	CtCtxExit        *ebpf.Program `ebpf:"ct_ctx_exit"`
-	CtCtxcreateEnter *ebpf.Program `ebpf:"ct_ctxcreate_enter"`
-	CtCtxpopEnter    *ebpf.Program `ebpf:"ct_ctxpop_enter"`
-	CtCtxpushEnter   *ebpf.Program `ebpf:"ct_ctxpush_enter"`
-	CtCtxretainEnter *ebpf.Program `ebpf:"ct_ctxretain_enter"`
-	CtCtxsetEnter    *ebpf.Program `ebpf:"ct_ctxset_enter"`
-	CtExit           *ebpf.Program `ebpf:"ct_exit"`
-	CtExitNoloop     *ebpf.Program `ebpf:"ct_exit_noloop"`
-	CtFork           *ebpf.Program `ebpf:"ct_fork"`
-	CtFreeEnter      *ebpf.Program `ebpf:"ct_free_enter"`
-	CtPitchEnter     *ebpf.Program `ebpf:"ct_pitch_enter"`
-	CtSetdevEnter    *ebpf.Program `ebpf:"ct_setdev_enter"`
-	CtSizedFreeEnter *ebpf.Program `ebpf:"ct_sized_free_enter"`
-	CtUsdt           *ebpf.Program `ebpf:"ct_usdt"`
-	CtUsdtNoloop     *ebpf.Program `ebpf:"ct_usdt_noloop"`
-	CtVmmCreateEnter *ebpf.Program `ebpf:"ct_vmm_create_enter"`
-	CtVmmMapEnter    *ebpf.Program `ebpf:"ct_vmm_map_enter"`
+	Ct3dEnter             *ebpf.Program `ebpf:"ct_3d_enter"`
+	CtAllocEnter          *ebpf.Program `ebpf:"ct_alloc_enter"`
+	CtCtxExit             *ebpf.Program `ebpf:"ct_ctx_exit"`
+	CtCtxattachEnter      *ebpf.Program `ebpf:"ct_ctxattach_enter"`
+	CtCtxcreateEnter      *ebpf.Program `ebpf:"ct_ctxcreate_enter"`
+	CtCtxdestroyEnter     *ebpf.Program `ebpf:"ct_ctxdestroy_enter"`
+	CtCtxdetachEnter      *ebpf.Program `ebpf:"ct_ctxdetach_enter"`
+	CtCtxpopEnter         *ebpf.Program `ebpf:"ct_ctxpop_enter"`
+	CtCtxpushEnter        *ebpf.Program `ebpf:"ct_ctxpush_enter"`
+	CtCtxretainEnter      *ebpf.Program `ebpf:"ct_ctxretain_enter"`
+	CtCtxsetEnter         *ebpf.Program `ebpf:"ct_ctxset_enter"`
+	CtDevresetEnter       *ebpf.Program `ebpf:"ct_devreset_enter"`
+	CtExit                *ebpf.Program `ebpf:"ct_exit"`
+	CtExitNoloop          *ebpf.Program `ebpf:"ct_exit_noloop"`
+	CtFork                *ebpf.Program `ebpf:"ct_fork"`
+	CtFreeEnter           *ebpf.Program `ebpf:"ct_free_enter"`
+	CtPitchEnter          *ebpf.Program `ebpf:"ct_pitch_enter"`
+	CtPrimaryReleaseEnter *ebpf.Program `ebpf:"ct_primary_release_enter"`
+	CtPrimaryResetEnter   *ebpf.Program `ebpf:"ct_primary_reset_enter"`
+	CtSetdevEnter         *ebpf.Program `ebpf:"ct_setdev_enter"`
+	CtSizedFreeEnter      *ebpf.Program `ebpf:"ct_sized_free_enter"`
+	CtUsdt                *ebpf.Program `ebpf:"ct_usdt"`
+	CtUsdtNoloop          *ebpf.Program `ebpf:"ct_usdt_noloop"`
+	CtVmmCreateEnter      *ebpf.Program `ebpf:"ct_vmm_create_enter"`
+	CtVmmMapEnter         *ebpf.Program `ebpf:"ct_vmm_map_enter"`
 }
 
 func (p *CudatracePrograms) Close() error {
@@ -422,16 +468,22 @@ func (p *CudatracePrograms) Close() error {
 		p.Ct3dEnter,
 		p.CtAllocEnter,
 		p.CtCtxExit,
+		p.CtCtxattachEnter,
 		p.CtCtxcreateEnter,
+		p.CtCtxdestroyEnter,
+		p.CtCtxdetachEnter,
 		p.CtCtxpopEnter,
 		p.CtCtxpushEnter,
 		p.CtCtxretainEnter,
 		p.CtCtxsetEnter,
+		p.CtDevresetEnter,
 		p.CtExit,
 		p.CtExitNoloop,
 		p.CtFork,
 		p.CtFreeEnter,
 		p.CtPitchEnter,
+		p.CtPrimaryReleaseEnter,
+		p.CtPrimaryResetEnter,
 		p.CtSetdevEnter,
 		p.CtSizedFreeEnter,
 		p.CtUsdt,

@@ -20,6 +20,14 @@ const (
 	OpUnmap     // VMM: a virtual range unmapped
 	OpReserve   // VMM: a virtual address range reserved (no memory)
 	OpUnreserve // VMM: a reserved range given back
+	// A context call: Addr is the context it made current (or retained),
+	// Size the thread's current context after it.
+	OpContext
+	// A context died (destroyed, detached to 0, a primary context's last
+	// release or reset): Addr is it (0: a primary context whose retain was
+	// not seen), Device its device, Size the thread's current context
+	// after. What was allocated in it is freed.
+	OpContextEnd
 )
 
 // Kind says what sort of memory an allocation holds. Every kind but KindHost
@@ -103,6 +111,12 @@ const (
 	CuMemUnmap
 	CuMemAddressReserve
 	CuMemAddressFree
+	CuCtxDestroy
+	CuCtxDetach
+	CuCtxAttach
+	CuDevicePrimaryCtxRelease
+	CuDevicePrimaryCtxReset
+	CudaDeviceReset
 	apiEnd
 )
 
@@ -138,12 +152,14 @@ var apis = [apiEnd]APIInfo{
 	CuMemAllocAsync:         {"cuMemAllocAsync", OpAlloc, KindDevice, LayerDriver},
 	CuMemAllocFromPoolAsync: {"cuMemAllocFromPoolAsync", OpAlloc, KindDevice, LayerDriver},
 	CuMemFreeAsync:          {"cuMemFreeAsync", OpFree, KindDevice, LayerDriver},
-	// Contexts say which device a thread's driver calls go to; the BPF
-	// side keeps track and no record reaches the ledger.
-	CuDevicePrimaryCtxRetain: {"cuDevicePrimaryCtxRetain", OpSetDevice, 0, LayerDriver},
-	CuCtxCreate:              {"cuCtxCreate_v2", OpSetDevice, 0, LayerDriver},
-	CuCtxSetCurrent:          {"cuCtxSetCurrent", OpSetDevice, 0, LayerDriver},
-	CuCtxPushCurrent:         {"cuCtxPushCurrent_v2", OpSetDevice, 0, LayerDriver},
+	// Contexts say which device a thread's driver calls go to (the BPF
+	// side keeps each thread's context stack) and which context each
+	// allocation belongs to: the ledger frees a context's allocations when
+	// it dies.
+	CuDevicePrimaryCtxRetain: {"cuDevicePrimaryCtxRetain", OpContext, 0, LayerDriver},
+	CuCtxCreate:              {"cuCtxCreate_v2", OpContext, 0, LayerDriver},
+	CuCtxSetCurrent:          {"cuCtxSetCurrent", OpContext, 0, LayerDriver},
+	CuCtxPushCurrent:         {"cuCtxPushCurrent_v2", OpContext, 0, LayerDriver},
 	// VMM physical memory, counted from its creation on the device its
 	// properties name until it is released and no longer mapped; Addr is
 	// the allocation handle.
@@ -154,7 +170,7 @@ var apis = [apiEnd]APIInfo{
 	TorchMalloc: {"pytorch:malloc", OpAlloc, KindDevice, LayerTensor},
 	TorchFree:   {"pytorch:free", OpFree, KindDevice, LayerTensor},
 
-	CuCtxPopCurrent: {"cuCtxPopCurrent_v2", OpSetDevice, 0, LayerDriver},
+	CuCtxPopCurrent: {"cuCtxPopCurrent_v2", OpContext, 0, LayerDriver},
 	// VMM mappings and address ranges. They hold no memory of their own:
 	// a mapping keeps its handle's physical memory alive past cuMemRelease
 	// until cuMemUnmap (the driver frees it when both are gone), and the
@@ -163,6 +179,23 @@ var apis = [apiEnd]APIInfo{
 	CuMemUnmap:          {"cuMemUnmap", OpUnmap, KindDevice, LayerDriver},
 	CuMemAddressReserve: {"cuMemAddressReserve", OpReserve, KindDevice, LayerDriver},
 	CuMemAddressFree:    {"cuMemAddressFree", OpUnreserve, KindDevice, LayerDriver},
+
+	CuCtxDestroy:              {"cuCtxDestroy_v2", OpContextEnd, 0, LayerDriver},
+	CuCtxDetach:               {"cuCtxDetach", OpContextEnd, 0, LayerDriver},
+	CuCtxAttach:               {"cuCtxAttach", OpContext, 0, LayerDriver}, // counted in BPF; no record
+	CuDevicePrimaryCtxRelease: {"cuDevicePrimaryCtxRelease_v2", OpContextEnd, 0, LayerDriver},
+	CuDevicePrimaryCtxReset:   {"cuDevicePrimaryCtxReset_v2", OpContextEnd, 0, LayerDriver},
+	CudaDeviceReset:           {"cudaDeviceReset", OpContextEnd, 0, LayerRuntime},
+}
+
+// PrimaryContext reports whether a's context records are about a device's
+// primary context.
+func (a API) PrimaryContext() bool {
+	switch a {
+	case CuDevicePrimaryCtxRetain, CuDevicePrimaryCtxRelease, CuDevicePrimaryCtxReset, CudaDeviceReset:
+		return true
+	}
+	return false
 }
 
 // Info returns what is known of a; unknown ids (a newer trace file) get a

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
@@ -43,8 +45,12 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 		// One counter value per track and event: an allocation that
 		// displaced a block on the same track (its free was lost) is one
 		// step.
+		// Several allocations freed at once (a context's death, an
+		// unmap) are one step per track too.
+		var stepped []track
 		for f := range ch.AllFreed() {
-			if ch.Alloc == nil || !sameTrack(f, ch.Alloc) {
+			if tr := trackOf(f); (ch.Alloc == nil || !sameTrack(f, ch.Alloc)) && !slices.Contains(stepped, tr) {
+				stepped = append(stepped, tr)
 				tw.counter(p, f, ev.End())
 			}
 		}
@@ -55,6 +61,9 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 			// Written once the replay is done: frames are named then.
 			tw.failures = append(tw.failures, timelineFailure{ev: *ev, stack: ch.Stack})
 			tw.failures[len(tw.failures)-1].ev.Stack = nil
+		}
+		if ch.Implicit && ch.Freed != nil {
+			tw.implicitFree(ev, ch)
 		}
 		return tw.err
 	}})
@@ -229,6 +238,23 @@ func (tw *timelineWriter) stamp(pid uint32, tr track, t uint64) uint64 {
 	}
 	*tracks = append(*tracks, trackTime{tr, t})
 	return t
+}
+
+// implicitFree marks a context's death that freed memory: the call, and
+// how many allocations of how many bytes went with the context.
+func (tw *timelineWriter) implicitFree(ev *events.Event, ch ledger.Change) {
+	var n, bytes uint64
+	for a := range ch.AllFreed() {
+		n++
+		bytes += a.Size
+	}
+	name, _ := json.Marshal(fmt.Sprintf("%s: %d allocations (%s) freed with their context", ev.API, n, units.Bytes(bytes)))
+	b := fmt.Appendf(tw.buf[:0], `"ph":"i","s":"p","name":%s,"pid":%d,"tid":%d,"ts":`, name, ev.PID, ev.TID)
+	b = tw.ts(b, ev.End())
+	b = fmt.Appendf(b, `,"args":{"api":"%s","context":"%#x","device":%d,"implicit_frees":%d,"implicit_free_bytes":%d}`,
+		ev.API, ev.Addr, ev.Device, n, bytes)
+	tw.event(b)
+	tw.buf = b
 }
 
 // failure writes a failed call as an instant on its thread, with its

@@ -220,3 +220,61 @@ func TestTensorLevelExports(t *testing.T) {
 		t.Errorf("inuse_space by level %v, want %v", inuse, want)
 	}
 }
+
+// TestImplicitFreeExports: a context dies holding two allocations and the
+// driver hands one address out again. The Perfetto timeline marks the
+// death with one instant event (count and bytes) and its counter drops to
+// the survivor; the memviz export succeeds (the freed segment does not
+// overlap its reuse).
+func TestImplicitFreeExports(t *testing.T) {
+	const ctx = 0xc7c1000
+	ev := func(tm uint64, api events.API, addr, size uint64) events.Event {
+		return events.Event{Time: memvizBase + tm, Duration: 10, PID: 7, TID: 7, Comm: "train", API: api,
+			Addr: addr, Size: size, Device: 0, Stack: []uint64{0x401000}}
+	}
+	ctxEv := func(tm uint64, api events.API, handle, after uint64) events.Event {
+		return events.Event{Time: memvizBase + tm, PID: 7, TID: 7, Comm: "train", API: api, Addr: handle,
+			Size: after, Device: 0, Flags: events.FlagEntryOnly}
+	}
+	items := []any{
+		ev(100, events.CuMemAlloc, 0x7000_0000, 1000), // before the context: the runtime's
+		ctxEv(200, events.CuCtxCreate, ctx, ctx),
+		ev(300, events.CuMemAlloc, 0x7100_0000, 4096),
+		ev(400, events.CuMemAlloc, 0x7200_0000, 512),
+		ctxEv(500, events.CuCtxDestroy, ctx, 0),
+		ev(600, events.CuMemAlloc, 0x7100_0000, 2048), // the address again
+		&tracefile.End{Time: memvizBase + 700},
+	}
+	path, _ := tracetest.Write(t, memvizMeta(), items...)
+	var buf bytes.Buffer
+	if err := WritePerfetto(&buf, path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		TraceEvents []traceEvent `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatalf("%v:\n%s", err, buf.String())
+	}
+	var instants []traceEvent
+	var live []float64
+	for _, e := range doc.TraceEvents {
+		switch e.Ph {
+		case "i":
+			instants = append(instants, e)
+		case "C":
+			live = append(live, e.Args["live_bytes"].(float64))
+		}
+	}
+	if len(instants) != 1 || instants[0].Name != "cuCtxDestroy_v2: 2 allocations (4.5 KiB) freed with their context" ||
+		instants[0].Args["implicit_free_bytes"] != float64(4608) || instants[0].Args["context"] != "0xc7c1000" {
+		t.Errorf("instant events %+v, want one for the context's death", instants)
+	}
+	if want := []float64{1000, 5096, 5608, 1000, 3048}; !reflect.DeepEqual(live, want) {
+		t.Errorf("live_bytes steps %v, want %v", live, want)
+	}
+	buf.Reset()
+	if err := WriteMemvizTrace(&buf, path, Options{}); err != nil {
+		t.Fatalf("memviz export after an implicit free and reuse: %v", err)
+	}
+}

@@ -68,6 +68,17 @@ type Process struct {
 	FailedMaps         uint64
 	UnknownUnmaps      uint64 // cuMemUnmap of a range with no mapping this ledger saw
 
+	// Implicit frees: allocations the driver freed because their context
+	// died (cuCtxDestroy, cuCtxDetach to 0, a primary context's last
+	// release or reset, cudaDeviceReset), not counted in Frees.
+	ImplicitFrees, ImplicitFreeBytes uint64
+
+	// The driver's contexts as this process's context records tell them:
+	// each thread's current context (0: none seen, the runtime's primary
+	// context of its device) and each device's primary context.
+	threadCtx map[uint32]uint64
+	primary   map[int32]uint64
+
 	Devices  map[int32]*Device
 	Failures []Failure // the first Ledger.MaxFailures failed calls
 	live     map[uint64]*Allocation
@@ -95,6 +106,8 @@ type Device struct {
 	Device                 int32
 	Live, Peak             uint64
 	TensorLive, TensorPeak uint64
+	// Allocations (GPU and host) freed with their context, and their bytes.
+	ImplicitFrees, ImplicitFreeBytes uint64
 }
 
 // Allocation is a live allocation.
@@ -105,6 +118,10 @@ type Allocation struct {
 	Time       uint64 // when it took effect (return of the call)
 	TID        uint32
 	Stack      *Stack
+	// Ctx is the driver context it was made in, which frees it when it
+	// dies; 0 where the thread had no context call seen (the runtime's
+	// primary context of Device).
+	Ctx uint64
 
 	mapped   int  // VMM: live mappings of this physical memory
 	released bool // VMM: cuMemRelease was called while it was mapped
@@ -163,7 +180,8 @@ func (l *Ledger) proc(pid uint32, comm string) *Process {
 	if p == nil {
 		p = &Process{PID: pid, Devices: make(map[int32]*Device), live: make(map[uint64]*Allocation),
 			tensors: make(map[uint64]*Allocation), released: make(map[*Allocation]struct{}),
-			mappings: make(map[uint64]*Mapping), reserves: make(map[uint64]uint64)}
+			mappings: make(map[uint64]*Mapping), reserves: make(map[uint64]uint64),
+			threadCtx: make(map[uint32]uint64), primary: make(map[int32]uint64)}
 		l.procs[pid] = p
 	}
 	if comm != "" {
@@ -226,8 +244,11 @@ type Change struct {
 	// its address displaced (its free was lost).
 	Freed *Allocation
 	// AlsoFreed are further allocations the event released: a cuMemUnmap
-	// of a range over several mappings whose memory was already released.
+	// of a range over several mappings whose memory was already released,
+	// or a context's allocations after its first.
 	AlsoFreed []*Allocation
+	// Implicit: the allocations freed went with their context (OpContextEnd).
+	Implicit bool
 }
 
 // AllFreed yields Freed and every AlsoFreed.
@@ -273,8 +294,64 @@ func (l *Ledger) Apply(ev *events.Event) Change {
 			p.Reserved -= size
 		}
 		return Change{Process: p}
+	case events.OpContext:
+		p := l.proc(ev.PID, ev.Comm)
+		p.threadCtx[ev.TID] = ev.Size
+		if ev.API.PrimaryContext() && ev.Addr != 0 {
+			p.primary[ev.Device] = ev.Addr
+		}
+		return Change{Process: p}
+	case events.OpContextEnd:
+		return l.proc(ev.PID, ev.Comm).contextEnd(ev)
 	}
 	return Change{}
+}
+
+// contextEnd frees what was allocated in the context that died: for a
+// created context, the allocations made in it; for a device's primary
+// context, those made in it and those made where no context call was
+// seen on that device (the runtime's). VMM memory (cuMemCreate) is the
+// process's, not a context's, and stays.
+func (p *Process) contextEnd(ev *events.Event) Change {
+	p.threadCtx[ev.TID] = ev.Size
+	primary := ev.API.PrimaryContext()
+	handle := ev.Addr
+	if primary && handle == 0 {
+		handle = p.primary[ev.Device]
+	}
+	dies := func(a *Allocation) bool {
+		if a.API == events.CuMemCreate {
+			return false
+		}
+		if handle != 0 && a.Ctx == handle {
+			return true
+		}
+		return primary && a.Device == ev.Device && (a.Ctx == 0 || a.Ctx == p.primary[ev.Device])
+	}
+	var freed []*Allocation
+	for _, a := range p.live {
+		if dies(a) {
+			freed = append(freed, a)
+		}
+	}
+	sortAllocs(freed)
+	ch := Change{Process: p, Implicit: true}
+	for i, a := range freed {
+		p.release(a)
+		p.ImplicitFrees++
+		p.ImplicitFreeBytes += a.Size
+		if a.API.Info().Kind != events.KindHost {
+			d := p.device(a.Device)
+			d.ImplicitFrees++
+			d.ImplicitFreeBytes += a.Size
+		}
+		if i == 0 {
+			ch.Freed = a
+		} else {
+			ch.AlsoFreed = append(ch.AlsoFreed, a)
+		}
+	}
+	return ch
 }
 
 func (l *Ledger) alloc(ev *events.Event, info events.APIInfo) Change {
@@ -301,7 +378,8 @@ func (l *Ledger) alloc(ev *events.Event, info events.APIInfo) Change {
 		p.release(old)
 		ch.Freed = old
 	}
-	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st}
+	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st,
+		Ctx: p.threadCtx[ev.TID]}
 	ch.Alloc = a
 	p.live[ev.Addr] = a
 	st.Live += a.Size
@@ -431,7 +509,8 @@ func (l *Ledger) tensorAlloc(p *Process, ev *events.Event) Change {
 		p.tensorRelease(old)
 		ch.Freed = old
 	}
-	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st}
+	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st,
+		Ctx: p.threadCtx[ev.TID]}
 	ch.Alloc = a
 	p.tensors[ev.Addr] = a
 	st.Live += a.Size

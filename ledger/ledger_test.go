@@ -272,3 +272,49 @@ func TestLedgerVMM(t *testing.T) {
 		t.Fatalf("end: live %d mapped %d/%d reserved %d unknown unmaps %d", p.Live, p.Mapped, p.MappedPeak, p.Reserved, p.UnknownUnmaps)
 	}
 }
+
+func ctxEv(pid uint32, api events.API, handle uint64, dev int32, after uint64) *events.Event {
+	return &events.Event{PID: pid, TID: pid, Comm: "w", API: api, Addr: handle, Device: dev, Size: after,
+		Flags: events.FlagEntryOnly}
+}
+
+// TestImplicitFrees: a context that dies frees what was allocated in it,
+// and only that; a device's primary context frees the runtime's
+// allocations on it (no context call seen) and its own; VMM memory stays.
+// The address comes back afterwards without a lost free (no "replaced").
+func TestImplicitFrees(t *testing.T) {
+	const prim0, created = 0xc7c0000, 0xc7c1000
+	l := New()
+	l.Apply(alloc(1, events.CudaMalloc, 0x1000, 100, 0))            // runtime, device 0: primary 0's
+	l.Apply(ctxEv(1, events.CuDevicePrimaryCtxRetain, prim0, 0, 0)) // retained, not current
+	l.Apply(ctxEv(1, events.CuCtxCreate, created, 0, created))      // pushed
+	l.Apply(alloc(1, events.CuMemAlloc, 0x2000, 200, 0))            // in created
+	l.Apply(alloc(1, events.CuMemHostAlloc, 0x9000, 70, 0))         // pinned, in created
+	l.Apply(alloc(1, events.CuMemCreate, 0x77, 300, 0))             // VMM: the process's
+	l.Apply(ctxEv(1, events.CuCtxSetCurrent, prim0, 0, prim0))      // top replaced
+	l.Apply(alloc(1, events.CuMemAlloc, 0x3000, 400, 0))            // in primary 0
+	l.Apply(ctxEv(1, events.CuCtxPushCurrent, created, 0, created)) // created on top again
+	ch := l.Apply(ctxEv(1, events.CuCtxDestroy, created, 0, prim0)) // dies, popped
+	if !ch.Implicit || ch.Freed == nil || ch.Freed.Addr != 0x2000 || len(ch.AlsoFreed) != 1 || ch.AlsoFreed[0].Addr != 0x9000 {
+		t.Fatalf("destroy: change %+v", ch)
+	}
+	p := l.Process(1)
+	if p.ImplicitFrees != 2 || p.ImplicitFreeBytes != 270 || p.Frees != 0 || p.Live != 800 || p.HostLive != 0 {
+		t.Fatalf("after destroy: implicit %d/%d frees %d live %d host %d", p.ImplicitFrees, p.ImplicitFreeBytes,
+			p.Frees, p.Live, p.HostLive)
+	}
+	l.Apply(alloc(1, events.CuMemAlloc, 0x2000, 10, 0)) // reused, in primary 0 now
+	if p.Replaced != 0 {
+		t.Errorf("replaced %d after an implicit free, want 0", p.Replaced)
+	}
+	ch = l.Apply(ctxEv(1, events.CuDevicePrimaryCtxReset, prim0, 0, prim0))
+	if !ch.Implicit || len(ch.AlsoFreed) != 2 {
+		t.Fatalf("reset: change %+v", ch)
+	}
+	d := p.Devices[0]
+	if p.Live != 300 || p.ImplicitFrees != 5 || p.ImplicitFreeBytes != 780 || d.ImplicitFrees != 4 ||
+		d.ImplicitFreeBytes != 710 || d.Live != 300 || p.LiveCount() != 1 {
+		t.Errorf("after reset: live %d implicit %d/%d device %+v live allocations %d", p.Live, p.ImplicitFrees,
+			p.ImplicitFreeBytes, *d, p.LiveCount())
+	}
+}

@@ -26,6 +26,13 @@ const (
 	ShapeVMMCreate = Shape(bpf.CudatraceCtShapeCT_SHAPE_VMM_CREATE) // (handle *out, size_t size, const CUmemAllocationProp *prop, ...)
 	ShapeVMMMap    = Shape(bpf.CudatraceCtShapeCT_SHAPE_VMM_MAP)    // (CUdeviceptr va, size_t size, size_t offset, handle, ...)
 	ShapeSizedFree = Shape(bpf.CudatraceCtShapeCT_SHAPE_SIZED_FREE) // (T *ptr, size_t size), recorded at entry
+	// Contexts that die (what was allocated in them is freed), at entry.
+	ShapeCtxDestroy     = Shape(bpf.CudatraceCtShapeCT_SHAPE_CTX_DESTROY)     // (CUcontext ctx)
+	ShapeCtxDetach      = Shape(bpf.CudatraceCtShapeCT_SHAPE_CTX_DETACH)      // (CUcontext ctx), dies at usage count 0
+	ShapeCtxAttach      = Shape(bpf.CudatraceCtShapeCT_SHAPE_CTX_ATTACH)      // (CUcontext *out, flags): one use more
+	ShapePrimaryRelease = Shape(bpf.CudatraceCtShapeCT_SHAPE_PRIMARY_RELEASE) // (CUdevice dev), dies at the last release
+	ShapePrimaryReset   = Shape(bpf.CudatraceCtShapeCT_SHAPE_PRIMARY_RESET)   // (CUdevice dev)
+	ShapeDeviceReset    = Shape(bpf.CudatraceCtShapeCT_SHAPE_DEVICE_RESET)    // (void): the current device's
 )
 
 // Probe is one row of the attach table: adding an API is adding a row.
@@ -52,6 +59,7 @@ var RuntimeProbes = []Probe{
 	{"cudaHostAlloc", events.CudaHostAlloc, ShapeAlloc, false},
 	{"cudaFreeHost", events.CudaFreeHost, ShapeFree, false},
 	{"cudaSetDevice", events.CudaSetDevice, ShapeSetDevice, false},
+	{"cudaDeviceReset", events.CudaDeviceReset, ShapeDeviceReset, false},
 }
 
 // DriverProbes are libcuda's. JAX/XLA, NCCL (cuMem* since 2.19) and
@@ -75,6 +83,11 @@ var DriverProbes = []Probe{
 	{"cuCtxSetCurrent", events.CuCtxSetCurrent, ShapeCtxSet, false},
 	{"cuCtxPushCurrent_v2", events.CuCtxPushCurrent, ShapeCtxPush, false},
 	{"cuCtxPopCurrent_v2", events.CuCtxPopCurrent, ShapeCtxPop, false},
+	{"cuCtxDestroy_v2", events.CuCtxDestroy, ShapeCtxDestroy, false},
+	{"cuCtxDetach", events.CuCtxDetach, ShapeCtxDetach, false},
+	{"cuCtxAttach", events.CuCtxAttach, ShapeCtxAttach, false},
+	{"cuDevicePrimaryCtxRelease_v2", events.CuDevicePrimaryCtxRelease, ShapePrimaryRelease, false},
+	{"cuDevicePrimaryCtxReset_v2", events.CuDevicePrimaryCtxReset, ShapePrimaryReset, false},
 	{"cuMemCreate", events.CuMemCreate, ShapeVMMCreate, false},
 	{"cuMemRelease", events.CuMemRelease, ShapeFree, false},
 	{"cuMemMap", events.CuMemMap, ShapeVMMMap, false},

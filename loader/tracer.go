@@ -383,6 +383,18 @@ func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) 
 		enter = t.objs.CtVmmMapEnter
 	case ShapeSizedFree:
 		enter, ret = t.objs.CtSizedFreeEnter, false
+	case ShapeCtxDestroy:
+		enter, ret = t.objs.CtCtxdestroyEnter, false
+	case ShapeCtxDetach:
+		enter, ret = t.objs.CtCtxdetachEnter, false
+	case ShapeCtxAttach:
+		enter, ret = t.objs.CtCtxattachEnter, false
+	case ShapePrimaryRelease:
+		enter, ret = t.objs.CtPrimaryReleaseEnter, false
+	case ShapePrimaryReset:
+		enter, ret = t.objs.CtPrimaryResetEnter, false
+	case ShapeDeviceReset:
+		enter, ret = t.objs.CtDevresetEnter, false
 	default:
 		return nil, fmt.Errorf("unknown shape %d", p.Shape)
 	}

@@ -21,23 +21,29 @@ type objects struct {
 
 // programs: one of each, in the variant chosen (see chooseVariants).
 type programs struct {
-	Ct3dEnter        *ebpf.Program `ebpf:"ct_3d_enter"`
-	CtAllocEnter     *ebpf.Program `ebpf:"ct_alloc_enter"`
-	CtCtxExit        *ebpf.Program `ebpf:"ct_ctx_exit"`
-	CtCtxcreateEnter *ebpf.Program `ebpf:"ct_ctxcreate_enter"`
-	CtCtxpopEnter    *ebpf.Program `ebpf:"ct_ctxpop_enter"`
-	CtCtxpushEnter   *ebpf.Program `ebpf:"ct_ctxpush_enter"`
-	CtCtxretainEnter *ebpf.Program `ebpf:"ct_ctxretain_enter"`
-	CtCtxsetEnter    *ebpf.Program `ebpf:"ct_ctxset_enter"`
-	CtExit           *ebpf.Program `ebpf:"ct_exit"`
-	CtFork           *ebpf.Program `ebpf:"ct_fork"`
-	CtFreeEnter      *ebpf.Program `ebpf:"ct_free_enter"`
-	CtPitchEnter     *ebpf.Program `ebpf:"ct_pitch_enter"`
-	CtSetdevEnter    *ebpf.Program `ebpf:"ct_setdev_enter"`
-	CtSizedFreeEnter *ebpf.Program `ebpf:"ct_sized_free_enter"`
-	CtUsdt           *ebpf.Program `ebpf:"ct_usdt"`
-	CtVmmCreateEnter *ebpf.Program `ebpf:"ct_vmm_create_enter"`
-	CtVmmMapEnter    *ebpf.Program `ebpf:"ct_vmm_map_enter"`
+	Ct3dEnter             *ebpf.Program `ebpf:"ct_3d_enter"`
+	CtAllocEnter          *ebpf.Program `ebpf:"ct_alloc_enter"`
+	CtCtxExit             *ebpf.Program `ebpf:"ct_ctx_exit"`
+	CtCtxcreateEnter      *ebpf.Program `ebpf:"ct_ctxcreate_enter"`
+	CtCtxpopEnter         *ebpf.Program `ebpf:"ct_ctxpop_enter"`
+	CtCtxpushEnter        *ebpf.Program `ebpf:"ct_ctxpush_enter"`
+	CtCtxretainEnter      *ebpf.Program `ebpf:"ct_ctxretain_enter"`
+	CtCtxsetEnter         *ebpf.Program `ebpf:"ct_ctxset_enter"`
+	CtExit                *ebpf.Program `ebpf:"ct_exit"`
+	CtFork                *ebpf.Program `ebpf:"ct_fork"`
+	CtFreeEnter           *ebpf.Program `ebpf:"ct_free_enter"`
+	CtPitchEnter          *ebpf.Program `ebpf:"ct_pitch_enter"`
+	CtSetdevEnter         *ebpf.Program `ebpf:"ct_setdev_enter"`
+	CtSizedFreeEnter      *ebpf.Program `ebpf:"ct_sized_free_enter"`
+	CtUsdt                *ebpf.Program `ebpf:"ct_usdt"`
+	CtVmmCreateEnter      *ebpf.Program `ebpf:"ct_vmm_create_enter"`
+	CtVmmMapEnter         *ebpf.Program `ebpf:"ct_vmm_map_enter"`
+	CtCtxdestroyEnter     *ebpf.Program `ebpf:"ct_ctxdestroy_enter"`
+	CtCtxdetachEnter      *ebpf.Program `ebpf:"ct_ctxdetach_enter"`
+	CtCtxattachEnter      *ebpf.Program `ebpf:"ct_ctxattach_enter"`
+	CtPrimaryReleaseEnter *ebpf.Program `ebpf:"ct_primary_release_enter"`
+	CtPrimaryResetEnter   *ebpf.Program `ebpf:"ct_primary_reset_enter"`
+	CtDevresetEnter       *ebpf.Program `ebpf:"ct_devreset_enter"`
 }
 
 func (o *objects) Close() error {
@@ -45,7 +51,8 @@ func (o *objects) Close() error {
 	for _, p := range []*ebpf.Program{o.Ct3dEnter, o.CtAllocEnter, o.CtCtxExit, o.CtCtxcreateEnter,
 		o.CtCtxpopEnter, o.CtCtxpushEnter, o.CtCtxretainEnter, o.CtCtxsetEnter, o.CtExit, o.CtFork,
 		o.CtFreeEnter, o.CtPitchEnter, o.CtSetdevEnter, o.CtSizedFreeEnter, o.CtUsdt,
-		o.CtVmmCreateEnter, o.CtVmmMapEnter} {
+		o.CtVmmCreateEnter, o.CtVmmMapEnter, o.CtCtxdestroyEnter, o.CtCtxdetachEnter, o.CtCtxattachEnter,
+		o.CtPrimaryReleaseEnter, o.CtPrimaryResetEnter, o.CtDevresetEnter} {
 		if p != nil {
 			errs = append(errs, p.Close())
 		}

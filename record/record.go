@@ -71,6 +71,11 @@ type Options struct {
 	// done for processes in containers, so that report and export name
 	// them on a machine without the same files.
 	Portable bool
+
+	// waiting are the --pid processes with no CUDA library loaded when
+	// tracing began (findLibraries): the scan of their mappings attaches
+	// what they load later.
+	waiting []int
 }
 
 // Observer watches a session as it happens. Its methods run on the
@@ -196,8 +201,13 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 				ar.Library.Path, strings.Join(ar.Missing, ", "))
 		}
 	}
-	fmt.Fprintf(opts.Stderr, "cudatrace: attached %d probes to %d librar%s (%s)\n", probes, len(libs),
-		plural(len(libs), "y", "ies"), libPaths(libs))
+	if len(libs) > 0 {
+		fmt.Fprintf(opts.Stderr, "cudatrace: attached %d probes to %d librar%s (%s)\n", probes, len(libs),
+			plural(len(libs), "y", "ies"), libPaths(libs))
+	}
+	for _, pid := range opts.waiting {
+		fmt.Fprintf(opts.Stderr, "cudatrace: pid %d has not loaded CUDA yet (no libcudart or libcuda in /proc/%d/maps): waiting for it to (a library linked in statically: name it with --lib PATH)\n", pid, pid)
+	}
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -325,8 +335,10 @@ func findLibraries(opts *Options) ([]loader.Library, error) {
 		}
 		searched = append(searched, fmt.Sprintf("/proc/%d/maps", pid))
 		if len(paths) == 0 {
-			return nil, hint.Wrap(fmt.Errorf("process %d has no CUDA library mapped (searched /proc/%d/maps for libcudart and libcuda)", pid, pid),
-				"if it links CUDA statically or loads it later, name the library with --lib PATH")
+			// Not loaded yet (a Python job imports torch later): the
+			// scan of its mappings attaches what it loads, as for a
+			// launched command.
+			opts.waiting = append(opts.waiting, pid)
 		}
 		for _, p := range paths {
 			if _, err := ls.Add(p); err != nil {
@@ -343,7 +355,7 @@ func findLibraries(opts *Options) ([]loader.Library, error) {
 			}
 		}
 	}
-	if len(ls.List()) == 0 {
+	if len(ls.List()) == 0 && !(len(opts.PIDs) > 0 && len(opts.waiting) == len(opts.PIDs)) {
 		return nil, hint.Wrap(fmt.Errorf("no CUDA library found (searched: %s)", strings.Join(searched, ", ")),
 			"name the library with --lib PATH, e.g. --lib /usr/local/cuda/lib64/libcudart.so.12 or a wheel's site-packages/nvidia/cuda_runtime/lib/libcudart.so.12")
 	}

@@ -33,7 +33,8 @@ func NewProcess(p *ledger.Process, wall func(boot uint64) time.Time) Process {
 	out := Process{PID: p.PID, Comm: p.Comm, Allocs: p.Allocs, Frees: p.Frees,
 		Failed: p.Failed, AllocBytes: p.AllocBytes, LiveBytes: p.Live, PeakBytes: p.Peak,
 		HostLiveBytes: p.HostLive, HostPeakBytes: p.HostPeak, UnknownFrees: p.UnknownFrees,
-		Replaced: p.Replaced, LiveAllocations: p.LiveCount(), Devices: devices(p),
+		Replaced: p.Replaced, ImplicitFrees: p.ImplicitFrees, ImplicitFreeBytes: p.ImplicitFreeBytes,
+		LiveAllocations: p.LiveCount(), Devices: devices(p),
 		TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees, TensorAllocBytes: p.TensorAllocBytes,
 		TensorLiveBytes: p.TensorLive, TensorPeakBytes: p.TensorPeak, UnknownTensorFrees: p.UnknownTensorFrees,
 		VMMMappedBytes: p.Mapped, VMMMappedPeakBytes: p.MappedPeak, VMMMaps: p.Maps, VMMUnmaps: p.Unmaps,
@@ -52,7 +53,8 @@ func devices(p *ledger.Process) []Device {
 	out := []Device{}
 	for _, d := range p.DeviceList() {
 		out = append(out, Device{Device: d.Device, LiveBytes: d.Live, PeakBytes: d.Peak,
-			TensorLiveBytes: d.TensorLive, TensorPeakBytes: d.TensorPeak})
+			TensorLiveBytes: d.TensorLive, TensorPeakBytes: d.TensorPeak, ImplicitFrees: d.ImplicitFrees,
+			ImplicitFreeBytes: d.ImplicitFreeBytes})
 	}
 	return out
 }

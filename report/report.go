@@ -126,6 +126,11 @@ type Process struct {
 	LiveAllocations int      `json:"live_allocations"`
 	UnknownFrees    uint64   `json:"unknown_frees"`
 	Replaced        uint64   `json:"replaced"` // allocations at a live address: a free was lost
+	// Allocations the driver freed with their context (cuCtxDestroy,
+	// cuCtxDetach to 0, a primary context's last release or reset,
+	// cudaDeviceReset), not counted in frees; host memory included.
+	ImplicitFrees     uint64 `json:"implicit_frees"`
+	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
 	// Tensors: what PyTorch's caching allocator handed out of the segments
 	// above (its pytorch:malloc/free probes), as torch.cuda.memory_allocated
 	// counts; live_bytes is then its memory_reserved. 0 without them.
@@ -175,6 +180,9 @@ type Device struct {
 	PeakBytes       uint64 `json:"peak_bytes"`
 	TensorLiveBytes uint64 `json:"tensor_live_bytes"`
 	TensorPeakBytes uint64 `json:"tensor_peak_bytes"`
+	// GPU memory freed with its context on this device.
+	ImplicitFrees     uint64 `json:"implicit_frees"`
+	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
 }
 
 // Stack is the allocations made from one call stack of one process.

@@ -53,18 +53,24 @@ func writeProcesses(w io.Writer, rows []Process) error {
 	}
 	// Tensor columns only where a framework's allocator reported tensors.
 	// A VMM-MAPPED column only where the driver's VMM API was used.
-	tensors, vmm := false, false
+	// An IMPLICIT-FREED column (allocations freed with their context:
+	// count and bytes) only where a context died holding memory.
+	tensors, vmm, implicit := false, false, false
 	for _, p := range rows {
 		tensors = tensors || p.TensorAllocs > 0
 		vmm = vmm || p.VMMMaps > 0
+		implicit = implicit || p.ImplicitFrees > 0
 	}
-	t := table{right: []bool{true, false, true, true, true, true, true, true, true, true, true, true}}
+	t := table{right: []bool{true, false, true, true, true, true, true, true, true, true, true, true, true}}
 	head := []string{"PID", "COMM", "ALLOCS", "FREES", "FAILED", "ALLOCATED", "LIVE", "PEAK", "HOST-LIVE"}
 	if tensors {
 		head = append(head, "TENSOR-LIVE", "TENSOR-PEAK")
 	}
 	if vmm {
 		head = append(head, "VMM-MAPPED")
+	}
+	if implicit {
+		head = append(head, "IMPLICIT-FREED")
 	}
 	t.add(head...)
 	for _, p := range rows {
@@ -76,6 +82,9 @@ func writeProcesses(w io.Writer, rows []Process) error {
 		if vmm {
 			row = append(row, units.Bytes(p.VMMMappedBytes))
 		}
+		if implicit {
+			row = append(row, fmt.Sprintf("%d (%s)", p.ImplicitFrees, units.Bytes(p.ImplicitFreeBytes)))
+		}
 		t.add(row...)
 		if len(p.Devices) > 1 {
 			for _, d := range p.Devices {
@@ -85,6 +94,9 @@ func writeProcesses(w io.Writer, rows []Process) error {
 				}
 				if vmm {
 					row = append(row, "")
+				}
+				if implicit {
+					row = append(row, fmt.Sprintf("%d (%s)", d.ImplicitFrees, units.Bytes(d.ImplicitFreeBytes)))
 				}
 				t.add(row...)
 			}

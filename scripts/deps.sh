@@ -35,10 +35,11 @@ if [ -f "$sources" ] && grep -q '^Components: main$' "$sources"; then
 fi
 # python3.11: Debian 12's own interpreter, built without DWARF (pystack's offset tables are tested on it).
 # qemu-system-x86, busybox-static: the kernel matrix (vmtest/kernels_test.go).
+# python3-numba: a real CUDA client (ctypes over libcuda.so.1) run on the stand-in driver (vmtest/numba_test.go).
 need=()
 for p in clang llvm gcc make binutils xz-utils bpftool bpftrace libbpf-dev systemtap-sdt-dev \
 	libcudart11.0 libcuda1 libnvidia-ml1 tmux util-linux prometheus python3.11 \
-	qemu-system-x86 busybox-static cpio; do
+	qemu-system-x86 busybox-static cpio python3-numba; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -4,6 +4,7 @@ package vmtest
 // and NVIDIA's real libcuda. Privileged.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -364,4 +365,88 @@ func TestMountNamespace(t *testing.T) {
 	if !strings.Contains(rec.stderr.String(), "loaded "+viaRoot+" after tracing began") {
 		t.Errorf("record did not attach %s:\n%s", viaRoot, rec.stderr.String())
 	}
+}
+
+// TestContextStack: the driver's context stack and the memory that dies
+// with a context (ctxstack.c): create-create-pop, set-create-destroy, a
+// detach of a context that was not current (PyCUDA's Context.detach), the
+// address coming back after an implicit free, a primary context's last
+// release. Devices, failures and implicit frees match the stand-in's
+// ground truth exactly, and the memviz export of the trace succeeds (its
+// segments would overlap if the implicitly freed memory stayed live).
+func TestContextStack(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "ctx.trace")
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+		"--lib", fakeDriver, "-o", trace, "--", workload("ctxstack"))
+	rec.finish(t, 45*time.Second)
+
+	want := onlyTruth(t, log, "")
+	// The stand-in's own account: 1+4 MiB live on device 0; freed with
+	// their contexts: 2 and 4 MiB (device 0), 3 and 5 MiB (device 1).
+	const mib = 1 << 20
+	if want.Live != 5*mib || want.ImplicitFrees != 4 || want.ImplicitFreeBytes != 14*mib ||
+		want.Devices[0].ImplicitFreeBytes != 6*mib || want.Devices[1].ImplicitFreeBytes != 8*mib || want.Failed != 4 {
+		t.Fatalf("ground truth: %v", want)
+	}
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	checkProcess(t, rep, want, 0, "ctxstack")
+	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
+	checkStacks(t, rep, want.PID, workload("ctxstack"), "ctx_alloc", "main")
+
+	snap := filepath.Join(dir, "ctx.pickle")
+	if out, err := exec.CommandContext(ctx, tracerBin, "export", trace, "--format", "memviz", "-o", snap).CombinedOutput(); err != nil {
+		t.Fatalf("export --format memviz: %v\n%s", err, out)
+	}
+	// In the report's text, the implicit frees have a column of their own.
+	out, err := exec.CommandContext(ctx, tracerBin, "report", trace).CombinedOutput()
+	if err != nil {
+		t.Fatalf("report: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "IMPLICIT-FREED") || !strings.Contains(string(out), "4 (14.0 MiB)") {
+		t.Errorf("report text has no IMPLICIT-FREED column with 4 (14.0 MiB):\n%s", out)
+	}
+}
+
+// TestAttachBeforeCUDA: `record --pid` on a process that has not loaded
+// CUDA yet waits for it, saying so once, and traces what the process does
+// once it dlopen()s a runtime, exactly (issue 17).
+func TestAttachBeforeCUDA(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	lib := wheelCopy(t, filepath.Join(dir, "site-packages"))
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "before.trace")
+	cmd := exec.CommandContext(ctx, workload("dlopen_late"), lib, "30")
+	// Loads the library 4 s after starting: the tracer is attached by then.
+	cmd.Env = append(fakeEnv(log), "DLOPEN_LATE_DELAY_MS=4000")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	rec := startRecord(t, ctx, recordOpts{}, "--pid", fmt.Sprint(cmd.Process.Pid), "-o", trace)
+	if err := <-done; err != nil {
+		t.Fatalf("dlopen_late: %v\n%s", err, out.String())
+	}
+	if code := rec.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("record --pid exited %d, want 0:\n%s", code, rec.stderr.String())
+	}
+	stderr := rec.stderr.String()
+	waiting := fmt.Sprintf("cudatrace: pid %d has not loaded CUDA yet", cmd.Process.Pid)
+	if n := strings.Count(stderr, waiting); n != 1 {
+		t.Errorf("record said %q %d times, want once:\n%s", waiting, n, stderr)
+	}
+	if !strings.Contains(stderr, "loaded "+lib+" after tracing began") {
+		t.Errorf("record did not say it attached late:\n%s", stderr)
+	}
+	want := onlyTruth(t, log, "")
+	if want.PID != cmd.Process.Pid || want.Allocs != 30 {
+		t.Fatalf("ground truth: pid %d with %d allocations, want pid %d with 30", want.PID, want.Allocs, cmd.Process.Pid)
+	}
+	rep := runReport(t, ctx, trace)
+	checkProcess(t, rep, want, 0, "dlopen_late")
 }

@@ -154,6 +154,11 @@ func buildStandIns(dir string) {
 		src("driver.c"), fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return
 	}
+	// The driver's context stack and implicit frees (ctxstack.c).
+	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", workload("ctxstack"),
+		src("ctxstack.c"), fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
 	// A runtime over the driver, and a program using both.
 	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-Wall",
 		"-Wl,-soname,libnestrt.so", "-o", nestRuntime, src("nestrt.c"), fakeDriver); cBuildErr != nil {

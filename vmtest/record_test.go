@@ -312,14 +312,22 @@ func TestErrors(t *testing.T) {
 			t.Errorf("as nobody: %v\n%s\nwant an error naming CAP_BPF with a hint", err, msg)
 		}
 	})
-	t.Run("NoCudaLibrary", func(t *testing.T) {
+	// No CUDA loaded yet is not an error (issue 17): record waits for the
+	// process to load it, says so once, and ends at --duration.
+	t.Run("NoCudaLibraryYet", func(t *testing.T) {
 		ctx := testContext(t)
 		sleep := exec.CommandContext(ctx, "sleep", "60")
 		if err := sleep.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { sleep.Process.Kill(); sleep.Wait() })
-		run(t, "--lib", "record", "--pid", strconv.Itoa(sleep.Process.Pid), "-o", filepath.Join(t.TempDir(), "t"))
+		pid := strconv.Itoa(sleep.Process.Pid)
+		out, err := exec.CommandContext(ctx, tracerBin, "record", "--pid", pid, "--duration", "2s",
+			"-o", filepath.Join(t.TempDir(), "t")).CombinedOutput()
+		waiting := "cudatrace: pid " + pid + " has not loaded CUDA yet"
+		if err != nil || strings.Count(string(out), waiting) != 1 {
+			t.Errorf("record --pid %s (no CUDA): %v\n%s\nwant exit 0 and %q once", pid, err, out, waiting)
+		}
 	})
 }
 

@@ -41,6 +41,9 @@ type reportProcess struct {
 	HostLiveBytes uint64         `json:"host_live_bytes"`
 	Devices       []reportDevice `json:"devices"`
 
+	ImplicitFrees     uint64 `json:"implicit_frees"`
+	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
+
 	VMMMappedBytes     uint64 `json:"vmm_mapped_bytes"`
 	VMMMappedPeakBytes uint64 `json:"vmm_mapped_peak_bytes"`
 	VMMMaps            uint64 `json:"vmm_maps"`
@@ -55,9 +58,11 @@ type reportProcess struct {
 }
 
 type reportDevice struct {
-	Device    int    `json:"device"`
-	LiveBytes uint64 `json:"live_bytes"`
-	PeakBytes uint64 `json:"peak_bytes"`
+	Device            int    `json:"device"`
+	LiveBytes         uint64 `json:"live_bytes"`
+	PeakBytes         uint64 `json:"peak_bytes"`
+	ImplicitFrees     uint64 `json:"implicit_frees"`
+	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
 }
 
 type reportStack struct {
@@ -361,6 +366,8 @@ func diffProcess(rep *report, want *procTruth, slack uint64, comm string) []stri
 	eq("vmm_maps", got.VMMMaps, want.Maps)
 	eq("vmm_unmaps", got.VMMUnmaps, want.Unmaps)
 	eq("va_reserved_bytes", got.VAReservedBytes, want.Reserved)
+	eq("implicit_frees", got.ImplicitFrees, want.ImplicitFrees)
+	eq("implicit_free_bytes", got.ImplicitFreeBytes, want.ImplicitFreeBytes)
 	within := func(name string, g, w uint64) {
 		lo := uint64(0)
 		if w > slack {
@@ -392,6 +399,8 @@ func diffProcess(rep *report, want *procTruth, slack uint64, comm string) []stri
 			continue
 		}
 		eq(fmt.Sprintf("device %d live_bytes", d), g.LiveBytes, w.Live)
+		eq(fmt.Sprintf("device %d implicit_frees", d), g.ImplicitFrees, w.ImplicitFrees)
+		eq(fmt.Sprintf("device %d implicit_free_bytes", d), g.ImplicitFreeBytes, w.ImplicitFreeBytes)
 		within(fmt.Sprintf("device %d peak_bytes", d), g.PeakBytes, w.Peak)
 	}
 	for d, g := range gotDev {

@@ -195,7 +195,8 @@ func parseLine(text string) (logCall, error) {
 
 // devTruth is one device's GPU memory in one process.
 type devTruth struct {
-	Live, Peak uint64
+	Live, Peak                       uint64
+	ImplicitFrees, ImplicitFreeBytes uint64 // GPU memory freed with its context
 }
 
 // liveAlloc is an allocation live in the ground truth.
@@ -217,23 +218,26 @@ type vmmMapping struct {
 
 // procTruth is what a report must say about one process.
 type procTruth struct {
-	PID          int
-	Allocs       uint64 // successful allocation calls, any kind
-	Frees        uint64 // successful frees of allocations seen (counted)
-	Failed       uint64 // failed allocation calls
-	AllocBytes   uint64
-	Live, Peak   uint64 // GPU memory: every kind but pinned host
-	HostLive     uint64
-	HostPeak     uint64
-	Devices      map[int]*devTruth // devices that ever held GPU memory
-	Failures     []logCall         // the failed allocation calls, in order
-	MaxAlloc     uint64            // the largest successful GPU allocation
-	FreedBytes   uint64            // bytes released by counted frees
-	UnknownFrees uint64            // successful frees of allocations not seen (before the marker)
-	FailedFrees  uint64            // frees that returned an error
-	NullFrees    uint64            // cudaFree(NULL) and friends
-	Threads      map[int]bool      // tids that made counted calls
-	APICalls     map[string]int    // counted calls per API, failed ones included
+	PID        int
+	Allocs     uint64 // successful allocation calls, any kind
+	Frees      uint64 // successful frees of allocations seen (counted)
+	Failed     uint64 // failed allocation calls
+	AllocBytes uint64
+	Live, Peak uint64 // GPU memory: every kind but pinned host
+	HostLive   uint64
+	HostPeak   uint64
+	Devices    map[int]*devTruth // devices that ever held GPU memory
+	Failures   []logCall         // the failed allocation calls, in order
+	MaxAlloc   uint64            // the largest successful GPU allocation
+	// Allocations freed with their context (implicit_free lines), host
+	// memory included, and their bytes; not in Frees.
+	ImplicitFrees, ImplicitFreeBytes uint64
+	FreedBytes                       uint64         // bytes released by counted frees
+	UnknownFrees                     uint64         // successful frees of allocations not seen (before the marker)
+	FailedFrees                      uint64         // frees that returned an error
+	NullFrees                        uint64         // cudaFree(NULL) and friends
+	Threads                          map[int]bool   // tids that made counted calls
+	APICalls                         map[string]int // counted calls per API, failed ones included
 	// VMM virtual ranges: bytes mapped (now and at most), successful maps,
 	// mappings removed, bytes of address space reserved.
 	Mapped, MappedPeak, Maps, Unmaps, Reserved uint64
@@ -304,6 +308,12 @@ func groundTruth(calls []logCall, marker string) (map[int]*procTruth, error) {
 		p := get(c.PID)
 		p.APICalls[c.API]++
 		p.Threads[c.TID] = true
+		if c.API == "implicit_free" {
+			if err := p.implicitFree(c); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if vmmRanges[c.API] {
 			if err := p.vmmRange(c); err != nil {
 				return nil, err
@@ -394,6 +404,32 @@ func groundTruth(calls []logCall, marker string) (map[int]*procTruth, error) {
 		}
 	}
 	return procs, nil
+}
+
+// implicitFree applies the stand-in's implicit_free line: an allocation
+// freed because its context died (req= is the context).
+func (p *procTruth) implicitFree(c logCall) error {
+	a := p.live[c.Ptr]
+	if a == nil {
+		return fmt.Errorf("line %d: implicit_free of %#x, which is not live", c.Line, c.Ptr)
+	}
+	if a.Size != c.Size || a.Dev != c.Dev || a.Kind != c.Kind {
+		return fmt.Errorf("line %d: implicit_free of %#x logged size=%d dev=%d kind=%s, allocated as %d bytes on %d (%s)",
+			c.Line, c.Ptr, c.Size, c.Dev, c.Kind, a.Size, a.Dev, a.Kind)
+	}
+	delete(p.live, c.Ptr)
+	p.ImplicitFrees++
+	p.ImplicitFreeBytes += a.Size
+	if a.Kind == "host" {
+		p.HostLive -= a.Size
+		return nil
+	}
+	p.Live -= a.Size
+	d := p.Devices[a.Dev]
+	d.Live -= a.Size
+	d.ImplicitFrees++
+	d.ImplicitFreeBytes += a.Size
+	return nil
 }
 
 // vmmRanges are the VMM calls on virtual ranges, which hold no memory.

@@ -24,6 +24,7 @@ type collector struct {
 	processLabels bool
 
 	buildInfo, live, peak, hostLive, allocs, allocBytes, frees, failures, ooms *prometheus.Desc
+	implicitFrees, implicitFreeBytes                                           *prometheus.Desc
 	events, lost, dumps, dumpErrors, dumpsSkipped, processes, exited, dropped  *prometheus.Desc
 	stacks, nvmlUsed, nvmlTotal, nvmlProc, up                                  *prometheus.Desc
 }
@@ -48,20 +49,23 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 		allocs:   d("allocations_total", "Successful allocation calls.", lvl...),
 		allocBytes: d("allocated_bytes_total", "Bytes of successful allocation calls (segments, pinned host memory included).",
 			pl...),
-		frees:        d("frees_total", "Frees of allocations the tracer saw made.", lvl...),
-		failures:     d("allocation_failures_total", "Failed allocation calls, whatever the CUDA error.", pl...),
-		ooms:         d("oom_total", "Allocation calls that failed with out of memory (cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY).", pl...),
-		events:       d("events_total", "Events read from the BPF ring buffer."),
-		lost:         d("lost_events_total", "Events lost before reaching the agent (ring buffer full, in-flight table full): raise --ring-size."),
-		dumps:        d("oom_dumps_total", "OOM black boxes written to --dump-dir."),
-		dumpErrors:   d("oom_dump_errors_total", "OOM black boxes that could not be written (see the agent's log)."),
-		dumpsSkipped: d("oom_dumps_skipped_total", "OOMs not dumped: the process was dumped less than --dump-every ago, or the writer was behind."),
-		processes:    d("processes", "Traced processes running now."),
-		exited:       d("processes_exited_total", "Traced processes that have exited."),
-		dropped:      d("trace_dropped_events_total", "Events a /trace client was too slow to take."),
-		stacks:       d("stacks", "Distinct allocation stacks held in memory."),
-		nvmlUsed:     d("nvml_used_bytes", "GPU memory used, as the driver (NVML) reports it.", "gpu", "UUID"),
-		nvmlTotal:    d("nvml_total_bytes", "GPU memory in all, as the driver (NVML) reports it.", "gpu", "UUID"),
+		frees: d("frees_total", "Frees of allocations the tracer saw made.", lvl...),
+		implicitFrees: d("implicit_frees_total", "Allocations the driver freed with their context (cuCtxDestroy, cuCtxDetach to 0, "+
+			"a primary context's last release or reset, cudaDeviceReset); not in frees_total.", pl...),
+		implicitFreeBytes: d("implicit_freed_bytes_total", "Bytes of the allocations implicit_frees_total counts.", pl...),
+		failures:          d("allocation_failures_total", "Failed allocation calls, whatever the CUDA error.", pl...),
+		ooms:              d("oom_total", "Allocation calls that failed with out of memory (cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY).", pl...),
+		events:            d("events_total", "Events read from the BPF ring buffer."),
+		lost:              d("lost_events_total", "Events lost before reaching the agent (ring buffer full, in-flight table full): raise --ring-size."),
+		dumps:             d("oom_dumps_total", "OOM black boxes written to --dump-dir."),
+		dumpErrors:        d("oom_dump_errors_total", "OOM black boxes that could not be written (see the agent's log)."),
+		dumpsSkipped:      d("oom_dumps_skipped_total", "OOMs not dumped: the process was dumped less than --dump-every ago, or the writer was behind."),
+		processes:         d("processes", "Traced processes running now."),
+		exited:            d("processes_exited_total", "Traced processes that have exited."),
+		dropped:           d("trace_dropped_events_total", "Events a /trace client was too slow to take."),
+		stacks:            d("stacks", "Distinct allocation stacks held in memory."),
+		nvmlUsed:          d("nvml_used_bytes", "GPU memory used, as the driver (NVML) reports it.", "gpu", "UUID"),
+		nvmlTotal:         d("nvml_total_bytes", "GPU memory in all, as the driver (NVML) reports it.", "gpu", "UUID"),
 		nvmlProc: d("nvml_process_used_bytes", "A process's GPU memory, as the driver (NVML) reports it.",
 			"gpu", "UUID", "pid", "comm", "container", "pod"),
 		up: d("nvml_up", "1 when the last read of the driver (NVML) succeeded."),
@@ -70,7 +74,7 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.buildInfo, c.live, c.peak, c.hostLive, c.allocs, c.allocBytes, c.frees,
-		c.failures, c.ooms, c.events, c.lost, c.dumps, c.dumpErrors, c.dumpsSkipped, c.processes, c.exited, c.dropped,
+		c.implicitFrees, c.implicitFreeBytes, c.failures, c.ooms, c.events, c.lost, c.dumps, c.dumpErrors, c.dumpsSkipped, c.processes, c.exited, c.dropped,
 		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up} {
 		ch <- d
 	}
@@ -137,6 +141,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.frees, p.TensorFrees, with(pl, nil, "tensor")...)
 		}
 		counter(c.allocBytes, p.AllocBytes, pl...)
+		counter(c.implicitFrees, p.ImplicitFrees, pl...)
+		counter(c.implicitFreeBytes, p.ImplicitFreeBytes, pl...)
 		counter(c.failures, p.Failed, pl...)
 		counter(c.ooms, p.OOMs, pl...)
 	}
@@ -165,6 +171,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.frees, t.TensorFrees, "tensor")
 		}
 		counter(c.allocBytes, t.AllocBytes)
+		counter(c.implicitFrees, t.ImplicitFrees)
+		counter(c.implicitFreeBytes, t.ImplicitFreeBytes)
 		counter(c.failures, t.Failed)
 		counter(c.ooms, t.OOMs)
 	}

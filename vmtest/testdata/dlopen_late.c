@@ -1,6 +1,6 @@
 /*
- * dlopen_late LIB N: loads a CUDA runtime with dlopen() one second after
- * starting (a wheel's copy, at a path no start-up search covers), gives the
+ * dlopen_late LIB N: loads a CUDA runtime with dlopen() one second
+ * (DLOPEN_LATE_DELAY_MS) after starting (a wheel's copy, at a path no start-up search covers), gives the
  * tracer 1.5 s (DLOPEN_LATE_WAIT_MS) to find it in its mappings, then makes N cudaMalloc of
  * 4096+i bytes and frees the even ones. Exits 2 when LIB cannot be used.
  */
@@ -17,7 +17,8 @@ int main(int argc, char **argv)
 	if (argc < 3)
 		return 2;
 	int n = atoi(argv[2]);
-	usleep(1000000);
+	const char *delay = getenv("DLOPEN_LATE_DELAY_MS");
+	usleep(delay && *delay ? (useconds_t)atoi(delay) * 1000 : 1000000);
 	void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
 	if (!h) {
 		fprintf(stderr, "dlopen_late: %s\n", dlerror());

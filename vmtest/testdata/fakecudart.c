@@ -94,6 +94,7 @@ struct block {
 	uint64_t addr, reserved, size;
 	int dev;
 	enum kind kind;
+	uint64_t ctx; /* the context it was made in: it dies with it */
 	int vmm;      /* made by cuMemCreate: addr is its handle */
 	int mapped;   /* VMM: live cuMemMap mappings of it */
 	int released; /* VMM: cuMemRelease'd while mapped; freed at its last unmap */
@@ -119,6 +120,9 @@ static struct arena dev_arena[MAX_DEVICES], managed_arena, host_arena, va_arena;
 static struct block *buckets[NBUCKETS];
 
 static __thread int cur_dev;
+static uint64_t cur_ctx(void);
+static __thread uint64_t ctx_stack[64]; /* the driver's context stack, top last */
+static __thread int ctx_depth;
 static __thread cudaError_t last_err;
 
 static uint64_t parse_size(const char *s, uint64_t def)
@@ -327,6 +331,7 @@ static cudaError_t do_alloc_on(const char *api, int dev, enum kind kind, int val
 			b->size = bytes;
 			b->dev = dev;
 			b->kind = kind;
+			b->ctx = cur_ctx();
 			b->vmm = strcmp(api, "cuMemCreate") == 0;
 			b->mapped = 0;
 			b->released = 0;
@@ -512,8 +517,12 @@ EXPORT cudaError_t cudaSetDevice(int device)
 	pthread_mutex_lock(&mu);
 	if (device < 0 || device >= ndevices)
 		ret = cudaErrorInvalidDevice;
-	else
+	else {
 		cur_dev = device;
+		/* The runtime makes the device's primary context current. */
+		if (ctx_depth > 0)
+			ctx_stack[ctx_depth - 1] = 0xc7c0000ULL + 16 * (uint64_t)device;
+	}
 	log_line("cudaSetDevice", ret, 0, 0, device, KIND_NONE, 0);
 	pthread_mutex_unlock(&mu);
 	return set_err(ret);
@@ -546,14 +555,89 @@ EXPORT cudaError_t cudaGetLastError(void)
 
 /* ---- The driver API. ---- */
 
-#define CTX_BASE 0xc7c0000ULL /* the context of device d is CTX_BASE + 16*d */
+/*
+ * Contexts, as the driver has them (CUDA driver API docs): each thread has
+ * a stack of contexts whose top is current. cuCtxCreate makes a context
+ * (usage count 1) and pushes it; cuCtxAttach counts one more use;
+ * cuCtxDetach counts one less and at zero destroys it; cuCtxDestroy
+ * destroys it whatever its count; a destroyed context is popped from the
+ * calling thread's stack when it is current there. A device's primary
+ * context (cuDevicePrimaryCtxRetain) is counted by retain and release, and
+ * its last release or a cuDevicePrimaryCtxReset (or the runtime's
+ * cudaDeviceReset) destroys what it holds. Destroying a context frees
+ * every allocation made in it: each is logged as an implicit_free line
+ * (ptr, size, dev, kind of the allocation; req=the context's handle)
+ * right after the call that destroyed it. The runtime's calls use the
+ * current device's primary context.
+ *
+ * Handles: device d's primary context is CTX_BASE + 16*d; created contexts
+ * are CTX_BASE + 0x1000 + 16*n, never reused.
+ */
+#define CTX_BASE 0xc7c0000ULL
+#define CTX_CREATED (CTX_BASE + 0x1000)
+#define MAX_CTX 256
 
-static int ctx_device(CUcontext ctx)
+struct fctx {
+	int dev, refs, alive;
+};
+static struct fctx primaries[MAX_DEVICES];
+static struct fctx created[MAX_CTX];
+static int ncreated;
+
+/* Called with mu held. */
+static struct fctx *ctx_of(uint64_t h)
 {
-	uint64_t v = (uint64_t)(uintptr_t)ctx;
-	if (v < CTX_BASE || (v - CTX_BASE) % 16 != 0 || (v - CTX_BASE) / 16 >= (uint64_t)ndevices)
-		return -1;
-	return (int)((v - CTX_BASE) / 16);
+	if (h >= CTX_BASE && h < CTX_BASE + 16 * (uint64_t)ndevices && (h - CTX_BASE) % 16 == 0)
+		return &primaries[(h - CTX_BASE) / 16];
+	if (h >= CTX_CREATED && (h - CTX_CREATED) % 16 == 0 && (h - CTX_CREATED) / 16 < (uint64_t)ncreated) {
+		struct fctx *c = &created[(h - CTX_CREATED) / 16];
+		return c->alive ? c : NULL;
+	}
+	return NULL;
+}
+
+/* The context allocations of this thread go to now. */
+static uint64_t cur_ctx(void)
+{
+	return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : CTX_BASE + 16 * (uint64_t)cur_dev;
+}
+
+/* Called with mu held: the thread's current device follows its stack's top. */
+static void follow_top(void)
+{
+	if (ctx_depth > 0) {
+		struct fctx *c = ctx_of(ctx_stack[ctx_depth - 1]);
+		if (c)
+			cur_dev = c->dev;
+	}
+}
+
+/* Called with mu held: frees, and logs, every allocation made in h. */
+static void free_ctx_memory(uint64_t h)
+{
+	for (int i = 0; i < NBUCKETS; i++) {
+		struct block *b = buckets[i], *next;
+		for (; b; b = next) {
+			next = b->next;
+			if (b->ctx != h || b->kind == KIND_VA || b->vmm)
+				continue;
+			log_line("implicit_free", cudaSuccess, b->addr, b->size, b->dev, b->kind, h);
+			release_block(b);
+		}
+	}
+}
+
+/* Called with mu held: h dies; popped when current to the calling thread. */
+static void destroy_ctx(uint64_t h, struct fctx *c)
+{
+	c->refs = 0;
+	if (h >= CTX_CREATED)
+		c->alive = 0;
+	if (ctx_depth > 0 && ctx_stack[ctx_depth - 1] == h) {
+		ctx_depth--;
+		follow_top();
+	}
+	free_ctx_memory(h);
 }
 
 EXPORT CUresult cuInit(unsigned int flags)
@@ -561,7 +645,7 @@ EXPORT CUresult cuInit(unsigned int flags)
 	return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-static CUresult new_ctx(const char *api, CUcontext *pctx, CUdevice dev, int make_current)
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
 	CUresult ret = CUDA_SUCCESS;
 
@@ -571,61 +655,168 @@ static CUresult new_ctx(const char *api, CUcontext *pctx, CUdevice dev, int make
 	else if (dev < 0 || dev >= ndevices)
 		ret = CUDA_ERROR_INVALID_DEVICE;
 	else {
+		primaries[dev].dev = dev;
+		primaries[dev].refs++;
 		*pctx = (CUcontext)(uintptr_t)(CTX_BASE + 16 * (uint64_t)dev);
-		if (make_current)
-			cur_dev = dev;
 	}
-	log_line(api, ret, 0, 0, dev, KIND_NONE, 0);
+	log_line("cuDevicePrimaryCtxRetain", ret, 0, 0, dev, KIND_NONE, 0);
 	pthread_mutex_unlock(&mu);
 	return ret;
 }
 
-EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+static CUresult primary_drop(const char *api, CUdevice dev, int reset)
 {
-	return new_ctx("cuDevicePrimaryCtxRetain", pctx, dev, 0);
+	CUresult ret = CUDA_SUCCESS;
+
+	pthread_mutex_lock(&mu);
+	if (dev < 0 || dev >= ndevices)
+		ret = CUDA_ERROR_INVALID_DEVICE;
+	else if (!reset && primaries[dev].refs == 0)
+		ret = CUDA_ERROR_INVALID_CONTEXT;
+	log_line(api, ret, 0, 0, dev, KIND_NONE, 0);
+	if (ret == CUDA_SUCCESS) {
+		uint64_t h = CTX_BASE + 16 * (uint64_t)dev;
+		if (reset || --primaries[dev].refs == 0)
+			free_ctx_memory(h);
+		if (reset)
+			primaries[dev].refs = 0;
+	}
+	pthread_mutex_unlock(&mu);
+	return ret;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+	return primary_drop("cuDevicePrimaryCtxRelease_v2", dev, 0);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+	return primary_drop("cuDevicePrimaryCtxReset_v2", dev, 1);
+}
+
+EXPORT cudaError_t cudaDeviceReset(void)
+{
+	return primary_drop("cudaDeviceReset", cur_dev, 1);
 }
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-	(void)flags;
-	return new_ctx("cuCtxCreate_v2", pctx, dev, 1);
-}
-
-static CUresult set_ctx(const char *api, CUcontext ctx)
-{
 	CUresult ret = CUDA_SUCCESS;
-	int dev = ctx_device(ctx);
+	(void)flags;
 
 	pthread_mutex_lock(&mu);
-	if (dev < 0)
-		ret = CUDA_ERROR_INVALID_CONTEXT;
-	else
+	if (!pctx)
+		ret = CUDA_ERROR_INVALID_VALUE;
+	else if (dev < 0 || dev >= ndevices)
+		ret = CUDA_ERROR_INVALID_DEVICE;
+	else if (ncreated == MAX_CTX || ctx_depth == 64)
+		ret = CUDA_ERROR_OUT_OF_MEMORY;
+	else {
+		uint64_t h = CTX_CREATED + 16 * (uint64_t)ncreated;
+		created[ncreated++] = (struct fctx){.dev = dev, .refs = 1, .alive = 1};
+		ctx_stack[ctx_depth++] = h;
 		cur_dev = dev;
-	log_line(api, ret, 0, 0, dev, KIND_NONE, 0);
+		*pctx = (CUcontext)(uintptr_t)h;
+	}
+	log_line("cuCtxCreate_v2", ret, 0, 0, dev, KIND_NONE, 0);
 	pthread_mutex_unlock(&mu);
 	return ret;
 }
 
-EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+/* cuCtxDestroy_v2 and cuCtxDetach: ptr= in the log is the context. */
+static CUresult drop_ctx(const char *api, CUcontext ctx, int detach)
 {
-	return set_ctx("cuCtxSetCurrent", ctx);
+	CUresult ret = CUDA_SUCCESS;
+	uint64_t h = (uint64_t)(uintptr_t)ctx;
+	struct fctx *c;
+	int dev = cur_dev;
+
+	pthread_mutex_lock(&mu);
+	c = ctx_of(h);
+	if (!c || h < CTX_CREATED)
+		ret = CUDA_ERROR_INVALID_CONTEXT;
+	else
+		dev = c->dev;
+	log_line(api, ret, h, 0, dev, KIND_NONE, 0);
+	if (ret == CUDA_SUCCESS && (!detach || --c->refs == 0))
+		destroy_ctx(h, c);
+	pthread_mutex_unlock(&mu);
+	return ret;
 }
 
-/* The context stack, as devices: a push saves the device current before. */
-static __thread int ctx_stack[64];
-static __thread int ctx_depth;
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	return drop_ctx("cuCtxDestroy_v2", ctx, 0);
+}
+
+EXPORT CUresult cuCtxDetach(CUcontext ctx)
+{
+	return drop_ctx("cuCtxDetach", ctx, 1);
+}
+
+EXPORT CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags)
+{
+	CUresult ret = CUDA_SUCCESS;
+	(void)flags;
+
+	pthread_mutex_lock(&mu);
+	struct fctx *c = ctx_depth > 0 ? ctx_of(ctx_stack[ctx_depth - 1]) : NULL;
+	if (!pctx)
+		ret = CUDA_ERROR_INVALID_VALUE;
+	else if (!c || ctx_stack[ctx_depth - 1] < CTX_CREATED)
+		ret = CUDA_ERROR_INVALID_CONTEXT;
+	else {
+		c->refs++;
+		*pctx = (CUcontext)(uintptr_t)ctx_stack[ctx_depth - 1];
+	}
+	log_line("cuCtxAttach", ret, 0, 0, cur_dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
+	return ret;
+}
+
+/* cuCtxSetCurrent replaces the top of the stack (pushes on an empty one);
+ * NULL pops. */
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+	CUresult ret = CUDA_SUCCESS;
+	uint64_t h = (uint64_t)(uintptr_t)ctx;
+
+	pthread_mutex_lock(&mu);
+	if (h == 0) {
+		if (ctx_depth > 0)
+			ctx_depth--;
+		follow_top();
+	} else if (!ctx_of(h)) {
+		ret = CUDA_ERROR_INVALID_CONTEXT;
+	} else {
+		if (ctx_depth == 0)
+			ctx_depth = 1;
+		ctx_stack[ctx_depth - 1] = h;
+		follow_top();
+	}
+	log_line("cuCtxSetCurrent", ret, 0, 0, cur_dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
+	return ret;
+}
 
 EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-	int before = cur_dev;
-	CUresult r;
+	CUresult ret = CUDA_SUCCESS;
+	uint64_t h = (uint64_t)(uintptr_t)ctx;
 
-	if (ctx_depth == 64)
-		return CUDA_ERROR_INVALID_VALUE;
-	r = set_ctx("cuCtxPushCurrent_v2", ctx);
-	if (r == CUDA_SUCCESS)
-		ctx_stack[ctx_depth++] = before;
-	return r;
+	pthread_mutex_lock(&mu);
+	if (!ctx_of(h))
+		ret = CUDA_ERROR_INVALID_CONTEXT;
+	else if (ctx_depth == 64)
+		ret = CUDA_ERROR_INVALID_VALUE;
+	else {
+		ctx_stack[ctx_depth++] = h;
+		follow_top();
+	}
+	log_line("cuCtxPushCurrent_v2", ret, 0, 0, cur_dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
+	return ret;
 }
 
 EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
@@ -637,12 +828,212 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 		ret = CUDA_ERROR_INVALID_CONTEXT;
 	} else {
 		if (pctx)
-			*pctx = (CUcontext)(uintptr_t)(CTX_BASE + 16 * (uint64_t)cur_dev);
-		cur_dev = ctx_stack[--ctx_depth];
+			*pctx = (CUcontext)(uintptr_t)ctx_stack[ctx_depth - 1];
+		ctx_depth--;
+		follow_top();
 	}
 	log_line("cuCtxPopCurrent_v2", ret, 0, 0, cur_dev, KIND_NONE, 0);
 	pthread_mutex_unlock(&mu);
 	return ret;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pctx = ctx_depth > 0 ? (CUcontext)(uintptr_t)ctx_stack[ctx_depth - 1] : NULL;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
+{
+	if (!dev)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (ctx_depth == 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*dev = cur_dev;
+	return CUDA_SUCCESS;
+}
+
+/*
+ * What real clients ask of the driver besides memory (Numba's ctypes
+ * driver binds these as it goes, PyCUDA at load): the devices, their
+ * attributes, copies and streams that do nothing, IPC unsupported. Not
+ * logged: they allocate nothing.
+ */
+#define CUDA_ERROR_NOT_SUPPORTED 801
+
+EXPORT CUresult cuDriverGetVersion(int *v)
+{
+	if (!v)
+		return CUDA_ERROR_INVALID_VALUE;
+	*v = 12000;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *n)
+{
+	if (!n)
+		return CUDA_ERROR_INVALID_VALUE;
+	*n = ndevices;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+	if (!dev)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (ordinal < 0 || ordinal >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*dev = ordinal;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+	if (!name || len <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(name, (size_t)len, "cudatrace stand-in GPU %d", dev);
+	return CUDA_SUCCESS;
+}
+
+/* Attributes: compute capability 8.0 (75, 76), unified addressing (41),
+ * mapped host memory (19), managed memory (83), PCI ids; 1024 for the
+ * rest (threads, blocks, ...). */
+EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
+{
+	if (!pi)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	switch (attrib) {
+	case 75: *pi = 8; break;
+	case 76: *pi = 0; break;
+	case 19: case 41: case 83: *pi = 1; break;
+	case 33: *pi = dev; break; /* PCI bus id */
+	case 34: case 50: *pi = 0; break;
+	case 16: *pi = 108; break; /* multiprocessors */
+	case 10: *pi = 32; break;  /* warp size */
+	default: *pi = 1024;
+	}
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
+{
+	if (!major || !minor)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*major = 8;
+	*minor = 0;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice dev)
+{
+	if (!uuid)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(uuid, 0, 16);
+	uuid[0] = (unsigned char)dev;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+	if (!bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	(void)dev;
+	*bytes = mem_limit;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+	if (!flags || !active)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&mu);
+	*flags = 0;
+	*active = primaries[dev].refs > 0;
+	pthread_mutex_unlock(&mu);
+	return CUDA_SUCCESS;
+}
+
+/* Free memory: the current device's limit less what is allocated on it. */
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+	uint64_t used = 0;
+	if (!free_bytes || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < NBUCKETS; i++)
+		for (struct block *b = buckets[i]; b; b = b->next)
+			if (b->kind == KIND_DEVICE && b->dev == cur_dev)
+				used += b->reserved;
+	pthread_mutex_unlock(&mu);
+	*total = mem_limit;
+	*free_bytes = used < mem_limit ? mem_limit - used : 0;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, void *handle, unsigned int flags)
+{
+	(void)p, (void)handle, (void)flags;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, void *handle, unsigned int flags)
+{
+	return cuIpcOpenMemHandle_v2(p, handle, flags);
+}
+
+EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+	(void)flags;
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	*s = (CUstream)(uintptr_t)0x5700;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) { (void)dst, (void)src, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { (void)dst, (void)src, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) { (void)dst, (void)src, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) { (void)dst, (void)src, (void)n, (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) { (void)dst, (void)src, (void)n, (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) { (void)dst, (void)v, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) { (void)dst, (void)v, (void)n, (void)s; return CUDA_SUCCESS; }
+
+/* Mapped pinned memory: the device sees it at its host address. */
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flags)
+{
+	(void)flags;
+	if (!d)
+		return CUDA_ERROR_INVALID_VALUE;
+	*d = (CUdeviceptr)(uintptr_t)p;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+{
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	*s = e == 2 ? "out of memory" : "stand-in error";
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
+{
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	*s = e == 2 ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_UNKNOWN";
+	return CUDA_SUCCESS;
 }
 
 /* drv_alloc wraps do_alloc for the driver's (CUdeviceptr *, size) shape. */
