@@ -18,6 +18,7 @@ package pystack
 
 import (
 	"bytes"
+	"cmp"
 	"debug/dwarf"
 	"debug/elf"
 	"encoding/binary"
@@ -47,6 +48,10 @@ type Interp struct {
 	Path    string // libpython or the python executable
 	runtime uint64 // address of _PyRuntime in the process
 	off     offsets
+	// types are the addresses of PyCode_Type, PyUnicode_Type and
+	// PyBytes_Type in the process (0 where the build does not name one):
+	// what a code object read late must still point to (codeFrame).
+	types objTypes
 	// Eval are the address ranges of _PyEval_EvalFrameDefault (and its
 	// compiler-split .cold part) in the process.
 	Eval [][2]uint64
@@ -81,6 +86,9 @@ type offsets struct {
 	asciiSize        int64 // sizeof(PyASCIIObject): where compact ASCII data starts
 	frameOwnedCStack uint8
 }
+
+// objTypes are the type objects a code object and its parts must have.
+type objTypes struct{ code, str, bytes uint64 }
 
 var libRe = regexp.MustCompile(`(?:^|/)(?:libpython|python)3\.(\d+)(?:\.so[.0-9]*|d?)$`)
 
@@ -118,14 +126,22 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	defer f.Close()
 	var runtime uint64
 	var eval [][2]uint64
+	var types objTypes
 	syms, _ := f.Symbols()
 	dyn, _ := f.DynamicSymbols()
 	for _, s := range append(syms, dyn...) {
 		if s.Section == elf.SHN_UNDEF {
 			continue
 		}
-		if s.Name == "_PyRuntime" && runtime == 0 {
-			runtime = s.Value
+		switch s.Name {
+		case "_PyRuntime":
+			runtime = cmp.Or(runtime, s.Value)
+		case "PyCode_Type":
+			types.code = cmp.Or(types.code, s.Value)
+		case "PyUnicode_Type":
+			types.str = cmp.Or(types.str, s.Value)
+		case "PyBytes_Type":
+			types.bytes = cmp.Or(types.bytes, s.Value)
 		}
 		if (s.Name == "_PyEval_EvalFrameDefault" || s.Name == "_PyEval_EvalFrameDefault.cold") && s.Size > 0 &&
 			!slices.Contains(eval, [2]uint64{s.Value, s.Value + s.Size}) {
@@ -166,7 +182,12 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 		eval[i][0] += base
 		eval[i][1] += base
 	}
-	return &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off, Eval: eval}, nil
+	for _, t := range []*uint64{&types.code, &types.str, &types.bytes} {
+		if *t != 0 {
+			*t += base
+		}
+	}
+	return &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off, types: types, Eval: eval}, nil
 }
 
 // loadBias is what the process added to the file's virtual addresses.
@@ -564,9 +585,23 @@ func (in *Interp) walk(m mem, ts uint64, max, steps int) ([]RawFrame, error) {
 	return out, nil
 }
 
+// codeFrame reads what code object code is and the line of the
+// instruction units code units into it. The object is read while the
+// process runs on, possibly after it was freed, so everything read is
+// checked: the object and its names still have their types, sizes are
+// sane, the instruction lies inside the code and has a line at or after
+// the code's first, and names are printable text. What fails a check is
+// an error (the frame is left unresolved), never a frame with line 0 or a
+// garbage name.
 func (in *Interp) codeFrame(m mem, code uint64, units int64) (Frame, error) {
 	o := &in.off
 	var fr Frame
+	if code == 0 || code%8 != 0 {
+		return fr, fmt.Errorf("code object address %#x is not one", code)
+	}
+	if err := in.checkType(m, code, in.types.code, "code object"); err != nil {
+		return fr, err
+	}
 	var err error
 	ptr := func(off int64) uint64 {
 		if err != nil || off < 0 {
@@ -580,38 +615,83 @@ func (in *Interp) codeFrame(m mem, code uint64, units int64) (Frame, error) {
 	if err != nil {
 		return fr, err
 	}
+	if units < 0 {
+		return fr, fmt.Errorf("instruction %d is outside its code object", units)
+	}
+	if in.Minor >= 11 {
+		// Py_SIZE of a code object is its number of code units.
+		n, err := m.u64(code + 16)
+		if err != nil {
+			return fr, err
+		}
+		if n == 0 || n > maxObject || uint64(units) >= n {
+			return fr, fmt.Errorf("instruction %d is outside its code object (%d code units)", units, n)
+		}
+	}
 	var first [4]byte
 	if err := m.read(code+uint64(o.coFirstLine), first[:]); err != nil {
 		return fr, err
 	}
 	if fr.File, err = in.str(m, filename); err != nil {
-		return fr, err
+		return fr, fmt.Errorf("its file name: %w", err)
 	}
 	fn := name
 	if qualname != 0 {
 		fn = qualname
 	}
 	if fr.Function, err = in.str(m, fn); err != nil {
-		return fr, err
+		return fr, fmt.Errorf("its function name: %w", err)
 	}
 	lt, err := in.bytesObj(m, table)
 	if err != nil {
-		return fr, err
+		return fr, fmt.Errorf("its line table: %w", err)
 	}
 	firstLine := int(int32(binary.LittleEndian.Uint32(first[:])))
+	if firstLine < 1 || firstLine > maxLine {
+		return fr, fmt.Errorf("first line %d is not one", firstLine)
+	}
 	if in.Minor == 10 {
 		fr.Line = line310(lt, firstLine, units*2)
 	} else {
 		fr.Line = line311(lt, firstLine, units)
 	}
+	if fr.Line < firstLine || fr.Line > maxLine {
+		return Frame{}, fmt.Errorf("instruction %d has no line in its code object's table", units)
+	}
 	return fr, nil
 }
 
-const maxObject = 1 << 20
+const (
+	maxObject = 1 << 20
+	maxLine   = 1 << 24
+)
 
-// str reads a compact ASCII str (file and function names are).
+// checkType fails unless the object at obj has type typ (its ob_type);
+// typ 0 (the build does not name the type) checks nothing.
+func (in *Interp) checkType(m mem, obj, typ uint64, what string) error {
+	if obj == 0 {
+		return fmt.Errorf("no %s", what)
+	}
+	if typ == 0 {
+		return nil
+	}
+	t, err := m.u64(obj + 8) // PyObject.ob_type
+	if err != nil {
+		return err
+	}
+	if t != typ {
+		return fmt.Errorf("%#x is no longer a %s (freed)", obj, what)
+	}
+	return nil
+}
+
+// str reads a compact ASCII str (file and function names are); others
+// are left unread, an error.
 func (in *Interp) str(m mem, obj uint64) (string, error) {
 	o := &in.off
+	if err := in.checkType(m, obj, in.types.str, "str"); err != nil {
+		return "", err
+	}
 	n, err := m.u64(obj + uint64(o.strLength))
 	if err != nil {
 		return "", err
@@ -621,17 +701,28 @@ func (in *Interp) str(m mem, obj uint64) (string, error) {
 		return "", err
 	}
 	state := binary.LittleEndian.Uint32(st[:])
-	if state&(1<<5) == 0 || state&(1<<6) == 0 || n > maxObject {
-		return "?", nil // not compact ASCII: left unread
+	if state&(1<<5) == 0 || state&(1<<6) == 0 {
+		return "", errors.New("not a compact ASCII str: left unread")
+	}
+	if n == 0 || n > 4096 {
+		return "", fmt.Errorf("a str of %d characters", n)
 	}
 	b := make([]byte, n)
 	if err := m.read(obj+uint64(o.asciiSize), b); err != nil {
 		return "", err
 	}
+	for _, c := range b {
+		if c < 0x20 || c > 0x7e {
+			return "", fmt.Errorf("str %q is not printable ASCII", b)
+		}
+	}
 	return string(b), nil
 }
 
 func (in *Interp) bytesObj(m mem, obj uint64) ([]byte, error) {
+	if err := in.checkType(m, obj, in.types.bytes, "bytes object"); err != nil {
+		return nil, err
+	}
 	n, err := m.u64(obj + 16) // PyVarObject.ob_size
 	if err != nil {
 		return nil, err

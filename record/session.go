@@ -70,6 +70,9 @@ type session struct {
 	// pyAtStart: the --pid processes' interpreters, found when tracing
 	// started (nil: none), until their first record (detectPython).
 	pyAtStart map[uint32]*pystack.Interp
+	// pyFrames and pyUnresolved count the Python frames read, and those
+	// that stayed unresolved (Result).
+	pyFrames, pyUnresolved uint64
 }
 
 // liveProc is what the session keeps of a running process beside the
