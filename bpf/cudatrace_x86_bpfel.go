@@ -164,6 +164,13 @@ type CudatracePyBlock struct {
 	T CudatraceCtPytrailer
 }
 
+type CudatracePyCodeKey struct {
+	_     structs.HostLayout
+	Tgid  uint32
+	Units int32
+	Code  uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -177,6 +184,7 @@ const (
 	CudatraceMapInflight           = "inflight"
 	CudatraceMapLastFree           = "last_free"
 	CudatraceMapPids               = "pids"
+	CudatraceMapPyCodes            = "py_codes"
 	CudatraceMapPyProcs            = "py_procs"
 	CudatraceMapPyScratch          = "py_scratch"
 	CudatraceMapSeen               = "seen"
@@ -292,6 +300,7 @@ type CudatraceMapSpecs struct {
 	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
+	PyCodes     *ebpf.MapSpec `ebpf:"py_codes"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
 	Seen        *ebpf.MapSpec `ebpf:"seen"`
@@ -347,6 +356,7 @@ type CudatraceMaps struct {
 	Inflight    *ebpf.Map `ebpf:"inflight"`
 	LastFree    *ebpf.Map `ebpf:"last_free"`
 	Pids        *ebpf.Map `ebpf:"pids"`
+	PyCodes     *ebpf.Map `ebpf:"py_codes"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
 	Seen        *ebpf.Map `ebpf:"seen"`
@@ -365,6 +375,7 @@ func (m *CudatraceMaps) Close() error {
 		m.Inflight,
 		m.LastFree,
 		m.Pids,
+		m.PyCodes,
 		m.PyProcs,
 		m.PyScratch,
 		m.Seen,

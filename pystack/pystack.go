@@ -90,7 +90,7 @@ type offsets struct {
 // objTypes are the type objects a code object and its parts must have.
 type objTypes struct{ code, str, bytes uint64 }
 
-var libRe = regexp.MustCompile(`(?:^|/)(?:libpython|python)3\.(\d+)(?:\.so[.0-9]*|d?)$`)
+var libRe = regexp.MustCompile(`(?:^|/)(?:libpython|python)3\.(\d+)(t?)(?:\.so[.0-9]*|d?)$`)
 
 // Detect finds CPython 3.10 to 3.13 in a process's mappings. It returns
 // nil and no error when the process runs no such interpreter. root is
@@ -104,8 +104,12 @@ func Detect(root string, maps []proc.Mapping) (*Interp, error) {
 			continue
 		}
 		minor, _ := strconv.Atoi(sm[1])
-		if minor < 10 || minor > 13 {
-			return nil, fmt.Errorf("%s: CPython 3.%d: only 3.10 to 3.13 are read", m.Path, minor)
+		if minor < 10 || minor > 14 {
+			return nil, fmt.Errorf("%s: CPython 3.%d: only 3.10 to 3.14 are read", m.Path, minor)
+		}
+		if sm[2] == "t" {
+			return nil, fmt.Errorf("%s: CPython 3.%dt is a free-threaded build, whose frames cudatrace does not read: "+
+				"run the program on the default build (python3.%d) for its Python frames", m.Path, minor, minor)
 		}
 		in, err := open(root, m.Path, minor, maps)
 		if errors.Is(err, errNoRuntime) {
@@ -159,7 +163,11 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	// _PyRuntime: no DWARF needed. Earlier versions take it from the
 	// build's DWARF, or, without (distributions' and conda's builds), from
 	// the table of their minor version.
-	off, ok := debugOffsets(f, runtime, minor)
+	off, freeThreaded, ok := debugOffsets(f, runtime, minor)
+	if freeThreaded {
+		return nil, fmt.Errorf("%s: CPython 3.%d built free-threaded (--disable-gil), whose frames cudatrace does not read: "+
+			"run the program on a build with the GIL for its Python frames", path, minor)
+	}
 	if !ok {
 		derr := errors.New("no DWARF")
 		if f.Section(".debug_info") != nil {
@@ -174,7 +182,7 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 			if off, terr = tableOffsets(f, append(syms, dyn...), minor); terr != nil {
 				return nil, fmt.Errorf("%s: no structure offsets for this CPython 3.%d build: %v, and %v; "+
 					"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 release build "+
-					"of 3.10 to 3.12, or a 3.13 one that is not free-threaded", path, minor, derr, terr)
+					"of 3.10 to 3.12, or a 3.13 or 3.14 one", path, minor, derr, terr)
 			}
 		}
 	}
@@ -205,23 +213,31 @@ func loadBias(f *elf.File, path string, maps []proc.Mapping) (uint64, bool) {
 	return 0, false
 }
 
-// debugOffsets reads 3.13's _Py_DebugOffsets (Include/internal/
-// pycore_runtime.h), the initial value of _PyRuntime's first member in
-// the file's data: the "xdebugpy" cookie, the version, then sections of
-// u64 offsets, each led by the structure's size. ok is false where the
-// build has none (before 3.13), or it is not the 3.13 layout read here
-// (a free-threaded build, or another version's).
-func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, ok bool) {
-	const words = 73 // through gc.collecting, 3.13's last member
-	if minor != 13 {
-		return o, false
+// debugOffsets reads the _Py_DebugOffsets of 3.13 and later (Include/
+// internal/pycore_debug_offsets.h), the initial value of _PyRuntime's
+// first member in the file's data: the "xdebugpy" cookie, the version,
+// whether the build is free-threaded, then sections of u64 offsets, each
+// led by the structure's size. ok is false where the build has none
+// (before 3.13) or it is not the layout of its version read here; a
+// free-threaded build is ok, with freeThreaded set (its frames are not
+// read: open refuses it).
+//
+// 3.14 added members to three sections: interpreter_state (threads_main
+// after threads_head; code_object_generation and tlbc_generation at its
+// end), interpreter_frame (stackpointer, tlbc_index) and code_object
+// (co_tlbc), moving the sections after them; its thread state, frame and
+// code members the walk reads kept their meaning.
+func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThreaded, ok bool) {
+	const words = 82 // through 3.14's unicode_object.asciiobject_size (3.13: gc.collecting)
+	if minor != 13 && minor != 14 {
+		return o, false, false
 	}
 	var raw [words * 8]byte
 	found := false
 	for _, sec := range f.Sections {
 		if sec.Type == elf.SHT_PROGBITS && runtime >= sec.Addr && runtime+uint64(len(raw)) <= sec.Addr+sec.Size {
 			if _, err := sec.ReadAt(raw[:], int64(runtime-sec.Addr)); err != nil {
-				return o, false
+				return o, false, false
 			}
 			found = true
 			break
@@ -229,18 +245,36 @@ func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, ok bool) {
 	}
 	w := func(i int) int64 { return int64(binary.LittleEndian.Uint64(raw[i*8:])) }
 	version := w(1) // PY_VERSION_HEX
-	if !found || string(raw[:8]) != "xdebugpy" || version>>16 != 0x030d || w(2) != 0 {
-		return o, false
+	if !found || string(raw[:8]) != "xdebugpy" || version>>16 != int64(0x0300|minor) {
+		return o, false, false
 	}
+	if w(2) != 0 {
+		return o, true, true
+	}
+	if minor == 13 {
+		o = offsets{
+			interpHead: w(5), mainThread: -1, interpThreads: w(9),
+			tsNext: w(21), tsNativeID: w(25), tsThreadID: w(24), tsFrame: w(23), tsCFrame: -1, cfCurrent: -1,
+			frPrevious: w(29), frCode: w(30), frInstr: w(31), frOwner: w(33), frEntry: -1,
+			coFilename: w(35), coName: w(36), coQualname: w(37), coLinetable: w(38), coFirstLine: w(39),
+			coCodeAdaptive: w(43), bytesData: w(66), strState: w(68), strLength: w(69), asciiSize: w(70),
+			frameOwnedCStack: 3,
+		}
+		return o, false, true
+	}
+	// 3.14: runtime_state 3-5, interpreter_state 6-21, thread_state 22-30,
+	// interpreter_frame 31-38, code_object 39-49, pyobject 50-51,
+	// type_object 52-55, tuple 56-58, list 59-61, set 62-65, dict 66-68,
+	// float 69-70, long 71-73, bytes 74-76, unicode 77-80.
 	o = offsets{
 		interpHead: w(5), mainThread: -1, interpThreads: w(9),
-		tsNext: w(21), tsNativeID: w(25), tsThreadID: w(24), tsFrame: w(23), tsCFrame: -1, cfCurrent: -1,
-		frPrevious: w(29), frCode: w(30), frInstr: w(31), frOwner: w(33), frEntry: -1,
-		coFilename: w(35), coName: w(36), coQualname: w(37), coLinetable: w(38), coFirstLine: w(39),
-		coCodeAdaptive: w(43), bytesData: w(66), strState: w(68), strLength: w(69), asciiSize: w(70),
-		frameOwnedCStack: 3,
+		tsNext: w(24), tsNativeID: w(28), tsThreadID: w(27), tsFrame: w(26), tsCFrame: -1, cfCurrent: -1,
+		frPrevious: w(32), frCode: w(33), frInstr: w(34), frOwner: w(36), frEntry: -1,
+		coFilename: w(40), coName: w(41), coQualname: w(42), coLinetable: w(43), coFirstLine: w(44),
+		coCodeAdaptive: w(48), bytesData: w(76), strState: w(78), strLength: w(79), asciiSize: w(80),
+		frameOwnedCStack: 3, // FRAME_OWNED_BY_INTERPRETER: the entry frame of each C call of the loop
 	}
-	return o, true
+	return o, false, true
 }
 
 // structs indexes the DWARF structures by tag or typedef name.
@@ -514,6 +548,10 @@ func (in *Interp) thread(m mem, pid, tid int) (ts uint64, known bool, err error)
 	return 0, known, nil
 }
 
+// stackRefTags are the low bits of a _PyStackRef (3.14's f_executable)
+// that tag the reference rather than address the object.
+const stackRefTags = 7
+
 // walk reads thread state ts's frames, innermost first, at most max of
 // them in at most steps steps, as frame_step in bpf/python.h
 // does: shim frames (3.12 on) are skipped, marking the frame before them
@@ -558,6 +596,9 @@ func (in *Interp) walk(m mem, ts uint64, max, steps int) ([]RawFrame, error) {
 		code, err := m.u64(cur + uint64(o.frCode))
 		if err != nil {
 			return out, err
+		}
+		if in.Minor >= 14 {
+			code &^= stackRefTags
 		}
 		f := RawFrame{Code: code}
 		if in.Minor == 10 {

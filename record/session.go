@@ -175,6 +175,10 @@ func (s *session) Record(raw []byte) {
 	s.events++
 	ev := &s.ev
 	lp := s.track(ev)
+	// Code objects are read before the process goes on: BPF holds it at a
+	// record with a Python frame new to it (bpf/python.h
+	// py_hold_new_frames) until resume.
+	s.resolvePython(ev, lp)
 	s.resume(ev)
 	raw = s.enrich(ev, lp, raw)
 	s.nameNative(ev, lp)
@@ -214,20 +218,24 @@ func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64) {
 }
 
 // resume lets a process go that BPF stopped at ev for the capture of its
-// mappings (or for one made earlier, if BPF forgot the process).
+// mappings (or for one made earlier, if BPF forgot the process), or for
+// the reading of a code object new to it (resolvePython).
 func (s *session) resume(ev *events.Event) {
 	if ev.Flags&events.FlagHeld == 0 {
 		return
 	}
-	if err := syscall.Kill(int(ev.PID), syscall.SIGCONT); err != nil && err != syscall.ESRCH {
-		s.warn(fmt.Errorf("resume pid %d after reading its mappings: %w", ev.PID, err))
-	}
+	// The entry goes first: once resumed, the process may be held again
+	// at its very next record (a Python frame new to it), which BPF
+	// refuses while the entry of this hold is still there. Between the
+	// two the watchdog would not resume it: two system calls' time.
 	s.tr.Resumed(ev.PID)
+	if err := syscall.Kill(int(ev.PID), syscall.SIGCONT); err != nil && err != syscall.ESRCH {
+		s.warn(fmt.Errorf("resume pid %d after reading it: %w", ev.PID, err))
+	}
 }
 
-// enrich unwinds ev's stack window, if it has one, and reads the code
-// objects of its Python frames; it returns the record re-encoded to
-// match. The unwinder reads the files now, while they are surely the ones
+// enrich unwinds ev's stack window, if it has one; it returns the record
+// re-encoded to match. The unwinder reads the files now, while they are surely the ones
 // the process mapped (a container's through /proc/PID/root while it
 // lives), and the window (16 KiB or so a record: most of a trace's bytes)
 // is dropped.
@@ -246,7 +254,6 @@ func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte) []byte {
 		s.buf = events.Encode(s.buf[:0], ev)
 		raw = s.buf
 	}
-	s.resolvePython(ev, lp)
 	return raw
 }
 
