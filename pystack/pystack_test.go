@@ -138,7 +138,7 @@ func checkStackIn(t *testing.T, root, python string, env []string, script, v str
 	}
 	cmd := exec.Command(python, args...)
 	if root != "" {
-		cmd = exec.Command("unshare", "-m", "sh", "-c", testenv.RootScript(root, append([]string{python}, args...)...))
+		cmd = exec.Command("unshare", "-m", "sh", "-c", testenv.RootScript(root, nil, append([]string{python}, args...)...))
 	}
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()

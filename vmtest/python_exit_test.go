@@ -2,13 +2,17 @@ package vmtest
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cudatrace/cudatrace/internal/testenv"
 )
 
-// TestPythonFramesExitAtOnce: CPython 3.10 to 3.13 processes that exit
+// TestPythonFramesExitAtOnce: CPython 3.10 to 3.13 (pyenv's), and Debian
+// sid's 3.14 and newest 3.13 in a container of their own, processes that exit
 // right after their last allocation, with os._exit and with a normal
 // interpreter exit (which frees the module's code objects), recorded ten
 // times each. The recorder reads code objects behind the process: every
@@ -20,21 +24,30 @@ func TestPythonFramesExitAtOnce(t *testing.T) {
 	needStandIns(t)
 	needTracer(t)
 	script, _ := filepath.Abs(filepath.Join("testdata", "pyexit.py"))
-	at := func(tag, fn string) string {
-		return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyexit.py", tag), fn)
-	}
-	// The Python frames each allocation may have, innermost first.
-	valid := [][]string{
-		{at("alloc", "alloc"), at("loop", "<module>")},
-		{at("module", "<module>")},
-	}
-	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13", "sid-3.13", "sid-3.14"} {
 		t.Run(v, func(t *testing.T) {
-			python := pyenvPython(t, v)
+			script := script
+			command := func(end string) []string { return []string{pyenvPython(t, v), script, fakeLib, end} }
+			if sv, ok := strings.CutPrefix(v, "sid-"); ok {
+				root, python := sidPython(t, sv)
+				script = copyToTemp(t, script)
+				command = func(end string) []string {
+					return []string{"unshare", "-m", "sh", "-c",
+						testenv.RootScript(root, []string{"/tmp"}, python, script, fakeLib, end)}
+				}
+			}
+			at := func(tag, fn string) string {
+				return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyexit.py", tag), fn)
+			}
+			// The Python frames each allocation may have, innermost first.
+			valid := [][]string{
+				{at("alloc", "alloc"), at("loop", "<module>")},
+				{at("module", "<module>")},
+			}
 			for _, end := range []string{"_exit", "exit"} {
 				resolved, unresolved := 0, 0
 				for run := range 10 {
-					r, u := checkExitRun(t, python, script, end, run, valid)
+					r, u := checkExitRun(t, command(end), end, run, valid)
 					resolved += r
 					unresolved += u
 				}
@@ -44,15 +57,42 @@ func TestPythonFramesExitAtOnce(t *testing.T) {
 	}
 }
 
-// checkExitRun records one run of pyexit.py ending as end and checks its
+// sidPython is Debian sid's CPython v in the sid root scripts/deps.sh
+// makes (its libc is newer than the host's): the root and the
+// interpreter's path inside it. The tests run it in a container of its
+// own with that root (testenv.RootScript), /tmp bind-mounted into it.
+func sidPython(t *testing.T, v string) (root, python string) {
+	t.Helper()
+	for _, tool := range []string{"unshare", "pivot_root", "mount", "umount"} {
+		requireTool(t, tool)
+	}
+	return testenv.SidPython(t, v)
+}
+
+// copyToTemp copies file into a test directory (under /tmp) and returns
+// the copy's path.
+func copyToTemp(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), filepath.Base(file))
+	if err := os.WriteFile(out, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// checkExitRun records one run of command (pyexit.py ending as end) and checks its
 // stacks' Python frames against valid; it returns how many were exact and
 // how many unresolved.
-func checkExitRun(t *testing.T, python, script, end string, run int, valid [][]string) (exact, unresolved int) {
+func checkExitRun(t *testing.T, command []string, end string, run int, valid [][]string) (exact, unresolved int) {
 	t.Helper()
 	ctx := testContext(t)
 	dir := t.TempDir()
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "exit.trace")
-	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, "--lib", fakeLib, "-o", trace, "--", python, script, fakeLib, end)
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, append([]string{"--lib", fakeLib, "-o", trace, "--"}, command...)...)
 	rec.finish(t, 60*time.Second)
 	truth := onlyTruth(t, log, "")
 	rep := runReport(t, ctx, trace)

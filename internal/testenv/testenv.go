@@ -163,21 +163,29 @@ func SidPython(t testing.TB, v string) (root, python string) {
 // RootScript is what `unshare -m sh -c` runs to exec command (quoted
 // here) with root as its root, as a container runtime does: in its own
 // mount namespace, pivot_root-ed into root, the host's tree unmounted.
-// Its mappings then name files as its root has them.
-func RootScript(root string, command ...string) string {
+// Its mappings then name files as its root has them. Each of binds (a
+// host directory) is bind-mounted at the same path inside the root: the
+// same files (a traced library's uprobes fire in it), under paths that
+// mean the same on both sides.
+func RootScript(root string, binds []string, command ...string) string {
 	q := make([]string, len(command))
 	for i, a := range command {
 		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 	}
-	return strings.Join([]string{
+	lines := []string{
 		"set -e",
 		"mount --make-rprivate /",
 		"mount --bind '" + root + "' '" + root + "'",
-		"cd '" + root + "'",
+	}
+	for _, b := range binds {
+		lines = append(lines, "mkdir -p '"+root+b+"'", "mount --bind '"+b+"' '"+root+b+"'")
+	}
+	return strings.Join(append(lines,
+		"cd '"+root+"'",
 		"mount -t proc proc proc", // umount reads /proc/self/mountinfo
 		"mkdir -p .old-root",
 		"pivot_root . .old-root",
 		"umount -l /.old-root",
-		"exec " + strings.Join(q, " "),
-	}, "\n")
+		"exec "+strings.Join(q, " "),
+	), "\n")
 }
