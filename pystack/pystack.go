@@ -1,4 +1,4 @@
-// Package pystack reads a CPython 3.10 to 3.13 thread's Python stack (file,
+// Package pystack reads a CPython 3.10 to 3.14 thread's Python stack (file,
 // function, line) from outside the process, through /proc/PID/mem: the
 // user-space half of Python frames in cudatrace stacks. It finds the
 // interpreter (libpython or a static python executable) in the process's
@@ -9,7 +9,7 @@
 //
 // The same walk runs in BPF at each allocation (Layout gives it the
 // offsets; bpf/python.h py_stack), and Code resolves what it
-// recorded. 3.13's offsets come from its _Py_DebugOffsets (free-threaded
+// recorded. 3.13 and 3.14 take their offsets from _Py_DebugOffsets (free-threaded
 // builds are not read); 3.10 to 3.12's from the build's DWARF where it has
 // some, else, for x86-64 release builds (distributions', conda's,
 // python-build-standalone's), from the table of its minor version
@@ -92,7 +92,7 @@ type objTypes struct{ code, str, bytes uint64 }
 
 var libRe = regexp.MustCompile(`(?:^|/)(?:libpython|python)3\.(\d+)(t?)(?:\.so[.0-9]*|d?)$`)
 
-// Detect finds CPython 3.10 to 3.13 in a process's mappings. It returns
+// Detect finds CPython 3.10 to 3.14 in a process's mappings. It returns
 // nil and no error when the process runs no such interpreter. root is
 // where the process's paths are opened under: "" for a process that sees
 // the caller's files, /proc/PID/root (proc.RootPath) for a container's;

@@ -12,7 +12,7 @@ import (
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
-// detectPython looks for CPython 3.10 to 3.13 in a process's mappings
+// detectPython looks for CPython 3.10 to 3.14 in a process's mappings
 // when it is first seen and, where it runs one, tells BPF how to walk its
 // threads' frames: its allocation records carry them from then on. The
 // first record, made before, has none from BPF; a launched command is

@@ -61,7 +61,7 @@ When an allocation fails with out of memory, the agent writes that
 process's memory snapshot, a pprof profile of its live set and a JSON report
 with the failing stack into --dump-dir (files mode 0600).
 
-The stacks of CPython 3.10 to 3.13 processes show their Python frames
+The stacks of CPython 3.10 to 3.14 processes show their Python frames
 (file:line:function) in place of the interpreter loop's, as 'cudatrace
 report' does: the Python line that allocated, or failed to.
 
