@@ -185,6 +185,10 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 		return err
 	}
 	fmt.Fprintf(stderr, "cudatrace agent: stopped (%s) after %d events, %d lost\n", res.StopReason, res.Events, res.Lost)
+	if res.UnresolvedPython > 0 {
+		fmt.Fprintf(stderr, "cudatrace agent: %d of %d Python frames stayed unresolved (their code objects were gone before cudatrace read them): shown as [unresolved Python frame]\n",
+			res.UnresolvedPython, res.PythonFrames)
+	}
 	return nil
 }
 
