@@ -14,8 +14,8 @@ import (
 // TestPythonFramesExitAtOnce: CPython 3.10 to 3.13 (pyenv's), and Debian
 // sid's 3.14 and newest 3.13 in a container of their own, processes that exit
 // right after their last allocation, with os._exit and with a normal
-// interpreter exit (which frees the module's code objects), recorded ten
-// times each. The recorder reads code objects behind the process: every
+// interpreter exit (which frees the module's code objects), ten of each
+// run one after the other under one record. The recorder reads code objects behind the process: every
 // Python frame of every stack is exact (file, line, function), or shown
 // as an unresolved Python frame, without file or line, and counted in the
 // report. Never a wrong frame: line 0, another line, or a garbage name.
@@ -45,13 +45,8 @@ func TestPythonFramesExitAtOnce(t *testing.T) {
 				{at("module", "<module>")},
 			}
 			for _, end := range []string{"_exit", "exit"} {
-				resolved, unresolved := 0, 0
-				for run := range 10 {
-					r, u := checkExitRun(t, command(end), end, run, valid)
-					resolved += r
-					unresolved += u
-				}
-				t.Logf("CPython %s, %s: %d Python frames exact, %d unresolved in 10 runs", v, end, resolved, unresolved)
+				exact, unresolved := checkExitRuns(t, command(end), end, valid)
+				t.Logf("CPython %s, %s: %d Python frames exact, %d unresolved in 10 runs", v, end, exact, unresolved)
 			}
 		})
 	}
@@ -84,71 +79,87 @@ func copyToTemp(t *testing.T, file string) string {
 	return out
 }
 
-// checkExitRun records one run of command (pyexit.py ending as end) and checks its
-// stacks' Python frames against valid; it returns how many were exact and
-// how many unresolved.
-func checkExitRun(t *testing.T, command []string, end string, run int, valid [][]string) (exact, unresolved int) {
+// checkExitRuns records command (pyexit.py ending as end) run 10 times
+// in a row by a shell, in one session (each run a process of its own, held
+// and exiting as a lone one would), and checks every process's stacks'
+// Python frames against valid; it returns how many were exact and how
+// many unresolved.
+func checkExitRuns(t *testing.T, command []string, end string, valid [][]string) (exact, unresolved int) {
 	t.Helper()
 	ctx := testContext(t)
 	dir := t.TempDir()
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "exit.trace")
-	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, append([]string{"--lib", fakeLib, "-o", trace, "--"}, command...)...)
-	rec.finish(t, 60*time.Second)
-	truth := onlyTruth(t, log, "")
+	q := make([]string, len(command))
+	for i, a := range command {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	loop := "for i in 1 2 3 4 5 6 7 8 9 10; do " + strings.Join(q, " ") + " || exit 1; done"
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, "--lib", fakeLib, "-o", trace, "--", "sh", "-c", loop)
+	rec.finish(t, 120*time.Second)
+	truths, err := groundTruthFile(log, "")
+	if err != nil {
+		t.Fatalf("ground truth from %s: %v", log, err)
+	}
+	if len(truths) != 10 {
+		t.Fatalf("ground truth has pids %v, want 10", keys(truths))
+	}
 	rep := runReport(t, ctx, trace)
-	var allocs uint64
-	for _, s := range rep.Stacks {
-		if s.PID != truth.PID {
-			continue
-		}
-		allocs += s.Allocs
-		var py []reportFrame
-		for _, f := range s.Frames {
-			if f.Module == "[python]" {
-				py = append(py, f)
-			}
-		}
-		ok := false
-		for _, want := range valid {
-			if len(py) != len(want) {
+	counted := 0
+	for _, p := range rep.Processes {
+		counted += p.UnresolvedPythonFrames
+	}
+	for pid := range truths {
+		var allocs uint64
+		for _, s := range rep.Stacks {
+			if s.PID != pid {
 				continue
 			}
-			ok = true
-			for i, f := range py {
-				switch {
-				case strings.HasPrefix(f.Function, "[unresolved Python frame: ") && f.File == "" && f.Line == 0:
-				case fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function) == want[i]:
-				default:
-					ok = false
+			allocs += s.Allocs
+			var py []reportFrame
+			for _, f := range s.Frames {
+				if f.Module == "[python]" {
+					py = append(py, f)
 				}
 			}
-			if ok {
-				break
+			ok := false
+			for _, want := range valid {
+				if len(py) != len(want) {
+					continue
+				}
+				ok = true
+				for i, f := range py {
+					switch {
+					case strings.HasPrefix(f.Function, "[unresolved Python frame: ") && f.File == "" && f.Line == 0:
+					case fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function) == want[i]:
+					default:
+						ok = false
+					}
+				}
+				if ok {
+					break
+				}
+			}
+			if !ok {
+				t.Errorf("%s, pid %d: a stack of %d allocations has a wrong Python frame: %+v", end, pid, s.Allocs, py)
+				continue
+			}
+			for _, f := range py {
+				if f.File == "" {
+					unresolved++
+				} else {
+					exact++
+				}
 			}
 		}
-		if !ok {
-			t.Errorf("%s run %d: a stack of %d allocations has a wrong Python frame: %+v", end, run, s.Allocs, py)
-			continue
-		}
-		for _, f := range py {
-			if f.File == "" {
-				unresolved++
-			} else {
-				exact++
-			}
+		if allocs != 30 {
+			t.Errorf("%s, pid %d: %d allocations in the report's stacks, want 30", end, pid, allocs)
 		}
 	}
-	if allocs != 30 {
-		t.Errorf("%s run %d: %d allocations in the report's stacks, want 30", end, run, allocs)
-	}
-	for _, p := range rep.Processes {
-		if p.PID == truth.PID && (unresolved > 0) != (p.UnresolvedPythonFrames > 0) {
-			t.Errorf("%s run %d: stacks show %d unresolved Python frames, the report counts %d",
-				end, run, unresolved, p.UnresolvedPythonFrames)
-		}
+	if (unresolved > 0) != (counted > 0) {
+		t.Errorf("%s: stacks show %d unresolved Python frames, the report counts %d", end, unresolved, counted)
 	}
 	if (unresolved > 0) != strings.Contains(rec.stderr.String(), "Python frames stayed unresolved") {
-		t.Errorf("%s run %d: %d unresolved Python frames in the stacks; record said:\n%s", end, run, unresolved, rec.stderr.String())
+		t.Errorf("%s: %d unresolved Python frames in the stacks; record said:\n%s", end, unresolved, rec.stderr.String())
 	}
 	return exact, unresolved
 }
