@@ -384,3 +384,30 @@ func TestAgentPythonFirstBurst(t *testing.T) {
 	}
 	ag.stop(t)
 }
+
+// TestTopPythonFirstBurst: top (all processes) gives a CPython job's very
+// first allocation, made as the job starts, its Python frames: top holds
+// a process at its first record until it has read them, as record does.
+func TestTopPythonFirstBurst(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	requireTool(t, "tmux")
+	python := pyenvPython(t, "3.12")
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyagent.py"))
+
+	x := &tmux{t: t, sock: fmt.Sprintf("cudatrace-vmtest-pyburst-%d", os.Getpid())}
+	t.Cleanup(func() { exec.Command("tmux", "-L", x.sock, "kill-server").Run() })
+	cmd := fmt.Sprintf("%s top --lib %s --interval 200ms; exec sleep 600", tracerBin, fakeLib)
+	x.run("new-session", "-d", "-s", "top", "-x", "200", "-y", "150", "sh", "-c", cmd)
+	x.waitPane("the header", func(p string) bool { return strings.Contains(p, "cudatrace top: all processes") }, 30*time.Second)
+	time.Sleep(time.Second) // attached: the header comes first
+	j := startPyJob(t, ctx, python, script, filepath.Join(dir, "fake.log"))
+	frameRE := func(fn, tag string) *regexp.Regexp {
+		return regexp.MustCompile(fmt.Sprintf(`#\d+ %s \(pyagent\.py:%d\) \[python\]`, regexp.QuoteMeta(fn), pyLine(t, "pyagent.py", tag)))
+	}
+	pane := x.waitPane("the warm-up's Python frames", func(p string) bool {
+		return frameRE("<module>", "warmup").MatchString(p)
+	}, 20*time.Second)
+	if !frameRE("cuda_malloc", "malloc").MatchString(pane) || !strings.Contains(pane, fmt.Sprintf("pid %d (python3.12)", j.pid)) {
+		t.Errorf("the warm-up's stack lacks cuda_malloc at pyagent.py:%d or pid %d:\n%s", pyLine(t, "pyagent.py", "malloc"), j.pid, pane)
+	}
+}
