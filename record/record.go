@@ -46,18 +46,9 @@ type Options struct {
 	// child to the PID filter before the target runs its first instruction.
 	LaunchHelper []string
 	// Watchdog is argv[0..] of the command whose body is watchdog.Main:
-	// with a launched command (or HoldAll), it resumes the processes BPF
-	// stopped for the reader if the tracer dies first. Nil: none (a
-	// test's session).
+	// with a launched command, it resumes the processes BPF stopped for
+	// the reader if the tracer dies first. Nil: none (a test's session).
 	Watchdog []string
-	// HoldAll holds every traced process, not only a launched command's,
-	// as a launched command's are (loader.Options.HoldNew): stopped at its
-	// first record until its mappings and Python interpreter are read, and
-	// at a record with a Python frame new to it until that frame's code
-	// object is: the agent and top give a process's first burst its
-	// Python frames as record does. Each stop lasts as long as the reader
-	// takes to read; never while the reader is behind.
-	HoldAll bool
 	// Observer, when set, watches the session live (top, agent).
 	Observer Observer
 	// NVML, when set, opens the driver's view of GPU memory (gpustat.Open),
@@ -159,9 +150,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	topts.FilterPIDs = !opts.All
 	topts.FollowForks = true
 	// A launched command's processes are ours to pause for the moment it
-	// takes to read their mappings (see loader.Options.HoldNew); with
-	// HoldAll, every traced process is.
-	topts.HoldNew = len(opts.Command) > 0 || opts.HoldAll
+	// takes to read their mappings (see loader.Options.HoldNew).
+	topts.HoldNew = len(opts.Command) > 0
 	tr, err := loader.New(topts)
 	if err != nil {
 		if hint.Of(err) != "" { // the loader's own (a verifier's rejection, memlock)
@@ -173,7 +163,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if topts.HoldNew && len(opts.Watchdog) > 0 {
 		wd, err := watchdog.Start(opts.Watchdog, tr.Held(), opts.Stderr)
 		if err != nil {
-			return nil, hint.Wrap(err, "traced processes are paused at their first allocation; without a watchdog a dying tracer could leave one stopped")
+			return nil, hint.Wrap(err, "a launched command is paused at its first allocation; without a watchdog a dying tracer could leave it stopped")
 		}
 		// Runs before tr.Close: the tracer resumes what is held, then
 		// the watchdog goes.

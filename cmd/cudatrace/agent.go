@@ -168,14 +168,7 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 			stop()
 		}
 	}()
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("find own executable: %w", err)
-	}
-	// HoldAll: a process's first allocations get their Python frames, as
-	// under record; the watchdog resumes what a dying agent leaves held.
-	opts := record.Options{Libs: f.libs, All: true, Version: version, Stderr: stderr, Observer: a, NoPythonFrames: f.noPy,
-		HoldAll: !f.noPy, Watchdog: []string{exe, watchdogCmdName}}
+	opts := record.Options{Libs: f.libs, All: true, Version: version, Stderr: stderr, Observer: a, NoPythonFrames: f.noPy}
 	if f.nvml {
 		opts.NVML = gpustat.Open
 	}

@@ -92,15 +92,8 @@ func runTop(cmd *cobra.Command, f *topFlags) error {
 		topts.Messages = &top.Messages{}
 		stderr = topts.Messages
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("find own executable: %w", err)
-	}
-	// HoldAll: a process's first allocations get their Python frames, as
-	// under record; the watchdog resumes what a dying top leaves held.
 	opts := record.Options{Libs: f.libs, PIDs: f.pids, All: len(f.pids) == 0, Version: version,
-		Stderr: stderr, Observer: c, NVMLEvery: f.every, NoPythonFrames: f.noPy,
-		HoldAll: !f.noPy, Watchdog: []string{exe, watchdogCmdName}}
+		Stderr: stderr, Observer: c, NVMLEvery: f.every, NoPythonFrames: f.noPy}
 	opts.Tracer.PollInterval = min(f.every/2, 50*time.Millisecond)
 	if f.nvml {
 		opts.NVML = gpustat.Open
@@ -119,7 +112,7 @@ func runTop(cmd *cobra.Command, f *topFlags) error {
 		}
 		stop <- st
 	}()
-	err = top.Run(ctx, c, topts, stop)
+	err := top.Run(ctx, c, topts, stop)
 	cancel()
 	// The probes are detached before top exits; with many of them that
 	// takes seconds, and the terminal is already the user's again.
