@@ -122,6 +122,8 @@ static __always_inline __u64 wakeup_flags(struct ct_event *e)
 			e->flags |= CT_F_HELD;
 		return BPF_RB_FORCE_WAKEUP;
 	}
+	if (e->flags & CT_F_HELD) // held for a new Python frame (py_hold_new_frames)
+		return BPF_RB_FORCE_WAKEUP;
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
 		return BPF_RB_FORCE_WAKEUP;
 	return BPF_RB_NO_WAKEUP;

@@ -53,7 +53,7 @@ enum ct_flags {
 	CT_F_ENTRY_ONLY = 1 << 0,  // recorded at entry (frees): no result, no duration
 	CT_F_STACK_TRUNC = 1 << 1, // every frame slot was used
 	CT_F_WINDOW = 1 << 2,      // a struct ct_ustack and its bytes follow stack[nframes]
-	CT_F_HELD = 1 << 3,        // the process's first record: it was stopped (SIGSTOP) until its mappings are read
+	CT_F_HELD = 1 << 3,        // the process was stopped (SIGSTOP) at this record until the reader read it: its first (mappings), or one with a Python frame new to it (code object)
 	// stack[0] holds an argument the header has no field for (cuMemMap's
 	// handle); the frames follow it and nframes does not count it
 	CT_F_AUX = 1 << 4,
@@ -144,7 +144,7 @@ struct ct_ustack {
 	// __u8 data[len];
 };
 
-// CPython 3.10 to 3.13: where a process keeps its thread states and how
+// CPython 3.10 to 3.14: where a process keeps its thread states and how
 // its structures are laid out, filled from Go (package pystack) when the
 // process is first seen. Offsets are bytes; -1 where the version has none.
 #define CT_PY_MAX_FRAMES 32 // a power of two: BPF masks indexes with it

@@ -184,6 +184,13 @@ type CudatracePyBlock struct {
 	T CudatraceCtPytrailer
 }
 
+type CudatracePyCodeKey struct {
+	_     structs.HostLayout
+	Tgid  uint32
+	Units int32
+	Code  uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -199,6 +206,7 @@ const (
 	CudatraceMapLastFree               = "last_free"
 	CudatraceMapPids                   = "pids"
 	CudatraceMapPrimaries              = "primaries"
+	CudatraceMapPyCodes                = "py_codes"
 	CudatraceMapPyProcs                = "py_procs"
 	CudatraceMapPyScratch              = "py_scratch"
 	CudatraceMapSeen                   = "seen"
@@ -328,6 +336,7 @@ type CudatraceMapSpecs struct {
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
 	Primaries   *ebpf.MapSpec `ebpf:"primaries"`
+	PyCodes     *ebpf.MapSpec `ebpf:"py_codes"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
 	Seen        *ebpf.MapSpec `ebpf:"seen"`
@@ -385,6 +394,7 @@ type CudatraceMaps struct {
 	LastFree    *ebpf.Map `ebpf:"last_free"`
 	Pids        *ebpf.Map `ebpf:"pids"`
 	Primaries   *ebpf.Map `ebpf:"primaries"`
+	PyCodes     *ebpf.Map `ebpf:"py_codes"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
 	Seen        *ebpf.Map `ebpf:"seen"`
@@ -405,6 +415,7 @@ func (m *CudatraceMaps) Close() error {
 		m.LastFree,
 		m.Pids,
 		m.Primaries,
+		m.PyCodes,
 		m.PyProcs,
 		m.PyScratch,
 		m.Seen,

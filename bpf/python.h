@@ -12,6 +12,23 @@ struct {
 	__type(value, struct ct_pyoffsets);
 } py_procs SEC(".maps");
 
+// A Python frame of a process: (code object, instruction).
+struct py_code_key {
+	__u32 tgid;
+	__s32 units;
+	__u64 code;
+};
+
+// The Python frames each process's records have carried. A record with a
+// frame not in it holds its process (hold_new, see py_hold_new_frames)
+// until the reader has read the frame's code object: one read tens of ms
+// later may find it freed (the process exited, or tore its modules down).
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct py_code_key);
+	__type(value, __u8);
+} py_codes SEC(".maps");
 
 static __always_inline __u64 read_u64(__u64 addr)
 {
@@ -87,6 +104,8 @@ static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 	// masked for the verifier, which cannot follow n through w
 	struct ct_pyframe *f = &b->f[(CT_PY_MAX_FRAMES - 1 - n) & (CT_PY_MAX_FRAMES - 1)];
 	f->code = read_u64(frame + w->o.fr_code);
+	if (w->o.minor >= 14) // a _PyStackRef: its low bits tag the reference
+		f->code &= ~(__u64)7;
 	f->flags = 0;
 	if (w->o.minor == 10) {
 		__s32 lasti = 0;
@@ -119,6 +138,35 @@ static long py_thread_step(__u64 i, void *arg)
 static long py_frame_step(__u64 i, void *arg)
 {
 	return frame_step(arg, 1);
+}
+
+// py_hold_new_frames holds the process (hold, as for its first record)
+// when one of the frames in b is one its records never carried before, so
+// that the reader reads that frame's code object while it surely lives;
+// the record is flagged CT_F_HELD and the reader resumes the process once
+// it has. Only with hold_new (launched commands, whose watchdog resumes
+// what the tracer leaves held). A frame seen while the process could not
+// be held (the reader is behind) is read late, and checked (pystack).
+static __always_inline void py_hold_new_frames(struct ct_event *h, struct py_block *b)
+{
+	if (!hold_new || (h->flags & CT_F_HELD))
+		return;
+	__u32 n = b->t.n;
+	struct py_code_key k = {.tgid = h->pid};
+	__u8 one = 1;
+	int fresh = 0;
+	for (int i = 0; i < CT_PY_MAX_FRAMES; i++) {
+		if (i < CT_PY_MAX_FRAMES - (int)n)
+			continue;
+		k.code = b->f[i].code;
+		k.units = b->f[i].units;
+		if (!bpf_map_lookup_elem(&py_codes, &k)) {
+			bpf_map_update_elem(&py_codes, &k, &one, BPF_ANY);
+			fresh = 1;
+		}
+	}
+	if (fresh && hold(h->pid))
+		h->flags |= CT_F_HELD;
 }
 
 // py_stack puts the calling thread's Python frames (code object and
@@ -182,6 +230,7 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int 
 	b->t.pad = 0;
 	__builtin_memcpy(block, b, sizeof(*b));
 	h->flags |= b->t.n ? CT_F_PYTHON : CT_F_NOPYTHON;
+	py_hold_new_frames(h, b);
 }
 
 #endif

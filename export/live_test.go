@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,9 +14,11 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/memviztest"
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -178,4 +182,59 @@ func TestLiveSnapshotUnseenSegment(t *testing.T) {
 	}
 	f.Close()
 	memviztest.Check(t, out, memviztest.Want{})
+}
+
+// pyStacks names frames as a CPython process's merged stacks: 0xa is
+// ctypes' native call, the others Python frames with names pprof's
+// default demangling would simplify.
+type pyStacks struct{}
+
+func (pyStacks) Maps(*ledger.Stack) []proc.Mapping { return []proc.Mapping{fakeMap} }
+func (pyStacks) Frames(st *ledger.Stack) []symbolize.Frame {
+	names := map[uint64]string{0xa: "_ctypes_callproc", 1<<63 | 1: "<listcomp>", 1<<63 | 2: "<module>", 1<<63 | 3: "Model.<lambda>"}
+	out := make([]symbolize.Frame, len(st.Frames))
+	for i, pc := range st.Frames {
+		out[i] = symbolize.Frame{Addr: pc, Function: names[pc], File: "/srv/train.py", Line: 10 + i, Module: pyframes.Module}
+		if pc == 0xa {
+			out[i].File, out[i].Module = "callproc.c", "/bin/w"
+		}
+	}
+	return out
+}
+
+// go tool pprof -top, with its default options, shows a Python program's
+// <module>, <listcomp> and <lambda> frames by name: pprof simplifies the
+// names of functions whose SystemName is their Name, dropping what stands
+// between < and >, and they came out as <unknown>.
+func TestPprofPythonNames(t *testing.T) {
+	l := ledger.New()
+	frames := []uint64{0xa, 1<<63 | 3, 1<<63 | 1, 1<<63 | 2}
+	l.Apply(&events.Event{PID: 1, TID: 1, Comm: "py", API: events.CudaMalloc, Addr: 0x1000, Size: 100, Stack: frames})
+	st := l.StackOf(1, frames, false)
+	lp := &LiveProfile{Samples: Samples{{Stack: st, API: events.CudaMalloc}: {1, 100, 1, 100}},
+		Comm: map[uint32]string{1: "py"}, Time: time.Unix(1700000000, 0), Duration: time.Second}
+	file := filepath.Join(t.TempDir(), "py.pb.gz")
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteLivePprof(f, lp, pyStacks{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	goTool := testenv.LookPath(t, "go")
+	out, err := exec.Command(goTool, "tool", "pprof", "-top", "-cum", file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go tool pprof: %v\n%s", err, out)
+	}
+	for _, w := range []string{" <module>\n", " <listcomp>\n", " Model.<lambda>\n", " _ctypes_callproc\n"} {
+		if !strings.Contains(string(out), w) {
+			t.Errorf("go tool pprof -top lacks %q:\n%s", w, out)
+		}
+	}
+	if strings.Contains(string(out), "<unknown>") {
+		t.Errorf("go tool pprof -top shows <unknown>:\n%s", out)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -228,7 +229,7 @@ func (b *pprofBuilder) location(pid uint32, maps []proc.Mapping, f symbolize.Fra
 	}
 	loc := &profile.Location{ID: uint64(len(b.p.Location) + 1), Mapping: m, Address: f.Addr}
 	if f.Function != "" {
-		fn := b.function(f.Function, f.File)
+		fn := b.function(f.Function, f.File, f.Module == pyframes.Module)
 		loc.Line = []profile.Line{{Function: fn, Line: int64(f.Line)}}
 		if m != nil {
 			m.HasFunctions = true
@@ -260,12 +261,21 @@ func (b *pprofBuilder) mapping(maps []proc.Mapping, addr uint64) *profile.Mappin
 	return nil
 }
 
-func (b *pprofBuilder) function(name, file string) *profile.Function {
+// function returns the pprof function of name in file. A Python frame's
+// SystemName is its file:name, not its name: pprof demangles (and, by
+// default, simplifies, dropping what stands between < and >) the names
+// of functions whose SystemName is their Name, and <module>, <listcomp>
+// and <lambda> came out as <unknown>.
+func (b *pprofBuilder) function(name, file string, python bool) *profile.Function {
 	key := [2]string{name, file}
 	if fn := b.functions[key]; fn != nil {
 		return fn
 	}
-	fn := &profile.Function{ID: uint64(len(b.p.Function) + 1), Name: name, SystemName: name, Filename: file}
+	sys := name
+	if python {
+		sys = file + ":" + name
+	}
+	fn := &profile.Function{ID: uint64(len(b.p.Function) + 1), Name: name, SystemName: sys, Filename: file}
 	b.p.Function = append(b.p.Function, fn)
 	b.functions[key] = fn
 	return fn

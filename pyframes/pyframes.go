@@ -27,6 +27,12 @@ const (
 // process's thread ran no Python code when it allocated.
 const NoPythonFunction = "[no Python frames on this thread]"
 
+// UnresolvedFunction begins the function name of a Python frame whose
+// code object could not be read (it was freed before cudatrace read it):
+// "[unresolved Python frame: why]". Such a frame is never given a file or
+// line: an unresolved frame is shown as one, never as a wrong one.
+const UnresolvedFunction = "[unresolved Python frame"
+
 // Module is the Module of Python frames.
 const Module = "[python]"
 
@@ -88,6 +94,18 @@ func (t *Table) Put(c Code) uint64 {
 	id := uint64(len(t.frames))
 	t.ids[k] = id
 	return addrBit | id
+}
+
+// Unresolved is the number of frames of t that could not be read (their
+// Error says why).
+func (t *Table) Unresolved() int {
+	n := 0
+	for _, c := range t.frames {
+		if c.Error != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // Len is the number of frames in t.
@@ -172,8 +190,8 @@ func (t *Table) Frame(addr uint64) symbolize.Frame {
 	if id := addr &^ addrBit; id >= 1 && id <= uint64(len(t.frames)) {
 		c := t.frames[id-1]
 		f.Function, f.File, f.Line = c.Function, c.File, c.Line
-		if c.Error != "" && c.Function == "" {
-			f.Function = "[python: " + c.Error + "]"
+		if c.Error != "" {
+			f.Function, f.File, f.Line = UnresolvedFunction+": "+c.Error+"]", "", 0
 		}
 	}
 	return f

@@ -64,7 +64,8 @@ func TestTable(t *testing.T) {
 	if tb.Len() != 3 || s[1] != addrBit|3 {
 		t.Fatalf("unresolved frame: %x, %d frames", s, tb.Len())
 	}
-	if f := tb.Frame(s[1]); f.Function != "[python: not resolved while recording]" || f.Module != Module {
+	if f := tb.Frame(s[1]); f.Function != "[unresolved Python frame: not resolved while recording]" || f.Module != Module ||
+		f.File != "" || f.Line != 0 || tb.Unresolved() != 1 {
 		t.Errorf("unresolved frame named %+v", f)
 	}
 	// A thread without Python frames: the marker at the outer end.

@@ -1,4 +1,4 @@
-// Package pystack reads a CPython 3.10 to 3.13 thread's Python stack (file,
+// Package pystack reads a CPython 3.10 to 3.14 thread's Python stack (file,
 // function, line) from outside the process, through /proc/PID/mem: the
 // user-space half of Python frames in cudatrace stacks. It finds the
 // interpreter (libpython or a static python executable) in the process's
@@ -9,7 +9,7 @@
 //
 // The same walk runs in BPF at each allocation (Layout gives it the
 // offsets; bpf/python.h py_stack), and Code resolves what it
-// recorded. 3.13's offsets come from its _Py_DebugOffsets (free-threaded
+// recorded. 3.13 and 3.14 take their offsets from _Py_DebugOffsets (free-threaded
 // builds are not read); 3.10 to 3.12's from the build's DWARF where it has
 // some, else, for x86-64 release builds (distributions', conda's,
 // python-build-standalone's), from the table of its minor version
@@ -18,6 +18,7 @@ package pystack
 
 import (
 	"bytes"
+	"cmp"
 	"debug/dwarf"
 	"debug/elf"
 	"encoding/binary"
@@ -47,6 +48,10 @@ type Interp struct {
 	Path    string // libpython or the python executable
 	runtime uint64 // address of _PyRuntime in the process
 	off     offsets
+	// types are the addresses of PyCode_Type, PyUnicode_Type and
+	// PyBytes_Type in the process (0 where the build does not name one):
+	// what a code object read late must still point to (codeFrame).
+	types objTypes
 	// Eval are the address ranges of _PyEval_EvalFrameDefault (and its
 	// compiler-split .cold part) in the process.
 	Eval [][2]uint64
@@ -82,9 +87,12 @@ type offsets struct {
 	frameOwnedCStack uint8
 }
 
-var libRe = regexp.MustCompile(`(?:^|/)(?:libpython|python)3\.(\d+)(?:\.so[.0-9]*|d?)$`)
+// objTypes are the type objects a code object and its parts must have.
+type objTypes struct{ code, str, bytes uint64 }
 
-// Detect finds CPython 3.10 to 3.13 in a process's mappings. It returns
+var libRe = regexp.MustCompile(`(?:^|/)(?:libpython|python)3\.(\d+)(t?)(?:\.so[.0-9]*|d?)$`)
+
+// Detect finds CPython 3.10 to 3.14 in a process's mappings. It returns
 // nil and no error when the process runs no such interpreter. root is
 // where the process's paths are opened under: "" for a process that sees
 // the caller's files, /proc/PID/root (proc.RootPath) for a container's;
@@ -96,8 +104,12 @@ func Detect(root string, maps []proc.Mapping) (*Interp, error) {
 			continue
 		}
 		minor, _ := strconv.Atoi(sm[1])
-		if minor < 10 || minor > 13 {
-			return nil, fmt.Errorf("%s: CPython 3.%d: only 3.10 to 3.13 are read", m.Path, minor)
+		if minor < 10 || minor > 14 {
+			return nil, fmt.Errorf("%s: CPython 3.%d: only 3.10 to 3.14 are read", m.Path, minor)
+		}
+		if sm[2] == "t" {
+			return nil, fmt.Errorf("%s: CPython 3.%dt is a free-threaded build, whose frames cudatrace does not read: "+
+				"run the program on the default build (python3.%d) for its Python frames", m.Path, minor, minor)
 		}
 		in, err := open(root, m.Path, minor, maps)
 		if errors.Is(err, errNoRuntime) {
@@ -118,14 +130,22 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	defer f.Close()
 	var runtime uint64
 	var eval [][2]uint64
+	var types objTypes
 	syms, _ := f.Symbols()
 	dyn, _ := f.DynamicSymbols()
 	for _, s := range append(syms, dyn...) {
 		if s.Section == elf.SHN_UNDEF {
 			continue
 		}
-		if s.Name == "_PyRuntime" && runtime == 0 {
-			runtime = s.Value
+		switch s.Name {
+		case "_PyRuntime":
+			runtime = cmp.Or(runtime, s.Value)
+		case "PyCode_Type":
+			types.code = cmp.Or(types.code, s.Value)
+		case "PyUnicode_Type":
+			types.str = cmp.Or(types.str, s.Value)
+		case "PyBytes_Type":
+			types.bytes = cmp.Or(types.bytes, s.Value)
 		}
 		if (s.Name == "_PyEval_EvalFrameDefault" || s.Name == "_PyEval_EvalFrameDefault.cold") && s.Size > 0 &&
 			!slices.Contains(eval, [2]uint64{s.Value, s.Value + s.Size}) {
@@ -143,7 +163,11 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	// _PyRuntime: no DWARF needed. Earlier versions take it from the
 	// build's DWARF, or, without (distributions' and conda's builds), from
 	// the table of their minor version.
-	off, ok := debugOffsets(f, runtime, minor)
+	off, freeThreaded, ok := debugOffsets(f, runtime, minor)
+	if freeThreaded {
+		return nil, fmt.Errorf("%s: CPython 3.%d built free-threaded (--disable-gil), whose frames cudatrace does not read: "+
+			"run the program on a build with the GIL for its Python frames", path, minor)
+	}
 	if !ok {
 		derr := errors.New("no DWARF")
 		if f.Section(".debug_info") != nil {
@@ -158,7 +182,7 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 			if off, terr = tableOffsets(f, append(syms, dyn...), minor); terr != nil {
 				return nil, fmt.Errorf("%s: no structure offsets for this CPython 3.%d build: %v, and %v; "+
 					"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 release build "+
-					"of 3.10 to 3.12, or a 3.13 one that is not free-threaded", path, minor, derr, terr)
+					"of 3.10 to 3.12, or a 3.13 or 3.14 one", path, minor, derr, terr)
 			}
 		}
 	}
@@ -166,7 +190,12 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 		eval[i][0] += base
 		eval[i][1] += base
 	}
-	return &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off, Eval: eval}, nil
+	for _, t := range []*uint64{&types.code, &types.str, &types.bytes} {
+		if *t != 0 {
+			*t += base
+		}
+	}
+	return &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off, types: types, Eval: eval}, nil
 }
 
 // loadBias is what the process added to the file's virtual addresses.
@@ -184,23 +213,31 @@ func loadBias(f *elf.File, path string, maps []proc.Mapping) (uint64, bool) {
 	return 0, false
 }
 
-// debugOffsets reads 3.13's _Py_DebugOffsets (Include/internal/
-// pycore_runtime.h), the initial value of _PyRuntime's first member in
-// the file's data: the "xdebugpy" cookie, the version, then sections of
-// u64 offsets, each led by the structure's size. ok is false where the
-// build has none (before 3.13), or it is not the 3.13 layout read here
-// (a free-threaded build, or another version's).
-func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, ok bool) {
-	const words = 73 // through gc.collecting, 3.13's last member
-	if minor != 13 {
-		return o, false
+// debugOffsets reads the _Py_DebugOffsets of 3.13 and later (Include/
+// internal/pycore_debug_offsets.h), the initial value of _PyRuntime's
+// first member in the file's data: the "xdebugpy" cookie, the version,
+// whether the build is free-threaded, then sections of u64 offsets, each
+// led by the structure's size. ok is false where the build has none
+// (before 3.13) or it is not the layout of its version read here; a
+// free-threaded build is ok, with freeThreaded set (its frames are not
+// read: open refuses it).
+//
+// 3.14 added members to three sections: interpreter_state (threads_main
+// after threads_head; code_object_generation and tlbc_generation at its
+// end), interpreter_frame (stackpointer, tlbc_index) and code_object
+// (co_tlbc), moving the sections after them; its thread state, frame and
+// code members the walk reads kept their meaning.
+func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThreaded, ok bool) {
+	const words = 82 // through 3.14's unicode_object.asciiobject_size (3.13: gc.collecting)
+	if minor != 13 && minor != 14 {
+		return o, false, false
 	}
 	var raw [words * 8]byte
 	found := false
 	for _, sec := range f.Sections {
 		if sec.Type == elf.SHT_PROGBITS && runtime >= sec.Addr && runtime+uint64(len(raw)) <= sec.Addr+sec.Size {
 			if _, err := sec.ReadAt(raw[:], int64(runtime-sec.Addr)); err != nil {
-				return o, false
+				return o, false, false
 			}
 			found = true
 			break
@@ -208,18 +245,36 @@ func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, ok bool) {
 	}
 	w := func(i int) int64 { return int64(binary.LittleEndian.Uint64(raw[i*8:])) }
 	version := w(1) // PY_VERSION_HEX
-	if !found || string(raw[:8]) != "xdebugpy" || version>>16 != 0x030d || w(2) != 0 {
-		return o, false
+	if !found || string(raw[:8]) != "xdebugpy" || version>>16 != int64(0x0300|minor) {
+		return o, false, false
 	}
+	if w(2) != 0 {
+		return o, true, true
+	}
+	if minor == 13 {
+		o = offsets{
+			interpHead: w(5), mainThread: -1, interpThreads: w(9),
+			tsNext: w(21), tsNativeID: w(25), tsThreadID: w(24), tsFrame: w(23), tsCFrame: -1, cfCurrent: -1,
+			frPrevious: w(29), frCode: w(30), frInstr: w(31), frOwner: w(33), frEntry: -1,
+			coFilename: w(35), coName: w(36), coQualname: w(37), coLinetable: w(38), coFirstLine: w(39),
+			coCodeAdaptive: w(43), bytesData: w(66), strState: w(68), strLength: w(69), asciiSize: w(70),
+			frameOwnedCStack: 3,
+		}
+		return o, false, true
+	}
+	// 3.14: runtime_state 3-5, interpreter_state 6-21, thread_state 22-30,
+	// interpreter_frame 31-38, code_object 39-49, pyobject 50-51,
+	// type_object 52-55, tuple 56-58, list 59-61, set 62-65, dict 66-68,
+	// float 69-70, long 71-73, bytes 74-76, unicode 77-80.
 	o = offsets{
 		interpHead: w(5), mainThread: -1, interpThreads: w(9),
-		tsNext: w(21), tsNativeID: w(25), tsThreadID: w(24), tsFrame: w(23), tsCFrame: -1, cfCurrent: -1,
-		frPrevious: w(29), frCode: w(30), frInstr: w(31), frOwner: w(33), frEntry: -1,
-		coFilename: w(35), coName: w(36), coQualname: w(37), coLinetable: w(38), coFirstLine: w(39),
-		coCodeAdaptive: w(43), bytesData: w(66), strState: w(68), strLength: w(69), asciiSize: w(70),
-		frameOwnedCStack: 3,
+		tsNext: w(24), tsNativeID: w(28), tsThreadID: w(27), tsFrame: w(26), tsCFrame: -1, cfCurrent: -1,
+		frPrevious: w(32), frCode: w(33), frInstr: w(34), frOwner: w(36), frEntry: -1,
+		coFilename: w(40), coName: w(41), coQualname: w(42), coLinetable: w(43), coFirstLine: w(44),
+		coCodeAdaptive: w(48), bytesData: w(76), strState: w(78), strLength: w(79), asciiSize: w(80),
+		frameOwnedCStack: 3, // FRAME_OWNED_BY_INTERPRETER: the entry frame of each C call of the loop
 	}
-	return o, true
+	return o, false, true
 }
 
 // structs indexes the DWARF structures by tag or typedef name.
@@ -493,6 +548,10 @@ func (in *Interp) thread(m mem, pid, tid int) (ts uint64, known bool, err error)
 	return 0, known, nil
 }
 
+// stackRefTags are the low bits of a _PyStackRef (3.14's f_executable)
+// that tag the reference rather than address the object.
+const stackRefTags = 7
+
 // walk reads thread state ts's frames, innermost first, at most max of
 // them in at most steps steps, as frame_step in bpf/python.h
 // does: shim frames (3.12 on) are skipped, marking the frame before them
@@ -538,6 +597,9 @@ func (in *Interp) walk(m mem, ts uint64, max, steps int) ([]RawFrame, error) {
 		if err != nil {
 			return out, err
 		}
+		if in.Minor >= 14 {
+			code &^= stackRefTags
+		}
 		f := RawFrame{Code: code}
 		if in.Minor == 10 {
 			var b [4]byte
@@ -564,9 +626,23 @@ func (in *Interp) walk(m mem, ts uint64, max, steps int) ([]RawFrame, error) {
 	return out, nil
 }
 
+// codeFrame reads what code object code is and the line of the
+// instruction units code units into it. The object is read while the
+// process runs on, possibly after it was freed, so everything read is
+// checked: the object and its names still have their types, sizes are
+// sane, the instruction lies inside the code and has a line at or after
+// the code's first, and names are printable text. What fails a check is
+// an error (the frame is left unresolved), never a frame with line 0 or a
+// garbage name.
 func (in *Interp) codeFrame(m mem, code uint64, units int64) (Frame, error) {
 	o := &in.off
 	var fr Frame
+	if code == 0 || code%8 != 0 {
+		return fr, fmt.Errorf("code object address %#x is not one", code)
+	}
+	if err := in.checkType(m, code, in.types.code, "code object"); err != nil {
+		return fr, err
+	}
 	var err error
 	ptr := func(off int64) uint64 {
 		if err != nil || off < 0 {
@@ -580,38 +656,83 @@ func (in *Interp) codeFrame(m mem, code uint64, units int64) (Frame, error) {
 	if err != nil {
 		return fr, err
 	}
+	if units < 0 {
+		return fr, fmt.Errorf("instruction %d is outside its code object", units)
+	}
+	if in.Minor >= 11 {
+		// Py_SIZE of a code object is its number of code units.
+		n, err := m.u64(code + 16)
+		if err != nil {
+			return fr, err
+		}
+		if n == 0 || n > maxObject || uint64(units) >= n {
+			return fr, fmt.Errorf("instruction %d is outside its code object (%d code units)", units, n)
+		}
+	}
 	var first [4]byte
 	if err := m.read(code+uint64(o.coFirstLine), first[:]); err != nil {
 		return fr, err
 	}
 	if fr.File, err = in.str(m, filename); err != nil {
-		return fr, err
+		return fr, fmt.Errorf("its file name: %w", err)
 	}
 	fn := name
 	if qualname != 0 {
 		fn = qualname
 	}
 	if fr.Function, err = in.str(m, fn); err != nil {
-		return fr, err
+		return fr, fmt.Errorf("its function name: %w", err)
 	}
 	lt, err := in.bytesObj(m, table)
 	if err != nil {
-		return fr, err
+		return fr, fmt.Errorf("its line table: %w", err)
 	}
 	firstLine := int(int32(binary.LittleEndian.Uint32(first[:])))
+	if firstLine < 1 || firstLine > maxLine {
+		return fr, fmt.Errorf("first line %d is not one", firstLine)
+	}
 	if in.Minor == 10 {
 		fr.Line = line310(lt, firstLine, units*2)
 	} else {
 		fr.Line = line311(lt, firstLine, units)
 	}
+	if fr.Line < firstLine || fr.Line > maxLine {
+		return Frame{}, fmt.Errorf("instruction %d has no line in its code object's table", units)
+	}
 	return fr, nil
 }
 
-const maxObject = 1 << 20
+const (
+	maxObject = 1 << 20
+	maxLine   = 1 << 24
+)
 
-// str reads a compact ASCII str (file and function names are).
+// checkType fails unless the object at obj has type typ (its ob_type);
+// typ 0 (the build does not name the type) checks nothing.
+func (in *Interp) checkType(m mem, obj, typ uint64, what string) error {
+	if obj == 0 {
+		return fmt.Errorf("no %s", what)
+	}
+	if typ == 0 {
+		return nil
+	}
+	t, err := m.u64(obj + 8) // PyObject.ob_type
+	if err != nil {
+		return err
+	}
+	if t != typ {
+		return fmt.Errorf("%#x is no longer a %s (freed)", obj, what)
+	}
+	return nil
+}
+
+// str reads a compact ASCII str (file and function names are); others
+// are left unread, an error.
 func (in *Interp) str(m mem, obj uint64) (string, error) {
 	o := &in.off
+	if err := in.checkType(m, obj, in.types.str, "str"); err != nil {
+		return "", err
+	}
 	n, err := m.u64(obj + uint64(o.strLength))
 	if err != nil {
 		return "", err
@@ -621,17 +742,28 @@ func (in *Interp) str(m mem, obj uint64) (string, error) {
 		return "", err
 	}
 	state := binary.LittleEndian.Uint32(st[:])
-	if state&(1<<5) == 0 || state&(1<<6) == 0 || n > maxObject {
-		return "?", nil // not compact ASCII: left unread
+	if state&(1<<5) == 0 || state&(1<<6) == 0 {
+		return "", errors.New("not a compact ASCII str: left unread")
+	}
+	if n == 0 || n > 4096 {
+		return "", fmt.Errorf("a str of %d characters", n)
 	}
 	b := make([]byte, n)
 	if err := m.read(obj+uint64(o.asciiSize), b); err != nil {
 		return "", err
 	}
+	for _, c := range b {
+		if c < 0x20 || c > 0x7e {
+			return "", fmt.Errorf("str %q is not printable ASCII", b)
+		}
+	}
 	return string(b), nil
 }
 
 func (in *Interp) bytesObj(m mem, obj uint64) ([]byte, error) {
+	if err := in.checkType(m, obj, in.types.bytes, "bytes object"); err != nil {
+		return nil, err
+	}
 	n, err := m.u64(obj + 16) // PyVarObject.ob_size
 	if err != nil {
 		return nil, err

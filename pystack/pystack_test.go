@@ -50,6 +50,37 @@ func TestStackCPython(t *testing.T) {
 	}
 }
 
+// CPython 3.14 (Debian sid's, without DWARF: its _Py_DebugOffsets), run
+// as a container of its own in the sid root scripts/deps.sh makes, and sid's newest 3.13
+// where the root has one: the same stacks, read through the process's
+// own root.
+func TestStackSid(t *testing.T) {
+	for _, v := range []string{"3.14", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			if os.Getuid() != 0 {
+				testenv.SkipOrFail(t, "chroot needs root")
+			}
+			root, python := testenv.SidPython(t, v)
+			b, err := os.ReadFile(filepath.Join("testdata", "nested.py"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir, err := os.MkdirTemp(filepath.Join(root, "tmp"), "pystack")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			script := filepath.Join(dir, "nested.py")
+			if err := os.WriteFile(script, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			inRoot := strings.TrimPrefix(script, root)
+			checkStackIn(t, root, python, nil, inRoot, v, false)
+			checkStackIn(t, root, python, nil, inRoot, v, true)
+		})
+	}
+}
+
 // The same on 3.10 to 3.12 builds without DWARF: pyenv's, their libpython
 // stripped of its debug information, read with the built-in offsets.
 // Debian 12's own python3.11 (3.11.2, static, no DWARF) too, where it is
@@ -93,11 +124,22 @@ func TestStackWithoutDWARF(t *testing.T) {
 
 func checkStack(t *testing.T, python string, env []string, script, v string, thread bool) *Interp {
 	t.Helper()
+	return checkStackIn(t, "", python, env, script, v, thread)
+}
+
+// checkStackIn is checkStack for a python run in a container of its own
+// with root as its root ("" for none): python and script are paths
+// inside it.
+func checkStackIn(t *testing.T, root, python string, env []string, script, v string, thread bool) *Interp {
+	t.Helper()
 	args := []string{script}
 	if thread {
 		args = append(args, "thread")
 	}
 	cmd := exec.Command(python, args...)
+	if root != "" {
+		cmd = exec.Command("unshare", "-m", "sh", "-c", testenv.RootScript(root, nil, append([]string{python}, args...)...))
+	}
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -119,14 +161,20 @@ func checkStack(t *testing.T, python string, env []string, script, v string, thr
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := Detect("", maps)
+	procRoot := ""
+	if root != "" {
+		procRoot = proc.RootPath(pid, "/")
+	}
+	in, err := Detect(procRoot, maps)
 	if err != nil || in == nil {
 		t.Fatalf("Detect: %v, %v", in, err)
 	}
 	if want := int(v[3] - '0' + 10); in.Minor != want {
 		t.Fatalf("detected 3.%d", in.Minor)
 	}
-	checkDetectInRoot(t, maps, in)
+	if root == "" {
+		checkDetectInRoot(t, maps, in)
+	}
 	// The interpreter loop lies in the interpreter's executable mapping,
 	// where BPF stacks' return addresses into it will be.
 	if len(in.Eval) == 0 {
@@ -264,7 +312,7 @@ func TestDebugOffsets(t *testing.T) {
 			}
 		}
 		minor := int(v[3]-'0') + 10
-		deb, ok := debugOffsets(f, runtime, minor)
+		deb, _, ok := debugOffsets(f, runtime, minor)
 		if v == "3.12" {
 			if ok {
 				t.Errorf("%s: _Py_DebugOffsets read from a 3.12 build", lib)

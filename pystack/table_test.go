@@ -140,7 +140,7 @@ func TestOffsetTablesRefused(t *testing.T) {
 	in, err := Detect("", []proc.Mapping{{Start: 0x7f0000000000, End: 0x7f0000100000, Perms: "r--p", Inode: 1, Path: arm}})
 	want := arm + ": no structure offsets for this CPython 3.11 build: no DWARF, and the built-in offsets are x86-64's, not EM_AARCH64's; " +
 		"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 release build of 3.10 to 3.12, " +
-		"or a 3.13 one that is not free-threaded"
+		"or a 3.13 or 3.14 one"
 	if in != nil || err == nil || err.Error() != want {
 		t.Errorf("Detect: %v, %v\nwant %s", in, err, want)
 	}
@@ -195,4 +195,15 @@ func strippedLib(t *testing.T, v string) string {
 		}
 	}
 	return dir
+}
+
+// A free-threaded build (3.13t, 3.14t) is refused with one line that says
+// so, before its files are read.
+func TestDetectFreeThreaded(t *testing.T) {
+	for _, path := range []string{"/usr/bin/python3.13t", "/opt/py/lib/libpython3.14t.so.1.0"} {
+		_, err := Detect("", []proc.Mapping{{Start: 0x1000, End: 0x2000, Path: path, Perms: "r-xp", Inode: 1}})
+		if err == nil || !strings.Contains(err.Error(), "free-threaded") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("Detect %s: %v, want one line saying it is free-threaded", path, err)
+		}
+	}
 }

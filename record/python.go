@@ -12,7 +12,7 @@ import (
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
-// detectPython looks for CPython 3.10 to 3.13 in a process's mappings
+// detectPython looks for CPython 3.10 to 3.14 in a process's mappings
 // when it is first seen and, where it runs one, tells BPF how to walk its
 // threads' frames: its allocation records carry them from then on. The
 // first record, made before, has none from BPF; a launched command is
@@ -163,6 +163,7 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 			var err error
 			if m, err = pystack.OpenMem(int(ev.PID)); err != nil {
 				c.Error = err.Error()
+				s.countPython(c)
 				table.Put(c)
 				out = append(out, c)
 				continue
@@ -174,6 +175,7 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 			c.Error = err.Error()
 		}
 		c.File, c.Function, c.Line = fr.File, fr.Function, fr.Line
+		s.countPython(c)
 		table.Put(c)
 		out = append(out, c)
 	}
@@ -182,5 +184,14 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	}
 	if err := s.w.WritePython(&tracefile.Python{PID: ev.PID, Codes: procmodel.PyCodesFile(out)}); err != nil {
 		s.warn(err)
+	}
+}
+
+// countPython counts a Python frame read, and whether it stayed
+// unresolved (Result.UnresolvedPython).
+func (s *session) countPython(c pyframes.Code) {
+	s.pyFrames++
+	if c.Error != "" {
+		s.pyUnresolved++
 	}
 }

@@ -67,7 +67,7 @@ func TestPythonLive(t *testing.T) {
 	if tb.Len() != 3 {
 		t.Fatalf("table has %d frames, want 3 (the unreadable one once)", tb.Len())
 	}
-	if f := tb.Frame(c.Stack.Frames[1]); !strings.HasPrefix(f.Function, "[python: ") {
+	if f := tb.Frame(c.Stack.Frames[1]); !strings.HasPrefix(f.Function, "[unresolved Python frame: ") || tb.Unresolved() != 1 {
 		t.Errorf("unreadable code object named %+v", f)
 	}
 	if a.Stack == b.Stack || a.Stack != a2.Stack || a.Stack.AllocBytes != 110 || b.Stack.AllocBytes != 50 {

@@ -127,6 +127,11 @@ type Result struct {
 	// its stack window and no further: a larger --stack-window reaches
 	// deeper.
 	StacksCut uint64
+	// PythonFrames counts the distinct Python frames (code object and
+	// instruction) read in CPython processes; UnresolvedPython those
+	// whose code object could not be read (freed before it was): their
+	// stacks show "[unresolved Python frame: why]" there.
+	PythonFrames, UnresolvedPython uint64
 }
 
 // Run traces until the session ends. ctx cancellation (SIGINT, SIGTERM)
@@ -260,6 +265,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	res.Lost = loader.Lost(res.Counters)
 	res.Events = s.events
 	res.StacksCut = s.en.Stats.Cut
+	res.PythonFrames, res.UnresolvedPython = s.pyFrames, s.pyUnresolved
 	if err := s.finish(res); err != nil {
 		return res, err
 	}

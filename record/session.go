@@ -70,6 +70,9 @@ type session struct {
 	// pyAtStart: the --pid processes' interpreters, found when tracing
 	// started (nil: none), until their first record (detectPython).
 	pyAtStart map[uint32]*pystack.Interp
+	// pyFrames and pyUnresolved count the Python frames read, and those
+	// that stayed unresolved (Result).
+	pyFrames, pyUnresolved uint64
 }
 
 // liveProc is what the session keeps of a running process beside the
@@ -172,6 +175,10 @@ func (s *session) Record(raw []byte) {
 	s.events++
 	ev := &s.ev
 	lp := s.track(ev)
+	// Code objects are read before the process goes on: BPF holds it at a
+	// record with a Python frame new to it (bpf/python.h
+	// py_hold_new_frames) until resume.
+	s.resolvePython(ev, lp)
 	s.resume(ev)
 	raw = s.enrich(ev, lp, raw)
 	s.nameNative(ev, lp)
@@ -211,20 +218,26 @@ func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64) {
 }
 
 // resume lets a process go that BPF stopped at ev for the capture of its
-// mappings (or for one made earlier, if BPF forgot the process).
+// mappings (or for one made earlier, if BPF forgot the process), or for
+// the reading of a code object new to it (resolvePython).
 func (s *session) resume(ev *events.Event) {
 	if ev.Flags&events.FlagHeld == 0 {
 		return
 	}
+	// SIGCONT first, then the entry: were the entry deleted first, a
+	// tracer killed between the two calls would leave the process stopped
+	// with nothing to resume it (the watchdog knows the held processes by
+	// their entries). The cost: a record the process makes in between is
+	// not held (BPF holds a process only without an entry), so its new
+	// Python frames may be read too late and show as unresolved, counted.
 	if err := syscall.Kill(int(ev.PID), syscall.SIGCONT); err != nil && err != syscall.ESRCH {
-		s.warn(fmt.Errorf("resume pid %d after reading its mappings: %w", ev.PID, err))
+		s.warn(fmt.Errorf("resume pid %d after reading it: %w", ev.PID, err))
 	}
 	s.tr.Resumed(ev.PID)
 }
 
-// enrich unwinds ev's stack window, if it has one, and reads the code
-// objects of its Python frames; it returns the record re-encoded to
-// match. The unwinder reads the files now, while they are surely the ones
+// enrich unwinds ev's stack window, if it has one; it returns the record
+// re-encoded to match. The unwinder reads the files now, while they are surely the ones
 // the process mapped (a container's through /proc/PID/root while it
 // lives), and the window (16 KiB or so a record: most of a trace's bytes)
 // is dropped.
@@ -243,7 +256,6 @@ func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte) []byte {
 		s.buf = events.Encode(s.buf[:0], ev)
 		raw = s.buf
 	}
-	s.resolvePython(ev, lp)
 	return raw
 }
 

@@ -156,6 +156,12 @@ type Process struct {
 	// incomplete (it exited before the recorder read them): its stacks are
 	// then not symbolized.
 	CaptureError string `json:"capture_error,omitempty"`
+	// PythonFrames counts the distinct Python frames (code object and
+	// instruction) of a CPython process's stacks; UnresolvedPythonFrames
+	// those whose code object could not be read (freed before cudatrace
+	// read it), shown as "[unresolved Python frame: why]" in the stacks.
+	PythonFrames           int `json:"python_frames,omitempty"`
+	UnresolvedPythonFrames int `json:"unresolved_python_frames,omitempty"`
 	// NVML is the driver's figure beside the traced one; nil when the
 	// trace has no NVML samples.
 	NVML *ProcessNVML `json:"nvml,omitempty"`
@@ -354,6 +360,9 @@ func Load(path string, opts Options) (*Report, error) {
 		}
 		if c := t.Latest(p.PID); c != nil {
 			out.CaptureError = c.Error
+		}
+		if py := t.Procs.Python(p.PID); py != nil {
+			out.PythonFrames, out.UnresolvedPythonFrames = py.Len(), py.Unresolved()
 		}
 		out.NVML = nv.process(p.PID)
 		rep.Processes = append(rep.Processes, out)

@@ -221,6 +221,12 @@ func (r *Report) writeHeader(w io.Writer) {
 				l.LatePID, l.Path, roundAge(time.Duration(l.LateNS)), plural(l.EventsBefore, "event"))
 		}
 	}
+	for _, p := range r.Processes {
+		if p.UnresolvedPythonFrames > 0 {
+			fmt.Fprintf(w, "Note: %d of pid %d's %s stayed unresolved (their code objects were gone before cudatrace read them): shown as [unresolved Python frame]\n",
+				p.UnresolvedPythonFrames, p.PID, plural(uint64(p.PythonFrames), "Python frame"))
+		}
+	}
 	var uncaptured []string
 	for _, p := range r.Processes {
 		if p.CaptureError != "" {

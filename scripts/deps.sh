@@ -36,16 +36,37 @@ fi
 # python3.11: Debian 12's own interpreter, built without DWARF (pystack's offset tables are tested on it).
 # qemu-system-x86, busybox-static: the kernel matrix (vmtest/kernels_test.go).
 # python3-numba: a real CUDA client (ctypes over libcuda.so.1) run on the stand-in driver (vmtest/numba_test.go).
+# debootstrap: the sid root below.
 need=()
 for p in clang llvm gcc make binutils xz-utils bpftool bpftrace libbpf-dev systemtap-sdt-dev \
 	libcudart11.0 libcuda1 libnvidia-ml1 tmux util-linux prometheus python3.11 \
-	qemu-system-x86 busybox-static cpio python3-numba; do
+	qemu-system-x86 busybox-static cpio python3-numba debootstrap; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
 	echo "scripts/deps.sh: installing ${need[*]}" >&2
 	apt_get update -qq
 	apt_get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# The sid root: Debian sid's CPython 3.14 and its newest 3.13, whose libc is
+# newer than Debian 12's, so the Python tests run them in a container of
+# their own with this as its root (internal/testenv SidPython). Made once,
+# outside the checkout, from the mirror apt already uses.
+sid=${CUDATRACE_SID_ROOT:-/var/cache/cudatrace-sid/root}
+if [ ! -x "$sid/usr/bin/python3.14" ] || [ ! -x "$sid/usr/bin/python3.13" ]; then
+	mirror=$(awk '$1 == "URIs:" { print $2; exit }' "$sources" 2>/dev/null || true)
+	mirror=${mirror:-http://deb.debian.org/debian}
+	echo "scripts/deps.sh: making a Debian sid root with python3.14 and python3.13 in $sid (from $mirror)" >&2
+	if [ -x "$sid/usr/bin/apt-get" ]; then
+		chroot "$sid" apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends python3.14 python3.13 >/dev/null
+	else
+		rm -rf "$sid.new"
+		mkdir -p "$(dirname "$sid")"
+		debootstrap --variant=minbase --include=python3.14,python3.13 sid "$sid.new" "$mirror" >/dev/null
+		rm -rf "$sid"
+		mv "$sid.new" "$sid"
+	fi
 fi
 
 # The kernels: series -> the package name's pattern. The generic amd64

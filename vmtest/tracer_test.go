@@ -30,16 +30,17 @@ type report struct {
 }
 
 type reportProcess struct {
-	PID           int            `json:"pid"`
-	Comm          string         `json:"comm"`
-	Allocs        uint64         `json:"allocs"`
-	Frees         uint64         `json:"frees"`
-	Failed        uint64         `json:"failed"`
-	AllocBytes    uint64         `json:"alloc_bytes"`
-	LiveBytes     uint64         `json:"live_bytes"`
-	PeakBytes     uint64         `json:"peak_bytes"`
-	HostLiveBytes uint64         `json:"host_live_bytes"`
-	Devices       []reportDevice `json:"devices"`
+	PID                    int            `json:"pid"`
+	Comm                   string         `json:"comm"`
+	Allocs                 uint64         `json:"allocs"`
+	Frees                  uint64         `json:"frees"`
+	Failed                 uint64         `json:"failed"`
+	AllocBytes             uint64         `json:"alloc_bytes"`
+	LiveBytes              uint64         `json:"live_bytes"`
+	PeakBytes              uint64         `json:"peak_bytes"`
+	HostLiveBytes          uint64         `json:"host_live_bytes"`
+	UnresolvedPythonFrames int            `json:"unresolved_python_frames"`
+	Devices                []reportDevice `json:"devices"`
 
 	ImplicitFrees     uint64 `json:"implicit_frees"`
 	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`

@@ -61,7 +61,7 @@ When an allocation fails with out of memory, the agent writes that
 process's memory snapshot, a pprof profile of its live set and a JSON report
 with the failing stack into --dump-dir (files mode 0600).
 
-The stacks of CPython 3.10 to 3.13 processes show their Python frames
+The stacks of CPython 3.10 to 3.14 processes show their Python frames
 (file:line:function) in place of the interpreter loop's, as 'cudatrace
 report' does: the Python line that allocated, or failed to.
 
@@ -178,6 +178,10 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 		return err
 	}
 	fmt.Fprintf(stderr, "cudatrace agent: stopped (%s) after %d events, %d lost\n", res.StopReason, res.Events, res.Lost)
+	if res.UnresolvedPython > 0 {
+		fmt.Fprintf(stderr, "cudatrace agent: %d of %d Python frames stayed unresolved (their code objects were gone before cudatrace read them): shown as [unresolved Python frame]\n",
+			res.UnresolvedPython, res.PythonFrames)
+	}
 	return nil
 }
 

@@ -234,6 +234,10 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		fmt.Fprintf(w, "cudatrace: %d stacks end where their %s stack window did; a larger --stack-window (up to 64KiB) reaches deeper\n",
 			res.StacksCut, f.window)
 	}
+	if res.UnresolvedPython > 0 {
+		fmt.Fprintf(w, "cudatrace: %d of %d Python frames stayed unresolved (their code objects were gone before cudatrace read them): shown as [unresolved Python frame]\n",
+			res.UnresolvedPython, res.PythonFrames)
+	}
 	if f.output != "" && !incomplete {
 		fmt.Fprintf(w, "cudatrace: %d events written to %s; see `cudatrace report %s`\n", res.Events, f.output, f.output)
 	}

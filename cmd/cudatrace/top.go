@@ -38,7 +38,7 @@ every --interval, per GPU and per process: the GPU memory cudatrace sees live
 as nvidia-smi shows it), the REMAINDER between the two (the CUDA context,
 library workspaces, anything not traced), and the allocation rate since the
 last refresh. Under the table, the selected process's call stacks holding
-the most live memory, symbolized; a CPython (3.10 to 3.13) process's with its
+the most live memory, symbolized; a CPython (3.10 to 3.14) process's with its
 Python frames (file:line) in place of the interpreter loop's.
 
 Keys: q or Ctrl-C quits; j/k or the arrow keys select a process.

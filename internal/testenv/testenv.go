@@ -138,3 +138,54 @@ func TempFile(t testing.TB, name string, data []byte) string {
 	}
 	return path
 }
+
+// SidRootDefault is where scripts/deps.sh makes a Debian sid root
+// (debootstrap) with the newest CPython, 3.14: its libc is newer than the
+// host's, so its programs run chrooted into it. CUDATRACE_SID_ROOT names
+// another.
+const SidRootDefault = "/var/cache/cudatrace-sid/root"
+
+// SidPython returns the sid root and the path, inside it, of its CPython
+// v ("3.14"), or skips (fails under CI=true) where there is none.
+func SidPython(t testing.TB, v string) (root, python string) {
+	t.Helper()
+	root = os.Getenv("CUDATRACE_SID_ROOT")
+	if root == "" {
+		root = SidRootDefault
+	}
+	python = "/usr/bin/python" + v
+	if _, err := os.Stat(filepath.Join(root, python)); err != nil {
+		SkipOrFail(t, "no CPython %s in the sid root %s (scripts/deps.sh makes it): %v", v, root, err)
+	}
+	return root, python
+}
+
+// RootScript is what `unshare -m sh -c` runs to exec command (quoted
+// here) with root as its root, as a container runtime does: in its own
+// mount namespace, pivot_root-ed into root, the host's tree unmounted.
+// Its mappings then name files as its root has them. Each of binds (a
+// host directory) is bind-mounted at the same path inside the root: the
+// same files (a traced library's uprobes fire in it), under paths that
+// mean the same on both sides.
+func RootScript(root string, binds []string, command ...string) string {
+	q := make([]string, len(command))
+	for i, a := range command {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	lines := []string{
+		"set -e",
+		"mount --make-rprivate /",
+		"mount --bind '" + root + "' '" + root + "'",
+	}
+	for _, b := range binds {
+		lines = append(lines, "mkdir -p '"+root+b+"'", "mount --bind '"+b+"' '"+root+b+"'")
+	}
+	return strings.Join(append(lines,
+		"cd '"+root+"'",
+		"mount -t proc proc proc", // umount reads /proc/self/mountinfo
+		"mkdir -p .old-root",
+		"pivot_root . .old-root",
+		"umount -l /.old-root",
+		"exec "+strings.Join(q, " "),
+	), "\n")
+}

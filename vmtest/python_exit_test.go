@@ -1,0 +1,165 @@
+package vmtest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cudatrace/cudatrace/internal/testenv"
+)
+
+// TestPythonFramesExitAtOnce: CPython 3.10 to 3.13 (pyenv's), and Debian
+// sid's 3.14 and newest 3.13 in a container of their own, processes that exit
+// right after their last allocation, with os._exit and with a normal
+// interpreter exit (which frees the module's code objects), ten of each
+// run one after the other under one record. The recorder reads code objects behind the process: every
+// Python frame of every stack is exact (file, line, function), or shown
+// as an unresolved Python frame, without file or line, and counted in the
+// report. Never a wrong frame: line 0, another line, or a garbage name.
+func TestPythonFramesExitAtOnce(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyexit.py"))
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13", "sid-3.13", "sid-3.14"} {
+		t.Run(v, func(t *testing.T) {
+			script := script
+			command := func(end string) []string { return []string{pyenvPython(t, v), script, fakeLib, end} }
+			if sv, ok := strings.CutPrefix(v, "sid-"); ok {
+				root, python := sidPython(t, sv)
+				script = copyToTemp(t, script)
+				command = func(end string) []string {
+					return []string{"unshare", "-m", "sh", "-c",
+						testenv.RootScript(root, []string{"/tmp"}, python, script, fakeLib, end)}
+				}
+			}
+			at := func(tag, fn string) string {
+				return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyexit.py", tag), fn)
+			}
+			// The Python frames each allocation may have, innermost first.
+			valid := [][]string{
+				{at("alloc", "alloc"), at("loop", "<module>")},
+				{at("module", "<module>")},
+			}
+			for _, end := range []string{"_exit", "exit"} {
+				exact, unresolved := checkExitRuns(t, command(end), end, valid)
+				t.Logf("CPython %s, %s: %d Python frames exact, %d unresolved in 10 runs", v, end, exact, unresolved)
+			}
+		})
+	}
+}
+
+// sidPython is Debian sid's CPython v in the sid root scripts/deps.sh
+// makes (its libc is newer than the host's): the root and the
+// interpreter's path inside it. The tests run it in a container of its
+// own with that root (testenv.RootScript), /tmp bind-mounted into it.
+func sidPython(t *testing.T, v string) (root, python string) {
+	t.Helper()
+	for _, tool := range []string{"unshare", "pivot_root", "mount", "umount"} {
+		requireTool(t, tool)
+	}
+	return testenv.SidPython(t, v)
+}
+
+// copyToTemp copies file into a test directory (under /tmp) and returns
+// the copy's path.
+func copyToTemp(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), filepath.Base(file))
+	if err := os.WriteFile(out, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// checkExitRuns records command (pyexit.py ending as end) run 10 times
+// in a row by a shell, in one session (each run a process of its own, held
+// and exiting as a lone one would), and checks every process's stacks'
+// Python frames against valid; it returns how many were exact and how
+// many unresolved.
+func checkExitRuns(t *testing.T, command []string, end string, valid [][]string) (exact, unresolved int) {
+	t.Helper()
+	ctx := testContext(t)
+	dir := t.TempDir()
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "exit.trace")
+	q := make([]string, len(command))
+	for i, a := range command {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	loop := "for i in 1 2 3 4 5 6 7 8 9 10; do " + strings.Join(q, " ") + " || exit 1; done"
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, "--lib", fakeLib, "-o", trace, "--", "sh", "-c", loop)
+	rec.finish(t, 120*time.Second)
+	truths, err := groundTruthFile(log, "")
+	if err != nil {
+		t.Fatalf("ground truth from %s: %v", log, err)
+	}
+	if len(truths) != 10 {
+		t.Fatalf("ground truth has pids %v, want 10", keys(truths))
+	}
+	rep := runReport(t, ctx, trace)
+	counted := 0
+	for _, p := range rep.Processes {
+		counted += p.UnresolvedPythonFrames
+	}
+	for pid := range truths {
+		var allocs uint64
+		for _, s := range rep.Stacks {
+			if s.PID != pid {
+				continue
+			}
+			allocs += s.Allocs
+			var py []reportFrame
+			for _, f := range s.Frames {
+				if f.Module == "[python]" {
+					py = append(py, f)
+				}
+			}
+			ok := false
+			for _, want := range valid {
+				if len(py) != len(want) {
+					continue
+				}
+				ok = true
+				for i, f := range py {
+					switch {
+					case strings.HasPrefix(f.Function, "[unresolved Python frame: ") && f.File == "" && f.Line == 0:
+					case fmt.Sprintf("%s:%d:%s", f.File, f.Line, f.Function) == want[i]:
+					default:
+						ok = false
+					}
+				}
+				if ok {
+					break
+				}
+			}
+			if !ok {
+				t.Errorf("%s, pid %d: a stack of %d allocations has a wrong Python frame: %+v", end, pid, s.Allocs, py)
+				continue
+			}
+			for _, f := range py {
+				if f.File == "" {
+					unresolved++
+				} else {
+					exact++
+				}
+			}
+		}
+		if allocs != 30 {
+			t.Errorf("%s, pid %d: %d allocations in the report's stacks, want 30", end, pid, allocs)
+		}
+	}
+	if (unresolved > 0) != (counted > 0) {
+		t.Errorf("%s: stacks show %d unresolved Python frames, the report counts %d", end, unresolved, counted)
+	}
+	if (unresolved > 0) != strings.Contains(rec.stderr.String(), "Python frames stayed unresolved") {
+		t.Errorf("%s: %d unresolved Python frames in the stacks; record said:\n%s", end, unresolved, rec.stderr.String())
+	}
+	return exact, unresolved
+}
