@@ -19,19 +19,18 @@ import (
 // its names, so `go tool pprof`, Pyroscope and Parca show GPU memory as they
 // show Go memory (inuse_space by default); then the same four for tensors
 // and for pinned host memory, chosen with -sample_index (see Values).
-var pprofSampleTypes = []*profile.ValueType{
-	{Type: "alloc_objects", Unit: "count"},
-	{Type: "alloc_space", Unit: "bytes"},
-	{Type: "inuse_objects", Unit: "count"},
-	{Type: "inuse_space", Unit: "bytes"},
-	{Type: "tensor_alloc_objects", Unit: "count"},
-	{Type: "tensor_alloc_space", Unit: "bytes"},
-	{Type: "tensor_inuse_objects", Unit: "count"},
-	{Type: "tensor_inuse_space", Unit: "bytes"},
-	{Type: "host_alloc_objects", Unit: "count"},
-	{Type: "host_alloc_space", Unit: "bytes"},
-	{Type: "host_inuse_objects", Unit: "count"},
-	{Type: "host_inuse_space", Unit: "bytes"},
+var pprofSampleTypes = sampleTypes("", "tensor_", "host_")
+
+func sampleTypes(classes ...string) []*profile.ValueType {
+	var out []*profile.ValueType
+	for _, c := range classes {
+		out = append(out,
+			&profile.ValueType{Type: c + "alloc_objects", Unit: "count"},
+			&profile.ValueType{Type: c + "alloc_space", Unit: "bytes"},
+			&profile.ValueType{Type: c + "inuse_objects", Unit: "count"},
+			&profile.ValueType{Type: c + "inuse_space", Unit: "bytes"})
+	}
+	return out
 }
 
 // WritePprof writes the trace at path as a gzipped pprof profile of the

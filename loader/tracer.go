@@ -351,57 +351,45 @@ func isMissingSymbol(err error) bool {
 		errors.Is(err, ebpf.ErrNotSupported)
 }
 
+// probePrograms returns the programs of a probe of shape s: the entry
+// program, and the return program, nil for the shapes whose record the
+// entry probe makes.
+func (t *Tracer) probePrograms(s Shape) (enter, exit *ebpf.Program, err error) {
+	o := &t.objs
+	withExit := map[Shape]*ebpf.Program{
+		ShapeAlloc: o.CtAllocEnter, ShapePitch: o.CtPitchEnter, Shape3D: o.Ct3dEnter,
+		ShapeSetDevice: o.CtSetdevEnter, ShapeVMMCreate: o.CtVmmCreateEnter, ShapeVMMMap: o.CtVmmMapEnter,
+	}
+	ctxExit := map[Shape]*ebpf.Program{ShapeCtxRetain: o.CtCtxretainEnter, ShapeCtxCreate: o.CtCtxcreateEnter}
+	entryOnly := map[Shape]*ebpf.Program{
+		ShapeFree: o.CtFreeEnter, ShapeSizedFree: o.CtSizedFreeEnter,
+		ShapeCtxSet: o.CtCtxsetEnter, ShapeCtxPush: o.CtCtxpushEnter, ShapeCtxPop: o.CtCtxpopEnter,
+		ShapeCtxDestroy: o.CtCtxdestroyEnter, ShapeCtxDetach: o.CtCtxdetachEnter, ShapeCtxAttach: o.CtCtxattachEnter,
+		ShapePrimaryRelease: o.CtPrimaryReleaseEnter, ShapePrimaryReset: o.CtPrimaryResetEnter,
+		ShapeDeviceReset: o.CtDevresetEnter,
+	}
+	if p, ok := withExit[s]; ok {
+		return p, o.CtExit, nil
+	}
+	if p, ok := ctxExit[s]; ok {
+		return p, o.CtCtxExit, nil
+	}
+	if p, ok := entryOnly[s]; ok {
+		return p, nil, nil
+	}
+	return nil, nil, fmt.Errorf("unknown shape %d", s)
+}
+
 func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) {
 	opts := &link.UprobeOptions{Cookie: uint64(p.API)}
-	var enter *ebpf.Program
-	exit := t.objs.CtExit
-	ret := true
-	switch p.Shape {
-	case ShapeAlloc:
-		enter = t.objs.CtAllocEnter
-	case ShapePitch:
-		enter = t.objs.CtPitchEnter
-	case Shape3D:
-		enter = t.objs.Ct3dEnter
-	case ShapeSetDevice:
-		enter = t.objs.CtSetdevEnter
-	case ShapeFree:
-		enter, ret = t.objs.CtFreeEnter, false
-	case ShapeCtxRetain:
-		enter, exit = t.objs.CtCtxretainEnter, t.objs.CtCtxExit
-	case ShapeCtxCreate:
-		enter, exit = t.objs.CtCtxcreateEnter, t.objs.CtCtxExit
-	case ShapeCtxSet:
-		enter, ret = t.objs.CtCtxsetEnter, false
-	case ShapeCtxPush:
-		enter, ret = t.objs.CtCtxpushEnter, false
-	case ShapeCtxPop:
-		enter, ret = t.objs.CtCtxpopEnter, false
-	case ShapeVMMCreate:
-		enter = t.objs.CtVmmCreateEnter
-	case ShapeVMMMap:
-		enter = t.objs.CtVmmMapEnter
-	case ShapeSizedFree:
-		enter, ret = t.objs.CtSizedFreeEnter, false
-	case ShapeCtxDestroy:
-		enter, ret = t.objs.CtCtxdestroyEnter, false
-	case ShapeCtxDetach:
-		enter, ret = t.objs.CtCtxdetachEnter, false
-	case ShapeCtxAttach:
-		enter, ret = t.objs.CtCtxattachEnter, false
-	case ShapePrimaryRelease:
-		enter, ret = t.objs.CtPrimaryReleaseEnter, false
-	case ShapePrimaryReset:
-		enter, ret = t.objs.CtPrimaryResetEnter, false
-	case ShapeDeviceReset:
-		enter, ret = t.objs.CtDevresetEnter, false
-	default:
-		return nil, fmt.Errorf("unknown shape %d", p.Shape)
+	enter, exit, err := t.probePrograms(p.Shape)
+	if err != nil {
+		return nil, err
 	}
 	// The return probe goes first: an entry without its return would leave
 	// calls remembered forever, a return without entry is merely ignored.
 	var out []link.Link
-	if ret {
+	if exit != nil {
 		l, err := ex.Uretprobe(p.Symbol, exit, opts)
 		if err != nil {
 			return nil, err
