@@ -103,9 +103,12 @@ static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 		return 1;
 	// masked for the verifier, which cannot follow n through w
 	struct ct_pyframe *f = &b->f[(CT_PY_MAX_FRAMES - 1 - n) & (CT_PY_MAX_FRAMES - 1)];
-	f->code = read_u64(frame + w->o.fr_code);
-	if (w->o.minor >= 14) // a _PyStackRef: its low bits tag the reference
-		f->code &= ~(__u64)7;
+	// 3.14's f_executable is a _PyStackRef whose low bits tag the
+	// reference; earlier versions hold a plain pointer. A code object is
+	// at least 8-byte aligned, so the mask is a no-op there, and being
+	// branch-free it keeps 6.1's verifier able to bound f in the
+	// bounded-loop walk (a `minor >= 14` branch here lost that bound).
+	f->code = read_u64(frame + w->o.fr_code) & ~(__u64)7;
 	f->flags = 0;
 	if (w->o.minor == 10) {
 		__s32 lasti = 0;

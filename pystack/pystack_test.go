@@ -238,9 +238,18 @@ func checkStackIn(t *testing.T, root, python string, env []string, script, v str
 		t.Fatalf("stack\n got %s\nwant %s", got, want)
 	}
 	if thread {
-		// Meanwhile the main thread waits in join.
-		st, err := in.Stack(pid, pid)
-		if err != nil || len(st) == 0 || st[len(st)-1] != (Frame{script, "<module>", markedLine(t, "join")}) {
+		// Meanwhile the main thread waits in join, once Thread.start
+		// has returned: the thread may say "ready" before it does.
+		joined := Frame{script, "<module>", markedLine(t, "join")}
+		var st []Frame
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			st, err = in.Stack(pid, pid)
+			if err != nil || len(st) > 0 && st[len(st)-1] == joined || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil || len(st) == 0 || st[len(st)-1] != joined {
 			t.Errorf("main thread: %v, %v; want <module> at line %d last", st, err, markedLine(t, "join"))
 		}
 	}

@@ -274,7 +274,7 @@ func TestTopPython(t *testing.T) {
 	// carries its Python frames, so it joins the later load_weights stack.
 	j.do(t, "ok", "weights %d", 4096)
 	x.waitPane("the first allocation", func(p string) bool {
-		return strings.Contains(p, fmt.Sprintf("pid %d (python3.12): 4096 B of GPU memory live in 1 allocations", j.pid))
+		return strings.Contains(p, fmt.Sprintf("pid %d (python3.12): 4.0 KiB of GPU memory live in 1 allocations", j.pid))
 	}, 20*time.Second)
 	j.do(t, "ok", "activations %d", 5<<20)
 	j.do(t, "ok", "weights %d", 3<<20)
