@@ -527,17 +527,7 @@ func TestNoBPFLoopVariant(t *testing.T) {
 	if !regexp.MustCompile(`name ct_exit_noloop\s`).Match(b) || !regexp.MustCompile(`name ct_usdt_noloop\s`).Match(b) {
 		t.Errorf("bpftool prog show lists no ct_exit_noloop and ct_usdt_noloop while recording:\n%s", b)
 	}
-	want := onlyTruth(t, log, "")
-	rep := runReport(t, ctx, trace)
-	if rep.LostEvents != 0 {
-		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
-	}
-	checkProcess(t, rep, want, peakSlack(want, threads), "mix")
-	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
-	mix := workload("mix")
-	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "worker_main")
-	checkStacks(t, rep, want.PID, mix, "alloc_pinned_staging", "worker_main")
-	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "setup_context", "main")
+	checkMixTrace(t, ctx, log, trace, threads)
 
 	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
 	threadsLib := filepath.Join(dir, "pythread.so")

@@ -54,17 +54,7 @@ func TestLaunchedMix(t *testing.T) {
 		"--lib", fakeLib, "-o", trace, "--", workload("mix"), strconv.Itoa(threads), "300", "7")
 	rec.finish(t, 50*time.Second)
 
-	want := onlyTruth(t, log, "")
-	rep := runReport(t, ctx, trace)
-	if rep.LostEvents != 0 {
-		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
-	}
-	checkProcess(t, rep, want, peakSlack(want, threads), "mix")
-	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
-	mix := workload("mix")
-	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "worker_main")
-	checkStacks(t, rep, want.PID, mix, "alloc_pinned_staging", "worker_main")
-	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "setup_context", "main")
+	checkMixTrace(t, ctx, log, trace, threads)
 }
 
 // TestAttachPID: attach to a running process; only what it does after the

@@ -543,6 +543,24 @@ func diffStacks(rep *report, pid int, module string, funcs ...string) []string {
 	return probs
 }
 
+// checkMixTrace: the trace of the mix workload (threads threads, logging
+// its truth to log) is exact against that truth, lost nothing, holds no
+// other process, and names mix's allocating stacks.
+func checkMixTrace(t *testing.T, ctx context.Context, log, trace string, threads int) {
+	t.Helper()
+	want := onlyTruth(t, log, "")
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	checkProcess(t, rep, want, peakSlack(want, threads), "mix")
+	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
+	mix := workload("mix")
+	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "worker_main")
+	checkStacks(t, rep, want.PID, mix, "alloc_pinned_staging", "worker_main")
+	checkStacks(t, rep, want.PID, mix, "alloc_device_buffer", "setup_context", "main")
+}
+
 // peakSlack bounds how far a peak may be off when threads run at once:
 // each can have one event in flight, of at most the largest allocation.
 func peakSlack(p *procTruth, threads int) uint64 {
