@@ -355,7 +355,10 @@ func (a *Agent) nodeUse(dev int32, api events.API) *nodeUse {
 // processes out.
 func (a *Agent) Tick(res *record.Result) {
 	a.ledger = res.Ledger
-	a.res.Counters, a.res.Lost, a.res.Events = res.Counters, res.Lost, res.Events
+	// Losses while serving only: those of the stop (res.LostStopping)
+	// are the exit line's, and would tell a scraper of losses that
+	// changed none of the figures it read.
+	a.res.Counters, a.res.Lost, a.res.Events = res.Counters, res.Lost-res.LostStopping, res.Events
 	// A sample is never changed once taken: sharing it is safe.
 	a.res.NVML, a.res.NVMLError = res.NVML, res.NVMLError
 	for {

@@ -373,3 +373,22 @@ func TestOOMDumpProcess(t *testing.T) {
 		t.Errorf("peak_time %q, failure time %q: want the peak 3000 ns before the failure (%v, %v)", p.PeakTime, rep.Failure.Time, err1, err2)
 	}
 }
+
+// TestLostWhileStopping: the agent serves the losses while serving only;
+// those counted after the stop began (res.LostStopping) are the exit
+// line's, so cudatrace_lost_events_total never shows what the exit line
+// calls lost while stopping.
+func TestLostWhileStopping(t *testing.T) {
+	a := New(Options{NoSymbolize: true})
+	defer a.Close()
+	for _, c := range []struct{ lost, stopping, want uint64 }{
+		{3, 0, 3},  // serving
+		{9, 0, 9},  // more lost while serving
+		{15, 6, 9}, // the stop's final tick: 6 more, all while stopping
+	} {
+		a.Tick(&record.Result{Ledger: ledger.New(), Lost: c.lost, LostStopping: c.stopping})
+		if st := a.stats(); st.Lost != c.want {
+			t.Errorf("Lost %d, LostStopping %d: the agent serves %d lost, want %d", c.lost, c.stopping, st.Lost, c.want)
+		}
+	}
+}

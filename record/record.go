@@ -108,15 +108,22 @@ type Observer interface {
 
 // Result is what a finished session holds.
 type Result struct {
-	Ledger     *ledger.Ledger
-	Counters   map[string]uint64
-	Lost       uint64
-	Attached   []loader.AttachResult
-	ExitCode   int    // of the launched command: 128 + the signal's number when one killed it
-	Signal     string // the signal that killed the launched command ("SIGKILL"), if one did
-	Events     uint64
-	Output     string
-	StopReason string
+	Ledger   *ledger.Ledger
+	Counters map[string]uint64
+	// Lost counts every event the BPF side lost; LostStopping those of
+	// them lost after the stop began (probes firing while they were being
+	// removed). Lost - LostStopping were lost while tracing: the figures
+	// up to the stop miss only those.
+	Lost, LostStopping uint64
+	// CountersAtStop are the counters as the stop began (nil if they
+	// could not be read): the causes of the losses while tracing.
+	CountersAtStop map[string]uint64
+	Attached       []loader.AttachResult
+	ExitCode       int    // of the launched command: 128 + the signal's number when one killed it
+	Signal         string // the signal that killed the launched command ("SIGKILL"), if one did
+	Events         uint64
+	Output         string
+	StopReason     string
 	// NVML is the latest sample of the driver's view, taken at NVMLTime
 	// (boot ns); nil before the first or without Options.NVML. NVMLError
 	// says why NVML could not be opened.
@@ -222,6 +229,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		defer cancel()
 	}
 	s.stop = stop
+	// The losses counted when the stop begins are those of tracing; the
+	// rest are the stop's own (stoplosses.go).
+	s.mark.read = tr.Counters
+	context.AfterFunc(runCtx, s.mark.mark)
 	if opts.NVML != nil {
 		s.sampler = startSampler(opts.NVML, opts.NVMLEvery)
 		defer s.sampler.close()
@@ -263,9 +274,16 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		s.warn(err)
 	}
 	res.Lost = loader.Lost(res.Counters)
+	s.mark.mark() // waits for the AfterFunc's read; makes it if the ring buffer closed first
+	res.LostStopping, res.CountersAtStop = s.mark.stopping(res.Counters), s.mark.counters
 	res.Events = s.events
 	res.StacksCut = s.en.Stats.Cut
 	res.PythonFrames, res.UnresolvedPython = s.pyFrames, s.pyUnresolved
+	if s.opts.Observer != nil {
+		// The final figures, the split of the losses with them: what the
+		// agent serves until it shuts down agrees with its exit line.
+		s.opts.Observer.Tick(res)
+	}
 	if err := s.finish(res); err != nil {
 		return res, err
 	}

@@ -61,6 +61,7 @@ type session struct {
 	reason string
 
 	lastCounters time.Time
+	mark         stopMark // the counters when the stop began
 	scanner      *scanner // finds libraries loaded late
 	lastPrune    time.Time
 	libs         loader.Libraries // every library attached, by inode
@@ -346,11 +347,12 @@ func (s *session) writeCounters() {
 		s.warn(err)
 		return
 	}
-	s.res.Counters, s.res.Lost = c, loader.Lost(c)
+	s.res.Counters, s.res.Lost, s.res.LostStopping = c, loader.Lost(c), s.mark.stopping(c)
 	if s.w == nil {
 		return
 	}
-	if err := s.w.WriteCounters(&tracefile.Counters{Time: BootNow(), Counters: c, Lost: loader.Lost(c)}); err != nil {
+	if err := s.w.WriteCounters(&tracefile.Counters{Time: BootNow(), Counters: c, Lost: s.res.Lost,
+		LostStopping: s.res.LostStopping}); err != nil {
 		s.warn(err)
 	}
 }
@@ -361,7 +363,7 @@ func (s *session) finish(res *Result) error {
 		return nil
 	}
 	s.writeNamed(true)
-	err := s.w.Finish(tracefile.Counters{Counters: res.Counters, Lost: res.Lost},
+	err := s.w.Finish(tracefile.Counters{Counters: res.Counters, Lost: res.Lost, LostStopping: res.LostStopping},
 		tracefile.End{Events: s.events, Reason: res.StopReason, ExitCode: res.ExitCode, Signal: res.Signal})
 	s.w = nil
 	return err

@@ -49,15 +49,17 @@ type Options struct {
 // Trace is a trace file replayed: the ledger at the end (or at
 // Options.Until) and what else the file said.
 type Trace struct {
-	Path      string
-	Meta      tracefile.Meta
-	Ledger    *ledger.Ledger
-	Events    uint64 // event records applied
-	Lost      uint64 // events the BPF side counted as lost
-	Counters  map[string]uint64
-	Libraries []tracefile.Attach
-	End       *tracefile.End // nil: the tracer did not stop cleanly
-	Last      uint64         // latest time recorded (boot ns)
+	Path   string
+	Meta   tracefile.Meta
+	Ledger *ledger.Ledger
+	Events uint64 // event records applied
+	Lost   uint64 // events the BPF side counted as lost
+	// LostStopping: of Lost, those counted after the stop began.
+	LostStopping uint64
+	Counters     map[string]uint64
+	Libraries    []tracefile.Attach
+	End          *tracefile.End // nil: the tracer did not stop cleanly
+	Last         uint64         // latest time recorded (boot ns)
 	// Warning says why the replay stopped short of the file's end (a
 	// truncated or damaged trace), or that the end record is missing.
 	Warning string
@@ -165,7 +167,7 @@ func Read(path string, opts Options) (*Trace, error) {
 			if rec.Counters.Counters != nil {
 				t.Counters = rec.Counters.Counters
 			}
-			t.Lost = rec.Counters.Lost
+			t.Lost, t.LostStopping = rec.Counters.Lost, rec.Counters.LostStopping
 			t.Last = max(t.Last, rec.Counters.Time)
 		case tracefile.TypeEnd:
 			t.End = rec.End

@@ -57,10 +57,14 @@ const DefaultTop = 20
 // `cudatrace report --json` contract: lost_events, processes, stacks and
 // failures are what scripts (and vmtest) rely on; the rest is extra.
 type Report struct {
-	LostEvents uint64    `json:"lost_events"`
-	Events     uint64    `json:"events"` // event records read
-	Trace      TraceInfo `json:"trace"`
-	Warning    string    `json:"warning,omitempty"`
+	LostEvents uint64 `json:"lost_events"`
+	// LostStopping: of LostEvents, those lost after the recording's stop
+	// began (probes firing while they were removed): the figures up to the
+	// stop miss none of them.
+	LostStopping uint64    `json:"lost_while_stopping"`
+	Events       uint64    `json:"events"` // event records read
+	Trace        TraceInfo `json:"trace"`
+	Warning      string    `json:"warning,omitempty"`
 	// SymbolWarning says how many frames of processes that ran in
 	// containers could not be named, and what to do about it.
 	SymbolWarning string    `json:"symbol_warning,omitempty"`
@@ -327,7 +331,7 @@ func Load(path string, opts Options) (*Report, error) {
 		return nil, err
 	}
 	meta := t.Meta
-	rep := &Report{LostEvents: t.Lost, Events: t.Events, Counters: t.Counters, Warning: t.Warning,
+	rep := &Report{LostEvents: t.Lost, LostStopping: t.LostStopping, Events: t.Events, Counters: t.Counters, Warning: t.Warning,
 		Libraries: []Library{}, top: opts.Top}
 	for _, a := range t.Libraries {
 		lib := Library{Path: a.Library, BuildID: a.BuildID, Symbols: nonNil(a.Symbols), Missing: a.Missing,

@@ -72,6 +72,7 @@ func mixItems() []any {
 // The whole JSON document, every key and number.
 const mixJSON = `{
  "lost_events": 2,
+ "lost_while_stopping": 0,
  "events": 10,
  "trace": {"path": "TRACE", "tool": "cudatrace test", "host": "gpu-box", "kernel": "6.8.0",
   "start": "2025-03-14T15:09:26Z", "duration_ns": 11000, "command": ["./mix", "--big"],
@@ -639,5 +640,48 @@ func TestVMM(t *testing.T) {
 	}
 	if !strings.Contains(text.String(), "VMM-MAPPED") || !strings.Contains(text.String(), "2.0 MiB") {
 		t.Errorf("text has no VMM-MAPPED column of 2.0 MiB:\n%s", text.String())
+	}
+}
+
+// TestLostWhileStopping: losses counted after the recording's stop began
+// are reported apart from those while tracing, in the text and the JSON;
+// only the latter make every figure suspect.
+func TestLostWhileStopping(t *testing.T) {
+	items := mixItems()
+	items[len(items)-2] = &tracefile.Counters{Time: base + 10500, Counters: map[string]uint64{"events": 10, "ringbuf_full": 9},
+		Lost: 9, LostStopping: 4}
+	path, _ := tracetest.Write(t, testMeta(), items...)
+	rep, err := Load(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.LostEvents != 9 || rep.LostStopping != 4 {
+		t.Errorf("lost_events %d, lost_while_stopping %d; want 9 and 4", rep.LostEvents, rep.LostStopping)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		", 10 events, 5 lost while tracing, 4 while stopping\n",
+		"WARNING: 5 EVENTS WERE LOST (ringbuf_full 9): every figure below may be off",
+		"Note: 4 events were lost while the recording stopped (probes firing as they were removed): the figures up to the stop miss none of them\n",
+	} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text lacks %q:\n%s", want, text.String())
+		}
+	}
+	// Every loss while stopping: no warning that the figures are off.
+	items[len(items)-2] = &tracefile.Counters{Time: base + 10500, Counters: map[string]uint64{"ringbuf_full": 4}, Lost: 4, LostStopping: 4}
+	path, _ = tracetest.Write(t, testMeta(), items...)
+	if rep, err = Load(path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	text.Reset()
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if s := text.String(); strings.Contains(s, "WARNING") || !strings.Contains(s, ", 10 events, 0 lost while tracing, 4 while stopping\n") {
+		t.Errorf("all 4 lost while stopping:\n%s", s)
 	}
 }

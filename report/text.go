@@ -25,7 +25,8 @@ func (r *Report) WriteJSON(w io.Writer) error {
 }
 
 // WriteSummary prints the per-process table of a ledger: what `record`
-// prints when it stops. lost is the count of events the BPF side dropped.
+// prints when it stops. lost is the count of events the BPF side dropped
+// while tracing (those lost while stopping change none of its figures).
 func WriteSummary(w io.Writer, l *ledger.Ledger, lost uint64) error {
 	var rows []Process
 	for _, p := range l.Processes() {
@@ -190,9 +191,13 @@ func (r *Report) writeHeader(w io.Writer) {
 	if d >= time.Second {
 		d = d.Round(time.Millisecond)
 	}
-	fmt.Fprintf(w, "Trace %s: %son %s, %s from %s, %d events, %d lost\n", t.Path, what, orUnknown(t.Host),
-		d, start, r.Events, r.LostEvents)
-	if r.LostEvents > 0 {
+	lost := fmt.Sprintf("%d lost", r.LostEvents)
+	if r.LostStopping > 0 {
+		lost = fmt.Sprintf("%d lost while tracing, %d while stopping", r.LostEvents-r.LostStopping, r.LostStopping)
+	}
+	fmt.Fprintf(w, "Trace %s: %son %s, %s from %s, %d events, %s\n", t.Path, what, orUnknown(t.Host),
+		d, start, r.Events, lost)
+	if n := r.LostEvents - r.LostStopping; n > 0 {
 		var why []string
 		for _, c := range []string{"ringbuf_full", "inflight_full", "no_entry", "stale_entry"} {
 			if n := r.Counters[c]; n > 0 {
@@ -207,7 +212,11 @@ func (r *Report) writeHeader(w io.Writer) {
 		if r.Counters["ringbuf_full"] > 0 {
 			fix = "; raise --ring-size and record again"
 		}
-		fmt.Fprintf(w, "WARNING: %d EVENTS WERE LOST%s: every figure below may be off%s\n", r.LostEvents, because, fix)
+		fmt.Fprintf(w, "WARNING: %d EVENTS WERE LOST%s: every figure below may be off%s\n", n, because, fix)
+	}
+	if r.LostStopping > 0 {
+		fmt.Fprintf(w, "Note: %d events were lost while the recording stopped (probes firing as they were removed): the figures up to the stop miss none of them\n",
+			r.LostStopping)
 	}
 	if r.Warning != "" {
 		fmt.Fprintf(w, "Warning: %s\n", r.Warning)

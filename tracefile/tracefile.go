@@ -217,6 +217,9 @@ type Counters struct {
 	Time     uint64            `json:"boot_ns"`
 	Counters map[string]uint64 `json:"counters"`
 	Lost     uint64            `json:"lost"`
+	// LostStopping: of Lost, those counted after the stop began (probes
+	// firing while they were removed); absent in older traces.
+	LostStopping uint64 `json:"lost_stopping,omitempty"`
 }
 
 // End closes a complete trace. Its absence means the tracer did not stop

@@ -177,7 +177,9 @@ func runAgent(cmd *cobra.Command, f *agentFlags) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "cudatrace agent: stopped (%s) after %d events, %d lost\n", res.StopReason, res.Events, res.Lost)
+	fmt.Fprintf(stderr, "cudatrace agent: stopped (%s) after %d events, %d lost while serving (cudatrace_lost_events_total), %d while stopping\n",
+		res.StopReason, res.Events, res.Lost-res.LostStopping, res.LostStopping)
+	writeLosses(stderr, "cudatrace agent", res)
 	if res.UnresolvedPython > 0 {
 		fmt.Fprintf(stderr, "cudatrace agent: %d of %d Python frames stayed unresolved (their code objects were gone before cudatrace read them): shown as [unresolved Python frame]\n",
 			res.UnresolvedPython, res.PythonFrames)

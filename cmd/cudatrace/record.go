@@ -223,13 +223,11 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 			"it is readable up to the last record written: free space and `cudatrace report` it"))
 	}
 	if !f.quiet {
-		if err := report.WriteSummary(cmd.OutOrStdout(), res.Ledger, res.Lost); err != nil {
+		if err := report.WriteSummary(cmd.OutOrStdout(), res.Ledger, res.Lost-res.LostStopping); err != nil {
 			printError(w, fmt.Errorf("summary: %w", err))
 		}
 	}
-	if res.Lost > 0 {
-		fmt.Fprintf(w, "cudatrace: warning: %d events lost: %s\n", res.Lost, loader.LossHint(res.Counters))
-	}
+	writeLosses(w, "cudatrace", res)
 	if res.StacksCut > 0 {
 		fmt.Fprintf(w, "cudatrace: %d stacks end where their %s stack window did; a larger --stack-window (up to 64KiB) reaches deeper\n",
 			res.StacksCut, f.window)

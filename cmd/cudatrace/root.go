@@ -12,6 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/loader"
+	"github.com/cudatrace/cudatrace/record"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -76,4 +78,21 @@ Needs root, or CAP_BPF and CAP_PERFMON, on Linux 5.15 or later with BTF.`,
 	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(newRecordCmd(), newReportCmd(), newExportCmd(), newTopCmd(), newAgentCmd(), newLaunchCmd(), newWatchdogCmd())
 	return root
+}
+
+// writeLosses warns of the events a session lost, those while tracing
+// (with their causes and remedy) apart from those while stopping, which
+// change none of the figures up to the stop.
+func writeLosses(w io.Writer, who string, res *record.Result) {
+	if n := res.Lost - res.LostStopping; n > 0 {
+		causes := res.CountersAtStop
+		if causes == nil {
+			causes = res.Counters
+		}
+		fmt.Fprintf(w, "%s: warning: %d events lost while tracing: %s\n", who, n, loader.LossHint(causes))
+	}
+	if res.LostStopping > 0 {
+		fmt.Fprintf(w, "%s: %d events lost while stopping (probes firing as they were removed): the figures up to the stop miss none of them\n",
+			who, res.LostStopping)
+	}
 }
