@@ -69,7 +69,7 @@ type Report struct {
 	// containers could not be named, and what to do about it.
 	SymbolWarning string    `json:"symbol_warning,omitempty"`
 	Processes     []Process `json:"processes"` // by PID
-	Stacks        []Stack   `json:"stacks"`    // most live bytes first, then most allocated
+	Stacks        []Stack   `json:"stacks"`    // one per call path, both levels side by side (stacks.go)
 	Failures      []Failure `json:"failures"`  // by PID, then in time order
 	// PeakStacks are, per process, the stacks holding its GPU memory at
 	// the moment of its peak: what to shrink to lower the peak.
@@ -193,17 +193,6 @@ type Device struct {
 	// GPU memory freed with its context on this device.
 	ImplicitFrees     uint64 `json:"implicit_frees"`
 	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
-}
-
-// Stack is the allocations made from one call stack of one process.
-type Stack struct {
-	PID        uint32  `json:"pid"`
-	Level      string  `json:"level"` // segment (runtime, driver) or tensor
-	Allocs     uint64  `json:"allocs"`
-	AllocBytes uint64  `json:"alloc_bytes"`
-	LiveBytes  uint64  `json:"live_bytes"`
-	LiveCount  uint64  `json:"live_count"`
-	Frames     []Frame `json:"frames"` // innermost first
 }
 
 // Frame is one frame of a stack. Function, File and Module are "" where
@@ -408,23 +397,8 @@ func Load(path string, opts Options) (*Report, error) {
 		}
 	}
 
-	rep.Stacks = []Stack{}
-	index := map[*ledger.Stack]int{}
-	for _, st := range t.Ledger.Stacks() {
-		if !opts.selected(st.PID) {
-			continue
-		}
-		if st.Allocs == 0 {
-			continue // only failed calls came from it: they are under failures
-		}
-		index[st] = len(rep.Stacks)
-		level := "segment"
-		if st.Tensor {
-			level = "tensor"
-		}
-		rep.Stacks = append(rep.Stacks, Stack{PID: st.PID, Level: level, Allocs: st.Allocs, AllocBytes: st.AllocBytes,
-			LiveBytes: st.Live, LiveCount: st.LiveCount, Frames: frames(st)})
-	}
+	var index map[*ledger.Stack]int
+	rep.Stacks, index = buildStacks(t.Ledger.Stacks(), opts.selected, frames)
 	if opts.By != "" {
 		rep.By = opts.By
 		rep.View = buildView(t.Ledger.Stacks(), opts.By, opts.selected, frames, vf)

@@ -97,16 +97,16 @@ const mixJSON = `{
    "capture_error": "exited before its mappings could be read"}
  ],
  "stacks": [
-  {"pid": 100, "level": "segment", "allocs": 2, "alloc_bytes": 1512, "live_bytes": 512, "live_count": 1, "frames": [
+  {"pid": 100, "allocs": 2, "alloc_bytes": 1512, "live_bytes": 512, "live_count": 1, "tensor_allocs": 0, "tensor_alloc_bytes": 0, "tensor_live_bytes": 0, "tensor_live_count": 0, "calls": 2, "frames": [
    {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xb1", "offset": 0}]},
-  {"pid": 100, "level": "segment", "allocs": 1, "alloc_bytes": 300, "live_bytes": 300, "live_count": 1, "frames": [
+  {"pid": 100, "allocs": 1, "alloc_bytes": 300, "live_bytes": 300, "live_count": 1, "tensor_allocs": 0, "tensor_alloc_bytes": 0, "tensor_live_bytes": 0, "tensor_live_count": 0, "calls": 1, "frames": [
    {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa1", "offset": 0},
    {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xa2", "offset": 0}]},
-  {"pid": 100, "level": "segment", "allocs": 1, "alloc_bytes": 64, "live_bytes": 64, "live_count": 1, "frames": [
+  {"pid": 100, "allocs": 1, "alloc_bytes": 64, "live_bytes": 64, "live_count": 1, "tensor_allocs": 0, "tensor_alloc_bytes": 0, "tensor_live_bytes": 0, "tensor_live_count": 0, "calls": 1, "frames": [
    {"function": "", "file": "", "line": 0, "module": "/nonexistent/mix", "address": "0xc1", "offset": 0}]},
-  {"pid": 200, "level": "segment", "allocs": 1, "alloc_bytes": 7, "live_bytes": 7, "live_count": 1, "frames": [
+  {"pid": 200, "allocs": 1, "alloc_bytes": 7, "live_bytes": 7, "live_count": 1, "tensor_allocs": 0, "tensor_alloc_bytes": 0, "tensor_live_bytes": 0, "tensor_live_count": 0, "calls": 1, "frames": [
    {"function": "", "file": "", "line": 0, "module": "", "address": "0x40", "offset": 0}]},
-  {"pid": 200, "level": "segment", "allocs": 1, "alloc_bytes": 7, "live_bytes": 7, "live_count": 1, "frames": [
+  {"pid": 200, "allocs": 1, "alloc_bytes": 7, "live_bytes": 7, "live_count": 1, "tensor_allocs": 0, "tensor_alloc_bytes": 0, "tensor_live_bytes": 0, "tensor_live_count": 0, "calls": 1, "frames": [
    {"function": "", "file": "", "line": 0, "module": "", "address": "0x50", "offset": 0}]}
  ],
  "failures": [

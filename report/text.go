@@ -259,13 +259,21 @@ func (r *Report) writeStacks(w io.Writer, comm map[uint32]string) {
 	n := min(r.topN(), len(r.Stacks))
 	fmt.Fprintf(w, "\nTop stacks by live bytes (%d of %d):\n", n, len(r.Stacks))
 	for i, s := range r.Stacks[:n] {
-		what := ""
-		if s.Level == "tensor" {
-			what = "tensors: "
+		segments := fmt.Sprintf("%s live in %s; %s allocated in %s", units.Bytes(s.LiveBytes),
+			plural(s.LiveCount, "allocation"), units.Bytes(s.AllocBytes), plural(s.Allocs, "call"))
+		var what string
+		switch {
+		case s.TensorAllocs == 0:
+			what = segments
+		case s.Allocs == 0:
+			what = fmt.Sprintf("tensors: %s live in %d; %s used in %s", units.Bytes(s.TensorLiveBytes),
+				s.TensorLiveCount, units.Bytes(s.TensorAllocBytes), plural(s.TensorAllocs, "call"))
+		default: // both levels: the tensors it used beside the segments it acquired for them
+			what = fmt.Sprintf("tensors: %s live in %d; %s used in %s | segments: %s live in %d; %s acquired in %s",
+				units.Bytes(s.TensorLiveBytes), s.TensorLiveCount, units.Bytes(s.TensorAllocBytes), plural(s.TensorAllocs, "call"),
+				units.Bytes(s.LiveBytes), s.LiveCount, units.Bytes(s.AllocBytes), plural(s.Allocs, "call"))
 		}
-		fmt.Fprintf(w, "\n[%d] %s%s live in %s; %s allocated in %s; pid %d (%s)\n", i+1, what,
-			units.Bytes(s.LiveBytes), plural(s.LiveCount, "allocation"), units.Bytes(s.AllocBytes),
-			plural(s.Allocs, "call"), s.PID, comm[s.PID])
+		fmt.Fprintf(w, "\n[%d] %s; pid %d (%s)\n", i+1, what, s.PID, comm[s.PID])
 		writeFrames(w, s.Frames)
 	}
 }
