@@ -5,6 +5,7 @@ package vmtest
 // Privileged.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"github.com/cudatrace/cudatrace/internal/memviztest"
@@ -53,8 +54,9 @@ func TestTensors(t *testing.T) {
 			} `json:"devices"`
 		} `json:"processes"`
 		Stacks []struct {
-			Level  string `json:"level"`
-			Frames []struct {
+			TensorAllocs uint64 `json:"tensor_allocs"`
+			Allocs       uint64 `json:"allocs"`
+			Frames       []struct {
 				Function string `json:"function"`
 			} `json:"frames"`
 		} `json:"stacks"`
@@ -80,15 +82,18 @@ func TestTensors(t *testing.T) {
 	if perDevice != p.TensorLive {
 		t.Errorf("tensor live bytes per device add up to %d, not %d", perDevice, p.TensorLive)
 	}
+	// One entry per call path, both levels side by side: make_activation's
+	// path both used tensors and acquired segments.
 	found := false
 	for _, s := range doc.Stacks {
 		for _, f := range s.Frames {
-			found = found || (s.Level == "tensor" && f.Function == "make_activation")
+			found = found || (s.TensorAllocs > 0 && s.Allocs > 0 && f.Function == "make_activation")
 		}
 	}
 	if !found {
-		t.Errorf("no tensor-level stack through make_activation")
+		t.Errorf("no stack through make_activation with both tensors and segments")
 	}
+	checkByViews(t, ctx, trace, out)
 
 	// The memory_viz snapshot: tensors are the active blocks of the
 	// segments, their requested bytes the tensor-level live total.
@@ -117,5 +122,103 @@ print(seg, req)
 	}
 	if segBytes != p.LiveBytes || tensorBytes != want.live {
 		t.Errorf("snapshot: segments %d bytes, tensor blocks request %d; want %d and %d", segBytes, tensorBytes, p.LiveBytes, want.live)
+	}
+}
+
+// viewTruth is one row of the workload's own tally (tensors.c): per call
+// site in main or per helper, tensor bytes used from the pool, segment
+// bytes acquired from the device (the stand-in's count), tensor bytes
+// freed, what is live.
+type viewTruth struct {
+	used, usedCount, acquired, acquiredCount, freed, usedLive uint64
+}
+
+// checkByViews: `report --by function` and `--by line` of the tensors
+// workload's trace, row by row against its own tally: used, acquired,
+// occurrences, live, and with --interval the bytes added and removed
+// (summed over the intervals: which interval a call fell in is the
+// clock's).
+func checkByViews(t *testing.T, ctx context.Context, trace, stdout string) {
+	t.Helper()
+	truth := map[string]viewTruth{}
+	for _, line := range strings.Split(stdout, "\n") {
+		var key string
+		var v viewTruth
+		var n int
+		if strings.HasPrefix(line, "site: ") {
+			var ln int
+			_, err := fmt.Sscanf(line, "site: line=%d used=%d used_count=%d acquired=%d acquired_count=%d freed=%d used_live=%d",
+				&ln, &v.used, &v.usedCount, &v.acquired, &v.acquiredCount, &v.freed, &v.usedLive)
+			if err != nil {
+				t.Fatalf("workload printed %q: %v", line, err)
+			}
+			key, n = fmt.Sprintf("tensors.c:%d", ln), 1
+		} else if strings.HasPrefix(line, "function: ") {
+			_, err := fmt.Sscanf(line, "function: name=%s used=%d used_count=%d acquired=%d acquired_count=%d freed=%d used_live=%d",
+				&key, &v.used, &v.usedCount, &v.acquired, &v.acquiredCount, &v.freed, &v.usedLive)
+			if err != nil {
+				t.Fatalf("workload printed %q: %v", line, err)
+			}
+			n = 1
+		}
+		if n > 0 {
+			truth[key] = v
+		}
+	}
+	if len(truth) != 6 {
+		t.Fatalf("the workload's tally has %d rows, want 4 call sites and 2 functions:\n%s", len(truth), stdout)
+	}
+	for _, by := range []string{"function", "line"} {
+		data, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--by", by, "--interval", "20ms", "--json").Output()
+		if err != nil {
+			t.Fatalf("report --by %s: %v", by, err)
+		}
+		var doc struct {
+			By   string `json:"by"`
+			View []struct {
+				Key               string `json:"key"`
+				UsedBytes         uint64 `json:"used_bytes"`
+				UsedCount         uint64 `json:"used_count"`
+				AcquiredBytes     uint64 `json:"acquired_bytes"`
+				AcquiredCount     uint64 `json:"acquired_count"`
+				Occurrences       uint64 `json:"occurrences"`
+				UsedLiveBytes     uint64 `json:"used_live_bytes"`
+				AcquiredLiveBytes uint64 `json:"acquired_live_bytes"`
+				Intervals         []struct {
+					Added   uint64 `json:"added_bytes"`
+					Removed uint64 `json:"removed_bytes"`
+				} `json:"intervals"`
+			} `json:"view"`
+		}
+		if err := json.Unmarshal(data, &doc); err != nil {
+			t.Fatal(err)
+		}
+		checked := 0
+		for _, r := range doc.View {
+			want, ok := truth[filepath.Base(r.Key)] // the file is named as built: its path
+			if !ok {
+				continue // the stand-in's and libc's rows, main's own
+			}
+			checked++
+			var added, removed uint64
+			for _, iv := range r.Intervals {
+				added += iv.Added
+				removed += iv.Removed
+			}
+			got := [8]uint64{r.UsedBytes, r.UsedCount, r.AcquiredBytes, r.AcquiredCount, r.Occurrences, r.UsedLiveBytes, added, removed}
+			w := [8]uint64{want.used, want.usedCount, want.acquired, want.acquiredCount, want.usedCount + want.acquiredCount,
+				want.usedLive, want.used + want.acquired, want.freed}
+			if got != w || r.AcquiredLiveBytes != want.acquired {
+				t.Errorf("--by %s, %s: used, count, acquired, count, occurrences, used live, added, removed = %v, acquired live %d; want %v, %d (the workload's tally)",
+					by, r.Key, got, r.AcquiredLiveBytes, w, want.acquired)
+			}
+		}
+		wantRows := 2 // make_weight, make_activation
+		if by == "line" {
+			wantRows = 4 // main's four call sites
+		}
+		if checked != wantRows {
+			t.Errorf("--by %s: %d of the workload's %d rows in the view: %s", by, checked, wantRows, data)
+		}
 	}
 }

@@ -8,6 +8,8 @@
  * the next tensor of the same rounded size.
  *
  *   c10_alloc(size, device) -> ptr    c10_free(ptr)
+ *   c10_acquired() -> segment bytes cudaMalloc'd so far (the caller's truth
+ *                     of which call acquired a segment)
  */
 #define _SDT_HAS_SEMAPHORES 1
 #include <stdint.h>
@@ -32,6 +34,12 @@ static struct block blocks[4096];
 static int nblocks;
 static uintptr_t seg_next, seg_end;
 static int seg_dev = -1;
+static uint64_t acquired;
+
+EXPORT uint64_t c10_acquired(void)
+{
+	return acquired;
+}
 
 EXPORT void *c10_alloc(size_t size, int device)
 {
@@ -52,6 +60,7 @@ EXPORT void *c10_alloc(size_t size, int device)
 			void *seg;
 			if (cudaSetDevice(device) != 0 || cudaMalloc(&seg, SEGMENT) != 0 || nblocks == 4096)
 				return NULL;
+			acquired += SEGMENT;
 			seg_next = (uintptr_t)seg;
 			seg_end = seg_next + SEGMENT;
 			seg_dev = device;
