@@ -106,7 +106,7 @@ func (n *namer) stop() {
 // Options.Portable, for every process.
 func (s *session) nameNative(ev *events.Event, lp *liveProc) {
 	c := lp.p.Current()
-	if c == nil || !c.OwnRoot && !s.opts.Portable || s.w == nil || len(ev.Stack) == 0 {
+	if c == nil || !c.OwnRoot && !s.opts.Portable || s.opts.NoSymbolize || s.w == nil || len(ev.Stack) == 0 {
 		return
 	}
 	if s.namer == nil {

@@ -71,6 +71,11 @@ type Options struct {
 	// done for processes in containers, so that report and export name
 	// them on a machine without the same files.
 	Portable bool
+	// NoSymbolize names no frame into the trace, not even a container
+	// process's: the trace keeps the addresses and the mappings (with
+	// their build IDs), and whoever reads it names them from the files it
+	// finds, or shows addresses.
+	NoSymbolize bool
 
 	// waiting are the --pid processes with no CUDA library loaded when
 	// tracing began (findLibraries): the scan of their mappings attaches

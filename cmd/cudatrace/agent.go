@@ -21,18 +21,14 @@ import (
 )
 
 type agentFlags struct {
+	traceFlags
 	listen        string
 	tokenFile     string
 	noToken       bool
-	libs          []string
 	retention     time.Duration
 	dumpDir       string
 	dumpEvery     time.Duration
 	processLabels bool
-	ringSize      string
-	noSymbolize   bool
-	noPy          bool
-	nvml          bool
 	maxWindows    int
 }
 
@@ -96,25 +92,18 @@ See docs/agent.md.`,
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:9738", "HTTP address to serve on (port 0 picks a free one)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the bearer token every request must carry (without one: only root and the agent's user, over loopback)")
 	fl.BoolVar(&f.noToken, "insecure-no-token", false, "serve anyone who reaches the port without a token, other local users and off loopback included (they read stacks and command lines)")
-	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
 	fl.DurationVar(&f.retention, "retention", agent.DefaultRetention, "how long an exited process's account is kept")
 	fl.StringVar(&f.dumpDir, "dump-dir", "/var/lib/cudatrace/oom", `where OOM dumps go ("" writes none)`)
 	fl.DurationVar(&f.dumpEvery, "dump-every", agent.DefaultDumpEvery, "at most one OOM dump per process this often")
 	fl.BoolVar(&f.processLabels, "process-labels", true, "label metrics with pid, comm, container and pod (off: summed per GPU)")
-	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
-	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
-	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
-	fl.BoolVar(&f.nvml, "nvml", true, "export what the driver reports (NVML) beside what was traced")
+	f.add(fl, "leave the stacks of profiles, snapshots and OOM dumps as addresses", "export what the driver reports (NVML) beside what was traced")
 	fl.IntVar(&f.maxWindows, "max-trace-windows", httpapi.DefaultMaxTraceWindows, "most /trace windows open at once (429 past it); each holds at most 4MiB of records for its client")
 	return cmd
 }
 
 func runAgent(cmd *cobra.Command, f *agentFlags) error {
-	ring, err := parseSize(f.ringSize)
+	ring, err := f.ring(loader.DefaultStackWindow)
 	if err != nil {
-		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
-	}
-	if err := checkRing(ring, f.ringSize, loader.DefaultStackWindow); err != nil {
 		return err
 	}
 	if f.maxWindows <= 0 {

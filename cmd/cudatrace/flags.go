@@ -58,6 +58,34 @@ func addPIDFlag(fl *pflag.FlagSet, p *pidList, usage string) {
 	fl.VarP(p, "pid", "p", usage)
 }
 
+// traceFlags are the flags of the verbs that trace (record, top, agent),
+// each meaning the same in all three; nvml and noSymbolize say what they do
+// in the verb's own words.
+type traceFlags struct {
+	libs        []string
+	ringSize    string
+	noSymbolize bool
+	noPy        bool
+	nvml        bool
+}
+
+func (f *traceFlags) add(fl *pflag.FlagSet, symbolizeUsage, nvmlUsage string) {
+	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
+	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two holding at least 8 allocation records of the stack window (256KiB for 16KiB) (raise it if events are lost)")
+	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, symbolizeUsage)
+	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.14 processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
+	fl.BoolVar(&f.nvml, "nvml", true, nvmlUsage)
+}
+
+// ring checks --ring-size against the stack window each record holds.
+func (f *traceFlags) ring(window int) (uint32, error) {
+	ring, err := parseSize(f.ringSize)
+	if err != nil {
+		return 0, hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
+	}
+	return ring, checkRing(ring, f.ringSize, window)
+}
+
 // readFlags are the flags of the verbs that read a trace.
 type readFlags struct {
 	pids        pidList

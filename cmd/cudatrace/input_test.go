@@ -70,6 +70,8 @@ func TestBadInput(t *testing.T) {
 		{[]string{"record", "-o", "/nonexistent/dir/x.trace", "--", "true"}, "cannot write output /nonexistent/dir/x.trace: no such file or directory", "check that its directory exists"},
 		{[]string{"record", "--pid", "4194303", "-o", out}, "pid 4194303: no such process", "check the PID with ps or nvidia-smi"},
 		{[]string{"record", "--pid", "x", "-o", out}, `--pid "x": not a process ID (want a whole number from 1 to 4194304)`, "see `cudatrace record --help`"},
+		{[]string{"record", "--no-symbolize", "--portable", "-o", out, "--", "true"}, "--portable names every frame while recording, --no-symbolize none", "pick one"},
+		{[]string{"agent", "--ring-size", "3M"}, `--ring-size "3M": must be a power of two between 4096 bytes and 1GiB`, "e.g. --ring-size 64MiB"},
 		{[]string{"top", "--top", "-1"}, "--top -1: must be 0 or more", "e.g. --top 5"},
 		{[]string{"top", "--ring-size", "3M"}, `--ring-size "3M": must be a power of two between 4096 bytes and 1GiB`, "e.g. --ring-size 64MiB"},
 		{[]string{"top", "--pid", "0"}, `--pid "0": not a process ID (want a whole number from 1 to 4194304)`, "see `cudatrace top --help`"},
@@ -107,5 +109,21 @@ func TestExportWarnsDamage(t *testing.T) {
 	code, stdout, _ := runCLI("report", damaged)
 	if code != 0 || !strings.Contains(stdout, "Warning: trace damaged:") {
 		t.Errorf("report of a damaged trace: exit %d, no warning:\n%s", code, stdout)
+	}
+}
+
+// The verbs that trace share their flags: each has every one of them.
+func TestTraceFlagsShared(t *testing.T) {
+	root := newRoot(nil, nil)
+	for _, verb := range []string{"record", "top", "agent"} {
+		cmd, _, err := root.Find([]string{verb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"lib", "ring-size", "no-symbolize", "no-python-frames", "nvml"} {
+			if cmd.Flags().Lookup(name) == nil {
+				t.Errorf("%s has no --%s", verb, name)
+			}
+		}
 	}
 }

@@ -20,19 +20,16 @@ import (
 )
 
 type recordFlags struct {
-	libs      []string
+	traceFlags
 	pids      pidList
 	all       bool
 	duration  time.Duration
 	output    string
-	ringSize  string
 	window    string
 	keepWin   bool
-	noPy      bool
 	portable  bool
 	quiet     bool
 	exports   []string // FORMAT=FILE
-	nvml      bool
 	nvmlEvery time.Duration
 }
 
@@ -96,7 +93,9 @@ Stacks are named (function, file:line) when report or export reads the
 trace, from the files the processes mapped, checked by build ID. A
 container's files are read while it runs and its frames named into the
 trace, since the host may hold other builds at the same paths; --portable
-does the same for every process, for a trace read on another machine.`,
+does the same for every process, for a trace read on another machine;
+--no-symbolize names none, not even a container's (the trace keeps the
+addresses and mappings; report and export name what they can).`,
 		Example: `  # Launch a training script and keep the trace
   cudatrace record -o train.trace -- python train.py --epochs 1
 
@@ -116,19 +115,17 @@ does the same for every process, for a trace read on another machine.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
 	addPIDFlag(fl, &f.pids, "trace this running process (repeatable)")
 	fl.BoolVarP(&f.all, "all", "a", false, "trace every process on the host")
 	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (e.g. 30s, 5m)")
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
-	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two holding at least 8 allocation records of the stack window (256KiB for 16KiB) (raise it if events are lost)")
 	fl.StringVar(&f.window, "stack-window", "16KiB", "user stack copied per allocation to unwind code without frame pointers: a multiple of 4KiB up to 64KiB, 0 for frame-pointer stacks only")
-	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, merged into stacks where the interpreter runs) out of their stacks")
 	fl.BoolVar(&f.portable, "portable", false, "name every native frame into the trace while recording, so report/export name them on another machine, without these libraries (containers' frames are always named)")
 	fl.BoolVar(&f.keepWin, "keep-stack-windows", false, "write the stack windows to the trace for report/export to unwind, instead of unwinding while recording (traces grow by the window per allocation)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
 	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE (pprof, memviz, perfetto, json; repeatable)")
-	fl.BoolVar(&f.nvml, "nvml", true, "sample the driver's per-process GPU memory (NVML) into the trace")
+	f.add(fl, "name no frame while recording, not even a container's: the trace keeps addresses and mappings, report and export name them from the files they find (and --export writes addresses)",
+		"sample the driver's per-process GPU memory (NVML) into the trace")
 	fl.DurationVar(&f.nvmlEvery, "nvml-interval", record.DefaultNVMLEvery, "how often to sample NVML")
 	fl.SetInterspersed(false)
 	return cmd
@@ -139,17 +136,17 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		return hint.Wrap(fmt.Errorf("unexpected argument %q", args[0]),
 			"put the command to trace after --, e.g. cudatrace record -- "+strings.Join(args, " "))
 	}
-	ring, err := parseSize(f.ringSize)
-	if err != nil {
-		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
-	}
 	window, err := parseWindow(f.window)
 	if err != nil {
 		return hint.Wrap(fmt.Errorf("--stack-window %q: %w", f.window, err),
 			"e.g. --stack-window 32KiB for deep native stacks, or 0 to copy none")
 	}
-	if err := checkRing(ring, f.ringSize, window); err != nil {
+	ring, err := f.ring(window)
+	if err != nil {
 		return err
+	}
+	if f.noSymbolize && f.portable {
+		return hint.Wrap(errors.New("--portable names every frame while recording, --no-symbolize none"), "pick one")
 	}
 	exports, err := parseExports(f.exports)
 	if err != nil {
@@ -201,6 +198,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		KeepStackWindows: f.keepWin,
 		NoPythonFrames:   f.noPy,
 		Portable:         f.portable,
+		NoSymbolize:      f.noSymbolize,
 	}
 	opts.Tracer.RingBytes = ring
 	if f.nvml {
@@ -241,7 +239,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	}
 	exportFailed := false
 	for _, e := range exports {
-		if err := writeExport(cmd.OutOrStdout(), output, e.format, e.path, export.Options{}); err != nil {
+		if err := writeExport(cmd.OutOrStdout(), output, e.format, e.path, export.Options{NoSymbolize: f.noSymbolize}); err != nil {
 			printError(w, err)
 			exportFailed = true
 			continue

@@ -17,14 +17,10 @@ import (
 )
 
 type topFlags struct {
-	libs        []string
-	pids        pidList
-	ringSize    string
-	every       time.Duration
-	stacks      int
-	nvml        bool
-	noSymbolize bool
-	noPy        bool
+	traceFlags
+	pids   pidList
+	every  time.Duration
+	stacks int
 }
 
 func newTopCmd() *cobra.Command {
@@ -64,16 +60,12 @@ memory as the remainder.`,
 		RunE: func(cmd *cobra.Command, args []string) error { return runTop(cmd, &f) },
 	}
 	fl := cmd.Flags()
-	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
 	addPIDFlag(fl, &f.pids, "watch this process only (repeatable); default: every process")
 	fl.DurationVarP(&f.every, "interval", "i", time.Second, "refresh interval (and NVML sampling)")
 	fl.IntVar(&f.stacks, "top", 5, "how many stacks of the selected process to show")
 	fl.IntVar(&f.stacks, "stacks", 5, "how many stacks of the selected process to show")
 	_ = fl.MarkDeprecated("stacks", "use --top, as report does")
-	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two (raise it if events are lost)")
-	fl.BoolVar(&f.nvml, "nvml", true, "compare with the driver's per-process figure (NVML)")
-	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "show stack addresses only")
-	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.13 processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
+	f.add(fl, "show stack addresses only", "compare with the driver's per-process figure (NVML)")
 	return cmd
 }
 
@@ -84,11 +76,8 @@ func runTop(cmd *cobra.Command, f *topFlags) error {
 	if f.stacks < 0 {
 		return hint.Wrap(fmt.Errorf("--top %d: must be 0 or more", f.stacks), "e.g. --top 5")
 	}
-	ring, err := parseSize(f.ringSize)
+	ring, err := f.ring(loader.DefaultStackWindow)
 	if err != nil {
-		return hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")
-	}
-	if err := checkRing(ring, f.ringSize, loader.DefaultStackWindow); err != nil {
 		return err
 	}
 	if err := checkTargets(nil, f.pids); err != nil {
