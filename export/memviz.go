@@ -124,8 +124,10 @@ type MemvizTraceEntry struct {
 	Stream uint64
 	Frames []MemvizFrame // may be empty
 	// DeviceFree is the bytes free on the device when an oom happened;
-	// written for oom only.
-	DeviceFree uint64
+	// written for oom only, unless NoDeviceFree says it is unknown (the
+	// snapshot's allocator_settings say why).
+	DeviceFree   uint64
+	NoDeviceFree bool
 	// TimeUS is when the event happened, in microseconds (PyTorch uses the
 	// Unix epoch). Zero leaves "time_us" out, as older PyTorch did.
 	TimeUS int64
@@ -410,7 +412,7 @@ func (seg *MemvizSegment) pyValue() pickle.Dict {
 func (t *MemvizTraceEntry) pyValue() pickle.Dict {
 	d := make(pickle.Dict, 0, 6)
 	d = append(d, pickle.KV{Key: "action", Value: string(t.Action)})
-	if t.Action == MemvizOOM {
+	if t.Action == MemvizOOM && !t.NoDeviceFree {
 		d = append(d, pickle.KV{Key: "device_free", Value: t.DeviceFree})
 	} else {
 		d = append(d, pickle.KV{Key: "addr", Value: t.Addr})

@@ -76,21 +76,23 @@ func (s *memvizScope) nvml(n *tracefile.NVML) {
 }
 
 // deviceFree is the driver's free memory on dev at the latest NVML sample
-// (NVML's index is taken as the CUDA ordinal; with one GPU they agree), 0
-// when the trace has none.
-func (s *memvizScope) deviceFree(dev int) uint64 {
+// (NVML's index is taken as the CUDA ordinal; with one GPU they agree);
+// false when the trace has no sample of it before: without NVML nothing in
+// the trace says how large the device is (no probe reads cuMemGetInfo), so
+// no honest figure exists and the entry leaves device_free out.
+func (s *memvizScope) deviceFree(dev int) (uint64, bool) {
 	if s == nil || s.last == nil {
-		return 0
+		return 0, false
 	}
 	if len(s.last.Devices) == 1 {
-		return s.last.Devices[0].Free
+		return s.last.Devices[0].Free, true
 	}
 	for _, d := range s.last.Devices {
 		if d.Index == dev {
-			return d.Free
+			return d.Free, true
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // timeUS is when ev returned, in Unix µs; 0 without a clock.
@@ -140,11 +142,18 @@ type MemvizSettings struct {
 	// Overflowed says a device's trace was cut to MaxEntries
 	// (trace_alloc_overflowed): older entries are missing.
 	Overflowed bool
+	// DeviceFree says where the oom entries' device_free comes from, or
+	// why some leave it out; "" without oom entries.
+	DeviceFree string
 }
 
 func (m *MemvizSettings) pyValue() pickle.Dict {
-	return pickle.Dict{
+	d := pickle.Dict{
 		{Key: "trace_alloc_max_entries", Value: m.MaxEntries},
 		{Key: "trace_alloc_overflowed", Value: m.Overflowed},
 	}
+	if m.DeviceFree != "" {
+		d = append(d, pickle.KV{Key: "device_free_source", Value: m.DeviceFree})
+	}
+	return d
 }

@@ -59,12 +59,24 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	orphanCounts := map[memvizBlockKey]int{}
 	scope := newMemvizScope(func(memvizBlockKey) bool { return true })
 	noScope := newMemvizScope(nil)
-	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch ledger.Change) error {
+	var ooms, unknownFree int // oom entries, and those whose device_free is unknown
+	t, err := replay.Read(path, replay.Options{Until: end, OnNVML: func(s *tracefile.NVML, _ *ledger.Ledger) error {
+		noScope.nvml(s)
+		return nil
+	}, OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		if ch.Process == nil || !opts.selected(ch.Process.PID) {
 			return nil
 		}
 		tensors = tensors || ev.API.Info().Layer == events.LayerTensor
-		memvizEntries(ev, ch, false, noScope, func(dev int, _ MemvizTraceEntry) { counts[dev]++ }, nil)
+		memvizEntries(ev, ch, false, noScope, func(dev int, e MemvizTraceEntry) {
+			counts[dev]++
+			if e.Action == MemvizOOM {
+				ooms++
+				if e.NoDeviceFree {
+					unknownFree++
+				}
+			}
+		}, nil)
 		memvizEntries(ev, ch, true, scope, func(dev int, e MemvizTraceEntry) {
 			if e.orphan {
 				orphanCounts[memvizBlockKey{dev, e.Addr, e.Size}]++
@@ -150,6 +162,13 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 		limit = DefaultMemvizEntries
 	}
 	settings := &MemvizSettings{MaxEntries: max(limit, 0)}
+	switch {
+	case unknownFree > 0:
+		settings.DeviceFree = fmt.Sprintf("unknown for %d of %d ooms: device_free left out, the trace has no NVML sample of the device before them (the device's size is known only to NVML: record where the driver is loaded, with --nvml)",
+			unknownFree, ooms)
+	case ooms > 0:
+		settings.DeviceFree = "nvml: the driver's free memory on the device at its last sample before the oom (--nvml-interval apart)"
+	}
 	for dev := 0; dev <= maxDev; dev++ {
 		if limit > 0 && counts[dev] > limit {
 			settings.Overflowed = true
@@ -255,8 +274,9 @@ func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memv
 		}
 	}
 	if ch.Stack != nil && ch.Alloc == nil && events.IsOOM(ev.Result) && ev.API.Segment() {
+		free, known := scope.deviceFree(int(ev.Device))
 		emit(int(ev.Device), MemvizTraceEntry{Action: MemvizOOM, TimeUS: scope.timeUS(ev), Size: ev.Size, Frames: frames(ch.Stack),
-			DeviceFree: scope.deviceFree(int(ev.Device))})
+			DeviceFree: free, NoDeviceFree: !known})
 	}
 }
 

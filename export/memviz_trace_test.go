@@ -138,7 +138,8 @@ func TestMemvizTrace(t *testing.T) {
 			oom,
 		},
 	}
-	wantSettings := map[string]any{"trace_alloc_max_entries": float64(DefaultMemvizEntries), "trace_alloc_overflowed": false}
+	wantSettings := map[string]any{"trace_alloc_max_entries": float64(DefaultMemvizEntries), "trace_alloc_overflowed": false,
+		"device_free_source": "nvml: the driver's free memory on the device at its last sample before the oom (--nvml-interval apart)"}
 	if got := snap["allocator_settings"]; !reflect.DeepEqual(got, wantSettings) {
 		t.Errorf("allocator_settings %v, want %v", got, wantSettings)
 	}
@@ -184,7 +185,8 @@ func TestMemvizTraceCap(t *testing.T) {
 		t.Errorf("%d segments: the cap must not touch them", n)
 	}
 	// The viewer says the history was cut.
-	wantSettings := map[string]any{"trace_alloc_max_entries": 2.0, "trace_alloc_overflowed": true}
+	wantSettings := map[string]any{"trace_alloc_max_entries": 2.0, "trace_alloc_overflowed": true,
+		"device_free_source": "nvml: the driver's free memory on the device at its last sample before the oom (--nvml-interval apart)"}
 	if got := snap["allocator_settings"]; !reflect.DeepEqual(got, wantSettings) {
 		t.Errorf("allocator_settings %v, want %v", got, wantSettings)
 	}
@@ -293,5 +295,28 @@ func TestMemvizTraceAttached(t *testing.T) {
 	wantE := []entT{{"alloc", 0x20_0000}, {"segment_alloc", 0x100_0000}, {"alloc", 0x100_0000}, {"alloc", 0x40_0000}}
 	if !reflect.DeepEqual(got, wantE) {
 		t.Errorf("trace %v, want %v", got, wantE)
+	}
+}
+
+// Without NVML nothing in the trace says how large the device is: the oom
+// entry leaves device_free out rather than claim 0 bytes free, and the
+// Allocator Settings tab says why.
+func TestMemvizOOMWithoutNVML(t *testing.T) {
+	var items []any
+	for _, it := range memvizItems() {
+		if _, nvml := it.(*tracefile.NVML); !nvml {
+			items = append(items, it)
+		}
+	}
+	path, _ := tracetest.Write(t, memvizMeta(), items...)
+	snap := memvizExport(t, path, Options{PIDs: []uint32{7}, NoSymbolize: true})
+	dev1 := snap["device_traces"].([]any)[1].([]any)
+	oom := dev1[len(dev1)-1].(map[string]any)
+	if _, has := oom["device_free"]; has || oom["action"] != "oom" {
+		t.Errorf("oom entry %v: want no device_free where the device's size is unknown", oom)
+	}
+	want := "unknown for 1 of 1 ooms: device_free left out, the trace has no NVML sample of the device before them (the device's size is known only to NVML: record where the driver is loaded, with --nvml)"
+	if got := snap["allocator_settings"].(map[string]any)["device_free_source"]; got != want {
+		t.Errorf("device_free_source %q, want %q", got, want)
 	}
 }

@@ -45,8 +45,9 @@ already use:
             and a trace of the allocations and frees per device (the
             latest --memviz-entries of them; the Allocator Settings tab
             says when older ones were cut). OOM entries carry the free
-            memory NVML saw last, when the trace has it. One process: pick
-            it with --pid.
+            memory NVML saw last; without NVML in the trace they leave
+            it out, and the Allocator Settings tab says so. One
+            process: pick it with --pid.
   perfetto  Chrome trace JSON for https://ui.perfetto.dev: live GPU memory
             per process and device as counter tracks (tensor memory too),
             failed allocations as instant events on their named threads,
