@@ -13,6 +13,8 @@ import (
 	"github.com/google/pprof/profile"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/internal/memviztest"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/record"
@@ -389,6 +391,41 @@ func TestLostWhileStopping(t *testing.T) {
 		a.Tick(&record.Result{Ledger: ledger.New(), Lost: c.lost, LostStopping: c.stopping})
 		if st := a.stats(); st.Lost != c.want {
 			t.Errorf("Lost %d, LostStopping %d: the agent serves %d lost, want %d", c.lost, c.stopping, st.Lost, c.want)
+		}
+	}
+}
+
+// The OOM dump's memviz entry carries the device's free memory from the
+// driver's latest sample when there is one, and leaves device_free out
+// (not 0) when nothing says how large the device is.
+func TestOOMDumpDeviceFree(t *testing.T) {
+	for _, c := range []struct {
+		nvml *gpustat.Sample
+		want int64
+	}{
+		{&gpustat.Sample{Devices: []gpustat.Device{{Index: 0, Total: 16 << 30, Free: 9 << 30}, {Index: 1, Total: 16 << 30, Free: 3 << 30}}}, 3 << 30},
+		{nil, -1},
+	} {
+		dir := filepath.Join(t.TempDir(), "oom")
+		s := newSession(t, Options{DumpDir: dir, DumpEvery: time.Hour})
+		pid := uint32(os.Getpid())
+		s.process(pid, "job")
+		s.event(events.Event{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x10000, Size: 4096, Device: 1, Stack: []uint64{1}})
+		s.run(func() {
+			s.a.Tick(&record.Result{Ledger: s.ledger, NVML: c.nvml})
+			ev := events.Event{PID: pid, TID: 9, Comm: "job", API: events.CudaMalloc, Size: 1 << 40, Result: 2, Device: 1, Stack: []uint64{3}}
+			s.a.Event(&ev, s.ledger.Apply(&ev))
+		})
+		var files []string
+		for deadline := time.Now().Add(5 * time.Second); len(files) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			files, _ = filepath.Glob(filepath.Join(dir, "oom-*.pickle"))
+		}
+		if len(files) != 1 {
+			t.Fatalf("memviz dumps %v, want 1", files)
+		}
+		sum := memviztest.Check(t, files[0], memviztest.Want{DeviceKnown: c.nvml != nil})
+		if len(sum.DeviceFree) != 1 || sum.DeviceFree[0] != c.want {
+			t.Errorf("NVML %v: oom device_free %v, want [%d] (-1: left out)", c.nvml, sum.DeviceFree, c.want)
 		}
 	}
 }

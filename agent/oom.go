@@ -10,6 +10,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/export"
+	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/report"
 )
@@ -29,6 +30,9 @@ type oomDump struct {
 	tensors []*ledger.Allocation
 	level   bool // tensor events
 	src     *liveStacks
+	// free is the device's free memory at the driver's latest sample
+	// before the failure (NVML, at most a second old); nil without one.
+	free *uint64
 }
 
 // OOMReport is the JSON file of the OOM black box: the failed call and
@@ -70,6 +74,7 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 		ctx:  report.ContextOf(p, ev.Device, oomStacks),
 		segs: p.LiveAllocations(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0}
 	d.proc.Container, d.proc.PodUID = ps.container.ID, ps.container.PodUID
+	d.free = nvmlFree(a.res.NVML, ev.Device)
 	if c := a.model.Get(p.PID); c != nil && c.First != nil {
 		d.proc.Cmdline = c.First.Cmdline
 	}
@@ -126,7 +131,7 @@ func (a *Agent) writeDump(d *oomDump) error {
 
 	var snapBuf bytes.Buffer
 	trace := []export.LiveEntry{{Action: export.MemvizOOM, Size: d.failure.Size, Device: d.failure.Device,
-		Stack: d.failure.Stack, TimeUS: d.time.UnixMicro()}}
+		Stack: d.failure.Stack, TimeUS: d.time.UnixMicro(), DeviceFree: d.free}}
 	if d.failure.Device < 0 {
 		trace = nil
 	}
@@ -189,6 +194,22 @@ func writeFile0600(path string, data []byte) error {
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// nvmlFree is dev's free memory in the driver's sample s (NVML's index
+// taken as the CUDA ordinal; with one GPU they agree); nil without it:
+// nothing else the agent sees says how large the device is.
+func nvmlFree(s *gpustat.Sample, dev int32) *uint64 {
+	if s == nil {
+		return nil
+	}
+	for _, d := range s.Devices {
+		if len(s.Devices) == 1 || d.Index == int(dev) {
+			free := d.Free
+			return &free
+		}
 	}
 	return nil
 }

@@ -54,6 +54,9 @@ type LiveEntry struct {
 	Device int32
 	Stack  *ledger.Stack // nil: no frames
 	TimeUS int64         // Unix epoch µs; 0 leaves time_us out
+	// DeviceFree, for oom: the device's free memory then (the driver's,
+	// NVML); nil where it is unknown, and device_free is left out.
+	DeviceFree *uint64
 }
 
 // LiveSnapshot builds one process's memory snapshot from its live set:
@@ -110,7 +113,11 @@ func LiveSnapshot(segments, liveTensors []*ledger.Allocation, tensors bool, trac
 		if e.Device < 0 {
 			continue
 		}
-		entry := MemvizTraceEntry{Action: e.Action, Addr: e.Addr, Size: e.Size, Frames: frames(e.Stack), TimeUS: e.TimeUS}
+		entry := MemvizTraceEntry{Action: e.Action, Addr: e.Addr, Size: e.Size, Frames: frames(e.Stack), TimeUS: e.TimeUS,
+			NoDeviceFree: e.DeviceFree == nil}
+		if e.DeviceFree != nil {
+			entry.DeviceFree = *e.DeviceFree
+		}
 		snap.DeviceTraces[e.Device] = append(snap.DeviceTraces[e.Device], entry)
 	}
 	if err := snap.Validate(); err != nil {

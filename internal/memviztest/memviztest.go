@@ -28,7 +28,7 @@ type Summary struct {
 	// device's number as a string, as JSON keys are).
 	Live       map[string]uint64 `json:"live"`
 	Settings   map[string]any    `json:"settings"`
-	DeviceFree []uint64          `json:"device_free"` // of every oom entry
+	DeviceFree []int64           `json:"device_free"` // of every oom entry; -1 where it is left out (unknown)
 }
 
 // script checks the snapshot at argv[1]; argv[2] is "1" when device_free
@@ -66,7 +66,7 @@ for dev, trace in enumerate(s["device_traces"]):
         if act == "oom":
             if device_known:
                 assert e.get("device_free", 0) > 0, what + ": device_free is 0 where the device is known"
-            device_free.append(e.get("device_free", 0))
+            device_free.append(e.get("device_free", -1))
             continue
         if act == "snapshot":
             continue
