@@ -21,6 +21,7 @@ package export
 //   - every number is below 2^53, as JS holds it in a float64.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -305,16 +306,9 @@ func (seg *MemvizSegment) validate(nTraces int) error {
 }
 
 func (b *MemvizBlock) validate() error {
-	if !slices.Contains(memvizStates, b.State) {
-		return fmt.Errorf("state %q is not one of %q", b.State, memvizStates)
-	}
-	for _, f := range []struct {
-		name string
-		v    uint64
-	}{{"address", b.Address}, {"size", b.Size}, {"requested_size", b.RequestedSize}} {
-		if err := memvizUint(f.name, f.v); err != nil {
-			return err
-		}
+	if err := cmp.Or(memvizIn("state", b.State, memvizStates),
+		memvizUints(memvizField{"address", b.Address}, memvizField{"size", b.Size}, memvizField{"requested_size", b.RequestedSize})); err != nil {
+		return err
 	}
 	if b.Size == 0 {
 		return errors.New("size is 0")
@@ -326,16 +320,9 @@ func (b *MemvizBlock) validate() error {
 }
 
 func (t *MemvizTraceEntry) validate() error {
-	if !slices.Contains(memvizActions, t.Action) {
-		return fmt.Errorf("action %q is not one of %q", t.Action, memvizActions)
-	}
-	for _, f := range []struct {
-		name string
-		v    uint64
-	}{{"addr", t.Addr}, {"size", t.Size}, {"stream", t.Stream}, {"device_free", t.DeviceFree}} {
-		if err := memvizUint(f.name, f.v); err != nil {
-			return err
-		}
+	if err := cmp.Or(memvizIn("action", t.Action, memvizActions),
+		memvizUints(memvizField{"addr", t.Addr}, memvizField{"size", t.Size}, memvizField{"stream", t.Stream}, memvizField{"device_free", t.DeviceFree})); err != nil {
+		return err
 	}
 	if err := memvizInt("time_us", t.TimeUS); err != nil {
 		return err
@@ -346,6 +333,30 @@ func (t *MemvizTraceEntry) validate() error {
 func memvizFramesOK(frames []MemvizFrame) error {
 	for k := range frames {
 		if err := memvizInt(fmt.Sprintf("frames[%d].line", k), frames[k].Line); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// memvizIn checks that v is one of the values the viewer knows.
+func memvizIn[T ~string](what string, v T, known []T) error {
+	if !slices.Contains(known, v) {
+		return fmt.Errorf("%s %q is not one of %q", what, v, known)
+	}
+	return nil
+}
+
+// memvizField is a named unsigned field, for memvizUints.
+type memvizField struct {
+	name string
+	v    uint64
+}
+
+// memvizUints checks each field with memvizUint.
+func memvizUints(fields ...memvizField) error {
+	for _, f := range fields {
+		if err := memvizUint(f.name, f.v); err != nil {
 			return err
 		}
 	}

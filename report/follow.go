@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
@@ -56,8 +55,8 @@ type span struct {
 	overflowed bool
 }
 
-func newFollower(start uint64, interval time.Duration) *follower {
-	return &follower{start: start, interval: uint64(interval), failures: map[uint32][]FailureContext{},
+func newFollower(start, interval uint64) *follower {
+	return &follower{start: start, interval: interval, failures: map[uint32][]FailureContext{},
 		seq: map[uint32]uint64{}, peakSeq: map[uint32]uint64{}, peak: map[uint32]uint64{}, spans: map[spanKey]*span{}}
 }
 

@@ -300,7 +300,7 @@ func Load(path string, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	fol := newFollower(t0.Meta().StartBoot, opts.Interval)
+	fol := newFollower(t0.Meta().StartBoot, uint64(opts.Interval))
 	nv := newNVMLFollower(t0.Meta().StartBoot, opts.Interval)
 	t0.Close()
 	var vf *viewFollower

@@ -72,6 +72,10 @@ func runLines(ctx context.Context, c *Collector, opts Options, stop <-chan Stop)
 	}
 	for {
 		select {
+		case <-c.Updated():
+			if err := print(); err != nil {
+				return err
+			}
 		case <-ctx.Done():
 			return nil
 		case st := <-stop:
@@ -79,10 +83,6 @@ func runLines(ctx context.Context, c *Collector, opts Options, stop <-chan Stop)
 				return st.Err
 			}
 			return print() // the last state, flushed when tracing stopped
-		case <-c.Updated():
-			if err := print(); err != nil {
-				return err
-			}
 		}
 	}
 }
