@@ -6,6 +6,7 @@ package vmtest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -471,5 +472,49 @@ func TestOptionalSymbols(t *testing.T) {
 	out, err = cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "lacks [cudaMalloc]") || !strings.Contains(string(out), "hint:") {
 		t.Errorf("record with a libcudart lacking cudaMalloc: %v\n%s; want an error naming cudaMalloc", err, out)
+	}
+}
+
+// TestRecordNoSymbolize: record --no-symbolize names no frame into the
+// trace (where --portable names every one): the trace keeps addresses and
+// mappings, report names the stacks from the files it finds, and an
+// --export written on stop keeps addresses.
+func TestRecordNoSymbolize(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	for _, mode := range []string{"--portable", "--no-symbolize"} {
+		log, trace := filepath.Join(dir, mode[2:]+".log"), filepath.Join(dir, mode[2:]+".trace")
+		exp := filepath.Join(dir, mode[2:]+".json")
+		rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+			"--lib", fakeLib, mode, "-o", trace, "--export", "json="+exp, "--", workload("mix"), "2", "20", "7")
+		rec.finish(t, 50*time.Second)
+		names := recordedNames(t, trace)
+		if mode == "--portable" && len(names) == 0 {
+			t.Fatalf("%s: no frame named into the trace", mode)
+		}
+		if mode == "--no-symbolize" && len(names) != 0 {
+			t.Errorf("%s: %d names in the trace, want none: %v", mode, len(names), names)
+		}
+		// Named at report time, either way.
+		want := onlyTruth(t, log, "")
+		checkStacks(t, runReport(t, ctx, trace), want.PID, workload("mix"), "alloc_device_buffer", "worker_main")
+		data, err := os.ReadFile(exp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc report
+		if err := json.Unmarshal(data, &doc); err != nil {
+			t.Fatal(err)
+		}
+		named := 0
+		for _, s := range doc.Stacks {
+			for _, f := range s.Frames {
+				if f.Function != "" {
+					named++
+				}
+			}
+		}
+		if (named == 0) != (mode == "--no-symbolize") {
+			t.Errorf("%s: the export written on stop names %d frames", mode, named)
+		}
 	}
 }
