@@ -82,16 +82,12 @@ func buildStacks(stacks []*ledger.Stack, selected func(uint32) bool, frames func
 		}
 		of[st] = i
 		s := &out[i]
+		level := [4]*uint64{&s.Allocs, &s.AllocBytes, &s.LiveBytes, &s.LiveCount}
 		if st.Tensor {
-			s.TensorAllocs += st.Allocs
-			s.TensorAllocBytes += st.AllocBytes
-			s.TensorLiveBytes += st.Live
-			s.TensorLiveCount += st.LiveCount
-		} else {
-			s.Allocs += st.Allocs
-			s.AllocBytes += st.AllocBytes
-			s.LiveBytes += st.Live
-			s.LiveCount += st.LiveCount
+			level = [4]*uint64{&s.TensorAllocs, &s.TensorAllocBytes, &s.TensorLiveBytes, &s.TensorLiveCount}
+		}
+		for j, v := range [4]uint64{st.Allocs, st.AllocBytes, st.Live, st.LiveCount} {
+			*level[j] += v
 		}
 		s.Calls = s.Allocs + s.TensorAllocs
 	}
