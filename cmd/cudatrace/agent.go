@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/cudatrace/cudatrace/agent"
 	"github.com/cudatrace/cudatrace/agent/httpapi"
@@ -20,21 +21,8 @@ import (
 	"github.com/cudatrace/cudatrace/record"
 )
 
-type agentFlags struct {
-	traceFlags
-	listen        string
-	tokenFile     string
-	noToken       bool
-	retention     time.Duration
-	dumpDir       string
-	dumpEvery     time.Duration
-	processLabels bool
-	maxWindows    int
-}
-
 func newAgentCmd() *cobra.Command {
-	var f agentFlags
-	cmd := &cobra.Command{
+	return verb(&cobra.Command{
 		Use:   "agent [flags]",
 		Short: "Trace every CUDA process on this node and serve metrics, profiles and OOM dumps over HTTP",
 		Long: `Agent is the always-on node daemon. It traces every CUDA process on the host
@@ -84,11 +72,22 @@ See docs/agent.md.`,
   # Serve on every address, with a token, and fewer series
   cudatrace agent --listen 0.0.0.0:9738 --token-file /etc/cudatrace/token --process-labels=false`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return runAgent(cmd, &f)
-		},
-	}
-	fl := cmd.Flags()
+	}, (*agentFlags).bind, runAgent)
+}
+
+type agentFlags struct {
+	traceFlags
+	listen        string
+	tokenFile     string
+	noToken       bool
+	retention     time.Duration
+	dumpDir       string
+	dumpEvery     time.Duration
+	processLabels bool
+	maxWindows    int
+}
+
+func (f *agentFlags) bind(fl *pflag.FlagSet) {
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:9738", "HTTP address to serve on (port 0 picks a free one)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the bearer token every request must carry (without one: only root and the agent's user, over loopback)")
 	fl.BoolVar(&f.noToken, "insecure-no-token", false, "serve anyone who reaches the port without a token, other local users and off loopback included (they read stacks and command lines)")
@@ -98,10 +97,9 @@ See docs/agent.md.`,
 	fl.BoolVar(&f.processLabels, "process-labels", true, "label metrics with pid, comm, container and pod (off: summed per GPU)")
 	f.add(fl, "leave the stacks of profiles, snapshots and OOM dumps as addresses", "export what the driver reports (NVML) beside what was traced")
 	fl.IntVar(&f.maxWindows, "max-trace-windows", httpapi.DefaultMaxTraceWindows, "most /trace windows open at once (429 past it); each holds at most 4MiB of records for its client")
-	return cmd
 }
 
-func runAgent(cmd *cobra.Command, f *agentFlags) error {
+func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 	ring, err := f.ring(loader.DefaultStackWindow)
 	if err != nil {
 		return err

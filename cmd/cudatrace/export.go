@@ -8,23 +8,15 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/internal/outfile"
 )
 
-type exportFlags struct {
-	readFlags
-	format  string
-	output  string
-	at      string
-	entries int
-}
-
 func newExportCmd() *cobra.Command {
-	var f exportFlags
-	cmd := &cobra.Command{
+	return verb(&cobra.Command{
 		Use:   "export TRACE --format FORMAT -o OUT",
 		Short: "Write a trace as a pprof profile, a PyTorch memory_viz snapshot, a Perfetto timeline or JSON",
 		Long: `Export converts a trace written by 'cudatrace record -o' for the tools you
@@ -65,17 +57,23 @@ does. The trace is read as a stream: memory stays bounded by the live set.`,
   cudatrace export train.trace --format memviz -o train.pickle   # drop on pytorch.org/memory_viz
   cudatrace export train.trace --format perfetto -o train.json   # open in ui.perfetto.dev`,
 		Args: oneTrace,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return runExport(cmd, &f, args[0])
-		},
-	}
-	fl := cmd.Flags()
+	}, (*exportFlags).bind, runExport)
+}
+
+type exportFlags struct {
+	readFlags
+	format  string
+	output  string
+	at      string
+	entries int
+}
+
+func (f *exportFlags) bind(fl *pflag.FlagSet) {
 	fl.StringVarP(&f.format, "format", "f", "", "output format: "+formatList())
 	fl.StringVarP(&f.output, "output", "o", "", "write to this file, created 0600 or replaced keeping its mode; a link is followed; never a device, FIFO, socket or directory (- for standard output)")
 	fl.StringVar(&f.at, "at", "end", "the moment whose live set pprof and memviz show: end, peak, or a time since the start (90s)")
 	f.add(fl, "json: how many stacks per process at the peak")
 	fl.IntVar(&f.entries, "memviz-entries", export.DefaultMemvizEntries, "memviz: keep each device's latest N trace entries (-1: all)")
-	return cmd
 }
 
 func formatList() string {
@@ -86,7 +84,8 @@ func formatList() string {
 	return strings.Join(names, ", ")
 }
 
-func runExport(cmd *cobra.Command, f *exportFlags, trace string) error {
+func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
+	trace := args[0] // oneTrace checked there is one
 	if f.format == "" {
 		return hint.Wrap(errors.New("say which --format to write"), "one of "+formatList())
 	}

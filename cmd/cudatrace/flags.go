@@ -21,6 +21,16 @@ import (
 	"github.com/cudatrace/cudatrace/internal/hint"
 )
 
+// verb is the shape every verb's command shares: its texts in c, its
+// flags bound into a struct of their own by bind, and RunE handing that
+// struct and the arguments to run.
+func verb[F any](c *cobra.Command, bind func(*F, *pflag.FlagSet), run func(*cobra.Command, *F, []string) error) *cobra.Command {
+	f := new(F)
+	bind(f, c.Flags())
+	c.RunE = func(cmd *cobra.Command, args []string) error { return run(cmd, f, args) }
+	return c
+}
+
 // pidList is --pid: process IDs, repeatable or comma-separated.
 type pidList []uint32
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/gpustat"
@@ -19,23 +20,8 @@ import (
 	"github.com/cudatrace/cudatrace/report"
 )
 
-type recordFlags struct {
-	traceFlags
-	pids      pidList
-	all       bool
-	duration  time.Duration
-	output    string
-	window    string
-	keepWin   bool
-	portable  bool
-	quiet     bool
-	exports   []string // FORMAT=FILE
-	nvmlEvery time.Duration
-}
-
 func newRecordCmd() *cobra.Command {
-	var f recordFlags
-	cmd := &cobra.Command{
+	return verb(&cobra.Command{
 		Use:   "record [flags] (-- COMMAND [ARGS...] | --pid PID... | --all)",
 		Short: "Trace the GPU memory allocations of a command, running processes, or the whole host",
 		Long: `Record attaches uprobes to the CUDA runtime (libcudart) and driver (libcuda)
@@ -110,11 +96,24 @@ addresses and mappings; report and export name what they can).`,
 
   # Everything on the host that uses a given libcudart, until Ctrl-C
   cudatrace record --all --lib /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return runRecord(cmd, &f, args)
-		},
-	}
-	fl := cmd.Flags()
+	}, (*recordFlags).bind, runRecord)
+}
+
+type recordFlags struct {
+	traceFlags
+	pids      pidList
+	all       bool
+	duration  time.Duration
+	output    string
+	window    string
+	keepWin   bool
+	portable  bool
+	quiet     bool
+	exports   []string // FORMAT=FILE
+	nvmlEvery time.Duration
+}
+
+func (f *recordFlags) bind(fl *pflag.FlagSet) {
 	addPIDFlag(fl, &f.pids, "trace this running process (repeatable)")
 	fl.BoolVarP(&f.all, "all", "a", false, "trace every process on the host")
 	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (e.g. 30s, 5m)")
@@ -128,7 +127,6 @@ addresses and mappings; report and export name what they can).`,
 		"sample the driver's per-process GPU memory (NVML) into the trace")
 	fl.DurationVar(&f.nvmlEvery, "nvml-interval", record.DefaultNVMLEvery, "how often to sample NVML")
 	fl.SetInterspersed(false)
-	return cmd
 }
 
 func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {

@@ -4,22 +4,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/report"
 )
 
-type reportFlags struct {
-	readFlags
-	json     bool
-	minAge   time.Duration
-	interval time.Duration
-	by       string
-}
-
 func newReportCmd() *cobra.Command {
-	var f reportFlags
-	cmd := &cobra.Command{
+	return verb(&cobra.Command{
 		Use:   "report TRACE",
 		Short: "Summarize a trace: memory per process and device, top allocation stacks, failures",
 		Long: `Report reads a trace written by 'cudatrace record -o' and prints, per process,
@@ -55,46 +47,57 @@ checked against the build IDs captured while recording. A trace cut short
   cudatrace report train.trace --by line --interval 10s  # bytes added and removed per source line (MemTracker)
   cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'`,
 		Args: oneTrace,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := f.check(); err != nil {
-				return err
-			}
-			if err := nonNegative("min-age", f.minAge, f.minAge < 0); err != nil {
-				return err
-			}
-			if err := nonNegative("interval", f.interval, f.interval < 0); err != nil {
-				return err
-			}
-			by, err := report.ParseBy(f.by)
-			if err != nil {
-				return hint.Wrap(err, "e.g. --by function")
-			}
-			if err := checkTrace(args[0]); err != nil {
-				return err
-			}
-			opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval, PIDs: f.pids,
-				NoSymbolize: f.noSymbolize, By: by}
-			rep, err := report.Load(args[0], opts)
-			if err != nil {
-				return hint.Default(err, traceHint)
-			}
-			if f.json { // the text report carries them itself
-				for _, w := range []string{rep.Warning, rep.SymbolWarning} {
-					if w != "" {
-						cmd.PrintErrf("cudatrace: warning: %s\n", w)
-					}
-				}
-			}
-			if f.json {
-				return rep.WriteJSON(cmd.OutOrStdout())
-			}
-			return rep.WriteText(cmd.OutOrStdout())
-		},
+	}, (*reportFlags).bind, runReport)
+}
+
+type reportFlags struct {
+	readFlags
+	json     bool
+	minAge   time.Duration
+	interval time.Duration
+	by       string
+}
+
+func (f *reportFlags) bind(fl *pflag.FlagSet) {
+	fl.BoolVar(&f.json, "json", false, "print the report as JSON")
+	f.add(fl, "how many stacks to show in the text report (and per process at the peak)")
+	fl.DurationVar(&f.minAge, "min-age", 0, "list leak candidates: live at the end and at least this old (e.g. 30s)")
+	fl.DurationVar(&f.interval, "interval", 0, "add a table of used and peaked GPU memory per interval (e.g. 10s); with --by, bytes added and removed per interval and row")
+	fl.StringVar(&f.by, "by", "", "add a view by function or by line (Python lines where the stacks have any, else native file:line): tensor bytes used, segment bytes acquired, occurrences")
+}
+
+func runReport(cmd *cobra.Command, f *reportFlags, args []string) error {
+	if err := f.check(); err != nil {
+		return err
 	}
-	cmd.Flags().BoolVar(&f.json, "json", false, "print the report as JSON")
-	f.add(cmd.Flags(), "how many stacks to show in the text report (and per process at the peak)")
-	cmd.Flags().DurationVar(&f.minAge, "min-age", 0, "list leak candidates: live at the end and at least this old (e.g. 30s)")
-	cmd.Flags().DurationVar(&f.interval, "interval", 0, "add a table of used and peaked GPU memory per interval (e.g. 10s); with --by, bytes added and removed per interval and row")
-	cmd.Flags().StringVar(&f.by, "by", "", "add a view by function or by line (Python lines where the stacks have any, else native file:line): tensor bytes used, segment bytes acquired, occurrences")
-	return cmd
+	if err := nonNegative("min-age", f.minAge, f.minAge < 0); err != nil {
+		return err
+	}
+	if err := nonNegative("interval", f.interval, f.interval < 0); err != nil {
+		return err
+	}
+	by, err := report.ParseBy(f.by)
+	if err != nil {
+		return hint.Wrap(err, "e.g. --by function")
+	}
+	if err := checkTrace(args[0]); err != nil {
+		return err
+	}
+	opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval, PIDs: f.pids,
+		NoSymbolize: f.noSymbolize, By: by}
+	rep, err := report.Load(args[0], opts)
+	if err != nil {
+		return hint.Default(err, traceHint)
+	}
+	if f.json { // the text report carries them itself
+		for _, w := range []string{rep.Warning, rep.SymbolWarning} {
+			if w != "" {
+				cmd.PrintErrf("cudatrace: warning: %s\n", w)
+			}
+		}
+	}
+	if f.json {
+		return rep.WriteJSON(cmd.OutOrStdout())
+	}
+	return rep.WriteText(cmd.OutOrStdout())
 }

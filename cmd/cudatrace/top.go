@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
@@ -16,16 +17,8 @@ import (
 	"github.com/cudatrace/cudatrace/top"
 )
 
-type topFlags struct {
-	traceFlags
-	pids   pidList
-	every  time.Duration
-	stacks int
-}
-
 func newTopCmd() *cobra.Command {
-	var f topFlags
-	cmd := &cobra.Command{
+	return verb(&cobra.Command{
 		Use:   "top [--pid PID...]",
 		Short: "Watch GPU memory live: per process and device, traced beside the driver's figure, with the top stacks",
 		Long: `Top traces every process on the host (or the --pid ones) and shows, refreshed
@@ -57,19 +50,26 @@ memory as the remainder.`,
   # Log a line per process every 10 s
   sudo cudatrace top --interval 10s > gpu-memory.log`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error { return runTop(cmd, &f) },
-	}
-	fl := cmd.Flags()
+	}, (*topFlags).bind, runTop)
+}
+
+type topFlags struct {
+	traceFlags
+	pids   pidList
+	every  time.Duration
+	stacks int
+}
+
+func (f *topFlags) bind(fl *pflag.FlagSet) {
 	addPIDFlag(fl, &f.pids, "watch this process only (repeatable); default: every process")
 	fl.DurationVarP(&f.every, "interval", "i", time.Second, "refresh interval (and NVML sampling)")
 	fl.IntVar(&f.stacks, "top", 5, "how many stacks of the selected process to show")
 	fl.IntVar(&f.stacks, "stacks", 5, "how many stacks of the selected process to show")
 	_ = fl.MarkDeprecated("stacks", "use --top, as report does")
 	f.add(fl, "show stack addresses only", "compare with the driver's per-process figure (NVML)")
-	return cmd
 }
 
-func runTop(cmd *cobra.Command, f *topFlags) error {
+func runTop(cmd *cobra.Command, f *topFlags, _ []string) error {
 	if f.every < 10*time.Millisecond {
 		return hint.Wrap(fmt.Errorf("--interval %s is too short", f.every), "e.g. --interval 1s")
 	}
