@@ -21,60 +21,6 @@ import (
 	"github.com/cudatrace/cudatrace/record"
 )
 
-func newAgentCmd() *cobra.Command {
-	return verb(&cobra.Command{
-		Use:   "agent [flags]",
-		Short: "Trace every CUDA process on this node and serve metrics, profiles and OOM dumps over HTTP",
-		Long: `Agent is the always-on node daemon. It traces every CUDA process on the host
-(processes and library copies that appear later included), keeps each one's
-account in memory (an exited process is dropped after --retention), and
-serves, on 127.0.0.1 unless --listen says otherwise:
-
-  /metrics                          Prometheus metrics: live and peak bytes per
-                                    process and GPU, allocations, failures, OOMs,
-                                    lost events (labels gpu and UUID as DCGM's)
-  /debug/pprof/cuda_memory[?pid=N]  pprof heap profile: inuse_* is the live GPU
-                                    memory, alloc_* the allocations since the
-                                    last scrape (Pyroscope/Alloy, Parca)
-  /snapshot?pid=N                   PyTorch memory snapshot of one process
-                                    (pytorch.org/memory_viz)
-  /trace?pid=N&seconds=S            a trace file of the next S seconds, for
-                                    'cudatrace report' and 'cudatrace export'
-
-When an allocation fails with out of memory, the agent writes that
-process's memory snapshot, a pprof profile of its live set and a JSON report
-with the failing stack into --dump-dir (files mode 0600).
-
-The stacks of CPython 3.10 to 3.14 processes show their Python frames
-(file:line:function) in place of the interpreter loop's, as 'cudatrace
-report' does: the Python line that allocated, or failed to.
-
-A process in a container is labelled with its container ID, and with its
-pod's UID under Kubernetes (from /proc/PID/cgroup).
-
-Access: what the agent serves (command lines, stacks, memory layouts of
-every process on the node) is root's. Without --token-file only root and
-the agent's own user are served, over loopback (the client socket's owner,
-as the kernel's socket table says); every other local user gets 403. With
---token-file every request must carry Authorization: Bearer TOKEN (give
-Prometheus, Alloy or Parca the token), and off loopback a token is
-required unless --insecure-no-token serves anyone who reaches the port.
-See docs/agent.md.`,
-		Example: `  # On a GPU node, as root: metrics on 127.0.0.1:9738, OOM dumps in /var/lib/cudatrace/oom
-  cudatrace agent
-
-  # Scrape it
-  curl -s localhost:9738/metrics | grep cudatrace_live_bytes
-  go tool pprof -http :8080 http://127.0.0.1:9738/debug/pprof/cuda_memory
-  curl -so job.pickle 'localhost:9738/snapshot?pid=4242'
-  curl -so job.trace 'localhost:9738/trace?pid=4242&seconds=30' && cudatrace report job.trace
-
-  # Serve on every address, with a token, and fewer series
-  cudatrace agent --listen 0.0.0.0:9738 --token-file /etc/cudatrace/token --process-labels=false`,
-		Args: cobra.NoArgs,
-	}, (*agentFlags).bind, runAgent)
-}
-
 type agentFlags struct {
 	traceFlags
 	listen        string
@@ -202,4 +148,59 @@ func loopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// newAgentCmd is `cudatrace agent`: its help, its flags (agentFlags.bind) and runAgent.
+func newAgentCmd() *cobra.Command {
+	return verb(&cobra.Command{
+		Use:   "agent [flags]",
+		Short: "Trace every CUDA process on this node and serve metrics, profiles and OOM dumps over HTTP",
+		Long: `Agent is the always-on node daemon. It traces every CUDA process on the host
+(processes and library copies that appear later included), keeps each one's
+account in memory (an exited process is dropped after --retention), and
+serves, on 127.0.0.1 unless --listen says otherwise:
+
+  /metrics                          Prometheus metrics: live and peak bytes per
+                                    process and GPU, allocations, failures, OOMs,
+                                    lost events (labels gpu and UUID as DCGM's)
+  /debug/pprof/cuda_memory[?pid=N]  pprof heap profile: inuse_* is the live GPU
+                                    memory, alloc_* the allocations since the
+                                    last scrape (Pyroscope/Alloy, Parca)
+  /snapshot?pid=N                   PyTorch memory snapshot of one process
+                                    (pytorch.org/memory_viz)
+  /trace?pid=N&seconds=S            a trace file of the next S seconds, for
+                                    'cudatrace report' and 'cudatrace export'
+
+When an allocation fails with out of memory, the agent writes that
+process's memory snapshot, a pprof profile of its live set and a JSON report
+with the failing stack into --dump-dir (files mode 0600).
+
+The stacks of CPython 3.10 to 3.14 processes show their Python frames
+(file:line:function) in place of the interpreter loop's, as 'cudatrace
+report' does: the Python line that allocated, or failed to.
+
+A process in a container is labelled with its container ID, and with its
+pod's UID under Kubernetes (from /proc/PID/cgroup).
+
+Access: what the agent serves (command lines, stacks, memory layouts of
+every process on the node) is root's. Without --token-file only root and
+the agent's own user are served, over loopback (the client socket's owner,
+as the kernel's socket table says); every other local user gets 403. With
+--token-file every request must carry Authorization: Bearer TOKEN (give
+Prometheus, Alloy or Parca the token), and off loopback a token is
+required unless --insecure-no-token serves anyone who reaches the port.
+See docs/agent.md.`,
+		Example: `  # On a GPU node, as root: metrics on 127.0.0.1:9738, OOM dumps in /var/lib/cudatrace/oom
+  cudatrace agent
+
+  # Scrape it
+  curl -s localhost:9738/metrics | grep cudatrace_live_bytes
+  go tool pprof -http :8080 http://127.0.0.1:9738/debug/pprof/cuda_memory
+  curl -so job.pickle 'localhost:9738/snapshot?pid=4242'
+  curl -so job.trace 'localhost:9738/trace?pid=4242&seconds=30' && cudatrace report job.trace
+
+  # Serve on every address, with a token, and fewer series
+  cudatrace agent --listen 0.0.0.0:9738 --token-file /etc/cudatrace/token --process-labels=false`,
+		Args: cobra.NoArgs,
+	}, (*agentFlags).bind, runAgent)
 }

@@ -15,51 +15,6 @@ import (
 	"github.com/cudatrace/cudatrace/internal/outfile"
 )
 
-func newExportCmd() *cobra.Command {
-	return verb(&cobra.Command{
-		Use:   "export TRACE --format FORMAT -o OUT",
-		Short: "Write a trace as a pprof profile, a PyTorch memory_viz snapshot, a Perfetto timeline or JSON",
-		Long: `Export converts a trace written by 'cudatrace record -o' for the tools you
-already use:
-
-  pprof     a gzipped profile for 'go tool pprof', Pyroscope or Parca, in
-            the Go heap profile's shape: inuse_space (the default view),
-            inuse_objects, alloc_space, alloc_objects count GPU memory as
-            the driver holds it (what the report calls GPU live). Tensors
-            (PyTorch's blocks, inside that memory) and pinned host memory
-            have sample types of their own: pick them with
-            'go tool pprof -sample_index=tensor_inuse_space' (or
-            host_inuse_space, tensor_alloc_space, ...). Labels pid, comm,
-            device, api, kind and level. inuse_* is the live set at --at.
-  memviz    a pickle that https://pytorch.org/memory_viz and
-            'python -m torch.cuda._memory_viz' open, like the snapshot of
-            torch.cuda.memory._snapshot(): segments (the live set at --at)
-            and a trace of the allocations and frees per device (the
-            latest --memviz-entries of them; the Allocator Settings tab
-            says when older ones were cut). OOM entries carry the free
-            memory NVML saw last; without NVML in the trace they leave
-            it out, and the Allocator Settings tab says so. One
-            process: pick it with --pid.
-  perfetto  Chrome trace JSON for https://ui.perfetto.dev: live GPU memory
-            per process and device as counter tracks (tensor memory too),
-            failed allocations as instant events on their named threads,
-            with their stacks.
-  json      the full report: processes, devices, stacks, failures, the peak.
-
-Stacks are symbolized from the files on this machine, as 'cudatrace report'
-does. The trace is read as a stream: memory stays bounded by the live set.`,
-		Example: `  cudatrace export train.trace --format pprof -o train.pb.gz
-  go tool pprof -http :8080 train.pb.gz
-
-  # The live set at the peak rather than at the end
-  cudatrace export train.trace --format pprof --at peak -o peak.pb.gz
-
-  cudatrace export train.trace --format memviz -o train.pickle   # drop on pytorch.org/memory_viz
-  cudatrace export train.trace --format perfetto -o train.json   # open in ui.perfetto.dev`,
-		Args: oneTrace,
-	}, (*exportFlags).bind, runExport)
-}
-
 type exportFlags struct {
 	readFlags
 	format  string
@@ -152,4 +107,50 @@ func writeExport(stdout io.Writer, trace string, format export.Format, out strin
 		return fmt.Errorf("export %s to %s: %w", trace, out, err)
 	}
 	return nil
+}
+
+// newExportCmd is `cudatrace export`: its help, its flags (exportFlags.bind) and runExport.
+func newExportCmd() *cobra.Command {
+	return verb(&cobra.Command{
+		Use:   "export TRACE --format FORMAT -o OUT",
+		Short: "Write a trace as a pprof profile, a PyTorch memory_viz snapshot, a Perfetto timeline or JSON",
+		Long: `Export converts a trace written by 'cudatrace record -o' for the tools you
+already use:
+
+  pprof     a gzipped profile for 'go tool pprof', Pyroscope or Parca, in
+            the Go heap profile's shape: inuse_space (the default view),
+            inuse_objects, alloc_space, alloc_objects count GPU memory as
+            the driver holds it (what the report calls GPU live). Tensors
+            (PyTorch's blocks, inside that memory) and pinned host memory
+            have sample types of their own: pick them with
+            'go tool pprof -sample_index=tensor_inuse_space' (or
+            host_inuse_space, tensor_alloc_space, ...). Labels pid, comm,
+            device, api, kind and level. inuse_* is the live set at --at.
+  memviz    a pickle that https://pytorch.org/memory_viz and
+            'python -m torch.cuda._memory_viz' open, like the snapshot of
+            torch.cuda.memory._snapshot(): segments (the live set at --at)
+            and a trace of the allocations and frees per device (the
+            latest --memviz-entries of them; the Allocator Settings tab
+            says when older ones were cut). OOM entries carry the free
+            memory NVML saw last; without NVML in the trace they leave
+            it out, and the Allocator Settings tab says so. One
+            process: pick it with --pid.
+  perfetto  Chrome trace JSON for https://ui.perfetto.dev: live GPU memory
+            per process and device as counter tracks (tensor memory too),
+            failed allocations as instant events on their named threads,
+            with their stacks.
+  json      the full report: processes, devices, stacks, failures, the peak.
+
+Stacks are symbolized from the files on this machine, as 'cudatrace report'
+does. The trace is read as a stream: memory stays bounded by the live set.`,
+		Example: `  cudatrace export train.trace --format pprof -o train.pb.gz
+  go tool pprof -http :8080 train.pb.gz
+
+  # The live set at the peak rather than at the end
+  cudatrace export train.trace --format pprof --at peak -o peak.pb.gz
+
+  cudatrace export train.trace --format memviz -o train.pickle   # drop on pytorch.org/memory_viz
+  cudatrace export train.trace --format perfetto -o train.json   # open in ui.perfetto.dev`,
+		Args: oneTrace,
+	}, (*exportFlags).bind, runExport)
 }

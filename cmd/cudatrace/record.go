@@ -20,85 +20,6 @@ import (
 	"github.com/cudatrace/cudatrace/report"
 )
 
-func newRecordCmd() *cobra.Command {
-	return verb(&cobra.Command{
-		Use:   "record [flags] (-- COMMAND [ARGS...] | --pid PID... | --all)",
-		Short: "Trace the GPU memory allocations of a command, running processes, or the whole host",
-		Long: `Record attaches uprobes to the CUDA runtime (libcudart) and driver (libcuda)
-and traces every allocation and free: cudaMalloc, cudaFree, cudaMallocAsync,
-cudaFreeAsync, cudaMallocFromPoolAsync, cudaMallocManaged, cudaMallocPitch,
-cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost, and their driver
-counterparts (cuMemAlloc_v2, cuMemFree_v2, cuMemAllocAsync, ...), failed
-calls included, each with its user stack. A runtime call that reaches the
-driver on the same thread counts once.
-
-What to trace (one of):
-  -- COMMAND ARGS   launch COMMAND and trace it and its children from their
-                    first instruction; recording ends when it exits, and
-                    cudatrace exits with its exit status (128 + N when
-                    signal N killed it)
-  --pid PID         attach to a running process (repeatable); recording ends
-                    when every one has exited
-  --all             every process on the host; ends on Ctrl-C or --duration
-
-Libraries: without --lib, cudatrace probes the libcudart and libcuda the
-target has mapped (--pid), or every one in the ld.so cache, CUDA toolkit
-directories and pip/conda layouts (a command, --all). A probe sits on the
-library file, so processes that load it later are covered too; another
-copy of the library (a virtualenv's wheel, a container) is another file:
-the traced processes' mappings (with --all, every process's) are searched
-for copies loaded later, which are then attached; --lib names one up front.
-
-On stop (the targets exit, --duration, Ctrl-C or SIGTERM) it prints a
-summary per process; -o keeps the full trace for 'cudatrace report' and
-'cudatrace export', and --export writes an export at once (pprof, memviz,
-perfetto or json; see 'cudatrace export --help').
-A command still running when recording stops gets SIGTERM after 2 seconds.
-
-Outputs (-o, --export) are checked before anything is traced. They are
-created 0600 (they hold command lines and stacks), an existing file keeps
-its mode, a link is followed to the file it names, and a device, FIFO,
-socket or directory is refused. If the trace cannot be written whole (disk
-full) the summary is still printed; if an export fails, the trace it was
-made from is kept and its path printed. Exit status: the command's; 125
-when it succeeded (or none was launched) but the trace or an export was
-not written whole; 1 when tracing could not start.
-
-A launched command's processes are paused (SIGSTOP) at their first
-allocation while their mappings are read. A watchdog process beside
-cudatrace resumes them if cudatrace dies first, or after 5 s.
-
-NVML: every second (--nvml-interval), record also asks the NVIDIA driver (NVML, as nvidia-smi
-does) how much GPU memory each process holds, and keeps that in the trace:
-'cudatrace report' puts it beside the traced live bytes, and the remainder
-is what tracing did not see (the CUDA context, library workspaces). Without
-NVML (no libnvidia-ml, or no driver loaded) one line says so and tracing
-goes on; --nvml=false turns the sampling off.
-
-Stacks are named (function, file:line) when report or export reads the
-trace, from the files the processes mapped, checked by build ID. A
-container's files are read while it runs and its frames named into the
-trace, since the host may hold other builds at the same paths; --portable
-does the same for every process, for a trace read on another machine;
---no-symbolize names none, not even a container's (the trace keeps the
-addresses and mappings; report and export name what they can).`,
-		Example: `  # Launch a training script and keep the trace
-  cudatrace record -o train.trace -- python train.py --epochs 1
-
-  # Keep the trace, and write a pprof profile and a memory_viz snapshot on stop
-  cudatrace record -o train.trace --export pprof=train.pb.gz --export memviz=train.pickle -- python train.py
-
-  # Attach to a running job for one minute
-  cudatrace record --pid 4242 --duration 1m -o job.trace
-
-  # A trace to read on a laptop: the frames are named while recording
-  cudatrace record --portable -o job.trace -- python train.py
-
-  # Everything on the host that uses a given libcudart, until Ctrl-C
-  cudatrace record --all --lib /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12`,
-	}, (*recordFlags).bind, runRecord)
-}
-
 type recordFlags struct {
 	traceFlags
 	pids      pidList
@@ -356,4 +277,84 @@ func parseBytes(s string) (uint64, error) {
 		return 0, errors.New("too large")
 	}
 	return v * mult, nil
+}
+
+// newRecordCmd is `cudatrace record`: its help, its flags (recordFlags.bind) and runRecord.
+func newRecordCmd() *cobra.Command {
+	return verb(&cobra.Command{
+		Use:   "record [flags] (-- COMMAND [ARGS...] | --pid PID... | --all)",
+		Short: "Trace the GPU memory allocations of a command, running processes, or the whole host",
+		Long: `Record attaches uprobes to the CUDA runtime (libcudart) and driver (libcuda)
+and traces every allocation and free: cudaMalloc, cudaFree, cudaMallocAsync,
+cudaFreeAsync, cudaMallocFromPoolAsync, cudaMallocManaged, cudaMallocPitch,
+cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost, and their driver
+counterparts (cuMemAlloc_v2, cuMemFree_v2, cuMemAllocAsync, ...), failed
+calls included, each with its user stack. A runtime call that reaches the
+driver on the same thread counts once.
+
+What to trace (one of):
+  -- COMMAND ARGS   launch COMMAND and trace it and its children from their
+                    first instruction; recording ends when it exits, and
+                    cudatrace exits with its exit status (128 + N when
+                    signal N killed it)
+  --pid PID         attach to a running process (repeatable); recording ends
+                    when every one has exited
+  --all             every process on the host; ends on Ctrl-C or --duration
+
+Libraries: without --lib, cudatrace probes the libcudart and libcuda the
+target has mapped (--pid), or every one in the ld.so cache, CUDA toolkit
+directories and pip/conda layouts (a command, --all). A probe sits on the
+library file, so processes that load it later are covered too; another
+copy of the library (a virtualenv's wheel, a container) is another file:
+the traced processes' mappings (with --all, every process's) are searched
+for copies loaded later, which are then attached; --lib names one up front.
+
+On stop (the targets exit, --duration, Ctrl-C or SIGTERM) it prints a
+summary per process; -o keeps the full trace for 'cudatrace report' and
+'cudatrace export', and --export writes an export at once (pprof, memviz,
+perfetto or json; see 'cudatrace export --help').
+A command still running when recording stops gets SIGTERM after 2 seconds.
+
+Outputs (-o, --export) are checked before anything is traced. They are
+created 0600 (they hold command lines and stacks), an existing file keeps
+its mode, a link is followed to the file it names, and a device, FIFO,
+socket or directory is refused. If the trace cannot be written whole (disk
+full) the summary is still printed; if an export fails, the trace it was
+made from is kept and its path printed. Exit status: the command's; 125
+when it succeeded (or none was launched) but the trace or an export was
+not written whole; 1 when tracing could not start.
+
+A launched command's processes are paused (SIGSTOP) at their first
+allocation while their mappings are read. A watchdog process beside
+cudatrace resumes them if cudatrace dies first, or after 5 s.
+
+NVML: every second (--nvml-interval), record also asks the NVIDIA driver (NVML, as nvidia-smi
+does) how much GPU memory each process holds, and keeps that in the trace:
+'cudatrace report' puts it beside the traced live bytes, and the remainder
+is what tracing did not see (the CUDA context, library workspaces). Without
+NVML (no libnvidia-ml, or no driver loaded) one line says so and tracing
+goes on; --nvml=false turns the sampling off.
+
+Stacks are named (function, file:line) when report or export reads the
+trace, from the files the processes mapped, checked by build ID. A
+container's files are read while it runs and its frames named into the
+trace, since the host may hold other builds at the same paths; --portable
+does the same for every process, for a trace read on another machine;
+--no-symbolize names none, not even a container's (the trace keeps the
+addresses and mappings; report and export name what they can).`,
+		Example: `  # Launch a training script and keep the trace
+  cudatrace record -o train.trace -- python train.py --epochs 1
+
+  # Keep the trace, and write a pprof profile and a memory_viz snapshot on stop
+  cudatrace record -o train.trace --export pprof=train.pb.gz --export memviz=train.pickle -- python train.py
+
+  # Attach to a running job for one minute
+  cudatrace record --pid 4242 --duration 1m -o job.trace
+
+  # A trace to read on a laptop: the frames are named while recording
+  cudatrace record --portable -o job.trace -- python train.py
+
+  # Everything on the host that uses a given libcudart, until Ctrl-C
+  cudatrace record --all --lib /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12`,
+	}, (*recordFlags).bind, runRecord)
 }

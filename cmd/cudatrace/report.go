@@ -10,46 +10,6 @@ import (
 	"github.com/cudatrace/cudatrace/report"
 )
 
-func newReportCmd() *cobra.Command {
-	return verb(&cobra.Command{
-		Use:   "report TRACE",
-		Short: "Summarize a trace: memory per process and device, top allocation stacks, failures",
-		Long: `Report reads a trace written by 'cudatrace record -o' and prints, per process,
-allocation and free counts, bytes allocated, GPU memory live at the end and
-at its peak (per device), pinned host memory, the call stacks that allocated
-the most memory still live, the stacks that held each process's memory at
-its peak, and every failed allocation with its CUDA error and what the
-process and its device held at that moment.
-
---min-age lists leak candidates: allocations still live at the end that are
-at least that old, grouped by stack (as bcc's memleak does). --interval adds
-a table per process, device and interval of the change in live bytes (USED)
-and how far above it memory rose in between (PEAKED), the columns fastai's
-PeakMemMetric prints per epoch.
-
-When the trace has NVML samples (record takes one a second), a table puts
-beside each process the GPU memory the driver charged it (NVML-USED, what
-nvidia-smi shows) and what cudatrace saw live at that moment (TRACED). The
-REMAINDER is what tracing did not see: the CUDA context, cuBLAS/cuDNN
-workspaces, a library that was not probed. Its FIRST, MIN, MAX and DRIFT
-over the samples tell a constant overhead from a growing one; --interval
-adds the remainder per interval. NVML's device indices are not CUDA's
-ordinals, so the comparison is per process, over all its GPUs.
-
-Stacks are symbolized from the libraries and executables on this machine,
-checked against the build IDs captured while recording. A trace cut short
-(the tracer was killed) is reported up to its last complete record.`,
-		Example: `  cudatrace report train.trace
-  cudatrace report train.trace --top 5
-  cudatrace report train.trace --min-age 30s     # what was allocated long ago and never freed
-  cudatrace report train.trace --interval 10s    # used and peaked per 10 seconds
-  cudatrace report train.trace --by function     # used/acquired/occurrences per function (CupyMemoryProfileHook)
-  cudatrace report train.trace --by line --interval 10s  # bytes added and removed per source line (MemTracker)
-  cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'`,
-		Args: oneTrace,
-	}, (*reportFlags).bind, runReport)
-}
-
 type reportFlags struct {
 	readFlags
 	json     bool
@@ -100,4 +60,45 @@ func runReport(cmd *cobra.Command, f *reportFlags, args []string) error {
 		return rep.WriteJSON(cmd.OutOrStdout())
 	}
 	return rep.WriteText(cmd.OutOrStdout())
+}
+
+// newReportCmd is `cudatrace report`: its help, its flags (reportFlags.bind) and runReport.
+func newReportCmd() *cobra.Command {
+	return verb(&cobra.Command{
+		Use:   "report TRACE",
+		Short: "Summarize a trace: memory per process and device, top allocation stacks, failures",
+		Long: `Report reads a trace written by 'cudatrace record -o' and prints, per process,
+allocation and free counts, bytes allocated, GPU memory live at the end and
+at its peak (per device), pinned host memory, the call stacks that allocated
+the most memory still live, the stacks that held each process's memory at
+its peak, and every failed allocation with its CUDA error and what the
+process and its device held at that moment.
+
+--min-age lists leak candidates: allocations still live at the end that are
+at least that old, grouped by stack (as bcc's memleak does). --interval adds
+a table per process, device and interval of the change in live bytes (USED)
+and how far above it memory rose in between (PEAKED), the columns fastai's
+PeakMemMetric prints per epoch.
+
+When the trace has NVML samples (record takes one a second), a table puts
+beside each process the GPU memory the driver charged it (NVML-USED, what
+nvidia-smi shows) and what cudatrace saw live at that moment (TRACED). The
+REMAINDER is what tracing did not see: the CUDA context, cuBLAS/cuDNN
+workspaces, a library that was not probed. Its FIRST, MIN, MAX and DRIFT
+over the samples tell a constant overhead from a growing one; --interval
+adds the remainder per interval. NVML's device indices are not CUDA's
+ordinals, so the comparison is per process, over all its GPUs.
+
+Stacks are symbolized from the libraries and executables on this machine,
+checked against the build IDs captured while recording. A trace cut short
+(the tracer was killed) is reported up to its last complete record.`,
+		Example: `  cudatrace report train.trace
+  cudatrace report train.trace --top 5
+  cudatrace report train.trace --min-age 30s     # what was allocated long ago and never freed
+  cudatrace report train.trace --interval 10s    # used and peaked per 10 seconds
+  cudatrace report train.trace --by function     # used/acquired/occurrences per function (CupyMemoryProfileHook)
+  cudatrace report train.trace --by line --interval 10s  # bytes added and removed per source line (MemTracker)
+  cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'`,
+		Args: oneTrace,
+	}, (*reportFlags).bind, runReport)
 }

@@ -17,42 +17,6 @@ import (
 	"github.com/cudatrace/cudatrace/top"
 )
 
-func newTopCmd() *cobra.Command {
-	return verb(&cobra.Command{
-		Use:   "top [--pid PID...]",
-		Short: "Watch GPU memory live: per process and device, traced beside the driver's figure, with the top stacks",
-		Long: `Top traces every process on the host (or the --pid ones) and shows, refreshed
-every --interval, per GPU and per process: the GPU memory cudatrace sees live
-(LIVE) and its peak, what the NVIDIA driver charges the process (NVML-USED,
-as nvidia-smi shows it), the REMAINDER between the two (the CUDA context,
-library workspaces, anything not traced), and the allocation rate since the
-last refresh. Under the table, the selected process's call stacks holding
-the most live memory, symbolized; a CPython (3.10 to 3.14) process's with its
-Python frames (file:line) in place of the interpreter loop's.
-
-Keys: q or Ctrl-C quits; j/k or the arrow keys select a process.
-
-When stdout is not a terminal, top prints plain lines instead, one per
-process and per GPU at each refresh, key=value with exact byte counts:
-
-  2026-01-02T15:04:05Z pid=4242 comm="python3" live=1073741824 peak=... nvml_used=1384120320 remainder=310378496 ...
-
-Only what happens after top starts is seen: memory a process allocated
-before is not in LIVE (it is in NVML-USED, hence in the REMAINDER). A
-process NVML lists that made no traced call is shown too, with all of its
-memory as the remainder.`,
-		Example: `  # Every process on the host
-  sudo cudatrace top
-
-  # One training job, refreshed twice a second
-  sudo cudatrace top --pid 4242 --interval 500ms
-
-  # Log a line per process every 10 s
-  sudo cudatrace top --interval 10s > gpu-memory.log`,
-		Args: cobra.NoArgs,
-	}, (*topFlags).bind, runTop)
-}
-
 type topFlags struct {
 	traceFlags
 	pids   pidList
@@ -131,4 +95,41 @@ func runTop(cmd *cobra.Command, f *topFlags, _ []string) error {
 		<-finished
 	}
 	return err
+}
+
+// newTopCmd is `cudatrace top`: its help, its flags (topFlags.bind) and runTop.
+func newTopCmd() *cobra.Command {
+	return verb(&cobra.Command{
+		Use:   "top [--pid PID...]",
+		Short: "Watch GPU memory live: per process and device, traced beside the driver's figure, with the top stacks",
+		Long: `Top traces every process on the host (or the --pid ones) and shows, refreshed
+every --interval, per GPU and per process: the GPU memory cudatrace sees live
+(LIVE) and its peak, what the NVIDIA driver charges the process (NVML-USED,
+as nvidia-smi shows it), the REMAINDER between the two (the CUDA context,
+library workspaces, anything not traced), and the allocation rate since the
+last refresh. Under the table, the selected process's call stacks holding
+the most live memory, symbolized; a CPython (3.10 to 3.14) process's with its
+Python frames (file:line) in place of the interpreter loop's.
+
+Keys: q or Ctrl-C quits; j/k or the arrow keys select a process.
+
+When stdout is not a terminal, top prints plain lines instead, one per
+process and per GPU at each refresh, key=value with exact byte counts:
+
+  2026-01-02T15:04:05Z pid=4242 comm="python3" live=1073741824 peak=... nvml_used=1384120320 remainder=310378496 ...
+
+Only what happens after top starts is seen: memory a process allocated
+before is not in LIVE (it is in NVML-USED, hence in the REMAINDER). A
+process NVML lists that made no traced call is shown too, with all of its
+memory as the remainder.`,
+		Example: `  # Every process on the host
+  sudo cudatrace top
+
+  # One training job, refreshed twice a second
+  sudo cudatrace top --pid 4242 --interval 500ms
+
+  # Log a line per process every 10 s
+  sudo cudatrace top --interval 10s > gpu-memory.log`,
+		Args: cobra.NoArgs,
+	}, (*topFlags).bind, runTop)
 }
