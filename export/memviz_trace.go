@@ -60,13 +60,7 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	scope := newMemvizScope(func(memvizBlockKey) bool { return true })
 	noScope := newMemvizScope(nil)
 	var ooms, unknownFree int // oom entries, and those whose device_free is unknown
-	t, err := replay.Read(path, replay.Options{Until: end, OnNVML: func(s *tracefile.NVML, _ *ledger.Ledger) error {
-		noScope.nvml(s)
-		return nil
-	}, OnEvent: func(ev *events.Event, ch ledger.Change) error {
-		if ch.Process == nil || !opts.selected(ch.Process.PID) {
-			return nil
-		}
+	t, err := replaySelected(path, end, noScope, &opts, func(ev *events.Event, ch ledger.Change) error {
 		tensors = tensors || ev.API.Info().Layer == events.LayerTensor
 		memvizEntries(ev, ch, false, noScope, func(dev int, e MemvizTraceEntry) {
 			counts[dev]++
@@ -85,7 +79,7 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 			}
 		}, nil)
 		return nil
-	}})
+	})
 	if err != nil {
 		return err
 	}
@@ -378,13 +372,7 @@ func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors boo
 		toSkip := skip
 		scope := newMemvizScope(func(k memvizBlockKey) bool { return orphans[k] })
 		scope.meta = &m.t.Meta
-		_, err := replay.Read(path, replay.Options{Until: end, OnNVML: func(s *tracefile.NVML, _ *ledger.Ledger) error {
-			scope.nvml(s)
-			return nil
-		}, OnEvent: func(ev *events.Event, ch ledger.Change) error {
-			if ch.Process == nil || !opts.selected(ch.Process.PID) {
-				return nil
-			}
+		_, err := replaySelected(path, end, scope, opts, func(ev *events.Event, ch ledger.Change) error {
 			more := true
 			memvizEntries(ev, ch, tensors, scope, func(d int, e MemvizTraceEntry) {
 				if d != dev || !more {
@@ -403,7 +391,7 @@ func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors boo
 				return errStopReplay
 			}
 			return nil
-		}})
+		})
 		if err != nil && !errors.Is(err, errStopReplay) && m.err == nil {
 			m.err = err
 		}
@@ -426,4 +414,21 @@ func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors boo
 		}
 		return e.pyValue(), nil
 	}}
+}
+
+// replaySelected replays the trace at path up to end, feeding scope the
+// driver's samples (device_free) and f the events of the processes opts
+// selects.
+func replaySelected(path string, end uint64, scope *memvizScope, opts *Options, f func(*events.Event, ledger.Change) error) (*replay.Trace, error) {
+	return replay.Read(path, replay.Options{Until: end,
+		OnNVML: func(s *tracefile.NVML, _ *ledger.Ledger) error {
+			scope.nvml(s)
+			return nil
+		},
+		OnEvent: func(ev *events.Event, ch ledger.Change) error {
+			if ch.Process == nil || !opts.selected(ch.Process.PID) {
+				return nil
+			}
+			return f(ev, ch)
+		}})
 }
