@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cudatrace/cudatrace/internal/memviztest"
 )
 
 const realLibNVML = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
@@ -270,5 +272,40 @@ func TestNVMLCrossCheck(t *testing.T) {
 		pid, regexp.QuoteMeta(humanBytes(want.Live+400*mib)), regexp.QuoteMeta(humanBytes(want.Live))))
 	if !row.Match(text) {
 		t.Errorf("no cross-check row for pid %d in the text report:\n%s", pid, text)
+	}
+}
+
+// TestMemvizOOMDeviceFree: where the trace has the driver's view (NVML's
+// stand-in: 16 GiB per device, none used), every oom entry of the memviz
+// export carries the device's free memory at the sample before it, not 0;
+// the Allocator Settings tab says where the figure comes from.
+func TestMemvizOOMDeviceFree(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "oom.trace")
+	env := append(fakeEnv(log), "LD_LIBRARY_PATH="+fakeNVMLDir)
+	// The command waits for the first samples before it allocates.
+	rec := startRecord(t, ctx, recordOpts{Env: env}, "--lib", fakeLib, "--nvml-interval", "20ms", "-o", trace,
+		"--", "sh", "-c", `sleep 0.5; exec "$0" 1 200 7`, workload("mix"))
+	rec.finish(t, 50*time.Second)
+	want := onlyTruth(t, log, "")
+	if want.Failed == 0 {
+		t.Fatalf("mix failed no allocation: no oom to check")
+	}
+	snap := filepath.Join(dir, "oom.pickle")
+	if out, err := exec.CommandContext(ctx, tracerBin, "export", trace, "-f", "memviz", "--pid", strconv.Itoa(want.PID),
+		"-o", snap).CombinedOutput(); err != nil {
+		t.Fatalf("export memviz: %v\n%s", err, out)
+	}
+	sum := memviztest.Check(t, snap, memviztest.Want{DeviceKnown: true})
+	if len(sum.DeviceFree) == 0 {
+		t.Fatalf("no oom entry in the snapshot; the trace failed %d allocations", want.Failed)
+	}
+	for _, free := range sum.DeviceFree {
+		if free != 16<<30 {
+			t.Errorf("oom device_free %d, want %d (NVML's stand-in: 16 GiB, none used)", free, int64(16<<30))
+		}
+	}
+	if src, _ := sum.Settings["device_free_source"].(string); !strings.HasPrefix(src, "nvml:") {
+		t.Errorf("allocator_settings device_free_source %q, want it to name NVML", src)
 	}
 }
