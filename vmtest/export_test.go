@@ -5,18 +5,21 @@ package vmtest
 // libcudart's ground truth. Privileged.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/cudatrace/cudatrace/internal/memviztest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/pprof/profile"
+
+	"github.com/cudatrace/cudatrace/internal/memviztest"
 )
 
 func TestExports(t *testing.T) {
@@ -68,6 +71,14 @@ func TestExports(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("no location names alloc_device_buffer")
+		}
+		// As a user reads it: go tool pprof -top totals the report's GPU
+		// live bytes, and -sample_index=host_inuse_space the pinned host memory.
+		if got := pprofTopTotal(t, ctx, pb); got != want.Live {
+			t.Errorf("go tool pprof -top totals %d bytes, want the GPU live %d", got, want.Live)
+		}
+		if got := pprofTopTotal(t, ctx, pb, "-sample_index=host_inuse_space"); got != want.HostLive {
+			t.Errorf("go tool pprof -top -sample_index=host_inuse_space totals %d bytes, want the host live %d", got, want.HostLive)
 		}
 		if p.DefaultSampleType != "inuse_space" {
 			t.Errorf("default sample type %q", p.DefaultSampleType)
@@ -193,4 +204,26 @@ print(json.dumps({"live": live, "traces": len(s["device_traces"]),
 			}
 		}
 	})
+}
+
+var pprofTotalRE = regexp.MustCompile(`Showing nodes accounting for \d+B, [\d.]+% of (\d+)B total`)
+
+// pprofTopTotal is the total `go tool pprof -top` shows for the profile at
+// path, in bytes, as a user reads it.
+func pprofTopTotal(t *testing.T, ctx context.Context, path string, args ...string) uint64 {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(os.Getenv("GOROOT"), "bin", "go") // as the test's own build finds it
+	}
+	out, err := exec.CommandContext(ctx, goTool, append(append([]string{"tool", "pprof", "-top", "-unit=B"}, args...), path)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go tool pprof: %v\n%s", err, out)
+	}
+	m := pprofTotalRE.FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("go tool pprof -top printed no total:\n%s", out)
+	}
+	n, _ := strconv.ParseUint(string(m[1]), 10, 64)
+	return n
 }

@@ -95,6 +95,20 @@ func TestTensors(t *testing.T) {
 	}
 	checkByViews(t, ctx, trace, out)
 
+	// go tool pprof -top totals the GPU memory as the driver holds it (the
+	// segments), tensors inside it not counted again; the tensors have a
+	// sample type of their own.
+	pb := filepath.Join(dir, "t.pb.gz")
+	if out, err := exec.CommandContext(ctx, tracerBin, "export", trace, "--format", "pprof", "-o", pb).CombinedOutput(); err != nil {
+		t.Fatalf("export: %v\n%s", err, out)
+	}
+	if got := pprofTopTotal(t, ctx, pb); got != p.LiveBytes {
+		t.Errorf("go tool pprof -top totals %d bytes, want the report's GPU live %d", got, p.LiveBytes)
+	}
+	if got := pprofTopTotal(t, ctx, pb, "-sample_index=tensor_inuse_space"); got != want.live {
+		t.Errorf("go tool pprof -top -sample_index=tensor_inuse_space totals %d bytes, want the tensors' %d", got, want.live)
+	}
+
 	// The memory_viz snapshot: tensors are the active blocks of the
 	// segments, their requested bytes the tensor-level live total.
 	py, err := exec.LookPath("python3")
