@@ -38,7 +38,8 @@ struct {
 
 // Processes hold_new stopped and the reader has not resumed yet, each with
 // the CLOCK_BOOTTIME ns it was stopped at. The reader deletes a process's
-// entry as it sends SIGCONT; a watchdog process holding this map's fd
+// entry as it sends SIGCONT; one it has read but leaves stopped for
+// another tracer that holds it too has the top bit set (loader/held.go); a watchdog process holding this map's fd
 // resumes whatever is left when the tracer dies (internal/watchdog). Full:
 // no more processes are stopped.
 struct {
@@ -61,10 +62,15 @@ struct thread_struct {
 	unsigned long fsbase;
 } __attribute__((preserve_access_index));
 
+struct signal_struct {
+	void *tty; // struct tty_struct *: the controlling terminal, or NULL
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	struct thread_struct thread;
+	struct signal_struct *signal;
 } __attribute__((preserve_access_index));
 
 
@@ -92,9 +98,18 @@ static __always_inline __s32 current_device(__u32 tid)
 // for the reader, and says whether it did. Never when the reader is behind
 // (as much unread as wakes it: it is not keeping up, and would keep the
 // process waiting), nor without an entry in `held`, which is what resumes
-// it if the tracer dies before its reader gets there.
+// it if the tracer dies before its reader gets there; with CT_HOLD_NO_TTY
+// never a process with a controlling terminal (a shell's job: its shell
+// would see it stop, say "Stopped" and take the terminal back).
 static __always_inline int hold(__u32 tgid)
 {
+	if (hold_new == CT_HOLD_NONE)
+		return 0;
+	if (hold_new == CT_HOLD_NO_TTY) {
+		struct task_struct *t = (void *)bpf_get_current_task();
+		if (BPF_CORE_READ(t, signal, tty))
+			return 0;
+	}
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
 		return 0;
 	__u64 now = bpf_ktime_get_boot_ns();
@@ -118,7 +133,7 @@ static __always_inline __u64 wakeup_flags(struct ct_event *e)
 	__u32 tgid = e->pid;
 	if (bpf_map_lookup_elem(&seen, &tgid) == NULL) {
 		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
-		if (hold_new && hold(tgid))
+		if (hold(tgid))
 			e->flags |= CT_F_HELD;
 		return BPF_RB_FORCE_WAKEUP;
 	}

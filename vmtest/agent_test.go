@@ -101,6 +101,17 @@ func (a *runningAgent) stop(t *testing.T) {
 	select {
 	case <-a.done:
 	case <-time.After(20 * time.Second):
+		pid := a.cmd.Process.Pid
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+		for _, task := range tasks {
+			st, _ := os.ReadFile(task + "/stack")
+			stat, _ := os.ReadFile(task + "/stat")
+			t.Logf("DIAG %s: %s\n%s", task, stat, st)
+		}
+		out, _ := exec.Command("sh", "-c", "ps -eo pid,ppid,stat,wchan:30,cmd | grep -v ' S ' ").CombinedOutput()
+		t.Logf("DIAG ps:\n%s", out)
+		a.cmd.Process.Signal(syscall.SIGQUIT)
+		time.Sleep(3 * time.Second)
 		t.Fatal("cudatrace agent did not stop within 20s of SIGTERM")
 	}
 	if a.err != nil {

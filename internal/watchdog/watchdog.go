@@ -1,7 +1,7 @@
 // Package watchdog makes sure a process the tracer stopped is resumed, even
 // when the tracer dies without resuming it.
 //
-// With loader.Options.HoldNew, BPF stops (SIGSTOP) each launched process at
+// With loader.Options.Hold, BPF stops (SIGSTOP) each traced process at
 // its first record until the tracer's reader has read its mappings and sends
 // SIGCONT. BPF writes each such process into a map (`held`) and the reader
 // deletes it as it resumes it. A tracer killed in between (SIGKILL, the OOM
@@ -30,6 +30,11 @@ import (
 
 	"github.com/cudatrace/cudatrace/proc"
 )
+
+// Released is the top bit of a held entry's stop time: the reader has read
+// the process and leaves it stopped only for another tracer that holds it
+// too (loader.Tracer.Release).
+const Released = uint64(1) << 63
 
 // MaxHold is how long a process may stay stopped for the reader before the
 // watchdog resumes it anyway. The reader normally takes milliseconds.
@@ -156,6 +161,7 @@ func Resume(held *ebpf.Map, olderThan time.Duration, stderr io.Writer) int {
 	)
 	it := held.Iterate()
 	for it.Next(&pid, &at) {
+		at &^= Released
 		if olderThan == 0 || now > at && time.Duration(now-at) >= olderThan {
 			due = append(due, pid)
 			when = append(when, at)
