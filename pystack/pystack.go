@@ -251,27 +251,23 @@ func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThread
 	if w(2) != 0 {
 		return o, true, true
 	}
+	// One layout, the sections of 3.14 further down: 3.13's thread state
+	// and interpreter frame sit 3 words earlier, its code object 5, its
+	// bytes and unicode 10. 3.14: runtime_state 3-5, interpreter_state
+	// 6-21, thread_state 22-30, interpreter_frame 31-38, code_object
+	// 39-49, pyobject 50-51, type_object 52-55, tuple 56-58, list 59-61,
+	// set 62-65, dict 66-68, float 69-70, long 71-73, bytes 74-76,
+	// unicode 77-80.
+	ts, co, obj := 3, 5, 10
 	if minor == 13 {
-		o = offsets{
-			interpHead: w(5), mainThread: -1, interpThreads: w(9),
-			tsNext: w(21), tsNativeID: w(25), tsThreadID: w(24), tsFrame: w(23), tsCFrame: -1, cfCurrent: -1,
-			frPrevious: w(29), frCode: w(30), frInstr: w(31), frOwner: w(33), frEntry: -1,
-			coFilename: w(35), coName: w(36), coQualname: w(37), coLinetable: w(38), coFirstLine: w(39),
-			coCodeAdaptive: w(43), bytesData: w(66), strState: w(68), strLength: w(69), asciiSize: w(70),
-			frameOwnedCStack: 3,
-		}
-		return o, false, true
+		ts, co, obj = 0, 0, 0
 	}
-	// 3.14: runtime_state 3-5, interpreter_state 6-21, thread_state 22-30,
-	// interpreter_frame 31-38, code_object 39-49, pyobject 50-51,
-	// type_object 52-55, tuple 56-58, list 59-61, set 62-65, dict 66-68,
-	// float 69-70, long 71-73, bytes 74-76, unicode 77-80.
 	o = offsets{
 		interpHead: w(5), mainThread: -1, interpThreads: w(9),
-		tsNext: w(24), tsNativeID: w(28), tsThreadID: w(27), tsFrame: w(26), tsCFrame: -1, cfCurrent: -1,
-		frPrevious: w(32), frCode: w(33), frInstr: w(34), frOwner: w(36), frEntry: -1,
-		coFilename: w(40), coName: w(41), coQualname: w(42), coLinetable: w(43), coFirstLine: w(44),
-		coCodeAdaptive: w(48), bytesData: w(76), strState: w(78), strLength: w(79), asciiSize: w(80),
+		tsNext: w(21 + ts), tsNativeID: w(25 + ts), tsThreadID: w(24 + ts), tsFrame: w(23 + ts), tsCFrame: -1, cfCurrent: -1,
+		frPrevious: w(29 + ts), frCode: w(30 + ts), frInstr: w(31 + ts), frOwner: w(33 + ts), frEntry: -1,
+		coFilename: w(35 + co), coName: w(36 + co), coQualname: w(37 + co), coLinetable: w(38 + co), coFirstLine: w(39 + co),
+		coCodeAdaptive: w(43 + co), bytesData: w(66 + obj), strState: w(68 + obj), strLength: w(69 + obj), asciiSize: w(70 + obj),
 		frameOwnedCStack: 3, // FRAME_OWNED_BY_INTERPRETER: the entry frame of each C call of the loop
 	}
 	return o, false, true
