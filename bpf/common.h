@@ -36,10 +36,13 @@ struct {
 	__type(value, __u8);
 } seen SEC(".maps");
 
-// Processes hold_new stopped and the reader has not resumed yet, each with
-// the CLOCK_BOOTTIME ns it was stopped at. The reader deletes a process's
-// entry as it sends SIGCONT; one it has read but leaves stopped for
-// another tracer that holds it too has the top bit set (loader/held.go); a watchdog process holding this map's fd
+// Processes hold_new stopped, each with the CLOCK_BOOTTIME ns it was
+// stopped at. The reader sets the top bit (CT_HELD_READ) once it has read
+// the process, before it sends SIGCONT (it may leave it stopped a while
+// longer for another tracer that holds it too: loader/held.go), and the
+// next one once it has sent it; the entry stays while the process lives.
+// Holding the process again overwrites an entry read, so that no record
+// gets through unheld between the reader's SIGCONT and its next step; a watchdog process holding this map's fd
 // resumes whatever is left when the tracer dies (internal/watchdog). Full:
 // no more processes are stopped.
 struct {
@@ -48,6 +51,8 @@ struct {
 	__type(key, __u32);   // tgid
 	__type(value, __u64); // boot ns when stopped
 } held SEC(".maps");
+
+#define CT_HELD_READ (1ULL << 63)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -113,7 +118,10 @@ static __always_inline int hold(__u32 tgid)
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
 		return 0;
 	__u64 now = bpf_ktime_get_boot_ns();
-	if (bpf_map_update_elem(&held, &tgid, &now, BPF_NOEXIST))
+	__u64 *was = bpf_map_lookup_elem(&held, &tgid);
+	if (was && !(*was & CT_HELD_READ))
+		return 0; // stopped already, and not read yet
+	if (bpf_map_update_elem(&held, &tgid, &now, was ? BPF_EXIST : BPF_NOEXIST))
 		return 0;
 	if (bpf_send_signal(CT_SIGSTOP)) {
 		bpf_map_delete_elem(&held, &tgid);

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -33,45 +34,75 @@ func (t *Tracer) Release(pid uint32) error {
 		return nil
 	}
 	var at uint64
-	if err := t.objs.Held.Lookup(pid, &at); err != nil {
-		return nil // the watchdog resumed it first
+	if err := t.objs.Held.Lookup(pid, &at); err != nil || at&watchdog.Resumed != 0 {
+		return nil // the watchdog resumed it first, or this reader did (two threads held at once)
 	}
 	if err := t.objs.Held.Update(pid, at|watchdog.Released, ebpf.UpdateExist); err != nil {
 		return nil // the watchdog resumed it meanwhile
 	}
 	if t.peers.hold(t.objs.Held, pid) {
 		if t.waiting == nil {
-			t.waiting = map[uint32]struct{}{}
+			t.waiting = map[uint32]uint64{}
 		}
-		t.waiting[pid] = struct{}{}
+		t.waiting[pid] = at
 		return nil
 	}
-	return t.resume(pid)
+	return t.resume(pid, at)
 }
 
-// resume sends pid SIGCONT, then deletes its entry. SIGCONT first: were
-// the entry deleted first, a tracer killed between the two calls would
-// leave the process stopped with nothing to resume it. The cost: a
-// record the process makes in between is not held (BPF holds a process
-// only without an entry), so its new Python frames may be read late and
-// show as unresolved, counted.
-func (t *Tracer) resume(pid uint32) error {
+// resume sends pid, stopped at boot time at, SIGCONT, then marks its
+// entry resumed. SIGCONT first: were the entry marked first, a tracer
+// killed between the two calls would leave the process stopped with
+// nothing to resume it. The entry stays (bpf/common.h): BPF holds the
+// process again by overwriting it, so a record the process makes right
+// after the SIGCONT is held too; an entry BPF overwrote meanwhile is left
+// as it is.
+func (t *Tracer) resume(pid uint32, at uint64) error {
 	delete(t.waiting, pid)
 	err := syscall.Kill(int(pid), syscall.SIGCONT)
-	t.objs.Held.Delete(pid) // absent: the watchdog resumed it first
-	if err != nil && !errors.Is(err, syscall.ESRCH) {
+	var now uint64
+	if t.objs.Held.Lookup(pid, &now) == nil && now == at|watchdog.Released {
+		t.objs.Held.Update(pid, at|watchdog.Released|watchdog.Resumed, ebpf.UpdateExist)
+	}
+	if err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			t.objs.Held.Delete(pid)
+			return nil
+		}
 		return fmt.Errorf("resume pid %d after reading it: %w", pid, err)
 	}
 	return nil
 }
 
 // releaseWaiting resumes the processes Release left stopped for another
-// tracer once no other holds them. Called every poll.
+// tracer once no other holds them, and drops the entries of processes
+// resumed that have exited. Called every poll.
 func (t *Tracer) releaseWaiting() {
-	for pid := range t.waiting {
+	if t.objs.Held == nil {
+		return
+	}
+	for pid, at := range t.waiting {
 		if !t.peers.hold(t.objs.Held, pid) {
-			t.resume(pid)
+			t.resume(pid, at)
 		}
+	}
+	if time.Since(t.pruned) < time.Second {
+		return
+	}
+	t.pruned = time.Now()
+	var (
+		pid  uint32
+		at   uint64
+		gone []uint32
+	)
+	it := t.objs.Held.Iterate()
+	for it.Next(&pid, &at) {
+		if at&watchdog.Resumed != 0 && syscall.Kill(int(pid), 0) == syscall.ESRCH {
+			gone = append(gone, pid)
+		}
+	}
+	for _, pid := range gone {
+		t.objs.Held.Delete(pid)
 	}
 }
 

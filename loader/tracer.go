@@ -148,7 +148,8 @@ type Tracer struct {
 	specs  uint32 // USDT specs written to the usdt_specs map
 	peers  peers  // the other tracers' held maps (Release)
 	// waiting: processes read, left stopped for another tracer (Release)
-	waiting map[uint32]struct{}
+	waiting map[uint32]uint64 // with the boot time each was stopped at
+	pruned  time.Time         // when releaseWaiting last dropped exited processes' entries
 }
 
 // New loads the BPF programs. It attaches nothing yet.
