@@ -52,8 +52,8 @@ type Interp struct {
 	// PyBytes_Type in the process (0 where the build does not name one):
 	// what a code object read late must still point to (codeFrame).
 	types objTypes
-	// Eval are the address ranges of _PyEval_EvalFrameDefault (and its
-	// compiler-split .cold part) in the process.
+	// Eval are the address ranges of the interpreter loop in the process
+	// (interpreterLoop).
 	Eval [][2]uint64
 }
 
@@ -147,7 +147,7 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 		case "PyBytes_Type":
 			types.bytes = cmp.Or(types.bytes, s.Value)
 		}
-		if (s.Name == "_PyEval_EvalFrameDefault" || s.Name == "_PyEval_EvalFrameDefault.cold") && s.Size > 0 &&
+		if interpreterLoop(s.Name) && s.Size > 0 &&
 			!slices.Contains(eval, [2]uint64{s.Value, s.Value + s.Size}) {
 			eval = append(eval, [2]uint64{s.Value, s.Value + s.Size})
 		}
@@ -271,6 +271,19 @@ func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThread
 		frameOwnedCStack: 3, // FRAME_OWNED_BY_INTERPRETER: the entry frame of each C call of the loop
 	}
 	return o, false, true
+}
+
+// interpreterLoop says whether the function named name is part of the
+// interpreter loop: _PyEval_EvalFrameDefault and its compiler-split .cold
+// part, and, in CPython 3.14 built with the tail-calling interpreter
+// (clang, --with-tail-call-interp), the handler functions each
+// instruction and label is there (_TAIL_CALL_LOAD_FAST,
+// _TAIL_CALL_start_frame, their .cold parts), which the loop enters and
+// leaves by tail calls: one handler frame stands above the loop's entry
+// frame (pyframes.Merge takes the two as one).
+func interpreterLoop(name string) bool {
+	return name == "_PyEval_EvalFrameDefault" || name == "_PyEval_EvalFrameDefault.cold" ||
+		strings.HasPrefix(name, "_TAIL_CALL_")
 }
 
 // structs indexes the DWARF structures by tag or typedef name.
