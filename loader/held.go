@@ -22,9 +22,11 @@ import (
 // `held` map as read (the top bit, watchdog.Released), then looks at the
 // other tracers' maps; the one that finds no other holder left sends
 // SIGCONT. Every reader marks before it looks, so the last to mark sees
-// every other mark and resumes the process. An entry stays in its own
-// map until the process is resumed: a reader waiting for another is still
-// covered by its watchdog (watchdog.MaxHold), should the other never read.
+// every other mark and resumes the process. A reader waiting for another
+// keeps its entry (read, not resumed): its watchdog still resumes the
+// process after watchdog.MaxHold, should the other never read it. A
+// `held` map is told by its name and shape; a tracer of an older build,
+// which does not look at the others', may resume a process another holds.
 
 // Release lets pid go after the reader has read the record BPF held it
 // at: SIGCONT, unless another tracer holds it too and has not read it
