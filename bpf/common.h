@@ -36,9 +36,13 @@ struct {
 	__type(value, __u8);
 } seen SEC(".maps");
 
-// Processes hold_new stopped and the reader has not resumed yet, each with
-// the CLOCK_BOOTTIME ns it was stopped at. The reader deletes a process's
-// entry as it sends SIGCONT; a watchdog process holding this map's fd
+// Processes hold_new stopped, each with the CLOCK_BOOTTIME ns it was
+// stopped at. The reader sets the top bit (CT_HELD_READ) once it has read
+// the process, before it sends SIGCONT (it may leave it stopped a while
+// longer for another tracer that holds it too: loader/held.go), and the
+// next one once it has sent it; the entry stays while the process lives.
+// Holding the process again overwrites an entry read, so that no record
+// gets through unheld between the reader's SIGCONT and its next step; a watchdog process holding this map's fd
 // resumes whatever is left when the tracer dies (internal/watchdog). Full:
 // no more processes are stopped.
 struct {
@@ -47,6 +51,8 @@ struct {
 	__type(key, __u32);   // tgid
 	__type(value, __u64); // boot ns when stopped
 } held SEC(".maps");
+
+#define CT_HELD_READ (1ULL << 63)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -61,10 +67,15 @@ struct thread_struct {
 	unsigned long fsbase;
 } __attribute__((preserve_access_index));
 
+struct signal_struct {
+	void *tty; // struct tty_struct *: the controlling terminal, or NULL
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	struct thread_struct thread;
+	struct signal_struct *signal;
 } __attribute__((preserve_access_index));
 
 
@@ -92,13 +103,25 @@ static __always_inline __s32 current_device(__u32 tid)
 // for the reader, and says whether it did. Never when the reader is behind
 // (as much unread as wakes it: it is not keeping up, and would keep the
 // process waiting), nor without an entry in `held`, which is what resumes
-// it if the tracer dies before its reader gets there.
+// it if the tracer dies before its reader gets there; with CT_HOLD_NO_TTY
+// never a process with a controlling terminal (a shell's job: its shell
+// would see it stop, say "Stopped" and take the terminal back).
 static __always_inline int hold(__u32 tgid)
 {
+	if (hold_new == CT_HOLD_NONE)
+		return 0;
+	if (hold_new == CT_HOLD_NO_TTY) {
+		struct task_struct *t = (void *)bpf_get_current_task();
+		if (BPF_CORE_READ(t, signal, tty))
+			return 0;
+	}
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
 		return 0;
 	__u64 now = bpf_ktime_get_boot_ns();
-	if (bpf_map_update_elem(&held, &tgid, &now, BPF_NOEXIST))
+	__u64 *was = bpf_map_lookup_elem(&held, &tgid);
+	if (was && !(*was & CT_HELD_READ))
+		return 0; // stopped already, and not read yet
+	if (bpf_map_update_elem(&held, &tgid, &now, was ? BPF_EXIST : BPF_NOEXIST))
 		return 0;
 	if (bpf_send_signal(CT_SIGSTOP)) {
 		bpf_map_delete_elem(&held, &tgid);
@@ -118,7 +141,7 @@ static __always_inline __u64 wakeup_flags(struct ct_event *e)
 	__u32 tgid = e->pid;
 	if (bpf_map_lookup_elem(&seen, &tgid) == NULL) {
 		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
-		if (hold_new && hold(tgid))
+		if (hold(tgid))
 			e->flags |= CT_F_HELD;
 		return BPF_RB_FORCE_WAKEUP;
 	}

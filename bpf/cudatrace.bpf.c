@@ -39,9 +39,17 @@ const volatile __u64 wakeup_bytes = 1 << 20; // wake the reader only past this m
 // user space: 0, or a multiple of CT_PAGE up to CT_MAX_WINDOW. The verifier
 // sees it as a constant, so records are reserved at the size it makes.
 const volatile __u32 stack_window = 0;
-// 1: stop each process at its first record until the reader has read its
-// mappings (see wakeup_flags). Set for launched commands.
+// Whom to stop (SIGSTOP) at its first record until the reader has read its
+// mappings (see wakeup_flags), and at a record with a Python frame new to
+// it until the reader has read the code object (py_hold_new_frames):
+// CT_HOLD_NONE, CT_HOLD_ALL (a launched command's processes, children of
+// cudatrace) or CT_HOLD_NO_TTY (the agent, top, --pid, --all: only
+// processes without a controlling terminal, since a terminal's shell sees
+// its job stop and takes the terminal back).
 const volatile __u8 hold_new = 0;
+#define CT_HOLD_NONE 0
+#define CT_HOLD_ALL 1
+#define CT_HOLD_NO_TTY 2
 
 #define CT_SIGSTOP 19
 

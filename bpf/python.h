@@ -147,12 +147,12 @@ static long py_frame_step(__u64 i, void *arg)
 // when one of the frames in b is one its records never carried before, so
 // that the reader reads that frame's code object while it surely lives;
 // the record is flagged CT_F_HELD and the reader resumes the process once
-// it has. Only with hold_new (launched commands, whose watchdog resumes
-// what the tracer leaves held). A frame seen while the process could not
+// it has. Only with hold_new (whose watchdog resumes what the tracer
+// leaves held), and whom hold_new says. A frame seen while the process could not
 // be held (the reader is behind) is read late, and checked (pystack).
 static __always_inline void py_hold_new_frames(struct ct_event *h, struct py_block *b)
 {
-	if (!hold_new || (h->flags & CT_F_HELD))
+	if (hold_new == CT_HOLD_NONE || (h->flags & CT_F_HELD))
 		return;
 	__u32 n = b->t.n;
 	struct py_code_key k = {.tgid = h->pid};

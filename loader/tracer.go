@@ -42,13 +42,29 @@ type Options struct {
 	// multiple of 4096 up to MaxStackWindow. 0 picks DefaultStackWindow;
 	// a negative value copies none (frame-pointer stacks only).
 	StackWindow int
-	// HoldNew stops each traced process at its first record (SIGSTOP from
-	// BPF, the record flagged events.FlagHeld) until the reader has read
-	// its mappings and sends SIGCONT, so that a process exiting right after
-	// its first allocation still symbolizes. For launched commands: a
-	// process some shell runs with job control would be seen stopping.
-	HoldNew bool
+	// Hold says which traced processes BPF stops (SIGSTOP, the record
+	// flagged events.FlagHeld) at their first record until the reader has
+	// read their mappings, and at a record with a Python frame new to them
+	// until it has read the code object; the reader lets each go with
+	// Release. A process exiting right after its first allocations still
+	// symbolizes, with its Python frames.
+	Hold Hold
 }
+
+// Hold is whom BPF stops for the reader (bpf/cudatrace.bpf.c CT_HOLD_*).
+type Hold uint8
+
+const (
+	HoldNone Hold = iota
+	// HoldAll: every traced process (a launched command's, children of
+	// cudatrace).
+	HoldAll
+	// HoldNoTerminal: only processes without a controlling terminal (the
+	// agent, top, --pid, --all): a job some shell runs with job control
+	// would be seen stopping (its shell says "Stopped" and takes the
+	// terminal back).
+	HoldNoTerminal
+)
 
 const (
 	DefaultRingBytes    = 16 << 20
@@ -130,6 +146,10 @@ type Tracer struct {
 	fork   link.Link
 	reader *ringbuf.Reader
 	specs  uint32 // USDT specs written to the usdt_specs map
+	peers  peers  // the other tracers' held maps (Release)
+	// waiting: processes read, left stopped for another tracer (Release)
+	waiting map[uint32]uint64 // with the boot time each was stopped at
+	pruned  time.Time         // when releaseWaiting last dropped exited processes' entries
 }
 
 // New loads the BPF programs. It attaches nothing yet.
@@ -158,7 +178,7 @@ func New(opts Options) (*Tracer, error) {
 		bpf.CudatraceVarFollowForks: boolByte(opts.FollowForks),
 		bpf.CudatraceVarWakeupBytes: opts.WakeupBytes,
 		bpf.CudatraceVarStackWindow: window,
-		bpf.CudatraceVarHoldNew:     boolByte(opts.HoldNew),
+		bpf.CudatraceVarHoldNew:     uint8(opts.Hold),
 	}
 	for name, v := range set {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -406,18 +426,9 @@ func (t *Tracer) attachProbe(ex *link.Executable, p Probe) ([]link.Link, error) 
 	return append(out, l), nil
 }
 
-// Held is the map of processes BPF stopped (HoldNew) and the reader has
+// Held is the map of processes BPF stopped (Hold) and the reader has
 // not resumed: what internal/watchdog resumes if the tracer dies.
 func (t *Tracer) Held() *ebpf.Map { return t.objs.Held }
-
-// Resumed tells BPF's side that the reader sent pid SIGCONT after its held
-// record: the watchdog need not.
-func (t *Tracer) Resumed(pid uint32) {
-	if t == nil || t.objs.Held == nil {
-		return
-	}
-	t.objs.Held.Delete(pid) // absent: the watchdog resumed it first
-}
 
 // AddPID adds a process to the filter (with FilterPIDs).
 func (t *Tracer) AddPID(pid uint32) error {
@@ -484,6 +495,7 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 		}
 		if now := time.Now(); now.Sub(last) >= t.opts.PollInterval {
 			last = now
+			t.releaseWaiting()
 			h.Tick()
 		}
 	}
@@ -588,7 +600,7 @@ func LossHint(c map[string]uint64) string {
 // Close detaches and frees everything; it returns the first error.
 func (t *Tracer) Close() error {
 	first := t.Detach()
-	if t.opts.HoldNew && t.objs.Held != nil {
+	if t.opts.Hold != HoldNone && t.objs.Held != nil {
 		// Processes stopped for records the reader never got to.
 		watchdog.Resume(t.objs.Held, 0, nil)
 	}

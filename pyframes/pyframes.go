@@ -142,6 +142,14 @@ func (t *Table) Stack(dst []uint64, ev *events.Event) (merged []uint64, ok bool)
 // native stack was cut short) go at the outer end. This is where
 // py-spy --native puts them: each frame of _PyEval_EvalFrameDefault,
 // innermost first, gives way to the Python frames that call of it runs.
+// Loop frames next to each other are one call of the loop: CPython 3.14's
+// tail-calling interpreter (clang builds) runs each instruction in a
+// handler function of its own (_TAIL_CALL_CALL, ...), which handlers enter
+// by tail calls, so the instruction that made the C call stands as one
+// handler frame right above the _PyEval_EvalFrameDefault frame that
+// entered the loop: the run takes the place of both. (Without tail calls
+// the loop never calls itself directly: a C function's frame always
+// stands between two of its calls.)
 func Merge(dst, native []uint64, py []events.PyFrame, eval [][2]uint64, addr func(events.PyFrame) uint64) []uint64 {
 	i := 0
 	run := func() {
@@ -154,12 +162,18 @@ func Merge(dst, native []uint64, py []events.PyFrame, eval [][2]uint64, addr fun
 			}
 		}
 	}
+	merged := false // the frame before was a loop frame given a run
 	for _, pc := range native {
-		if i < len(py) && inRanges(pc, eval) {
+		loop := inRanges(pc, eval)
+		switch {
+		case loop && merged:
+		case loop && i < len(py):
 			run()
-			continue
+			merged = true
+		default:
+			dst = append(dst, pc)
+			merged = false
 		}
-		dst = append(dst, pc)
 	}
 	for i < len(py) {
 		run()

@@ -25,9 +25,24 @@ func TestMerge(t *testing.T) {
 		t.Fatalf("merged %x, want %x", got, want)
 	}
 	// More loop frames than runs: the extra ones stay native.
-	got = Merge(nil, []uint64{0x5010, 0x5020}, py[:2], eval, addr)
-	if want := []uint64{0xf01, 0xf02, 0x5020}; !slices.Equal(got, want) {
+	got = Merge(nil, []uint64{0x5010, 0x2000, 0x5020}, py[:2], eval, addr)
+	if want := []uint64{0xf01, 0xf02, 0x2000, 0x5020}; !slices.Equal(got, want) {
 		t.Fatalf("merged %x, want %x", got, want)
+	}
+	// CPython 3.14's tail-calling interpreter: the handler of the
+	// instruction that made the C call (_TAIL_CALL_CALL_BUILTIN_FAST, in
+	// the loop's ranges) stands right above _PyEval_EvalFrameDefault; the
+	// two are one call of the loop, and give way to one run. Another
+	// handler in the next call of the loop, as the specializing
+	// interpreter may pick for the same line, makes the same stack.
+	tail := [][2]uint64{{0x5000, 0x5100}, {0x7000, 0x7040}, {0x7040, 0x7100}} // _PyEval_EvalFrameDefault, two handlers
+	for _, handler := range []uint64{0x7010, 0x7050} {
+		native := []uint64{0x1000, handler, 0x5010, 0x2000, 0x7020, 0x5010, 0x3000}
+		got = Merge(nil, native, py, tail, addr)
+		want := []uint64{0x1000, 0xf01, 0xf02, 0x2000, 0xf03, 0x3000, 0xf04, 0xf05}
+		if !slices.Equal(got, want) {
+			t.Fatalf("tail-calling interpreter: merged %x, want %x", got, want)
+		}
 	}
 	// dst's contents stay in front: a caller's reused buffer.
 	got = Merge([]uint64{7}, []uint64{0x1000}, nil, eval, addr)

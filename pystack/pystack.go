@@ -52,8 +52,8 @@ type Interp struct {
 	// PyBytes_Type in the process (0 where the build does not name one):
 	// what a code object read late must still point to (codeFrame).
 	types objTypes
-	// Eval are the address ranges of _PyEval_EvalFrameDefault (and its
-	// compiler-split .cold part) in the process.
+	// Eval are the address ranges of the interpreter loop in the process
+	// (interpreterLoop).
 	Eval [][2]uint64
 }
 
@@ -147,7 +147,7 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 		case "PyBytes_Type":
 			types.bytes = cmp.Or(types.bytes, s.Value)
 		}
-		if (s.Name == "_PyEval_EvalFrameDefault" || s.Name == "_PyEval_EvalFrameDefault.cold") && s.Size > 0 &&
+		if interpreterLoop(s.Name) && s.Size > 0 &&
 			!slices.Contains(eval, [2]uint64{s.Value, s.Value + s.Size}) {
 			eval = append(eval, [2]uint64{s.Value, s.Value + s.Size})
 		}
@@ -251,30 +251,39 @@ func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThread
 	if w(2) != 0 {
 		return o, true, true
 	}
+	// One layout, the sections of 3.14 further down: 3.13's thread state
+	// and interpreter frame sit 3 words earlier, its code object 5, its
+	// bytes and unicode 10. 3.14: runtime_state 3-5, interpreter_state
+	// 6-21, thread_state 22-30, interpreter_frame 31-38, code_object
+	// 39-49, pyobject 50-51, type_object 52-55, tuple 56-58, list 59-61,
+	// set 62-65, dict 66-68, float 69-70, long 71-73, bytes 74-76,
+	// unicode 77-80.
+	ts, co, obj := 3, 5, 10
 	if minor == 13 {
-		o = offsets{
-			interpHead: w(5), mainThread: -1, interpThreads: w(9),
-			tsNext: w(21), tsNativeID: w(25), tsThreadID: w(24), tsFrame: w(23), tsCFrame: -1, cfCurrent: -1,
-			frPrevious: w(29), frCode: w(30), frInstr: w(31), frOwner: w(33), frEntry: -1,
-			coFilename: w(35), coName: w(36), coQualname: w(37), coLinetable: w(38), coFirstLine: w(39),
-			coCodeAdaptive: w(43), bytesData: w(66), strState: w(68), strLength: w(69), asciiSize: w(70),
-			frameOwnedCStack: 3,
-		}
-		return o, false, true
+		ts, co, obj = 0, 0, 0
 	}
-	// 3.14: runtime_state 3-5, interpreter_state 6-21, thread_state 22-30,
-	// interpreter_frame 31-38, code_object 39-49, pyobject 50-51,
-	// type_object 52-55, tuple 56-58, list 59-61, set 62-65, dict 66-68,
-	// float 69-70, long 71-73, bytes 74-76, unicode 77-80.
 	o = offsets{
 		interpHead: w(5), mainThread: -1, interpThreads: w(9),
-		tsNext: w(24), tsNativeID: w(28), tsThreadID: w(27), tsFrame: w(26), tsCFrame: -1, cfCurrent: -1,
-		frPrevious: w(32), frCode: w(33), frInstr: w(34), frOwner: w(36), frEntry: -1,
-		coFilename: w(40), coName: w(41), coQualname: w(42), coLinetable: w(43), coFirstLine: w(44),
-		coCodeAdaptive: w(48), bytesData: w(76), strState: w(78), strLength: w(79), asciiSize: w(80),
+		tsNext: w(21 + ts), tsNativeID: w(25 + ts), tsThreadID: w(24 + ts), tsFrame: w(23 + ts), tsCFrame: -1, cfCurrent: -1,
+		frPrevious: w(29 + ts), frCode: w(30 + ts), frInstr: w(31 + ts), frOwner: w(33 + ts), frEntry: -1,
+		coFilename: w(35 + co), coName: w(36 + co), coQualname: w(37 + co), coLinetable: w(38 + co), coFirstLine: w(39 + co),
+		coCodeAdaptive: w(43 + co), bytesData: w(66 + obj), strState: w(68 + obj), strLength: w(69 + obj), asciiSize: w(70 + obj),
 		frameOwnedCStack: 3, // FRAME_OWNED_BY_INTERPRETER: the entry frame of each C call of the loop
 	}
 	return o, false, true
+}
+
+// interpreterLoop says whether the function named name is part of the
+// interpreter loop: _PyEval_EvalFrameDefault and its compiler-split .cold
+// part, and, in CPython 3.14 built with the tail-calling interpreter
+// (clang, --with-tail-call-interp), the handler functions each
+// instruction and label is there (_TAIL_CALL_LOAD_FAST,
+// _TAIL_CALL_start_frame, their .cold parts), which the loop enters and
+// leaves by tail calls: one handler frame stands above the loop's entry
+// frame (pyframes.Merge takes the two as one).
+func interpreterLoop(name string) bool {
+	return name == "_PyEval_EvalFrameDefault" || name == "_PyEval_EvalFrameDefault.cold" ||
+		strings.HasPrefix(name, "_TAIL_CALL_")
 }
 
 // structs indexes the DWARF structures by tag or typedef name.

@@ -397,3 +397,23 @@ func checkDetectInRoot(t *testing.T, maps []proc.Mapping, host *Interp) {
 		t.Errorf("Detect without the root found %s: it must not read the host's path", "/ctr"+host.Path)
 	}
 }
+
+// The interpreter loop's functions, by name: a tail-calling 3.14 build's
+// handlers are part of it, the functions around it are not.
+func TestInterpreterLoop(t *testing.T) {
+	for name, want := range map[string]bool{
+		"_PyEval_EvalFrameDefault":              true,
+		"_PyEval_EvalFrameDefault.cold":         true,
+		"_TAIL_CALL_CALL_BUILTIN_FAST":          true,
+		"_TAIL_CALL_start_frame":                true,
+		"_TAIL_CALL_CALL_NON_PY_GENERAL.cold":   true,
+		"_PyEval_EvalFrame":                     false,
+		"_PyEval_Vector":                        false,
+		"PyEval_EvalCode":                       false,
+		"_PyObject_VectorcallTstate.lto_priv.0": false,
+	} {
+		if got := interpreterLoop(name); got != want {
+			t.Errorf("interpreterLoop(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

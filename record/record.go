@@ -46,9 +46,19 @@ type Options struct {
 	// child to the PID filter before the target runs its first instruction.
 	LaunchHelper []string
 	// Watchdog is argv[0..] of the command whose body is watchdog.Main:
-	// with a launched command, it resumes the processes BPF stopped for
-	// the reader if the tracer dies first. Nil: none (a test's session).
+	// with a launched command (or HoldAll), it resumes the processes BPF
+	// stopped for the reader if the tracer dies first. Nil: none (a
+	// test's session).
 	Watchdog []string
+	// HoldAll holds the processes of --pid and --all (the agent, top) as
+	// a launched command's are (loader.Options.Hold): stopped at the first
+	// record until their mappings and Python interpreter are read, and at
+	// a record with a Python frame new to them until that frame's code
+	// object is, so that a process's first burst gets its Python frames.
+	// Only with a Watchdog, and only processes without a controlling
+	// terminal (loader.HoldNoTerminal). Each stop lasts as long as the
+	// reader takes to read; never while the reader is behind.
+	HoldAll bool
 	// Observer, when set, watches the session live (top, agent).
 	Observer Observer
 	// NVML, when set, opens the driver's view of GPU memory (gpustat.Open),
@@ -167,8 +177,14 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	topts.FilterPIDs = !opts.All
 	topts.FollowForks = true
 	// A launched command's processes are ours to pause for the moment it
-	// takes to read their mappings (see loader.Options.HoldNew).
-	topts.HoldNew = len(opts.Command) > 0
+	// takes to read their mappings (see loader.Options.Hold); with
+	// HoldAll and a watchdog, those of --pid and --all without a terminal.
+	switch {
+	case len(opts.Command) > 0:
+		topts.Hold = loader.HoldAll
+	case opts.HoldAll && len(opts.Watchdog) > 0:
+		topts.Hold = loader.HoldNoTerminal
+	}
 	tr, err := loader.New(topts)
 	if err != nil {
 		if hint.Of(err) != "" { // the loader's own (a verifier's rejection, memlock)
@@ -177,10 +193,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, hint.Wrap(err, "check `dmesg` and that the kernel has BTF and uprobes (CONFIG_UPROBE_EVENTS)")
 	}
 	defer tr.Close()
-	if topts.HoldNew && len(opts.Watchdog) > 0 {
+	if topts.Hold != loader.HoldNone && len(opts.Watchdog) > 0 {
 		wd, err := watchdog.Start(opts.Watchdog, tr.Held(), opts.Stderr)
 		if err != nil {
-			return nil, hint.Wrap(err, "a launched command is paused at its first allocation; without a watchdog a dying tracer could leave it stopped")
+			return nil, hint.Wrap(err, "traced processes are paused at their first allocation; without a watchdog a dying tracer could leave one stopped")
 		}
 		// Runs before tr.Close: the tracer resumes what is held, then
 		// the watchdog goes.

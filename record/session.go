@@ -3,7 +3,6 @@ package record
 import (
 	"fmt"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/cudatrace/cudatrace/enrich"
@@ -220,21 +219,16 @@ func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64) {
 
 // resume lets a process go that BPF stopped at ev for the capture of its
 // mappings (or for one made earlier, if BPF forgot the process), or for
-// the reading of a code object new to it (resolvePython).
+// the reading of a code object new to it (resolvePython); the tracer
+// leaves it stopped while another tracer holds it too
+// (loader.Tracer.Release).
 func (s *session) resume(ev *events.Event) {
 	if ev.Flags&events.FlagHeld == 0 {
 		return
 	}
-	// SIGCONT first, then the entry: were the entry deleted first, a
-	// tracer killed between the two calls would leave the process stopped
-	// with nothing to resume it (the watchdog knows the held processes by
-	// their entries). The cost: a record the process makes in between is
-	// not held (BPF holds a process only without an entry), so its new
-	// Python frames may be read too late and show as unresolved, counted.
-	if err := syscall.Kill(int(ev.PID), syscall.SIGCONT); err != nil && err != syscall.ESRCH {
-		s.warn(fmt.Errorf("resume pid %d after reading it: %w", ev.PID, err))
+	if err := s.tr.Release(ev.PID); err != nil {
+		s.warn(err)
 	}
-	s.tr.Resumed(ev.PID)
 }
 
 // enrich unwinds ev's stack window, if it has one; it returns the record

@@ -52,6 +52,9 @@ func TestAgentPython(t *testing.T) {
 	weights := []string{frame("cuda_malloc", "malloc"), frame("load_weights", "weights"), frame("<module>", "loop")}
 	acts := []string{frame("cuda_malloc", "malloc"), frame("alloc_activations", "activations"), frame("<module>", "loop")}
 	grow := []string{frame("cuda_malloc", "malloc"), frame("grow", "grow"), frame("<module>", "loop")}
+	// The first allocation too: the agent holds a process at its first
+	// record until it has read its Python frames, as record does.
+	warmup := []string{frame("cuda_malloc", "malloc"), frame("<module>", "warmup")}
 	const wBytes, aBytes = 3 << 20, 5 << 20
 
 	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
@@ -107,7 +110,7 @@ func TestAgentPython(t *testing.T) {
 				want := map[string][]int64{
 					strings.Join(weights, "\n"): append([]int64{2, 2 * wBytes, 2, 2 * wBytes}, zero...),
 					strings.Join(acts, "\n"):    append([]int64{1, aBytes, 1, aBytes}, zero...),
-					"":                          append([]int64{1, 1 << 20, 1, 1 << 20}, zero...), // the warm-up: no Python frames yet
+					strings.Join(warmup, "\n"):  append([]int64{1, 1 << 20, 1, 1 << 20}, zero...),
 				}
 				if len(got) != len(want) {
 					t.Errorf("%d samples, want %d: %v", len(got), len(want), got)
@@ -137,7 +140,7 @@ for s in d["segments"]:
 					t.Fatalf("pickle.load: %v\n%s", err, out)
 				}
 				got := strings.Split(strings.TrimSpace(string(out)), "\n")
-				want := []string{fmt.Sprintf("%d ", 1<<20),
+				want := []string{fmt.Sprintf("%d %s", 1<<20, strings.Join(warmup, " ")),
 					fmt.Sprintf("%d %s", wBytes, strings.Join(weights, " ")),
 					fmt.Sprintf("%d %s", wBytes, strings.Join(weights, " ")),
 					fmt.Sprintf("%d %s", aBytes, strings.Join(acts, " "))}
@@ -196,7 +199,7 @@ for s in d["segments"]:
 					live = append(live, fmt.Sprintf("%d %s", s.LiveBytes, strings.Join(pyFrameNames(s.Frames), " ")))
 				}
 				wantLive := []string{fmt.Sprintf("%d %s", 2*wBytes, strings.Join(weights, " ")),
-					fmt.Sprintf("%d %s", aBytes, strings.Join(acts, " ")), fmt.Sprintf("%d ", 1<<20)}
+					fmt.Sprintf("%d %s", aBytes, strings.Join(acts, " ")), fmt.Sprintf("%d %s", 1<<20, strings.Join(warmup, " "))}
 				if strings.Join(live, "\n") != strings.Join(wantLive, "\n") {
 					t.Errorf("OOM report's live stacks:\n%s\nwant:\n%s", strings.Join(live, "\n"), strings.Join(wantLive, "\n"))
 				}
@@ -318,4 +321,136 @@ func TestTopPython(t *testing.T) {
 		return
 	}
 	t.Logf("top's pane:\n%s", pane)
+}
+
+// TestAgentPythonFirstBurst: CPython 3.10 to 3.13 jobs whose first
+// allocations, a burst of 20 as they start, end in an OOM and an exit,
+// under the agent. The agent holds a process at its first record until it
+// has read its Python frames (as record does): the OOM black box names
+// the failing Python line and holds the burst with its exact Python
+// frames, not the interpreter loop's native ones.
+func TestAgentPythonFirstBurst(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyburst.py"))
+	dir := t.TempDir()
+	dumps := filepath.Join(dir, "oom")
+	ag := startAgent(t, ctx, "--dump-dir", dumps)
+	frame := func(fn, tag string) string {
+		return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyburst.py", tag), fn)
+	}
+	burst := []string{frame("load", "load"), frame("<module>", "burst")}
+	oom := []string{frame("load", "load"), frame("<module>", "oom")}
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			python := pyenvPython(t, v)
+			log := filepath.Join(dir, v+".log")
+			cmd := exec.CommandContext(ctx, python, script, fakeLib, strconv.Itoa(2*fakeMemLimit))
+			cmd.Env = fakeEnv(log)
+			j := startCmdJob(t, "pyburst.py", cmd)
+			if err := j.cmd.Wait(); err != nil {
+				t.Fatalf("pyburst.py: %v", err)
+			}
+			truth := onlyTruth(t, log, "")
+			if truth.PID != j.pid || truth.Allocs != 20 || truth.Failed != 1 {
+				t.Fatalf("ground truth %+v", truth)
+			}
+			var files []string
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				files, _ = filepath.Glob(filepath.Join(dumps, fmt.Sprintf("oom-%d-*.json", j.pid)))
+				if len(files) == 1 || time.Now().After(deadline) {
+					break
+				}
+			}
+			if len(files) != 1 {
+				t.Fatalf("OOM reports of pid %d: %v, want one", j.pid, files)
+			}
+			data, err := os.ReadFile(files[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rep struct {
+				Failure struct {
+					Frames     []reportFrame `json:"frames"`
+					LiveStacks []struct {
+						LiveBytes uint64        `json:"live_bytes"`
+						Frames    []reportFrame `json:"frames"`
+					} `json:"live_stacks"`
+				} `json:"failure"`
+			}
+			if err := json.Unmarshal(data, &rep); err != nil {
+				t.Fatalf("%s: %v", files[0], err)
+			}
+			if got := pyFrameNames(rep.Failure.Frames); !slices.Equal(got, oom) {
+				t.Errorf("failing call's Python frames:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(oom, "\n"))
+			}
+			var live []string
+			for _, s := range rep.Failure.LiveStacks {
+				live = append(live, fmt.Sprintf("%d %s", s.LiveBytes, strings.Join(pyFrameNames(s.Frames), " ")))
+			}
+			if want := []string{fmt.Sprintf("%d %s", 20<<20, strings.Join(burst, " "))}; !slices.Equal(live, want) {
+				t.Errorf("OOM report's live stacks:\n%s\nwant:\n%s", strings.Join(live, "\n"), strings.Join(want, "\n"))
+			}
+		})
+	}
+	ag.stop(t)
+}
+
+// TestAgentBesideRecord: an agent that holds processes for their Python
+// frames, and a `record` of a launched command on the same library, both
+// holding the same CPython processes (pyexit.py run 10 times, exiting at
+// once, with os._exit and a normal exit). Each tracer's BPF stops the
+// process and each reader resumes it: record's frames are all exact or
+// counted unresolved, and the agent stops within 20 s of SIGTERM.
+func TestAgentBesideRecord(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	ag := startAgent(t, ctx)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyexit.py"))
+	python := pyenvPython(t, "3.12")
+	at := func(tag, fn string) string {
+		return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyexit.py", tag), fn)
+	}
+	valid := [][]string{
+		{at("alloc", "alloc"), at("loop", "<module>")},
+		{at("module", "<module>")},
+	}
+	for _, end := range []string{"_exit", "exit"} {
+		exact, unresolved := checkExitRuns(t, []string{python, script, fakeLib, end}, end, valid)
+		t.Logf("%s: %d Python frames exact, %d unresolved in 10 runs", end, exact, unresolved)
+	}
+	ag.stop(t)
+}
+
+// TestTopPythonFirstBurst: top (all processes) gives a CPython job's very
+// first allocation, made as the job starts, its Python frames: top holds
+// a process at its first record until it has read them, as record does.
+func TestTopPythonFirstBurst(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	requireTool(t, "tmux")
+	python := pyenvPython(t, "3.12")
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyagent.py"))
+
+	x := &tmux{t: t, sock: fmt.Sprintf("cudatrace-vmtest-pyburst-%d", os.Getpid())}
+	t.Cleanup(func() { exec.Command("tmux", "-L", x.sock, "kill-server").Run() })
+	cmd := fmt.Sprintf("%s top --lib %s --interval 200ms; exec sleep 600", tracerBin, fakeLib)
+	x.run("new-session", "-d", "-s", "top", "-x", "200", "-y", "150", "sh", "-c", cmd)
+	x.waitPane("the header", func(p string) bool { return strings.Contains(p, "cudatrace top: all processes") }, 30*time.Second)
+	time.Sleep(time.Second) // attached: the header comes first
+	j := startPyJob(t, ctx, python, script, filepath.Join(dir, "fake.log"))
+	frameRE := func(fn, tag string) *regexp.Regexp {
+		return regexp.MustCompile(fmt.Sprintf(`#\d+ %s \(pyagent\.py:%d\) \[python\]`, regexp.QuoteMeta(fn), pyLine(t, "pyagent.py", tag)))
+	}
+	pane := x.waitPane("the warm-up's Python frames", func(p string) bool {
+		return frameRE("<module>", "warmup").MatchString(p)
+	}, 20*time.Second)
+	if !frameRE("cuda_malloc", "malloc").MatchString(pane) || !strings.Contains(pane, fmt.Sprintf("pid %d (python3.12)", j.pid)) {
+		t.Errorf("the warm-up's stack lacks cuda_malloc at pyagent.py:%d or pid %d:\n%s", pyLine(t, "pyagent.py", "malloc"), j.pid, pane)
+	}
 }

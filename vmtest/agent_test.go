@@ -101,6 +101,23 @@ func (a *runningAgent) stop(t *testing.T) {
 	select {
 	case <-a.done:
 	case <-time.After(20 * time.Second):
+		// What it is waiting on: each thread's kernel stack, the
+		// processes stopped or in uninterruptible sleep, and (SIGQUIT)
+		// its goroutines, in the output logged at cleanup.
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", a.cmd.Process.Pid))
+		for _, task := range tasks {
+			stack, _ := os.ReadFile(task + "/stack")
+			stat, _ := os.ReadFile(task + "/stat")
+			t.Logf("%s: %s%s", task, stat, stack)
+		}
+		ps, _ := exec.Command("ps", "-eo", "pid,ppid,stat,wchan:30,args").CombinedOutput()
+		for _, l := range strings.Split(string(ps), "\n") {
+			if f := strings.Fields(l); len(f) > 2 && (strings.HasPrefix(f[2], "T") || strings.HasPrefix(f[2], "D")) {
+				t.Logf("stopped or waiting: %s", l)
+			}
+		}
+		a.cmd.Process.Signal(syscall.SIGQUIT)
+		time.Sleep(3 * time.Second)
 		t.Fatal("cudatrace agent did not stop within 20s of SIGTERM")
 	}
 	if a.err != nil {

@@ -1,10 +1,15 @@
 package vmtest
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -96,6 +101,13 @@ func checkExitRuns(t *testing.T, command []string, end string, valid [][]string)
 	loop := "for i in 1 2 3 4 5 6 7 8 9 10; do " + strings.Join(q, " ") + " || exit 1; done"
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, "--lib", fakeLib, "-o", trace, "--", "sh", "-c", loop)
 	rec.finish(t, 120*time.Second)
+	return checkExitTrace(t, ctx, rec, log, trace, end, valid)
+}
+
+// checkExitTrace checks the trace of 10 pyexit.py processes (the fake
+// library's log names them) against valid, as checkExitRuns says.
+func checkExitTrace(t *testing.T, ctx context.Context, rec *recording, log, trace, end string, valid [][]string) (exact, unresolved int) {
+	t.Helper()
 	truths, err := groundTruthFile(log, "")
 	if err != nil {
 		t.Fatalf("ground truth from %s: %v", log, err)
@@ -106,7 +118,9 @@ func checkExitRuns(t *testing.T, command []string, end string, valid [][]string)
 	rep := runReport(t, ctx, trace)
 	counted := 0
 	for _, p := range rep.Processes {
-		counted += p.UnresolvedPythonFrames
+		if truths[p.PID] != nil { // --all: other processes too
+			counted += p.UnresolvedPythonFrames
+		}
 	}
 	for pid := range truths {
 		var allocs uint64
@@ -145,6 +159,7 @@ func checkExitRuns(t *testing.T, command []string, end string, valid [][]string)
 			}
 			for _, f := range py {
 				if f.File == "" {
+					t.Logf("%s, pid %d: %d allocations with %s", end, pid, s.Allocs, f.Function)
 					unresolved++
 				} else {
 					exact++
@@ -162,4 +177,93 @@ func checkExitRuns(t *testing.T, command []string, end string, valid [][]string)
 		t.Errorf("%s: %d unresolved Python frames in the stacks; record said:\n%s", end, unresolved, rec.stderr.String())
 	}
 	return exact, unresolved
+}
+
+// TestPythonFramesExitAtOncePidAll: as TestPythonFramesExitAtOnce, with
+// processes `record` did not launch: ten pyexit.py processes already
+// running when `record --pid` starts, and ten started after `record
+// --all`. They are held as launched ones are (at their first record, and
+// at a Python frame new to them, until it is read): every Python frame is
+// exact, none unresolved, and none wrong.
+func TestPythonFramesExitAtOncePidAll(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyexit.py"))
+	python := pyenvPython(t, "3.12")
+	at := func(tag, fn string) string {
+		return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyexit.py", tag), fn)
+	}
+	valid := [][]string{
+		{at("alloc", "alloc"), at("loop", "<module>")},
+		{at("module", "<module>")},
+	}
+	for _, mode := range []string{"pid", "all"} {
+		for _, end := range []string{"_exit", "exit"} {
+			t.Run(mode+"/"+end, func(t *testing.T) {
+				ctx := testContext(t)
+				dir := t.TempDir()
+				log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "exit.trace")
+				args := []string{"--lib", fakeLib, "-o", trace}
+				var jobs []*exec.Cmd
+				var stdins []io.WriteCloser
+				if mode == "pid" {
+					for range 10 {
+						cmd := exec.CommandContext(ctx, python, script, fakeLib, end, "wait")
+						cmd.Env = fakeEnv(log)
+						in, err := cmd.StdinPipe()
+						if err != nil {
+							t.Fatal(err)
+						}
+						if err := cmd.Start(); err != nil {
+							t.Fatal(err)
+						}
+						jobs, stdins = append(jobs, cmd), append(stdins, in)
+						args = append(args, "--pid", strconv.Itoa(cmd.Process.Pid))
+					}
+					// Loaded the library and waiting: what --pid reads at start.
+					time.Sleep(2 * time.Second)
+				} else {
+					args = append(args, "--all")
+				}
+				rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, args...)
+				rec.waitAttached(t, 60*time.Second)
+				for i := range 10 {
+					if mode == "pid" {
+						stdins[i].Write([]byte("go\n"))
+						stdins[i].Close()
+						if err := jobs[i].Wait(); err != nil {
+							t.Fatalf("pyexit.py: %v", err)
+						}
+						continue
+					}
+					cmd := exec.CommandContext(ctx, python, script, fakeLib, end)
+					cmd.Env = fakeEnv(log)
+					if out, err := cmd.CombinedOutput(); err != nil {
+						t.Fatalf("pyexit.py: %v\n%s", err, out)
+					}
+				}
+				if mode == "all" {
+					time.Sleep(time.Second) // read: then stopped
+					rec.cmd.Process.Signal(syscall.SIGINT)
+				}
+				rec.finish(t, 60*time.Second)
+				exact, unresolved := checkExitTrace(t, ctx, rec, log, trace, end, valid)
+				t.Logf("%s %s: %d Python frames exact, %d unresolved in 10 runs", mode, end, exact, unresolved)
+				// --all traces the host: with other processes (another
+				// test's) the reader may fall behind, and holds none then.
+				others := 0
+				for _, p := range runReport(t, ctx, trace).Processes {
+					if truths, _ := groundTruthFile(log, ""); truths[p.PID] == nil {
+						others++
+					}
+				}
+				if others > 0 {
+					t.Logf("%s %s: %d other processes traced: unresolved frames allowed", mode, end, others)
+				} else if unresolved > 0 {
+					t.Errorf("%s %s: %d Python frames unresolved, want none (the processes are held until each is read)", mode, end, unresolved)
+				}
+			})
+		}
+	}
 }

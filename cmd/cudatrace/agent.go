@@ -101,7 +101,14 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 			stop()
 		}
 	}()
-	opts := record.Options{Libs: f.libs, All: true, Version: version, Stderr: stderr, Observer: a, NoPythonFrames: f.noPy}
+	wd, err := watchdogArgv()
+	if err != nil {
+		return err
+	}
+	// HoldAll: a process's first allocations get their Python frames, as
+	// under record; the watchdog resumes what a dying agent leaves held.
+	opts := record.Options{Libs: f.libs, All: true, Version: version, Stderr: stderr, Observer: a, NoPythonFrames: f.noPy,
+		HoldAll: !f.noPy, Watchdog: wd}
 	if f.nvml {
 		opts.NVML = gpustat.Open
 	}

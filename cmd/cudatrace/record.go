@@ -113,6 +113,9 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		Stderr:       cmd.ErrOrStderr(),
 		LaunchHelper: []string{exe, launchCmdName},
 		Watchdog:     []string{exe, watchdogCmdName},
+		// --pid and --all: each process's first burst gets its Python
+		// frames too, as a launched command's.
+		HoldAll: !f.noPy,
 
 		KeepStackWindows: f.keepWin,
 		NoPythonFrames:   f.noPy,

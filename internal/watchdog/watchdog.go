@@ -1,7 +1,7 @@
 // Package watchdog makes sure a process the tracer stopped is resumed, even
 // when the tracer dies without resuming it.
 //
-// With loader.Options.HoldNew, BPF stops (SIGSTOP) each launched process at
+// With loader.Options.Hold, BPF stops (SIGSTOP) each traced process at
 // its first record until the tracer's reader has read its mappings and sends
 // SIGCONT. BPF writes each such process into a map (`held`) and the reader
 // deletes it as it resumes it. A tracer killed in between (SIGKILL, the OOM
@@ -29,6 +29,17 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/proc"
+)
+
+// The top bits of a held entry's stop time (bpf/common.h): Released, the
+// reader has read the process and leaves it stopped only for another
+// tracer that holds it too (loader.Tracer.Release); Resumed, the reader
+// has sent it SIGCONT. The entry stays while the process lives: BPF holds
+// it again by overwriting an entry Released, so no record gets through
+// unheld right after the SIGCONT.
+const (
+	Released = uint64(1) << 63
+	Resumed  = uint64(1) << 62
 )
 
 // MaxHold is how long a process may stay stopped for the reader before the
@@ -143,9 +154,12 @@ func Main(stderr io.Writer) error {
 }
 
 // Resume sends SIGCONT to every process in held stopped longer than
-// olderThan (0: all of them) and deletes their entries. A PID whose process
-// started after it was stopped is another process: its entry goes, with
-// no signal. It returns how many processes it resumed.
+// olderThan (0: all of them, the tracer is gone) and deletes their
+// entries. A PID whose process started after it was stopped is another
+// process: its entry goes, with no signal. An entry the reader resumed
+// already goes too, signalled only with olderThan 0 and the process
+// stopped (held again as the reader marked it). It returns how many
+// processes it resumed.
 func Resume(held *ebpf.Map, olderThan time.Duration, stderr io.Writer) int {
 	now := bootNow()
 	var (
@@ -156,6 +170,14 @@ func Resume(held *ebpf.Map, olderThan time.Duration, stderr io.Writer) int {
 	)
 	it := held.Iterate()
 	for it.Next(&pid, &at) {
+		if at&Resumed != 0 {
+			if olderThan == 0 {
+				due = append(due, pid)
+				when = append(when, at)
+			}
+			continue
+		}
+		at &^= Released
 		if olderThan == 0 || now > at && time.Duration(now-at) >= olderThan {
 			due = append(due, pid)
 			when = append(when, at)
@@ -166,6 +188,12 @@ func Resume(held *ebpf.Map, olderThan time.Duration, stderr io.Writer) int {
 		// Deleted first: the reader, if alive, then leaves it alone.
 		if err := held.Delete(pid); err != nil {
 			continue // the reader resumed it meanwhile
+		}
+		if when[i]&Resumed != 0 {
+			if stopped, _ := proc.Stopped(int(pid)); !stopped {
+				continue
+			}
+			when[i] &^= Released | Resumed
 		}
 		// /proc's start time is in clock ticks: a process started
 		// within one of the stop is the same one.

@@ -30,9 +30,10 @@ def grow(n):
     return cuda_malloc(n)  # LINE:grow
 
 
-# The process's first record tells the agent it runs CPython: the walk of
-# its Python frames starts with the records after it.
-cuda_malloc(1 << 20)
+# The process's first record tells the agent it runs CPython: the agent
+# holds the process there until it has read its Python frames (as record
+# does), and BPF walks them from the records after it.
+cuda_malloc(1 << 20)  # LINE:warmup
 print("ready", flush=True)
 for line in sys.stdin:
     what, n = line.split()

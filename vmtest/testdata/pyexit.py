@@ -2,7 +2,8 @@
 # its last allocation (vmtest/python_exit_test.go): argv[1] is the
 # stand-in, argv[2] how to end: "_exit" (os._exit, no interpreter
 # teardown) or "exit" (a normal exit, which frees the module's code
-# objects at once). The recorder reads code objects behind the process: a
+# objects at once); with argv[3] "wait", it first reads a line from stdin
+# (a --pid recording attaches meanwhile). The recorder reads code objects behind the process: a
 # frame it reads too late must come out unresolved, never wrong. LINE:tag
 # marks the line a frame must report.
 import ctypes
@@ -11,6 +12,8 @@ import sys
 
 lib = ctypes.CDLL(sys.argv[1])
 size = ctypes.c_size_t
+if sys.argv[3:] == ["wait"]:
+    sys.stdin.readline()
 
 
 def alloc(n):
