@@ -60,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -298,6 +299,33 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 }
 
 /*
+ * Pinned host memory and managed memory are memory the CPU reads and
+ * writes, as the driver's are (PyCUDA's pagelocked_empty and
+ * managed_empty are numpy arrays over them): the first allocation of
+ * either kind maps its whole arena at its fixed addresses, readable and
+ * writable, reserved lazily (MAP_NORESERVE: pages are made when touched).
+ * Called with mu held. If the addresses are taken, the arena stays
+ * unbacked (its addresses still count; touching them faults).
+ */
+static void back_arena(struct arena *a)
+{
+	static int backed[2];
+	int *done = a == &host_arena ? &backed[0] : a == &managed_arena ? &backed[1] : NULL;
+
+	if (!done || *done)
+		return;
+	*done = 1;
+	void *p = mmap((void *)(uintptr_t)a->base, a->limit, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+	if (p == MAP_FAILED || p != (void *)(uintptr_t)a->base) {
+		fprintf(stderr, "fakecudart: cannot map host-visible memory at %#llx: %s\n",
+			(unsigned long long)a->base, strerror(errno));
+		if (p != MAP_FAILED)
+			munmap(p, a->limit);
+	}
+}
+
+/*
  * The one allocation path. bytes: what the caller will own (0 or
  * UINT64_MAX for invalid/overflowing requests), req: what was asked for.
  * On success stores the address in *addr_out; otherwise touches nothing.
@@ -319,6 +347,7 @@ static cudaError_t do_alloc_on(const char *api, int dev, enum kind kind, int val
 		ret = cudaErrorMemoryAllocation;
 	} else {
 		uint64_t need = (bytes + ALIGN - 1) & ~(ALIGN - 1);
+		back_arena(a);
 		addr = arena_alloc(a, need);
 		if (!addr) {
 			ret = cudaErrorMemoryAllocation;
