@@ -8,8 +8,8 @@ second context on device 1 and its detach while not current, and the
 first context's detach at the end, which frees what it still holds.
 
 With --attach the script says "ready" once its context on device 0 is
-made and waits for a line on stdin (the tracer attaches meanwhile); the
-part on device 1 is left out then.
+made and waits for a line on stdin (the tracer attaches meanwhile), then
+pops and pushes that context; the part on device 1 is left out then.
 
 Before each allocating line the script names it in the stand-in's log
 (fakecuda_log_marker, the stand-in's own export, not a CUDA call), so the
@@ -17,6 +17,7 @@ log says which line made each allocation; each such line is also marked
 for vmtest/pycuda_test.go."""
 import ctypes
 import sys
+import time
 
 import numpy as np
 import pycuda.driver as cuda
@@ -32,6 +33,10 @@ if attach:
     print("ready", flush=True)
     sys.stdin.readline()
     mark(b"attached")
+    # The tracer sees ctx0 made current (pushed) after it attached; a
+    # context current since before the attach is another matter.
+    ctx0.pop()
+    ctx0.push()
 
 mark(b"mem_alloc")
 buf = cuda.mem_alloc(3 << 20)  # LINE:mem_alloc
@@ -80,3 +85,5 @@ if not attach:
 ctx0.pop()
 ctx0.detach()  # the last use: what ctx0 still holds is freed with it
 print("pycuda_job: done", flush=True)
+if attach:
+    time.sleep(1)  # the tracer reads code objects while the process lives
