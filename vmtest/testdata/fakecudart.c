@@ -1039,13 +1039,25 @@ EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstr
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) { (void)dst, (void)v, (void)n; return CUDA_SUCCESS; }
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) { (void)dst, (void)v, (void)n, (void)s; return CUDA_SUCCESS; }
 
-/* Mapped pinned memory: the device sees it at its host address. */
+/*
+ * Mapped pinned memory: with unified addressing (the stand-in's devices
+ * have it) the device sees pinned host memory at its host address. As the
+ * driver, it refuses flags other than 0 and pointers outside pinned memory.
+ */
 EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flags)
 {
-	(void)flags;
-	if (!d)
+	uint64_t a = (uint64_t)(uintptr_t)p;
+	int pinned = 0;
+	if (!d || flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	*d = (CUdeviceptr)(uintptr_t)p;
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < NBUCKETS && !pinned; i++)
+		for (struct block *b = buckets[i]; b && !pinned; b = b->next)
+			pinned = b->kind == KIND_HOST && a >= b->addr && a - b->addr < b->size;
+	pthread_mutex_unlock(&mu);
+	if (!pinned)
+		return CUDA_ERROR_INVALID_VALUE;
+	*d = (CUdeviceptr)a;
 	return CUDA_SUCCESS;
 }
 

@@ -33,20 +33,25 @@ if attach:
     print("ready", flush=True)
     sys.stdin.readline()
     mark(b"attached")
-    # The tracer sees ctx0 made current (pushed) after it attached; a
-    # context current since before the attach is another matter.
+    # The tracer sees ctx0 made current (pushed) after it attached, and
+    # its device asked for (as gpuarray does); a context current since
+    # before the attach, never named again, is another matter.
     ctx0.pop()
     ctx0.push()
+    assert cuda.Context.get_device().pci_bus_id() == cuda.Device(0).pci_bus_id()
 
 mark(b"mem_alloc")
 buf = cuda.mem_alloc(3 << 20)  # LINE:mem_alloc
 mark(b"pitch")
 pitched, pitch = cuda.mem_alloc_pitch(1000, 300, 4)  # LINE:pitch
+assert pitch == 1024  # rows padded to the stand-in's 512-byte pitch alignment
+free, total = cuda.mem_get_info()
+assert total - free >= (3 << 20) + 300 * pitch  # device 0's memory in use
 mark(b"pagelocked")
 pinned = cuda.pagelocked_empty((256, 256), np.float32, mem_flags=cuda.host_alloc_flags.DEVICEMAP)  # LINE:pagelocked
 pinned[:] = 1.5
 assert pinned.sum() == 1.5 * 256 * 256
-mapped = pinned.base.get_device_pointer()
+assert pinned.base.get_device_pointer() == pinned.ctypes.data  # mapped: unified addressing
 mark(b"managed")
 managed = cuda.managed_empty(1 << 16, np.float32, mem_flags=cuda.mem_attach_flags.GLOBAL)  # LINE:managed
 managed[:] = 2
