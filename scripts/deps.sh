@@ -84,7 +84,9 @@ if [ ! -s "$pycuda/root/usr/lib/python3/dist-packages/pycuda/driver.py" ]; then
 	rm -rf "$pycuda.new"
 	mkdir -p "$pycuda.new"
 	chmod 755 "$pycuda.new" # apt downloads as _apt
-	(cd "$pycuda.new" && apt_get -o APT::Sandbox::User=root download -qq python3-pycuda >/dev/null)
+	# The package lists may be gone (a cleaned image) when nothing above needed an update.
+	download() { (cd "$pycuda.new" && apt_get -o APT::Sandbox::User=root download -qq python3-pycuda >/dev/null); }
+	download || { apt_get update -qq && download; }
 	dpkg -x "$pycuda.new"/python3-pycuda_*.deb "$pycuda.new/root"
 	rm -f "$pycuda.new"/python3-pycuda_*.deb
 	rm -rf "$pycuda"
