@@ -37,10 +37,13 @@ fi
 # qemu-system-x86, busybox-static: the kernel matrix (vmtest/kernels_test.go).
 # python3-numba: a real CUDA client (ctypes over libcuda.so.1) run on the stand-in driver (vmtest/numba_test.go).
 # debootstrap: the sid root below.
+# python3-appdirs ... libboost-thread1.74.0: what python3-pycuda needs besides the CUDA toolkit (below).
 need=()
 for p in clang llvm gcc make binutils xz-utils bpftool bpftrace libbpf-dev systemtap-sdt-dev \
 	libcudart11.0 libcuda1 libnvidia-ml1 tmux util-linux prometheus python3.11 \
-	qemu-system-x86 busybox-static cpio python3-numba debootstrap; do
+	qemu-system-x86 busybox-static cpio python3-numba debootstrap \
+	python3-appdirs python3-decorator python3-numpy python3-pytools python3-mako \
+	libboost-python1.74.0 libboost-thread1.74.0; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -67,6 +70,27 @@ if [ ! -x "$sid/usr/bin/python3.14" ] || [ ! -x "$sid/usr/bin/python3.13" ]; the
 		rm -rf "$sid"
 		mv "$sid.new" "$sid"
 	fi
+fi
+
+# PyCUDA, a real CUDA client (a C++ extension linked against libcuda.so.1)
+# run on the stand-in driver (vmtest/pycuda_test.go): Debian's
+# python3-pycuda depends on nvidia-cuda-toolkit (gigabytes, and no CUDA
+# toolkit may be installed here), so only its own files are unpacked, into
+# $cache/pycuda/root; its light dependencies are installed above, and the
+# tests build stand-ins for libcurand.so.10 and nvcc.
+pycuda=$cache/pycuda
+if [ ! -s "$pycuda/root/usr/lib/python3/dist-packages/pycuda/driver.py" ]; then
+	echo "scripts/deps.sh: unpacking Debian's python3-pycuda (without the CUDA toolkit) into $pycuda" >&2
+	rm -rf "$pycuda.new"
+	mkdir -p "$pycuda.new"
+	chmod 755 "$pycuda.new" # apt downloads as _apt
+	# The package lists may be gone (a cleaned image) when nothing above needed an update.
+	download() { (cd "$pycuda.new" && apt_get -o APT::Sandbox::User=root download -qq python3-pycuda >/dev/null); }
+	download || { apt_get update -qq && download; }
+	dpkg -x "$pycuda.new"/python3-pycuda_*.deb "$pycuda.new/root"
+	rm -f "$pycuda.new"/python3-pycuda_*.deb
+	rm -rf "$pycuda"
+	mv "$pycuda.new" "$pycuda"
 fi
 
 # The kernels: series -> the package name's pattern. The generic amd64

@@ -186,6 +186,12 @@ func buildStandIns(dir string) {
 		"-o", filepath.Join(fakeNVMLDir, "libnvidia-ml.so.1"), src("fakenvml.c")); cBuildErr != nil {
 		return
 	}
+	// cuRAND's stand-in, which PyCUDA's _driver links (pycuda_test.go).
+	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-Wall", "-Wl,-soname,libcurand.so.10",
+		"-Wl,--version-script="+src("fakecurand.map"), "-o", filepath.Join(fakeLibDir, "libcurand.so.10"),
+		src("fakecurand.c")); cBuildErr != nil {
+		return
+	}
 	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", workload("dlopen_late"),
 		src("dlopen_late.c"), "-ldl"); cBuildErr != nil {
 		return

@@ -60,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -298,6 +299,33 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 }
 
 /*
+ * Pinned host memory and managed memory are memory the CPU reads and
+ * writes, as the driver's are (PyCUDA's pagelocked_empty and
+ * managed_empty are numpy arrays over them): the first allocation of
+ * either kind maps its whole arena at its fixed addresses, readable and
+ * writable, reserved lazily (MAP_NORESERVE: pages are made when touched).
+ * Called with mu held. If the addresses are taken, the arena stays
+ * unbacked (its addresses still count; touching them faults).
+ */
+static void back_arena(struct arena *a)
+{
+	static int backed[2];
+	int *done = a == &host_arena ? &backed[0] : a == &managed_arena ? &backed[1] : NULL;
+
+	if (!done || *done)
+		return;
+	*done = 1;
+	void *p = mmap((void *)(uintptr_t)a->base, a->limit, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+	if (p == MAP_FAILED || p != (void *)(uintptr_t)a->base) {
+		fprintf(stderr, "fakecudart: cannot map host-visible memory at %#llx: %s\n",
+			(unsigned long long)a->base, strerror(errno));
+		if (p != MAP_FAILED)
+			munmap(p, a->limit);
+	}
+}
+
+/*
  * The one allocation path. bytes: what the caller will own (0 or
  * UINT64_MAX for invalid/overflowing requests), req: what was asked for.
  * On success stores the address in *addr_out; otherwise touches nothing.
@@ -319,6 +347,7 @@ static cudaError_t do_alloc_on(const char *api, int dev, enum kind kind, int val
 		ret = cudaErrorMemoryAllocation;
 	} else {
 		uint64_t need = (bytes + ALIGN - 1) & ~(ALIGN - 1);
+		back_arena(a);
 		addr = arena_alloc(a, need);
 		if (!addr) {
 			ret = cudaErrorMemoryAllocation;
@@ -1010,13 +1039,25 @@ EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstr
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) { (void)dst, (void)v, (void)n; return CUDA_SUCCESS; }
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) { (void)dst, (void)v, (void)n, (void)s; return CUDA_SUCCESS; }
 
-/* Mapped pinned memory: the device sees it at its host address. */
+/*
+ * Mapped pinned memory: with unified addressing (the stand-in's devices
+ * have it) the device sees pinned host memory at its host address. As the
+ * driver, it refuses flags other than 0 and pointers outside pinned memory.
+ */
 EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flags)
 {
-	(void)flags;
-	if (!d)
+	uint64_t a = (uint64_t)(uintptr_t)p;
+	int pinned = 0;
+	if (!d || flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	*d = (CUdeviceptr)(uintptr_t)p;
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < NBUCKETS && !pinned; i++)
+		for (struct block *b = buckets[i]; b && !pinned; b = b->next)
+			pinned = b->kind == KIND_HOST && a >= b->addr && a - b->addr < b->size;
+	pthread_mutex_unlock(&mu);
+	if (!pinned)
+		return CUDA_ERROR_INVALID_VALUE;
+	*d = (CUdeviceptr)a;
 	return CUDA_SUCCESS;
 }
 
@@ -1035,6 +1076,379 @@ EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
 	*s = e == 2 ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_UNKNOWN";
 	return CUDA_SUCCESS;
 }
+
+/*
+ * The rest of what PyCUDA's _driver extension (Debian's python3-pycuda)
+ * binds when it is loaded: 156 cu* symbols, all resolved at dlopen. Those
+ * on PyCUDA's allocation paths and around them (modules and launches for
+ * gpuarray's kernels, events, limits, address ranges) behave as the CUDA
+ * driver API's documentation says; the rest (arrays, textures, surfaces,
+ * OpenGL, IPC, the linker, the rest of the pre-4.0 launch API) return
+ * CUDA_ERROR_NOT_SUPPORTED, as a driver without the feature does. None of
+ * them allocates, so none is logged.
+ */
+#define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
+
+/* Every argument is ignored: the ABI lets a function read fewer than it is passed. */
+#define UNSUPPORTED(name) \
+	EXPORT CUresult name(void) { return CUDA_ERROR_NOT_SUPPORTED; }
+UNSUPPORTED(cuArray3DCreate_v2)
+UNSUPPORTED(cuArray3DGetDescriptor_v2)
+UNSUPPORTED(cuArrayCreate_v2)
+UNSUPPORTED(cuArrayDestroy)
+UNSUPPORTED(cuArrayGetDescriptor_v2)
+UNSUPPORTED(cuGLCtxCreate_v2)
+UNSUPPORTED(cuGLInit)
+UNSUPPORTED(cuGLMapBufferObject_v2)
+UNSUPPORTED(cuGLRegisterBufferObject)
+UNSUPPORTED(cuGLUnmapBufferObject)
+UNSUPPORTED(cuGLUnregisterBufferObject)
+UNSUPPORTED(cuGraphicsGLRegisterBuffer)
+UNSUPPORTED(cuGraphicsGLRegisterImage)
+UNSUPPORTED(cuGraphicsMapResources)
+UNSUPPORTED(cuGraphicsResourceGetMappedPointer_v2)
+UNSUPPORTED(cuGraphicsSubResourceGetMappedArray)
+UNSUPPORTED(cuGraphicsUnmapResources)
+UNSUPPORTED(cuGraphicsUnregisterResource)
+UNSUPPORTED(cuIpcCloseMemHandle)
+UNSUPPORTED(cuIpcGetEventHandle)
+UNSUPPORTED(cuIpcGetMemHandle)
+UNSUPPORTED(cuIpcOpenEventHandle)
+UNSUPPORTED(cuLaunch)
+UNSUPPORTED(cuLaunchGrid)
+UNSUPPORTED(cuLaunchGridAsync)
+UNSUPPORTED(cuLinkAddData_v2)
+UNSUPPORTED(cuLinkAddFile_v2)
+UNSUPPORTED(cuLinkComplete)
+UNSUPPORTED(cuLinkCreate_v2)
+UNSUPPORTED(cuLinkDestroy)
+UNSUPPORTED(cuMemHostGetFlags)
+UNSUPPORTED(cuMemHostRegister_v2)
+UNSUPPORTED(cuMemHostUnregister)
+UNSUPPORTED(cuMemcpyAtoA_v2)
+UNSUPPORTED(cuMemcpyAtoD_v2)
+UNSUPPORTED(cuMemcpyAtoH_v2)
+UNSUPPORTED(cuMemcpyDtoA_v2)
+UNSUPPORTED(cuMemcpyHtoA_v2)
+UNSUPPORTED(cuMemcpy3DPeer)
+UNSUPPORTED(cuMemcpy3DPeerAsync)
+UNSUPPORTED(cuModuleGetSurfRef)
+UNSUPPORTED(cuModuleGetTexRef)
+UNSUPPORTED(cuParamSetSize)
+UNSUPPORTED(cuParamSetTexRef)
+UNSUPPORTED(cuParamSetf)
+UNSUPPORTED(cuParamSeti)
+UNSUPPORTED(cuParamSetv)
+UNSUPPORTED(cuSurfRefGetArray)
+UNSUPPORTED(cuSurfRefSetArray)
+UNSUPPORTED(cuTexRefCreate)
+UNSUPPORTED(cuTexRefDestroy)
+UNSUPPORTED(cuTexRefGetAddressMode)
+UNSUPPORTED(cuTexRefGetAddress_v2)
+UNSUPPORTED(cuTexRefGetArray)
+UNSUPPORTED(cuTexRefGetFilterMode)
+UNSUPPORTED(cuTexRefGetFlags)
+UNSUPPORTED(cuTexRefGetFormat)
+UNSUPPORTED(cuTexRefSetAddress2D_v3)
+UNSUPPORTED(cuTexRefSetAddressMode)
+UNSUPPORTED(cuTexRefSetAddress_v2)
+UNSUPPORTED(cuTexRefSetArray)
+UNSUPPORTED(cuTexRefSetFilterMode)
+UNSUPPORTED(cuTexRefSetFlags)
+UNSUPPORTED(cuTexRefSetFormat)
+
+/* Calls that need a current context fail without one, as the driver's do. */
+static CUresult need_ctx(void)
+{
+	return ctx_depth > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* The context's API version: 3020 for every context made since CUDA 3.2. */
+EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+	CUresult r;
+	if (!version)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	r = ctx ? (ctx_of((uint64_t)(uintptr_t)ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT) : need_ctx();
+	pthread_mutex_unlock(&mu);
+	if (r == CUDA_SUCCESS)
+		*version = 3020;
+	return r;
+}
+
+/* Limits (CUlimit 0..6) and cache and shared-memory configurations, kept
+ * per process: what was set is what is read back. */
+static __thread size_t ctx_limits[7] = {1024, 1 << 20, 8 << 20, 2, 2048, 0, 0};
+static __thread int cache_config, shmem_config;
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, int limit)
+{
+	if (!value || limit < 0 || limit > 6)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (need_ctx())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*value = ctx_limits[limit];
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
+{
+	if (limit < 0 || limit > 6)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (need_ctx())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	ctx_limits[limit] = value;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCacheConfig(int *config)
+{
+	if (!config)
+		return CUDA_ERROR_INVALID_VALUE;
+	*config = cache_config;
+	return need_ctx();
+}
+
+EXPORT CUresult cuCtxSetCacheConfig(int config)
+{
+	if (config < 0 || config > 3)
+		return CUDA_ERROR_INVALID_VALUE;
+	cache_config = config;
+	return need_ctx();
+}
+
+EXPORT CUresult cuCtxGetSharedMemConfig(int *config)
+{
+	if (!config)
+		return CUDA_ERROR_INVALID_VALUE;
+	*config = shmem_config;
+	return need_ctx();
+}
+
+EXPORT CUresult cuCtxSetSharedMemConfig(int config)
+{
+	if (config < 0 || config > 2)
+		return CUDA_ERROR_INVALID_VALUE;
+	shmem_config = config;
+	return need_ctx();
+}
+
+/* No peer-to-peer between the stand-in's devices. */
+EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+	if (!can)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices || peer < 0 || peer >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*can = 0;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+	(void)peer;
+	return flags ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+}
+
+EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
+{
+	(void)peer;
+	return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+}
+
+/* Device d sits at PCI bus d (cuDeviceGetAttribute's bus id). */
+EXPORT CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev)
+{
+	if (!id || len <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(id, (size_t)len, "0000:%02x:00.0", dev);
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *id)
+{
+	unsigned dom, bus, slot, fn;
+	if (!dev || !id || sscanf(id, "%x:%x:%x.%x", &dom, &bus, &slot, &fn) != 4)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dom != 0 || slot != 0 || fn != 0 || bus >= (unsigned)ndevices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*dev = (CUdevice)bus;
+	return CUDA_SUCCESS;
+}
+
+/* Events complete at once: nothing runs on the stand-in's devices. */
+static uint64_t next_handle = 0xe0000;
+
+EXPORT CUresult cuEventCreate(void **ev, unsigned int flags)
+{
+	if (!ev || (flags & ~0xfu))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (need_ctx())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*ev = (void *)(uintptr_t)__atomic_add_fetch(&next_handle, 16, __ATOMIC_RELAXED);
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(void *ev) { return ev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+EXPORT CUresult cuEventRecord(void *ev, CUstream s) { (void)s; return ev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+EXPORT CUresult cuEventQuery(void *ev) { return ev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+EXPORT CUresult cuEventSynchronize(void *ev) { return ev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+
+EXPORT CUresult cuEventElapsedTime(float *ms, void *start, void *end)
+{
+	if (!ms)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!start || !end)
+		return CUDA_ERROR_INVALID_HANDLE;
+	*ms = 0;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamWaitEvent(CUstream s, void *ev, unsigned int flags)
+{
+	(void)s;
+	return !ev ? CUDA_ERROR_INVALID_HANDLE : flags ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamAttachMemAsync(CUstream s, CUdeviceptr p, size_t len, unsigned int flags)
+{
+	(void)s, (void)len;
+	return p && (flags == 1 || flags == 2 || flags == 4) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuProfilerInitialize(const char *cfg, const char *out, int mode) { (void)cfg, (void)out, (void)mode; return CUDA_SUCCESS; }
+EXPORT CUresult cuProfilerStart(void) { return CUDA_SUCCESS; }
+EXPORT CUresult cuProfilerStop(void) { return CUDA_SUCCESS; }
+
+/*
+ * Modules: any image loads (nvcc's stand-in writes its source as the
+ * "cubin"), in the current context; every function name is found.
+ * Launches do nothing.
+ */
+static CUresult module_load(void **mod, const void *image)
+{
+	if (!mod || !image)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (need_ctx())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*mod = (void *)(uintptr_t)__atomic_add_fetch(&next_handle, 16, __ATOMIC_RELAXED);
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleLoad(void **mod, const char *fname)
+{
+	if (fname && access(fname, R_OK) != 0)
+		return CUDA_ERROR_NOT_FOUND;
+	return module_load(mod, fname);
+}
+EXPORT CUresult cuModuleLoadData(void **mod, const void *image) { return module_load(mod, image); }
+EXPORT CUresult cuModuleLoadDataEx(void **mod, const void *image, unsigned int n, void *opts, void **vals)
+{
+	(void)n, (void)opts, (void)vals;
+	return module_load(mod, image);
+}
+EXPORT CUresult cuModuleUnload(void *mod) { return mod ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+
+EXPORT CUresult cuModuleGetFunction(void **f, void *mod, const char *name)
+{
+	if (!f || !name)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!mod)
+		return CUDA_ERROR_INVALID_HANDLE;
+	*f = (void *)(uintptr_t)__atomic_add_fetch(&next_handle, 16, __ATOMIC_RELAXED);
+	return CUDA_SUCCESS;
+}
+
+/* The stand-in's modules have no __device__ variables. */
+EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *bytes, void *mod, const char *name)
+{
+	(void)p, (void)bytes;
+	return !mod ? CUDA_ERROR_INVALID_HANDLE : !name ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_FOUND;
+}
+
+/* Function attributes (CUfunction_attribute) of a small kernel. */
+EXPORT CUresult cuFuncGetAttribute(int *v, int attrib, void *f)
+{
+	if (!v)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!f)
+		return CUDA_ERROR_INVALID_HANDLE;
+	switch (attrib) {
+	case 0: *v = 1024; break; /* max threads per block */
+	case 4: *v = 16; break;   /* registers */
+	case 5: case 6: *v = 80; break; /* PTX and binary versions */
+	default: *v = 0;
+	}
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuFuncSetAttribute(void *f, int attrib, int v) { (void)attrib, (void)v; return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+EXPORT CUresult cuFuncSetCacheConfig(void *f, int c) { (void)c; return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+
+/* The pre-4.0 way to give a launch its block, which PyCUDA's prepared_async_call still uses before cuLaunchKernel. */
+EXPORT CUresult cuFuncSetBlockShape(void *f, int x, int y, int z)
+{
+	if (!f)
+		return CUDA_ERROR_INVALID_HANDLE;
+	return x > 0 && y > 0 && z > 0 && (int64_t)x * y * z <= 1024 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuFuncSetSharedSize(void *f, unsigned int bytes) { (void)bytes; return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+
+EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+			       unsigned shmem, CUstream s, void **params, void **extra)
+{
+	(void)shmem, (void)s, (void)params, (void)extra;
+	if (!f)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
+		return CUDA_ERROR_INVALID_VALUE;
+	return need_ctx();
+}
+
+/* Copies and sets move nothing: the stand-in's device memory has no bytes. */
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)d, (void)s, (void)n, (void)st; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyPeer(CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n) { (void)d, (void)dc, (void)s, (void)sc, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream st) { (void)d, (void)dc, (void)s, (void)sc, (void)n, (void)st; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpy2D_v2(const void *p) { return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuMemcpy2DUnaligned_v2(const void *p) { return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuMemcpy2DAsync_v2(const void *p, CUstream s) { (void)s; return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuMemcpy3D_v2(const void *p) { return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuMemcpy3DAsync_v2(const void *p, CUstream s) { (void)s; return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) { (void)d, (void)v, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) { (void)d, (void)v, (void)n, (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) { (void)d, (void)v, (void)n; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) { (void)d, (void)v, (void)n, (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) { (void)d, (void)p, (void)v, (void)w, (void)h; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h, CUstream s) { (void)d, (void)p, (void)v, (void)w, (void)h, (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h) { (void)d, (void)p, (void)v, (void)w, (void)h; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h, CUstream s) { (void)d, (void)p, (void)v, (void)w, (void)h, (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h) { (void)d, (void)p, (void)v, (void)w, (void)h; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h, CUstream s) { (void)d, (void)p, (void)v, (void)w, (void)h, (void)s; return CUDA_SUCCESS; }
+
+/* The allocation holding p: its base and the size the caller asked for. */
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+	CUresult r = CUDA_ERROR_NOT_FOUND;
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < NBUCKETS && r != CUDA_SUCCESS; i++)
+		for (struct block *b = buckets[i]; b; b = b->next)
+			if (b->kind != KIND_VA && !b->vmm && p >= b->addr && p - b->addr < b->size) {
+				if (base)
+					*base = b->addr;
+				if (size)
+					*size = b->size;
+				r = CUDA_SUCCESS;
+				break;
+			}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
 
 /* drv_alloc wraps do_alloc for the driver's (CUdeviceptr *, size) shape. */
 static CUresult drv_alloc(const char *api, enum kind kind, int valid, uint64_t bytes, uint64_t req, CUdeviceptr *out)
