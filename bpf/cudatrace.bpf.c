@@ -42,6 +42,9 @@ const volatile __u32 stack_window = 0;
 // 1: stop each process at its first record until the reader has read its
 // mappings (see wakeup_flags). Set for launched commands.
 const volatile __u8 hold_new = 0;
+// CLOCK_BOOTTIME ns when tracing began: a thread started before it may have
+// set its device or context unseen (current_device).
+const volatile __u64 trace_start_ns = 0;
 
 #define CT_SIGSTOP 19
 

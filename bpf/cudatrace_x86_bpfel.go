@@ -103,6 +103,9 @@ const (
 	CudatraceCtShapeCT_SHAPE_PRIMARY_RELEASE CudatraceCtShape = 17
 	CudatraceCtShapeCT_SHAPE_PRIMARY_RESET   CudatraceCtShape = 18
 	CudatraceCtShapeCT_SHAPE_DEVICE_RESET    CudatraceCtShape = 19
+	CudatraceCtShapeCT_SHAPE_LEARN_CTX       CudatraceCtShape = 20
+	CudatraceCtShapeCT_SHAPE_LEARN_CTXDEV    CudatraceCtShape = 21
+	CudatraceCtShapeCT_SHAPE_LEARN_RTDEV     CudatraceCtShape = 22
 )
 
 type CudatraceCtUsdtSpec struct {
@@ -165,6 +168,14 @@ type CudatraceLastFree struct {
 	TsNs uint64
 }
 
+type CudatraceLearnCall struct {
+	_     structs.HostLayout
+	Out   uint64
+	Sp    uint64
+	Shape uint32
+	Pad   uint32
+}
+
 type CudatracePrimaryKey struct {
 	_    structs.HostLayout
 	Tgid uint32
@@ -204,6 +215,7 @@ const (
 	CudatraceMapHeld                   = "held"
 	CudatraceMapInflight               = "inflight"
 	CudatraceMapLastFree               = "last_free"
+	CudatraceMapLearnInflight          = "learn_inflight"
 	CudatraceMapPids                   = "pids"
 	CudatraceMapPrimaries              = "primaries"
 	CudatraceMapPyCodes                = "py_codes"
@@ -228,6 +240,10 @@ const (
 	CudatraceProgCtExitNoloop          = "ct_exit_noloop"
 	CudatraceProgCtFork                = "ct_fork"
 	CudatraceProgCtFreeEnter           = "ct_free_enter"
+	CudatraceProgCtLearnCtxEnter       = "ct_learn_ctx_enter"
+	CudatraceProgCtLearnCtxdevEnter    = "ct_learn_ctxdev_enter"
+	CudatraceProgCtLearnExit           = "ct_learn_exit"
+	CudatraceProgCtLearnRtdevEnter     = "ct_learn_rtdev_enter"
 	CudatraceProgCtPitchEnter          = "ct_pitch_enter"
 	CudatraceProgCtPrimaryReleaseEnter = "ct_primary_release_enter"
 	CudatraceProgCtPrimaryResetEnter   = "ct_primary_reset_enter"
@@ -241,6 +257,7 @@ const (
 	CudatraceVarFollowForks            = "follow_forks"
 	CudatraceVarHoldNew                = "hold_new"
 	CudatraceVarStackWindow            = "stack_window"
+	CudatraceVarTraceStartNs           = "trace_start_ns"
 	CudatraceVarUnusedCtAllocEvent     = "unused_ct_alloc_event"
 	CudatraceVarUnusedCtCounter        = "unused_ct_counter"
 	CudatraceVarUnusedCtPyframe        = "unused_ct_pyframe"
@@ -310,6 +327,10 @@ type CudatraceProgramSpecs struct {
 	CtExitNoloop          *ebpf.ProgramSpec `ebpf:"ct_exit_noloop"`
 	CtFork                *ebpf.ProgramSpec `ebpf:"ct_fork"`
 	CtFreeEnter           *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
+	CtLearnCtxEnter       *ebpf.ProgramSpec `ebpf:"ct_learn_ctx_enter"`
+	CtLearnCtxdevEnter    *ebpf.ProgramSpec `ebpf:"ct_learn_ctxdev_enter"`
+	CtLearnExit           *ebpf.ProgramSpec `ebpf:"ct_learn_exit"`
+	CtLearnRtdevEnter     *ebpf.ProgramSpec `ebpf:"ct_learn_rtdev_enter"`
 	CtPitchEnter          *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
 	CtPrimaryReleaseEnter *ebpf.ProgramSpec `ebpf:"ct_primary_release_enter"`
 	CtPrimaryResetEnter   *ebpf.ProgramSpec `ebpf:"ct_primary_reset_enter"`
@@ -325,23 +346,24 @@ type CudatraceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type CudatraceMapSpecs struct {
-	Counters    *ebpf.MapSpec `ebpf:"counters"`
-	CtxDev      *ebpf.MapSpec `ebpf:"ctx_dev"`
-	CtxInflight *ebpf.MapSpec `ebpf:"ctx_inflight"`
-	CtxRefs     *ebpf.MapSpec `ebpf:"ctx_refs"`
-	CtxStacks   *ebpf.MapSpec `ebpf:"ctx_stacks"`
-	Events      *ebpf.MapSpec `ebpf:"events"`
-	Held        *ebpf.MapSpec `ebpf:"held"`
-	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
-	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
-	Pids        *ebpf.MapSpec `ebpf:"pids"`
-	Primaries   *ebpf.MapSpec `ebpf:"primaries"`
-	PyCodes     *ebpf.MapSpec `ebpf:"py_codes"`
-	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
-	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
-	Seen        *ebpf.MapSpec `ebpf:"seen"`
-	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
-	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
+	Counters      *ebpf.MapSpec `ebpf:"counters"`
+	CtxDev        *ebpf.MapSpec `ebpf:"ctx_dev"`
+	CtxInflight   *ebpf.MapSpec `ebpf:"ctx_inflight"`
+	CtxRefs       *ebpf.MapSpec `ebpf:"ctx_refs"`
+	CtxStacks     *ebpf.MapSpec `ebpf:"ctx_stacks"`
+	Events        *ebpf.MapSpec `ebpf:"events"`
+	Held          *ebpf.MapSpec `ebpf:"held"`
+	Inflight      *ebpf.MapSpec `ebpf:"inflight"`
+	LastFree      *ebpf.MapSpec `ebpf:"last_free"`
+	LearnInflight *ebpf.MapSpec `ebpf:"learn_inflight"`
+	Pids          *ebpf.MapSpec `ebpf:"pids"`
+	Primaries     *ebpf.MapSpec `ebpf:"primaries"`
+	PyCodes       *ebpf.MapSpec `ebpf:"py_codes"`
+	PyProcs       *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch     *ebpf.MapSpec `ebpf:"py_scratch"`
+	Seen          *ebpf.MapSpec `ebpf:"seen"`
+	ThreadDev     *ebpf.MapSpec `ebpf:"thread_dev"`
+	UsdtSpecs     *ebpf.MapSpec `ebpf:"usdt_specs"`
 }
 
 // CudatraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -352,6 +374,7 @@ type CudatraceVariableSpecs struct {
 	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
 	HoldNew            *ebpf.VariableSpec `ebpf:"hold_new"`
 	StackWindow        *ebpf.VariableSpec `ebpf:"stack_window"`
+	TraceStartNs       *ebpf.VariableSpec `ebpf:"trace_start_ns"`
 	UnusedCtAllocEvent *ebpf.VariableSpec `ebpf:"unused_ct_alloc_event"`
 	UnusedCtCounter    *ebpf.VariableSpec `ebpf:"unused_ct_counter"`
 	UnusedCtPyframe    *ebpf.VariableSpec `ebpf:"unused_ct_pyframe"`
@@ -383,23 +406,24 @@ func (o *CudatraceObjects) Close() error {
 //
 // It can be passed to LoadCudatraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type CudatraceMaps struct {
-	Counters    *ebpf.Map `ebpf:"counters"`
-	CtxDev      *ebpf.Map `ebpf:"ctx_dev"`
-	CtxInflight *ebpf.Map `ebpf:"ctx_inflight"`
-	CtxRefs     *ebpf.Map `ebpf:"ctx_refs"`
-	CtxStacks   *ebpf.Map `ebpf:"ctx_stacks"`
-	Events      *ebpf.Map `ebpf:"events"`
-	Held        *ebpf.Map `ebpf:"held"`
-	Inflight    *ebpf.Map `ebpf:"inflight"`
-	LastFree    *ebpf.Map `ebpf:"last_free"`
-	Pids        *ebpf.Map `ebpf:"pids"`
-	Primaries   *ebpf.Map `ebpf:"primaries"`
-	PyCodes     *ebpf.Map `ebpf:"py_codes"`
-	PyProcs     *ebpf.Map `ebpf:"py_procs"`
-	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
-	Seen        *ebpf.Map `ebpf:"seen"`
-	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
-	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
+	Counters      *ebpf.Map `ebpf:"counters"`
+	CtxDev        *ebpf.Map `ebpf:"ctx_dev"`
+	CtxInflight   *ebpf.Map `ebpf:"ctx_inflight"`
+	CtxRefs       *ebpf.Map `ebpf:"ctx_refs"`
+	CtxStacks     *ebpf.Map `ebpf:"ctx_stacks"`
+	Events        *ebpf.Map `ebpf:"events"`
+	Held          *ebpf.Map `ebpf:"held"`
+	Inflight      *ebpf.Map `ebpf:"inflight"`
+	LastFree      *ebpf.Map `ebpf:"last_free"`
+	LearnInflight *ebpf.Map `ebpf:"learn_inflight"`
+	Pids          *ebpf.Map `ebpf:"pids"`
+	Primaries     *ebpf.Map `ebpf:"primaries"`
+	PyCodes       *ebpf.Map `ebpf:"py_codes"`
+	PyProcs       *ebpf.Map `ebpf:"py_procs"`
+	PyScratch     *ebpf.Map `ebpf:"py_scratch"`
+	Seen          *ebpf.Map `ebpf:"seen"`
+	ThreadDev     *ebpf.Map `ebpf:"thread_dev"`
+	UsdtSpecs     *ebpf.Map `ebpf:"usdt_specs"`
 }
 
 func (m *CudatraceMaps) Close() error {
@@ -413,6 +437,7 @@ func (m *CudatraceMaps) Close() error {
 		m.Held,
 		m.Inflight,
 		m.LastFree,
+		m.LearnInflight,
 		m.Pids,
 		m.Primaries,
 		m.PyCodes,
@@ -432,6 +457,7 @@ type CudatraceVariables struct {
 	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
 	HoldNew            *ebpf.Variable `ebpf:"hold_new"`
 	StackWindow        *ebpf.Variable `ebpf:"stack_window"`
+	TraceStartNs       *ebpf.Variable `ebpf:"trace_start_ns"`
 	UnusedCtAllocEvent *ebpf.Variable `ebpf:"unused_ct_alloc_event"`
 	UnusedCtCounter    *ebpf.Variable `ebpf:"unused_ct_counter"`
 	UnusedCtPyframe    *ebpf.Variable `ebpf:"unused_ct_pyframe"`
@@ -463,6 +489,10 @@ type CudatracePrograms struct {
 	CtExitNoloop          *ebpf.Program `ebpf:"ct_exit_noloop"`
 	CtFork                *ebpf.Program `ebpf:"ct_fork"`
 	CtFreeEnter           *ebpf.Program `ebpf:"ct_free_enter"`
+	CtLearnCtxEnter       *ebpf.Program `ebpf:"ct_learn_ctx_enter"`
+	CtLearnCtxdevEnter    *ebpf.Program `ebpf:"ct_learn_ctxdev_enter"`
+	CtLearnExit           *ebpf.Program `ebpf:"ct_learn_exit"`
+	CtLearnRtdevEnter     *ebpf.Program `ebpf:"ct_learn_rtdev_enter"`
 	CtPitchEnter          *ebpf.Program `ebpf:"ct_pitch_enter"`
 	CtPrimaryReleaseEnter *ebpf.Program `ebpf:"ct_primary_release_enter"`
 	CtPrimaryResetEnter   *ebpf.Program `ebpf:"ct_primary_reset_enter"`
@@ -492,6 +522,10 @@ func (p *CudatracePrograms) Close() error {
 		p.CtExitNoloop,
 		p.CtFork,
 		p.CtFreeEnter,
+		p.CtLearnCtxEnter,
+		p.CtLearnCtxdevEnter,
+		p.CtLearnExit,
+		p.CtLearnRtdevEnter,
 		p.CtPitchEnter,
 		p.CtPrimaryReleaseEnter,
 		p.CtPrimaryResetEnter,

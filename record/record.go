@@ -157,6 +157,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	// A launched command's processes are ours to pause for the moment it
 	// takes to read their mappings (see loader.Options.HoldNew).
 	topts.HoldNew = len(opts.Command) > 0
+	// Processes already running may have chosen their devices unseen:
+	// learn them from their own calls (see loader.LearnProbes).
+	topts.TraceStart = BootNow()
+	topts.Learn = len(opts.PIDs) > 0 || opts.All
 	tr, err := loader.New(topts)
 	if err != nil {
 		if hint.Of(err) != "" { // the loader's own (a verifier's rejection, memlock)

@@ -181,7 +181,11 @@ type Mapping struct {
 
 // Device is one process's use of one GPU.
 type Device struct {
-	Device          int32  `json:"device"`
+	Device int32 `json:"device"`
+	// Unknown: device is events.DeviceUnknown (-1), the memory of threads
+	// that chose their device before tracing began and had not said which
+	// when they allocated. Never guessed.
+	Unknown         bool   `json:"unknown,omitempty"`
 	LiveBytes       uint64 `json:"live_bytes"`
 	PeakBytes       uint64 `json:"peak_bytes"`
 	TensorLiveBytes uint64 `json:"tensor_live_bytes"`

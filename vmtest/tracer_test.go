@@ -60,6 +60,7 @@ type reportProcess struct {
 
 type reportDevice struct {
 	Device            int    `json:"device"`
+	Unknown           bool   `json:"unknown"`
 	LiveBytes         uint64 `json:"live_bytes"`
 	PeakBytes         uint64 `json:"peak_bytes"`
 	ImplicitFrees     uint64 `json:"implicit_frees"`

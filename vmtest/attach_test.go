@@ -1,0 +1,112 @@
+package vmtest
+
+import (
+	"maps"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// unknownDevice is the report's device for memory whose device was not
+// known when it was allocated (events.DeviceUnknown).
+const unknownDevice = -1
+
+// attachDeviceTruth is, per process, the bytes allocated after the marker
+// PHASE2 by device, from the stand-in's log: those between a process's
+// markers UNSEEN and SEEN on unknownDevice, where nothing the process did
+// under the tracer said the device yet.
+func attachDeviceTruth(t *testing.T, log string) map[int]map[int]uint64 {
+	t.Helper()
+	calls, err := parseLogFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]map[int]uint64{}
+	traced, unseen := map[int]bool{}, map[int]bool{}
+	for _, c := range calls {
+		switch c.API {
+		case "PHASE2":
+			traced[c.PID] = true
+			out[c.PID] = map[int]uint64{}
+		case "UNSEEN":
+			unseen[c.PID] = true
+		case "SEEN":
+			unseen[c.PID] = false
+		}
+		if !traced[c.PID] || classOf(c.API) != classAlloc || c.Ret != 0 {
+			continue
+		}
+		dev := c.Dev
+		if unseen[c.PID] {
+			dev = unknownDevice
+		}
+		out[c.PID][dev] += c.Size
+	}
+	return out
+}
+
+// TestAttachDevices: `record --pid` on processes whose threads made
+// device 1 current before the attach (testdata/attach_ctx.c), through the
+// driver (a context made current) and through the runtime
+// (cudaSetDevice). What a thread allocates before its own calls say its
+// device is reported on the device "unknown", never a guessed one; after
+// them (cuCtxGetCurrent and cuCtxGetDevice, as Numba asks before each
+// call; cudaGetDevice), exact per device against the stand-in's log, a
+// context pushed and popped included, and a thread started after the
+// attach on the runtime's default device 0.
+func TestAttachDevices(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "devices.trace")
+	drv := startReady(t, log, "attach_ctx", "drv")
+	rt := startReady(t, log, "attach_ctx", "rt")
+	pids := []int{drv.cmd.Process.Pid, rt.cmd.Process.Pid}
+	rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeLib, "--lib", fakeDriver,
+		"--pid", strconv.Itoa(pids[0]), "--pid", strconv.Itoa(pids[1]), "-o", trace)
+	rec.waitAttached(t, 30*time.Second)
+	for _, p := range []*attachLater{drv, rt} {
+		p.proceed(t)
+		if err := p.wait(t); err != nil {
+			t.Fatalf("attach_ctx: %v\n%s", err, p.stderr.String())
+		}
+	}
+	rec.finish(t, 20*time.Second)
+
+	want := attachDeviceTruth(t, log)
+	const mib = 1 << 20
+	// The log's own account, by hand from attach_ctx.c.
+	wantDrv := map[int]uint64{unknownDevice: 5 * mib, 0: mib / 2, 1: 19 * mib}
+	wantRt := map[int]uint64{unknownDevice: 5 * mib, 0: 9 * mib, 1: 6 * mib}
+	if !maps.Equal(want[pids[0]], wantDrv) || !maps.Equal(want[pids[1]], wantRt) {
+		t.Fatalf("ground truth by device: %v, want %v and %v", want, wantDrv, wantRt)
+	}
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	for _, pid := range pids {
+		p := rep.process(pid)
+		if p == nil {
+			t.Fatalf("no process %d in the report (pids %v)", pid, rep.pids())
+		}
+		got := map[int]uint64{}
+		for _, d := range p.Devices {
+			got[d.Device] = d.LiveBytes
+			if d.Unknown != (d.Device == unknownDevice) {
+				t.Errorf("pid %d device %d: unknown = %v", pid, d.Device, d.Unknown)
+			}
+		}
+		if !maps.Equal(got, want[pid]) {
+			t.Errorf("pid %d: live bytes by device %v, want %v", pid, got, want[pid])
+		}
+	}
+	out, err := exec.CommandContext(ctx, tracerBin, "report", trace).CombinedOutput()
+	if err != nil {
+		t.Fatalf("report: %v\n%s", err, out)
+	}
+	if n := strings.Count(string(out), "gpu unknown"); n != 2 {
+		t.Errorf("report text has %d rows \"gpu unknown\", want 2 (one per process):\n%s", n, out)
+	}
+}
