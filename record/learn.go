@@ -4,8 +4,13 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/loader"
 )
+
+// learner is the tracer's side of it (loader.Tracer).
+type learner interface {
+	Learning() bool
+	Learn(on bool)
+}
 
 // learnGrace is how long the learning probes stay on at least, once on:
 // threads that allocate right after the attach learn their devices too.
@@ -31,7 +36,7 @@ type thread struct{ pid, tid uint32 }
 // saw follows one event: an allocation on an unknown device makes its
 // thread pending (and turns the probes on), a record saying its device
 // (a context call) settles it.
-func (l *learning) saw(ev *events.Event, tr *loader.Tracer) {
+func (l *learning) saw(ev *events.Event, tr learner) {
 	if tr == nil {
 		return
 	}
@@ -59,7 +64,7 @@ func (l *learning) saw(ev *events.Event, tr *loader.Tracer) {
 }
 
 // tick turns the probes off once nothing is left to learn.
-func (l *learning) tick(tr *loader.Tracer) {
+func (l *learning) tick(tr learner) {
 	if tr == nil || !tr.Learning() {
 		return
 	}

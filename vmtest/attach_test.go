@@ -109,4 +109,7 @@ func TestAttachDevices(t *testing.T) {
 	if n := strings.Count(string(out), "gpu unknown"); n != 2 {
 		t.Errorf("report text has %d rows \"gpu unknown\", want 2 (one per process):\n%s", n, out)
 	}
+	for _, pid := range pids {
+		checkMemvizExport(t, ctx, trace, pid)
+	}
 }
