@@ -74,6 +74,9 @@ enum ct_flags {
 	// the process runs CPython and the thread had no Python frame (or
 	// none the interpreter knows of): a native-only stack, not a lost one
 	CT_F_NOPYTHON = 1 << 6,
+	// set by user space only (events.FlagBefore): an allocation live when
+	// the trace began, made before it
+	CT_F_BEFORE = 1 << 7,
 };
 
 // Loss and health counters, a per-CPU array indexed by these.

@@ -268,7 +268,13 @@ func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memv
 			entries(a, MemvizFreeRequested, MemvizFreeCompleted)
 		}
 	}
-	if a := ch.Alloc; a != nil {
+	if a := ch.Alloc; a != nil && a.Before {
+		// Live when the trace began: no entry says when it was made
+		// (memory_viz, walking back from the snapshot, finds it there).
+		if a.API.Segment() && tensors {
+			scope.add(a)
+		}
+	} else if a != nil {
 		switch {
 		case a.API.Segment() && tensors:
 			scope.add(a)

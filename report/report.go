@@ -131,6 +131,11 @@ type Process struct {
 	// cudaDeviceReset), not counted in frees; host memory included.
 	ImplicitFrees     uint64 `json:"implicit_frees"`
 	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
+	// Allocations live when the trace began, made before it (an agent's
+	// /trace window starts with the agent's live set), and their bytes:
+	// in live_bytes, not in allocs and alloc_bytes.
+	BeforeAllocs uint64 `json:"before_allocs,omitempty"`
+	BeforeBytes  uint64 `json:"before_bytes,omitempty"`
 	// Tensors: what PyTorch's caching allocator handed out of the segments
 	// above (its pytorch:malloc/free probes), as torch.cuda.memory_allocated
 	// counts; live_bytes is then its memory_reserved. 0 without them.

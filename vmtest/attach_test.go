@@ -1,7 +1,9 @@
 package vmtest
 
 import (
+	"context"
 	"maps"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -112,4 +114,73 @@ func TestAttachDevices(t *testing.T) {
 	for _, pid := range pids {
 		checkMemvizExport(t, ctx, trace, pid)
 	}
+}
+
+// TestAgentWindowStartsLive: an agent's /trace window starts with the
+// agent's live set (issue 17): its report's memory made before the window
+// equals what /metrics said when it opened, and at its end its live bytes
+// per device are /metrics' then; its memviz export lists every segment
+// its entries touch, the older ones with no entry of their making.
+func TestAgentWindowStartsLive(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "window.trace")
+	ag := startAgent(t, ctx)
+	j := startJob(t, ctx, log)
+	j.do(t, "ok", "weights %d 0", 1000000)
+	j.do(t, "ok", "weights %d 1", 3000000)
+	j.do(t, "ok", "step %d", 5000)
+
+	pid := strconv.Itoa(j.pid)
+	live := func(m []sample) (devs map[int]uint64, total uint64) {
+		devs = map[int]uint64{}
+		for _, gpu := range []int{0, 1} {
+			v, _ := metric(t, m, "cudatrace_live_bytes", "pid", pid, "gpu", strconv.Itoa(gpu), "level", "segment")
+			devs[gpu] = uint64(v)
+			total += uint64(v)
+		}
+		host, _ := metric(t, m, "cudatrace_host_live_bytes", "pid", pid)
+		return devs, total + uint64(host)
+	}
+	// The agent has the job's records once its count says so.
+	var atStart uint64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, atStart = live(parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK)))
+		if atStart >= 4000000 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if atStart < 4000000 {
+		t.Fatalf("/metrics: pid %s holds %d bytes, want the 4000000 its weights hold at least", pid, atStart)
+	}
+	traceWindow(t, ag.url, j.pid, 2, trace, func() {
+		j.do(t, "ok", "weights %d 0", 777)
+		j.do(t, "ok", "step %d", 6000)
+	})
+	atEnd, _ := live(parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK)))
+
+	rep := runReport(t, ctx, trace)
+	p := rep.process(j.pid)
+	if p == nil {
+		t.Fatalf("no pid %d in the window's report (pids %v)", j.pid, rep.pids())
+	}
+	if p.BeforeBytes != atStart {
+		t.Errorf("window's memory from before it: %d bytes, want the %d /metrics said when it opened", p.BeforeBytes, atStart)
+	}
+	got := map[int]uint64{}
+	for _, d := range p.Devices {
+		got[d.Device] = d.LiveBytes
+	}
+	if !maps.Equal(got, atEnd) {
+		t.Errorf("window's live bytes by device %v, want /metrics' %v", got, atEnd)
+	}
+	if p.Allocs != 2 || p.AllocBytes != 777+6000 {
+		t.Errorf("window's allocations: %d, %d bytes; want the 2 made in it, %d bytes", p.Allocs, p.AllocBytes, 777+6000)
+	}
+	checkMemvizExport(t, ctx, trace, j.pid)
+	ag.stop(t)
 }

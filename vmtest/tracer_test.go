@@ -44,6 +44,8 @@ type reportProcess struct {
 
 	ImplicitFrees     uint64 `json:"implicit_frees"`
 	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
+	BeforeAllocs      uint64 `json:"before_allocs"`
+	BeforeBytes       uint64 `json:"before_bytes"`
 
 	VMMMappedBytes     uint64 `json:"vmm_mapped_bytes"`
 	VMMMappedPeakBytes uint64 `json:"vmm_mapped_peak_bytes"`
