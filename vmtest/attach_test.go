@@ -2,8 +2,11 @@ package vmtest
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"maps"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -183,4 +186,69 @@ func TestAgentWindowStartsLive(t *testing.T) {
 	}
 	checkMemvizExport(t, ctx, trace, j.pid)
 	ag.stop(t)
+}
+
+// TestAttachHeldBefore: `record --pid` on a process that holds GPU memory
+// allocated before the attach (attach_later's phase 1) reports the
+// driver's figure for it (NVML's stand-in, listing the process with what
+// the stand-in driver's log says it holds on each device), in JSON and in
+// text; its frees of that memory are unknown frees, and the trace's
+// memviz export lists only segments its entries refer to.
+func TestAttachHeldBefore(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace, procs := filepath.Join(dir, "fake.log"), filepath.Join(dir, "before.trace"), filepath.Join(dir, "nvml.procs")
+	p := startAttachLater(t, log)
+	pid := p.cmd.Process.Pid
+	before := onlyTruth(t, log, "") // phase 1: all there is in the log yet
+	d0, d1 := before.Devices[0].Live, before.Devices[1].Live
+	if d0 == 0 || d1 == 0 {
+		t.Fatalf("phase 1 holds %d and %d bytes on devices 0 and 1, want some on each", d0, d1)
+	}
+	writeProcs(t, procs, pid, d0, d1)
+	env := append(os.Environ(), "LD_LIBRARY_PATH="+fakeNVMLDir, "FAKENVML_PROCS="+procs)
+	rec := startRecord(t, ctx, recordOpts{Env: env}, "--lib", fakeLib, "--pid", strconv.Itoa(pid),
+		"--nvml-interval", "50ms", "-o", trace)
+	rec.waitAttached(t, 30*time.Second)
+	time.Sleep(300 * time.Millisecond) // NVML's first sample, before phase 2
+	p.proceed(t)
+	if err := p.wait(t); err != nil {
+		t.Fatalf("attach_later: %v\n%s", err, p.stderr.String())
+	}
+	rec.finish(t, 20*time.Second)
+	if strings.Contains(rec.stderr.String(), "NVML unavailable") {
+		t.Fatalf("NVML's stand-in was not loaded:\n%s", rec.stderr.String())
+	}
+
+	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Processes []struct {
+			PID          int `json:"pid"`
+			UnknownFrees int `json:"unknown_frees"`
+			NVML         struct {
+				HeldBefore int64 `json:"held_before_bytes"`
+			} `json:"nvml"`
+		} `json:"processes"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Processes) != 1 || rep.Processes[0].PID != pid {
+		t.Fatalf("processes %+v, want pid %d", rep.Processes, pid)
+	}
+	// attach_later frees a, c and m of phase 1 (and the host buffer h).
+	if got := rep.Processes[0]; got.NVML.HeldBefore != int64(d0+d1) || got.UnknownFrees != 4 {
+		t.Errorf("pid %d: held before %d bytes, %d unknown frees; want %d (NVML's figure at the attach) and 4",
+			pid, got.NVML.HeldBefore, got.UnknownFrees, d0+d1)
+	}
+	text, err := exec.CommandContext(ctx, tracerBin, "report", trace).CombinedOutput()
+	if err != nil {
+		t.Fatalf("report: %v\n%s", err, text)
+	}
+	if want := fmt.Sprintf("Before tracing: pid %d held ", pid); !strings.Contains(string(text), want) {
+		t.Errorf("report text has no %q:\n%s", want, text)
+	}
+	checkMemvizExport(t, ctx, trace, pid)
 }
