@@ -21,14 +21,14 @@ const learnGrace = 2 * time.Second
 // cudatrace did not see chosen (events.DeviceUnknown) until its own calls
 // say which; the probes that hear them cost a trap per call, so they are
 // on only until every thread seen allocating has a known device: off once
-// none is pending, an allocation has been seen and learnGrace has passed
-// since they went on; on again at the next allocation on an unknown
-// device. What was allocated before stays on the unknown device: never
-// guessed.
+// none is pending, an allocation has been seen, and learnGrace has passed
+// since they went on and since the last thing they taught; on again at
+// the next allocation on an unknown device. What was allocated before
+// stays on the unknown device: never guessed.
 type learning struct {
 	pending map[thread]struct{} // threads that allocated on an unknown device, not known since
-	since   time.Time           // when the probes went on (zero: not yet seen on)
-	allocs  bool                // an allocation was seen since then
+	since   time.Time           // when the probes went on or last taught something (zero: not yet seen on)
+	allocs  bool                // an allocation was seen since they went on
 }
 
 type thread struct{ pid, tid uint32 }
@@ -55,6 +55,10 @@ func (l *learning) saw(ev *events.Event, tr learner) {
 			l.since = time.Now()
 		}
 	case events.OpContext:
+		switch ev.API {
+		case events.CuCtxGetCurrent, events.CuCtxGetDevice, events.CudaGetDevice:
+			l.since = time.Now() // a thread is learning: others may be about to
+		}
 		// Every context record but a retain's says the thread's device
 		// after it (a retain's, the retained context's).
 		if ev.Device != events.DeviceUnknown && ev.API != events.CuDevicePrimaryCtxRetain {

@@ -44,6 +44,11 @@ func TestLearning(t *testing.T) {
 	}
 	ev(events.CuCtxGetDevice, 1, 1)
 	l.tick(tr)
+	if !tr.on {
+		t.Fatal("off right after a thread learned its device: others may be about to")
+	}
+	l.since = time.Now().Add(-2 * learnGrace)
+	l.tick(tr)
 	if tr.on {
 		t.Fatal("still on once every allocating thread's device is known")
 	}
