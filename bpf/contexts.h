@@ -159,7 +159,7 @@ struct ctx_call {
 	__u64 out;
 	__u64 sp;
 	__s32 device;
-	__u32 make_current;
+	__u32 make_current; // the learning calls (ct_learn_*): their shape
 };
 
 struct {
@@ -428,30 +428,10 @@ int ct_devreset_enter(struct pt_regs *ctx)
 // while some thread's device is unknown (record's session removes them
 // once every allocating thread's is known): the hot path does not pay for
 // them.
-struct learn_call {
-	__u64 out;
-	__u64 sp;
-	__u32 shape;
-	__u32 pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32); // tid
-	__type(value, struct learn_call);
-} learn_inflight SEC(".maps");
-
+// Between entry and return in ctx_inflight, make_current holding the shape.
 static __always_inline int learn_enter(struct pt_regs *ctx, __u32 shape)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
-	if (!traced(id >> 32))
-		return 0;
-	struct learn_call c = {.out = PT_REGS_PARM1(ctx), .sp = PT_REGS_SP(ctx), .shape = shape};
-	if (bpf_map_update_elem(&learn_inflight, &tid, &c, BPF_ANY))
-		count(CT_CNT_INFLIGHT_FULL);
-	return 0;
+	return ctx_enter(ctx, PT_REGS_PARM1(ctx), 0, shape);
 }
 
 SEC("uprobe")
@@ -480,12 +460,12 @@ int ct_learn_exit(struct pt_regs *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id;
-	struct learn_call *c = bpf_map_lookup_elem(&learn_inflight, &tid);
+	struct ctx_call *c = bpf_map_lookup_elem(&ctx_inflight, &tid);
 	if (!c || PT_REGS_SP(ctx) != c->sp + 8)
 		return 0;
-	__u32 shape = c->shape;
+	__u32 shape = c->make_current;
 	__u64 out = c->out;
-	bpf_map_delete_elem(&learn_inflight, &tid);
+	bpf_map_delete_elem(&ctx_inflight, &tid);
 	if ((__s32)PT_REGS_RC(ctx) != 0)
 		return 0;
 	__u64 val = 0;

@@ -168,14 +168,6 @@ type CudatraceLastFree struct {
 	TsNs uint64
 }
 
-type CudatraceLearnCall struct {
-	_     structs.HostLayout
-	Out   uint64
-	Sp    uint64
-	Shape uint32
-	Pad   uint32
-}
-
 type CudatracePrimaryKey struct {
 	_    structs.HostLayout
 	Tgid uint32
@@ -215,7 +207,6 @@ const (
 	CudatraceMapHeld                   = "held"
 	CudatraceMapInflight               = "inflight"
 	CudatraceMapLastFree               = "last_free"
-	CudatraceMapLearnInflight          = "learn_inflight"
 	CudatraceMapPids                   = "pids"
 	CudatraceMapPrimaries              = "primaries"
 	CudatraceMapPyCodes                = "py_codes"
@@ -346,24 +337,23 @@ type CudatraceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type CudatraceMapSpecs struct {
-	Counters      *ebpf.MapSpec `ebpf:"counters"`
-	CtxDev        *ebpf.MapSpec `ebpf:"ctx_dev"`
-	CtxInflight   *ebpf.MapSpec `ebpf:"ctx_inflight"`
-	CtxRefs       *ebpf.MapSpec `ebpf:"ctx_refs"`
-	CtxStacks     *ebpf.MapSpec `ebpf:"ctx_stacks"`
-	Events        *ebpf.MapSpec `ebpf:"events"`
-	Held          *ebpf.MapSpec `ebpf:"held"`
-	Inflight      *ebpf.MapSpec `ebpf:"inflight"`
-	LastFree      *ebpf.MapSpec `ebpf:"last_free"`
-	LearnInflight *ebpf.MapSpec `ebpf:"learn_inflight"`
-	Pids          *ebpf.MapSpec `ebpf:"pids"`
-	Primaries     *ebpf.MapSpec `ebpf:"primaries"`
-	PyCodes       *ebpf.MapSpec `ebpf:"py_codes"`
-	PyProcs       *ebpf.MapSpec `ebpf:"py_procs"`
-	PyScratch     *ebpf.MapSpec `ebpf:"py_scratch"`
-	Seen          *ebpf.MapSpec `ebpf:"seen"`
-	ThreadDev     *ebpf.MapSpec `ebpf:"thread_dev"`
-	UsdtSpecs     *ebpf.MapSpec `ebpf:"usdt_specs"`
+	Counters    *ebpf.MapSpec `ebpf:"counters"`
+	CtxDev      *ebpf.MapSpec `ebpf:"ctx_dev"`
+	CtxInflight *ebpf.MapSpec `ebpf:"ctx_inflight"`
+	CtxRefs     *ebpf.MapSpec `ebpf:"ctx_refs"`
+	CtxStacks   *ebpf.MapSpec `ebpf:"ctx_stacks"`
+	Events      *ebpf.MapSpec `ebpf:"events"`
+	Held        *ebpf.MapSpec `ebpf:"held"`
+	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
+	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
+	Pids        *ebpf.MapSpec `ebpf:"pids"`
+	Primaries   *ebpf.MapSpec `ebpf:"primaries"`
+	PyCodes     *ebpf.MapSpec `ebpf:"py_codes"`
+	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
+	Seen        *ebpf.MapSpec `ebpf:"seen"`
+	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
+	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
 }
 
 // CudatraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -406,24 +396,23 @@ func (o *CudatraceObjects) Close() error {
 //
 // It can be passed to LoadCudatraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type CudatraceMaps struct {
-	Counters      *ebpf.Map `ebpf:"counters"`
-	CtxDev        *ebpf.Map `ebpf:"ctx_dev"`
-	CtxInflight   *ebpf.Map `ebpf:"ctx_inflight"`
-	CtxRefs       *ebpf.Map `ebpf:"ctx_refs"`
-	CtxStacks     *ebpf.Map `ebpf:"ctx_stacks"`
-	Events        *ebpf.Map `ebpf:"events"`
-	Held          *ebpf.Map `ebpf:"held"`
-	Inflight      *ebpf.Map `ebpf:"inflight"`
-	LastFree      *ebpf.Map `ebpf:"last_free"`
-	LearnInflight *ebpf.Map `ebpf:"learn_inflight"`
-	Pids          *ebpf.Map `ebpf:"pids"`
-	Primaries     *ebpf.Map `ebpf:"primaries"`
-	PyCodes       *ebpf.Map `ebpf:"py_codes"`
-	PyProcs       *ebpf.Map `ebpf:"py_procs"`
-	PyScratch     *ebpf.Map `ebpf:"py_scratch"`
-	Seen          *ebpf.Map `ebpf:"seen"`
-	ThreadDev     *ebpf.Map `ebpf:"thread_dev"`
-	UsdtSpecs     *ebpf.Map `ebpf:"usdt_specs"`
+	Counters    *ebpf.Map `ebpf:"counters"`
+	CtxDev      *ebpf.Map `ebpf:"ctx_dev"`
+	CtxInflight *ebpf.Map `ebpf:"ctx_inflight"`
+	CtxRefs     *ebpf.Map `ebpf:"ctx_refs"`
+	CtxStacks   *ebpf.Map `ebpf:"ctx_stacks"`
+	Events      *ebpf.Map `ebpf:"events"`
+	Held        *ebpf.Map `ebpf:"held"`
+	Inflight    *ebpf.Map `ebpf:"inflight"`
+	LastFree    *ebpf.Map `ebpf:"last_free"`
+	Pids        *ebpf.Map `ebpf:"pids"`
+	Primaries   *ebpf.Map `ebpf:"primaries"`
+	PyCodes     *ebpf.Map `ebpf:"py_codes"`
+	PyProcs     *ebpf.Map `ebpf:"py_procs"`
+	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
+	Seen        *ebpf.Map `ebpf:"seen"`
+	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
+	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
 }
 
 func (m *CudatraceMaps) Close() error {
@@ -437,7 +426,6 @@ func (m *CudatraceMaps) Close() error {
 		m.Held,
 		m.Inflight,
 		m.LastFree,
-		m.LearnInflight,
 		m.Pids,
 		m.Primaries,
 		m.PyCodes,

@@ -114,6 +114,10 @@ type Device struct {
 	ImplicitFrees, ImplicitFreeBytes uint64
 }
 
+// Unknown reports whether d stands for the memory of threads whose device
+// was not known when they allocated (events.DeviceUnknown).
+func (d *Device) Unknown() bool { return d.Device == events.DeviceUnknown }
+
 // Allocation is a live allocation.
 type Allocation struct {
 	Addr, Size uint64

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -53,7 +52,7 @@ func NewProcess(p *ledger.Process, wall func(boot uint64) time.Time) Process {
 func devices(p *ledger.Process) []Device {
 	out := []Device{}
 	for _, d := range p.DeviceList() {
-		out = append(out, Device{Device: d.Device, Unknown: d.Device == events.DeviceUnknown, LiveBytes: d.Live, PeakBytes: d.Peak,
+		out = append(out, Device{Device: d.Device, Unknown: d.Unknown(), LiveBytes: d.Live, PeakBytes: d.Peak,
 			TensorLiveBytes: d.TensorLive, TensorPeakBytes: d.TensorPeak, ImplicitFrees: d.ImplicitFrees,
 			ImplicitFreeBytes: d.ImplicitFreeBytes})
 	}
