@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -260,18 +261,23 @@ func TestTraceWindow(t *testing.T) {
 	}
 	var types []tracefile.Type
 	var sizes []uint64
+	var flags []uint16
 	readWindow(t, buf.Bytes(), func(rec tracefile.Record) {
 		types = append(types, rec.Type)
 		if rec.Type == tracefile.TypeEvent {
 			sizes = append(sizes, rec.Event.Size)
+			flags = append(flags, rec.Event.Flags&events.FlagBefore)
 		}
-		if rec.Type == tracefile.TypeEnd && rec.End.Events != 1 {
-			t.Errorf("end record: %d events, want 1", rec.End.Events)
+		if rec.Type == tracefile.TypeEnd && rec.End.Events != 2 {
+			t.Errorf("end record: %d events, want 2", rec.End.Events)
 		}
 	})
-	want := []tracefile.Type{tracefile.TypeProcess, tracefile.TypeEvent, tracefile.TypeCounters, tracefile.TypeEnd}
-	if len(types) != len(want) || len(sizes) != 1 || sizes[0] != 2 {
-		t.Fatalf("frames %v (event sizes %v), want %v with the 2-byte allocation only", types, sizes, want)
+	// The window starts with what the agent held live (the 1-byte
+	// allocation, flagged as made before it), then the 2-byte one.
+	want := []tracefile.Type{tracefile.TypeProcess, tracefile.TypeEvent, tracefile.TypeEvent, tracefile.TypeCounters, tracefile.TypeEnd}
+	if len(types) != len(want) || !slices.Equal(sizes, []uint64{1, 2}) || !slices.Equal(flags, []uint16{events.FlagBefore, 0}) {
+		t.Fatalf("frames %v (event sizes %v, flags %v), want %v with the 1-byte allocation live before, then the 2-byte one",
+			types, sizes, flags, want)
 	}
 	for i := range want {
 		if types[i] != want[i] {

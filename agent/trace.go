@@ -127,6 +127,7 @@ func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Durat
 	sub := &traceSub{pid: pid, items: make(chan traceItem, traceQueue(d))}
 	var (
 		procs     []*procmodel.Capture
+		before    []traceItem
 		lostStart uint64
 		err       error
 	)
@@ -140,6 +141,7 @@ func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Durat
 				procs = append(procs, c)
 			}
 		}
+		before = a.liveAtStart(sub)
 		lostStart = a.res.Lost
 		a.subs = append(a.subs, sub)
 	})
@@ -177,12 +179,19 @@ func (a *Agent) Trace(ctx context.Context, w io.Writer, pid uint32, d time.Durat
 	for _, p := range procs {
 		win.write(traceItem{proc: p})
 	}
+	var events uint64
+	for _, it := range before {
+		if err := win.write(it); err != nil {
+			unsubscribe()
+			return err
+		}
+		events++
+	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	flush := time.NewTicker(200 * time.Millisecond)
 	defer flush.Stop()
 	reason := "window elapsed"
-	var events uint64
 loop:
 	for {
 		select {
@@ -227,6 +236,42 @@ loop:
 	lost += sub.dropped.Load()
 	return tw.Finish(tracefile.Counters{Counters: map[string]uint64{"agent_dropped": sub.dropped.Load()}, Lost: lost},
 		tracefile.End{Events: events, Reason: reason})
+}
+
+// liveAtStart is what a window of sub starts with, on the reader's
+// goroutine as it subscribes: for each process it wants, its Python frames'
+// table, then each allocation (segments, pinned host memory, tensors) the
+// agent's ledger holds live, as an allocation record flagged
+// events.FlagBefore, with the ledger's stack (Python frames merged, named
+// by that table) and stamped now. So the window's report starts where the
+// agent's /metrics stands, and a free in the window of memory made before
+// it frees what the window knows.
+func (a *Agent) liveAtStart(sub *traceSub) []traceItem {
+	var out []traceItem
+	now := record.BootNow()
+	for _, pid := range a.pids() {
+		p := a.ledger.Process(pid)
+		if !sub.wants(pid) || p == nil {
+			continue
+		}
+		if t := a.model.Python(pid); t != nil {
+			out = append(out, traceItem{py: &tracefile.Python{PID: pid, Minor: t.Minor, Eval: t.Eval,
+				Codes: procmodel.PyCodesFile(t.Codes(0))}})
+			if sub.pyDone == nil {
+				sub.pyDone = map[*pyframes.Table]int{}
+			}
+			sub.pyDone[t] = t.Len()
+		}
+		for _, al := range slices.Concat(p.LiveAllocations(), p.LiveTensors()) {
+			ev := events.Event{Time: now, PID: pid, TID: al.TID, Comm: p.Comm, API: al.API, Addr: al.Addr,
+				Size: al.Size, Device: al.Device, Flags: events.FlagBefore}
+			if al.Stack != nil {
+				ev.Stack = al.Stack.Frames
+			}
+			out = append(out, traceItem{raw: events.Encode(nil, &ev)})
+		}
+	}
+	return out
 }
 
 // window writes a trace window's items and gathers its processes' return

@@ -173,7 +173,9 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	e->h.ts_ns = in->ts_ns;
 	e->h.dur_ns = now - in->ts_ns;
 	e->h.api = in->api;
-	e->h.device = in->device;
+	// A device unknown at entry may have been learned inside the call
+	// (the runtime asks the driver for its context: ct_learn_exit).
+	e->h.device = in->device == CT_DEV_UNKNOWN ? current_device(tid) : in->device;
 	e->h.result = result;
 	e->h.flags = 0;
 	e->h.addr = 0;

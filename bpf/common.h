@@ -74,6 +74,7 @@ struct signal_struct {
 struct task_struct {
 	int pid;
 	int tgid;
+	__u64 start_boottime;
 	struct thread_struct thread;
 	struct signal_struct *signal;
 } __attribute__((preserve_access_index));
@@ -93,10 +94,24 @@ static __always_inline int traced(__u32 tgid)
 	return bpf_map_lookup_elem(&pids, &tgid) != NULL;
 }
 
+// current_device is the calling thread's device. Without an entry in
+// thread_dev: 0 for a thread started after tracing began (the runtime's
+// default device; the driver's calls fail without a context, and the
+// context calls say the device), CT_DEV_UNKNOWN for one that ran before
+// (its current context or device was set unseen: learned from its own
+// calls, contexts.h).
+static __always_inline int started_before_tracing(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	return BPF_CORE_READ(task, start_boottime) < trace_start_ns;
+}
+
 static __always_inline __s32 current_device(__u32 tid)
 {
 	__s32 *d = bpf_map_lookup_elem(&thread_dev, &tid);
-	return d ? *d : 0;
+	if (d)
+		return *d;
+	return started_before_tracing() ? CT_DEV_UNKNOWN : 0;
 }
 
 // hold stops the current process (SIGSTOP, on its way back to user space)

@@ -89,17 +89,23 @@ static __always_inline __s32 ctx_device(__u64 handle)
 }
 
 // follow_top: the thread's device becomes its current context's, when the
-// context's making was seen.
+// context's device is known. A context made before tracing began (its
+// device unknown) made current by a thread that ran before then leaves
+// that thread's device unknown until its own calls tell it (ct_learn_exit).
 static __always_inline void follow_top(__u32 tid, struct ctx_stack *st)
 {
 	__u64 top = ctx_top(st);
 	if (!top)
 		return;
 	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &top);
-	if (dev) {
-		__s32 d = *dev;
-		bpf_map_update_elem(&thread_dev, &tid, &d, BPF_ANY);
-	}
+	__s32 d;
+	if (dev)
+		d = *dev;
+	else if (started_before_tracing())
+		d = CT_DEV_UNKNOWN;
+	else
+		return;
+	bpf_map_update_elem(&thread_dev, &tid, &d, BPF_ANY);
 }
 
 static __always_inline void ctx_push(__u32 tid, struct ctx_stack *st, __u64 handle)
@@ -153,7 +159,7 @@ struct ctx_call {
 	__u64 out;
 	__u64 sp;
 	__s32 device;
-	__u32 make_current;
+	__u32 make_current; // the learning calls (ct_learn_*): their shape
 };
 
 struct {
@@ -409,6 +415,98 @@ SEC("uprobe")
 int ct_devreset_enter(struct pt_regs *ctx)
 {
 	return primary_drop(ctx, current_device((__u32)bpf_get_current_pid_tgid()), 1);
+}
+
+// Learning what was set before tracing began. A thread that made a
+// context current (or called cudaSetDevice) before then allocates on a
+// device cudatrace did not see chosen: current_device says
+// CT_DEV_UNKNOWN. The programs below read, at their return, what the
+// thread's own calls say: cuCtxGetCurrent its current context,
+// cuCtxGetDevice that context's device, cudaGetDevice the runtime's
+// device (Numba asks the first two before each of its API calls; the
+// runtime asks the driver on its own paths). The loader attaches them only
+// while some thread's device is unknown (record's session removes them
+// once every allocating thread's is known): the hot path does not pay for
+// them.
+// Between entry and return in ctx_inflight, make_current holding the shape.
+static __always_inline int learn_enter(struct pt_regs *ctx, __u32 shape)
+{
+	return ctx_enter(ctx, PT_REGS_PARM1(ctx), 0, shape);
+}
+
+SEC("uprobe")
+int ct_learn_ctx_enter(struct pt_regs *ctx)
+{
+	return learn_enter(ctx, CT_SHAPE_LEARN_CTX);
+}
+
+SEC("uprobe")
+int ct_learn_ctxdev_enter(struct pt_regs *ctx)
+{
+	return learn_enter(ctx, CT_SHAPE_LEARN_CTXDEV);
+}
+
+SEC("uprobe")
+int ct_learn_rtdev_enter(struct pt_regs *ctx)
+{
+	return learn_enter(ctx, CT_SHAPE_LEARN_RTDEV);
+}
+
+// ct_learn_exit: the call succeeded; what it says becomes the thread's
+// state. A record goes to the ledger only when that changed the thread's
+// device or current context.
+SEC("uretprobe")
+int ct_learn_exit(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	struct ctx_call *c = bpf_map_lookup_elem(&ctx_inflight, &tid);
+	if (!c || PT_REGS_SP(ctx) != c->sp + 8)
+		return 0;
+	__u32 shape = c->make_current;
+	__u64 out = c->out;
+	bpf_map_delete_elem(&ctx_inflight, &tid);
+	if ((__s32)PT_REGS_RC(ctx) != 0)
+		return 0;
+	__u64 val = 0;
+	if (bpf_probe_read_user(&val, shape == CT_SHAPE_LEARN_CTX ? 8 : 4, (void *)out))
+		return 0;
+	struct ctx_stack *st = ctx_stack_of(tid);
+	if (!st)
+		return 0;
+	__s32 before = current_device(tid);
+	__u64 top_before = ctx_top(st);
+	__s32 dev = (__s32)val;
+	switch (shape) {
+	case CT_SHAPE_LEARN_CTX:
+		if (val == 0) { // no context current: the stack is empty
+			st->depth = 0;
+			break;
+		}
+		if (st->depth == 0)
+			st->depth = 1;
+		if (st->depth <= CT_CTX_STACK)
+			st->ctx[(st->depth - 1) & (CT_CTX_STACK - 1)] = val;
+		__s32 *known = bpf_map_lookup_elem(&ctx_dev, &val);
+		if (known) {
+			dev = *known;
+			bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+		}
+		break;
+	case CT_SHAPE_LEARN_CTXDEV:
+		if (top_before)
+			bpf_map_update_elem(&ctx_dev, &top_before, &dev, BPF_ANY);
+		bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+		break;
+	default: // CT_SHAPE_LEARN_RTDEV
+		bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+		break;
+	}
+	__s32 after = current_device(tid);
+	__u64 top = ctx_top(st);
+	if (after != before || top != top_before)
+		ctx_record(ctx, id, top, after, top);
+	return 0;
 }
 
 #endif

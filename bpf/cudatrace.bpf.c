@@ -50,6 +50,9 @@ const volatile __u8 hold_new = 0;
 #define CT_HOLD_NONE 0
 #define CT_HOLD_ALL 1
 #define CT_HOLD_NO_TTY 2
+// CLOCK_BOOTTIME ns when tracing began: a thread started before it may have
+// set its device or context unseen (current_device).
+const volatile __u64 trace_start_ns = 0;
 
 #define CT_SIGSTOP 19
 

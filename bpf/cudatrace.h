@@ -47,7 +47,18 @@ enum ct_shape {
 	CT_SHAPE_PRIMARY_RELEASE = 17, // (CUdevice dev): its primary context dies at the last release
 	CT_SHAPE_PRIMARY_RESET = 18,   // (CUdevice dev): its primary context's memory goes now
 	CT_SHAPE_DEVICE_RESET = 19,    // (void): cudaDeviceReset, the current device's primary context
+	// Calls that tell a thread's current context or device, probed at
+	// return while some thread's device is unknown (a thread that set its
+	// context before tracing began: contexts.h, ct_learn_*).
+	CT_SHAPE_LEARN_CTX = 20,    // (CUcontext *out): cuCtxGetCurrent
+	CT_SHAPE_LEARN_CTXDEV = 21, // (CUdevice *out): cuCtxGetDevice, the current context's device
+	CT_SHAPE_LEARN_RTDEV = 22,  // (int *out): cudaGetDevice, the runtime's current device
 };
+
+// The device of a record whose thread's device is not known: a thread that
+// ran before tracing began and has not yet shown which context or device
+// is current to it. Never guessed.
+#define CT_DEV_UNKNOWN (-1)
 
 enum ct_flags {
 	CT_F_ENTRY_ONLY = 1 << 0,  // recorded at entry (frees): no result, no duration
@@ -63,6 +74,9 @@ enum ct_flags {
 	// the process runs CPython and the thread had no Python frame (or
 	// none the interpreter knows of): a native-only stack, not a lost one
 	CT_F_NOPYTHON = 1 << 6,
+	// set by user space only (events.FlagBefore): an allocation live when
+	// the trace began, made before it
+	CT_F_BEFORE = 1 << 7,
 };
 
 // Loss and health counters, a per-CPU array indexed by these.

@@ -103,6 +103,9 @@ const (
 	CudatraceCtShapeCT_SHAPE_PRIMARY_RELEASE CudatraceCtShape = 17
 	CudatraceCtShapeCT_SHAPE_PRIMARY_RESET   CudatraceCtShape = 18
 	CudatraceCtShapeCT_SHAPE_DEVICE_RESET    CudatraceCtShape = 19
+	CudatraceCtShapeCT_SHAPE_LEARN_CTX       CudatraceCtShape = 20
+	CudatraceCtShapeCT_SHAPE_LEARN_CTXDEV    CudatraceCtShape = 21
+	CudatraceCtShapeCT_SHAPE_LEARN_RTDEV     CudatraceCtShape = 22
 )
 
 type CudatraceCtUsdtSpec struct {
@@ -228,6 +231,10 @@ const (
 	CudatraceProgCtExitNoloop          = "ct_exit_noloop"
 	CudatraceProgCtFork                = "ct_fork"
 	CudatraceProgCtFreeEnter           = "ct_free_enter"
+	CudatraceProgCtLearnCtxEnter       = "ct_learn_ctx_enter"
+	CudatraceProgCtLearnCtxdevEnter    = "ct_learn_ctxdev_enter"
+	CudatraceProgCtLearnExit           = "ct_learn_exit"
+	CudatraceProgCtLearnRtdevEnter     = "ct_learn_rtdev_enter"
 	CudatraceProgCtPitchEnter          = "ct_pitch_enter"
 	CudatraceProgCtPrimaryReleaseEnter = "ct_primary_release_enter"
 	CudatraceProgCtPrimaryResetEnter   = "ct_primary_reset_enter"
@@ -241,6 +248,7 @@ const (
 	CudatraceVarFollowForks            = "follow_forks"
 	CudatraceVarHoldNew                = "hold_new"
 	CudatraceVarStackWindow            = "stack_window"
+	CudatraceVarTraceStartNs           = "trace_start_ns"
 	CudatraceVarUnusedCtAllocEvent     = "unused_ct_alloc_event"
 	CudatraceVarUnusedCtCounter        = "unused_ct_counter"
 	CudatraceVarUnusedCtPyframe        = "unused_ct_pyframe"
@@ -310,6 +318,10 @@ type CudatraceProgramSpecs struct {
 	CtExitNoloop          *ebpf.ProgramSpec `ebpf:"ct_exit_noloop"`
 	CtFork                *ebpf.ProgramSpec `ebpf:"ct_fork"`
 	CtFreeEnter           *ebpf.ProgramSpec `ebpf:"ct_free_enter"`
+	CtLearnCtxEnter       *ebpf.ProgramSpec `ebpf:"ct_learn_ctx_enter"`
+	CtLearnCtxdevEnter    *ebpf.ProgramSpec `ebpf:"ct_learn_ctxdev_enter"`
+	CtLearnExit           *ebpf.ProgramSpec `ebpf:"ct_learn_exit"`
+	CtLearnRtdevEnter     *ebpf.ProgramSpec `ebpf:"ct_learn_rtdev_enter"`
 	CtPitchEnter          *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
 	CtPrimaryReleaseEnter *ebpf.ProgramSpec `ebpf:"ct_primary_release_enter"`
 	CtPrimaryResetEnter   *ebpf.ProgramSpec `ebpf:"ct_primary_reset_enter"`
@@ -352,6 +364,7 @@ type CudatraceVariableSpecs struct {
 	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
 	HoldNew            *ebpf.VariableSpec `ebpf:"hold_new"`
 	StackWindow        *ebpf.VariableSpec `ebpf:"stack_window"`
+	TraceStartNs       *ebpf.VariableSpec `ebpf:"trace_start_ns"`
 	UnusedCtAllocEvent *ebpf.VariableSpec `ebpf:"unused_ct_alloc_event"`
 	UnusedCtCounter    *ebpf.VariableSpec `ebpf:"unused_ct_counter"`
 	UnusedCtPyframe    *ebpf.VariableSpec `ebpf:"unused_ct_pyframe"`
@@ -432,6 +445,7 @@ type CudatraceVariables struct {
 	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
 	HoldNew            *ebpf.Variable `ebpf:"hold_new"`
 	StackWindow        *ebpf.Variable `ebpf:"stack_window"`
+	TraceStartNs       *ebpf.Variable `ebpf:"trace_start_ns"`
 	UnusedCtAllocEvent *ebpf.Variable `ebpf:"unused_ct_alloc_event"`
 	UnusedCtCounter    *ebpf.Variable `ebpf:"unused_ct_counter"`
 	UnusedCtPyframe    *ebpf.Variable `ebpf:"unused_ct_pyframe"`
@@ -463,6 +477,10 @@ type CudatracePrograms struct {
 	CtExitNoloop          *ebpf.Program `ebpf:"ct_exit_noloop"`
 	CtFork                *ebpf.Program `ebpf:"ct_fork"`
 	CtFreeEnter           *ebpf.Program `ebpf:"ct_free_enter"`
+	CtLearnCtxEnter       *ebpf.Program `ebpf:"ct_learn_ctx_enter"`
+	CtLearnCtxdevEnter    *ebpf.Program `ebpf:"ct_learn_ctxdev_enter"`
+	CtLearnExit           *ebpf.Program `ebpf:"ct_learn_exit"`
+	CtLearnRtdevEnter     *ebpf.Program `ebpf:"ct_learn_rtdev_enter"`
 	CtPitchEnter          *ebpf.Program `ebpf:"ct_pitch_enter"`
 	CtPrimaryReleaseEnter *ebpf.Program `ebpf:"ct_primary_release_enter"`
 	CtPrimaryResetEnter   *ebpf.Program `ebpf:"ct_primary_reset_enter"`
@@ -492,6 +510,10 @@ func (p *CudatracePrograms) Close() error {
 		p.CtExitNoloop,
 		p.CtFork,
 		p.CtFreeEnter,
+		p.CtLearnCtxEnter,
+		p.CtLearnCtxdevEnter,
+		p.CtLearnExit,
+		p.CtLearnRtdevEnter,
 		p.CtPitchEnter,
 		p.CtPrimaryReleaseEnter,
 		p.CtPrimaryResetEnter,

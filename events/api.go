@@ -4,6 +4,8 @@
 // no state; package ledger accounts for the decoded events.
 package events
 
+import "strconv"
+
 // API identifies the traced function. The numbers travel from Go to BPF as
 // the uprobe's attach cookie and come back in every record, and they are
 // stored in trace files: never renumber, only append.
@@ -117,6 +119,9 @@ const (
 	CuDevicePrimaryCtxRelease
 	CuDevicePrimaryCtxReset
 	CudaDeviceReset
+	CuCtxGetCurrent
+	CuCtxGetDevice
+	CudaGetDevice
 	apiEnd
 )
 
@@ -186,6 +191,28 @@ var apis = [apiEnd]APIInfo{
 	CuDevicePrimaryCtxRelease: {"cuDevicePrimaryCtxRelease_v2", OpContextEnd, 0, LayerDriver},
 	CuDevicePrimaryCtxReset:   {"cuDevicePrimaryCtxReset_v2", OpContextEnd, 0, LayerDriver},
 	CudaDeviceReset:           {"cudaDeviceReset", OpContextEnd, 0, LayerRuntime},
+
+	// What a thread that ran before tracing began says of its own state:
+	// its current context (Addr and Size) and its device (Device), which
+	// cudatrace did not see being set. Recorded only when they change what
+	// was known; before, its records' device is DeviceUnknown.
+	CuCtxGetCurrent: {"cuCtxGetCurrent", OpContext, 0, LayerDriver},
+	CuCtxGetDevice:  {"cuCtxGetDevice", OpContext, 0, LayerDriver},
+	CudaGetDevice:   {"cudaGetDevice", OpContext, 0, LayerRuntime},
+}
+
+// DeviceUnknown is the device of a record made by a thread whose device
+// cudatrace has not seen chosen (bpf/cudatrace.h CT_DEV_UNKNOWN): one that
+// ran before tracing began and has not yet said which context or device
+// is current to it. Never guessed.
+const DeviceUnknown int32 = -1
+
+// DeviceName is how users read a device ordinal: the number, or "unknown".
+func DeviceName(d int32) string {
+	if d == DeviceUnknown {
+		return "unknown"
+	}
+	return strconv.Itoa(int(d))
 }
 
 // PrimaryContext reports whether a's context records are about a device's

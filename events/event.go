@@ -54,6 +54,10 @@ const (
 	FlagAux        uint16 = 1 << 4 // the first stack slot holds Aux; the frames follow
 	FlagPython     uint16 = 1 << 5 // the thread's Python frames (Py) end the record
 	FlagNoPython   uint16 = 1 << 6 // a CPython process's thread with no Python frame
+	// An allocation live when the trace began, made before it (an agent's
+	// /trace window starts with the agent's live set): written by user
+	// space, never by BPF. Its stack is the ledger's, Python frames merged.
+	FlagBefore uint16 = 1 << 7
 )
 
 // End is when the call's effect on memory takes hold: frees at entry (the

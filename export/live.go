@@ -84,8 +84,9 @@ func LiveSnapshot(segments, liveTensors []*ledger.Allocation, tensors bool, trac
 	snap := &Snapshot{}
 	maxDev := -1
 	var segs []*ledger.Allocation
+	var unknown unknownDevice // left out: memory_viz draws devices
 	for _, a := range segments {
-		if !a.API.Segment() {
+		if !a.API.Segment() || unknown.leftOut(a) {
 			continue
 		}
 		segs = append(segs, a)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/pickle"
+	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
@@ -104,12 +105,13 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 
 	snap := &Snapshot{}
 	orphans := map[memvizBlockKey]bool{}
+	var unknown unknownDevice
 	for _, pid := range pids {
 		p := t.Ledger.Process(pid)
 		live := p.LiveTensors() // by address
 		var segs []*ledger.Allocation
 		for _, a := range p.LiveAllocations() {
-			if !a.API.Segment() {
+			if !a.API.Segment() || unknown.leftOut(a) {
 				continue
 			}
 			segs = append(segs, a)
@@ -188,7 +190,30 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 		return fmt.Errorf("memviz: %w", err)
 	}
 	opts.warnGone(syms)
+	unknown.warn(&opts)
 	return nil
+}
+
+// unknownDevice counts the live memory a snapshot leaves out for want of
+// a device: memory_viz draws devices, and a thread that chose its device
+// before tracing began allocated on events.DeviceUnknown until it said
+// which (its trace entries go to no device's list either).
+type unknownDevice struct{ n, bytes uint64 }
+
+func (u *unknownDevice) leftOut(a *ledger.Allocation) bool {
+	if a.Device != events.DeviceUnknown {
+		return false
+	}
+	u.n++
+	u.bytes += a.Size
+	return true
+}
+
+func (u *unknownDevice) warn(o *Options) {
+	if u.n > 0 && o.Warn != nil {
+		o.Warn(fmt.Sprintf("memviz: %d live allocations (%s) on an unknown device left out (threads that chose their device before tracing began; `cudatrace report` counts them)",
+			u.n, units.Bytes(u.bytes)))
+	}
 }
 
 func joinPIDs(pids []uint32) string {
@@ -256,7 +281,13 @@ func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memv
 			entries(a, MemvizFreeRequested, MemvizFreeCompleted)
 		}
 	}
-	if a := ch.Alloc; a != nil {
+	if a := ch.Alloc; a != nil && a.Before {
+		// Live when the trace began: no entry says when it was made
+		// (memory_viz, walking back from the snapshot, finds it there).
+		if a.API.Segment() && tensors {
+			scope.add(a)
+		}
+	} else if a != nil {
 		switch {
 		case a.API.Segment() && tensors:
 			scope.add(a)

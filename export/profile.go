@@ -3,7 +3,6 @@ package export
 import (
 	"fmt"
 	"io"
-	"strconv"
 
 	"github.com/google/pprof/profile"
 
@@ -187,7 +186,7 @@ func (b *pprofBuilder) sample(k SampleKey, v *Values) {
 		"level": {level},
 		// A string: pprof's encoding reads a numeric label of 0 back
 		// as an empty string label, and device 0 is the common one.
-		"device": {strconv.Itoa(int(k.Device))},
+		"device": {events.DeviceName(k.Device)},
 	}
 	for name, v := range b.labels[k.Stack.PID] {
 		if v != "" {

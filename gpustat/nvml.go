@@ -123,16 +123,32 @@ func (s *nvmlSource) handles() ([]nvml.Device, error) {
 	return out, nil
 }
 
-func (s *nvmlSource) Devices() ([]Device, error) {
+// withHandles calls f with the devices' handles, under the lock, on an
+// open source: every query starts so.
+func (s *nvmlSource) withHandles(f func(hs []nvml.Device) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.lib == nil {
-		return nil, errClosed
+		return errClosed
 	}
 	hs, err := s.handles()
 	if err != nil {
-		return nil, err
+		return err
 	}
+	return f(hs)
+}
+
+func (s *nvmlSource) Devices() ([]Device, error) {
+	var out []Device
+	err := s.withHandles(func(hs []nvml.Device) error {
+		var err error
+		out, err = devices(hs, s.memV2)
+		return err
+	})
+	return out, err
+}
+
+func devices(hs []nvml.Device, memV2 bool) ([]Device, error) {
 	out := make([]Device, 0, len(hs))
 	for i, h := range hs {
 		d := Device{Index: i}
@@ -143,7 +159,7 @@ func (s *nvmlSource) Devices() ([]Device, error) {
 		if d.Name, ret = h.GetName(); ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("device %d: nvmlDeviceGetName: %s", i, errText(ret))
 		}
-		if s.memV2 {
+		if memV2 {
 			m, ret := h.GetMemoryInfo_v2()
 			if ret != nvml.SUCCESS {
 				return nil, fmt.Errorf("device %d: nvmlDeviceGetMemoryInfo_v2: %s", i, errText(ret))
@@ -167,15 +183,16 @@ func (s *nvmlSource) Devices() ([]Device, error) {
 const notAvailable = ^uint64(0)
 
 func (s *nvmlSource) Processes() ([]ProcessUsage, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.lib == nil {
-		return nil, errClosed
-	}
-	hs, err := s.handles()
-	if err != nil {
-		return nil, err
-	}
+	var out []ProcessUsage
+	err := s.withHandles(func(hs []nvml.Device) error {
+		var err error
+		out, err = processes(hs)
+		return err
+	})
+	return out, err
+}
+
+func processes(hs []nvml.Device) ([]ProcessUsage, error) {
 	var out []ProcessUsage
 	for i, h := range hs {
 		uuid, ret := h.GetUUID()

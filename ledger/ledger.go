@@ -40,6 +40,10 @@ type Process struct {
 	// Frees of addresses the ledger never saw allocated: made before the
 	// tracer attached, or a free of a bad pointer.
 	UnknownFrees uint64
+	// Allocations live when the trace began, made before it
+	// (events.FlagBefore), and their bytes: live like the others, not
+	// counted in Allocs and AllocBytes.
+	BeforeAllocs, BeforeBytes uint64
 	// Allocations returned at an address already live: the free in between
 	// was lost. The older allocation is dropped from the live set.
 	Replaced uint64
@@ -110,6 +114,10 @@ type Device struct {
 	ImplicitFrees, ImplicitFreeBytes uint64
 }
 
+// Unknown reports whether d stands for the memory of threads whose device
+// was not known when they allocated (events.DeviceUnknown).
+func (d *Device) Unknown() bool { return d.Device == events.DeviceUnknown }
+
 // Allocation is a live allocation.
 type Allocation struct {
 	Addr, Size uint64
@@ -122,6 +130,8 @@ type Allocation struct {
 	// dies; 0 where the thread had no context call seen (the runtime's
 	// primary context of Device).
 	Ctx uint64
+	// Before: live when the trace began, made before it (events.FlagBefore).
+	Before bool
 
 	mapped   int  // VMM: live mappings of this physical memory
 	released bool // VMM: cuMemRelease was called while it was mapped
@@ -369,17 +379,23 @@ func (l *Ledger) alloc(ev *events.Event, info events.APIInfo) Change {
 		}
 		return ch
 	}
-	p.Allocs++
-	p.AllocBytes += ev.Size
-	st.Allocs++
-	st.AllocBytes += ev.Size
+	before := ev.Flags&events.FlagBefore != 0
+	if before {
+		p.BeforeAllocs++
+		p.BeforeBytes += ev.Size
+	} else {
+		p.Allocs++
+		p.AllocBytes += ev.Size
+		st.Allocs++
+		st.AllocBytes += ev.Size
+	}
 	if old := p.live[ev.Addr]; old != nil {
 		p.Replaced++
 		p.release(old)
 		ch.Freed = old
 	}
 	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st,
-		Ctx: p.threadCtx[ev.TID]}
+		Ctx: p.threadCtx[ev.TID], Before: before}
 	ch.Alloc = a
 	p.live[ev.Addr] = a
 	st.Live += a.Size
@@ -501,16 +517,19 @@ func (p *Process) unmapOne(m *Mapping) *Allocation {
 func (l *Ledger) tensorAlloc(p *Process, ev *events.Event) Change {
 	st := l.stack(ev.PID, ev.Stack, true)
 	ch := Change{Process: p, Stack: st}
-	p.TensorAllocs++
-	p.TensorAllocBytes += ev.Size
-	st.Allocs++
-	st.AllocBytes += ev.Size
+	before := ev.Flags&events.FlagBefore != 0
+	if !before {
+		p.TensorAllocs++
+		p.TensorAllocBytes += ev.Size
+		st.Allocs++
+		st.AllocBytes += ev.Size
+	}
 	if old := p.tensors[ev.Addr]; old != nil {
 		p.tensorRelease(old)
 		ch.Freed = old
 	}
 	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st,
-		Ctx: p.threadCtx[ev.TID]}
+		Ctx: p.threadCtx[ev.TID], Before: before}
 	ch.Alloc = a
 	p.tensors[ev.Addr] = a
 	st.Live += a.Size

@@ -33,6 +33,11 @@ const (
 	ShapePrimaryRelease = Shape(bpf.CudatraceCtShapeCT_SHAPE_PRIMARY_RELEASE) // (CUdevice dev), dies at the last release
 	ShapePrimaryReset   = Shape(bpf.CudatraceCtShapeCT_SHAPE_PRIMARY_RESET)   // (CUdevice dev)
 	ShapeDeviceReset    = Shape(bpf.CudatraceCtShapeCT_SHAPE_DEVICE_RESET)    // (void): the current device's
+	// Calls that tell what a thread set before tracing began, probed at
+	// return while the tracer is learning (Tracer.Learn).
+	ShapeLearnCtx    = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_CTX)    // (CUcontext *out)
+	ShapeLearnCtxDev = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_CTXDEV) // (CUdevice *out)
+	ShapeLearnRtDev  = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_RTDEV)  // (int *out)
 )
 
 // Probe is one row of the attach table: adding an API is adding a row.
@@ -94,6 +99,16 @@ var DriverProbes = []Probe{
 	{"cuMemUnmap", events.CuMemUnmap, ShapeSizedFree, false},
 	{"cuMemAddressReserve", events.CuMemAddressReserve, ShapeAlloc, false},
 	{"cuMemAddressFree", events.CuMemAddressFree, ShapeSizedFree, false},
+}
+
+// LearnProbes tell a thread's current context and device from its own
+// calls: attached only while some thread that ran before tracing began
+// allocates on a device not yet known (Tracer.Learn), never required, and
+// not part of what makes a library a CUDA library (Tables).
+var LearnProbes = []Probe{
+	{"cuCtxGetCurrent", events.CuCtxGetCurrent, ShapeLearnCtx, false},
+	{"cuCtxGetDevice", events.CuCtxGetDevice, ShapeLearnCtxDev, false},
+	{"cudaGetDevice", events.CudaGetDevice, ShapeLearnRtDev, false},
 }
 
 // Tables lists every attach table. A library is probed with each table of

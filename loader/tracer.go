@@ -49,6 +49,15 @@ type Options struct {
 	// Release. A process exiting right after its first allocations still
 	// symbolizes, with its Python frames.
 	Hold Hold
+	// Learn attaches LearnProbes from the start: for sessions that follow
+	// processes already running (--pid, --all), whose threads may have
+	// chosen their device before tracing began.
+	Learn bool
+	// TraceStart is when tracing began (CLOCK_BOOTTIME ns, the records'
+	// clock): a thread started before it may have chosen its device
+	// unseen, and its records say events.DeviceUnknown until it shows
+	// which (Learn). 0: every thread is taken as started after.
+	TraceStart uint64
 }
 
 // Hold is whom BPF stops for the reader (bpf/cudatrace.bpf.c CT_HOLD_*).
@@ -150,6 +159,14 @@ type Tracer struct {
 	// waiting: processes read, left stopped for another tracer (Release)
 	waiting map[uint32]uint64 // with the boot time each was stopped at
 	pruned  time.Time         // when releaseWaiting last dropped exited processes' entries
+
+	// The learning probes (LearnProbes): on while learning, over every
+	// library attached (exes); closing them runs in the background
+	// (closing, waited for by Detach).
+	learning bool
+	learn    []link.Link
+	exes     []*link.Executable
+	closing  sync.WaitGroup
 }
 
 // New loads the BPF programs. It attaches nothing yet.
@@ -174,11 +191,12 @@ func New(opts Options) (*Tracer, error) {
 		return nil, err
 	}
 	set := map[string]any{
-		bpf.CudatraceVarFilterPids:  boolByte(opts.FilterPIDs),
-		bpf.CudatraceVarFollowForks: boolByte(opts.FollowForks),
-		bpf.CudatraceVarWakeupBytes: opts.WakeupBytes,
-		bpf.CudatraceVarStackWindow: window,
-		bpf.CudatraceVarHoldNew:     uint8(opts.Hold),
+		bpf.CudatraceVarFilterPids:   boolByte(opts.FilterPIDs),
+		bpf.CudatraceVarFollowForks:  boolByte(opts.FollowForks),
+		bpf.CudatraceVarWakeupBytes:  opts.WakeupBytes,
+		bpf.CudatraceVarStackWindow:  window,
+		bpf.CudatraceVarHoldNew:      uint8(opts.Hold),
+		bpf.CudatraceVarTraceStartNs: opts.TraceStart,
 	}
 	for name, v := range set {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -188,7 +206,7 @@ func New(opts Options) (*Tracer, error) {
 	spec.Maps[bpf.CudatraceMapEvents].MaxEntries = opts.RingBytes
 	spec.Maps[bpf.CudatraceMapInflight].MaxEntries = opts.MaxInflight
 
-	t := &Tracer{opts: opts, kernel: k}
+	t := &Tracer{opts: opts, kernel: k, learning: opts.Learn}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		return nil, loadError(err, k)
 	}
@@ -285,7 +303,55 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 	}
 	t.links = append(t.links, added...)
 	res.Programs = len(added)
+	t.exes = append(t.exes, ex)
+	if t.learning {
+		t.learn = append(t.learn, t.attachLearn(ex)...)
+	}
 	return res, nil
+}
+
+// attachLearn attaches the LearnProbes ex exports. They are optional: one
+// that fails to attach leaves those threads' devices unknown, never wrong.
+func (t *Tracer) attachLearn(ex *link.Executable) []link.Link {
+	var out []link.Link
+	for _, p := range LearnProbes {
+		ls, err := t.attachProbe(ex, p)
+		if err == nil {
+			out = append(out, ls...)
+		}
+	}
+	return out
+}
+
+// Learning reports whether the learning probes (LearnProbes) are on.
+func (t *Tracer) Learning() bool { return t.learning }
+
+// Learn turns the learning probes on or off over every library attached.
+// Off, their links close in the background: each close waits out an RCU
+// grace period, which the reader must not.
+func (t *Tracer) Learn(on bool) {
+	if on == t.learning {
+		return
+	}
+	t.learning = on
+	if on {
+		for _, ex := range t.exes {
+			t.learn = append(t.learn, t.attachLearn(ex)...)
+		}
+		return
+	}
+	t.closeInBackground(t.learn)
+	t.learn = nil
+}
+
+func (t *Tracer) closeInBackground(ls []link.Link) {
+	for _, l := range ls {
+		t.closing.Add(1)
+		go func() {
+			defer t.closing.Done()
+			l.Close()
+		}()
+	}
 }
 
 // USDTProbes are the statically defined tracepoints cudatrace attaches to,
@@ -381,6 +447,9 @@ func (t *Tracer) probePrograms(s Shape) (enter, exit *ebpf.Program, err error) {
 		ShapeSetDevice: o.CtSetdevEnter, ShapeVMMCreate: o.CtVmmCreateEnter, ShapeVMMMap: o.CtVmmMapEnter,
 	}
 	ctxExit := map[Shape]*ebpf.Program{ShapeCtxRetain: o.CtCtxretainEnter, ShapeCtxCreate: o.CtCtxcreateEnter}
+	learnExit := map[Shape]*ebpf.Program{
+		ShapeLearnCtx: o.CtLearnCtxEnter, ShapeLearnCtxDev: o.CtLearnCtxdevEnter, ShapeLearnRtDev: o.CtLearnRtdevEnter,
+	}
 	entryOnly := map[Shape]*ebpf.Program{
 		ShapeFree: o.CtFreeEnter, ShapeSizedFree: o.CtSizedFreeEnter,
 		ShapeCtxSet: o.CtCtxsetEnter, ShapeCtxPush: o.CtCtxpushEnter, ShapeCtxPop: o.CtCtxpopEnter,
@@ -393,6 +462,9 @@ func (t *Tracer) probePrograms(s Shape) (enter, exit *ebpf.Program, err error) {
 	}
 	if p, ok := ctxExit[s]; ok {
 		return p, o.CtCtxExit, nil
+	}
+	if p, ok := learnExit[s]; ok {
+		return p, o.CtLearnExit, nil
 	}
 	if p, ok := entryOnly[s]; ok {
 		return p, nil, nil
@@ -523,6 +595,8 @@ func (t *Tracer) Detach() error {
 	// (uprobe_unregister): 60-90 ms apiece on a busy 2-core machine, so
 	// 108 probes closed one after another took 8-10 s. Closed side by side
 	// the waits overlap.
+	t.closeInBackground(t.learn)
+	t.learn, t.learning = nil, false
 	errs := make([]error, len(t.links))
 	var wg sync.WaitGroup
 	for i, l := range t.links {
@@ -533,6 +607,7 @@ func (t *Tracer) Detach() error {
 		}()
 	}
 	wg.Wait()
+	t.closing.Wait()
 	var first error
 	if err := errors.Join(errs...); err != nil {
 		first = fmt.Errorf("detach: %w", err)

@@ -44,6 +44,10 @@ type programs struct {
 	CtPrimaryReleaseEnter *ebpf.Program `ebpf:"ct_primary_release_enter"`
 	CtPrimaryResetEnter   *ebpf.Program `ebpf:"ct_primary_reset_enter"`
 	CtDevresetEnter       *ebpf.Program `ebpf:"ct_devreset_enter"`
+	CtLearnCtxEnter       *ebpf.Program `ebpf:"ct_learn_ctx_enter"`
+	CtLearnCtxdevEnter    *ebpf.Program `ebpf:"ct_learn_ctxdev_enter"`
+	CtLearnRtdevEnter     *ebpf.Program `ebpf:"ct_learn_rtdev_enter"`
+	CtLearnExit           *ebpf.Program `ebpf:"ct_learn_exit"`
 }
 
 func (o *objects) Close() error {
@@ -52,7 +56,8 @@ func (o *objects) Close() error {
 		o.CtCtxpopEnter, o.CtCtxpushEnter, o.CtCtxretainEnter, o.CtCtxsetEnter, o.CtExit, o.CtFork,
 		o.CtFreeEnter, o.CtPitchEnter, o.CtSetdevEnter, o.CtSizedFreeEnter, o.CtUsdt,
 		o.CtVmmCreateEnter, o.CtVmmMapEnter, o.CtCtxdestroyEnter, o.CtCtxdetachEnter, o.CtCtxattachEnter,
-		o.CtPrimaryReleaseEnter, o.CtPrimaryResetEnter, o.CtDevresetEnter} {
+		o.CtPrimaryReleaseEnter, o.CtPrimaryResetEnter, o.CtDevresetEnter,
+		o.CtLearnCtxEnter, o.CtLearnCtxdevEnter, o.CtLearnRtdevEnter, o.CtLearnExit} {
 		if p != nil {
 			errs = append(errs, p.Close())
 		}

@@ -185,6 +185,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	case opts.HoldAll && len(opts.Watchdog) > 0:
 		topts.Hold = loader.HoldNoTerminal
 	}
+	// Processes already running may have chosen their devices unseen:
+	// learn them from their own calls (see loader.LearnProbes).
+	topts.TraceStart = BootNow()
+	topts.Learn = len(opts.PIDs) > 0 || opts.All
 	tr, err := loader.New(topts)
 	if err != nil {
 		if hint.Of(err) != "" { // the loader's own (a verifier's rejection, memlock)

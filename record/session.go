@@ -73,6 +73,8 @@ type session struct {
 	// pyFrames and pyUnresolved count the Python frames read, and those
 	// that stayed unresolved (Result).
 	pyFrames, pyUnresolved uint64
+	// learn decides when the tracer's learning probes are on.
+	learn learning
 }
 
 // liveProc is what the session keeps of a running process beside the
@@ -184,6 +186,7 @@ func (s *session) Record(raw []byte) {
 	s.nameNative(ev, lp)
 	s.write(ev, raw)
 	ch := s.apply(ev, lp)
+	s.learn.saw(ev, s.learner())
 	if s.opts.Observer != nil {
 		s.opts.Observer.Event(ev, ch)
 	}
@@ -299,10 +302,20 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 	}
 }
 
+// learner is the tracer, or nil without one (a nil *loader.Tracer in an
+// interface is not nil).
+func (s *session) learner() learner {
+	if s.tr == nil {
+		return nil
+	}
+	return s.tr
+}
+
 // Tick flushes the trace, snapshots counters and decides whether the
 // session is over.
 func (s *session) Tick() {
 	s.attachLate()
+	s.learn.tick(s.learner())
 	s.writeNamed(false)
 	s.prune()
 	s.takeNVML()

@@ -34,7 +34,7 @@ func NewProcess(p *ledger.Process, wall func(boot uint64) time.Time) Process {
 		Failed: p.Failed, AllocBytes: p.AllocBytes, LiveBytes: p.Live, PeakBytes: p.Peak,
 		HostLiveBytes: p.HostLive, HostPeakBytes: p.HostPeak, UnknownFrees: p.UnknownFrees,
 		Replaced: p.Replaced, ImplicitFrees: p.ImplicitFrees, ImplicitFreeBytes: p.ImplicitFreeBytes,
-		LiveAllocations: p.LiveCount(), Devices: devices(p),
+		BeforeAllocs: p.BeforeAllocs, BeforeBytes: p.BeforeBytes, LiveAllocations: p.LiveCount(), Devices: devices(p),
 		TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees, TensorAllocBytes: p.TensorAllocBytes,
 		TensorLiveBytes: p.TensorLive, TensorPeakBytes: p.TensorPeak, UnknownTensorFrees: p.UnknownTensorFrees,
 		VMMMappedBytes: p.Mapped, VMMMappedPeakBytes: p.MappedPeak, VMMMaps: p.Maps, VMMUnmaps: p.Unmaps,
@@ -52,7 +52,7 @@ func NewProcess(p *ledger.Process, wall func(boot uint64) time.Time) Process {
 func devices(p *ledger.Process) []Device {
 	out := []Device{}
 	for _, d := range p.DeviceList() {
-		out = append(out, Device{Device: d.Device, LiveBytes: d.Live, PeakBytes: d.Peak,
+		out = append(out, Device{Device: d.Device, Unknown: d.Unknown(), LiveBytes: d.Live, PeakBytes: d.Peak,
 			TensorLiveBytes: d.TensorLive, TensorPeakBytes: d.TensorPeak, ImplicitFrees: d.ImplicitFrees,
 			ImplicitFreeBytes: d.ImplicitFreeBytes})
 	}

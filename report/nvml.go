@@ -77,6 +77,12 @@ type ProcessNVML struct {
 	DriftBytes   int64     `json:"drift_bytes"`
 	MaxUsedBytes uint64    `json:"max_used_bytes"`
 	Devices      []NVMLUse `json:"devices"` // at the last sample, by NVML index
+	// HeldBeforeBytes, for a process that was running when tracing began
+	// (record --pid, --all), is the driver's figure for what it held
+	// then: its first sample's remainder, NVML's figure less what was
+	// traced by then (its context's own memory included, as NVML counts
+	// it). 0 for a process started under the tracer.
+	HeldBeforeBytes int64 `json:"held_before_bytes,omitempty"`
 }
 
 // NVMLInterval is one process's remainder over one interval: its last
@@ -273,6 +279,12 @@ func (r *Report) writeNVML(w io.Writer, comm map[uint32]string) {
 			units.SignedBytes(pn.MaxRemainderBytes), units.SignedBytes(pn.DriftBytes))
 	}
 	t.write(w)
+	for _, p := range r.Processes {
+		if p.NVML != nil && p.NVML.HeldBeforeBytes != 0 {
+			fmt.Fprintf(w, "Before tracing: pid %d held %s of GPU memory when tracing began (NVML's first figure less what was traced by then)\n",
+				p.PID, units.SignedBytes(p.NVML.HeldBeforeBytes))
+		}
+	}
 	for _, u := range n.Untraced {
 		fmt.Fprintf(w, "Not traced: pid %d held %s of GPU memory (NVML) and made no traced call: is its CUDA library probed? (--lib)\n",
 			u.PID, units.Bytes(u.UsedBytes))

@@ -135,6 +135,11 @@ type Process struct {
 	// cudaDeviceReset), not counted in frees; host memory included.
 	ImplicitFrees     uint64 `json:"implicit_frees"`
 	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
+	// Allocations live when the trace began, made before it (an agent's
+	// /trace window starts with the agent's live set), and their bytes:
+	// in live_bytes, not in allocs and alloc_bytes.
+	BeforeAllocs uint64 `json:"before_allocs,omitempty"`
+	BeforeBytes  uint64 `json:"before_bytes,omitempty"`
 	// Tensors: what PyTorch's caching allocator handed out of the segments
 	// above (its pytorch:malloc/free probes), as torch.cuda.memory_allocated
 	// counts; live_bytes is then its memory_reserved. 0 without them.
@@ -185,7 +190,11 @@ type Mapping struct {
 
 // Device is one process's use of one GPU.
 type Device struct {
-	Device          int32  `json:"device"`
+	Device int32 `json:"device"`
+	// Unknown: device is events.DeviceUnknown (-1), the memory of threads
+	// that chose their device before tracing began and had not said which
+	// when they allocated. Never guessed.
+	Unknown         bool   `json:"unknown,omitempty"`
 	LiveBytes       uint64 `json:"live_bytes"`
 	PeakBytes       uint64 `json:"peak_bytes"`
 	TensorLiveBytes uint64 `json:"tensor_live_bytes"`
@@ -358,6 +367,9 @@ func Load(path string, opts Options) (*Report, error) {
 			out.PythonFrames, out.UnresolvedPythonFrames = py.Len(), py.Unresolved()
 		}
 		out.NVML = nv.process(p.PID)
+		if c := t.First(p.PID); out.NVML != nil && out.NVML.Samples > 0 && c != nil && c.Start != 0 && c.Start < meta.StartBoot {
+			out.NVML.HeldBeforeBytes = out.NVML.FirstRemainderBytes
+		}
 		rep.Processes = append(rep.Processes, out)
 		for i := range p.Failures {
 			var ctx *FailureContext

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/ledger"
 )
@@ -87,9 +88,9 @@ func writeProcesses(w io.Writer, rows []Process) error {
 			row = append(row, fmt.Sprintf("%d (%s)", p.ImplicitFrees, units.Bytes(p.ImplicitFreeBytes)))
 		}
 		t.add(row...)
-		if len(p.Devices) > 1 {
+		if len(p.Devices) > 1 || len(p.Devices) == 1 && p.Devices[0].Unknown {
 			for _, d := range p.Devices {
-				row := []string{"", fmt.Sprintf("  gpu %d", d.Device), "", "", "", "", units.Bytes(d.LiveBytes), units.Bytes(d.PeakBytes), ""}
+				row := []string{"", "  gpu " + events.DeviceName(d.Device), "", "", "", "", units.Bytes(d.LiveBytes), units.Bytes(d.PeakBytes), ""}
 				if tensors {
 					row = append(row, units.Bytes(d.TensorLiveBytes), units.Bytes(d.TensorPeakBytes))
 				}
@@ -316,8 +317,8 @@ func (r *Report) writeFailures(w io.Writer, comm map[uint32]string) {
 			g.n, g.api, g.pid, comm[g.pid], g.err, g.first.Result, units.Bytes(g.bytes))
 		writeFrames(w, g.first.Frames)
 		f := g.first
-		fmt.Fprintf(w, "  when it failed, pid %d held %s of GPU memory, %s of it on gpu %d", f.PID,
-			units.Bytes(f.LiveBytes), units.Bytes(f.DeviceLiveBytes), f.Device)
+		fmt.Fprintf(w, "  when it failed, pid %d held %s of GPU memory, %s of it on gpu %s", f.PID,
+			units.Bytes(f.LiveBytes), units.Bytes(f.DeviceLiveBytes), events.DeviceName(f.Device))
 		if len(f.LiveStacks) == 0 {
 			fmt.Fprintln(w)
 			continue
@@ -408,7 +409,7 @@ func (r *Report) writeIntervals(w io.Writer, comm map[uint32]string) {
 		} else if iv.Used > 0 {
 			used = "+" + used
 		}
-		t.add(fmt.Sprint(iv.PID), comm[iv.PID], fmt.Sprint(iv.Device), time.Duration(iv.StartNS).String(), used,
+		t.add(fmt.Sprint(iv.PID), comm[iv.PID], events.DeviceName(iv.Device), time.Duration(iv.StartNS).String(), used,
 			units.Bytes(iv.Peaked), units.Bytes(iv.LiveEnd))
 	}
 	if err := t.write(w); err != nil {

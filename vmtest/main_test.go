@@ -159,6 +159,12 @@ func buildStandIns(dir string) {
 		src("ctxstack.c"), fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return
 	}
+	// Threads that chose their devices before a tracer attached
+	// (attach_ctx.c): each process uses one of the two libraries.
+	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall", "-o", workload("attach_ctx"),
+		src("attach_ctx.c"), fakeLib, fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
 	// A runtime over the driver, and a program using both.
 	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-Wall",
 		"-Wl,-soname,libnestrt.so", "-o", nestRuntime, src("nestrt.c"), fakeDriver); cBuildErr != nil {

@@ -432,8 +432,15 @@ type attachLater struct {
 // startAttachLater starts attach_later and waits for its "ready".
 func startAttachLater(t *testing.T, log string) *attachLater {
 	t.Helper()
+	return startReady(t, log, "attach_later")
+}
+
+// startReady starts a workload that prints "ready" and waits for a line on
+// stdin (attach_later, attach_ctx), and waits for its "ready".
+func startReady(t *testing.T, log, name string, args ...string) *attachLater {
+	t.Helper()
 	ctx := testContext(t)
-	cmd := exec.CommandContext(ctx, workload("attach_later"))
+	cmd := exec.CommandContext(ctx, workload(name), args...)
 	cmd.Env = fakeEnv(log)
 	p := &attachLater{cmd: cmd, stderr: newLockedBuffer(""), done: make(chan error, 1)}
 	cmd.Stderr = p.stderr
@@ -466,10 +473,10 @@ func startAttachLater(t *testing.T, log string) *attachLater {
 	select {
 	case err := <-ready:
 		if err != nil {
-			t.Fatalf("attach_later: %v\n%s", err, p.stderr.String())
+			t.Fatalf("%s: %v\n%s", name, err, p.stderr.String())
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatalf("attach_later: no \"ready\" in 20 s\n%s", p.stderr.String())
+		t.Fatalf("%s: no \"ready\" in 20 s\n%s", name, p.stderr.String())
 	}
 	return p
 }

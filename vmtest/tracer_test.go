@@ -44,6 +44,8 @@ type reportProcess struct {
 
 	ImplicitFrees     uint64 `json:"implicit_frees"`
 	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
+	BeforeAllocs      uint64 `json:"before_allocs"`
+	BeforeBytes       uint64 `json:"before_bytes"`
 
 	VMMMappedBytes     uint64 `json:"vmm_mapped_bytes"`
 	VMMMappedPeakBytes uint64 `json:"vmm_mapped_peak_bytes"`
@@ -60,6 +62,7 @@ type reportProcess struct {
 
 type reportDevice struct {
 	Device            int    `json:"device"`
+	Unknown           bool   `json:"unknown"`
 	LiveBytes         uint64 `json:"live_bytes"`
 	PeakBytes         uint64 `json:"peak_bytes"`
 	ImplicitFrees     uint64 `json:"implicit_frees"`

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cudatrace/cudatrace/agent"
+	"github.com/cudatrace/cudatrace/events"
 )
 
 // collectTimeout bounds one scrape's wait for the agent's copy.
@@ -125,7 +126,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		for _, d := range p.Devices {
-			gpu := []string{strconv.Itoa(int(d.Device)), uuid[d.Device]}
+			gpu := []string{events.DeviceName(d.Device), uuid[d.Device]}
 			gauge(c.live, d.Live, with(pl, gpu, "segment")...)
 			gauge(c.peak, d.Peak, with(pl, gpu, "segment")...)
 			if p.TensorAllocs > 0 {
@@ -158,7 +159,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			if n.Tensor {
 				level = "tensor"
 			}
-			gpu := []string{strconv.Itoa(int(n.Device)), uuid[n.Device], level}
+			gpu := []string{events.DeviceName(n.Device), uuid[n.Device], level}
 			gauge(c.live, n.Live, gpu...)
 			gauge(c.peak, n.Peak, gpu...)
 		}

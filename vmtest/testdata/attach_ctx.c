@@ -1,0 +1,169 @@
+/*
+ * attach_ctx: threads that chose their device before a tracer attached
+ * with --pid (issue 17). Before the attach, every thread makes device 1
+ * current: with the driver (mode "drv": a primary context made current
+ * with cuCtxSetCurrent) or the runtime (mode "rt": cudaSetDevice). The
+ * process then prints "ready" and waits for a line on stdin; after it, it
+ * logs the marker PHASE2 and allocates, its threads one after another:
+ *
+ *   drv, main thread: two allocations before anything says its device
+ *     (between the markers UNSEEN and SEEN: a tracer cannot know it), the
+ *     second after cuCtxGetCurrent (its context, not its device); then
+ *     cuCtxGetDevice and one on device 1; a context of device 0 pushed,
+ *     one there; popped, one on device 1 again.
+ *   drv, second thread: Numba's way, cuCtxGetCurrent and cuCtxGetDevice
+ *     before its allocation (device 1).
+ *   rt, main thread: one allocation unseen, then cudaGetDevice and one
+ *     on device 1; a new thread (started after the attach: device 0, the
+ *     runtime's default) allocates once.
+ *
+ * Nothing is freed after the attach. Every call is checked; it exits 3 if
+ * one returns what it should not.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_decls.h"
+
+
+static int bad;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int turn; /* 1: the second thread is set up; 2: its go; 3: it is done */
+static CUcontext c1;
+
+static void expect(int got, int want, const char *what)
+{
+	if (got != want) {
+		fprintf(stderr, "attach_ctx: %s returned %d, want %d\n", what, got, want);
+		bad++;
+	}
+}
+
+static void set_turn(int n)
+{
+	pthread_mutex_lock(&mu);
+	turn = n;
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+}
+
+static void wait_turn(int n)
+{
+	pthread_mutex_lock(&mu);
+	while (turn < n)
+		pthread_cond_wait(&cv, &mu);
+	pthread_mutex_unlock(&mu);
+}
+
+__attribute__((noinline)) static void *numba_thread(void *arg)
+{
+	CUcontext c = NULL;
+	CUdevice d = -1;
+	CUdeviceptr p = 0;
+	(void)arg;
+	expect(cuCtxSetCurrent(c1), 0, "thread cuCtxSetCurrent(device 1)");
+	set_turn(1);
+	wait_turn(2);
+	expect(cuCtxGetCurrent(&c), 0, "thread cuCtxGetCurrent");
+	expect(cuCtxGetDevice(&d), 0, "thread cuCtxGetDevice");
+	expect(d, 1, "thread's device");
+	expect(cuMemAlloc_v2(&p, 7u << 20), 0, "thread cuMemAlloc 7 MiB");
+	set_turn(3);
+	return NULL;
+}
+
+static int drv(void)
+{
+	CUcontext c0 = NULL, c = NULL;
+	CUdevice d = -1;
+	CUdeviceptr p = 0;
+	pthread_t th;
+	char line[64];
+
+	expect(cuInit(0), 0, "cuInit");
+	expect(cuDevicePrimaryCtxRetain(&c1, 1), 0, "cuDevicePrimaryCtxRetain(1)");
+	expect(cuCtxSetCurrent(c1), 0, "cuCtxSetCurrent(device 1)");
+	expect(cuMemAlloc_v2(&p, 1u << 20), 0, "cuMemAlloc before the attach");
+	if (pthread_create(&th, NULL, numba_thread, NULL) != 0) {
+		perror("pthread_create");
+		return 2;
+	}
+	wait_turn(1);
+	printf("ready\n");
+	fflush(stdout);
+	if (!fgets(line, sizeof(line), stdin)) {
+		fprintf(stderr, "attach_ctx: stdin closed before the go line\n");
+		return 2;
+	}
+	fakecuda_log_marker("PHASE2");
+	fakecuda_log_marker("UNSEEN");
+	expect(cuMemAlloc_v2(&p, 2u << 20), 0, "cuMemAlloc 2 MiB");
+	expect(cuCtxGetCurrent(&c), 0, "cuCtxGetCurrent");
+	expect(c == c1, 1, "the current context is device 1's");
+	expect(cuMemAlloc_v2(&p, 3u << 20), 0, "cuMemAlloc 3 MiB");
+	fakecuda_log_marker("SEEN");
+	expect(cuCtxGetDevice(&d), 0, "cuCtxGetDevice");
+	expect(d, 1, "the device");
+	expect(cuMemAlloc_v2(&p, 4u << 20), 0, "cuMemAlloc 4 MiB");
+	expect(cuDevicePrimaryCtxRetain(&c0, 0), 0, "cuDevicePrimaryCtxRetain(0)");
+	expect(cuCtxPushCurrent_v2(c0), 0, "cuCtxPushCurrent(device 0)");
+	expect(cuMemAlloc_v2(&p, 512u << 10), 0, "cuMemAlloc 512 KiB on device 0");
+	expect(cuCtxPopCurrent_v2(&c), 0, "cuCtxPopCurrent");
+	expect(cuMemAlloc_v2(&p, 8u << 20), 0, "cuMemAlloc 8 MiB");
+	set_turn(2);
+	wait_turn(3);
+	pthread_join(th, NULL);
+	return 0;
+}
+
+__attribute__((noinline)) static void *late_thread(void *arg)
+{
+	void *p = NULL;
+	(void)arg;
+	expect(cudaMalloc(&p, 9u << 20), 0, "new thread cudaMalloc 9 MiB");
+	return NULL;
+}
+
+static int rt(void)
+{
+	void *p = NULL;
+	int d = -1;
+	pthread_t th;
+	char line[64];
+
+	expect(cudaSetDevice(1), 0, "cudaSetDevice(1)");
+	expect(cudaMalloc(&p, 1u << 20), 0, "cudaMalloc before the attach");
+	printf("ready\n");
+	fflush(stdout);
+	if (!fgets(line, sizeof(line), stdin)) {
+		fprintf(stderr, "attach_ctx: stdin closed before the go line\n");
+		return 2;
+	}
+	fakecuda_log_marker("PHASE2");
+	fakecuda_log_marker("UNSEEN");
+	expect(cudaMalloc(&p, 5u << 20), 0, "cudaMalloc 5 MiB");
+	fakecuda_log_marker("SEEN");
+	expect(cudaGetDevice(&d), 0, "cudaGetDevice");
+	expect(d, 1, "the device");
+	expect(cudaMalloc(&p, 6u << 20), 0, "cudaMalloc 6 MiB");
+	if (pthread_create(&th, NULL, late_thread, NULL) != 0) {
+		perror("pthread_create");
+		return 2;
+	}
+	pthread_join(th, NULL);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	int ret;
+	if (argc != 2 || (strcmp(argv[1], "drv") && strcmp(argv[1], "rt"))) {
+		fprintf(stderr, "usage: attach_ctx drv|rt\n");
+		return 2;
+	}
+	ret = strcmp(argv[1], "drv") == 0 ? drv() : rt();
+	return ret ? ret : bad ? 3 : 0;
+}
