@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -12,53 +13,40 @@ import (
 	"github.com/cudatrace/cudatrace/internal/hint"
 )
 
-// objects are the maps and the programs a Tracer loads: bpf2go's
-// CudatraceObjects less the variants the running kernel does not take.
+// objects are the maps and the programs a Tracer loaded, in bpf2go's own
+// structs: a program the run does not take (the variant the kernel does
+// not, ct_fork without FollowForks) stays nil.
 type objects struct {
 	bpf.CudatraceMaps
-	programs
-}
-
-// programs: one of each, in the variant chosen (see chooseVariants).
-type programs struct {
-	Ct3dEnter             *ebpf.Program `ebpf:"ct_3d_enter"`
-	CtAllocEnter          *ebpf.Program `ebpf:"ct_alloc_enter"`
-	CtCtxExit             *ebpf.Program `ebpf:"ct_ctx_exit"`
-	CtCtxcreateEnter      *ebpf.Program `ebpf:"ct_ctxcreate_enter"`
-	CtCtxpopEnter         *ebpf.Program `ebpf:"ct_ctxpop_enter"`
-	CtCtxpushEnter        *ebpf.Program `ebpf:"ct_ctxpush_enter"`
-	CtCtxretainEnter      *ebpf.Program `ebpf:"ct_ctxretain_enter"`
-	CtCtxsetEnter         *ebpf.Program `ebpf:"ct_ctxset_enter"`
-	CtExit                *ebpf.Program `ebpf:"ct_exit"`
-	CtFork                *ebpf.Program `ebpf:"ct_fork"`
-	CtFreeEnter           *ebpf.Program `ebpf:"ct_free_enter"`
-	CtPitchEnter          *ebpf.Program `ebpf:"ct_pitch_enter"`
-	CtSetdevEnter         *ebpf.Program `ebpf:"ct_setdev_enter"`
-	CtSizedFreeEnter      *ebpf.Program `ebpf:"ct_sized_free_enter"`
-	CtUsdt                *ebpf.Program `ebpf:"ct_usdt"`
-	CtVmmCreateEnter      *ebpf.Program `ebpf:"ct_vmm_create_enter"`
-	CtVmmMapEnter         *ebpf.Program `ebpf:"ct_vmm_map_enter"`
-	CtCtxdestroyEnter     *ebpf.Program `ebpf:"ct_ctxdestroy_enter"`
-	CtCtxdetachEnter      *ebpf.Program `ebpf:"ct_ctxdetach_enter"`
-	CtCtxattachEnter      *ebpf.Program `ebpf:"ct_ctxattach_enter"`
-	CtPrimaryReleaseEnter *ebpf.Program `ebpf:"ct_primary_release_enter"`
-	CtPrimaryResetEnter   *ebpf.Program `ebpf:"ct_primary_reset_enter"`
-	CtDevresetEnter       *ebpf.Program `ebpf:"ct_devreset_enter"`
+	bpf.CudatracePrograms
+	byName map[string]*ebpf.Program // the programs loaded, by the names the kernel's twins had in spec
 }
 
 func (o *objects) Close() error {
-	var errs []error
-	for _, p := range []*ebpf.Program{o.Ct3dEnter, o.CtAllocEnter, o.CtCtxExit, o.CtCtxcreateEnter,
-		o.CtCtxpopEnter, o.CtCtxpushEnter, o.CtCtxretainEnter, o.CtCtxsetEnter, o.CtExit, o.CtFork,
-		o.CtFreeEnter, o.CtPitchEnter, o.CtSetdevEnter, o.CtSizedFreeEnter, o.CtUsdt,
-		o.CtVmmCreateEnter, o.CtVmmMapEnter, o.CtCtxdestroyEnter, o.CtCtxdetachEnter, o.CtCtxattachEnter,
-		o.CtPrimaryReleaseEnter, o.CtPrimaryResetEnter, o.CtDevresetEnter} {
-		if p != nil {
-			errs = append(errs, p.Close())
+	return errors.Join(o.CudatracePrograms.Close(), o.CudatraceMaps.Close())
+}
+
+// load loads every map of spec and the programs in it, and hands them to
+// o by their `ebpf` names.
+func (o *objects) load(spec *ebpf.CollectionSpec) error {
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		return err
+	}
+	defer coll.Close() // what was not handed over: nothing, unless an error comes
+	if err := coll.Assign(&o.CudatraceMaps); err != nil {
+		return err
+	}
+	o.byName = make(map[string]*ebpf.Program)
+	progs := reflect.ValueOf(&o.CudatracePrograms).Elem()
+	for i := range progs.NumField() {
+		name := progs.Type().Field(i).Tag.Get("ebpf")
+		if p := coll.DetachProgram(name); p != nil {
+			progs.Field(i).Set(reflect.ValueOf(p))
+			o.byName[name] = p
 		}
 	}
-	errs = append(errs, o.CudatraceMaps.Close())
-	return errors.Join(errs...)
+	return nil
 }
 
 // noLoopVariants: the programs that walk Python frames, each to its
@@ -68,19 +56,32 @@ var noLoopVariants = map[string]string{
 	"ct_usdt": "ct_usdt_noloop",
 }
 
-// chooseVariants makes spec's programs the ones k takes: on a kernel
-// without bpf_loop, ct_exit and ct_usdt load from their *_noloop twins
-// (which keep that name in the kernel: `bpftool prog` shows which loaded).
-func chooseVariants(spec *ebpf.CollectionSpec, k Kernel) error {
-	if k.BPFLoop {
-		return nil
-	}
+// chooseVariants leaves in spec the programs a run takes and no other:
+// on a kernel without bpf_loop, ct_exit and ct_usdt load from their
+// *_noloop twins (which keep that name in the kernel: `bpftool prog` shows
+// which loaded), elsewhere the twins are dropped; ct_fork only with
+// fork. Where the kernel has uprobe_multi links, the uprobe programs are
+// loaded for them (one link attaches a program to many functions).
+func chooseVariants(spec *ebpf.CollectionSpec, k Kernel, fork bool) error {
 	for name, variant := range noLoopVariants {
 		ps, ok := spec.Programs[variant]
 		if !ok {
 			return fmt.Errorf("BPF object has no program %s", variant)
 		}
-		spec.Programs[name] = ps
+		if !k.BPFLoop {
+			spec.Programs[name] = ps
+		}
+		delete(spec.Programs, variant)
+	}
+	if !fork {
+		delete(spec.Programs, "ct_fork")
+	}
+	if k.UprobeMulti {
+		for _, ps := range spec.Programs {
+			if ps.Type == ebpf.Kprobe {
+				ps.AttachType = ebpf.AttachTraceUprobeMulti
+			}
+		}
 	}
 	return nil
 }
