@@ -190,15 +190,15 @@ func parseLdconfig(out []byte) []string {
 // statically is probed like libcudart itself. Unreadable or non-ELF files
 // define nothing.
 func ExportsCUDA(path string) bool {
-	fns, err := probedFunctions(path)
+	fns, err := ProbedFunctions(path)
 	return err == nil && len(fns) > 0
 }
 
-// probedFunctions returns the file offset of each function of the attach
+// ProbedFunctions returns the file offset of each function of the attach
 // tables the ELF file at path defines (in .symtab or .dynsym), what a
 // uprobe attaches to. A function only imported (undefined: a runtime calls
 // the driver) is not defined there.
-func probedFunctions(path string) (map[string]uint64, error) {
+func ProbedFunctions(path string) (map[string]uint64, error) {
 	f, err := elf.Open(path)
 	if err != nil {
 		return nil, err

@@ -214,7 +214,7 @@ type AttachResult struct {
 // nothing stays attached from this library.
 func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 	res := AttachResult{Library: lib}
-	fns, err := probedFunctions(lib.Path)
+	fns, err := ProbedFunctions(lib.Path)
 	if err != nil {
 		return res, fmt.Errorf("read %s: %w", lib.Path, err)
 	}
