@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 
@@ -34,7 +33,7 @@ type Helper struct {
 // Helpers lists every helper bpf/cudatrace.bpf.c (with its headers) calls (a unit test reads
 // the compiled object and fails on one missing here), with the release
 // that added it (include/uapi/linux/bpf.h's history).
-var Helpers = slices.Concat(
+var Helpers = concat(
 	since("3.19", asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnMapDeleteElem),
 	since("4.2", asm.FnGetCurrentPidTgid, asm.FnGetCurrentComm),
 	since("4.8", asm.FnGetCurrentTask),
@@ -48,6 +47,14 @@ var Helpers = slices.Concat(
 		{Fn: asm.FnLoop, Since: "5.17", Optional: true},
 	},
 )
+
+func concat(groups ...[]Helper) []Helper {
+	var all []Helper
+	for _, g := range groups {
+		all = append(all, g...)
+	}
+	return all
+}
 
 // since lists needed helpers that came in one release.
 func since(release string, fns ...asm.BuiltinFunc) []Helper {
