@@ -43,7 +43,9 @@ for r in $(seq "$ROUNDS"); do
 		cudatrace|baseline)
 			bin=$CUDATRACE; [ "$m" = baseline ] && bin=$BASELINE
 			a=$(now); "$bin" record -q --lib "$LIB" -o "$W/t.trace" -- "$W/loop" 1 >"$W/c.out" 2>"$W/c.err"; b=$(now)
-			"$bin" report "$W/t.trace" | grep -q "1.0 MiB allocated in 1 call" || { echo "$m: the allocation is not in the report" >&2; cat "$W/c.err" >&2; exit 1; } ;;
+			"$bin" report "$W/t.trace" >"$W/report.txt" 2>&1 || true
+			grep -Eq " loop +1 +1 +0 +1.0 MiB" "$W/report.txt" || {
+				echo "$m: the report lacks the allocation and its free:" >&2; cat "$W/c.err" "$W/report.txt" >&2; exit 1; } ;;
 		esac
 		all[$m]+="$(ms "$a" "$b") "
 		line+=" $m $(ms "$a" "$b")"
