@@ -171,7 +171,10 @@ func New(opts Options) (*Tracer, error) {
 	spec.Maps[bpf.CudatraceMapInflight].MaxEntries = opts.MaxInflight
 
 	t := &Tracer{opts: opts, kernel: k}
-	if err := t.objs.load(spec); err != nil {
+	// ct_usdt (with its Python walk, one of the costliest to verify) only
+	// once a library has PyTorch's USDT probes: most runs never need it,
+	// and libc10_cuda is mostly found after start-up.
+	if err := t.objs.load(spec, bpf.CudatraceProgCtUsdt); err != nil {
 		return nil, loadError(err, k)
 	}
 	if opts.FilterPIDs && opts.FollowForks {
@@ -422,12 +425,16 @@ func (t *Tracer) usdtSites(path string) ([]site, error) {
 			a := p.Args[i]
 			spec.Args[i].Kind, spec.Args[i].Size, spec.Args[i].RegOff, spec.Args[i].Val = uint8(a.Kind), a.Size, a.RegOff, a.Value
 		}
+		prog, err := t.objs.program(bpf.CudatraceProgCtUsdt)
+		if err != nil {
+			return nil, loadError(err, t.kernel)
+		}
 		key := t.specs
 		if err := t.objs.UsdtSpecs.Put(key, &spec); err != nil {
 			return nil, fmt.Errorf("%s: USDT spec of %s: %w", path, name, err)
 		}
 		t.specs++
-		out = append(out, site{name: name, prog: t.objs.CtUsdt, addr: p.Offset, refCtr: p.Semaphore, cookie: uint64(key)})
+		out = append(out, site{name: name, prog: prog, addr: p.Offset, refCtr: p.Semaphore, cookie: uint64(key)})
 	}
 	return out, nil
 }

@@ -15,38 +15,103 @@ import (
 
 // objects are the maps and the programs a Tracer loaded, in bpf2go's own
 // structs: a program the run does not take (the variant the kernel does
-// not, ct_fork without FollowForks) stays nil.
+// not, ct_fork without FollowForks, ct_usdt until a library has USDT
+// probes) stays nil.
 type objects struct {
 	bpf.CudatraceMaps
 	bpf.CudatracePrograms
-	byName map[string]*ebpf.Program // the programs loaded, by the names the kernel's twins had in spec
+	// What was loaded by the names in spec (a *_noloop twin under the
+	// name it stands in for); maps holds the internal ones (.rodata) too.
+	byName map[string]*ebpf.Program
+	maps   map[string]*ebpf.Map
+	// later are the programs loaded on first use (program), with the
+	// specs of the maps they use.
+	later *ebpf.CollectionSpec
 }
 
 func (o *objects) Close() error {
-	return errors.Join(o.CudatracePrograms.Close(), o.CudatraceMaps.Close())
+	var errs []error
+	for _, p := range o.byName {
+		errs = append(errs, p.Close())
+	}
+	for _, m := range o.maps {
+		errs = append(errs, m.Close())
+	}
+	return errors.Join(errs...)
 }
 
-// load loads every map of spec and the programs in it, and hands them to
-// o by their `ebpf` names.
-func (o *objects) load(spec *ebpf.CollectionSpec) error {
+// load loads every map of spec and its programs but those named in later,
+// which program loads when first asked for, and hands them to o by their
+// `ebpf` names. The verifier's work is most of a tracer's start-up.
+func (o *objects) load(spec *ebpf.CollectionSpec, later ...string) error {
+	o.later = &ebpf.CollectionSpec{Maps: make(map[string]*ebpf.MapSpec), Programs: make(map[string]*ebpf.ProgramSpec),
+		Types: spec.Types, ByteOrder: spec.ByteOrder}
+	for _, name := range later {
+		if ps, ok := spec.Programs[name]; ok {
+			o.later.Programs[name] = ps
+			delete(spec.Programs, name)
+		}
+	}
+	for name, ms := range spec.Maps {
+		o.later.Maps[name] = ms.Copy()
+	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		return err
 	}
-	defer coll.Close() // what was not handed over: nothing, unless an error comes
-	if err := coll.Assign(&o.CudatraceMaps); err != nil {
-		return err
-	}
+	defer coll.Close() // what was not handed over: nothing
 	o.byName = make(map[string]*ebpf.Program)
-	progs := reflect.ValueOf(&o.CudatracePrograms).Elem()
-	for i := range progs.NumField() {
-		name := progs.Type().Field(i).Tag.Get("ebpf")
-		if p := coll.DetachProgram(name); p != nil {
-			progs.Field(i).Set(reflect.ValueOf(p))
-			o.byName[name] = p
+	o.maps = make(map[string]*ebpf.Map)
+	for name := range coll.Maps {
+		o.maps[name] = coll.DetachMap(name)
+	}
+	ms := reflect.ValueOf(&o.CudatraceMaps).Elem()
+	for i := range ms.NumField() {
+		m := o.maps[ms.Type().Field(i).Tag.Get("ebpf")]
+		if m == nil {
+			o.Close()
+			return fmt.Errorf("BPF object has no map %s", ms.Type().Field(i).Tag.Get("ebpf"))
 		}
+		ms.Field(i).Set(reflect.ValueOf(m))
+	}
+	for name := range coll.Programs {
+		o.set(name, coll.DetachProgram(name))
 	}
 	return nil
+}
+
+// set records a loaded program under its name in spec.
+func (o *objects) set(name string, p *ebpf.Program) {
+	o.byName[name] = p
+	progs := reflect.ValueOf(&o.CudatracePrograms).Elem()
+	for i := range progs.NumField() {
+		if progs.Type().Field(i).Tag.Get("ebpf") == name {
+			progs.Field(i).Set(reflect.ValueOf(p))
+		}
+	}
+}
+
+// program returns the program of that name, loading it against the maps
+// already made if load left it for later.
+func (o *objects) program(name string) (*ebpf.Program, error) {
+	if p := o.byName[name]; p != nil {
+		return p, nil
+	}
+	ps, ok := o.later.Programs[name]
+	if !ok {
+		return nil, fmt.Errorf("BPF object has no program %s", name)
+	}
+	spec := &ebpf.CollectionSpec{Maps: o.later.Maps, Programs: map[string]*ebpf.ProgramSpec{name: ps},
+		Types: o.later.Types, ByteOrder: o.later.ByteOrder}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: o.maps})
+	if err != nil {
+		return nil, err
+	}
+	defer coll.Close()
+	p := coll.DetachProgram(name)
+	o.set(name, p)
+	delete(o.later.Programs, name)
+	return p, nil
 }
 
 // noLoopVariants: the programs that walk Python frames, each to its

@@ -542,7 +542,8 @@ func TestNoBPFLoopVariant(t *testing.T) {
 	const force = "CUDATRACE_TEST_NO_BPF_LOOP=1"
 	log, trace, progs := filepath.Join(dir, "fake.log"), filepath.Join(dir, "mix.trace"), filepath.Join(dir, "progs.txt")
 	const threads = 4
-	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, force)}, "--lib", fakeLib, "-o", trace, "--",
+	// libc10_cuda's USDT probes make it load ct_usdt (on first use).
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, force)}, "--lib", fakeLib, "--lib", c10Lib, "-o", trace, "--",
 		"sh", "-c", fmt.Sprintf("bpftool prog show > %s; exec %s %d 300 7", progs, workload("mix"), threads))
 	rec.finish(t, 50*time.Second)
 	b, err := os.ReadFile(progs)

@@ -136,7 +136,8 @@ func stopTracer(t *testing.T, ctx context.Context, args []string) time.Duration 
 
 // bpfObject is what `bpftool prog|link show -j` says of one object.
 type bpfObject struct {
-	ID int `json:"id"`
+	ID   int    `json:"id"`
+	Name string `json:"name"` // a program's
 }
 
 func bpftoolList(t *testing.T, what string) []bpfObject {
@@ -193,4 +194,60 @@ func bpfLeft(t *testing.T, progs, links []int) (leftProgs, leftLinks []int) {
 		return out
 	}
 	return left("prog", progs), left("link", links)
+}
+
+// TestLoadsWhatItNeeds: a tracer loads the programs its libraries need:
+// on the stand-in libcudart, no USDT program (nor the variants of a kernel
+// without bpf_loop); with libc10_cuda's USDT probes, ct_usdt too.
+func TestLoadsWhatItNeeds(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	requireTool(t, "bpftool")
+	target := exec.CommandContext(ctx, "sleep", "300")
+	if err := target.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { target.Process.Kill(); target.Wait() }()
+	for _, c := range []struct {
+		libs       []string
+		want, none []string
+	}{
+		{[]string{"--lib", fakeLib}, []string{"ct_alloc_enter", "ct_exit", "ct_free_enter", "ct_fork"},
+			[]string{"ct_usdt", "ct_usdt_noloop", "ct_exit_noloop"}},
+		{[]string{"--lib", fakeLib, "--lib", c10Lib}, []string{"ct_alloc_enter", "ct_exit", "ct_usdt"},
+			[]string{"ct_usdt_noloop", "ct_exit_noloop"}},
+	} {
+		args := append(append([]string{"record"}, c.libs...), "--pid", strconv.Itoa(target.Process.Pid), "-o", filepath.Join(dir, "t.trace"))
+		cmd := exec.CommandContext(ctx, tracerBin, args...)
+		out := newLockedBuffer(attachedLine)
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-out.seen:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%v did not attach within 30s:\n%s", args, out.String())
+		}
+		progs, _ := bpfObjectsOf(t, cmd.Process.Pid)
+		names := map[string]bool{}
+		for _, o := range bpftoolList(t, "prog") {
+			if slices.Contains(progs, o.ID) {
+				names[o.Name] = true
+			}
+		}
+		cmd.Process.Signal(syscall.SIGINT)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("%v: %v:\n%s", args, err, out.String())
+		}
+		for _, n := range c.want {
+			if !names[n] {
+				t.Errorf("%v loaded %v, without %s", c.libs, names, n)
+			}
+		}
+		for _, n := range c.none {
+			if names[n] {
+				t.Errorf("%v loaded %v, %s among them", c.libs, names, n)
+			}
+		}
+	}
 }
