@@ -19,11 +19,7 @@ CUDATRACE=${CUDATRACE:-bin/cudatrace}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 
-gcc -shared -fPIC -O2 -fomit-frame-pointer -pthread -Wl,-soname,libcudart.so.12 \
-	-Wl,--version-script=vmtest/testdata/fakecudart.map -o "$W/libcudart.so.12" vmtest/testdata/fakecudart.c
-ln -s libcudart.so.12 "$W/libcudart.so"
-gcc -O2 -fno-omit-frame-pointer -I vmtest/testdata -o "$W/loop" bench/loop.c -L"$W" -lcudart -Wl,-rpath,"$W"
-LIB=$W/libcudart.so.12
+. bench/loop.sh
 
 ns() { sed -n 's/.*ns_per_pair=\([0-9]*\).*/\1/p' "$1"; }
 

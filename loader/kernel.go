@@ -33,24 +33,36 @@ type Helper struct {
 // Helpers lists every helper bpf/cudatrace.bpf.c (with its headers) calls (a unit test reads
 // the compiled object and fails on one missing here), with the release
 // that added it (include/uapi/linux/bpf.h's history).
-var Helpers = []Helper{
-	{Fn: asm.FnMapLookupElem, Since: "3.19"},
-	{Fn: asm.FnMapUpdateElem, Since: "3.19"},
-	{Fn: asm.FnMapDeleteElem, Since: "3.19"},
-	{Fn: asm.FnGetCurrentPidTgid, Since: "4.2"},
-	{Fn: asm.FnGetCurrentComm, Since: "4.2"},
-	{Fn: asm.FnGetCurrentTask, Since: "4.8"},
-	{Fn: asm.FnSendSignal, Since: "5.3"},
-	{Fn: asm.FnProbeReadUser, Since: "5.5"},
-	{Fn: asm.FnProbeReadKernel, Since: "5.5"},
-	{Fn: asm.FnKtimeGetBootNs, Since: "5.8"},
-	{Fn: asm.FnRingbufReserve, Since: "5.8"},
-	{Fn: asm.FnRingbufSubmit, Since: "5.8"},
-	{Fn: asm.FnRingbufQuery, Since: "5.8"},
-	{Fn: asm.FnGetAttachCookie, Since: "5.15", What: "uprobe attach cookies"},
-	// The Python walk's loops; the *_noloop programs walk with bounded
-	// loops instead (Linux 5.3).
-	{Fn: asm.FnLoop, Since: "5.17", Optional: true},
+var Helpers = concat(
+	since("3.19", asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnMapDeleteElem),
+	since("4.2", asm.FnGetCurrentPidTgid, asm.FnGetCurrentComm),
+	since("4.8", asm.FnGetCurrentTask),
+	since("5.3", asm.FnSendSignal),
+	since("5.5", asm.FnProbeReadUser, asm.FnProbeReadKernel),
+	since("5.8", asm.FnKtimeGetBootNs, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnRingbufQuery),
+	[]Helper{
+		{Fn: asm.FnGetAttachCookie, Since: "5.15", What: "uprobe attach cookies"},
+		// The Python walk's loops; the *_noloop programs walk with
+		// bounded loops instead (Linux 5.3).
+		{Fn: asm.FnLoop, Since: "5.17", Optional: true},
+	},
+)
+
+func concat(groups ...[]Helper) []Helper {
+	var all []Helper
+	for _, g := range groups {
+		all = append(all, g...)
+	}
+	return all
+}
+
+// since lists needed helpers that came in one release.
+func since(release string, fns ...asm.BuiltinFunc) []Helper {
+	hs := make([]Helper, len(fns))
+	for i, fn := range fns {
+		hs[i] = Helper{Fn: fn, Since: release}
+	}
+	return hs
 }
 
 // Kernel is what the running kernel offers cudatrace.
@@ -59,6 +71,10 @@ type Kernel struct {
 	// BPFLoop: bpf_loop (5.17) is there. Without it the programs that walk
 	// Python frames load in their bounded-loop variant.
 	BPFLoop bool
+	// UprobeMulti: uprobe_multi links (6.6) are there. One link then
+	// attaches a program to every function of a library that takes it;
+	// without, each function gets a perf-event uprobe of its own.
+	UprobeMulti bool
 	// Memlock is the error of lifting RLIMIT_MEMLOCK, on kernels that still
 	// charge BPF memory to it (before 5.11); nil where memory is accounted by
 	// cgroup or the limit was lifted.
@@ -68,6 +84,10 @@ type Kernel struct {
 // NoBPFLoopEnv, set to 1, makes cudatrace load the variant kernels without
 // bpf_loop get (5.15, 5.16) on any kernel: for tests.
 const NoBPFLoopEnv = "CUDATRACE_TEST_NO_BPF_LOOP"
+
+// NoUprobeMultiEnv, set to 1, makes cudatrace attach one perf-event uprobe
+// per function, as on kernels before 6.6, on any kernel: for tests.
+const NoUprobeMultiEnv = "CUDATRACE_TEST_NO_UPROBE_MULTI"
 
 var probeKernel = sync.OnceValues(func() (Kernel, error) {
 	k := Kernel{Release: release()}
@@ -104,6 +124,10 @@ var probeKernel = sync.OnceValues(func() (Kernel, error) {
 	if os.Getenv(NoBPFLoopEnv) == "1" {
 		k.BPFLoop = false
 	}
+	// Any error (ENOTSUPP, or a kernel that refuses the probe's program
+	// for another reason) leaves the per-function uprobes, which every
+	// kernel from the floor on takes.
+	k.UprobeMulti = features.HaveBPFLinkUprobeMulti() == nil && os.Getenv(NoUprobeMultiEnv) != "1"
 	return k, nil
 })
 

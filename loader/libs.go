@@ -190,9 +190,18 @@ func parseLdconfig(out []byte) []string {
 // statically is probed like libcudart itself. Unreadable or non-ELF files
 // define nothing.
 func ExportsCUDA(path string) bool {
+	fns, err := ProbedFunctions(path)
+	return err == nil && len(fns) > 0
+}
+
+// ProbedFunctions returns the file offset of each function of the attach
+// tables the ELF file at path defines (in .symtab or .dynsym), what a
+// uprobe attaches to. A function only imported (undefined: a runtime calls
+// the driver) is not defined there.
+func ProbedFunctions(path string) (map[string]uint64, error) {
 	f, err := elf.Open(path)
 	if err != nil {
-		return false
+		return nil, err
 	}
 	defer f.Close()
 	want := map[string]bool{}
@@ -201,13 +210,26 @@ func ExportsCUDA(path string) bool {
 			want[p.Symbol] = true
 		}
 	}
+	for _, p := range LearnProbes {
+		want[p.Symbol] = true
+	}
+	out := map[string]uint64{}
 	for _, get := range []func() ([]elf.Symbol, error){f.Symbols, f.DynamicSymbols} {
-		syms, _ := get()
+		syms, _ := get() // a file without one of the tables has the other
 		for _, s := range syms {
-			if want[s.Name] && s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
-				return true
+			if !want[s.Name] || s.Section == elf.SHN_UNDEF || s.Value == 0 || elf.ST_TYPE(s.Info) != elf.STT_FUNC {
+				continue
+			}
+			// The offset in the file of the address: through the
+			// executable segment that maps it.
+			for _, prog := range f.Progs {
+				if prog.Type == elf.PT_LOAD && prog.Flags&elf.PF_X != 0 &&
+					prog.Vaddr <= s.Value && s.Value < prog.Vaddr+prog.Memsz {
+					out[s.Name] = s.Value - prog.Vaddr + prog.Off
+					break
+				}
 			}
 		}
 	}
-	return false
+	return out, nil
 }

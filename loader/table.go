@@ -40,6 +40,37 @@ const (
 	ShapeLearnRtDev  = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_RTDEV)  // (int *out)
 )
 
+// shapePrograms names each shape's entry program (bpf/cudatrace.bpf.c),
+// under the name of the program that makes its record at return; under
+// "" those whose entry probe makes the record.
+var shapePrograms = map[string]map[Shape]string{
+	bpf.CudatraceProgCtExit: {
+		ShapeAlloc: bpf.CudatraceProgCtAllocEnter, ShapePitch: bpf.CudatraceProgCtPitchEnter,
+		Shape3D: bpf.CudatraceProgCt3dEnter, ShapeSetDevice: bpf.CudatraceProgCtSetdevEnter,
+		ShapeVMMCreate: bpf.CudatraceProgCtVmmCreateEnter, ShapeVMMMap: bpf.CudatraceProgCtVmmMapEnter,
+	},
+	bpf.CudatraceProgCtCtxExit: {ShapeCtxRetain: bpf.CudatraceProgCtCtxretainEnter, ShapeCtxCreate: bpf.CudatraceProgCtCtxcreateEnter},
+	bpf.CudatraceProgCtLearnExit: {
+		ShapeLearnCtx: bpf.CudatraceProgCtLearnCtxEnter, ShapeLearnCtxDev: bpf.CudatraceProgCtLearnCtxdevEnter,
+		ShapeLearnRtDev: bpf.CudatraceProgCtLearnRtdevEnter,
+	},
+	"": {
+		ShapeFree: bpf.CudatraceProgCtFreeEnter, ShapeSizedFree: bpf.CudatraceProgCtSizedFreeEnter,
+		ShapeCtxSet: bpf.CudatraceProgCtCtxsetEnter, ShapeCtxPush: bpf.CudatraceProgCtCtxpushEnter,
+		ShapeCtxPop: bpf.CudatraceProgCtCtxpopEnter, ShapeCtxDestroy: bpf.CudatraceProgCtCtxdestroyEnter,
+		ShapeCtxDetach: bpf.CudatraceProgCtCtxdetachEnter, ShapeCtxAttach: bpf.CudatraceProgCtCtxattachEnter,
+		ShapePrimaryRelease: bpf.CudatraceProgCtPrimaryReleaseEnter, ShapePrimaryReset: bpf.CudatraceProgCtPrimaryResetEnter,
+		ShapeDeviceReset: bpf.CudatraceProgCtDevresetEnter,
+	},
+}
+
+// Returns says whether a probe of shape s has a return probe besides its
+// entry probe (its record is made at return).
+func (s Shape) Returns() bool {
+	_, entryOnly := shapePrograms[""][s]
+	return !entryOnly
+}
+
 // Probe is one row of the attach table: adding an API is adding a row.
 type Probe struct {
 	Symbol   string
@@ -52,19 +83,13 @@ type Probe struct {
 // cudaFree exist in every CUDA version; the others arrived later (async and
 // pools in 11.2) and are skipped, and reported, where a library lacks them.
 var RuntimeProbes = []Probe{
-	{"cudaMalloc", events.CudaMalloc, ShapeAlloc, true},
-	{"cudaFree", events.CudaFree, ShapeFree, true},
-	{"cudaMallocAsync", events.CudaMallocAsync, ShapeAlloc, false},
-	{"cudaFreeAsync", events.CudaFreeAsync, ShapeFree, false},
-	{"cudaMallocFromPoolAsync", events.CudaMallocFromPoolAsync, ShapeAlloc, false},
-	{"cudaMallocManaged", events.CudaMallocManaged, ShapeAlloc, false},
-	{"cudaMallocPitch", events.CudaMallocPitch, ShapePitch, false},
-	{"cudaMalloc3D", events.CudaMalloc3D, Shape3D, false},
-	{"cudaMallocHost", events.CudaMallocHost, ShapeAlloc, false},
-	{"cudaHostAlloc", events.CudaHostAlloc, ShapeAlloc, false},
-	{"cudaFreeHost", events.CudaFreeHost, ShapeFree, false},
-	{"cudaSetDevice", events.CudaSetDevice, ShapeSetDevice, false},
-	{"cudaDeviceReset", events.CudaDeviceReset, ShapeDeviceReset, false},
+	required(events.CudaMalloc, ShapeAlloc), required(events.CudaFree, ShapeFree),
+	optional(events.CudaMallocAsync, ShapeAlloc), optional(events.CudaFreeAsync, ShapeFree),
+	optional(events.CudaMallocFromPoolAsync, ShapeAlloc),
+	optional(events.CudaMallocManaged, ShapeAlloc), optional(events.CudaMallocPitch, ShapePitch), optional(events.CudaMalloc3D, Shape3D),
+	// Pinned host memory.
+	optional(events.CudaMallocHost, ShapeAlloc), optional(events.CudaHostAlloc, ShapeAlloc), optional(events.CudaFreeHost, ShapeFree),
+	optional(events.CudaSetDevice, ShapeSetDevice), optional(events.CudaDeviceReset, ShapeDeviceReset),
 }
 
 // DriverProbes are libcuda's. JAX/XLA, NCCL (cuMem* since 2.19) and
@@ -73,32 +98,20 @@ var RuntimeProbes = []Probe{
 // BPF programs' eyes and counts once, as the runtime call. The context
 // calls tell the BPF side each thread's device.
 var DriverProbes = []Probe{
-	{"cuMemAlloc_v2", events.CuMemAlloc, ShapeAlloc, true},
-	{"cuMemFree_v2", events.CuMemFree, ShapeFree, true},
-	{"cuMemAllocPitch_v2", events.CuMemAllocPitch, ShapePitch, false},
-	{"cuMemAllocManaged", events.CuMemAllocManaged, ShapeAlloc, false},
-	{"cuMemAllocHost_v2", events.CuMemAllocHost, ShapeAlloc, false},
-	{"cuMemHostAlloc", events.CuMemHostAlloc, ShapeAlloc, false},
-	{"cuMemFreeHost", events.CuMemFreeHost, ShapeFree, false},
-	{"cuMemAllocAsync", events.CuMemAllocAsync, ShapeAlloc, false},
-	{"cuMemAllocFromPoolAsync", events.CuMemAllocFromPoolAsync, ShapeAlloc, false},
-	{"cuMemFreeAsync", events.CuMemFreeAsync, ShapeFree, false},
-	{"cuDevicePrimaryCtxRetain", events.CuDevicePrimaryCtxRetain, ShapeCtxRetain, false},
-	{"cuCtxCreate_v2", events.CuCtxCreate, ShapeCtxCreate, false},
-	{"cuCtxSetCurrent", events.CuCtxSetCurrent, ShapeCtxSet, false},
-	{"cuCtxPushCurrent_v2", events.CuCtxPushCurrent, ShapeCtxPush, false},
-	{"cuCtxPopCurrent_v2", events.CuCtxPopCurrent, ShapeCtxPop, false},
-	{"cuCtxDestroy_v2", events.CuCtxDestroy, ShapeCtxDestroy, false},
-	{"cuCtxDetach", events.CuCtxDetach, ShapeCtxDetach, false},
-	{"cuCtxAttach", events.CuCtxAttach, ShapeCtxAttach, false},
-	{"cuDevicePrimaryCtxRelease_v2", events.CuDevicePrimaryCtxRelease, ShapePrimaryRelease, false},
-	{"cuDevicePrimaryCtxReset_v2", events.CuDevicePrimaryCtxReset, ShapePrimaryReset, false},
-	{"cuMemCreate", events.CuMemCreate, ShapeVMMCreate, false},
-	{"cuMemRelease", events.CuMemRelease, ShapeFree, false},
-	{"cuMemMap", events.CuMemMap, ShapeVMMMap, false},
-	{"cuMemUnmap", events.CuMemUnmap, ShapeSizedFree, false},
-	{"cuMemAddressReserve", events.CuMemAddressReserve, ShapeAlloc, false},
-	{"cuMemAddressFree", events.CuMemAddressFree, ShapeSizedFree, false},
+	required(events.CuMemAlloc, ShapeAlloc), required(events.CuMemFree, ShapeFree),
+	optional(events.CuMemAllocPitch, ShapePitch), optional(events.CuMemAllocManaged, ShapeAlloc),
+	// Pinned host memory.
+	optional(events.CuMemAllocHost, ShapeAlloc), optional(events.CuMemHostAlloc, ShapeAlloc), optional(events.CuMemFreeHost, ShapeFree),
+	optional(events.CuMemAllocAsync, ShapeAlloc), optional(events.CuMemAllocFromPoolAsync, ShapeAlloc), optional(events.CuMemFreeAsync, ShapeFree),
+	// Contexts made current, then those that die.
+	optional(events.CuDevicePrimaryCtxRetain, ShapeCtxRetain), optional(events.CuCtxCreate, ShapeCtxCreate),
+	optional(events.CuCtxSetCurrent, ShapeCtxSet), optional(events.CuCtxPushCurrent, ShapeCtxPush), optional(events.CuCtxPopCurrent, ShapeCtxPop),
+	optional(events.CuCtxDestroy, ShapeCtxDestroy), optional(events.CuCtxDetach, ShapeCtxDetach), optional(events.CuCtxAttach, ShapeCtxAttach),
+	optional(events.CuDevicePrimaryCtxRelease, ShapePrimaryRelease), optional(events.CuDevicePrimaryCtxReset, ShapePrimaryReset),
+	// VMM: physical memory, then its mappings and address ranges.
+	optional(events.CuMemCreate, ShapeVMMCreate), optional(events.CuMemRelease, ShapeFree),
+	optional(events.CuMemMap, ShapeVMMMap), optional(events.CuMemUnmap, ShapeSizedFree),
+	optional(events.CuMemAddressReserve, ShapeAlloc), optional(events.CuMemAddressFree, ShapeSizedFree),
 }
 
 // LearnProbes tell a thread's current context and device from its own
@@ -106,10 +119,14 @@ var DriverProbes = []Probe{
 // allocates on a device not yet known (Tracer.Learn), never required, and
 // not part of what makes a library a CUDA library (Tables).
 var LearnProbes = []Probe{
-	{"cuCtxGetCurrent", events.CuCtxGetCurrent, ShapeLearnCtx, false},
-	{"cuCtxGetDevice", events.CuCtxGetDevice, ShapeLearnCtxDev, false},
-	{"cudaGetDevice", events.CudaGetDevice, ShapeLearnRtDev, false},
+	optional(events.CuCtxGetCurrent, ShapeLearnCtx),
+	optional(events.CuCtxGetDevice, ShapeLearnCtxDev),
+	optional(events.CudaGetDevice, ShapeLearnRtDev),
 }
+
+// required and optional make a row: the symbol is the API's name.
+func required(api events.API, s Shape) Probe { return Probe{api.Info().Name, api, s, true} }
+func optional(api events.API, s Shape) Probe { return Probe{api.Info().Name, api, s, false} }
 
 // Tables lists every attach table. A library is probed with each table of
 // which it exports at least one symbol, so a program that links the runtime

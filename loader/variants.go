@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -12,58 +13,105 @@ import (
 	"github.com/cudatrace/cudatrace/internal/hint"
 )
 
-// objects are the maps and the programs a Tracer loads: bpf2go's
-// CudatraceObjects less the variants the running kernel does not take.
+// objects are the maps and the programs a Tracer loaded, in bpf2go's own
+// structs: a program the run does not take (the variant the kernel does
+// not, ct_fork without FollowForks, ct_usdt until a library has USDT
+// probes) stays nil.
 type objects struct {
 	bpf.CudatraceMaps
-	programs
-}
-
-// programs: one of each, in the variant chosen (see chooseVariants).
-type programs struct {
-	Ct3dEnter             *ebpf.Program `ebpf:"ct_3d_enter"`
-	CtAllocEnter          *ebpf.Program `ebpf:"ct_alloc_enter"`
-	CtCtxExit             *ebpf.Program `ebpf:"ct_ctx_exit"`
-	CtCtxcreateEnter      *ebpf.Program `ebpf:"ct_ctxcreate_enter"`
-	CtCtxpopEnter         *ebpf.Program `ebpf:"ct_ctxpop_enter"`
-	CtCtxpushEnter        *ebpf.Program `ebpf:"ct_ctxpush_enter"`
-	CtCtxretainEnter      *ebpf.Program `ebpf:"ct_ctxretain_enter"`
-	CtCtxsetEnter         *ebpf.Program `ebpf:"ct_ctxset_enter"`
-	CtExit                *ebpf.Program `ebpf:"ct_exit"`
-	CtFork                *ebpf.Program `ebpf:"ct_fork"`
-	CtFreeEnter           *ebpf.Program `ebpf:"ct_free_enter"`
-	CtPitchEnter          *ebpf.Program `ebpf:"ct_pitch_enter"`
-	CtSetdevEnter         *ebpf.Program `ebpf:"ct_setdev_enter"`
-	CtSizedFreeEnter      *ebpf.Program `ebpf:"ct_sized_free_enter"`
-	CtUsdt                *ebpf.Program `ebpf:"ct_usdt"`
-	CtVmmCreateEnter      *ebpf.Program `ebpf:"ct_vmm_create_enter"`
-	CtVmmMapEnter         *ebpf.Program `ebpf:"ct_vmm_map_enter"`
-	CtCtxdestroyEnter     *ebpf.Program `ebpf:"ct_ctxdestroy_enter"`
-	CtCtxdetachEnter      *ebpf.Program `ebpf:"ct_ctxdetach_enter"`
-	CtCtxattachEnter      *ebpf.Program `ebpf:"ct_ctxattach_enter"`
-	CtPrimaryReleaseEnter *ebpf.Program `ebpf:"ct_primary_release_enter"`
-	CtPrimaryResetEnter   *ebpf.Program `ebpf:"ct_primary_reset_enter"`
-	CtDevresetEnter       *ebpf.Program `ebpf:"ct_devreset_enter"`
-	CtLearnCtxEnter       *ebpf.Program `ebpf:"ct_learn_ctx_enter"`
-	CtLearnCtxdevEnter    *ebpf.Program `ebpf:"ct_learn_ctxdev_enter"`
-	CtLearnRtdevEnter     *ebpf.Program `ebpf:"ct_learn_rtdev_enter"`
-	CtLearnExit           *ebpf.Program `ebpf:"ct_learn_exit"`
+	bpf.CudatracePrograms
+	// What was loaded by the names in spec (a *_noloop twin under the
+	// name it stands in for); maps holds the internal ones (.rodata) too.
+	byName map[string]*ebpf.Program
+	maps   map[string]*ebpf.Map
+	// later are the programs loaded on first use (program), with the
+	// specs of the maps they use.
+	later *ebpf.CollectionSpec
 }
 
 func (o *objects) Close() error {
 	var errs []error
-	for _, p := range []*ebpf.Program{o.Ct3dEnter, o.CtAllocEnter, o.CtCtxExit, o.CtCtxcreateEnter,
-		o.CtCtxpopEnter, o.CtCtxpushEnter, o.CtCtxretainEnter, o.CtCtxsetEnter, o.CtExit, o.CtFork,
-		o.CtFreeEnter, o.CtPitchEnter, o.CtSetdevEnter, o.CtSizedFreeEnter, o.CtUsdt,
-		o.CtVmmCreateEnter, o.CtVmmMapEnter, o.CtCtxdestroyEnter, o.CtCtxdetachEnter, o.CtCtxattachEnter,
-		o.CtPrimaryReleaseEnter, o.CtPrimaryResetEnter, o.CtDevresetEnter,
-		o.CtLearnCtxEnter, o.CtLearnCtxdevEnter, o.CtLearnRtdevEnter, o.CtLearnExit} {
-		if p != nil {
-			errs = append(errs, p.Close())
+	for _, p := range o.byName {
+		errs = append(errs, p.Close())
+	}
+	for _, m := range o.maps {
+		errs = append(errs, m.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// load loads every map of spec and its programs but those named in later,
+// which program loads when first asked for, and hands them to o by their
+// `ebpf` names. The verifier's work is most of a tracer's start-up.
+func (o *objects) load(spec *ebpf.CollectionSpec, later ...string) error {
+	o.later = &ebpf.CollectionSpec{Maps: make(map[string]*ebpf.MapSpec), Programs: make(map[string]*ebpf.ProgramSpec),
+		Types: spec.Types, ByteOrder: spec.ByteOrder}
+	for _, name := range later {
+		if ps, ok := spec.Programs[name]; ok {
+			o.later.Programs[name] = ps
+			delete(spec.Programs, name)
 		}
 	}
-	errs = append(errs, o.CudatraceMaps.Close())
-	return errors.Join(errs...)
+	for name, ms := range spec.Maps {
+		o.later.Maps[name] = ms.Copy()
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		return err
+	}
+	defer coll.Close() // what was not handed over: nothing
+	o.byName = make(map[string]*ebpf.Program)
+	o.maps = make(map[string]*ebpf.Map)
+	for name := range coll.Maps {
+		o.maps[name] = coll.DetachMap(name)
+	}
+	ms := reflect.ValueOf(&o.CudatraceMaps).Elem()
+	for i := range ms.NumField() {
+		m := o.maps[ms.Type().Field(i).Tag.Get("ebpf")]
+		if m == nil {
+			o.Close()
+			return fmt.Errorf("BPF object has no map %s", ms.Type().Field(i).Tag.Get("ebpf"))
+		}
+		ms.Field(i).Set(reflect.ValueOf(m))
+	}
+	for name := range coll.Programs {
+		o.set(name, coll.DetachProgram(name))
+	}
+	return nil
+}
+
+// set records a loaded program under its name in spec.
+func (o *objects) set(name string, p *ebpf.Program) {
+	o.byName[name] = p
+	progs := reflect.ValueOf(&o.CudatracePrograms).Elem()
+	for i := range progs.NumField() {
+		if progs.Type().Field(i).Tag.Get("ebpf") == name {
+			progs.Field(i).Set(reflect.ValueOf(p))
+		}
+	}
+}
+
+// program returns the program of that name, loading it against the maps
+// already made if load left it for later.
+func (o *objects) program(name string) (*ebpf.Program, error) {
+	if p := o.byName[name]; p != nil {
+		return p, nil
+	}
+	ps, ok := o.later.Programs[name]
+	if !ok {
+		return nil, fmt.Errorf("BPF object has no program %s", name)
+	}
+	spec := &ebpf.CollectionSpec{Maps: o.later.Maps, Programs: map[string]*ebpf.ProgramSpec{name: ps},
+		Types: o.later.Types, ByteOrder: o.later.ByteOrder}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: o.maps})
+	if err != nil {
+		return nil, err
+	}
+	defer coll.Close()
+	p := coll.DetachProgram(name)
+	o.set(name, p)
+	delete(o.later.Programs, name)
+	return p, nil
 }
 
 // noLoopVariants: the programs that walk Python frames, each to its
@@ -73,19 +121,32 @@ var noLoopVariants = map[string]string{
 	"ct_usdt": "ct_usdt_noloop",
 }
 
-// chooseVariants makes spec's programs the ones k takes: on a kernel
-// without bpf_loop, ct_exit and ct_usdt load from their *_noloop twins
-// (which keep that name in the kernel: `bpftool prog` shows which loaded).
-func chooseVariants(spec *ebpf.CollectionSpec, k Kernel) error {
-	if k.BPFLoop {
-		return nil
-	}
+// chooseVariants leaves in spec the programs a run takes and no other:
+// on a kernel without bpf_loop, ct_exit and ct_usdt load from their
+// *_noloop twins (which keep that name in the kernel: `bpftool prog` shows
+// which loaded), elsewhere the twins are dropped; ct_fork only with
+// fork. Where the kernel has uprobe_multi links, the uprobe programs are
+// loaded for them (one link attaches a program to many functions).
+func chooseVariants(spec *ebpf.CollectionSpec, k Kernel, fork bool) error {
 	for name, variant := range noLoopVariants {
 		ps, ok := spec.Programs[variant]
 		if !ok {
 			return fmt.Errorf("BPF object has no program %s", variant)
 		}
-		spec.Programs[name] = ps
+		if !k.BPFLoop {
+			spec.Programs[name] = ps
+		}
+		delete(spec.Programs, variant)
+	}
+	if !fork {
+		delete(spec.Programs, "ct_fork")
+	}
+	if k.UprobeMulti {
+		for _, ps := range spec.Programs {
+			if ps.Type == ebpf.Kprobe {
+				ps.AttachType = ebpf.AttachTraceUprobeMulti
+			}
+		}
 	}
 	return nil
 }

@@ -25,9 +25,10 @@ type nvmlSample struct {
 // owns the Source. The latest sample waits in a one-slot channel; one the
 // reader has not taken yet is replaced.
 type sampler struct {
-	out  chan nvmlSample
-	done chan struct{}
-	stop context.CancelFunc
+	out    chan nvmlSample
+	opened chan struct{} // closed when open has returned
+	done   chan struct{}
+	stop   context.CancelFunc
 }
 
 func startSampler(open func() (gpustat.Source, error), every time.Duration) *sampler {
@@ -35,7 +36,7 @@ func startSampler(open func() (gpustat.Source, error), every time.Duration) *sam
 		every = DefaultNVMLEvery
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	s := &sampler{out: make(chan nvmlSample, 1), done: make(chan struct{}), stop: stop}
+	s := &sampler{out: make(chan nvmlSample, 1), opened: make(chan struct{}), done: make(chan struct{}), stop: stop}
 	go s.run(ctx, open, every)
 	return s
 }
@@ -43,11 +44,15 @@ func startSampler(open func() (gpustat.Source, error), every time.Duration) *sam
 func (s *sampler) run(ctx context.Context, open func() (gpustat.Source, error), every time.Duration) {
 	defer close(s.done)
 	src, err := open()
+	close(s.opened)
 	if err != nil {
 		s.put(nvmlSample{time: BootNow(), err: err, open: true})
 		return
 	}
 	defer src.Close()
+	if ctx.Err() != nil {
+		return // closed while opening
+	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
@@ -75,10 +80,17 @@ func (s *sampler) put(sm nvmlSample) {
 	}
 }
 
-// close stops the sampler and waits for it to close its Source.
+// close stops the sampler and waits for it to close its Source. One still
+// opening it is not waited for (NVML's initialisation can take seconds
+// where the library is there and the driver is not): it closes what it
+// opens and ends on its own, and the session's end does not wait on it.
 func (s *sampler) close() {
 	s.stop()
-	<-s.done
+	select {
+	case <-s.opened:
+		<-s.done
+	default:
+	}
 }
 
 // takeNVML writes a sample waiting from the sampler to the trace and the

@@ -128,3 +128,30 @@ func TestNVMLSampleFails(t *testing.T) {
 		t.Errorf("frames %+v, want each with the error", frames)
 	}
 }
+
+// TestNVMLCloseWhileOpening: a session that ends while NVML is still
+// initialising (seconds, where the library is there and the driver is
+// not) does not wait for it; the sampler closes the Source it then gets,
+// without sampling it.
+func TestNVMLCloseWhileOpening(t *testing.T) {
+	release := make(chan struct{})
+	fake := &gpustat.Fake{}
+	s := startSampler(func() (gpustat.Source, error) { <-release; return fake, nil }, time.Millisecond)
+	closed := make(chan struct{})
+	go func() { s.close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("close waited for NVML to open")
+	}
+	close(release)
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sampler did not end after its open returned")
+	}
+	if !fake.Closed || fake.Calls != 0 {
+		t.Errorf("the Source opened after close: closed %v, sampled %d times; want closed, never sampled", fake.Closed, fake.Calls)
+	}
+}

@@ -60,8 +60,8 @@ func TestKernels(t *testing.T) {
 		series, cmdline string
 		check           func(t *testing.T, out string)
 	}{
-		{"6.1", "ct_mode=full ct_noloop=1", func(t *testing.T, out string) { checkFullKernel(t, out, python, true) }},
-		{"6.12", "ct_mode=full", func(t *testing.T, out string) { checkFullKernel(t, out, python, false) }},
+		{"6.1", "ct_mode=full ct_noloop=1", func(t *testing.T, out string) { checkFullKernel(t, out, python, true, false) }},
+		{"6.12", "ct_mode=full", func(t *testing.T, out string) { checkFullKernel(t, out, python, false, true) }},
 		{"5.10", "ct_mode=floor", checkFloorKernel},
 	}
 	for _, c := range cases {
@@ -94,8 +94,9 @@ func TestKernels(t *testing.T) {
 	}
 }
 
-// checkFullKernel checks a kernel that cudatrace supports.
-func checkFullKernel(t *testing.T, out, python string, noloop bool) {
+// checkFullKernel checks a kernel that cudatrace supports; multi says
+// whether it has uprobe_multi links (6.6 on), which cudatrace then uses.
+func checkFullKernel(t *testing.T, out, python string, noloop, multi bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
@@ -138,6 +139,7 @@ func checkFullKernel(t *testing.T, out, python string, noloop bool) {
 		want, rep := exact(t, "mix16", 4, "mix")
 		mixStacks(t, rep, want.PID)
 		loaded(t, "mix16", "ct_exit")
+		checkLinkKinds(t, filepath.Join(out, "mix16"), multi)
 	})
 	for _, c := range []string{"mix0", "mix64"} {
 		t.Run(c, func(t *testing.T) {
@@ -184,11 +186,35 @@ func checkFullKernel(t *testing.T, out, python string, noloop bool) {
 	t.Run("nothing left", func(t *testing.T) {
 		for _, f := range []string{"progs.txt", "links.txt"} {
 			text := readTrim(t, filepath.Join(out, "after", f))
-			if strings.Contains(text, "ct_") || strings.Contains(text, "uprobe") {
+			if strings.Contains(text, "ct_") || strings.Contains(text, "uprobe") || strings.Contains(text, "type 12") {
 				t.Errorf("after every case, bpftool %s shows cudatrace's:\n%s", strings.TrimSuffix(f, ".txt"), text)
 			}
 		}
 	})
+}
+
+// checkLinkKinds: while recording, the probes were attached by
+// uprobe_multi links where the kernel has them (a few: one per program),
+// else by one perf-event link per probe, as many as record said it
+// attached. bpftool older than uprobe_multi names them "type 12".
+func checkLinkKinds(t *testing.T, dir string, multi bool) {
+	t.Helper()
+	links := readTrim(t, filepath.Join(dir, "links.txt"))
+	nMulti := len(regexp.MustCompile(`(?m)^\d+: (uprobe_multi|type 12) `).FindAllString(links, -1))
+	nPerf := len(regexp.MustCompile(`(?m)^\d+: perf_event `).FindAllString(links, -1))
+	m := regexp.MustCompile(`attached (\d+) probes`).FindStringSubmatch(readTrim(t, filepath.Join(dir, "stderr")))
+	if m == nil {
+		t.Fatalf("record did not say how many probes it attached")
+	}
+	probes, _ := strconv.Atoi(m[1])
+	switch {
+	case multi && (nPerf != 0 || nMulti == 0 || nMulti >= probes):
+		t.Errorf("%d probes attached by %d uprobe_multi and %d perf-event links, want a few uprobe_multi links and no perf-event one:\n%s",
+			probes, nMulti, nPerf, links)
+	case !multi && (nMulti != 0 || nPerf != probes):
+		t.Errorf("%d probes attached by %d uprobe_multi and %d perf-event links, want one perf-event link each:\n%s",
+			probes, nMulti, nPerf, links)
+	}
 }
 
 // checkGuestAgent: the agent's /metrics, read while hold held its memory,
@@ -516,7 +542,8 @@ func TestNoBPFLoopVariant(t *testing.T) {
 	const force = "CUDATRACE_TEST_NO_BPF_LOOP=1"
 	log, trace, progs := filepath.Join(dir, "fake.log"), filepath.Join(dir, "mix.trace"), filepath.Join(dir, "progs.txt")
 	const threads = 4
-	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, force)}, "--lib", fakeLib, "-o", trace, "--",
+	// libc10_cuda's USDT probes make it load ct_usdt (on first use).
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, force)}, "--lib", fakeLib, "--lib", c10Lib, "-o", trace, "--",
 		"sh", "-c", fmt.Sprintf("bpftool prog show > %s; exec %s %d 300 7", progs, workload("mix"), threads))
 	rec.finish(t, 50*time.Second)
 	b, err := os.ReadFile(progs)

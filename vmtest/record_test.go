@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -327,34 +328,19 @@ func TestErrors(t *testing.T) {
 func TestKillLeavesNoProbes(t *testing.T) {
 	ctx, dir := traceSetup(t)
 	requireTool(t, "bpftool")
-	before, err := ctProgs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := map[int]bool{}
-	for _, p := range before {
-		old[p.ID] = true
-	}
-
 	rec := startRecord(t, ctx, recordOpts{}, "--all", "--lib", fakeLib, "-o", filepath.Join(dir, "kill.trace"))
 	rec.waitAttached(t, 30*time.Second)
 	during, err := ctProgs(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Ours: new since we started, and held by our tracer where bpftool can
-	// tell (other cudatraces may run on this host at the same time).
+	// Ours: those our tracer holds file descriptors of (other cudatraces
+	// may run on this host at the same time).
 	pid := rec.cmd.Process.Pid
+	held, _ := bpfObjectsOf(t, pid)
 	ours := map[int]string{}
 	for _, p := range during {
-		if old[p.ID] {
-			continue
-		}
-		owned := len(p.Pids) == 0
-		for _, o := range p.Pids {
-			owned = owned || o.Pid == pid
-		}
-		if owned {
+		if slices.Contains(held, p.ID) {
 			ours[p.ID] = p.Name
 		}
 	}

@@ -54,8 +54,9 @@ if [ "$mode" = floor ]; then
 	record floor --lib $LIB -- $BIN/mix 1 1 1
 else
 	# The runtime mix, with the default 16 KiB window; bpftool shows which
-	# variant of ct_exit is loaded while it runs.
-	record mix16 --lib $LIB -- sh -c "bpftool prog show >$O/mix16/progs.txt; exec $BIN/mix 4 40 7"
+	# variant of ct_exit is loaded while it runs, and which kind of links
+	# attach the uprobes (uprobe_multi from 6.6, perf_event before).
+	record mix16 --lib $LIB -- sh -c "bpftool prog show >$O/mix16/progs.txt; bpftool link show >$O/mix16/links.txt; exec $BIN/mix 4 40 7"
 	record mix0 --stack-window 0 --lib $LIB -- $BIN/mix 2 20 7
 	record mix64 --stack-window 64KiB --lib $LIB -- $BIN/mix 2 20 7
 	record driver --lib $DRV -- $BIN/driver 30
