@@ -232,6 +232,10 @@ type AttachResult struct {
 // nothing stays attached from this library.
 func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 	res := AttachResult{Library: lib}
+	// Each probe waits in the kernel behind other tracers' attaches and
+	// detaches: seconds, on a host with several.
+	t.away(true)
+	defer t.away(false)
 	ex, err := link.OpenExecutable(lib.Path)
 	if err != nil {
 		return res, fmt.Errorf("open %s: %w", lib.Path, err)
