@@ -54,6 +54,18 @@ struct {
 
 #define CT_HELD_READ (1ULL << 63)
 
+// 1 while the reader is in a call that may keep it away for long:
+// attaching a library's probes waits in the kernel behind every other
+// tracer's attach and detach (each uprobe's removal holds the kernel's
+// event_mutex through a grace period). No process is held meanwhile: none
+// would be resumed before the watchdog's 5 s.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u8);
+} reader_away SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, CT_CNT_MAX);
@@ -117,7 +129,7 @@ static __always_inline __s32 current_device(__u32 tid)
 // hold stops the current process (SIGSTOP, on its way back to user space)
 // for the reader, and says whether it did. Never when the reader is behind
 // (as much unread as wakes it: it is not keeping up, and would keep the
-// process waiting), nor without an entry in `held`, which is what resumes
+// process waiting) or away (reader_away), nor without an entry in `held`, which is what resumes
 // it if the tracer dies before its reader gets there; with CT_HOLD_NO_TTY
 // never a process with a controlling terminal (a shell's job: its shell
 // would see it stop, say "Stopped" and take the terminal back).
@@ -131,6 +143,10 @@ static __always_inline int hold(__u32 tgid)
 			return 0;
 	}
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		return 0;
+	__u32 zero = 0;
+	__u8 *away = bpf_map_lookup_elem(&reader_away, &zero);
+	if (away && *away)
 		return 0;
 	__u64 now = bpf_ktime_get_boot_ns();
 	__u64 *was = bpf_map_lookup_elem(&held, &tgid);

@@ -212,6 +212,7 @@ const (
 	CudatraceMapPyCodes                = "py_codes"
 	CudatraceMapPyProcs                = "py_procs"
 	CudatraceMapPyScratch              = "py_scratch"
+	CudatraceMapReaderAway             = "reader_away"
 	CudatraceMapSeen                   = "seen"
 	CudatraceMapThreadDev              = "thread_dev"
 	CudatraceMapUsdtSpecs              = "usdt_specs"
@@ -351,6 +352,7 @@ type CudatraceMapSpecs struct {
 	PyCodes     *ebpf.MapSpec `ebpf:"py_codes"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
+	ReaderAway  *ebpf.MapSpec `ebpf:"reader_away"`
 	Seen        *ebpf.MapSpec `ebpf:"seen"`
 	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
@@ -410,6 +412,7 @@ type CudatraceMaps struct {
 	PyCodes     *ebpf.Map `ebpf:"py_codes"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
+	ReaderAway  *ebpf.Map `ebpf:"reader_away"`
 	Seen        *ebpf.Map `ebpf:"seen"`
 	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
@@ -431,6 +434,7 @@ func (m *CudatraceMaps) Close() error {
 		m.PyCodes,
 		m.PyProcs,
 		m.PyScratch,
+		m.ReaderAway,
 		m.Seen,
 		m.ThreadDev,
 		m.UsdtSpecs,

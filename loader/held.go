@@ -163,3 +163,16 @@ func isHeldMap(m *ebpf.Map) bool {
 	return err == nil && info.Name == "held" && info.Type == ebpf.Hash && info.KeySize == 4 && info.ValueSize == 8 &&
 		info.MaxEntries == 1024
 }
+
+// away tells BPF the reader is in a call that may keep it from reading for
+// long (Attach): no process is held meanwhile (bpf/common.h reader_away).
+func (t *Tracer) away(on bool) {
+	if t.opts.Hold == HoldNone || t.objs.ReaderAway == nil {
+		return
+	}
+	v := uint8(0)
+	if on {
+		v = 1
+	}
+	t.objs.ReaderAway.Put(uint32(0), v) // an array's only entry: cannot fail
+}

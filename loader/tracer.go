@@ -262,6 +262,10 @@ type AttachResult struct {
 // nothing stays attached from this library.
 func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 	res := AttachResult{Library: lib}
+	// Each probe waits in the kernel behind other tracers' attaches and
+	// detaches: seconds, on a host with several.
+	t.away(true)
+	defer t.away(false)
 	fns, err := ProbedFunctions(lib.Path)
 	if err != nil {
 		return res, fmt.Errorf("read %s: %w", lib.Path, err)
