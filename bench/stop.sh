@@ -24,7 +24,7 @@ stop_ms() {
 	shift
 	"$bin" "$@" >"$W/tracer.err" 2>&1 &
 	local tr=$!
-	for _ in $(seq 600); do grep -q "cudatrace: attached" "$W/tracer.err" && break; sleep 0.05; done
+	for _ in $(seq 2400); do grep -q "cudatrace: attached" "$W/tracer.err" && break; sleep 0.05; done
 	grep -q "cudatrace: attached" "$W/tracer.err" || { echo "$bin $*: did not attach:" >&2; cat "$W/tracer.err" >&2; exit 1; }
 	sleep 1
 	local a b
@@ -44,7 +44,9 @@ for r in $(seq "$ROUNDS"); do
 		"$W/loop" 1000000000 >/dev/null &
 		target=$!
 		pids+=("$target")
-		[ $load = idle ] && kill -STOP $target # there, mapped, doing nothing
+		# idle: the loop there, the library mapped, stopped.
+		until [ "$(readlink /proc/$target/exe)" = "$W/loop" ]; do sleep 0.01; done
+		[ $load = idle ] && kill -STOP $target
 		for b in $bins; do
 			bin=$CUDATRACE
 			[ "$b" = baseline ] && bin=$BASELINE
