@@ -47,7 +47,6 @@ bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./ledger/ ./tracefile/ ./symbolize/ ./unwind/ ./export/ ./top/ ./record/
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/startup.sh
-	CUDATRACE=$(CURDIR)/$(BIN) ./bench/stop.sh
 
 # The agent's memory over 5000 short-lived traced processes (a few minutes).
 bench-agent: build

@@ -6,15 +6,20 @@
 # each, a return probe where cudatrace has one). Ratios measured side by
 # side, rounds interleaved (machines here are noisy: never quote a lone
 # time). BASELINE=path/to/other/cudatrace adds its runs to the same rounds
-# (before/after). Needs root, gcc, bpftrace.
-# Usage: bench/startup.sh [ROUNDS]
+# (before/after). Then shut-down: milliseconds from SIGINT to the exit of
+# `cudatrace agent` and of `cudatrace record --pid`, each attached to the
+# same library, idle and while bench/loop allocates and frees as fast as
+# it can, interleaved the same way. Needs root, gcc, bpftrace.
+# Usage: bench/startup.sh [ROUNDS] [STOP_ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-7}
+STOP_ROUNDS=${2:-3}
 CUDATRACE=${CUDATRACE:-bin/cudatrace}
 BASELINE=${BASELINE:-}
 W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$W"' EXIT
 
 . bench/loop.sh
 
@@ -69,3 +74,57 @@ for m in $modes; do
 done
 [ $aborted = 0 ] || echo "($aborted bpftrace runs aborted and were taken again)"
 echo "(record -q --lib LIB -o T -- loop 1 against bpftrace -c 'loop 1' printing ustack: bpftrace on the same $n probes, bt-min on 3; median of $ROUNDS interleaved rounds, $(nproc) CPUs, $(uname -r))"
+
+# stop_ms BIN VERB...: start the tracer, let it read for a second after it
+# attached, SIGINT it, print the milliseconds until it exited.
+stop_ms() {
+	local bin=$1
+	shift
+	"$bin" "$@" >"$W/tracer.err" 2>&1 &
+	local tr=$!
+	for _ in $(seq 2400); do grep -q "cudatrace: attached" "$W/tracer.err" && break; sleep 0.05; done
+	grep -q "cudatrace: attached" "$W/tracer.err" || { echo "$bin $*: did not attach:" >&2; cat "$W/tracer.err" >&2; exit 1; }
+	sleep 1
+	local a b
+	a=$(now)
+	kill -INT $tr
+	wait $tr || { echo "$bin $*: exit $?:" >&2; cat "$W/tracer.err" >&2; exit 1; }
+	b=$(now)
+	echo $(((b - a) / 1000000))
+}
+
+declare -A stops
+bins="cudatrace"
+[ -n "$BASELINE" ] && bins="baseline cudatrace"
+for r in $(seq "$STOP_ROUNDS"); do
+	line="stop round $r:"
+	for load in idle load; do
+		"$W/loop" 1000000000 >/dev/null &
+		target=$!
+		pids+=("$target")
+		# idle: the loop there, the library mapped, stopped.
+		until [ "$(readlink /proc/$target/exe)" = "$W/loop" ]; do sleep 0.01; done
+		[ $load = idle ] && kill -STOP $target
+		for b in $bins; do
+			bin=$CUDATRACE
+			[ "$b" = baseline ] && bin=$BASELINE
+			ag=$(stop_ms "$bin" agent --lib "$LIB" --listen 127.0.0.1:0 --dump-dir "")
+			rp=$(stop_ms "$bin" record -q --lib "$LIB" --pid $target -o "$W/t.trace")
+			stops[$b-agent-$load]+="$ag "
+			stops[$b-record-$load]+="$rp "
+			line+=" $b agent/$load $ag record/$load $rp"
+		done
+		kill -CONT $target 2>/dev/null || true
+		kill $target
+		wait $target 2>/dev/null || true
+	done
+	echo "$line ms" >&2
+done
+
+printf '%-10s %-7s %10s %10s\n' binary load "agent ms" "record ms"
+for b in $bins; do
+	for load in idle load; do
+		printf '%-10s %-7s %10s %10s\n' "$b" $load "$(echo "${stops[$b-agent-$load]}" | median)" "$(echo "${stops[$b-record-$load]}" | median)"
+	done
+done
+echo "(ms from SIGINT to exit: agent --lib LIB, record --lib LIB --pid P; idle: P stopped, load: P allocating; median of $STOP_ROUNDS interleaved rounds, $(nproc) CPUs, $(uname -r))"
