@@ -5,12 +5,7 @@
 #define CT_PYTHON_H
 
 // CPython processes: their interpreter's layout (see py_stack).
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32); // tgid
-	__type(value, struct ct_pyoffsets);
-} py_procs SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_HASH, py_procs, __u32, struct ct_pyoffsets, 4096); // key: tgid
 
 // A Python frame of a process: (code object, instruction).
 struct py_code_key {
@@ -23,12 +18,7 @@ struct py_code_key {
 // frame not in it holds its process (hold_new, see py_hold_new_frames)
 // until the reader has read the frame's code object: one read tens of ms
 // later may find it freed (the process exited, or tore its modules down).
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct py_code_key);
-	__type(value, __u8);
-} py_codes SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, py_codes, struct py_code_key, __u8, 65536);
 
 static __always_inline __u64 read_u64(__u64 addr)
 {
@@ -43,12 +33,7 @@ struct py_block {
 	struct ct_pytrailer t;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct py_block);
-} py_scratch SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, py_scratch, __u32, struct py_block, 1);
 
 // A walk's state, shared with its bpf_loop callbacks: the verifier checks
 // a callback once, not once per iteration and branch.
