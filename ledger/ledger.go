@@ -371,33 +371,46 @@ func (l *Ledger) alloc(ev *events.Event, info events.APIInfo) Change {
 	}
 	p.Allocs++
 	p.AllocBytes += ev.Size
-	st.Allocs++
-	st.AllocBytes += ev.Size
 	if old := p.live[ev.Addr]; old != nil {
 		p.Replaced++
 		p.release(old)
 		ch.Freed = old
 	}
+	a := p.place(ev, st, p.live, &ch)
+	if info.Kind == events.KindHost {
+		grow(&p.HostLive, &p.HostPeak, nil, a)
+		return ch
+	}
+	grow(&p.Live, &p.Peak, &p.PeakTime, a)
+	d := p.device(a.Device)
+	grow(&d.Live, &d.Peak, nil, a)
+	return ch
+}
+
+// place makes ev's allocation from stack st, live in live (p.live or
+// p.tensors), as ch's.
+func (p *Process) place(ev *events.Event, st *Stack, live map[uint64]*Allocation, ch *Change) *Allocation {
+	st.Allocs++
+	st.AllocBytes += ev.Size
 	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st,
 		Ctx: p.threadCtx[ev.TID]}
 	ch.Alloc = a
-	p.live[ev.Addr] = a
+	live[ev.Addr] = a
 	st.Live += a.Size
 	st.LiveCount++
-	if info.Kind == events.KindHost {
-		p.HostLive += a.Size
-		p.HostPeak = max(p.HostPeak, p.HostLive)
-		return ch
+	return a
+}
+
+// grow adds a's bytes to a live count and raises its peak, noting when in
+// *peakTime (nil: not kept).
+func grow(live, peak, peakTime *uint64, a *Allocation) {
+	*live += a.Size
+	if *live > *peak {
+		*peak = *live
+		if peakTime != nil {
+			*peakTime = a.Time
+		}
 	}
-	p.Live += a.Size
-	if p.Live > p.Peak {
-		p.Peak = p.Live
-		p.PeakTime = a.Time
-	}
-	d := p.device(a.Device)
-	d.Live += a.Size
-	d.Peak = max(d.Peak, d.Live)
-	return ch
 }
 
 func (l *Ledger) free(ev *events.Event) Change {
@@ -503,26 +516,14 @@ func (l *Ledger) tensorAlloc(p *Process, ev *events.Event) Change {
 	ch := Change{Process: p, Stack: st}
 	p.TensorAllocs++
 	p.TensorAllocBytes += ev.Size
-	st.Allocs++
-	st.AllocBytes += ev.Size
 	if old := p.tensors[ev.Addr]; old != nil {
 		p.tensorRelease(old)
 		ch.Freed = old
 	}
-	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st,
-		Ctx: p.threadCtx[ev.TID]}
-	ch.Alloc = a
-	p.tensors[ev.Addr] = a
-	st.Live += a.Size
-	st.LiveCount++
-	p.TensorLive += a.Size
-	if p.TensorLive > p.TensorPeak {
-		p.TensorPeak = p.TensorLive
-		p.TensorPeakTime = a.Time
-	}
+	a := p.place(ev, st, p.tensors, &ch)
+	grow(&p.TensorLive, &p.TensorPeak, &p.TensorPeakTime, a)
 	d := p.device(a.Device)
-	d.TensorLive += a.Size
-	d.TensorPeak = max(d.TensorPeak, d.TensorLive)
+	grow(&d.TensorLive, &d.TensorPeak, nil, a)
 	return ch
 }
 
