@@ -71,6 +71,9 @@ type Options struct {
 	// done for processes in containers, so that report and export name
 	// them on a machine without the same files.
 	Portable bool
+	// ReaderStats times the reader's work on each event, by stage, into
+	// Result.Reader (record -v): a few clock reads an event.
+	ReaderStats bool
 
 	// waiting are the --pid processes with no CUDA library loaded when
 	// tracing began (findLibraries): the scan of their mappings attaches
@@ -132,6 +135,8 @@ type Result struct {
 	// whose code object could not be read (freed before it was): their
 	// stacks show "[unresolved Python frame: why]" there.
 	PythonFrames, UnresolvedPython uint64
+	// Reader is what reading the events cost, with Options.ReaderStats.
+	Reader *ReaderStats
 }
 
 // Run traces until the session ends. ctx cancellation (SIGINT, SIGTERM)
@@ -266,6 +271,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	res.Events = s.events
 	res.StacksCut = s.en.Stats.Cut
 	res.PythonFrames, res.UnresolvedPython = s.pyFrames, s.pyUnresolved
+	res.Reader = s.stats
 	if err := s.finish(res); err != nil {
 		return res, err
 	}

@@ -73,6 +73,8 @@ type session struct {
 	// pyFrames and pyUnresolved count the Python frames read, and those
 	// that stayed unresolved (Result).
 	pyFrames, pyUnresolved uint64
+	// stats times the steps of Record (Options.ReaderStats); nil: not.
+	stats *ReaderStats
 }
 
 // liveProc is what the session keeps of a running process beside the
@@ -89,13 +91,17 @@ type liveProc struct {
 
 // newState returns a session's state, with no trace file.
 func newState(opts Options, res *Result) *session {
-	return &session{
+	s := &session{
 		opts: opts, res: res,
 		procs:  procmodel.New(),
 		live:   make(map[uint32]*liveProc),
 		warned: make(map[string]bool),
 		en:     enrich.New(!opts.KeepStackWindows),
 	}
+	if opts.ReaderStats {
+		s.stats = &ReaderStats{}
+	}
+	return s
 }
 
 func newSession(opts Options, res *Result, tr *loader.Tracer) (*session, error) {
@@ -168,6 +174,10 @@ func (s *session) prune() {
 
 // Record handles one ring-buffer record, in named steps.
 func (s *session) Record(raw []byte) {
+	if s.stats != nil {
+		s.recordTimed(raw)
+		return
+	}
 	if err := events.Decode(raw, &s.ev); err != nil {
 		s.warn(err)
 		return
@@ -187,6 +197,34 @@ func (s *session) Record(raw []byte) {
 	if s.opts.Observer != nil {
 		s.opts.Observer.Event(ev, ch)
 	}
+}
+
+// recordTimed is Record with each step timed (Options.ReaderStats).
+func (s *session) recordTimed(raw []byte) {
+	st := s.stats
+	st.begin()
+	if err := events.Decode(raw, &s.ev); err != nil {
+		s.warn(err)
+		return
+	}
+	s.events++
+	ev := &s.ev
+	lp := s.track(ev)
+	st.done(StageDecode)
+	s.resolvePython(ev, lp)
+	s.resume(ev)
+	st.done(StagePython)
+	raw = s.enrich(ev, lp, raw)
+	st.done(StageUnwind)
+	s.nameNative(ev, lp)
+	st.done(StageName)
+	s.write(ev, raw)
+	st.done(StageWrite)
+	ch := s.apply(ev, lp)
+	if s.opts.Observer != nil {
+		s.opts.Observer.Event(ev, ch)
+	}
+	st.done(StageLedger)
 }
 
 // track returns what the session keeps of ev's process: captured when
@@ -307,6 +345,9 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 // Tick flushes the trace, snapshots counters and decides whether the
 // session is over.
 func (s *session) Tick() {
+	if s.stats != nil {
+		s.stats.tick()
+	}
 	s.attachLate()
 	s.writeNamed(false)
 	s.prune()
