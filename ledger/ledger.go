@@ -7,6 +7,7 @@ package ledger
 
 import (
 	"cmp"
+	"encoding/binary"
 	"hash/maphash"
 	"iter"
 	"slices"
@@ -19,11 +20,13 @@ import (
 // per-process and per-device totals with their peaks, failures, and
 // allocation stacks. Apply it to events in the order the ring buffer
 // delivered them; the BPF programs order frees before any reuse of their
-// address (see bpf/cudatrace.bpf.c).
+// address (see bpf/cudatrace.bpf.c). It is not safe for concurrent use:
+// readers copy what they need on the goroutine that applies events.
 type Ledger struct {
 	procs    map[uint32]*Process
 	stacks   map[stackKey]*Stack
 	seed     maphash.Seed
+	keyBuf   []byte // key's, reused
 	maxFails int
 }
 
@@ -222,16 +225,14 @@ func (l *Ledger) StackOf(pid uint32, frames []uint64, tensor bool) *Stack {
 }
 
 func (l *Ledger) key(pid uint32, frames []uint64) stackKey {
-	var h maphash.Hash
-	h.SetSeed(l.seed)
-	var buf [8]byte
+	// The frames' bytes hashed in one call: a Write per frame cost as much
+	// as the rest of an allocation's accounting.
+	b := l.keyBuf[:0]
 	for _, f := range frames {
-		for i := range buf {
-			buf[i] = byte(f >> (8 * i))
-		}
-		h.Write(buf[:])
+		b = binary.LittleEndian.AppendUint64(b, f)
 	}
-	return stackKey{pid: pid, hash: h.Sum64(), n: len(frames)}
+	l.keyBuf = b
+	return stackKey{pid: pid, hash: maphash.Bytes(l.seed, b), n: len(frames)}
 }
 
 // Change is what Apply did to the ledger, for readers that follow it event
