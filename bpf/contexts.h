@@ -202,11 +202,11 @@ int ct_ctx_exit(struct pt_regs *ctx)
 	return 0;
 }
 
-// cuCtxSetCurrent: replaces the top of the thread's stack (pushes onto an
-// empty one); NULL pops. Taken at entry: it fails only on a context that
-// was never made.
-SEC("uprobe")
-int ct_ctxset_enter(struct pt_regs *ctx)
+// ctx_change: cuCtxSetCurrent (push 0) replaces the top of the thread's
+// stack (pushes onto an empty one), NULL pops; cuCtxPushCurrent (push 1)
+// pushes. Taken at entry: they fail only on a context that was never made.
+// The record names the context pushed, or the new top.
+static __always_inline int ctx_change(struct pt_regs *ctx, const int push)
 {
 	__u64 id;
 	struct ctx_stack *st = traced_ctx_stack(&id, 1);
@@ -214,10 +214,10 @@ int ct_ctxset_enter(struct pt_regs *ctx)
 		return 0;
 	__u32 tid = (__u32)id;
 	__u64 handle = PT_REGS_PARM1(ctx);
-	if (handle == 0) {
-		ctx_pop(tid, st);
-	} else if (st->depth == 0) {
+	if (push || (handle != 0 && st->depth == 0)) {
 		ctx_push(tid, st, handle);
+	} else if (handle == 0) {
+		ctx_pop(tid, st);
 	} else {
 		__u32 d = st->depth;
 		if (d <= CT_CTX_STACK)
@@ -225,23 +225,21 @@ int ct_ctxset_enter(struct pt_regs *ctx)
 		follow_top(tid, st);
 	}
 	__u64 top = ctx_top(st);
-	ctx_record(ctx, id, top, ctx_device(top), top);
+	__u64 named = push ? handle : top;
+	ctx_record(ctx, id, named, ctx_device(named), top);
 	return 0;
+}
+
+SEC("uprobe")
+int ct_ctxset_enter(struct pt_regs *ctx)
+{
+	return ctx_change(ctx, 0);
 }
 
 SEC("uprobe")
 int ct_ctxpush_enter(struct pt_regs *ctx)
 {
-	__u64 id;
-	struct ctx_stack *st = traced_ctx_stack(&id, 1);
-	if (!st)
-		return 0;
-	__u32 tid = (__u32)id;
-	__u64 handle = PT_REGS_PARM1(ctx);
-	ctx_push(tid, st, handle);
-	__u64 top = ctx_top(st);
-	ctx_record(ctx, id, handle, ctx_device(handle), top);
-	return 0;
+	return ctx_change(ctx, 1);
 }
 
 SEC("uprobe")

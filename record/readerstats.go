@@ -50,8 +50,12 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// begin starts an event's first stage.
+// begin starts an event's first stage. Like done, it does nothing on a nil
+// r (no -v): a test and a branch an event.
 func (r *ReaderStats) begin() {
+	if r == nil {
+		return
+	}
 	if r.Events == 0 {
 		r.start = processCPU()
 	}
@@ -61,6 +65,9 @@ func (r *ReaderStats) begin() {
 
 // done ends stage st and starts the next.
 func (r *ReaderStats) done(st Stage) {
+	if r == nil {
+		return
+	}
 	now := time.Now()
 	r.Stages[st] += now.Sub(r.last)
 	r.last = now
@@ -70,7 +77,7 @@ func (r *ReaderStats) done(st Stage) {
 // last tick: the figure ends with the last of them, before the probes'
 // detaching at the end (which costs the kernel tens of ms) is counted.
 func (r *ReaderStats) tick() {
-	if r.Events > r.ticked {
+	if r != nil && r.Events > r.ticked {
 		r.ticked = r.Events
 		r.CPU = processCPU() - r.start
 	}

@@ -172,35 +172,9 @@ func (s *session) prune() {
 	}
 }
 
-// Record handles one ring-buffer record, in named steps.
+// Record handles one ring-buffer record, in named steps (each timed with
+// Options.ReaderStats).
 func (s *session) Record(raw []byte) {
-	if s.stats != nil {
-		s.recordTimed(raw)
-		return
-	}
-	if err := events.Decode(raw, &s.ev); err != nil {
-		s.warn(err)
-		return
-	}
-	s.events++
-	ev := &s.ev
-	lp := s.track(ev)
-	// Code objects are read before the process goes on: BPF holds it at a
-	// record with a Python frame new to it (bpf/python.h
-	// py_hold_new_frames) until resume.
-	s.resolvePython(ev, lp)
-	s.resume(ev)
-	raw = s.enrich(ev, lp, raw)
-	s.nameNative(ev, lp)
-	s.write(ev, raw)
-	ch := s.apply(ev, lp)
-	if s.opts.Observer != nil {
-		s.opts.Observer.Event(ev, ch)
-	}
-}
-
-// recordTimed is Record with each step timed (Options.ReaderStats).
-func (s *session) recordTimed(raw []byte) {
 	st := s.stats
 	st.begin()
 	if err := events.Decode(raw, &s.ev); err != nil {
@@ -211,6 +185,9 @@ func (s *session) recordTimed(raw []byte) {
 	ev := &s.ev
 	lp := s.track(ev)
 	st.done(StageDecode)
+	// Code objects are read before the process goes on: BPF holds it at a
+	// record with a Python frame new to it (bpf/python.h
+	// py_hold_new_frames) until resume.
 	s.resolvePython(ev, lp)
 	s.resume(ev)
 	st.done(StagePython)
@@ -345,9 +322,7 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 // Tick flushes the trace, snapshots counters and decides whether the
 // session is over.
 func (s *session) Tick() {
-	if s.stats != nil {
-		s.stats.tick()
-	}
+	s.stats.tick()
 	s.attachLate()
 	s.writeNamed(false)
 	s.prune()
