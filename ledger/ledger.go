@@ -10,8 +10,8 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"iter"
+	"maps"
 	"slices"
-	"sort"
 
 	"github.com/cudatrace/cudatrace/events"
 )
@@ -567,12 +567,7 @@ func (p *Process) account(a *Allocation) {
 
 // Processes returns every process seen, by PID.
 func (l *Ledger) Processes() []*Process {
-	out := make([]*Process, 0, len(l.procs))
-	for _, p := range l.procs {
-		out = append(out, p)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
-	return out
+	return slices.SortedFunc(maps.Values(l.procs), func(a, b *Process) int { return cmp.Compare(a.PID, b.PID) })
 }
 
 // Process returns one process's account, or nil.
@@ -643,12 +638,7 @@ func sortAllocs(out []*Allocation) {
 
 // DeviceList returns p's devices by ordinal.
 func (p *Process) DeviceList() []*Device {
-	out := make([]*Device, 0, len(p.Devices))
-	for _, d := range p.Devices {
-		out = append(out, d)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Device < out[j].Device })
-	return out
+	return slices.SortedFunc(maps.Values(p.Devices), func(a, b *Device) int { return cmp.Compare(a.Device, b.Device) })
 }
 
 // Forget drops pid's account and its stacks from the ledger, for a ledger
