@@ -290,17 +290,24 @@ static __always_inline int ctx_dies(struct pt_regs *ctx, __u64 id, __u64 handle)
 	return 0;
 }
 
+// ending_ctx is the prologue of cuCtxDestroy and cuCtxDetach: the context
+// they end, and the calling thread (*id); 0 when the process is not traced
+// or the handle is NULL.
+static __always_inline __u64 ending_ctx(struct pt_regs *ctx, __u64 *id)
+{
+	*id = bpf_get_current_pid_tgid();
+	if (!traced(*id >> 32))
+		return 0;
+	return PT_REGS_PARM1(ctx);
+}
+
 // cuCtxDestroy: the context dies whatever its usage count.
 SEC("uprobe")
 int ct_ctxdestroy_enter(struct pt_regs *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	if (!traced(id >> 32))
-		return 0;
-	__u64 handle = PT_REGS_PARM1(ctx);
-	if (!handle)
-		return 0;
-	return ctx_dies(ctx, id, handle);
+	__u64 id;
+	__u64 handle = ending_ctx(ctx, &id);
+	return handle ? ctx_dies(ctx, id, handle) : 0;
 }
 
 // cuCtxDetach: one use less; the context dies at 0, or when its making
@@ -308,10 +315,8 @@ int ct_ctxdestroy_enter(struct pt_regs *ctx)
 SEC("uprobe")
 int ct_ctxdetach_enter(struct pt_regs *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	if (!traced(id >> 32))
-		return 0;
-	__u64 handle = PT_REGS_PARM1(ctx);
+	__u64 id;
+	__u64 handle = ending_ctx(ctx, &id);
 	if (!handle)
 		return 0;
 	__s32 *refs = bpf_map_lookup_elem(&ctx_refs, &handle);
