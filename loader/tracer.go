@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
@@ -126,7 +128,7 @@ type Tracer struct {
 	kernel Kernel
 	links  []link.Link
 	fork   link.Link
-	reader *ring
+	reader *ringbuf.Reader
 	specs  uint32 // USDT specs written to the usdt_specs map
 }
 
@@ -177,7 +179,7 @@ func New(opts Options) (*Tracer, error) {
 			return nil, fmt.Errorf("attach fork tracepoint (to follow child processes): %w", err)
 		}
 	}
-	t.reader, err = newRing(t.objs.Events)
+	t.reader, err = ringbuf.NewReader(t.objs.Events)
 	if err != nil {
 		t.Close()
 		return nil, fmt.Errorf("open ring buffer: %w", err)
@@ -468,8 +470,7 @@ func (t *Tracer) TracedPIDs() []uint32 {
 
 // Handler receives what Run reads.
 type Handler interface {
-	// Record gets one raw ring-buffer record: the ring's own memory,
-	// read-only, and valid until Record returns.
+	// Record gets one raw ring-buffer record; raw is reused after return.
 	Record(raw []byte)
 	// Tick is called at least every PollInterval, between records.
 	Tick()
@@ -480,15 +481,19 @@ type Handler interface {
 // than the reader being closed are reported through errf and reading goes
 // on.
 func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
+	var rec ringbuf.Record
 	last := time.Now()
 	for ctx.Err() == nil {
-		// Records come in batches: BPF wakes the reader only at a
-		// process's first record or past WakeupBytes unread. The clock is
-		// read once a batch of readBatch records, not per record.
-		if t.reader.read(h.Record, readBatch) == 0 {
-			if err := t.reader.wait(t.opts.PollInterval); err != nil {
-				errf(err)
-			}
+		t.reader.SetDeadline(time.Now().Add(t.opts.PollInterval))
+		err := t.reader.ReadInto(&rec)
+		switch {
+		case err == nil:
+			h.Record(rec.RawSample)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+		case errors.Is(err, ringbuf.ErrClosed):
+			return nil
+		default:
+			errf(fmt.Errorf("read ring buffer: %w", err))
 		}
 		if now := time.Now(); now.Sub(last) >= t.opts.PollInterval {
 			last = now
@@ -496,16 +501,22 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 		}
 	}
 	t.Detach()
-	// What is left in the ring buffer, without waiting for more.
-	for t.reader.read(h.Record, readBatch) > 0 {
+	// A deadline in the past makes ReadInto return what is buffered, then
+	// ErrDeadlineExceeded.
+	t.reader.SetDeadline(time.Now())
+	for {
+		err := t.reader.ReadInto(&rec)
+		if err != nil {
+			if !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, ringbuf.ErrClosed) {
+				errf(fmt.Errorf("drain ring buffer: %w", err))
+			}
+			break
+		}
+		h.Record(rec.RawSample)
 	}
 	h.Tick()
 	return nil
 }
-
-// readBatch is how many records Run hands over between two looks at the
-// clock (Tick).
-const readBatch = 256
 
 // Detach removes every probe; the maps and the reader stay readable.
 func (t *Tracer) Detach() error {
