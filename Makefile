@@ -43,10 +43,20 @@ deps:
 test-unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /vmtest)
 
+# Per-event figures as ratios measured in one run (docs/benchmarks.md):
+# user-space benchmarks; the overhead per allocation/free pair against the
+# empty-probe floor, idle and with one core busy; the reader's CPU per
+# event by stage; time in the return probe, by window and with and without
+# the Python walk (BENCH_PYTHON, CPython 3.10-3.13). BASELINE=/path/to/an
+# older cudatrace adds it to each script's rounds.
+BENCH_PYTHON ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 python3.11 python3.10 2>/dev/null))
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./ledger/ ./tracefile/ ./symbolize/ ./unwind/ ./export/ ./top/ ./record/
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/startup.sh
+	CUDATRACE=$(CURDIR)/$(BIN) ./bench/readercpu.sh
+	CUDATRACE=$(CURDIR)/$(BIN) ./bench/bpfcost.sh
+	$(if $(BENCH_PYTHON),CUDATRACE=$(CURDIR)/$(BIN) PYTHON=$(BENCH_PYTHON) ./bench/bpfcost.sh 20000 5,@echo "bench: no CPython 3.10-3.13 found for the Python walk's cost (BENCH_PYTHON=...)")
 
 # The agent's memory over 5000 short-lived traced processes (a few minutes).
 bench-agent: build

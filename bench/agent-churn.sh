@@ -7,18 +7,11 @@
 # At checkpoints it records the agent's RSS (/proc/PID/status VmRSS), its
 # Go heap in use and the stacks and processes it holds (from /metrics).
 # Needs root and gcc. Usage: bench/agent-churn.sh [PROCESSES] [CHECKPOINTS]
-set -euo pipefail
-cd "$(dirname "$0")/.."
 N=${1:-5000}
 STEPS=${2:-5}
-CUDATRACE=${CUDATRACE:-bin/cudatrace}
-W=$(mktemp -d)
 AGENT=
-trap '[ -n "$AGENT" ] && kill "$AGENT" 2>/dev/null; rm -rf "$W"' EXIT
-
-gcc -shared -fPIC -O2 -fomit-frame-pointer -pthread -Wl,-soname,libcudart.so.12 \
-	-Wl,--version-script=vmtest/testdata/fakecudart.map -o "$W/libcudart.so.12" vmtest/testdata/fakecudart.c
-ln -s libcudart.so.12 "$W/libcudart.so"
+. "$(dirname "$0")/lib.sh"
+on_exit '[ -n "$AGENT" ] && kill "$AGENT" 2>/dev/null'
 gcc -O0 -fno-omit-frame-pointer -I vmtest/testdata -o "$W/shortlived" vmtest/testdata/shortlived.c \
 	-L"$W" -lcudart -Wl,-rpath,"$W"
 
@@ -32,7 +25,7 @@ row() {
 
 run() { # MODE RETENTION
 	: >"$W/agent.out"
-	"$CUDATRACE" agent --listen 127.0.0.1:0 --lib "$W/libcudart.so.12" --dump-dir "" --retention "$2" \
+	"$CUDATRACE" agent --listen 127.0.0.1:0 --lib "$LIB" --dump-dir "" --retention "$2" \
 		>"$W/agent.out" 2>&1 &
 	AGENT=$!
 	for _ in $(seq 200); do grep -q 'cudatrace: attached' "$W/agent.out" && break; sleep 0.05; done

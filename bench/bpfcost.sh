@@ -6,25 +6,20 @@
 # With PYTHON=/path/to/python3.X (CPython 3.10-3.13) the workload is
 # bench/pyloop.py instead, eight Python frames deep, recorded with and
 # without --no-python-frames, --stack-window 0: the cost of walking the
-# interpreter's frames alone.
+# interpreter's frames alone, as the ratio of the two.
+# With BASELINE=/path/to/cudatrace, that build is measured too, in the
+# same rounds (before/after).
 # Needs root, gcc, bpftool, jq. Usage: bench/bpfcost.sh [PAIRS] [ROUNDS]
-set -euo pipefail
-cd "$(dirname "$0")/.."
 PAIRS=${1:-50000}
 ROUNDS=${2:-3}
-CUDATRACE=${CUDATRACE:-bin/cudatrace}
-W=$(mktemp -d)
 old=$(sysctl -n kernel.bpf_stats_enabled)
-trap 'sysctl -q -w kernel.bpf_stats_enabled="$old"; rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
+on_exit 'sysctl -q -w kernel.bpf_stats_enabled="$old"'
 sysctl -q -w kernel.bpf_stats_enabled=1
+build_loop
 
-gcc -shared -fPIC -O2 -fomit-frame-pointer -pthread -Wl,-soname,libcudart.so.12 \
-	-Wl,--version-script=vmtest/testdata/fakecudart.map -o "$W/libcudart.so.12" vmtest/testdata/fakecudart.c
-ln -s libcudart.so.12 "$W/libcudart.so"
-gcc -O2 -fno-omit-frame-pointer -I vmtest/testdata -o "$W/loop" bench/loop.c -L"$W" -lcudart -Wl,-rpath,"$W"
-
-# cost WINDOW: mean ns per ct_exit run over one recording, sampled until
-# the recording's programs are gone.
+# cost BINARY WINDOW [on|off]: mean ns per ct_exit run over one recording,
+# sampled until the recording's programs are gone.
 cost() {
 	# This recording's program is the ct_exit that was not loaded before
 	# it: other tracers may be running (bpftool here does not list pids).
@@ -33,10 +28,10 @@ cost() {
 	[ -n "$before" ] || before='[]'
 	local cmd=("$W/loop" "$PAIRS") extra=()
 	if [ -n "${PYTHON:-}" ]; then
-		cmd=("$PYTHON" bench/pyloop.py "$W/libcudart.so.12" "$PAIRS")
-		[ "$2" = off ] && extra=(--no-python-frames)
+		cmd=("$PYTHON" bench/pyloop.py "$LIB" "$PAIRS")
+		[ "$3" = off ] && extra=(--no-python-frames)
 	fi
-	"$CUDATRACE" record -q --stack-window "$1" "${extra[@]}" --lib "$W/libcudart.so.12" -- "${cmd[@]}" >/dev/null 2>"$W/err" &
+	"$1" record -q --stack-window "$2" "${extra[@]}" --lib "$LIB" -- "${cmd[@]}" >/dev/null 2>"$W/err" &
 	local rec=$! last=""
 	while kill -0 $rec 2>/dev/null; do
 		s=$(bpftool -j prog show name ct_exit 2>/dev/null | jq -r --argjson b "$before" '[if type == "array" then .[] else . end
@@ -50,29 +45,40 @@ cost() {
 	awk -v s="$last" 'BEGIN { split(s, a, " "); if (a[2] > 0) printf "%.0f", a[1] / a[2]; else print "?" }'
 }
 
+BUILDS=(cudatrace)
+[ -n "${BASELINE:-}" ] && BUILDS+=(baseline)
+bin() { if [ "$1" = baseline ]; then echo "$BASELINE"; else echo "$CUDATRACE"; fi; }
 declare -A all
 if [ -n "${PYTHON:-}" ]; then
 	for r in $(seq "$ROUNDS"); do
 		line="round $r:"
-		for py in on off; do
-			c=$(cost 0 $py); all[$py]+="$c "; line+=" python-frames=$py ${c}ns"
+		for b in "${BUILDS[@]}"; do
+			for py in on off; do
+				c=$(cost "$(bin "$b")" 0 $py); all[$b/$py]+="$c "; line+=" $b python-frames=$py ${c}ns"
+			done
 		done
 		echo "$line" >&2
 	done
-	median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-	printf '%-14s %18s\n' python-frames "ns per ct_exit"
-	for py in on off; do printf '%-14s %18s\n' "$py" "$(echo "${all[$py]}" | median)"; done
-	echo "($("$PYTHON" -V), --stack-window 0, $PAIRS pairs per recording, median of $ROUNDS rounds, $(nproc) CPUs, $(uname -r))"
+	printf '%-10s %12s %12s %8s\n' build "frames on" "frames off" "on/off"
+	for b in "${BUILDS[@]}"; do
+		on=$(echo "${all[$b/on]}" | median)
+		off=$(echo "${all[$b/off]}" | median)
+		printf '%-10s %12s %12s %8s\n' "$b" "$on" "$off" "$(ratio "$on" "$off")"
+	done
+	echo "(CUDATRACE=$CUDATRACE${BASELINE:+ BASELINE=$BASELINE} PYTHON=$PYTHON bench/bpfcost.sh $PAIRS $ROUNDS: ns per ct_exit run, $("$PYTHON" -V), --stack-window 0, median of $ROUNDS interleaved rounds, $(nproc) CPUs, $(uname -r))"
 	exit 0
 fi
 for r in $(seq "$ROUNDS"); do
 	line="round $r:"
-	for w in 0 4KiB 16KiB 64KiB; do
-		c=$(cost $w); all[$w]+="$c "; line+=" window=$w ${c}ns"
+	for b in "${BUILDS[@]}"; do
+		for w in 0 4KiB 16KiB 64KiB; do
+			c=$(cost "$(bin "$b")" $w); all[$b/$w]+="$c "; line+=" $b window=$w ${c}ns"
+		done
 	done
 	echo "$line" >&2
 done
-median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-printf '%-8s %18s\n' window "ns per ct_exit"
-for w in 0 4KiB 16KiB 64KiB; do printf '%-8s %18s\n' "$w" "$(echo "${all[$w]}" | median)"; done
-echo "($PAIRS pairs per recording, median of $ROUNDS rounds, $(nproc) CPUs, $(uname -r))"
+printf '%-10s %8s %18s\n' build window "ns per ct_exit"
+for b in "${BUILDS[@]}"; do
+	for w in 0 4KiB 16KiB 64KiB; do printf '%-10s %8s %18s\n' "$b" "$w" "$(echo "${all[$b/$w]}" | median)"; done
+done
+echo "(CUDATRACE=$CUDATRACE${BASELINE:+ BASELINE=$BASELINE} bench/bpfcost.sh $PAIRS $ROUNDS: $PAIRS pairs per recording, median of $ROUNDS rounds, $(nproc) CPUs, $(uname -r))"

@@ -1,6 +1,8 @@
 /*
- * loop N: N cudaMalloc(1 MiB) + cudaFree pairs against whatever libcudart it
- * was linked with, timed inside the process (tracer start-up is not counted).
+ * loop N [GO]: N cudaMalloc(1 MiB) + cudaFree pairs against whatever libcudart
+ * it was linked with, timed inside the process (tracer start-up is not
+ * counted). With GO, a path, it waits until that file exists before the
+ * loop: a tracer attached by --pid is then in place (bench/readercpu.sh).
  * Prints: loop: pairs=N ns_per_pair=X
  */
 #include <alloca.h>
@@ -8,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_decls.h"
 
@@ -31,6 +34,9 @@ int main(int argc, char **argv)
 	volatile char *pad = alloca(64 << 10);
 	memset((char *)pad, 0, 64 << 10);
 
+	if (argc > 2)
+		while (access(argv[2], F_OK) != 0)
+			usleep(10000);
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	for (long i = 0; i < n; i++)
 		if (step() != 0)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end overhead of tracing cudaMalloc/cudaFree pairs, as ratios
 # measured side by side in one run (machines here are noisy: never quote a
-# lone time). Modes, interleaved round by round:
+# lone time). bench/loop.c times its own loop (tracer start-up excluded).
+# Modes, interleaved round by round:
 #   untraced   the loop alone
 #   floor      bpftrace with empty probes on cudaMalloc entry+return and
 #              cudaFree: the cost of the uprobe traps themselves
@@ -10,16 +11,18 @@
 #   ct-nowin   the same with --stack-window 0: frame-pointer stacks only
 #   ct-win64k  the same with --stack-window 64KiB, the largest
 #   bpftrace   bpftrace printing each event with its user stack
+#   baseline   with BASELINE=/path/to/cudatrace: that build, default
+#              options (a before/after comparison in the same run)
+# Every round runs twice: on an otherwise idle machine, then with one core
+# kept busy by another process (the realistic case: a job keeps its cores
+# busy and the reader shares them).
 # Needs root, gcc, bpftrace. Usage: bench/overhead.sh [PAIRS] [ROUNDS]
-set -euo pipefail
-cd "$(dirname "$0")/.."
 PAIRS=${1:-20000}
 ROUNDS=${2:-5}
-CUDATRACE=${CUDATRACE:-bin/cudatrace}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-
-. bench/loop.sh
+BUSY=
+. "$(dirname "$0")/lib.sh"
+on_exit '[ -z "$BUSY" ] || kill "$BUSY"'
+build_loop
 
 ns() { sed -n 's/.*ns_per_pair=\([0-9]*\).*/\1/p' "$1"; }
 
@@ -38,26 +41,43 @@ BT="uprobe:$LIB:cudaMalloc { @sz[tid] = arg1; }
 uretprobe:$LIB:cudaMalloc { printf(\"%d %d %d %s\n\", pid, tid, @sz[tid], ustack); delete(@sz[tid]); }
 uprobe:$LIB:cudaFree { printf(\"free %d %d %p\n\", pid, tid, arg0); }"
 
-declare -A all
-for r in $(seq "$ROUNDS"); do
-	"$W/loop" "$PAIRS" >"$W/u"; all[untraced]+="$(ns "$W/u") "
-	bpftrace_run "$FLOOR" "$W/f"; all[floor]+="$(ns "$W/f") "
-	"$CUDATRACE" record -q --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/c" 2>"$W/c.err"
-	all[cudatrace]+="$(ns "$W/c") "
-	"$CUDATRACE" record -q --stack-window 0 --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/n" 2>"$W/n.err"
-	all[ct-nowin]+="$(ns "$W/n") "
-	"$CUDATRACE" record -q --stack-window 64KiB --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/x" 2>"$W/x.err"
-	all[ct-win64k]+="$(ns "$W/x") "
-	bpftrace_run "$BT" "$W/b"; all[bpftrace]+="$(ns "$W/b") "
-	echo "round $r: untraced $(ns "$W/u") floor $(ns "$W/f") cudatrace $(ns "$W/c") ct-nowin $(ns "$W/n") ct-win64k $(ns "$W/x") bpftrace $(ns "$W/b") ns/pair" >&2
-done
-grep -E 'lost|warning' "$W/c.err" "$W/n.err" "$W/x.err" >&2 || true
+MODES=(untraced floor ct-nowin cudatrace ct-win64k bpftrace)
+[ -n "${BASELINE:-}" ] && MODES+=(baseline)
 
-median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-f=$(echo "${all[floor]}" | median)
-printf '%-10s %12s %14s\n' mode "ns/pair" "x floor"
-for m in untraced floor ct-nowin cudatrace ct-win64k bpftrace; do
-	v=$(echo "${all[$m]}" | median)
-	printf '%-10s %12s %14s\n' "$m" "$v" "$(awk -v v="$v" -v f="$f" 'BEGIN {printf "%.2f", v/f}')"
+# one MODE: one run of the loop under MODE; prints its ns per pair.
+one() {
+	case $1 in
+	untraced) "$W/loop" "$PAIRS" >"$W/o" ;;
+	floor) bpftrace_run "$FLOOR" "$W/o" ;;
+	bpftrace) bpftrace_run "$BT" "$W/o" ;;
+	cudatrace) "$CUDATRACE" record -q --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/o" 2>"$W/err" ;;
+	ct-nowin) "$CUDATRACE" record -q --stack-window 0 --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/o" 2>"$W/err" ;;
+	ct-win64k) "$CUDATRACE" record -q --stack-window 64KiB --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/o" 2>"$W/err" ;;
+	baseline) "$BASELINE" record -q --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/o" 2>"$W/err" ;;
+	esac
+	case $1 in ct-* | cudatrace | baseline) grep -E 'lost' "$W/err" | sed "s/^/$1: /" >&2 || true ;; esac
+	ns "$W/o"
+}
+
+declare -A all
+for load in idle busy; do
+	[ $load = busy ] && busy_core
+	for r in $(seq "$ROUNDS"); do
+		line="$load round $r:"
+		for m in "${MODES[@]}"; do
+			v=$(one "$m"); all[$load/$m]+="$v "; line+=" $m $v"
+		done
+		echo "$line ns/pair" >&2
+	done
+	[ $load = busy ] && { kill "$BUSY"; wait "$BUSY" 2>/dev/null || true; BUSY=; }
 done
-echo "($PAIRS cudaMalloc+cudaFree pairs per run, median of $ROUNDS interleaved rounds, $(nproc) CPUs, $(uname -r))"
+
+printf '%-10s %12s %9s %12s %9s\n' mode "idle ns" "x floor" "busy ns" "x floor"
+fi=$(echo "${all[idle/floor]}" | median)
+fb=$(echo "${all[busy/floor]}" | median)
+for m in "${MODES[@]}"; do
+	vi=$(echo "${all[idle/$m]}" | median)
+	vb=$(echo "${all[busy/$m]}" | median)
+	printf '%-10s %12s %9s %12s %9s\n' "$m" "$vi" "$(ratio "$vi" "$fi")" "$vb" "$(ratio "$vb" "$fb")"
+done
+echo "(CUDATRACE=$CUDATRACE${BASELINE:+ BASELINE=$BASELINE} bench/overhead.sh $PAIRS $ROUNDS: ns per cudaMalloc+cudaFree pair timed inside the loop, median of $ROUNDS interleaved rounds; busy: one core kept busy by another process; $(nproc) CPUs, $(uname -r))"

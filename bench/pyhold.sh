@@ -10,19 +10,12 @@
 #   cudatrace  $CUDATRACE record --all (holds at first sight and at each
 #              new Python frame)
 # Needs root, gcc, a python3 (PYTHON). Usage: bench/pyhold.sh [N] [M] [ROUNDS]
-set -euo pipefail
-cd "$(dirname "$0")/.."
 N=${1:-200}
 M=${2:-2000}
 ROUNDS=${3:-3}
-CUDATRACE=${CUDATRACE:-bin/cudatrace}
 BASE=${BASE:?BASE=path of the cudatrace binary to compare with}
 PYTHON=${PYTHON:-python3}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-gcc -shared -fPIC -O2 -fomit-frame-pointer -pthread -Wl,-soname,libcudart.so.12 \
-	-Wl,--version-script=vmtest/testdata/fakecudart.map -o "$W/libcudart.so.12" vmtest/testdata/fakecudart.c
-LIB=$W/libcudart.so.12
+. "$(dirname "$0")/lib.sh"
 export FAKECUDA_LOG=/dev/null
 
 # run BIN: the program under BIN record --all ("" alone), without a

@@ -11,17 +11,13 @@
 # same library, idle and while bench/loop allocates and frees as fast as
 # it can, interleaved the same way. Needs root, gcc, bpftrace.
 # Usage: bench/startup.sh [ROUNDS] [STOP_ROUNDS]
-set -euo pipefail
-cd "$(dirname "$0")/.."
 ROUNDS=${1:-7}
 STOP_ROUNDS=${2:-3}
-CUDATRACE=${CUDATRACE:-bin/cudatrace}
 BASELINE=${BASELINE:-}
-W=$(mktemp -d)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$W"' EXIT
-
-. bench/loop.sh
+. "$(dirname "$0")/lib.sh"
+on_exit 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done'
+build_loop
 
 # The same probes as cudatrace: bench/btprobes prints them from loader's
 # tables. bt-min: bpftrace with only cudaMalloc's entry and return and

@@ -17,12 +17,7 @@ struct inflight {
 	__s32 device;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32); // tid
-	__type(value, struct inflight);
-} inflight SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_HASH, inflight, __u32, struct inflight, 16384); // key: tid
 
 
 // Each thread's latest free, to know the driver's free that a runtime free
@@ -37,12 +32,7 @@ struct last_free {
 	__u64 ts_ns;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u32); // tid
-	__type(value, struct last_free);
-} last_free SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, last_free, __u32, struct last_free, 65536); // key: tid
 
 #define CT_NESTED_FREE_NS 1000000
 
@@ -138,6 +128,20 @@ int ct_setdev_enter(struct pt_regs *ctx)
 }
 
 
+// submit_alloc finishes an allocation record whose header is filled: the
+// stack from the frame pointers, the stack window, the Python frames; and
+// submits it.
+static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, const int use_loop)
+{
+	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
+	if (e->h.nframes == CT_MAX_FRAMES)
+		e->h.flags |= CT_F_STACK_TRUNC;
+	user_window(ctx, e);
+	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK, use_loop);
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
+}
+
 static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -169,18 +173,10 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		bpf_map_delete_elem(&inflight, &tid);
 		return 0;
 	}
-	__u64 now = bpf_ktime_get_boot_ns();
-	e->h.ts_ns = in->ts_ns;
-	e->h.dur_ns = now - in->ts_ns;
-	e->h.api = in->api;
 	// A device unknown at entry may have been learned inside the call
 	// (the runtime asks the driver for its context: ct_learn_exit).
-	e->h.device = in->device == CT_DEV_UNKNOWN ? current_device(tid) : in->device;
-	e->h.result = result;
-	e->h.flags = 0;
-	e->h.addr = 0;
-	e->h.size = in->size;
-	fill_common(&e->h, id);
+	__s32 dev = in->device == CT_DEV_UNKNOWN ? current_device(tid) : in->device;
+	fill_event(&e->h, id, in->ts_ns, bpf_ktime_get_boot_ns() - in->ts_ns, in->api, 0, 0, in->size, dev, result);
 
 	if (in->shape == CT_SHAPE_VMM_MAP) { // failed or not, the call's arguments say it all
 		e->h.addr = in->aux1;
@@ -225,13 +221,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
-	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
-	if (e->h.nframes == CT_MAX_FRAMES)
-		e->h.flags |= CT_F_STACK_TRUNC;
-	user_window(ctx, e);
-	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK, use_loop);
-	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
+	submit_alloc(ctx, e, use_loop);
 	bpf_map_delete_elem(&last_free, &tid);
 	return 0;
 }
@@ -274,23 +264,7 @@ static __always_inline int free_enter(struct pt_regs *ctx, __u64 size)
 	struct last_free nf = {.addr = addr, .sp = sp, .ts_ns = now};
 	bpf_map_update_elem(&last_free, &tid, &nf, BPF_ANY);
 
-	struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count(CT_CNT_RB_FULL);
-		return 0;
-	}
-	e->ts_ns = now;
-	e->dur_ns = 0;
-	e->addr = addr;
-	e->size = size;
-	e->device = current_device(tid);
-	e->result = 0;
-	e->api = (__u16)bpf_get_attach_cookie(ctx);
-	e->flags = CT_F_ENTRY_ONLY;
-	e->nframes = 0;
-	fill_common(e, id);
-	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(e));
+	submit_entry(id, now, (__u16)bpf_get_attach_cookie(ctx), addr, size, current_device(tid));
 	return 0;
 }
 

@@ -5,36 +5,31 @@
 #ifndef CT_COMMON_H
 #define CT_COMMON_H
 
+// CT_MAP defines a map: kind, name, key and value types, entries. Every map
+// of the program is made with it, so a definition is one line.
+#define CT_MAP(kind, name, key_t, value_t, entries) \
+	struct {                                        \
+		__uint(type, kind);                     \
+		__uint(max_entries, entries);           \
+		__type(key, key_t);                     \
+		__type(value, value_t);                 \
+	} name SEC(".maps")
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 8 << 20); // overridden from Go
 } events SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);  // tgid
-	__type(value, __u8);
-} pids SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_HASH, pids, __u32, __u8, 16384); // key: tgid
 
 
 // The CUDA runtime's current device is per thread: cudaSetDevice sets it.
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u32); // tid
-	__type(value, __s32);
-} thread_dev SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, thread_dev, __u32, __s32, 65536); // key: tid
 
 
 // Processes that already had a record: their first one wakes the reader at
 // once so it can read /proc/PID/maps before a short-lived process is gone.
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);
-	__type(value, __u8);
-} seen SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, seen, __u32, __u8, 16384);
 
 // Processes hold_new stopped, each with the CLOCK_BOOTTIME ns it was
 // stopped at. The reader sets the top bit (CT_HELD_READ) once it has read
@@ -45,12 +40,7 @@ struct {
 // gets through unheld between the reader's SIGCONT and its next step; a watchdog process holding this map's fd
 // resumes whatever is left when the tracer dies (internal/watchdog). Full:
 // no more processes are stopped.
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u32);   // tgid
-	__type(value, __u64); // boot ns when stopped
-} held SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_HASH, held, __u32, __u64, 1024); // key: tgid; value: boot ns when stopped
 
 #define CT_HELD_READ (1ULL << 63)
 
@@ -59,19 +49,9 @@ struct {
 // tracer's attach and detach (each uprobe's removal holds the kernel's
 // event_mutex through a grace period). No process is held meanwhile: none
 // would be resumed before the watchdog's 5 s.
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u8);
-} reader_away SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_ARRAY, reader_away, __u32, __u8, 1);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, CT_CNT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, counters, __u32, __u64, CT_CNT_MAX);
 
 
 // Only the fields used here; CO-RE finds them in the running kernel's BTF.
@@ -184,11 +164,38 @@ static __always_inline __u64 wakeup_flags(struct ct_event *e)
 }
 
 
-static __always_inline void fill_common(struct ct_event *e, __u64 id)
+// fill_event fills a record's header: the call (api, flags), when it began
+// and how long it took, what it is about (addr, size, device, result), and
+// the calling thread (id: bpf_get_current_pid_tgid). No frames yet.
+static __always_inline void fill_event(struct ct_event *e, __u64 id, __u64 ts, __u64 dur, __u16 api, __u16 flags,
+				       __u64 addr, __u64 size, __s32 dev, __s32 result)
 {
+	e->ts_ns = ts;
+	e->dur_ns = dur;
+	e->addr = addr;
+	e->size = size;
+	e->device = dev;
+	e->result = result;
+	e->api = api;
+	e->flags = flags;
+	e->nframes = 0;
 	e->pid = id >> 32;
 	e->tid = (__u32)id;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
+}
+
+// submit_entry makes and submits a record without a stack, of a call taken
+// at its entry (frees, context calls).
+static __always_inline void submit_entry(__u64 id, __u64 ts, __u16 api, __u64 addr, __u64 size, __s32 dev)
+{
+	struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(CT_CNT_RB_FULL);
+		return;
+	}
+	fill_event(e, id, ts, 0, api, CT_F_ENTRY_ONLY, addr, size, dev, 0);
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(e));
 }
 
 

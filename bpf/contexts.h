@@ -7,21 +7,11 @@
 // The driver's contexts, each to the device it was made for: a thread that
 // makes a context current (cuCtxSetCurrent, as JAX and the runtime itself
 // do) allocates on that device from then on.
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u64); // CUcontext
-	__type(value, __s32);
-} ctx_dev SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, ctx_dev, __u64, __s32, 4096); // key: CUcontext
 
 // Created contexts' usage counts (cuCtxCreate: 1, cuCtxAttach: one more,
 // cuCtxDetach: one less; at 0 the context dies).
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u64); // CUcontext
-	__type(value, __s32);
-} ctx_refs SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, ctx_refs, __u64, __s32, 4096); // key: CUcontext
 
 // Primary contexts per process and device: the handle and the retain count
 // (cuDevicePrimaryCtxRetain adds one, Release takes one away; at 0, or at
@@ -37,12 +27,7 @@ struct primary_val {
 	__u32 pad;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, struct primary_key);
-	__type(value, struct primary_val);
-} primaries SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, primaries, struct primary_key, struct primary_val, 4096);
 
 // Each thread's context stack, as the driver keeps it: its top is the
 // current context. Deeper than CT_CTX_STACK, pushes are counted but not
@@ -55,12 +40,7 @@ struct ctx_stack {
 	__u64 ctx[CT_CTX_STACK];
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32); // tid
-	__type(value, struct ctx_stack);
-} ctx_stacks SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, ctx_stacks, __u32, struct ctx_stack, 16384); // key: tid
 
 static __always_inline struct ctx_stack *ctx_stack_of(__u32 tid)
 {
@@ -70,6 +50,18 @@ static __always_inline struct ctx_stack *ctx_stack_of(__u32 tid)
 	struct ctx_stack empty = {};
 	bpf_map_update_elem(&ctx_stacks, &tid, &empty, BPF_NOEXIST);
 	return bpf_map_lookup_elem(&ctx_stacks, &tid);
+}
+
+// traced_ctx_stack is the context programs' prologue: the calling thread
+// (*id: bpf_get_current_pid_tgid) and its context stack, made when absent
+// if make is set; NULL when its process is not traced or it has none.
+static __always_inline struct ctx_stack *traced_ctx_stack(__u64 *id, const int make)
+{
+	*id = bpf_get_current_pid_tgid();
+	if (!traced(*id >> 32))
+		return NULL;
+	__u32 tid = (__u32)*id;
+	return make ? ctx_stack_of(tid) : bpf_map_lookup_elem(&ctx_stacks, &tid);
 }
 
 // top: the thread's current context, 0 when the stack is empty or its top
@@ -132,23 +124,7 @@ static __always_inline void ctx_pop(__u32 tid, struct ctx_stack *st)
 // context's allocations (implicit frees).
 static __always_inline void ctx_record(struct pt_regs *ctx, __u64 id, __u64 handle, __s32 dev, __u64 after)
 {
-	struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count(CT_CNT_RB_FULL);
-		return;
-	}
-	e->ts_ns = bpf_ktime_get_boot_ns();
-	e->dur_ns = 0;
-	e->addr = handle;
-	e->size = after;
-	e->device = dev;
-	e->result = 0;
-	e->api = (__u16)bpf_get_attach_cookie(ctx);
-	e->flags = CT_F_ENTRY_ONLY;
-	e->nframes = 0;
-	fill_common(e, id);
-	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(e));
+	submit_entry(id, bpf_ktime_get_boot_ns(), (__u16)bpf_get_attach_cookie(ctx), handle, after, dev);
 }
 
 // Context calls between entry and return. Apart from `inflight`: the
@@ -162,12 +138,7 @@ struct ctx_call {
 	__u32 make_current; // the learning calls (ct_learn_*): their shape
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32); // tid
-	__type(value, struct ctx_call);
-} ctx_inflight SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_HASH, ctx_inflight, __u32, struct ctx_call, 16384); // key: tid
 
 
 static __always_inline int ctx_enter(struct pt_regs *ctx, __u64 out, __s32 device, __u32 make_current)
@@ -237,24 +208,22 @@ int ct_ctx_exit(struct pt_regs *ctx)
 	return 0;
 }
 
-// cuCtxSetCurrent: replaces the top of the thread's stack (pushes onto an
-// empty one); NULL pops. Taken at entry: it fails only on a context that
-// was never made.
-SEC("uprobe")
-int ct_ctxset_enter(struct pt_regs *ctx)
+// ctx_change: cuCtxSetCurrent (push 0) replaces the top of the thread's
+// stack (pushes onto an empty one), NULL pops; cuCtxPushCurrent (push 1)
+// pushes. Taken at entry: they fail only on a context that was never made.
+// The record names the context pushed, or the new top.
+static __always_inline int ctx_change(struct pt_regs *ctx, const int push)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
-	if (!traced(id >> 32))
-		return 0;
-	struct ctx_stack *st = ctx_stack_of(tid);
+	__u64 id;
+	struct ctx_stack *st = traced_ctx_stack(&id, 1);
 	if (!st)
 		return 0;
+	__u32 tid = (__u32)id;
 	__u64 handle = PT_REGS_PARM1(ctx);
-	if (handle == 0) {
-		ctx_pop(tid, st);
-	} else if (st->depth == 0) {
+	if (push || (handle != 0 && st->depth == 0)) {
 		ctx_push(tid, st, handle);
+	} else if (handle == 0) {
+		ctx_pop(tid, st);
 	} else {
 		__u32 d = st->depth;
 		if (d <= CT_CTX_STACK)
@@ -262,37 +231,31 @@ int ct_ctxset_enter(struct pt_regs *ctx)
 		follow_top(tid, st);
 	}
 	__u64 top = ctx_top(st);
-	ctx_record(ctx, id, top, ctx_device(top), top);
+	__u64 named = push ? handle : top;
+	ctx_record(ctx, id, named, ctx_device(named), top);
 	return 0;
+}
+
+SEC("uprobe")
+int ct_ctxset_enter(struct pt_regs *ctx)
+{
+	return ctx_change(ctx, 0);
 }
 
 SEC("uprobe")
 int ct_ctxpush_enter(struct pt_regs *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
-	if (!traced(id >> 32))
-		return 0;
-	struct ctx_stack *st = ctx_stack_of(tid);
-	if (!st)
-		return 0;
-	__u64 handle = PT_REGS_PARM1(ctx);
-	ctx_push(tid, st, handle);
-	__u64 top = ctx_top(st);
-	ctx_record(ctx, id, handle, ctx_device(handle), top);
-	return 0;
+	return ctx_change(ctx, 1);
 }
 
 SEC("uprobe")
 int ct_ctxpop_enter(struct pt_regs *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
-	if (!traced(id >> 32))
-		return 0;
-	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
+	__u64 id;
+	struct ctx_stack *st = traced_ctx_stack(&id, 0);
 	if (!st || st->depth == 0)
 		return 0;
+	__u32 tid = (__u32)id;
 	ctx_pop(tid, st);
 	__u64 top = ctx_top(st);
 	ctx_record(ctx, id, top, ctx_device(top), top);
@@ -303,11 +266,8 @@ int ct_ctxpop_enter(struct pt_regs *ctx)
 SEC("uprobe")
 int ct_ctxattach_enter(struct pt_regs *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
-	if (!traced(id >> 32))
-		return 0;
-	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
+	__u64 id;
+	struct ctx_stack *st = traced_ctx_stack(&id, 0);
 	if (!st)
 		return 0;
 	__u64 top = ctx_top(st);
@@ -336,17 +296,24 @@ static __always_inline int ctx_dies(struct pt_regs *ctx, __u64 id, __u64 handle)
 	return 0;
 }
 
+// ending_ctx is the prologue of cuCtxDestroy and cuCtxDetach: the context
+// they end, and the calling thread (*id); 0 when the process is not traced
+// or the handle is NULL.
+static __always_inline __u64 ending_ctx(struct pt_regs *ctx, __u64 *id)
+{
+	*id = bpf_get_current_pid_tgid();
+	if (!traced(*id >> 32))
+		return 0;
+	return PT_REGS_PARM1(ctx);
+}
+
 // cuCtxDestroy: the context dies whatever its usage count.
 SEC("uprobe")
 int ct_ctxdestroy_enter(struct pt_regs *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	if (!traced(id >> 32))
-		return 0;
-	__u64 handle = PT_REGS_PARM1(ctx);
-	if (!handle)
-		return 0;
-	return ctx_dies(ctx, id, handle);
+	__u64 id;
+	__u64 handle = ending_ctx(ctx, &id);
+	return handle ? ctx_dies(ctx, id, handle) : 0;
 }
 
 // cuCtxDetach: one use less; the context dies at 0, or when its making
@@ -354,10 +321,8 @@ int ct_ctxdestroy_enter(struct pt_regs *ctx)
 SEC("uprobe")
 int ct_ctxdetach_enter(struct pt_regs *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	if (!traced(id >> 32))
-		return 0;
-	__u64 handle = PT_REGS_PARM1(ctx);
+	__u64 id;
+	__u64 handle = ending_ctx(ctx, &id);
 	if (!handle)
 		return 0;
 	__s32 *refs = bpf_map_lookup_elem(&ctx_refs, &handle);

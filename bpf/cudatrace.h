@@ -163,6 +163,10 @@ struct ct_ustack {
 // process is first seen. Offsets are bytes; -1 where the version has none.
 #define CT_PY_MAX_FRAMES 32 // a power of two: BPF masks indexes with it
 #define CT_PY_MAX_THREADS 32
+// The walk reads the first CT_PY_FRAME_READ bytes of an interpreter frame
+// at once: every field it needs lies there in 3.10-3.14 (at most 104), and
+// the loader refuses a layout where one does not (loader.PyFrameRead).
+#define CT_PY_FRAME_READ 128
 
 struct ct_pyoffsets {
 	__u64 interp_head; // address of _PyRuntime.interpreters.head

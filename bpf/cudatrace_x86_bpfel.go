@@ -181,17 +181,28 @@ type CudatracePrimaryVal struct {
 	Pad    uint32
 }
 
-type CudatracePyBlock struct {
-	_ structs.HostLayout
-	F [32]CudatraceCtPyframe
-	T CudatraceCtPytrailer
-}
-
 type CudatracePyCodeKey struct {
 	_     structs.HostLayout
 	Tgid  uint32
 	Units int32
 	Code  uint64
+}
+
+type CudatracePyScratchVal struct {
+	_ structs.HostLayout
+	B struct {
+		_ structs.HostLayout
+		F [32]CudatraceCtPyframe
+		T CudatraceCtPytrailer
+	}
+	Fr   [136]uint8
+	Last struct {
+		_ structs.HostLayout
+		F [32]CudatraceCtPyframe
+		T CudatraceCtPytrailer
+	}
+	LastTgid uint32
+	Pad      uint32
 }
 
 // Names of all BPF objects in the ELF.

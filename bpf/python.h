@@ -5,12 +5,7 @@
 #define CT_PYTHON_H
 
 // CPython processes: their interpreter's layout (see py_stack).
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32); // tgid
-	__type(value, struct ct_pyoffsets);
-} py_procs SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_HASH, py_procs, __u32, struct ct_pyoffsets, 4096); // key: tgid
 
 // A Python frame of a process: (code object, instruction).
 struct py_code_key {
@@ -23,12 +18,7 @@ struct py_code_key {
 // frame not in it holds its process (hold_new, see py_hold_new_frames)
 // until the reader has read the frame's code object: one read tens of ms
 // later may find it freed (the process exited, or tore its modules down).
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct py_code_key);
-	__type(value, __u8);
-} py_codes SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, py_codes, struct py_code_key, __u8, 65536);
 
 static __always_inline __u64 read_u64(__u64 addr)
 {
@@ -43,12 +33,33 @@ struct py_block {
 	struct ct_pytrailer t;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct py_block);
-} py_scratch SEC(".maps");
+// A CPU's scratch: the block being built; the frame being read, whole
+// (masked offsets into it may reach 8 bytes past what is read); and the
+// block of the CPU's last record with Python frames, whose frames
+// py_hold_new_frames has already looked up.
+struct py_scratch_val {
+	struct py_block b;
+	__u8 fr[CT_PY_FRAME_READ + 8];
+	struct py_block last;
+	__u32 last_tgid;
+	__u32 pad;
+};
+
+CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, py_scratch, __u32, struct py_scratch_val, 1);
+
+// fr_u64 and fr_u8 take a field from the frame read into s->fr, at an
+// offset the loader checked to lie within CT_PY_FRAME_READ.
+static __always_inline __u64 fr_u64(struct py_scratch_val *s, __s64 off)
+{
+	__u64 v;
+	__builtin_memcpy(&v, &s->fr[off & (CT_PY_FRAME_READ - 1)], sizeof(v));
+	return v;
+}
+
+static __always_inline __u8 fr_u8(struct py_scratch_val *s, __s64 off)
+{
+	return s->fr[off & (CT_PY_FRAME_READ - 1)];
+}
 
 // A walk's state, shared with its bpf_loop callbacks: the verifier checks
 // a callback once, not once per iteration and branch.
@@ -77,10 +88,22 @@ static __always_inline long thread_step(struct py_walk *w)
 static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 {
 	__u32 zero = 0;
-	struct py_block *b = bpf_map_lookup_elem(&py_scratch, &zero);
-	if (!b || !w->frame)
+	struct py_scratch_val *s = bpf_map_lookup_elem(&py_scratch, &zero);
+	if (!s || !w->frame)
 		return 1;
+	struct py_block *b = &s->b;
 	__u64 frame = w->frame;
+	// One read for the frame's fields: reading them one by one (four or
+	// five reads a frame) was most of the walk's cost.
+	if (bpf_probe_read_user(s->fr, CT_PY_FRAME_READ, (void *)frame)) {
+		// The frame ends within CT_PY_FRAME_READ bytes of the end of its
+		// mapping: its fields one by one, where the one read puts them.
+		bpf_probe_read_user(&s->fr[w->o.fr_previous & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_previous));
+		bpf_probe_read_user(&s->fr[w->o.fr_code & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_code));
+		bpf_probe_read_user(&s->fr[w->o.fr_instr & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_instr));
+		bpf_probe_read_user(&s->fr[w->o.fr_owner & (CT_PY_FRAME_READ - 1)], 1, (void *)(frame + w->o.fr_owner));
+		bpf_probe_read_user(&s->fr[w->o.fr_entry & (CT_PY_FRAME_READ - 1)], 1, (void *)(frame + w->o.fr_entry));
+	}
 	// The bounded-loop walk keeps the count in the scratch map: read from a
 	// map it is a number the verifier does not know, so the paths of one
 	// step join again at the next; kept in w it was a constant on each
@@ -89,11 +112,9 @@ static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 	// bounds the index below only then (from the map it rejected the
 	// callback: R8 unbounded memory access).
 	__u32 n = use_loop ? w->n : b->t.n;
-	w->frame = read_u64(frame + w->o.fr_previous);
+	w->frame = fr_u64(s, w->o.fr_previous);
 	if (w->o.fr_owner >= 0) {
-		__u8 owner = 0;
-		bpf_probe_read_user(&owner, 1, (void *)(frame + w->o.fr_owner));
-		if (owner == 3) { // a shim frame: the run above it ended one C call
+		if (fr_u8(s, w->o.fr_owner) == 3) { // a shim frame: the run above it ended one C call
 			if (n > 0 && n <= CT_PY_MAX_FRAMES)
 				b->f[(CT_PY_MAX_FRAMES - n) & (CT_PY_MAX_FRAMES - 1)].flags |= 1;
 			return 0;
@@ -108,22 +129,17 @@ static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 	// at least 8-byte aligned, so the mask is a no-op there, and being
 	// branch-free it keeps 6.1's verifier able to bound f in the
 	// bounded-loop walk (a `minor >= 14` branch here lost that bound).
-	f->code = read_u64(frame + w->o.fr_code) & ~(__u64)7;
+	f->code = fr_u64(s, w->o.fr_code) & ~(__u64)7;
 	f->flags = 0;
 	if (w->o.minor == 10) {
-		__s32 lasti = 0;
-		bpf_probe_read_user(&lasti, sizeof(lasti), (void *)(frame + w->o.fr_instr));
-		f->units = lasti;
+		f->units = (__s32)fr_u64(s, w->o.fr_instr); // f_lasti, an int
 		f->flags = 1;
 	} else {
-		__u64 ip = read_u64(frame + w->o.fr_instr);
+		__u64 ip = fr_u64(s, w->o.fr_instr);
 		// arithmetic shift: BPF has no signed division
 		f->units = (__s32)((__s64)(ip - f->code - w->o.co_code_adaptive) >> 1);
-		if (w->o.fr_entry >= 0) {
-			__u8 entry = 0;
-			bpf_probe_read_user(&entry, 1, (void *)(frame + w->o.fr_entry));
-			f->flags = entry ? 1 : 0;
-		}
+		if (w->o.fr_entry >= 0)
+			f->flags = fr_u8(s, w->o.fr_entry) ? 1 : 0;
 	}
 	if (use_loop)
 		w->n = n + 1;
@@ -150,10 +166,29 @@ static long py_frame_step(__u64 i, void *arg)
 // it has. Only with hold_new (whose watchdog resumes what the tracer
 // leaves held), and whom hold_new says. A frame seen while the process could not
 // be held (the reader is behind) is read late, and checked (pystack).
-static __always_inline void py_hold_new_frames(struct ct_event *h, struct py_block *b)
+// same_block: a and b hold the same frames (BPF has no memcmp).
+static __always_inline int same_block(struct py_block *a, struct py_block *b)
+{
+	if (a->t.n != b->t.n)
+		return 0;
+	__u64 *x = (__u64 *)a->f, *y = (__u64 *)b->f;
+	for (int i = 0; i < CT_PY_MAX_FRAMES * 2; i++)
+		if (x[i] != y[i])
+			return 0;
+	return 1;
+}
+
+static __always_inline void py_hold_new_frames(struct ct_event *h, struct py_scratch_val *s)
 {
 	if (hold_new == CT_HOLD_NONE || (h->flags & CT_F_HELD))
 		return;
+	struct py_block *b = &s->b;
+	// The same frames as this CPU's last record of the process (a loop
+	// allocating from one line): looked up then, each one a map lookup.
+	if (s->last_tgid == h->pid && same_block(&s->last, b))
+		return;
+	__builtin_memcpy(&s->last, b, sizeof(*b));
+	s->last_tgid = h->pid;
 	__u32 n = b->t.n;
 	struct py_code_key k = {.tgid = h->pid};
 	__u8 one = 1;
@@ -191,9 +226,10 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int 
 	struct ct_pyoffsets *o = bpf_map_lookup_elem(&py_procs, &tgid);
 	if (!o)
 		return;
-	struct py_block *b = bpf_map_lookup_elem(&py_scratch, &zero);
-	if (!b)
+	struct py_scratch_val *s = bpf_map_lookup_elem(&py_scratch, &zero);
+	if (!s)
 		return;
+	struct py_block *b = &s->b;
 	struct py_walk w = {.o = *o, .want = h->tid, .idoff = o->ts_native_id};
 	if (o->minor == 10) {
 		struct task_struct *t = (void *)bpf_get_current_task();
@@ -233,7 +269,7 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int 
 	b->t.pad = 0;
 	__builtin_memcpy(block, b, sizeof(*b));
 	h->flags |= b->t.n ? CT_F_PYTHON : CT_F_NOPYTHON;
-	py_hold_new_frames(h, b);
+	py_hold_new_frames(h, s);
 }
 
 #endif

@@ -4,12 +4,7 @@
 #ifndef CT_USDT_H
 #define CT_USDT_H
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, CT_USDT_MAX_SPECS);
-	__type(key, __u32); // the attach cookie
-	__type(value, struct ct_usdt_spec);
-} usdt_specs SEC(".maps");
+CT_MAP(BPF_MAP_TYPE_ARRAY, usdt_specs, __u32, struct ct_usdt_spec, CT_USDT_MAX_SPECS); // key: the attach cookie
 
 
 // usdt_arg fetches one USDT argument as its spec says, truncated to its
@@ -55,23 +50,7 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 		return 0;
 	__u64 ptr = usdt_arg(ctx, &spec->args[0]);
 	if (spec->is_free) {
-		struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-		if (!e) {
-			count(CT_CNT_RB_FULL);
-			return 0;
-		}
-		e->ts_ns = bpf_ktime_get_boot_ns();
-		e->dur_ns = 0;
-		e->addr = ptr;
-		e->size = 0;
-		e->device = current_device((__u32)id);
-		e->result = 0;
-		e->api = spec->api;
-		e->flags = CT_F_ENTRY_ONLY;
-		e->nframes = 0;
-		fill_common(e, id);
-		count(CT_CNT_EVENTS);
-		bpf_ringbuf_submit(e, wakeup_flags(e));
+		submit_entry(id, bpf_ktime_get_boot_ns(), spec->api, ptr, 0, current_device((__u32)id));
 		return 0;
 	}
 	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
@@ -79,24 +58,11 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 		count(CT_CNT_RB_FULL);
 		return 0;
 	}
-	e->h.ts_ns = bpf_ktime_get_boot_ns();
-	e->h.dur_ns = 0;
-	e->h.addr = ptr;
-	e->h.device = (__s32)usdt_arg(ctx, &spec->args[1]);
-	e->h.size = usdt_arg(ctx, &spec->args[2]);
-	e->h.result = 0;
-	e->h.api = spec->api;
-	e->h.flags = CT_F_ENTRY_ONLY;
-	fill_common(&e->h, id);
+	fill_event(&e->h, id, bpf_ktime_get_boot_ns(), 0, spec->api, CT_F_ENTRY_ONLY, ptr,
+		   usdt_arg(ctx, &spec->args[2]), (__s32)usdt_arg(ctx, &spec->args[1]), 0);
 	// The probe sits in the allocator's function body, past its prologue:
 	// the frame-pointer chain starts at its caller's frame.
-	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
-	if (e->h.nframes == CT_MAX_FRAMES)
-		e->h.flags |= CT_F_STACK_TRUNC;
-	user_window(ctx, e);
-	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK, use_loop);
-	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
+	submit_alloc(ctx, e, use_loop);
 	return 0;
 }
 

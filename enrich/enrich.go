@@ -46,7 +46,7 @@ type Stats struct {
 	// further: a larger window reaches deeper.
 	Cut      uint64
 	Stops    map[unwind.StopKind]uint64
-	LastStop map[unwind.StopKind]string // an example of each kind of stop, for a warning
+	LastStop map[unwind.StopKind]unwind.Stop // an example of each kind of stop, for a warning (String)
 }
 
 // New returns an Enricher; with cfi false it leaves stacks as the frame
@@ -98,10 +98,10 @@ func (e *Enricher) Unwind(ev *events.Event, c *procmodel.Capture) {
 	e.pcs, stop = e.uw.Unwind(cm.m, ev.Regs, ev.Window, ipReturn, e.pcs[:0])
 	if e.Stats.Stops == nil {
 		e.Stats.Stops = map[unwind.StopKind]uint64{}
-		e.Stats.LastStop = map[unwind.StopKind]string{}
+		e.Stats.LastStop = map[unwind.StopKind]unwind.Stop{}
 	}
 	e.Stats.Stops[stop.Kind]++
-	e.Stats.LastStop[stop.Kind] = stop.Detail
+	e.Stats.LastStop[stop.Kind] = stop
 	merged := unwind.Merge(ev.Stack, e.pcs, stop)
 	if len(merged) > len(ev.Stack) {
 		e.Stats.Deeper++

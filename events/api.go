@@ -133,72 +133,75 @@ type APIInfo struct {
 	Layer Layer
 }
 
-var apis = [apiEnd]APIInfo{
-	APIUnknown:              {Name: "unknown"},
-	CudaMalloc:              {"cudaMalloc", OpAlloc, KindDevice, LayerRuntime},
-	CudaFree:                {"cudaFree", OpFree, KindDevice, LayerRuntime},
-	CudaMallocAsync:         {"cudaMallocAsync", OpAlloc, KindDevice, LayerRuntime},
-	CudaFreeAsync:           {"cudaFreeAsync", OpFree, KindDevice, LayerRuntime},
-	CudaMallocFromPoolAsync: {"cudaMallocFromPoolAsync", OpAlloc, KindDevice, LayerRuntime},
-	CudaMallocManaged:       {"cudaMallocManaged", OpAlloc, KindManaged, LayerRuntime},
-	CudaMallocPitch:         {"cudaMallocPitch", OpAlloc, KindDevice, LayerRuntime},
-	CudaMalloc3D:            {"cudaMalloc3D", OpAlloc, KindDevice, LayerRuntime},
-	CudaMallocHost:          {"cudaMallocHost", OpAlloc, KindHost, LayerRuntime},
-	CudaHostAlloc:           {"cudaHostAlloc", OpAlloc, KindHost, LayerRuntime},
-	CudaFreeHost:            {"cudaFreeHost", OpFree, KindHost, LayerRuntime},
-	CudaSetDevice:           {"cudaSetDevice", OpSetDevice, 0, LayerRuntime},
-	CuMemAlloc:              {"cuMemAlloc_v2", OpAlloc, KindDevice, LayerDriver},
-	CuMemFree:               {"cuMemFree_v2", OpFree, KindDevice, LayerDriver},
-	CuMemAllocPitch:         {"cuMemAllocPitch_v2", OpAlloc, KindDevice, LayerDriver},
-	CuMemAllocManaged:       {"cuMemAllocManaged", OpAlloc, KindManaged, LayerDriver},
-	CuMemAllocHost:          {"cuMemAllocHost_v2", OpAlloc, KindHost, LayerDriver},
-	CuMemHostAlloc:          {"cuMemHostAlloc", OpAlloc, KindHost, LayerDriver},
-	CuMemFreeHost:           {"cuMemFreeHost", OpFree, KindHost, LayerDriver},
-	CuMemAllocAsync:         {"cuMemAllocAsync", OpAlloc, KindDevice, LayerDriver},
-	CuMemAllocFromPoolAsync: {"cuMemAllocFromPoolAsync", OpAlloc, KindDevice, LayerDriver},
-	CuMemFreeAsync:          {"cuMemFreeAsync", OpFree, KindDevice, LayerDriver},
+// apis is each traced function's name and what its calls do, built from
+// the groups below: the functions in a group do the same to memory.
+var apis = buildAPIs([]apiGroup{
+	// The runtime (libcudart).
+	{OpAlloc, KindDevice, LayerRuntime, []apiName{{CudaMalloc, "cudaMalloc"}, {CudaMallocAsync, "cudaMallocAsync"}, {CudaMallocFromPoolAsync, "cudaMallocFromPoolAsync"}, {CudaMallocPitch, "cudaMallocPitch"}, {CudaMalloc3D, "cudaMalloc3D"}}},
+	{OpFree, KindDevice, LayerRuntime, []apiName{{CudaFree, "cudaFree"}, {CudaFreeAsync, "cudaFreeAsync"}}},
+	{OpAlloc, KindManaged, LayerRuntime, []apiName{{CudaMallocManaged, "cudaMallocManaged"}}},
+	{OpAlloc, KindHost, LayerRuntime, []apiName{{CudaMallocHost, "cudaMallocHost"}, {CudaHostAlloc, "cudaHostAlloc"}}},
+	{OpFree, KindHost, LayerRuntime, []apiName{{CudaFreeHost, "cudaFreeHost"}}},
+	{OpSetDevice, 0, LayerRuntime, []apiName{{CudaSetDevice, "cudaSetDevice"}}},
+	// The driver (libcuda).
+	{OpAlloc, KindDevice, LayerDriver, []apiName{{CuMemAlloc, "cuMemAlloc_v2"}, {CuMemAllocPitch, "cuMemAllocPitch_v2"}, {CuMemAllocAsync, "cuMemAllocAsync"}, {CuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync"}}},
+	{OpFree, KindDevice, LayerDriver, []apiName{{CuMemFree, "cuMemFree_v2"}, {CuMemFreeAsync, "cuMemFreeAsync"}}},
+	{OpAlloc, KindManaged, LayerDriver, []apiName{{CuMemAllocManaged, "cuMemAllocManaged"}}},
+	{OpAlloc, KindHost, LayerDriver, []apiName{{CuMemAllocHost, "cuMemAllocHost_v2"}, {CuMemHostAlloc, "cuMemHostAlloc"}}},
+	{OpFree, KindHost, LayerDriver, []apiName{{CuMemFreeHost, "cuMemFreeHost"}}},
 	// Contexts say which device a thread's driver calls go to (the BPF
 	// side keeps each thread's context stack) and which context each
 	// allocation belongs to: the ledger frees a context's allocations when
-	// it dies.
-	CuDevicePrimaryCtxRetain: {"cuDevicePrimaryCtxRetain", OpContext, 0, LayerDriver},
-	CuCtxCreate:              {"cuCtxCreate_v2", OpContext, 0, LayerDriver},
-	CuCtxSetCurrent:          {"cuCtxSetCurrent", OpContext, 0, LayerDriver},
-	CuCtxPushCurrent:         {"cuCtxPushCurrent_v2", OpContext, 0, LayerDriver},
+	// it dies. cuCtxAttach is counted in BPF and makes no record.
+	{OpContext, 0, LayerDriver, []apiName{{CuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"}, {CuCtxCreate, "cuCtxCreate_v2"}, {CuCtxSetCurrent, "cuCtxSetCurrent"}, {CuCtxPushCurrent, "cuCtxPushCurrent_v2"}, {CuCtxPopCurrent, "cuCtxPopCurrent_v2"}, {CuCtxAttach, "cuCtxAttach"}}},
+	{OpContextEnd, 0, LayerDriver, []apiName{{CuCtxDestroy, "cuCtxDestroy_v2"}, {CuCtxDetach, "cuCtxDetach"}, {CuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"}, {CuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2"}}},
+	{OpContextEnd, 0, LayerRuntime, []apiName{{CudaDeviceReset, "cudaDeviceReset"}}},
 	// VMM physical memory, counted from its creation on the device its
 	// properties name until it is released and no longer mapped; Addr is
 	// the allocation handle.
-	CuMemCreate:  {"cuMemCreate", OpAlloc, KindDevice, LayerDriver},
-	CuMemRelease: {"cuMemRelease", OpFree, KindDevice, LayerDriver},
-	// Tensors: blocks PyTorch's caching allocator hands out of the segments
-	// it got from cudaMalloc. A second level, accounted apart.
-	TorchMalloc: {"pytorch:malloc", OpAlloc, KindDevice, LayerTensor},
-	TorchFree:   {"pytorch:free", OpFree, KindDevice, LayerTensor},
-
-	CuCtxPopCurrent: {"cuCtxPopCurrent_v2", OpContext, 0, LayerDriver},
+	{OpAlloc, KindDevice, LayerDriver, []apiName{{CuMemCreate, "cuMemCreate"}}},
+	{OpFree, KindDevice, LayerDriver, []apiName{{CuMemRelease, "cuMemRelease"}}},
 	// VMM mappings and address ranges. They hold no memory of their own:
 	// a mapping keeps its handle's physical memory alive past cuMemRelease
 	// until cuMemUnmap (the driver frees it when both are gone), and the
 	// ledger counts mapped and reserved bytes apart.
-	CuMemMap:            {"cuMemMap", OpMap, KindDevice, LayerDriver},
-	CuMemUnmap:          {"cuMemUnmap", OpUnmap, KindDevice, LayerDriver},
-	CuMemAddressReserve: {"cuMemAddressReserve", OpReserve, KindDevice, LayerDriver},
-	CuMemAddressFree:    {"cuMemAddressFree", OpUnreserve, KindDevice, LayerDriver},
-
-	CuCtxDestroy:              {"cuCtxDestroy_v2", OpContextEnd, 0, LayerDriver},
-	CuCtxDetach:               {"cuCtxDetach", OpContextEnd, 0, LayerDriver},
-	CuCtxAttach:               {"cuCtxAttach", OpContext, 0, LayerDriver}, // counted in BPF; no record
-	CuDevicePrimaryCtxRelease: {"cuDevicePrimaryCtxRelease_v2", OpContextEnd, 0, LayerDriver},
-	CuDevicePrimaryCtxReset:   {"cuDevicePrimaryCtxReset_v2", OpContextEnd, 0, LayerDriver},
-	CudaDeviceReset:           {"cudaDeviceReset", OpContextEnd, 0, LayerRuntime},
-
+	{OpMap, KindDevice, LayerDriver, []apiName{{CuMemMap, "cuMemMap"}}},
+	{OpUnmap, KindDevice, LayerDriver, []apiName{{CuMemUnmap, "cuMemUnmap"}}},
+	{OpReserve, KindDevice, LayerDriver, []apiName{{CuMemAddressReserve, "cuMemAddressReserve"}}},
+	{OpUnreserve, KindDevice, LayerDriver, []apiName{{CuMemAddressFree, "cuMemAddressFree"}}},
+	// Tensors: blocks PyTorch's caching allocator hands out of the segments
+	// it got from cudaMalloc. A second level, accounted apart.
+	{OpAlloc, KindDevice, LayerTensor, []apiName{{TorchMalloc, "pytorch:malloc"}}},
+	{OpFree, KindDevice, LayerTensor, []apiName{{TorchFree, "pytorch:free"}}},
 	// What a thread that ran before tracing began says of its own state:
 	// its current context (Addr and Size) and its device (Device), which
 	// cudatrace did not see being set. Recorded only when they change what
 	// was known; before, its records' device is DeviceUnknown.
-	CuCtxGetCurrent: {"cuCtxGetCurrent", OpContext, 0, LayerDriver},
-	CuCtxGetDevice:  {"cuCtxGetDevice", OpContext, 0, LayerDriver},
-	CudaGetDevice:   {"cudaGetDevice", OpContext, 0, LayerRuntime},
+	{OpContext, 0, LayerDriver, []apiName{{CuCtxGetCurrent, "cuCtxGetCurrent"}, {CuCtxGetDevice, "cuCtxGetDevice"}}},
+	{OpContext, 0, LayerRuntime, []apiName{{CudaGetDevice, "cudaGetDevice"}}},
+})
+
+// apiGroup is functions whose calls do the same: Op on memory of Kind.
+type apiGroup struct {
+	op    Op
+	kind  Kind
+	layer Layer
+	names []apiName
+}
+
+type apiName struct {
+	api  API
+	name string
+}
+
+func buildAPIs(groups []apiGroup) [apiEnd]APIInfo {
+	t := [apiEnd]APIInfo{APIUnknown: {Name: "unknown"}}
+	for _, g := range groups {
+		for _, n := range g.names {
+			t[n.api] = APIInfo{n.name, g.op, g.kind, g.layer}
+		}
+	}
+	return t
 }
 
 // DeviceUnknown is the device of a record made by a thread whose device

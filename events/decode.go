@@ -79,7 +79,7 @@ func Decode(raw []byte, ev *Event) error {
 	ev.StackErr = 0
 	ev.Aux = 0
 	ev.Regs = Regs{}
-	ev.Window = ev.Window[:0]
+	ev.Window = nil
 	ev.Py = ev.Py[:0]
 	if ev.Flags&FlagPython != 0 {
 		if err := decodePy(raw, ev); err != nil {
@@ -119,7 +119,10 @@ func Decode(raw []byte, ev *Event) error {
 	if wlen > MaxWindow || int(wlen) > len(u)-ustackSize {
 		return fmt.Errorf("decode record: stack window of %d bytes in %d: %w", wlen, len(raw), ErrShortRecord)
 	}
-	ev.Window = append(ev.Window, u[ustackSize:ustackSize+int(wlen)]...)
+	// Not copied: the live reader hands over the ring buffer's memory,
+	// and 16 KiB a record was most of decoding's cost. Capped, so that an
+	// append copies rather than writes into raw.
+	ev.Window = u[ustackSize : ustackSize+int(wlen) : ustackSize+int(wlen)]
 	if RecordLen(ev) > len(raw) {
 		return fmt.Errorf("decode record: Python frames overlap the stack window in %d bytes: %w", len(raw), ErrShortRecord)
 	}

@@ -162,10 +162,15 @@ func TestWindowRoundTrip(t *testing.T) {
 	if RecordLen(&ev) != len(raw) {
 		t.Fatalf("RecordLen %d, want %d", RecordLen(&ev), len(raw))
 	}
-	// The window is ev's own: the record's buffer is reused.
-	reserved[len(raw)-1] ^= 0xff
-	if ev.Window[4999] != win[4999] {
-		t.Fatal("Window aliases the record")
+	// The window is the record's bytes, not a copy (the live reader's
+	// records are the ring buffer's memory), and capped there: appending
+	// to it copies instead of writing into the record.
+	if &ev.Window[0] != &reserved[headerSize+3*8+ustackSize] || cap(ev.Window) != len(win) {
+		t.Fatalf("Window is not the record's bytes (cap %d)", cap(ev.Window))
+	}
+	grown := append(ev.Window, 0xaa)
+	if reserved[len(raw)] != 0 || &grown[0] == &ev.Window[0] {
+		t.Fatal("append to Window wrote into the record")
 	}
 	// The next record without a window clears it.
 	if err := Decode(record(1, 0x401000), &ev); err != nil {

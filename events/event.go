@@ -19,7 +19,8 @@ type Event struct {
 	StackErr int32    // a negative errno in place of a stack (traces from recorders that used bpf_get_stack); 0 otherwise
 	// With FlagWindow: the registers at the probe and the user stack bytes
 	// from Regs.SP up, for unwinding code without frame pointers in user
-	// space (package unwind). Window is ev's own copy.
+	// space (package unwind). Decode leaves Window in the record's bytes:
+	// valid while they are (a live record: until the handler returns).
 	Regs   Regs
 	Window []byte
 	// With FlagPython: the thread's CPython frames, innermost first, as BPF

@@ -7,10 +7,11 @@ package ledger
 
 import (
 	"cmp"
+	"encoding/binary"
 	"hash/maphash"
 	"iter"
+	"maps"
 	"slices"
-	"sort"
 
 	"github.com/cudatrace/cudatrace/events"
 )
@@ -19,11 +20,13 @@ import (
 // per-process and per-device totals with their peaks, failures, and
 // allocation stacks. Apply it to events in the order the ring buffer
 // delivered them; the BPF programs order frees before any reuse of their
-// address (see bpf/cudatrace.bpf.c).
+// address (see bpf/cudatrace.bpf.c). It is not safe for concurrent use:
+// readers copy what they need on the goroutine that applies events.
 type Ledger struct {
 	procs    map[uint32]*Process
 	stacks   map[stackKey]*Stack
 	seed     maphash.Seed
+	keyBuf   []byte // key's, reused
 	maxFails int
 }
 
@@ -232,16 +235,14 @@ func (l *Ledger) StackOf(pid uint32, frames []uint64, tensor bool) *Stack {
 }
 
 func (l *Ledger) key(pid uint32, frames []uint64) stackKey {
-	var h maphash.Hash
-	h.SetSeed(l.seed)
-	var buf [8]byte
+	// The frames' bytes hashed in one call: a Write per frame cost as much
+	// as the rest of an allocation's accounting.
+	b := l.keyBuf[:0]
 	for _, f := range frames {
-		for i := range buf {
-			buf[i] = byte(f >> (8 * i))
-		}
-		h.Write(buf[:])
+		b = binary.LittleEndian.AppendUint64(b, f)
 	}
-	return stackKey{pid: pid, hash: h.Sum64(), n: len(frames)}
+	l.keyBuf = b
+	return stackKey{pid: pid, hash: maphash.Bytes(l.seed, b), n: len(frames)}
 }
 
 // Change is what Apply did to the ledger, for readers that follow it event
@@ -379,41 +380,58 @@ func (l *Ledger) alloc(ev *events.Event, info events.APIInfo) Change {
 		}
 		return ch
 	}
-	before := ev.Flags&events.FlagBefore != 0
-	if before {
+	if ev.Flags&events.FlagBefore != 0 {
 		p.BeforeAllocs++
 		p.BeforeBytes += ev.Size
 	} else {
 		p.Allocs++
 		p.AllocBytes += ev.Size
-		st.Allocs++
-		st.AllocBytes += ev.Size
 	}
 	if old := p.live[ev.Addr]; old != nil {
 		p.Replaced++
 		p.release(old)
 		ch.Freed = old
 	}
+	a := p.place(ev, st, p.live, &ch)
+	if info.Kind == events.KindHost {
+		grow(&p.HostLive, &p.HostPeak, nil, a)
+		return ch
+	}
+	grow(&p.Live, &p.Peak, &p.PeakTime, a)
+	d := p.device(a.Device)
+	grow(&d.Live, &d.Peak, nil, a)
+	return ch
+}
+
+// place makes ev's allocation from stack st, live in live (p.live or
+// p.tensors), as ch's.
+func (p *Process) place(ev *events.Event, st *Stack, live map[uint64]*Allocation, ch *Change) *Allocation {
+	// Made before the trace began (the agent's windows start with its live
+	// set): live, but not an allocation of this trace's.
+	before := ev.Flags&events.FlagBefore != 0
+	if !before {
+		st.Allocs++
+		st.AllocBytes += ev.Size
+	}
 	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st,
 		Ctx: p.threadCtx[ev.TID], Before: before}
 	ch.Alloc = a
-	p.live[ev.Addr] = a
+	live[ev.Addr] = a
 	st.Live += a.Size
 	st.LiveCount++
-	if info.Kind == events.KindHost {
-		p.HostLive += a.Size
-		p.HostPeak = max(p.HostPeak, p.HostLive)
-		return ch
+	return a
+}
+
+// grow adds a's bytes to a live count and raises its peak, noting when in
+// *peakTime (nil: not kept).
+func grow(live, peak, peakTime *uint64, a *Allocation) {
+	*live += a.Size
+	if *live > *peak {
+		*peak = *live
+		if peakTime != nil {
+			*peakTime = a.Time
+		}
 	}
-	p.Live += a.Size
-	if p.Live > p.Peak {
-		p.Peak = p.Live
-		p.PeakTime = a.Time
-	}
-	d := p.device(a.Device)
-	d.Live += a.Size
-	d.Peak = max(d.Peak, d.Live)
-	return ch
 }
 
 func (l *Ledger) free(ev *events.Event) Change {
@@ -517,31 +535,18 @@ func (p *Process) unmapOne(m *Mapping) *Allocation {
 func (l *Ledger) tensorAlloc(p *Process, ev *events.Event) Change {
 	st := l.stack(ev.PID, ev.Stack, true)
 	ch := Change{Process: p, Stack: st}
-	before := ev.Flags&events.FlagBefore != 0
-	if !before {
+	if ev.Flags&events.FlagBefore == 0 {
 		p.TensorAllocs++
 		p.TensorAllocBytes += ev.Size
-		st.Allocs++
-		st.AllocBytes += ev.Size
 	}
 	if old := p.tensors[ev.Addr]; old != nil {
 		p.tensorRelease(old)
 		ch.Freed = old
 	}
-	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st,
-		Ctx: p.threadCtx[ev.TID], Before: before}
-	ch.Alloc = a
-	p.tensors[ev.Addr] = a
-	st.Live += a.Size
-	st.LiveCount++
-	p.TensorLive += a.Size
-	if p.TensorLive > p.TensorPeak {
-		p.TensorPeak = p.TensorLive
-		p.TensorPeakTime = a.Time
-	}
+	a := p.place(ev, st, p.tensors, &ch)
+	grow(&p.TensorLive, &p.TensorPeak, &p.TensorPeakTime, a)
 	d := p.device(a.Device)
-	d.TensorLive += a.Size
-	d.TensorPeak = max(d.TensorPeak, d.TensorLive)
+	grow(&d.TensorLive, &d.TensorPeak, nil, a)
 	return ch
 }
 
@@ -584,12 +589,7 @@ func (p *Process) account(a *Allocation) {
 
 // Processes returns every process seen, by PID.
 func (l *Ledger) Processes() []*Process {
-	out := make([]*Process, 0, len(l.procs))
-	for _, p := range l.procs {
-		out = append(out, p)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
-	return out
+	return slices.SortedFunc(maps.Values(l.procs), func(a, b *Process) int { return cmp.Compare(a.PID, b.PID) })
 }
 
 // Process returns one process's account, or nil.
@@ -660,12 +660,7 @@ func sortAllocs(out []*Allocation) {
 
 // DeviceList returns p's devices by ordinal.
 func (p *Process) DeviceList() []*Device {
-	out := make([]*Device, 0, len(p.Devices))
-	for _, d := range p.Devices {
-		out = append(out, d)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Device < out[j].Device })
-	return out
+	return slices.SortedFunc(maps.Values(p.Devices), func(a, b *Device) int { return cmp.Compare(a.Device, b.Device) })
 }
 
 // Forget drops pid's account and its stacks from the ledger, for a ledger

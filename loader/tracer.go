@@ -591,11 +591,24 @@ func (t *Tracer) AddPID(pid uint32) error {
 // thread states and how they are laid out: its allocation records carry
 // the allocating thread's Python frames from then on.
 func (t *Tracer) SetPython(pid uint32, o *bpf.CudatraceCtPyoffsets) error {
+	for _, f := range []struct {
+		name      string
+		off, size int64
+	}{{"previous", o.FrPrevious, 8}, {"code", o.FrCode, 8}, {"instruction", o.FrInstr, 8}, {"owner", o.FrOwner, 1}, {"is_entry", o.FrEntry, 1}} {
+		if f.off >= 0 && f.off+f.size > PyFrameRead || f.off < -1 || f.off == -1 && f.size == 8 {
+			return fmt.Errorf("python layout of pid %d: frame field %s at %d lies past the %d bytes the walk reads of a frame", pid, f.name, f.off, PyFrameRead)
+		}
+	}
 	if err := t.objs.PyProcs.Put(pid, o); err != nil {
 		return fmt.Errorf("python layout of pid %d: %w", pid, err)
 	}
 	return nil
 }
+
+// PyFrameRead is CT_PY_FRAME_READ (bpf/cudatrace.h): the bytes of an
+// interpreter frame the BPF walk reads at once, where each field it takes
+// must lie (SetPython checks).
+const PyFrameRead = 128
 
 // ForgetPython drops a process's CPython layout (it exited).
 func (t *Tracer) ForgetPython(pid uint32) {

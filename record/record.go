@@ -86,6 +86,9 @@ type Options struct {
 	// their build IDs), and whoever reads it names them from the files it
 	// finds, or shows addresses.
 	NoSymbolize bool
+	// ReaderStats times the reader's work on each event, by stage, into
+	// Result.Reader (record -v): a few clock reads an event.
+	ReaderStats bool
 
 	// waiting are the --pid processes with no CUDA library loaded when
 	// tracing began (findLibraries): the scan of their mappings attaches
@@ -154,6 +157,8 @@ type Result struct {
 	// whose code object could not be read (freed before it was): their
 	// stacks show "[unresolved Python frame: why]" there.
 	PythonFrames, UnresolvedPython uint64
+	// Reader is what reading the events cost, with Options.ReaderStats.
+	Reader *ReaderStats
 }
 
 // Run traces until the session ends. ctx cancellation (SIGINT, SIGTERM)
@@ -309,6 +314,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		// agent serves until it shuts down agrees with its exit line.
 		s.opts.Observer.Tick(res)
 	}
+	res.Reader = s.stats
 	if err := s.finish(res); err != nil {
 		return res, err
 	}

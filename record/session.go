@@ -75,6 +75,8 @@ type session struct {
 	pyFrames, pyUnresolved uint64
 	// learn decides when the tracer's learning probes are on.
 	learn learning
+	// stats times the steps of Record (Options.ReaderStats); nil: not.
+	stats *ReaderStats
 }
 
 // liveProc is what the session keeps of a running process beside the
@@ -91,13 +93,17 @@ type liveProc struct {
 
 // newState returns a session's state, with no trace file.
 func newState(opts Options, res *Result) *session {
-	return &session{
+	s := &session{
 		opts: opts, res: res,
 		procs:  procmodel.New(),
 		live:   make(map[uint32]*liveProc),
 		warned: make(map[string]bool),
 		en:     enrich.New(!opts.KeepStackWindows),
 	}
+	if opts.ReaderStats {
+		s.stats = &ReaderStats{}
+	}
+	return s
 }
 
 func newSession(opts Options, res *Result, tr *loader.Tracer) (*session, error) {
@@ -168,8 +174,11 @@ func (s *session) prune() {
 	}
 }
 
-// Record handles one ring-buffer record, in named steps.
+// Record handles one ring-buffer record, in named steps (each timed with
+// Options.ReaderStats).
 func (s *session) Record(raw []byte) {
+	st := s.stats
+	st.begin()
 	if err := events.Decode(raw, &s.ev); err != nil {
 		s.warn(err)
 		return
@@ -177,19 +186,25 @@ func (s *session) Record(raw []byte) {
 	s.events++
 	ev := &s.ev
 	lp := s.track(ev)
+	st.done(StageDecode)
 	// Code objects are read before the process goes on: BPF holds it at a
 	// record with a Python frame new to it (bpf/python.h
 	// py_hold_new_frames) until resume.
 	s.resolvePython(ev, lp)
 	s.resume(ev)
+	st.done(StagePython)
 	raw = s.enrich(ev, lp, raw)
+	st.done(StageUnwind)
 	s.nameNative(ev, lp)
+	st.done(StageName)
 	s.write(ev, raw)
+	st.done(StageWrite)
 	ch := s.apply(ev, lp)
 	s.learn.saw(ev, s.learner())
 	if s.opts.Observer != nil {
 		s.opts.Observer.Event(ev, ch)
 	}
+	st.done(StageLedger)
 }
 
 // track returns what the session keeps of ev's process: captured when
@@ -314,6 +329,7 @@ func (s *session) learner() learner {
 // Tick flushes the trace, snapshots counters and decides whether the
 // session is over.
 func (s *session) Tick() {
+	s.stats.tick()
 	s.attachLate()
 	s.learn.tick(s.learner())
 	s.writeNamed(false)

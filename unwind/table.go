@@ -9,7 +9,53 @@ import (
 	"os"
 	"sort"
 	"sync"
+
+	"github.com/cudatrace/cudatrace/proc"
 )
+
+// fileKey and tableEntry cache a file's table in an Unwinder: by path,
+// size and time of change, and by build ID.
+type fileKey struct {
+	path  string
+	size  int64
+	mtime int64
+}
+
+type tableEntry struct {
+	once sync.Once
+	t    *table
+	err  error
+}
+
+// table returns m's file's table, opened once per file (Unwinder.byFile,
+// byID).
+func (u *Unwinder) table(m *proc.Mapping) (*table, error) {
+	st, err := os.Stat(m.Path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file")
+	}
+	key := fileKey{m.Path, st.Size(), st.ModTime().UnixNano()}
+	u.mu.Lock()
+	e := u.byFile[key]
+	if e == nil {
+		if m.BuildID != "" {
+			e = u.byID[m.BuildID]
+		}
+		if e == nil {
+			e = &tableEntry{}
+			if m.BuildID != "" {
+				u.byID[m.BuildID] = e
+			}
+		}
+		u.byFile[key] = e
+	}
+	u.mu.Unlock()
+	e.once.Do(func() { e.t, e.err = openTable(m.Path) })
+	return e.t, e.err
+}
 
 // table is one ELF file's call-frame information, opened once per file
 // and read entry by entry as addresses ask for it. With .eh_frame_hdr (every

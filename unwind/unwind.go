@@ -11,7 +11,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"sync"
 
@@ -29,18 +28,6 @@ type Unwinder struct {
 	mu     sync.Mutex
 	byFile map[fileKey]*tableEntry
 	byID   map[string]*tableEntry
-}
-
-type fileKey struct {
-	path  string
-	size  int64
-	mtime int64
-}
-
-type tableEntry struct {
-	once sync.Once
-	t    *table
-	err  error
 }
 
 // New returns an Unwinder with empty caches.
@@ -95,8 +82,19 @@ func (m *Maps) find(pc uint64) int { return proc.Find(m.m, pc) }
 
 // Stop says why an unwind ended.
 type Stop struct {
-	Kind   StopKind
-	Detail string // what, where: for a human
+	Kind StopKind
+	// Detail says what and where, for a human; for StopWindow, the most
+	// common stop, String formats it from win only when asked: records
+	// stop there one after another.
+	Detail string
+	win    windowStop
+}
+
+// windowStop is where an unwind left the window: at pc in path, reading
+// addr, outside the window [base, end).
+type windowStop struct {
+	pc, addr, base, end uint64
+	path                string
 }
 
 // StopKind classifies Stop.
@@ -112,7 +110,13 @@ const (
 	StopMax                       // MaxFrames reached
 )
 
-func (s Stop) String() string { return s.Detail }
+func (s Stop) String() string {
+	if s.Kind == StopWindow && s.Detail == "" {
+		w := s.win
+		return fmt.Sprintf("at %#x (%s): %#x: %v (%#x to %#x)", w.pc, w.path, w.addr, errWindow, w.base, w.end)
+	}
+	return s.Detail
+}
 
 // Unwind walks the stack from regs through window, the stack bytes from
 // regs.SP up, and appends the return addresses to pcs (regs.IP first).
@@ -130,7 +134,7 @@ func (u *Unwinder) Unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 	for len(pcs) < MaxFrames {
 		i := maps.find(pc)
 		if i < 0 || !maps.m[i].File() {
-			return pcs, Stop{StopNoMapping, fmt.Sprintf("%#x is in no mapped file", pc)}
+			return pcs, Stop{Kind: StopNoMapping, Detail: fmt.Sprintf("%#x is in no mapped file", pc)}
 		}
 		m := &maps.m[i]
 		slot := &maps.tabs[i]
@@ -140,11 +144,11 @@ func (u *Unwinder) Unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 		}
 		t, err := slot.t, slot.err
 		if err != nil {
-			return pcs, Stop{StopNoCFI, fmt.Sprintf("%s: %v", m.Path, err)}
+			return pcs, Stop{Kind: StopNoCFI, Detail: fmt.Sprintf("%s: %v", m.Path, err)}
 		}
 		v, ok := t.vaddr(pc - m.Start + m.Offset)
 		if !ok {
-			return pcs, Stop{StopNoCFI, fmt.Sprintf("%#x is outside %s's segments", pc, m.Path)}
+			return pcs, Stop{Kind: StopNoCFI, Detail: fmt.Sprintf("%#x is outside %s's segments", pc, m.Path)}
 		}
 		// Every pc here but a signal frame's is a return address: the call
 		// it returns from is one byte back, and that is the row that holds
@@ -152,41 +156,41 @@ func (u *Unwinder) Unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 		// return address be another's first byte).
 		w, err := t.rowFor(v - back)
 		if err != nil {
-			return pcs, Stop{StopNoCFI, fmt.Sprintf("%#x (%s+%#x): %v", pc, m.Path, v, err)}
+			return pcs, Stop{Kind: StopNoCFI, Detail: fmt.Sprintf("%#x (%s+%#x): %v", pc, m.Path, v, err)}
 		}
 		st := state{pc: pc, sp: sp, bp: bp, bpOK: bpOK, mem: &mem}
 		cfa, err := st.cfa(&w)
 		if err != nil {
-			return pcs, stopFor(err, pc, m.Path)
+			return pcs, stopFor(err, pc, m.Path, &mem)
 		}
 		if w.ra.kind == ruleUndef {
-			return pcs, Stop{StopEnd, "end of stack"}
+			return pcs, Stop{Kind: StopEnd, Detail: "end of stack"}
 		}
 		if w.ra.kind == ruleSame {
-			return pcs, Stop{StopRule, fmt.Sprintf("at %#x (%s): no rule for the return address", pc, m.Path)}
+			return pcs, Stop{Kind: StopRule, Detail: fmt.Sprintf("at %#x (%s): no rule for the return address", pc, m.Path)}
 		}
 		ra, ok, err := st.apply(&w.ra, cfa)
 		if err != nil || !ok {
 			if err == nil {
 				err = errors.New("return address rule")
 			}
-			return pcs, stopFor(err, pc, m.Path)
+			return pcs, stopFor(err, pc, m.Path, &mem)
 		}
 		nbp, nbpOK, err := st.apply(&w.rbp, cfa)
 		if err != nil {
 			nbpOK = false // rbp lost: only frames whose CFA needs it stop
 		}
 		if ra == 0 {
-			return pcs, Stop{StopEnd, "end of stack"}
+			return pcs, Stop{Kind: StopEnd, Detail: "end of stack"}
 		}
 		if cfa <= sp {
-			return pcs, Stop{StopLoop, fmt.Sprintf("CFA %#x at or below sp %#x at %#x", cfa, sp, pc)}
+			return pcs, Stop{Kind: StopLoop, Detail: fmt.Sprintf("CFA %#x at or below sp %#x at %#x", cfa, sp, pc)}
 		}
 		pc, sp, bp, bpOK = ra, cfa, nbp, nbpOK
 		back = 1
 		pcs = append(pcs, pc)
 	}
-	return pcs, Stop{StopMax, fmt.Sprintf("%d frames", MaxFrames)}
+	return pcs, Stop{Kind: StopMax, Detail: fmt.Sprintf("%d frames", MaxFrames)}
 }
 
 var (
@@ -194,52 +198,30 @@ var (
 	errRule   = errors.New("rule not followed")
 )
 
-func stopFor(err error, pc uint64, path string) Stop {
-	switch {
-	case errors.Is(err, errWindow):
-		return Stop{StopWindow, fmt.Sprintf("at %#x (%s): %v", pc, path, err)}
-	default:
-		return Stop{StopRule, fmt.Sprintf("at %#x (%s): %v", pc, path, err)}
+// stopFor is the Stop of err, met at pc in path reading mem.
+func stopFor(err error, pc uint64, path string, mem *memory) Stop {
+	if errors.Is(err, errWindow) {
+		w := mem.stop
+		w.pc, w.path = pc, path
+		return Stop{Kind: StopWindow, win: w}
 	}
-}
-
-func (u *Unwinder) table(m *proc.Mapping) (*table, error) {
-	st, err := os.Stat(m.Path)
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file")
-	}
-	key := fileKey{m.Path, st.Size(), st.ModTime().UnixNano()}
-	u.mu.Lock()
-	e := u.byFile[key]
-	if e == nil {
-		if m.BuildID != "" {
-			e = u.byID[m.BuildID]
-		}
-		if e == nil {
-			e = &tableEntry{}
-			if m.BuildID != "" {
-				u.byID[m.BuildID] = e
-			}
-		}
-		u.byFile[key] = e
-	}
-	u.mu.Unlock()
-	e.once.Do(func() { e.t, e.err = openTable(m.Path) })
-	return e.t, e.err
+	return Stop{Kind: StopRule, Detail: fmt.Sprintf("at %#x (%s): %v", pc, path, err)}
 }
 
 // memory is the copied stack window: the only memory the unwinder reads.
 type memory struct {
 	base uint64
 	b    []byte
+	// stop notes a read outside the window, returned as errWindow itself:
+	// most unwinds end there, and formatting it each time cost more than
+	// the rest of the unwind (Stop.String formats it when asked).
+	stop windowStop
 }
 
 func (m *memory) read(addr uint64) (uint64, error) {
 	if addr < m.base || addr-m.base > uint64(len(m.b)) || uint64(len(m.b))-(addr-m.base) < 8 {
-		return 0, fmt.Errorf("%#x: %w (%#x to %#x)", addr, errWindow, m.base, m.base+uint64(len(m.b)))
+		m.stop = windowStop{addr: addr, base: m.base, end: m.base + uint64(len(m.b))}
+		return 0, errWindow
 	}
 	return binary.LittleEndian.Uint64(m.b[addr-m.base:]), nil
 }

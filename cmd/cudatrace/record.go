@@ -30,6 +30,7 @@ type recordFlags struct {
 	keepWin   bool
 	portable  bool
 	quiet     bool
+	verbose   bool
 	exports   []string // FORMAT=FILE
 	nvmlEvery time.Duration
 }
@@ -43,6 +44,7 @@ func (f *recordFlags) bind(fl *pflag.FlagSet) {
 	fl.BoolVar(&f.portable, "portable", false, "name every native frame into the trace while recording, so report/export name them on another machine, without these libraries (containers' frames are always named)")
 	fl.BoolVar(&f.keepWin, "keep-stack-windows", false, "write the stack windows to the trace for report/export to unwind, instead of unwinding while recording (traces grow by the window per allocation)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
+	fl.BoolVarP(&f.verbose, "verbose", "v", false, "also print what reading the events cost: process CPU per event and time per stage (decode, unwind, ledger, write...)")
 	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE (pprof, memviz, perfetto, json; repeatable)")
 	f.add(fl, "name no frame while recording, not even a container's: the trace keeps addresses and mappings, report and export name them from the files they find (and --export writes addresses)",
 		"sample the driver's per-process GPU memory (NVML) into the trace")
@@ -121,6 +123,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		NoPythonFrames:   f.noPy,
 		Portable:         f.portable,
 		NoSymbolize:      f.noSymbolize,
+		ReaderStats:      f.verbose,
 	}
 	opts.Tracer.RingBytes = ring
 	if f.nvml {
@@ -155,6 +158,9 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	if res.UnresolvedPython > 0 {
 		fmt.Fprintf(w, "cudatrace: %d of %d Python frames stayed unresolved (their code objects were gone before cudatrace read them): shown as [unresolved Python frame]\n",
 			res.UnresolvedPython, res.PythonFrames)
+	}
+	if res.Reader != nil {
+		res.Reader.Write(w)
 	}
 	if f.output != "" && !incomplete {
 		fmt.Fprintf(w, "cudatrace: %d events written to %s; see `cudatrace report %s`\n", res.Events, f.output, f.output)

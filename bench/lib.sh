@@ -1,0 +1,34 @@
+# Sourced by the bench scripts (bench/*.sh): the repository root as the
+# working directory, $CUDATRACE (bin/cudatrace unless set), a scratch
+# directory $W removed on exit (after the script's own cleanup, set with
+# on_exit), and the stand-in libcudart built there as $LIB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CUDATRACE=${CUDATRACE:-bin/cudatrace}
+W=$(mktemp -d)
+EXIT_HOOK=:
+on_exit() { EXIT_HOOK=$1; }
+trap 'eval "$EXIT_HOOK"; rm -rf "$W"' EXIT
+gcc -shared -fPIC -O2 -fomit-frame-pointer -pthread -Wl,-soname,libcudart.so.12 \
+	-Wl,--version-script=vmtest/testdata/fakecudart.map -o "$W/libcudart.so.12" vmtest/testdata/fakecudart.c
+ln -s libcudart.so.12 "$W/libcudart.so"
+LIB=$W/libcudart.so.12
+
+# build_loop: bench/loop.c against $LIB, as $W/loop.
+build_loop() {
+	gcc -O2 -fno-omit-frame-pointer -I vmtest/testdata -o "$W/loop" bench/loop.c -L"$W" -lcudart -Wl,-rpath,"$W"
+}
+
+# median: the median of the numbers on stdin, one a line or space-separated.
+median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+# ratio A B: A/B to two places.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a/b; else print "?"}'; }
+
+# busy_core: keeps one core busy with another process until the script
+# exits (the realistic case: the traced job keeps its cores busy, and the
+# reader shares them).
+busy_core() {
+	sh -c 'while :; do :; done' &
+	BUSY=$!
+}
