@@ -120,6 +120,29 @@ type procState struct {
 	lastDump  time.Time
 	ooms      uint64
 	keys      []export.SampleKey
+	// oomFree is the device's free memory (NVML's latest sample) at each
+	// of the latest OOM failures, by the failure's time: /snapshot's oom
+	// entries carry it as device_free. At most snapshotOOMs.
+	oomFree map[uint64]uint64
+}
+
+// noteOOMFree keeps dev's free memory at a failure at time t, when the
+// driver's sample knows it.
+func (ps *procState) noteOOMFree(t uint64, free *uint64) {
+	if free == nil {
+		return
+	}
+	if ps.oomFree == nil {
+		ps.oomFree = map[uint64]uint64{}
+	}
+	if len(ps.oomFree) >= snapshotOOMs { // drop the oldest
+		oldest := t
+		for k := range ps.oomFree {
+			oldest = min(oldest, k)
+		}
+		delete(ps.oomFree, oldest)
+	}
+	ps.oomFree[t] = *free
 }
 
 // reusedBy reports whether a process started at start is another than
@@ -336,6 +359,7 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 		if events.IsOOM(ev.Result) {
 			a.totals.OOMs++
 			ps.ooms++
+			ps.noteOOMFree(ev.End(), nvmlFree(a.res.NVML, ev.Device))
 			a.oom(ev, ch, ps)
 		}
 	}

@@ -433,5 +433,19 @@ func TestOOMDumpDeviceFree(t *testing.T) {
 		if len(sum.DeviceFree) != 1 || sum.DeviceFree[0] != c.want {
 			t.Errorf("NVML %v: oom device_free %v, want [%d] (-1: left out)", c.nvml, sum.DeviceFree, c.want)
 		}
+		// /snapshot's oom entry: the driver's figure at the failure, though
+		// the agent's later ticks carry no NVML sample.
+		var buf bytes.Buffer
+		if err := s.a.Snapshot(context.Background(), &buf, pid); err != nil {
+			t.Fatal(err)
+		}
+		snap := filepath.Join(t.TempDir(), "snapshot.pickle")
+		if err := os.WriteFile(snap, buf.Bytes(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		sum = memviztest.Check(t, snap, memviztest.Want{DeviceKnown: c.nvml != nil})
+		if len(sum.DeviceFree) != 1 || sum.DeviceFree[0] != c.want {
+			t.Errorf("NVML %v: /snapshot oom device_free %v, want [%d] (-1: left out)", c.nvml, sum.DeviceFree, c.want)
+		}
 	}
 }

@@ -194,7 +194,7 @@ func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 		for _, al := range tensors {
 			src.add(a, al.Stack)
 		}
-		trace = a.oomEntries(p, snapshotOOMs)
+		trace = a.oomEntries(p, a.procs[pid], snapshotOOMs)
 		for _, e := range trace {
 			src.add(a, e.Stack)
 		}
@@ -213,16 +213,23 @@ func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 }
 
 // oomEntries lists p's latest n out-of-memory failures as memviz oom
-// entries, oldest first.
-func (a *Agent) oomEntries(p *ledger.Process, n int) []export.LiveEntry {
+// entries, oldest first, each with the device's free memory then where the
+// driver's sample said it (ps may be nil).
+func (a *Agent) oomEntries(p *ledger.Process, ps *procState, n int) []export.LiveEntry {
 	var out []export.LiveEntry
 	for i := len(p.Failures) - 1; i >= 0 && len(out) < n; i-- {
 		f := &p.Failures[i]
 		if !events.IsOOM(f.Result) || f.Device < 0 {
 			continue
 		}
-		out = append(out, export.LiveEntry{Action: export.MemvizOOM, Size: f.Size, Device: f.Device, Stack: f.Stack,
-			TimeUS: a.wall(f.Time).UnixMicro()})
+		e := export.LiveEntry{Action: export.MemvizOOM, Size: f.Size, Device: f.Device, Stack: f.Stack,
+			TimeUS: a.wall(f.Time).UnixMicro()}
+		if ps != nil {
+			if free, ok := ps.oomFree[f.Time]; ok {
+				e.DeviceFree = &free
+			}
+		}
+		out = append(out, e)
 	}
 	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
 		out[i], out[j] = out[j], out[i]
