@@ -322,11 +322,7 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 	slices.SortStableFunc(sites, func(a, b site) int {
 		return cmp.Compare(boolByte(b.ret), boolByte(a.ret))
 	})
-	attach := attachEach
-	if t.kernel.UprobeMulti {
-		attach = attachMulti
-	}
-	added, err := attach(ex, sites)
+	added, err := t.attach(ex, sites)
 	if err != nil {
 		return res, fmt.Errorf("attach to %s: %w", lib.Path, err)
 	}
@@ -337,6 +333,17 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 		t.learn = append(t.learn, t.attachLearn(t.exes[len(t.exes)-1])...)
 	}
 	return res, nil
+}
+
+// attach attaches sites the way the programs were loaded for: with
+// uprobe_multi links where the kernel has them (chooseVariants), one
+// uprobe link each elsewhere. A program loaded for uprobe_multi does not
+// attach as a plain uprobe.
+func (t *Tracer) attach(ex *link.Executable, sites []site) ([]link.Link, error) {
+	if t.kernel.UprobeMulti {
+		return attachMulti(ex, sites)
+	}
+	return attachEach(ex, sites)
 }
 
 // attachLearn attaches the LearnProbes ex exports. They are optional: one
@@ -352,7 +359,7 @@ func (t *Tracer) attachLearn(a attached) []link.Link {
 		if err != nil {
 			continue
 		}
-		ls, err := attachEach(a.ex, sites)
+		ls, err := t.attach(a.ex, sites)
 		if err == nil {
 			out = append(out, ls...)
 		}

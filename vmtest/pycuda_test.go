@@ -58,7 +58,10 @@ func pycudaEnv(t *testing.T, dir, log string) []string {
 // DeviceMemoryPool with an out-of-memory allocation and stop_holding, a
 // context on device 1 detached while not current and the first context's
 // detach, which frees what it still holds. Launched under record, and
-// attached (--pid) once the process has made its context on device 0.
+// attached (--pid) once the process has made its context on device 0,
+// and attached once it has made one on device 1 and never names it again:
+// what it allocates before PyCUDA's own calls say the device
+// (cuCtxGetDevice, which GPUArray asks) is on the device unknown.
 // Per process and device the report matches the stand-in's log exactly,
 // implicit frees included, and so do the allocations, bytes and failures
 // of each allocating line of the script (the log names the line before
@@ -112,6 +115,78 @@ func TestPyCUDA(t *testing.T) {
 		}
 		checkPyCUDA(t, ctx, trace, log, script, want, "attached")
 	})
+
+	// Its context made on device 1 before the attach, never named again:
+	// the device is what PyCUDA's own calls tell (cuCtxGetDevice, which
+	// GPUArray asks after allocating), unknown until then.
+	t.Run("attached on device 1", func(t *testing.T) {
+		ctx, dir := traceSetup(t)
+		log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "pycuda.trace")
+		cmd := exec.CommandContext(ctx, python, script, "--attach1")
+		cmd.Env = pycudaEnv(t, dir, log)
+		j := startCmdJob(t, "pycuda_job.py", cmd) // its context is made
+		rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeDriver, "--pid", strconv.Itoa(j.pid), "-o", trace)
+		rec.waitAttached(t, 30*time.Second)
+		if _, err := io.WriteString(j.in, "go\n"); err != nil {
+			t.Fatal(err)
+		}
+		for j.out.Scan() {
+			t.Logf("pycuda_job.py: %s", j.out.Text())
+		}
+		if err := j.cmd.Wait(); err != nil {
+			t.Fatalf("pycuda_job.py --attach1: %v", err)
+		}
+		rec.finish(t, 30*time.Second)
+
+		calls, err := parseLogFile(log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		truths, err := groundTruth(untold(calls, "attached"), "attached")
+		if err != nil || len(truths) != 1 {
+			t.Fatalf("ground truth: %v, %v; want one process", truths, err)
+		}
+		want := truths[j.pid]
+		// By hand from the script: mem_alloc, pitch, pagelocked (host),
+		// managed and to_gpu's allocation come before GPUArray asks its
+		// device; what follows is on device 1.
+		if want == nil || len(want.Devices) != 2 || want.Devices[unknownDevice] == nil || want.Devices[1] == nil ||
+			want.Devices[unknownDevice].Peak != 3<<20+300*1024+4<<16+1<<18 || want.Failed != 4 {
+			t.Fatalf("ground truth: %v; want pid %d on devices unknown and 1, 4 failures", want, j.pid)
+		}
+		checkPyCUDA(t, ctx, trace, log, script, want, "attached")
+	})
+}
+
+// untold relabels, per thread after each process's marker, what the
+// thread allocated before its first call that says its device
+// (cuCtxGetCurrent, cuCtxGetDevice) as on unknownDevice, and so the frees
+// of that memory and the failures then: what a tracer that attached after
+// the thread chose its device can know.
+func untold(calls []logCall, marker string) []logCall {
+	out := make([]logCall, len(calls))
+	started := map[int]bool{}
+	told := map[int]bool{}
+	unknownPtr := map[uint64]bool{}
+	for i, c := range calls {
+		switch {
+		case c.API == marker:
+			started[c.PID] = true
+		case !started[c.PID]:
+		case c.API == "cuCtxGetCurrent" || c.API == "cuCtxGetDevice":
+			told[c.TID] = true
+		case classOf(c.API) == classAlloc && !told[c.TID]:
+			c.Dev = unknownDevice
+			if c.Ret == 0 {
+				unknownPtr[c.Ptr] = true
+			}
+		case (classOf(c.API) == classFree || c.API == "implicit_free") && unknownPtr[c.Ptr]:
+			c.Dev = unknownDevice
+			delete(unknownPtr, c.Ptr)
+		}
+		out[i] = c
+	}
+	return out
 }
 
 // lineTruth is what the stand-in's log says one line of the script did.

@@ -27,7 +27,7 @@
  *   api:  the function called, or a marker name from fakecuda_log_marker.
  *   ret:  the value returned.
  *   ptr:  allocations: the address returned (0x0 when failed); frees: the
- *         pointer passed.
+ *         pointer passed; cuCtxGetCurrent: the context returned.
  *   size: allocations: the bytes reserved as the caller sees them (size;
  *         pitch*height for cudaMallocPitch; pitch*height*depth for
  *         cudaMalloc3D), 0 when failed; frees: the size the freed allocation
@@ -871,6 +871,10 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
 	*pctx = ctx_depth > 0 ? (CUcontext)(uintptr_t)ctx_stack[ctx_depth - 1] : NULL;
+	/* Logged: it tells a tracer that attached late the thread's device. */
+	pthread_mutex_lock(&mu);
+	log_line("cuCtxGetCurrent", CUDA_SUCCESS, (uint64_t)(uintptr_t)*pctx, 0, cur_dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
 	return CUDA_SUCCESS;
 }
 
@@ -881,6 +885,9 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 	if (ctx_depth == 0)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	*dev = cur_dev;
+	pthread_mutex_lock(&mu); /* logged, as cuCtxGetCurrent */
+	log_line("cuCtxGetDevice", CUDA_SUCCESS, 0, 0, cur_dev, KIND_NONE, 0);
+	pthread_mutex_unlock(&mu);
 	return CUDA_SUCCESS;
 }
 

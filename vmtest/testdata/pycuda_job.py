@@ -10,6 +10,8 @@ first context's detach at the end, which frees what it still holds.
 With --attach the script says "ready" once its context on device 0 is
 made and waits for a line on stdin (the tracer attaches meanwhile), then
 pops and pushes that context; the part on device 1 is left out then.
+With --attach1 its context is made on device 1 before the attach and
+never named again after it: the device is what PyCUDA's own calls say.
 
 Before each allocating line the script names it in the stand-in's log
 (fakecuda_log_marker, the stand-in's own export, not a CUDA call), so the
@@ -24,15 +26,17 @@ import pycuda.driver as cuda
 import pycuda.gpuarray as gpuarray
 from pycuda.tools import DeviceMemoryPool
 
-attach = sys.argv[1:] == ["--attach"]
+attach1 = sys.argv[1:] == ["--attach1"]
+attach = sys.argv[1:] == ["--attach"] or attach1
 mark = ctypes.CDLL("libcuda.so.1").fakecuda_log_marker
 
 cuda.init()
-ctx0 = cuda.Device(0).make_context()
+ctx0 = cuda.Device(1 if attach1 else 0).make_context()
 if attach:
     print("ready", flush=True)
     sys.stdin.readline()
     mark(b"attached")
+if attach and not attach1:
     # The tracer sees ctx0 made current (pushed) after it attached, and
     # its device asked for (as gpuarray does); a context current since
     # before the attach, never named again, is another matter.
@@ -88,7 +92,8 @@ if not attach:
     after = cuda.mem_alloc(7 << 20)  # LINE:after_detach
 
 ctx0.pop()
-ctx0.detach()  # the last use: what ctx0 still holds is freed with it
+if not attach1:
+    ctx0.detach()  # the last use: what ctx0 still holds is freed with it
 print("pycuda_job: done", flush=True)
 if attach:
     time.sleep(1)  # the tracer reads code objects while the process lives
