@@ -91,11 +91,16 @@ static __always_inline int traced(__u32 tgid)
 // default device; the driver's calls fail without a context, and the
 // context calls say the device), CT_DEV_UNKNOWN for one that ran before
 // (its current context or device was set unseen: learned from its own
-// calls, contexts.h).
+// calls, contexts.h), unless its process had no CUDA library loaded when
+// tracing began (CT_PID_CUDA_LATER in pids): it chooses under our eyes.
 static __always_inline int started_before_tracing(void)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	return BPF_CORE_READ(task, start_boottime) < trace_start_ns;
+	if (BPF_CORE_READ(task, start_boottime) >= trace_start_ns)
+		return 0;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u8 *v = bpf_map_lookup_elem(&pids, &tgid);
+	return !(v && *v == CT_PID_CUDA_LATER);
 }
 
 static __always_inline __s32 current_device(__u32 tid)

@@ -59,6 +59,10 @@ enum ct_shape {
 // ran before tracing began and has not yet shown which context or device
 // is current to it. Never guessed.
 #define CT_DEV_UNKNOWN (-1)
+// pids values: traced; traced from before it loaded any CUDA library
+// (record --pid on a process without CUDA yet: no device chosen unseen).
+#define CT_PID_TRACED 1
+#define CT_PID_CUDA_LATER 2
 
 enum ct_flags {
 	CT_F_ENTRY_ONLY = 1 << 0,  // recorded at entry (frees): no result, no duration

@@ -586,9 +586,16 @@ func (t *Tracer) probeSites(p Probe, off uint64) ([]site, error) {
 // not resumed: what internal/watchdog resumes if the tracer dies.
 func (t *Tracer) Held() *ebpf.Map { return t.objs.Held }
 
-// AddPID adds a process to the filter (with FilterPIDs).
-func (t *Tracer) AddPID(pid uint32) error {
-	if err := t.objs.Pids.Put(pid, uint8(1)); err != nil {
+// AddPID adds a process to the filter (with FilterPIDs). cudaLater says
+// it has loaded no CUDA library yet: its threads, though they ran before
+// tracing began, cannot have chosen a device unseen (their device is not
+// unknown, events.DeviceUnknown).
+func (t *Tracer) AddPID(pid uint32, cudaLater bool) error {
+	v := uint8(1) // bpf/cudatrace.h CT_PID_TRACED
+	if cudaLater {
+		v = 2 // CT_PID_CUDA_LATER
+	}
+	if err := t.objs.Pids.Put(pid, v); err != nil {
 		return fmt.Errorf("trace pid %d: %w", pid, err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -221,7 +222,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		res.Attached = append(res.Attached, ar)
 	}
 	for _, pid := range opts.PIDs {
-		if err := tr.AddPID(uint32(pid)); err != nil {
+		if err := tr.AddPID(uint32(pid), slices.Contains(opts.waiting, pid)); err != nil {
 			return nil, err
 		}
 	}
@@ -501,7 +502,7 @@ func launch(opts Options, tr *loader.Tracer) (*child, error) {
 		c.code, c.signal = exitStatus(cmd.Wait())
 		close(c.done)
 	}()
-	if err := tr.AddPID(uint32(cmd.Process.Pid)); err != nil {
+	if err := tr.AddPID(uint32(cmd.Process.Pid), false); err != nil {
 		w.Close() // the helper sees EOF and exits without running the command
 		return nil, err
 	}
