@@ -379,6 +379,8 @@ func (t *Tracer) Learn(on bool) {
 	}
 	t.learning = on
 	if on {
+		t.away(true) // attaching waits behind other tracers' (Attach)
+		defer t.away(false)
 		for _, a := range t.exes {
 			t.learn = append(t.learn, t.attachLearn(a)...)
 		}

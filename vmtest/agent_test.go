@@ -530,8 +530,12 @@ func TestAgent(t *testing.T) {
 			t.Fatalf("the window has %d processes, want pid %d only", len(rep.Processes), a.pid)
 		}
 		p := rep.Processes[0]
-		if p.PID != a.pid || p.Allocs != 2 || p.Frees != 1 || p.AllocBytes != 4096+2048 || p.LiveBytes != 2048 || rep.LostEvents != 0 {
-			t.Errorf("window: %+v (lost %d), want pid %d: 2 allocs, 1 free, 6144 allocated, 2048 live", p, rep.LostEvents, a.pid)
+		// The window starts with what the process held (its weights,
+		// 1000000 + 3000000 bytes): live, but not allocated in it.
+		if p.PID != a.pid || p.Allocs != 2 || p.Frees != 1 || p.AllocBytes != 4096+2048 || p.BeforeBytes != 4000000 ||
+			p.LiveBytes != 4000000+2048 || rep.LostEvents != 0 {
+			t.Errorf("window: %+v (lost %d), want pid %d: 2 allocs, 1 free, 6144 allocated, 4000000 from before, 4002048 live",
+				p, rep.LostEvents, a.pid)
 		}
 		checkStacks(t, rep, a.pid, workload("agentload"), "train_step", "main")
 		// The window starts after the process's memory exists: its
