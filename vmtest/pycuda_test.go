@@ -90,28 +90,11 @@ func TestPyCUDA(t *testing.T) {
 	})
 
 	t.Run("attached", func(t *testing.T) {
-		ctx, dir := traceSetup(t)
-		log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "pycuda.trace")
-		cmd := exec.CommandContext(ctx, python, script, "--attach")
-		cmd.Env = pycudaEnv(t, dir, log)
-		j := startCmdJob(t, "pycuda_job.py", cmd) // its context is made
-		rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeDriver, "--pid", strconv.Itoa(j.pid), "-o", trace)
-		rec.waitAttached(t, 30*time.Second)
-		if _, err := io.WriteString(j.in, "go\n"); err != nil {
-			t.Fatal(err)
-		}
-		for j.out.Scan() { // its stdout must not fill up
-			t.Logf("pycuda_job.py: %s", j.out.Text())
-		}
-		if err := j.cmd.Wait(); err != nil {
-			t.Fatalf("pycuda_job.py --attach: %v", err)
-		}
-		rec.finish(t, 30*time.Second) // ends by itself once its target has exited
-
+		ctx, log, trace, pid := runPyCUDAAttached(t, python, script, "--attach")
 		want := onlyTruth(t, log, "attached")
-		if want.PID != j.pid || len(want.Devices) != 1 || want.Devices[0] == nil || want.Failed != 4 ||
+		if want.PID != pid || len(want.Devices) != 1 || want.Devices[0] == nil || want.Failed != 4 ||
 			want.Live != 0 || want.ImplicitFrees != 5 {
-			t.Fatalf("ground truth: %v; want pid %d on device 0 only, 4 failures, nothing live, 5 implicit frees", want, j.pid)
+			t.Fatalf("ground truth: %v; want pid %d on device 0 only, 4 failures, nothing live, 5 implicit frees", want, pid)
 		}
 		checkPyCUDA(t, ctx, trace, log, script, want, "attached")
 	})
@@ -120,24 +103,7 @@ func TestPyCUDA(t *testing.T) {
 	// the device is what PyCUDA's own calls tell (cuCtxGetDevice, which
 	// GPUArray asks after allocating), unknown until then.
 	t.Run("attached on device 1", func(t *testing.T) {
-		ctx, dir := traceSetup(t)
-		log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "pycuda.trace")
-		cmd := exec.CommandContext(ctx, python, script, "--attach1")
-		cmd.Env = pycudaEnv(t, dir, log)
-		j := startCmdJob(t, "pycuda_job.py", cmd) // its context is made
-		rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeDriver, "--pid", strconv.Itoa(j.pid), "-o", trace)
-		rec.waitAttached(t, 30*time.Second)
-		if _, err := io.WriteString(j.in, "go\n"); err != nil {
-			t.Fatal(err)
-		}
-		for j.out.Scan() {
-			t.Logf("pycuda_job.py: %s", j.out.Text())
-		}
-		if err := j.cmd.Wait(); err != nil {
-			t.Fatalf("pycuda_job.py --attach1: %v", err)
-		}
-		rec.finish(t, 30*time.Second)
-
+		ctx, log, trace, pid := runPyCUDAAttached(t, python, script, "--attach1")
 		calls, err := parseLogFile(log)
 		if err != nil {
 			t.Fatal(err)
@@ -146,16 +112,42 @@ func TestPyCUDA(t *testing.T) {
 		if err != nil || len(truths) != 1 {
 			t.Fatalf("ground truth: %v, %v; want one process", truths, err)
 		}
-		want := truths[j.pid]
+		want := truths[pid]
 		// By hand from the script: mem_alloc, pitch, pagelocked (host),
 		// managed and to_gpu's allocation come before GPUArray asks its
 		// device; what follows is on device 1.
 		if want == nil || len(want.Devices) != 2 || want.Devices[unknownDevice] == nil || want.Devices[1] == nil ||
 			want.Devices[unknownDevice].Peak != 3<<20+300*1024+4<<16+1<<18 || want.Failed != 4 {
-			t.Fatalf("ground truth: %v; want pid %d on devices unknown and 1, 4 failures", want, j.pid)
+			t.Fatalf("ground truth: %v; want pid %d on devices unknown and 1, 4 failures", want, pid)
 		}
 		checkPyCUDA(t, ctx, trace, log, script, want, "attached")
 	})
+}
+
+// runPyCUDAAttached runs pycuda_job.py in mode (--attach, --attach1): once
+// it has made its context, `record --pid` attaches; the go line lets it
+// run to its end, and the recording ends with it. It returns the test's
+// context, the stand-in's log, the trace and the job's pid.
+func runPyCUDAAttached(t *testing.T, python, script, mode string) (ctx context.Context, log, trace string, pid int) {
+	t.Helper()
+	ctx, dir := traceSetup(t)
+	log, trace = filepath.Join(dir, "fake.log"), filepath.Join(dir, "pycuda.trace")
+	cmd := exec.CommandContext(ctx, python, script, mode)
+	cmd.Env = pycudaEnv(t, dir, log)
+	j := startCmdJob(t, "pycuda_job.py", cmd) // its context is made
+	rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeDriver, "--pid", strconv.Itoa(j.pid), "-o", trace)
+	rec.waitAttached(t, 30*time.Second)
+	if _, err := io.WriteString(j.in, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	for j.out.Scan() { // its stdout must not fill up
+		t.Logf("pycuda_job.py: %s", j.out.Text())
+	}
+	if err := j.cmd.Wait(); err != nil {
+		t.Fatalf("pycuda_job.py %s: %v", mode, err)
+	}
+	rec.finish(t, 30*time.Second) // ends by itself once its target has exited
+	return ctx, log, trace, j.pid
 }
 
 // untold relabels, per thread after each process's marker, what the
