@@ -697,9 +697,10 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 
 // Detach removes every probe; the maps and the reader stay readable.
 func (t *Tracer) Detach() error {
-	t.closeInBackground(t.learn)
+	// The learning probes close with the rest, side by side; closing.Wait
+	// waits for those Learn(false) left closing in the background.
+	err := closeAll(append(t.links, t.learn...))
 	t.learn, t.learning = nil, false
-	err := closeAll(t.links)
 	t.closing.Wait()
 	var first error
 	if err != nil {
