@@ -758,6 +758,9 @@ func (t *Tracer) Counters() (map[string]uint64, error) {
 		}
 		out[name] = sum
 	}
+	// Not BPF's: how often this reader left a process stopped for another
+	// tracer that held it too (held.go).
+	out["peer_holds"] = t.peers.waits.Load()
 	return out, nil
 }
 
