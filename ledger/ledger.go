@@ -329,6 +329,9 @@ func (l *Ledger) Apply(ev *events.Event) Change {
 		return Change{Process: p}
 	case events.OpContext:
 		p := l.proc(ev.PID, ev.Comm)
+		if ev.Size != 0 && p.threadCtx[ev.TID] == 0 && learns(ev.API) {
+			p.learnContext(ev.TID, ev.Size)
+		}
 		p.threadCtx[ev.TID] = ev.Size
 		if ev.API.PrimaryContext() && ev.Addr != 0 {
 			p.primary[ev.Device] = ev.Addr
@@ -344,6 +347,30 @@ func (l *Ledger) Apply(ev *events.Event) Change {
 		return p.exit(ev)
 	}
 	return Change{}
+}
+
+// learns reports whether api's records tell a context that was current
+// to the thread before the call too (it changes nothing): what a thread
+// that ran before tracing began says of its own state.
+func learns(api events.API) bool {
+	switch api {
+	case events.CuCtxGetCurrent, events.CuCtxGetDevice, events.CudaGetDevice:
+		return true
+	}
+	return false
+}
+
+// learnContext gives ctx, now learned to be tid's current context, to the
+// allocations tid made while its context was unknown (on the unknown
+// device, no context call seen): they were made in it, and die with it.
+// Their device stays unknown (never guessed after the fact). Learning
+// records come once per thread, when they tell something new.
+func (p *Process) learnContext(tid uint32, ctx uint64) {
+	for _, a := range p.live {
+		if a.TID == tid && a.Ctx == 0 && a.Device == events.DeviceUnknown {
+			a.Ctx = ctx
+		}
+	}
 }
 
 // contextEnd frees what was allocated in the context that died: for a

@@ -381,3 +381,37 @@ func TestExit(t *testing.T) {
 		t.Error("exit of an unseen process made an account")
 	}
 }
+
+// Allocations made while a thread's context was unknown (it was made
+// current before tracing began) go with that context once the thread says
+// which it is, and only those of that thread.
+func TestUnknownContextLearned(t *testing.T) {
+	l := New()
+	const ctx = 0xc0
+	unknown := func(tid uint32, addr, size uint64) *events.Event {
+		ev := alloc(1, events.CuMemAlloc, addr, size, events.DeviceUnknown, 0xa)
+		ev.TID = tid
+		return ev
+	}
+	l.Apply(unknown(1, 0x1000, 100))
+	l.Apply(unknown(1, 0x2000, 20))
+	l.Apply(unknown(2, 0x3000, 7)) // another thread: its context is not known
+	learn := &events.Event{PID: 1, TID: 1, API: events.CuCtxGetCurrent, Addr: ctx, Size: ctx, Device: events.DeviceUnknown, Flags: events.FlagEntryOnly}
+	l.Apply(learn)
+	l.Apply(unknown(1, 0x4000, 3)) // after: in ctx, as the thread's current context
+	ch := l.Apply(&events.Event{PID: 1, TID: 1, API: events.CuCtxDestroy, Addr: ctx, Device: events.DeviceUnknown, Flags: events.FlagEntryOnly})
+	var freed []uint64
+	for a := range ch.AllFreed() {
+		freed = append(freed, a.Addr)
+	}
+	if want := []uint64{0x1000, 0x2000, 0x4000}; !slices.Equal(freed, want) {
+		t.Errorf("freed with the context: %#x, want %#x", freed, want)
+	}
+	p := l.Process(1)
+	if p.ImplicitFrees != 3 || p.ImplicitFreeBytes != 123 || p.Live != 7 {
+		t.Errorf("implicit frees %d (%d bytes), live %d; want 3 (123), 7", p.ImplicitFrees, p.ImplicitFreeBytes, p.Live)
+	}
+	if d := p.Devices[events.DeviceUnknown]; d == nil || d.ImplicitFrees != 3 || d.Live != 7 {
+		t.Errorf("unknown device %+v", d)
+	}
+}
