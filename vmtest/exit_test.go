@@ -186,3 +186,44 @@ func TestExitHeld(t *testing.T) {
 		ag.stop(t)
 	})
 }
+
+// TestAttachContextDestroyed: a context made current before an attach, in
+// which the process allocates before saying which context is current
+// (device and context unknown), then destroys it: the driver frees what
+// was allocated in it, and cudatrace counts those implicit frees exactly
+// once the thread's cuCtxGetCurrent has told it the context. The driver
+// then reuses an address of that memory: the memviz export stays valid.
+func TestAttachContextDestroyed(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "destroy.trace")
+	p := startReady(t, log, "attach_ctx", "destroy")
+	pid := p.cmd.Process.Pid
+	rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeDriver, "--pid", strconv.Itoa(pid), "-o", trace)
+	rec.waitAttached(t, 30*time.Second)
+	p.proceed(t)
+	if err := p.wait(t); err != nil {
+		t.Fatalf("attach_ctx destroy: %v\n%s", err, p.stderr.String())
+	}
+	rec.finish(t, 20*time.Second)
+
+	const mib = 1 << 20
+	rep := runReport(t, ctx, trace)
+	rp := rep.process(pid)
+	if rp == nil {
+		t.Fatalf("no process %d in the report (pids %v)", pid, rep.pids())
+	}
+	// After the attach: 2 and 3 MiB in the context made unseen (device
+	// unknown), both freed with it; 2 MiB in the new one (device 1).
+	if rp.ImplicitFrees != 2 || rp.ImplicitFreeBytes != 5*mib || rp.Allocs != 3 || rp.Frees != 0 {
+		t.Errorf("pid %d: implicit frees %d (%d bytes), allocs %d, frees %d; want 2 (%d), 3, 0",
+			pid, rp.ImplicitFrees, rp.ImplicitFreeBytes, rp.Allocs, rp.Frees, 5*mib)
+	}
+	live := map[int]uint64{}
+	for _, d := range rp.Devices {
+		live[d.Device] = d.LiveBytes
+	}
+	if live[unknownDevice] != 0 || live[1] != 2*mib {
+		t.Errorf("pid %d: live bytes at its end by device %v, want 2 MiB on device 1, none unknown", pid, live)
+	}
+	checkMemvizExport(t, ctx, trace, pid)
+}
