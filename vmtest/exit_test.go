@@ -105,6 +105,25 @@ func checkHeldAtExit(t *testing.T, ctx context.Context, trace string, pid int, t
 	}
 }
 
+// checkExited requires the report of trace to say pid ended (its exit
+// record, bpf/exit.h).
+func checkExited(t *testing.T, ctx context.Context, trace string, pid int) {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatalf("cudatrace report %s: %v", trace, err)
+	}
+	var rep exitReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("report: %v", err)
+	}
+	for _, p := range rep.Processes {
+		if p.PID == pid && !p.Exited {
+			t.Errorf("%s: pid %d not reported as exited (no exit record)", trace, pid)
+		}
+	}
+}
+
 // TestExitHeld: a process that leaks on two devices and ends (its group
 // leader first: the process ends with its last thread) is reported as
 // holding exactly what it leaked at exit, per device; the agent releases
