@@ -25,6 +25,17 @@ func heldMap(t *testing.T) *ebpf.Map {
 	return m
 }
 
+// startSleep starts a process to hold, killed at the end of the test.
+func startSleep(t *testing.T) uint32 {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return uint32(cmd.Process.Pid)
+}
+
 // A process two tracers stopped is resumed only once both have read it:
 // the first to read leaves it stopped, the last resumes it; the entries
 // stay, marked read and resumed.
@@ -33,12 +44,7 @@ func TestReleaseTwoHolders(t *testing.T) {
 		testenv.SkipOrFail(t, "needs root (BPF maps of other tracers)")
 	}
 	own, other := heldMap(t), heldMap(t)
-	cmd := exec.Command("sleep", "60")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	pid := uint32(cmd.Process.Pid)
+	pid := startSleep(t)
 	stopped := func() bool {
 		for range 100 { // signals are delivered asynchronously
 			s, err := proc.Stopped(int(pid))
@@ -145,12 +151,7 @@ func TestReleaseIgnoresStalePeer(t *testing.T) {
 		testenv.SkipOrFail(t, "needs root (BPF maps of other tracers)")
 	}
 	own, other := heldMap(t), heldMap(t)
-	cmd := exec.Command("sleep", "60")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	pid := uint32(cmd.Process.Pid)
+	pid := startSleep(t)
 	syscall.Kill(int(pid), syscall.SIGSTOP)
 	for i := 0; i < 100; i++ {
 		if s, _ := proc.Stopped(int(pid)); s {

@@ -63,14 +63,7 @@ type exitReport struct {
 // only process.
 func checkHeldAtExit(t *testing.T, ctx context.Context, trace string, pid int, tally exitTally, frees uint64) {
 	t.Helper()
-	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
-	if err != nil {
-		t.Fatalf("cudatrace report %s: %v", trace, err)
-	}
-	var rep exitReport
-	if err := json.Unmarshal(out, &rep); err != nil {
-		t.Fatalf("report: %v", err)
-	}
+	rep := exitReportOf(t, ctx, trace)
 	if pid == 0 && len(rep.Processes) == 1 {
 		pid = rep.Processes[0].PID
 	}
@@ -105,9 +98,9 @@ func checkHeldAtExit(t *testing.T, ctx context.Context, trace string, pid int, t
 	}
 }
 
-// checkExited requires the report of trace to say pid ended (its exit
-// record, bpf/exit.h).
-func checkExited(t *testing.T, ctx context.Context, trace string, pid int) {
+// exitReportOf runs `cudatrace report TRACE --json` and decodes what it
+// says of the processes' ends.
+func exitReportOf(t *testing.T, ctx context.Context, trace string) exitReport {
 	t.Helper()
 	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
 	if err != nil {
@@ -115,8 +108,16 @@ func checkExited(t *testing.T, ctx context.Context, trace string, pid int) {
 	}
 	var rep exitReport
 	if err := json.Unmarshal(out, &rep); err != nil {
-		t.Fatalf("report: %v", err)
+		t.Fatalf("report of %s: %v", trace, err)
 	}
+	return rep
+}
+
+// checkExited requires the report of trace to say pid ended (its exit
+// record, bpf/exit.h).
+func checkExited(t *testing.T, ctx context.Context, trace string, pid int) {
+	t.Helper()
+	rep := exitReportOf(t, ctx, trace)
 	for _, p := range rep.Processes {
 		if p.PID == pid && !p.Exited {
 			t.Errorf("%s: pid %d not reported as exited (no exit record)", trace, pid)
