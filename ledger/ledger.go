@@ -422,8 +422,9 @@ func (p *Process) contextEnd(ev *events.Event) Change {
 
 // exit ends p: what it still holds becomes its held-at-exit figures, per
 // process and device, kept for the reports, and leaves every live total:
-// the driver frees a process's memory when it ends. Mappings and reserved
-// ranges go with it. A second exit (two threads ending at once) finds
+// the driver frees a process's memory when it ends. VMM mappings and
+// reserved ranges, which hold no memory of their own, stay as they were
+// at its end, for the reports. A second exit (two threads ending at once) finds
 // nothing left.
 func (p *Process) exit(ev *events.Event) Change {
 	ch := Change{Process: p, Exit: true}
@@ -465,9 +466,6 @@ func (p *Process) exit(ev *events.Event) Change {
 			ch.AlsoFreed = append(ch.AlsoFreed, a)
 		}
 	}
-	clear(p.mappings)
-	clear(p.reserves)
-	p.Mapped, p.Reserved = 0, 0
 	return ch
 }
 

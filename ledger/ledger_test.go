@@ -415,3 +415,24 @@ func TestUnknownContextLearned(t *testing.T) {
 		t.Errorf("unknown device %+v", d)
 	}
 }
+
+// VMM memory is held at exit like the rest; the mappings and reserved
+// ranges, which hold no memory, stay as they were at the end.
+func TestExitVMM(t *testing.T) {
+	l := New()
+	l.Apply(alloc(1, events.CuMemCreate, 0x77, 4096, 1, 0xa))
+	l.Apply(sized(1, events.CuMemAddressReserve, 0x10000, 1<<20))
+	l.Apply(vmmMap(1, 0x10000, 4096, 0x77))
+	l.Apply(free(1, events.CuMemRelease, 0x77)) // released while mapped: live until unmapped
+	l.Apply(&events.Event{PID: 1, TID: 1, API: events.ProcessExit, Flags: events.FlagEntryOnly})
+	p := l.Process(1)
+	if p.Live != 0 || p.HeldAtExitAllocs != 1 || p.HeldAtExitBytes != 4096 || p.LiveCount() != 0 {
+		t.Errorf("live %d, held at exit %d (%d bytes), live count %d", p.Live, p.HeldAtExitAllocs, p.HeldAtExitBytes, p.LiveCount())
+	}
+	if p.Mapped != 4096 || p.Reserved != 1<<20 || len(p.Mappings()) != 1 {
+		t.Errorf("mapped %d, reserved %d, %d mappings: want them as at the end", p.Mapped, p.Reserved, len(p.Mappings()))
+	}
+	if segs, _ := p.AtEnd(); len(segs) != 1 || segs[0].Addr != 0x77 || !segs[0].Released() {
+		t.Errorf("at end: %+v", segs)
+	}
+}
