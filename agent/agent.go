@@ -316,10 +316,16 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 	if ch.Stack != nil {
 		a.model.Bind(p.PID, ch.Stack)
 	}
+	// The process ended (bpf/exit.h): the ledger released what it held,
+	// and the node's totals drop by it below, once.
+	if ch.Exit {
+		a.exited(ps)
+	}
 	// Every allocation the event released: a context's death (implicit
-	// frees) and a cuMemUnmap may release several.
+	// frees), a cuMemUnmap and a process's end may release several.
 	for f := range ch.AllFreed() {
 		switch {
+		case ch.Exit: // held at exit: neither freed by it nor with a context
 		case ch.Implicit:
 			a.totals.ImplicitFrees++
 			a.totals.ImplicitFreeBytes += f.Size
@@ -328,7 +334,7 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 		default:
 			a.totals.Frees++
 		}
-		if f.API.Info().Kind != events.KindHost && ps.exitedAt.IsZero() {
+		if f.API.Info().Kind != events.KindHost {
 			a.nodeUse(f.Device, f.API).live -= f.Size
 		}
 	}
@@ -348,7 +354,7 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 			a.totals.Allocs++
 			a.totals.AllocBytes += al.Size
 		}
-		if al.API.Info().Kind != events.KindHost && ps.exitedAt.IsZero() {
+		if al.API.Info().Kind != events.KindHost {
 			u := a.nodeUse(al.Device, al.API)
 			u.live += al.Size
 			u.peak = max(u.peak, u.live)
@@ -412,8 +418,19 @@ func (a *Agent) Tick(res *record.Result) {
 	}
 }
 
+// exited marks a process ended, once.
+func (a *Agent) exited(ps *procState) {
+	if ps.exitedAt.IsZero() {
+		ps.exitedAt = time.Now()
+		a.totals.ProcessesExited++
+	}
+}
+
 // scanExits marks the processes that are gone, and forgets those gone for
-// longer than the retention.
+// longer than the retention. A process gone whose exit record did not come
+// (lost with a full ring buffer, or its PID reused) is ended here, through
+// the ledger as the record would: what it held is held at exit, released
+// from its figures and the node's.
 func (a *Agent) scanExits() {
 	now := time.Now()
 	for pid, ps := range a.procs {
@@ -425,16 +442,12 @@ func (a *Agent) scanExits() {
 				}
 				// Another process has the PID now: this one is gone.
 			}
-			ps.exitedAt = now
-			a.totals.ProcessesExited++
-			// The driver frees what an exited process held: it leaves the
-			// node's totals, though its account keeps it as evidence.
-			if p := a.ledger.Process(pid); p != nil {
-				for _, d := range p.DeviceList() {
-					a.nodeUse(d.Device, events.CudaMalloc).live -= d.Live
-					a.nodeUse(d.Device, events.TorchMalloc).live -= d.TensorLive
-				}
+			if p := a.ledger.Process(pid); p != nil && !p.Exited {
+				ev := events.Event{Time: record.BootNow(), PID: pid, TID: pid, Comm: p.Comm, API: events.ProcessExit,
+					Device: events.DeviceUnknown, Flags: events.FlagEntryOnly}
+				a.Event(&ev, a.ledger.Apply(&ev))
 			}
+			a.exited(ps)
 			continue
 		}
 		if now.Sub(ps.exitedAt) >= a.opts.Retention {

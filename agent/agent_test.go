@@ -143,6 +143,62 @@ func TestStatsAndRetention(t *testing.T) {
 	}
 }
 
+// A process's exit record releases what it held: its live figures drop to
+// 0, the node's by what it held, once; a process gone without one (its
+// record lost) is ended by the agent's scan, through the ledger alike.
+func TestExitReleases(t *testing.T) {
+	s := newSession(t, Options{Retention: time.Hour})
+	// job and other are alive to the agent's scan (this test and its
+	// parent): only job's exit record ends it.
+	job, other := uint32(os.Getpid()), uint32(os.Getppid())
+	const gone = 1<<22 + 7 // above pid_max's default: never a process
+	s.process(job, "job")
+	s.process(other, "other")
+	s.process(gone, "gone")
+	s.event(events.Event{PID: job, Comm: "job", API: events.CudaMalloc, Addr: 0x1000, Size: 100, Device: 0, Stack: []uint64{1}})
+	s.event(events.Event{PID: job, Comm: "job", API: events.CudaMalloc, Addr: 0x2000, Size: 30, Device: 1, Stack: []uint64{2}})
+	s.event(events.Event{PID: other, Comm: "other", API: events.CudaMalloc, Addr: 0x1000, Size: 9, Device: 1, Stack: []uint64{1}})
+	s.event(events.Event{PID: gone, Comm: "gone", API: events.CudaMalloc, Addr: 0x1000, Size: 7, Device: 0, Stack: []uint64{1}})
+	s.event(events.Event{PID: job, Comm: "job", API: events.ProcessExit, Flags: events.FlagEntryOnly})
+
+	// Twice, the second after the scans ran: nothing is taken twice.
+	for round := range 2 {
+		st, err := s.a.Stats(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range st.Processes {
+			if p.PID == job && (!p.Exited || p.Live != 0 || len(p.Devices) != 2 || p.Devices[0].Live != 0 || p.Devices[1].Live != 0) {
+				t.Errorf("round %d: job after its exit: %+v", round, p)
+			}
+		}
+		node := map[int32]uint64{}
+		for _, n := range st.Node {
+			node[n.Device] = n.Live
+		}
+		// Device 0: the gone process's 7 until the scan ends it; device 1: other's 9.
+		if round == 1 && (node[0] != 0 || node[1] != 9) || round == 0 && node[1] != 9 {
+			t.Errorf("round %d: node live %v", round, node)
+		}
+		if round == 1 && st.Totals.ProcessesExited != 2 {
+			t.Errorf("processes exited %d, want 2", st.Totals.ProcessesExited)
+		}
+		if st.Totals.Frees != 0 || st.Totals.ImplicitFrees != 0 {
+			t.Errorf("round %d: held at exit counted as frees: %+v", round, st.Totals)
+		}
+		time.Sleep(2500 * time.Millisecond)
+	}
+	s.run(func() {
+		p := s.ledger.Process(job)
+		if p == nil || p.HeldAtExitAllocs != 2 || p.HeldAtExitBytes != 130 {
+			t.Errorf("job's held at exit: %+v", p)
+		}
+		if g := s.ledger.Process(gone); g == nil || !g.Exited || g.HeldAtExitBytes != 7 || g.Live != 0 {
+			t.Errorf("gone, ended by the scan: %+v", g)
+		}
+	})
+}
+
 func TestProfileDelta(t *testing.T) {
 	s := newSession(t, Options{})
 	pid := uint32(os.Getpid())

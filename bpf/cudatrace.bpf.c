@@ -66,3 +66,4 @@ const volatile __u64 trace_start_ns = 0;
 #include "alloc.h"    // allocation and free programs
 #include "contexts.h" // driver contexts
 #include "usdt.h"     // PyTorch's USDT probes
+#include "exit.h"     // a traced process's end

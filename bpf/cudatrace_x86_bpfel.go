@@ -250,12 +250,14 @@ const (
 	CudatraceProgCtPitchEnter          = "ct_pitch_enter"
 	CudatraceProgCtPrimaryReleaseEnter = "ct_primary_release_enter"
 	CudatraceProgCtPrimaryResetEnter   = "ct_primary_reset_enter"
+	CudatraceProgCtProcExit            = "ct_proc_exit"
 	CudatraceProgCtSetdevEnter         = "ct_setdev_enter"
 	CudatraceProgCtSizedFreeEnter      = "ct_sized_free_enter"
 	CudatraceProgCtUsdt                = "ct_usdt"
 	CudatraceProgCtUsdtNoloop          = "ct_usdt_noloop"
 	CudatraceProgCtVmmCreateEnter      = "ct_vmm_create_enter"
 	CudatraceProgCtVmmMapEnter         = "ct_vmm_map_enter"
+	CudatraceVarExitApi                = "exit_api"
 	CudatraceVarFilterPids             = "filter_pids"
 	CudatraceVarFollowForks            = "follow_forks"
 	CudatraceVarHoldNew                = "hold_new"
@@ -337,6 +339,7 @@ type CudatraceProgramSpecs struct {
 	CtPitchEnter          *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
 	CtPrimaryReleaseEnter *ebpf.ProgramSpec `ebpf:"ct_primary_release_enter"`
 	CtPrimaryResetEnter   *ebpf.ProgramSpec `ebpf:"ct_primary_reset_enter"`
+	CtProcExit            *ebpf.ProgramSpec `ebpf:"ct_proc_exit"`
 	CtSetdevEnter         *ebpf.ProgramSpec `ebpf:"ct_setdev_enter"`
 	CtSizedFreeEnter      *ebpf.ProgramSpec `ebpf:"ct_sized_free_enter"`
 	CtUsdt                *ebpf.ProgramSpec `ebpf:"ct_usdt"`
@@ -373,6 +376,7 @@ type CudatraceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type CudatraceVariableSpecs struct {
+	ExitApi            *ebpf.VariableSpec `ebpf:"exit_api"`
 	FilterPids         *ebpf.VariableSpec `ebpf:"filter_pids"`
 	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
 	HoldNew            *ebpf.VariableSpec `ebpf:"hold_new"`
@@ -456,6 +460,7 @@ func (m *CudatraceMaps) Close() error {
 //
 // It can be passed to LoadCudatraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type CudatraceVariables struct {
+	ExitApi            *ebpf.Variable `ebpf:"exit_api"`
 	FilterPids         *ebpf.Variable `ebpf:"filter_pids"`
 	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
 	HoldNew            *ebpf.Variable `ebpf:"hold_new"`
@@ -499,6 +504,7 @@ type CudatracePrograms struct {
 	CtPitchEnter          *ebpf.Program `ebpf:"ct_pitch_enter"`
 	CtPrimaryReleaseEnter *ebpf.Program `ebpf:"ct_primary_release_enter"`
 	CtPrimaryResetEnter   *ebpf.Program `ebpf:"ct_primary_reset_enter"`
+	CtProcExit            *ebpf.Program `ebpf:"ct_proc_exit"`
 	CtSetdevEnter         *ebpf.Program `ebpf:"ct_setdev_enter"`
 	CtSizedFreeEnter      *ebpf.Program `ebpf:"ct_sized_free_enter"`
 	CtUsdt                *ebpf.Program `ebpf:"ct_usdt"`
@@ -532,6 +538,7 @@ func (p *CudatracePrograms) Close() error {
 		p.CtPitchEnter,
 		p.CtPrimaryReleaseEnter,
 		p.CtPrimaryResetEnter,
+		p.CtProcExit,
 		p.CtSetdevEnter,
 		p.CtSizedFreeEnter,
 		p.CtUsdt,

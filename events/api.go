@@ -30,6 +30,9 @@ const (
 	// not seen), Device its device, Size the thread's current context
 	// after. What was allocated in it is freed.
 	OpContextEnd
+	// The process ended (its last thread exited; bpf/exit.h): what it
+	// still held is held at exit, and the driver frees it.
+	OpExit
 )
 
 // Kind says what sort of memory an allocation holds. Every kind but KindHost
@@ -122,6 +125,7 @@ const (
 	CuCtxGetCurrent
 	CuCtxGetDevice
 	CudaGetDevice
+	ProcessExit
 	apiEnd
 )
 
@@ -179,6 +183,9 @@ var apis = buildAPIs([]apiGroup{
 	// was known; before, its records' device is DeviceUnknown.
 	{OpContext, 0, LayerDriver, []apiName{{CuCtxGetCurrent, "cuCtxGetCurrent"}, {CuCtxGetDevice, "cuCtxGetDevice"}}},
 	{OpContext, 0, LayerRuntime, []apiName{{CudaGetDevice, "cudaGetDevice"}}},
+	// Not a call: the kernel's word that the process ended, made by BPF
+	// at its last thread's exit after every record of its threads.
+	{OpExit, 0, 0, []apiName{{ProcessExit, "process_exit"}}},
 })
 
 // apiGroup is functions whose calls do the same: Op on memory of Kind.

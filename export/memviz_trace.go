@@ -108,9 +108,11 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	var unknown unknownDevice
 	for _, pid := range pids {
 		p := t.Ledger.Process(pid)
-		live := p.LiveTensors() // by address
+		// An ended process: what it held at exit is its live set at the
+		// end (the trace has no free for it: memviz walks back from here).
+		atEnd, live := p.AtEnd() // by address
 		var segs []*ledger.Allocation
-		for _, a := range p.LiveAllocations() {
+		for _, a := range atEnd {
 			if !a.API.Segment() || unknown.leftOut(a) {
 				continue
 			}
@@ -247,6 +249,11 @@ func memvizSegment(a *ledger.Allocation, frames []MemvizFrame) MemvizSegment {
 // Allocator State History fails on such an entry).
 func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memvizScope,
 	emit func(dev int, e MemvizTraceEntry), stack func(*ledger.Stack) []MemvizFrame) {
+	if ch.Exit {
+		// What the process held when it ended stays in the snapshot, as
+		// live at the end: no free entries for it.
+		return
+	}
 	frames := func(st *ledger.Stack) []MemvizFrame {
 		if stack == nil {
 			return nil

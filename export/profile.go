@@ -56,7 +56,7 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 	}
 	for _, p := range t.Ledger.Processes() {
 		if opts.selected(p.PID) {
-			samples.AddLive(p.LiveAllocations(), p.LiveTensors())
+			samples.AddLive(p.AtEnd()) // an ended process: what it held at exit
 		}
 	}
 

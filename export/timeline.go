@@ -38,7 +38,9 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 	tw.raw(`{"displayTimeUnit":"ms","traceEvents":[`)
 	t, err := replay.Read(path, replay.Options{OnEvent: func(ev *events.Event, ch ledger.Change) error {
 		p := ch.Process
-		if p == nil || !opts.selected(p.PID) {
+		// A process's end is no step: its tracks end at what it held when
+		// it ended, the report's live bytes at its end (held at exit).
+		if p == nil || !opts.selected(p.PID) || ch.Exit {
 			return nil
 		}
 		tw.process(p)

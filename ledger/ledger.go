@@ -80,6 +80,18 @@ type Process struct {
 	// release or reset, cudaDeviceReset), not counted in Frees.
 	ImplicitFrees, ImplicitFreeBytes uint64
 
+	// Held at exit: what the process still held when it ended (its last
+	// thread exited, events.OpExit), released then, as the driver frees
+	// it; not counted in Frees or ImplicitFrees. Allocs and bytes of GPU
+	// memory (what Live counted), of pinned host memory, and of tensors.
+	// Exited says it ended, at ExitTime (boot ns).
+	Exited                            bool
+	ExitTime                          uint64
+	HeldAtExitAllocs, HeldAtExitBytes uint64
+	HostHeldAtExit, TensorHeldAtExit  uint64
+	// What was live at exit, by address: segments and tensors.
+	heldAtExit, tensorsAtExit []*Allocation
+
 	// The driver's contexts as this process's context records tell them:
 	// each thread's current context (0: none seen, the runtime's primary
 	// context of its device) and each device's primary context.
@@ -115,6 +127,10 @@ type Device struct {
 	TensorLive, TensorPeak uint64
 	// Allocations (GPU and host) freed with their context, and their bytes.
 	ImplicitFrees, ImplicitFreeBytes uint64
+	// GPU allocations and bytes the process held on this device when it
+	// ended (Process.HeldAtExitAllocs), and tensor bytes.
+	HeldAtExitAllocs, HeldAtExitBytes uint64
+	TensorHeldAtExit                  uint64
 }
 
 // Unknown reports whether d stands for the memory of threads whose device
@@ -164,6 +180,9 @@ type Stack struct {
 	AllocBytes uint64
 	Live       uint64 // bytes still live (GPU and host)
 	LiveCount  uint64
+	// Bytes and allocations still live when their process ended (held at
+	// exit): released from Live then.
+	HeldAtExit, HeldAtExitCount uint64
 }
 
 type stackKey struct {
@@ -260,6 +279,9 @@ type Change struct {
 	AlsoFreed []*Allocation
 	// Implicit: the allocations freed went with their context (OpContextEnd).
 	Implicit bool
+	// Exit: the process ended; the allocations freed are what it held at
+	// exit (OpExit), tensors among them.
+	Exit bool
 }
 
 // AllFreed yields Freed and every AlsoFreed.
@@ -307,6 +329,9 @@ func (l *Ledger) Apply(ev *events.Event) Change {
 		return Change{Process: p}
 	case events.OpContext:
 		p := l.proc(ev.PID, ev.Comm)
+		if ev.Size != 0 && p.threadCtx[ev.TID] == 0 && learns(ev.API) {
+			p.learnContext(ev.TID, ev.Size)
+		}
 		p.threadCtx[ev.TID] = ev.Size
 		if ev.API.PrimaryContext() && ev.Addr != 0 {
 			p.primary[ev.Device] = ev.Addr
@@ -314,8 +339,38 @@ func (l *Ledger) Apply(ev *events.Event) Change {
 		return Change{Process: p}
 	case events.OpContextEnd:
 		return l.proc(ev.PID, ev.Comm).contextEnd(ev)
+	case events.OpExit:
+		p := l.procs[ev.PID]
+		if p == nil { // nothing traced of it: nothing to release
+			return Change{}
+		}
+		return p.exit(ev)
 	}
 	return Change{}
+}
+
+// learns reports whether api's records tell a context that was current
+// to the thread before the call too (it changes nothing): what a thread
+// that ran before tracing began says of its own state.
+func learns(api events.API) bool {
+	switch api {
+	case events.CuCtxGetCurrent, events.CuCtxGetDevice, events.CudaGetDevice:
+		return true
+	}
+	return false
+}
+
+// learnContext gives ctx, now learned to be tid's current context, to the
+// allocations tid made while its context was unknown (on the unknown
+// device, no context call seen): they were made in it, and die with it.
+// Their device stays unknown (never guessed after the fact). Learning
+// records come once per thread, when they tell something new.
+func (p *Process) learnContext(tid uint32, ctx uint64) {
+	for _, a := range p.live {
+		if a.TID == tid && a.Ctx == 0 && a.Device == events.DeviceUnknown {
+			a.Ctx = ctx
+		}
+	}
 }
 
 // contextEnd frees what was allocated in the context that died: for a
@@ -363,6 +418,66 @@ func (p *Process) contextEnd(ev *events.Event) Change {
 		}
 	}
 	return ch
+}
+
+// exit ends p: what it still holds becomes its held-at-exit figures, per
+// process and device, kept for the reports, and leaves every live total:
+// the driver frees a process's memory when it ends. VMM mappings and
+// reserved ranges, which hold no memory of their own, stay as they were
+// at its end, for the reports. A second exit (two threads ending at once) finds
+// nothing left.
+func (p *Process) exit(ev *events.Event) Change {
+	ch := Change{Process: p, Exit: true}
+	if p.Exited {
+		return ch
+	}
+	p.Exited, p.ExitTime = true, ev.End()
+	segs, tensors := p.LiveAllocations(), p.LiveTensors()
+	p.heldAtExit, p.tensorsAtExit = segs, tensors
+	for _, a := range segs {
+		d := p.device(a.Device)
+		switch {
+		case a.API.Info().Kind == events.KindHost:
+			p.HostHeldAtExit += a.Size
+		default:
+			p.HeldAtExitAllocs++
+			p.HeldAtExitBytes += a.Size
+			d.HeldAtExitAllocs++
+			d.HeldAtExitBytes += a.Size
+		}
+		if a.released {
+			delete(p.released, a)
+			p.account(a)
+		} else {
+			p.release(a)
+		}
+	}
+	for _, a := range tensors {
+		p.TensorHeldAtExit += a.Size
+		p.device(a.Device).TensorHeldAtExit += a.Size
+		p.tensorRelease(a)
+	}
+	for _, a := range slices.Concat(segs, tensors) {
+		a.Stack.HeldAtExit += a.Size
+		a.Stack.HeldAtExitCount++
+		if ch.Freed == nil {
+			ch.Freed = a
+		} else {
+			ch.AlsoFreed = append(ch.AlsoFreed, a)
+		}
+	}
+	return ch
+}
+
+// AtEnd returns what p held at its end, segments and tensors by address:
+// its live sets while it runs, what it held at exit once it ended. The
+// reports' "live at end" views (leak candidates, profiles, snapshots)
+// read this, so that an exited process still names what it left.
+func (p *Process) AtEnd() (segs, tensors []*Allocation) {
+	if p.Exited {
+		return slices.Clone(p.heldAtExit), slices.Clone(p.tensorsAtExit)
+	}
+	return p.LiveAllocations(), p.LiveTensors()
 }
 
 func (l *Ledger) alloc(ev *events.Event, info events.APIInfo) Change {

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/cudatrace/cudatrace/events"
@@ -316,5 +317,122 @@ func TestImplicitFrees(t *testing.T) {
 		d.ImplicitFreeBytes != 710 || d.Live != 300 || p.LiveCount() != 1 {
 		t.Errorf("after reset: live %d implicit %d/%d device %+v live allocations %d", p.Live, p.ImplicitFrees,
 			p.ImplicitFreeBytes, *d, p.LiveCount())
+	}
+}
+
+func TestExit(t *testing.T) {
+	l := New()
+	l.Apply(alloc(1, events.CudaMalloc, 0x1000, 100, 0, 0xa))
+	l.Apply(alloc(1, events.CudaMalloc, 0x2000, 40, 1, 0xa))
+	l.Apply(alloc(1, events.CudaMalloc, 0x3000, 7, 1, 0xb))
+	l.Apply(alloc(1, events.CudaMallocHost, 0x9000, 70, 0, 0xb))
+	l.Apply(alloc(1, events.TorchMalloc, 0x1000, 60, 0, 0xc))
+	l.Apply(free(1, events.CudaFree, 0x3000))
+	l.Apply(alloc(2, events.CudaMalloc, 0x1000, 5, 0, 0xd)) // another process: untouched
+
+	ch := l.Apply(&events.Event{PID: 1, TID: 1, API: events.ProcessExit, Time: 99, Flags: events.FlagEntryOnly})
+	if !ch.Exit || ch.Implicit || ch.Process == nil {
+		t.Fatalf("change %+v", ch)
+	}
+	var freed []uint64
+	for a := range ch.AllFreed() {
+		freed = append(freed, a.Size)
+	}
+	if want := []uint64{100, 40, 70, 60}; !slices.Equal(freed, want) { // segments by address, then tensors
+		t.Errorf("freed %v, want %v", freed, want)
+	}
+	p := l.Process(1)
+	for name, c := range map[string][2]uint64{
+		"live": {p.Live, 0}, "host_live": {p.HostLive, 0}, "tensor_live": {p.TensorLive, 0},
+		"held_at_exit_allocs": {p.HeldAtExitAllocs, 2}, "held_at_exit_bytes": {p.HeldAtExitBytes, 140},
+		"host_held_at_exit": {p.HostHeldAtExit, 70}, "tensor_held_at_exit": {p.TensorHeldAtExit, 60},
+		"frees": {p.Frees, 1}, "implicit_frees": {p.ImplicitFrees, 0}, "peak": {p.Peak, 147}, "exit_time": {p.ExitTime, 99},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("%s = %d, want %d", name, c[0], c[1])
+		}
+	}
+	devs := p.DeviceList()
+	if len(devs) != 2 || devs[0].Live != 0 || devs[0].HeldAtExitAllocs != 1 || devs[0].HeldAtExitBytes != 100 ||
+		devs[0].TensorHeldAtExit != 60 || devs[1].Live != 0 || devs[1].HeldAtExitAllocs != 1 || devs[1].HeldAtExitBytes != 40 {
+		t.Errorf("devices %+v %+v", *devs[0], *devs[1])
+	}
+	if p.LiveCount() != 0 || len(p.LiveTensors()) != 0 {
+		t.Errorf("still live: %d segments, %d tensors", p.LiveCount(), len(p.LiveTensors()))
+	}
+	segs, tensors := p.AtEnd()
+	if len(segs) != 3 || segs[0].Addr != 0x1000 || segs[2].Addr != 0x9000 || len(tensors) != 1 || tensors[0].Size != 60 {
+		t.Errorf("at end: %d segments, %d tensors", len(segs), len(tensors))
+	}
+	st := l.StackOf(1, []uint64{0xa}, false)
+	if st.Live != 0 || st.LiveCount != 0 || st.HeldAtExit != 140 || st.HeldAtExitCount != 2 {
+		t.Errorf("stack 0xa %+v", *st)
+	}
+	if q := l.Process(2); q.Live != 5 || q.Exited {
+		t.Errorf("process 2 live %d exited %v", q.Live, q.Exited)
+	}
+	// A second exit record (two threads ending at once) changes nothing.
+	ch = l.Apply(&events.Event{PID: 1, TID: 2, API: events.ProcessExit, Time: 120, Flags: events.FlagEntryOnly})
+	if ch.Freed != nil || p.HeldAtExitBytes != 140 || p.ExitTime != 99 {
+		t.Errorf("second exit: freed %v, held %d, time %d", ch.Freed, p.HeldAtExitBytes, p.ExitTime)
+	}
+	// The exit of a process never seen makes no account.
+	if ch := l.Apply(&events.Event{PID: 7, API: events.ProcessExit}); ch.Process != nil || l.Process(7) != nil {
+		t.Error("exit of an unseen process made an account")
+	}
+}
+
+// Allocations made while a thread's context was unknown (it was made
+// current before tracing began) go with that context once the thread says
+// which it is, and only those of that thread.
+func TestUnknownContextLearned(t *testing.T) {
+	l := New()
+	const ctx = 0xc0
+	unknown := func(tid uint32, addr, size uint64) *events.Event {
+		ev := alloc(1, events.CuMemAlloc, addr, size, events.DeviceUnknown, 0xa)
+		ev.TID = tid
+		return ev
+	}
+	l.Apply(unknown(1, 0x1000, 100))
+	l.Apply(unknown(1, 0x2000, 20))
+	l.Apply(unknown(2, 0x3000, 7)) // another thread: its context is not known
+	learn := &events.Event{PID: 1, TID: 1, API: events.CuCtxGetCurrent, Addr: ctx, Size: ctx, Device: events.DeviceUnknown, Flags: events.FlagEntryOnly}
+	l.Apply(learn)
+	l.Apply(unknown(1, 0x4000, 3)) // after: in ctx, as the thread's current context
+	ch := l.Apply(&events.Event{PID: 1, TID: 1, API: events.CuCtxDestroy, Addr: ctx, Device: events.DeviceUnknown, Flags: events.FlagEntryOnly})
+	var freed []uint64
+	for a := range ch.AllFreed() {
+		freed = append(freed, a.Addr)
+	}
+	if want := []uint64{0x1000, 0x2000, 0x4000}; !slices.Equal(freed, want) {
+		t.Errorf("freed with the context: %#x, want %#x", freed, want)
+	}
+	p := l.Process(1)
+	if p.ImplicitFrees != 3 || p.ImplicitFreeBytes != 123 || p.Live != 7 {
+		t.Errorf("implicit frees %d (%d bytes), live %d; want 3 (123), 7", p.ImplicitFrees, p.ImplicitFreeBytes, p.Live)
+	}
+	if d := p.Devices[events.DeviceUnknown]; d == nil || d.ImplicitFrees != 3 || d.Live != 7 {
+		t.Errorf("unknown device %+v", d)
+	}
+}
+
+// VMM memory is held at exit like the rest; the mappings and reserved
+// ranges, which hold no memory, stay as they were at the end.
+func TestExitVMM(t *testing.T) {
+	l := New()
+	l.Apply(alloc(1, events.CuMemCreate, 0x77, 4096, 1, 0xa))
+	l.Apply(sized(1, events.CuMemAddressReserve, 0x10000, 1<<20))
+	l.Apply(vmmMap(1, 0x10000, 4096, 0x77))
+	l.Apply(free(1, events.CuMemRelease, 0x77)) // released while mapped: live until unmapped
+	l.Apply(&events.Event{PID: 1, TID: 1, API: events.ProcessExit, Flags: events.FlagEntryOnly})
+	p := l.Process(1)
+	if p.Live != 0 || p.HeldAtExitAllocs != 1 || p.HeldAtExitBytes != 4096 || p.LiveCount() != 0 {
+		t.Errorf("live %d, held at exit %d (%d bytes), live count %d", p.Live, p.HeldAtExitAllocs, p.HeldAtExitBytes, p.LiveCount())
+	}
+	if p.Mapped != 4096 || p.Reserved != 1<<20 || len(p.Mappings()) != 1 {
+		t.Errorf("mapped %d, reserved %d, %d mappings: want them as at the end", p.Mapped, p.Reserved, len(p.Mappings()))
+	}
+	if segs, _ := p.AtEnd(); len(segs) != 1 || segs[0].Addr != 0x77 || !segs[0].Released() {
+		t.Errorf("at end: %+v", segs)
 	}
 }

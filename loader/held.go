@@ -3,8 +3,11 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cilium/ebpf"
 
@@ -43,6 +46,7 @@ func (t *Tracer) Release(pid uint32) error {
 		return nil // the watchdog resumed it meanwhile
 	}
 	if t.peers.hold(t.objs.Held, pid) {
+		t.peers.waits.Add(1)
 		if t.waiting == nil {
 			t.waiting = map[uint32]uint64{}
 		}
@@ -108,12 +112,29 @@ func (t *Tracer) releaseWaiting() {
 	}
 }
 
+// peerHolding says whether a peer's entry at (its stop time and marks),
+// looked at at boot time now, still holds the process: not read by that
+// tracer, and held less than watchdog.MaxHold ago. An older one is of a
+// tracer that is not reading it (stuck, or of a build that never marks
+// its entries; its watchdog resumes the process): waiting on it would make
+// every hold last the watchdog's MaxHold.
+func peerHolding(at, now uint64) bool {
+	if at&(watchdog.Released|watchdog.Resumed) != 0 {
+		return false
+	}
+	at &^= watchdog.Released | watchdog.Resumed
+	return now < at || now-at < uint64(watchdog.MaxHold)
+}
+
 // peers finds the other tracers' held maps by walking the host's BPF maps
 // (CAP_SYS_ADMIN, which tracing needs anyway). IDs are not reused soon:
 // what each ID is is remembered, and a map is opened only while looked
 // into, so a tracer that ended is not kept alive through its map.
 type peers struct {
 	kind map[ebpf.MapID]bool // true: a cudatrace held map
+	// waits counts the Releases that found another tracer holding the
+	// process and left it stopped for that one (Counters: peer_holds).
+	waits atomic.Uint64
 }
 
 // hold says whether a tracer other than the one owning own holds pid and
@@ -122,6 +143,7 @@ func (p *peers) hold(own *ebpf.Map, pid uint32) bool {
 	if p.kind == nil {
 		p.kind = map[ebpf.MapID]bool{}
 	}
+	now := bootNow()
 	ownID := ebpf.MapID(0)
 	if info, err := own.Info(); err == nil {
 		ownID, _ = info.ID()
@@ -148,7 +170,7 @@ func (p *peers) hold(own *ebpf.Map, pid uint32) bool {
 			p.kind[id] = held
 		}
 		var at uint64
-		holds := held && m.Lookup(pid, &at) == nil && at&watchdog.Released == 0
+		holds := held && m.Lookup(pid, &at) == nil && peerHolding(at, now)
 		m.Close()
 		if holds {
 			return true
@@ -162,6 +184,15 @@ func isHeldMap(m *ebpf.Map) bool {
 	info, err := m.Info()
 	return err == nil && info.Name == "held" && info.Type == ebpf.Hash && info.KeySize == 4 && info.ValueSize == 8 &&
 		info.MaxEntries == 1024
+}
+
+// bootNow is CLOCK_BOOTTIME in ns, the clock of held entries.
+func bootNow() uint64 {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
 }
 
 // away tells BPF the reader is in a call that may keep it from reading for

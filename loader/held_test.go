@@ -25,6 +25,17 @@ func heldMap(t *testing.T) *ebpf.Map {
 	return m
 }
 
+// startSleep starts a process to hold, killed at the end of the test.
+func startSleep(t *testing.T) uint32 {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return uint32(cmd.Process.Pid)
+}
+
 // A process two tracers stopped is resumed only once both have read it:
 // the first to read leaves it stopped, the last resumes it; the entries
 // stay, marked read and resumed.
@@ -33,12 +44,7 @@ func TestReleaseTwoHolders(t *testing.T) {
 		testenv.SkipOrFail(t, "needs root (BPF maps of other tracers)")
 	}
 	own, other := heldMap(t), heldMap(t)
-	cmd := exec.Command("sleep", "60")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	pid := uint32(cmd.Process.Pid)
+	pid := startSleep(t)
 	stopped := func() bool {
 		for range 100 { // signals are delivered asynchronously
 			s, err := proc.Stopped(int(pid))
@@ -56,7 +62,7 @@ func TestReleaseTwoHolders(t *testing.T) {
 	if !stopped() {
 		t.Fatal("sleep did not stop")
 	}
-	const at = uint64(12345)
+	at := bootNow() // held now: a peer's entry counts for watchdog.MaxHold
 	for _, m := range []*ebpf.Map{own, other} {
 		if err := m.Put(pid, at); err != nil {
 			t.Fatal(err)
@@ -69,6 +75,9 @@ func TestReleaseTwoHolders(t *testing.T) {
 	}
 	if !stopped() {
 		t.Fatal("resumed while the other tracer had not read it")
+	}
+	if n := tr.peers.waits.Load(); n != 1 {
+		t.Errorf("peer waits %d, want 1", n)
 	}
 	var v uint64
 	if err := own.Lookup(pid, &v); err != nil || v != at|watchdog.Released {
@@ -105,5 +114,68 @@ func TestReleaseTwoHolders(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if s, _ := proc.Stopped(int(pid)); s {
 		t.Fatal("still stopped after the only holder read it")
+	}
+}
+
+// A peer's entry holds the process only while unread and younger than
+// watchdog.MaxHold: an older one is of a tracer that is not reading it,
+// and waiting on it would make each hold last the watchdog's MaxHold.
+func TestPeerHoldingAge(t *testing.T) {
+	const now = uint64(100 * time.Second)
+	maxHold := uint64(watchdog.MaxHold)
+	for _, c := range []struct {
+		what string
+		at   uint64
+		want bool
+	}{
+		{"held now", now, true},
+		{"held just under MaxHold ago", now - maxHold + 1, true},
+		{"held MaxHold ago", now - maxHold, false},
+		{"held a minute ago", now - uint64(time.Minute), false},
+		{"read by its tracer", now | watchdog.Released, false},
+		{"resumed", now | watchdog.Released | watchdog.Resumed, false},
+		{"resumed (mark alone)", now | watchdog.Resumed, false},
+		{"stopped after we looked (clocks of two CPUs)", now + 1000, true},
+	} {
+		if got := peerHolding(c.at, now); got != c.want {
+			t.Errorf("%s (%#x at %d): %v, want %v", c.what, c.at, now, got, c.want)
+		}
+	}
+}
+
+// A process another tracer held longer than watchdog.MaxHold ago, and
+// never read, is resumed at once by the reader that read it; the wait is
+// counted only where a live peer holds it.
+func TestReleaseIgnoresStalePeer(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs root (BPF maps of other tracers)")
+	}
+	own, other := heldMap(t), heldMap(t)
+	pid := startSleep(t)
+	syscall.Kill(int(pid), syscall.SIGSTOP)
+	for i := 0; i < 100; i++ {
+		if s, _ := proc.Stopped(int(pid)); s {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	now := bootNow()
+	if err := other.Put(pid, now-uint64(watchdog.MaxHold)-uint64(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Put(pid, now); err != nil {
+		t.Fatal(err)
+	}
+	tr := &Tracer{}
+	tr.objs.Held = own
+	if err := tr.Release(pid); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if s, _ := proc.Stopped(int(pid)); s {
+		t.Fatal("left stopped for a peer entry held longer than watchdog.MaxHold ago")
+	}
+	if n := tr.peers.waits.Load(); n != 0 {
+		t.Errorf("peer waits %d, want 0", n)
 	}
 }

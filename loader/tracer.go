@@ -155,6 +155,7 @@ type Tracer struct {
 	kernel Kernel
 	links  []link.Link
 	fork   link.Link
+	exit   link.Link // ct_proc_exit
 	reader *ringbuf.Reader
 	specs  uint32 // USDT specs written to the usdt_specs map
 	peers  peers  // the other tracers' held maps (Release)
@@ -206,6 +207,7 @@ func New(opts Options) (*Tracer, error) {
 		bpf.CudatraceVarStackWindow:  window,
 		bpf.CudatraceVarHoldNew:      uint8(opts.Hold),
 		bpf.CudatraceVarTraceStartNs: opts.TraceStart,
+		bpf.CudatraceVarExitApi:      uint16(events.ProcessExit),
 	}
 	for name, v := range set {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -228,6 +230,13 @@ func New(opts Options) (*Tracer, error) {
 			t.Close()
 			return nil, fmt.Errorf("attach fork tracepoint (to follow child processes): %w", err)
 		}
+	}
+	// A traced process's end (bpf/exit.h): the ledger releases what it
+	// held.
+	t.exit, err = link.AttachTracing(link.TracingOptions{Program: t.objs.CtProcExit})
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("attach exit tracepoint (to release what an ended process held): %w", err)
 	}
 	t.reader, err = ringbuf.NewReader(t.objs.Events)
 	if err != nil {
@@ -707,6 +716,12 @@ func (t *Tracer) Detach() error {
 		first = fmt.Errorf("detach: %w", err)
 	}
 	t.links = nil
+	if t.exit != nil {
+		if err := t.exit.Close(); err != nil && first == nil {
+			first = fmt.Errorf("detach exit tracepoint: %w", err)
+		}
+		t.exit = nil
+	}
 	if t.fork != nil {
 		if err := t.fork.Close(); err != nil && first == nil {
 			first = fmt.Errorf("detach fork tracepoint: %w", err)
@@ -743,6 +758,9 @@ func (t *Tracer) Counters() (map[string]uint64, error) {
 		}
 		out[name] = sum
 	}
+	// Not BPF's: how often this reader left a process stopped for another
+	// tracer that held it too (held.go).
+	out["peer_holds"] = t.peers.waits.Load()
 	return out, nil
 }
 

@@ -46,6 +46,20 @@ func NewProcess(p *ledger.Process, wall func(boot uint64) time.Time) Process {
 	if p.PeakTime != 0 && wall != nil {
 		out.PeakTime = wall(p.PeakTime).Format(time.RFC3339Nano)
 	}
+	if p.Exited {
+		// At its end: what it held when it ended (the ledger released it).
+		out.Exited = true
+		out.HeldAtExitAllocs, out.HeldAtExitBytes = p.HeldAtExitAllocs, p.HeldAtExitBytes
+		out.HostHeldAtExitBytes, out.TensorHeldAtExitBytes = p.HostHeldAtExit, p.TensorHeldAtExit
+		out.LiveBytes += p.HeldAtExitBytes
+		out.HostLiveBytes += p.HostHeldAtExit
+		out.TensorLiveBytes += p.TensorHeldAtExit
+		segs, _ := p.AtEnd()
+		out.LiveAllocations = len(segs)
+		if wall != nil {
+			out.ExitTime = wall(p.ExitTime).Format(time.RFC3339Nano)
+		}
+	}
 	return out
 }
 
@@ -53,8 +67,9 @@ func devices(p *ledger.Process) []Device {
 	out := []Device{}
 	for _, d := range p.DeviceList() {
 		out = append(out, Device{Device: d.Device, Unknown: d.Unknown(), LiveBytes: d.Live, PeakBytes: d.Peak,
-			TensorLiveBytes: d.TensorLive, TensorPeakBytes: d.TensorPeak, ImplicitFrees: d.ImplicitFrees,
-			ImplicitFreeBytes: d.ImplicitFreeBytes})
+			TensorLiveBytes: d.TensorLive + d.TensorHeldAtExit, TensorPeakBytes: d.TensorPeak, ImplicitFrees: d.ImplicitFrees,
+			ImplicitFreeBytes: d.ImplicitFreeBytes, HeldAtExitAllocs: d.HeldAtExitAllocs, HeldAtExitBytes: d.HeldAtExitBytes})
+		out[len(out)-1].LiveBytes += d.HeldAtExitBytes // at its end: what it held when it ended
 	}
 	return out
 }

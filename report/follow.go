@@ -77,7 +77,9 @@ func (f *follower) onEvent(ev *events.Event, ch ledger.Change) error {
 		}
 		f.failures[p.PID] = append(f.failures[p.PID], ContextOf(p, ev.Device, n))
 	}
-	if f.interval == 0 {
+	// A process's end is no step: its intervals are of what it held until
+	// it ended (held at exit, as the other views at the end).
+	if f.interval == 0 || ch.Exit {
 		return nil
 	}
 	t := ev.End()

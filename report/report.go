@@ -135,6 +135,20 @@ type Process struct {
 	// cudaDeviceReset), not counted in frees; host memory included.
 	ImplicitFrees     uint64 `json:"implicit_frees"`
 	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
+	// The process ended during the trace (its last thread exited), at
+	// exit_time. What it still held of GPU memory then (allocations and
+	// bytes; pinned host memory and tensors in host_held_at_exit_bytes and
+	// tensor_held_at_exit_bytes) was released when it ended, as the driver
+	// frees it: not counted in frees or implicit_frees. The figures "at
+	// the end" (live_bytes, live_allocations, host and tensor live bytes,
+	// per device too, the stacks' live bytes, leak candidates, exports'
+	// live sets) are, for such a process, what it held when it ended.
+	Exited                bool   `json:"exited,omitempty"`
+	ExitTime              string `json:"exit_time,omitempty"` // RFC 3339
+	HeldAtExitAllocs      uint64 `json:"held_at_exit_allocs,omitempty"`
+	HeldAtExitBytes       uint64 `json:"held_at_exit_bytes,omitempty"`
+	HostHeldAtExitBytes   uint64 `json:"host_held_at_exit_bytes,omitempty"`
+	TensorHeldAtExitBytes uint64 `json:"tensor_held_at_exit_bytes,omitempty"`
 	// Allocations live when the trace began, made before it (an agent's
 	// /trace window starts with the agent's live set), and their bytes:
 	// in live_bytes, not in allocs and alloc_bytes.
@@ -202,6 +216,10 @@ type Device struct {
 	// GPU memory freed with its context on this device.
 	ImplicitFrees     uint64 `json:"implicit_frees"`
 	ImplicitFreeBytes uint64 `json:"implicit_free_bytes"`
+	// GPU memory the process held on this device when it ended (in
+	// live_bytes: the figure at its end).
+	HeldAtExitAllocs uint64 `json:"held_at_exit_allocs,omitempty"`
+	HeldAtExitBytes  uint64 `json:"held_at_exit_bytes,omitempty"`
 }
 
 // Frame is one frame of a stack. Function, File and Module are "" where
@@ -421,7 +439,8 @@ func Load(path string, opts Options) (*Report, error) {
 			if !opts.selected(p.PID) {
 				continue
 			}
-			for _, a := range p.LiveAllocations() {
+			segs, _ := p.AtEnd()
+			for _, a := range segs {
 				rep.Allocations = append(rep.Allocations, Allocation{PID: p.PID, TID: a.TID,
 					Address: fmt.Sprintf("%#x", a.Addr), Size: a.Size, Device: a.Device, API: a.API.String(),
 					Kind: a.API.Info().Kind.String(), Time: meta.WallTime(a.Time).Format(time.RFC3339Nano),
@@ -456,7 +475,8 @@ func leaks(t *replay.Trace, opts *Options, frames func(*ledger.Stack) []Frame) [
 			continue
 		}
 		by := map[*ledger.Stack]*group{}
-		for _, a := range p.LiveAllocations() {
+		segs, _ := p.AtEnd() // an ended process: what it held at exit
+		for _, a := range segs {
 			if a.Time > t.Last || t.Last-a.Time < uint64(opts.MinAge) {
 				continue
 			}

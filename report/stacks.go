@@ -86,7 +86,8 @@ func buildStacks(stacks []*ledger.Stack, selected func(uint32) bool, frames func
 		if st.Tensor {
 			level = [4]*uint64{&s.TensorAllocs, &s.TensorAllocBytes, &s.TensorLiveBytes, &s.TensorLiveCount}
 		}
-		for j, v := range [4]uint64{st.Allocs, st.AllocBytes, st.Live, st.LiveCount} {
+		// Live at the end: an ended process's stacks, what it held at exit.
+		for j, v := range [4]uint64{st.Allocs, st.AllocBytes, st.Live + st.HeldAtExit, st.LiveCount + st.HeldAtExitCount} {
 			*level[j] += v
 		}
 		s.Calls = s.Allocs + s.TensorAllocs

@@ -57,13 +57,16 @@ func writeProcesses(w io.Writer, rows []Process) error {
 	// A VMM-MAPPED column only where the driver's VMM API was used.
 	// An IMPLICIT-FREED column (allocations freed with their context:
 	// count and bytes) only where a context died holding memory.
-	tensors, vmm, implicit := false, false, false
+	// A HELD-AT-EXIT column (GPU memory a process held when it ended,
+	// released then) only where one ended holding some.
+	tensors, vmm, implicit, held := false, false, false, false
 	for _, p := range rows {
 		tensors = tensors || p.TensorAllocs > 0
 		vmm = vmm || p.VMMMaps > 0
 		implicit = implicit || p.ImplicitFrees > 0
+		held = held || p.HeldAtExitAllocs > 0
 	}
-	t := table{right: []bool{true, false, true, true, true, true, true, true, true, true, true, true, true}}
+	t := table{right: []bool{true, false, true, true, true, true, true, true, true, true, true, true, true, true}}
 	head := []string{"PID", "COMM", "ALLOCS", "FREES", "FAILED", "ALLOCATED", "LIVE", "PEAK", "HOST-LIVE"}
 	if tensors {
 		head = append(head, "TENSOR-LIVE", "TENSOR-PEAK")
@@ -73,6 +76,9 @@ func writeProcesses(w io.Writer, rows []Process) error {
 	}
 	if implicit {
 		head = append(head, "IMPLICIT-FREED")
+	}
+	if held {
+		head = append(head, "HELD-AT-EXIT")
 	}
 	t.add(head...)
 	for _, p := range rows {
@@ -87,6 +93,9 @@ func writeProcesses(w io.Writer, rows []Process) error {
 		if implicit {
 			row = append(row, fmt.Sprintf("%d (%s)", p.ImplicitFrees, units.Bytes(p.ImplicitFreeBytes)))
 		}
+		if held {
+			row = append(row, fmt.Sprintf("%d (%s)", p.HeldAtExitAllocs, units.Bytes(p.HeldAtExitBytes)))
+		}
 		t.add(row...)
 		if len(p.Devices) > 1 || len(p.Devices) == 1 && p.Devices[0].Unknown {
 			for _, d := range p.Devices {
@@ -99,6 +108,9 @@ func writeProcesses(w io.Writer, rows []Process) error {
 				}
 				if implicit {
 					row = append(row, fmt.Sprintf("%d (%s)", d.ImplicitFrees, units.Bytes(d.ImplicitFreeBytes)))
+				}
+				if held {
+					row = append(row, fmt.Sprintf("%d (%s)", d.HeldAtExitAllocs, units.Bytes(d.HeldAtExitBytes)))
 				}
 				t.add(row...)
 			}

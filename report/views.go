@@ -89,7 +89,9 @@ type viewMove struct {
 }
 
 func (v *viewFollower) onEvent(ev *events.Event, ch ledger.Change) {
-	if v == nil || ch.Process == nil {
+	// A process's end removes nothing here: the view's live bytes are what
+	// it held at its end (held at exit).
+	if v == nil || ch.Process == nil || ch.Exit {
 		return
 	}
 	k := 0

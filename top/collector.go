@@ -142,14 +142,14 @@ func (c *Collector) Event(_ *events.Event, ch ledger.Change) {
 	if ch.Stack != nil {
 		c.procs.Bind(ch.Process.PID, ch.Stack)
 	}
+	// Every allocation released: a context's death and a process's end
+	// release several.
 	for f := range ch.AllFreed() {
 		if f.API.Segment() {
 			d := int(f.Device)
 			c.devRun[d] -= min(c.devRun[d], f.Size)
+			c.gpuLive[ch.Process.PID]--
 		}
-	}
-	if ch.Freed != nil && ch.Freed.API.Segment() {
-		c.gpuLive[ch.Process.PID]--
 	}
 	if a := ch.Alloc; a != nil && a.API.Segment() {
 		c.gpuLive[ch.Process.PID]++

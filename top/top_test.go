@@ -278,3 +278,29 @@ func TestStackNamedFromItsCapture(t *testing.T) {
 		}
 	}
 }
+
+// A process's end releases every allocation it held at once: its live
+// count drops to 0 with its bytes.
+func TestCollectorExit(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)}
+	c := NewCollector(time.Second, 2, nil)
+	c.now, c.start = clk.now, clk.t
+	collector = c
+	l := ledger.New()
+	res := &record.Result{Ledger: l, Events: 4}
+	alloc(l, 100, "train", 0x1000, 1000, 0, events.CudaMalloc, 0xa)
+	alloc(l, 100, "train", 0x2000, 3000, 1, events.CudaMalloc, 0xb)
+	alloc(l, 100, "train", 0x3000, 500, 1, events.CudaMalloc, 0xb)
+	ev := &events.Event{Time: 0x4000, PID: 100, TID: 100, Comm: "train", API: events.ProcessExit, Flags: events.FlagEntryOnly}
+	c.Event(ev, l.Apply(ev))
+	c.Tick(res)
+	s := c.Snapshot()
+	if s == nil || len(s.Processes) != 1 || s.Processes[0].Live != 0 || s.Processes[0].LiveCount != 0 {
+		t.Fatalf("after its exit: %+v", s)
+	}
+	for _, d := range s.Devices {
+		if d.Live != 0 {
+			t.Errorf("device %d: %d live after the only process ended", d.Number, d.Live)
+		}
+	}
+}

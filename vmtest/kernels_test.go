@@ -139,6 +139,7 @@ func checkFullKernel(t *testing.T, out, python string, noloop, multi bool) {
 		want, rep := exact(t, "mix16", 4, "mix")
 		mixStacks(t, rep, want.PID)
 		loaded(t, "mix16", "ct_exit")
+		checkExited(t, ctx, filepath.Join(out, "mix16", "trace"), want.PID) // ct_proc_exit loaded and ran
 		checkLinkKinds(t, filepath.Join(out, "mix16"), multi)
 	})
 	for _, c := range []string{"mix0", "mix64"} {

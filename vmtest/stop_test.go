@@ -211,7 +211,7 @@ func TestLoadsWhatItNeeds(t *testing.T) {
 		libs       []string
 		want, none []string
 	}{
-		{[]string{"--lib", fakeLib}, []string{"ct_alloc_enter", "ct_exit", "ct_free_enter", "ct_fork"},
+		{[]string{"--lib", fakeLib}, []string{"ct_alloc_enter", "ct_exit", "ct_free_enter", "ct_fork", "ct_proc_exit"},
 			[]string{"ct_usdt", "ct_usdt_noloop", "ct_exit_noloop"}},
 		{[]string{"--lib", fakeLib, "--lib", c10Lib}, []string{"ct_alloc_enter", "ct_exit", "ct_usdt"},
 			[]string{"ct_usdt_noloop", "ct_exit_noloop"}},

@@ -17,8 +17,15 @@
  *     on device 1; a new thread (started after the attach: device 0, the
  *     runtime's default) allocates once.
  *
- * Nothing is freed after the attach. Every call is checked; it exits 3 if
- * one returns what it should not.
+ * Nothing is freed after the attach, but in mode "destroy": the main thread
+ * creates a context of device 1 before the attach (current, unseen) and
+ * allocates 1 MiB in it; after the go line, 2 MiB (context and device
+ * unknown to a tracer), cuCtxGetCurrent (its context, not its device),
+ * 3 MiB, then cuCtxDestroy: the driver frees the three. A new context of
+ * device 1 and 2 MiB in it, at an address the destroyed context's memory
+ * had (the stand-in's first fit), left live.
+ *
+ * Every call is checked; it exits 3 if one returns what it should not.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -157,13 +164,43 @@ static int rt(void)
 	return 0;
 }
 
+static int destroy(void)
+{
+	CUcontext c = NULL, cur = NULL, c2 = NULL;
+	CUdeviceptr p = 0, q = 0, r = 0, s = 0;
+	char line[64];
+
+	expect(cuInit(0), 0, "cuInit");
+	expect(cuCtxCreate_v2(&c, 0, 1), 0, "cuCtxCreate(device 1) before the attach");
+	expect(cuMemAlloc_v2(&p, 1u << 20), 0, "cuMemAlloc before the attach");
+	printf("ready\n");
+	fflush(stdout);
+	if (!fgets(line, sizeof(line), stdin)) {
+		fprintf(stderr, "attach_ctx: stdin closed before the go line\n");
+		return 2;
+	}
+	fakecuda_log_marker("PHASE2");
+	expect(cuMemAlloc_v2(&q, 2u << 20), 0, "cuMemAlloc 2 MiB");
+	expect(cuCtxGetCurrent(&cur), 0, "cuCtxGetCurrent");
+	expect(cur == c, 1, "the current context is the one created");
+	expect(cuMemAlloc_v2(&r, 3u << 20), 0, "cuMemAlloc 3 MiB");
+	expect(cuCtxDestroy_v2(c), 0, "cuCtxDestroy");
+	expect(cuCtxCreate_v2(&c2, 0, 1), 0, "cuCtxCreate(device 1)");
+	expect(cuMemAlloc_v2(&s, 2u << 20), 0, "cuMemAlloc 2 MiB in the new context");
+	expect(s == p || s == q || s == r, 1, "an address of the destroyed context's memory reused");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	int ret;
-	if (argc != 2 || (strcmp(argv[1], "drv") && strcmp(argv[1], "rt"))) {
-		fprintf(stderr, "usage: attach_ctx drv|rt\n");
+	if (argc != 2 || (strcmp(argv[1], "drv") && strcmp(argv[1], "rt") && strcmp(argv[1], "destroy"))) {
+		fprintf(stderr, "usage: attach_ctx drv|rt|destroy\n");
 		return 2;
 	}
-	ret = strcmp(argv[1], "drv") == 0 ? drv() : rt();
+	if (strcmp(argv[1], "destroy") == 0)
+		ret = destroy();
+	else
+		ret = strcmp(argv[1], "drv") == 0 ? drv() : rt();
 	return ret ? ret : bad ? 3 : 0;
 }
