@@ -52,7 +52,9 @@ type Stats struct {
 // New returns an Enricher; with cfi false it leaves stacks as the frame
 // pointers gave them. Close it when done.
 func New(cfi bool) *Enricher {
-	e := &Enricher{maps: map[uint32]capMaps{}}
+	// pcs has room for the deepest stack Merge makes: a record's unwind
+	// allocates nothing.
+	e := &Enricher{maps: map[uint32]capMaps{}, pcs: make([]uint64, 0, unwind.MaxFrames)}
 	if cfi {
 		e.uw = unwind.New()
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
@@ -156,7 +154,7 @@ type Tracer struct {
 	links  []link.Link
 	fork   link.Link
 	exit   link.Link // ct_proc_exit
-	reader *ringbuf.Reader
+	reader *ring
 	specs  uint32 // USDT specs written to the usdt_specs map
 	peers  peers  // the other tracers' held maps (Release)
 	// waiting: processes read, left stopped for another tracer (Release)
@@ -238,7 +236,7 @@ func New(opts Options) (*Tracer, error) {
 		t.Close()
 		return nil, fmt.Errorf("attach exit tracepoint (to release what an ended process held): %w", err)
 	}
-	t.reader, err = ringbuf.NewReader(t.objs.Events)
+	t.reader, err = newRing(t.objs.Events)
 	if err != nil {
 		t.Close()
 		return nil, fmt.Errorf("open ring buffer: %w", err)
@@ -655,30 +653,31 @@ func (t *Tracer) TracedPIDs() []uint32 {
 
 // Handler receives what Run reads.
 type Handler interface {
-	// Record gets one raw ring-buffer record; raw is reused after return.
+	// Record gets one raw ring-buffer record: the ring's own memory,
+	// read-only, and valid only until Record returns (BPF writes over it
+	// after). What is kept beyond the call must be copied.
 	Record(raw []byte)
 	// Tick is called at least every PollInterval, between records.
 	Tick()
 }
 
+// readBatch is how many records Run hands over between two looks at the
+// clock (Tick).
+const readBatch = 256
+
 // Run reads records until ctx is done, then detaches every probe, hands
-// over what is still in the ring buffer, and returns. Read errors other
-// than the reader being closed are reported through errf and reading goes
-// on.
+// over what is still in the ring buffer, and returns. Wait errors are
+// reported through errf and reading goes on.
 func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
-	var rec ringbuf.Record
 	last := time.Now()
 	for ctx.Err() == nil {
-		t.reader.SetDeadline(time.Now().Add(t.opts.PollInterval))
-		err := t.reader.ReadInto(&rec)
-		switch {
-		case err == nil:
-			h.Record(rec.RawSample)
-		case errors.Is(err, os.ErrDeadlineExceeded):
-		case errors.Is(err, ringbuf.ErrClosed):
-			return nil
-		default:
-			errf(fmt.Errorf("read ring buffer: %w", err))
+		// Records come in batches: BPF wakes the reader only at a
+		// process's first record, a held one, or past WakeupBytes unread.
+		// The clock is read once a batch, not per record.
+		if t.reader.read(h.Record, readBatch) == 0 {
+			if err := t.reader.wait(t.opts.PollInterval - time.Since(last)); err != nil {
+				errf(err)
+			}
 		}
 		if now := time.Now(); now.Sub(last) >= t.opts.PollInterval {
 			last = now
@@ -687,18 +686,9 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 		}
 	}
 	t.Detach()
-	// A deadline in the past makes ReadInto return what is buffered, then
-	// ErrDeadlineExceeded.
-	t.reader.SetDeadline(time.Now())
-	for {
-		err := t.reader.ReadInto(&rec)
-		if err != nil {
-			if !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, ringbuf.ErrClosed) {
-				errf(fmt.Errorf("drain ring buffer: %w", err))
-			}
-			break
-		}
-		h.Record(rec.RawSample)
+	// What is left in the ring buffer, without waiting for more: the
+	// probes are gone, so no record is being written.
+	for t.reader.read(h.Record, readBatch) > 0 {
 	}
 	h.Tick()
 	return nil

@@ -2,7 +2,9 @@ package record
 
 import (
 	"fmt"
+	"io"
 	"testing"
+	"time"
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
@@ -62,5 +64,45 @@ func BenchmarkApplyPython(b *testing.B) {
 				s.apply(ev, ps)
 			}
 		})
+	}
+}
+
+// BenchmarkSessionRecord is the reader's work per event past the ring
+// buffer (session.Record: decode, the unwind step, the trace write, the
+// ledger), for the records `bench/readercpu.sh` traces: an allocation with
+// 12 frame-pointer frames and a 16 KiB stack window, then its free. The
+// process's capture has no mappings, so the window is dropped unread: the
+// unwinder's own cost is BenchmarkUnwind's (package unwind). Half the ops
+// allocate, half free; allocs/op is per event.
+func BenchmarkSessionRecord(b *testing.B) {
+	const n = 512
+	var raws [][]byte
+	win := make([]byte, 16<<10)
+	for i := range n {
+		stack := make([]uint64, 12)
+		for j := range stack {
+			stack[j] = 0x401000 + uint64(j)*0x40 + uint64(i%8)
+		}
+		addr := 0x7f0000000000 + uint64(i)*0x100000
+		raws = append(raws,
+			events.Encode(nil, &events.Event{PID: 42, TID: 42, Comm: "loop", API: events.CudaMalloc, Addr: addr, Size: 1 << 20,
+				Flags: events.FlagWindow, Stack: stack, Regs: events.Regs{SP: 0x7ffd0000}, Window: win}),
+			events.Encode(nil, &events.Event{PID: 42, TID: 42, Comm: "loop", API: events.CudaFree, Addr: addr,
+				Flags: events.FlagEntryOnly}))
+	}
+	s := newState(Options{}, &Result{Ledger: ledger.New()})
+	defer s.close()
+	w, err := NewTraceWriter(io.Discard, TraceMeta("bench"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.w = w
+	s.live[42] = &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42}), captured: time.Now(), exited: true}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		s.Record(raws[i%len(raws)])
+	}
+	if s.events == 0 || s.res.Ledger.Process(42) == nil {
+		b.Fatal("no event reached the ledger")
 	}
 }

@@ -117,7 +117,9 @@ type Observer interface {
 	Python(pid uint32, t *pyframes.Table)
 	// Event is called for every event, after the ledger applied it. ev
 	// is the record as captured, its Stack native only; ch.Stack is the
-	// ledger's, Python frames merged in.
+	// ledger's, Python frames merged in. ev is valid during the call
+	// only: the session reuses it, and its Window (with
+	// KeepStackWindows) is the ring buffer's memory. Copy what is kept.
 	Event(ev *events.Event, ch ledger.Change)
 	// Tick is called at least every Tracer.PollInterval with the session
 	// so far: the ledger, and the BPF counters (losses included) as last
