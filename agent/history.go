@@ -17,10 +17,10 @@ import (
 // Each process has a ring of at most Options.HistoryEvents items, grown
 // as it fills; all rings together hold at most what
 // Options.HistoryBudget pays for (historyItemCost a slot). A ring that
-// cannot grow within the budget takes slots from the largest ring when
-// that one has more than twice its own (the newest half of that one is
-// kept), else overwrites its oldest: a process that allocates a lot does
-// not starve the history of the others.
+// cannot grow within the budget and has less than its fair share takes
+// slots from the largest ring above its share (grow), else overwrites its
+// oldest: a process that allocates a lot does not starve the history of
+// the others.
 
 // Defaults of the flight recorder.
 const (
@@ -86,22 +86,30 @@ func (r *recorder) add(pid uint32, it export.HistoryItem) {
 	h.head = (h.head + 1) % len(h.items)
 }
 
-// grow gives a full ring more slots when its limit and the budget allow,
-// taking them from the largest ring when that has more than twice its own.
+// grow gives a full ring more slots when its limit and the budget allow.
+// Past the budget, a ring below its fair share (the budget over the
+// rings) takes slots from the largest ring above it, which keeps its
+// newest items and never goes below the fair share itself: the rings
+// settle at their shares instead of taking slots back and forth.
 func (r *recorder) grow(pid uint32, h *history) {
 	want := min(max(2*len(h.items), historyFirstSlots), r.perProc)
 	if want <= len(h.items) {
 		return
 	}
-	if r.used+want-len(h.items) > r.max {
-		var big *history
-		for p, o := range r.rings {
-			if p != pid && (big == nil || len(o.items) > len(big.items)) {
-				big = o
+	if free := r.max - r.used; want-len(h.items) > free {
+		fair := r.max / len(r.rings)
+		if len(h.items) < fair {
+			var big *history
+			for p, o := range r.rings {
+				if p != pid && (big == nil || len(o.items) > len(big.items)) {
+					big = o
+				}
 			}
-		}
-		if big != nil && len(big.items) > 2*max(len(h.items), historyFirstSlots/2) {
-			r.resize(big, len(big.items)/2)
+			if big != nil && len(big.items) > fair {
+				need := min(want, fair) - len(h.items) - free
+				// At least a quarter at a time: each shrink copies the ring.
+				r.resize(big, max(fair, min(len(big.items)-need, len(big.items)*3/4)))
+			}
 		}
 		want = min(want, len(h.items)+r.max-r.used)
 		if want <= len(h.items) {
@@ -116,8 +124,10 @@ func (r *recorder) grow(pid uint32, h *history) {
 func (r *recorder) resize(h *history, c int) {
 	items := make([]export.HistoryItem, c)
 	keep := min(h.n, c)
-	for i := range keep {
-		items[i] = h.items[(h.head+h.n-keep+i)%len(h.items)]
+	if keep > 0 { // the newest keep items, in at most two runs of the ring
+		from := (h.head + h.n - keep) % len(h.items)
+		n := copy(items[:keep], h.items[from:])
+		copy(items[n:keep], h.items)
 	}
 	r.used += c - len(h.items)
 	r.gen++
@@ -131,9 +141,8 @@ func (r *recorder) list(pid uint32) []export.HistoryItem {
 		return nil
 	}
 	out := make([]export.HistoryItem, h.n)
-	for i := range out {
-		out[i] = h.items[(h.head+i)%len(h.items)]
-	}
+	n := copy(out, h.items[h.head:])
+	copy(out[n:], h.items)
 	return out
 }
 
