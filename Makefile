@@ -44,7 +44,8 @@ test-unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /vmtest)
 
 # Per-event figures as ratios measured in one run (docs/benchmarks.md):
-# user-space benchmarks; the overhead per allocation/free pair against the
+# user-space benchmarks (the agent's over ten million events, its flight
+# recorder off and on); the overhead per allocation/free pair against the
 # empty-probe floor, idle and with one core busy; the reader's CPU per
 # event by stage; time in the return probe, by window and with and without
 # the Python walk (BENCH_PYTHON, CPython 3.10-3.13). BASELINE=/path/to/an
@@ -52,6 +53,7 @@ test-unit:
 BENCH_PYTHON ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 python3.11 python3.10 2>/dev/null))
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./ledger/ ./tracefile/ ./symbolize/ ./unwind/ ./export/ ./top/ ./record/
+	$(GO) test -run '^$$' -bench AgentEvent -benchtime 10000000x ./agent/
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/startup.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/readercpu.sh

@@ -46,6 +46,12 @@ type Options struct {
 	// failing allocation in a loop gets one dump per DumpEvery. 0 means
 	// DefaultDumpEvery.
 	DumpEvery time.Duration
+	// HistoryEvents is how many of a process's latest events the flight
+	// recorder keeps (history.go); 0 means DefaultHistoryEvents, negative
+	// none. HistoryBudget caps the bytes all processes' histories take
+	// together; 0 means DefaultHistoryBudget.
+	HistoryEvents int
+	HistoryBudget int64
 	// NoSymbolize leaves frames as addresses in every output.
 	NoSymbolize bool
 	Version     string
@@ -107,6 +113,7 @@ type Agent struct {
 	subs       []*traceSub
 	pending    []request // queued, not yet settled
 	lastExit   time.Time
+	hist       *recorder // the flight recorder: each process's latest events
 }
 
 // procState is the agent's account of a process beside the ledger and
@@ -196,6 +203,12 @@ func New(opts Options) *Agent {
 	if opts.Stderr == nil {
 		opts.Stderr = io.Discard
 	}
+	if opts.HistoryEvents == 0 {
+		opts.HistoryEvents = DefaultHistoryEvents
+	}
+	if opts.HistoryBudget <= 0 {
+		opts.HistoryBudget = DefaultHistoryBudget
+	}
 	a := &Agent{
 		opts:    opts,
 		bootOff: time.Duration(time.Now().UnixNano() - int64(record.BootNow())),
@@ -210,6 +223,7 @@ func New(opts Options) *Agent {
 		allocs:  map[export.SampleKey]*[2]int64{},
 		scraped: map[export.SampleKey][2]int64{},
 		node:    map[devLevel]*nodeUse{},
+		hist:    newRecorder(opts.HistoryEvents, opts.HistoryBudget),
 	}
 	a.lastScrape = a.start
 	if !opts.NoSymbolize {
@@ -320,6 +334,12 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 	// and the node's totals drop by it below, once.
 	if ch.Exit {
 		a.exited(ps)
+	}
+	if it, ok := historyItem(ev, ch); ok {
+		if ch.Stack != nil && ch.Alloc == nil {
+			it.DeviceFree = nvmlFree(a.res.NVML, ev.Device)
+		}
+		a.hist.add(p.PID, it)
 	}
 	// Every allocation the event released: a context's death (implicit
 	// frees), a cuMemUnmap and a process's end may release several.
@@ -468,6 +488,7 @@ func (a *Agent) forget(pid uint32) {
 		delete(a.scraped, k)
 	}
 	delete(a.procs, pid)
+	a.hist.forget(pid)
 	a.ledger.Forget(pid)
 	a.totals.ProcessesForgotten++
 }
@@ -491,6 +512,19 @@ func (a *Agent) stacksFor(sts ...*ledger.Stack) *liveStacks {
 }
 
 func (ls *liveStacks) add(a *Agent, st *ledger.Stack) { ls.view.Add(a.model, st) }
+
+// addHistory adds the stacks a history's entries name.
+func (ls *liveStacks) addHistory(a *Agent, h []export.HistoryItem) {
+	for i := range h {
+		ch := &h[i].Change
+		if ch.Stack != nil {
+			ls.add(a, ch.Stack)
+		}
+		for f := range ch.AllFreed() {
+			ls.add(a, f.Stack)
+		}
+	}
+}
 
 func (ls *liveStacks) Maps(st *ledger.Stack) []proc.Mapping {
 	return ls.view.CaptureOf(st).Mappings()

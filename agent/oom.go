@@ -33,6 +33,9 @@ type oomDump struct {
 	// free is the device's free memory at the driver's latest sample
 	// before the failure (NVML, at most a second old); nil without one.
 	free *uint64
+	// history is the process's latest events, the failure the last
+	// (the flight recorder's; empty when it is off).
+	history []export.HistoryItem
 }
 
 // OOMReport is the JSON file of the OOM black box: the failed call and
@@ -46,7 +49,16 @@ type OOMReport struct {
 	PodUID    string         `json:"pod_uid,omitempty"`
 	Failure   report.Failure `json:"failure"` // live_stacks: the device's live set by stack, most bytes first
 	Process   report.Process `json:"process"` // its account at the failure
-	Files     OOMFiles       `json:"files"`
+	// History says what of the process's latest events the memviz file's
+	// device_traces hold (the flight recorder's), the failure the last.
+	History OOMHistory `json:"history"`
+	Files   OOMFiles   `json:"files"`
+}
+
+// OOMHistory is the span of events an OOM dump carries.
+type OOMHistory struct {
+	Events int    `json:"events"`          // the process's latest events, up to the failure
+	Since  string `json:"since,omitempty"` // RFC 3339, when the first of them returned
 }
 
 // OOMFiles names the dump's files, in the same directory.
@@ -78,6 +90,7 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 	if c := a.model.Get(p.PID); c != nil && c.First != nil {
 		d.proc.Cmdline = c.First.Cmdline
 	}
+	d.history = a.hist.list(p.PID)
 	d.src = a.stacksFor(ch.Stack)
 	for _, al := range d.segs {
 		d.src.add(a, al.Stack)
@@ -85,6 +98,7 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 	for _, al := range d.tensors {
 		d.src.add(a, al.Stack)
 	}
+	d.src.addHistory(a, d.history)
 	select {
 	case a.dumps <- d:
 	default:
@@ -130,10 +144,10 @@ func (a *Agent) writeDump(d *oomDump) error {
 	files := OOMFiles{Memviz: base + ".pickle", Pprof: base + ".pb.gz", Report: base + ".json"}
 
 	var snapBuf bytes.Buffer
-	trace := []export.LiveEntry{{Action: export.MemvizOOM, Size: d.failure.Size, Device: d.failure.Device,
-		Stack: d.failure.Stack, TimeUS: d.time.UnixMicro(), DeviceFree: d.free}}
-	if d.failure.Device < 0 {
-		trace = nil
+	trace := export.HistoryEntries(d.history, d.segs, d.tensors, d.level, a.wall)
+	if len(d.history) == 0 && d.failure.Device >= 0 { // the flight recorder is off
+		trace = []export.LiveEntry{{Action: export.MemvizOOM, Size: d.failure.Size, Device: d.failure.Device,
+			Stack: d.failure.Stack, TimeUS: d.time.UnixMicro(), DeviceFree: d.free}}
 	}
 	snap, err := export.LiveSnapshot(d.segs, d.tensors, d.level, trace, d.src)
 	if err == nil {
@@ -176,9 +190,14 @@ func (a *Agent) writeDump(d *oomDump) error {
 func (a *Agent) oomReport(d *oomDump, files OOMFiles) *OOMReport {
 	frames := func(st *ledger.Stack) []report.Frame { return report.Frames(d.src.Frames(st)) }
 	p := &d.proc
-	return &OOMReport{Time: d.time.Format(time.RFC3339Nano), PID: d.pid, Comm: p.Comm, Cmdline: p.Cmdline,
+	r := &OOMReport{Time: d.time.Format(time.RFC3339Nano), PID: d.pid, Comm: p.Comm, Cmdline: p.Cmdline,
 		Container: p.Container, PodUID: p.PodUID, Files: files,
-		Failure: report.NewFailure(d.pid, &d.failure, &d.ctx, a.wall, frames), Process: *p}
+		Failure: report.NewFailure(d.pid, &d.failure, &d.ctx, a.wall, frames), Process: *p,
+		History: OOMHistory{Events: len(d.history)}}
+	if len(d.history) > 0 {
+		r.History.Since = a.wall(d.history[0].End).Format(time.RFC3339Nano)
+	}
+	return r
 }
 
 // writeFile0600 creates path with mode 0600 whatever the umask, and never

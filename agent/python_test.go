@@ -130,8 +130,8 @@ func TestPythonFrames(t *testing.T) {
 				t.Errorf("live stacks %+v, want line 12 with 1100 B, line 14 with 50 B", ls)
 			}
 		case ".pickle":
-			// The failure is the memviz trace's oom entry, with its frames
-			// as memory_viz reads them.
+			// The process's history (the flight recorder's) ends with the
+			// failure's oom entry, with frames as memory_viz reads them.
 			if py, err := exec.LookPath("python3"); err == nil {
 				out, err := exec.Command(py, "-c", `import pickle, sys
 d = pickle.load(open(sys.argv[1], "rb"))
@@ -139,7 +139,13 @@ for e in d["device_traces"][0]:
     print(e["action"], e["size"], [(f["filename"], f["line"], f["name"]) for f in e["frames"]][1])
 for s in d["segments"]:
     print(s["total_size"], [(f["filename"], f["line"], f["name"]) for f in s["frames"]][1])`, f).CombinedOutput()
-				wantOut := "oom 1099511627776 ('/app/train.py', 31, 'grow')\n" +
+				wantOut := "segment_alloc 100 ('/app/train.py', 12, 'Model.forward')\n" +
+					"alloc 100 ('/app/train.py', 12, 'Model.forward')\n" +
+					"segment_alloc 50 ('/app/train.py', 14, 'Model.forward')\n" +
+					"alloc 50 ('/app/train.py', 14, 'Model.forward')\n" +
+					"segment_alloc 1000 ('/app/train.py', 12, 'Model.forward')\n" +
+					"alloc 1000 ('/app/train.py', 12, 'Model.forward')\n" +
+					"oom 1099511627776 ('/app/train.py', 31, 'grow')\n" +
 					"100 ('/app/train.py', 12, 'Model.forward')\n" +
 					"50 ('/app/train.py', 14, 'Model.forward')\n" +
 					"1000 ('/app/train.py', 12, 'Model.forward')\n"

@@ -52,6 +52,10 @@ type Stats struct {
 	Counters  map[string]uint64 // the BPF side's counters
 	Stacks    int               // distinct stacks held
 	Start     time.Time
+	// The flight recorder: the events its histories hold, and the bytes
+	// they account for (within Options.HistoryBudget).
+	HistoryEvents int
+	HistoryBytes  int64
 	// NVML is the driver's view (record.Options.NVML), nil without it;
 	// NVMLError says why it is missing or stale.
 	NVML      *gpustat.Sample
@@ -67,7 +71,8 @@ func (a *Agent) Stats(ctx context.Context) (*Stats, error) {
 
 func (a *Agent) stats() *Stats {
 	s := &Stats{Totals: a.totals, Events: a.res.Events, Lost: a.res.Lost, Counters: map[string]uint64{},
-		Stacks: a.model.Stacks(), Start: a.start, NVML: a.res.NVML, NVMLError: a.res.NVMLError}
+		Stacks: a.model.Stacks(), Start: a.start, NVML: a.res.NVML, NVMLError: a.res.NVMLError,
+		HistoryEvents: a.hist.events(), HistoryBytes: a.hist.bytes()}
 	for k, v := range a.res.Counters {
 		s.Counters[k] = v
 	}
@@ -170,7 +175,7 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 // Snapshot writes one process's live set as a PyTorch memory snapshot
 // (pytorch.org/memory_viz): its segments, cut into its live tensors' blocks
 // when it has PyTorch's tensor events, and, in device_traces, its latest
-// out-of-memory failures.
+// events (the flight recorder's) after its latest out-of-memory failures.
 func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 	var (
 		segs, tensors []*ledger.Allocation
@@ -185,7 +190,7 @@ func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 			err = fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
 			return
 		}
-		segs, tensors = p.LiveAllocations(), p.LiveTensors()
+		segs, tensors = p.AtEnd() // an ended process's: what it held at exit
 		level = p.TensorAllocs > 0
 		src = a.stacksFor()
 		for _, al := range segs {
@@ -194,10 +199,17 @@ func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 		for _, al := range tensors {
 			src.add(a, al.Stack)
 		}
-		trace = a.oomEntries(p, a.procs[pid], snapshotOOMs)
-		for _, e := range trace {
-			src.add(a, e.Stack)
+		// The flight recorder's latest events, after the latest OOMs it
+		// no longer holds.
+		history := a.hist.list(pid)
+		for _, e := range a.oomEntries(p, a.procs[pid], snapshotOOMs) {
+			if len(history) == 0 || e.TimeUS < a.wall(history[0].End).UnixMicro() {
+				trace = append(trace, e)
+				src.add(a, e.Stack)
+			}
 		}
+		src.addHistory(a, history)
+		trace = append(trace, export.HistoryEntries(history, segs, tensors, level, a.wall)...)
 	})
 	if rerr != nil {
 		return rerr

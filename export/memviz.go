@@ -29,6 +29,7 @@ import (
 	"strings"
 
 	"github.com/cudatrace/cudatrace/internal/pickle"
+	"github.com/cudatrace/cudatrace/ledger"
 )
 
 // ErrInvalidSnapshot wraps every error Validate returns.
@@ -133,7 +134,8 @@ type MemvizTraceEntry struct {
 	// Unix epoch). Zero leaves "time_us" out, as older PyTorch did.
 	TimeUS int64
 
-	orphan bool // a block in no segment the trace saw (memvizScope)
+	orphan bool          // a block in no segment the trace saw (memvizScope)
+	stack  *ledger.Stack // whose Frames these are (HistoryEntries keeps it, not the frames)
 }
 
 // MemvizAction is a trace entry's action.

@@ -3,6 +3,7 @@ package export
 import (
 	"cmp"
 	"slices"
+	"time"
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/pickle"
@@ -30,8 +31,8 @@ type memvizScope struct {
 	segs map[int][]span // live segments per device, by address
 	// orphan says whether a block outside every segment gets entries.
 	orphan func(memvizBlockKey) bool
-	meta   *tracefile.Meta // nil: time_us is left out
-	last   *tracefile.NVML // the latest sample of the driver's view
+	wall   func(boot uint64) time.Time // a trace's clock (Meta.WallTime); nil: time_us is left out
+	last   *tracefile.NVML             // the latest sample of the driver's view
 }
 
 type span struct{ start, end uint64 }
@@ -97,10 +98,10 @@ func (s *memvizScope) deviceFree(dev int) (uint64, bool) {
 
 // timeUS is when ev returned, in Unix µs; 0 without a clock.
 func (s *memvizScope) timeUS(ev *events.Event) int64 {
-	if s == nil || s.meta == nil {
+	if s == nil || s.wall == nil {
 		return 0
 	}
-	return s.meta.WallTime(ev.End()).UnixMicro()
+	return s.wall(ev.End()).UnixMicro()
 }
 
 // orphanSegments makes a segment of each live tensor that lies in none of

@@ -265,7 +265,7 @@ func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memv
 		f := frames(a.Stack)
 		for _, action := range actions {
 			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f,
-				TimeUS: scope.timeUS(ev), orphan: orphan})
+				TimeUS: scope.timeUS(ev), orphan: orphan, stack: a.Stack})
 		}
 		orphan = false
 	}
@@ -308,7 +308,7 @@ func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memv
 	if ch.Stack != nil && ch.Alloc == nil && events.IsOOM(ev.Result) && ev.API.Segment() {
 		free, known := scope.deviceFree(int(ev.Device))
 		emit(int(ev.Device), MemvizTraceEntry{Action: MemvizOOM, TimeUS: scope.timeUS(ev), Size: ev.Size, Frames: frames(ch.Stack),
-			DeviceFree: free, NoDeviceFree: !known})
+			DeviceFree: free, NoDeviceFree: !known, stack: ch.Stack})
 	}
 }
 
@@ -409,7 +409,7 @@ func (m *memvizFramer) deviceTrace(path string, end uint64, dev int, tensors boo
 	seq := func(yield func(MemvizTraceEntry) bool) {
 		toSkip := skip
 		scope := newMemvizScope(func(k memvizBlockKey) bool { return orphans[k] })
-		scope.meta = &m.t.Meta
+		scope.wall = m.t.Meta.WallTime
 		_, err := replaySelected(path, end, scope, opts, func(ev *events.Event, ch ledger.Change) error {
 			more := true
 			memvizEntries(ev, ch, tensors, scope, func(d int, e MemvizTraceEntry) {

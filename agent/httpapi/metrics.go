@@ -28,6 +28,7 @@ type collector struct {
 	implicitFrees, implicitFreeBytes                                           *prometheus.Desc
 	events, lost, dumps, dumpErrors, dumpsSkipped, processes, exited, dropped  *prometheus.Desc
 	stacks, nvmlUsed, nvmlTotal, nvmlProc, up                                  *prometheus.Desc
+	historyEvents, historyBytes                                                *prometheus.Desc
 }
 
 func newCollector(a *agent.Agent, version string, processLabels bool) *collector {
@@ -69,14 +70,16 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 		nvmlTotal:         d("nvml_total_bytes", "GPU memory in all, as the driver (NVML) reports it.", "gpu", "UUID"),
 		nvmlProc: d("nvml_process_used_bytes", "A process's GPU memory, as the driver (NVML) reports it.",
 			"gpu", "UUID", "pid", "comm", "container", "pod"),
-		up: d("nvml_up", "1 when the last read of the driver (NVML) succeeded."),
+		up:            d("nvml_up", "1 when the last read of the driver (NVML) succeeded."),
+		historyEvents: d("history_events", "Events the flight recorder holds (every process's latest, for /snapshot and the OOM black box)."),
+		historyBytes:  d("history_bytes", "Bytes the flight recorder's histories account for (at most --history-budget)."),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.buildInfo, c.live, c.peak, c.hostLive, c.allocs, c.allocBytes, c.frees,
 		c.implicitFrees, c.implicitFreeBytes, c.failures, c.ooms, c.events, c.lost, c.dumps, c.dumpErrors, c.dumpsSkipped, c.processes, c.exited, c.dropped,
-		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up} {
+		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up, c.historyEvents, c.historyBytes} {
 		ch <- d
 	}
 }
@@ -186,6 +189,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.exited, s.Totals.ProcessesExited)
 	counter(c.dropped, s.Totals.TraceDropped)
 	gauge(c.stacks, uint64(s.Stacks))
+	gauge(c.historyEvents, uint64(s.HistoryEvents))
+	gauge(c.historyBytes, uint64(s.HistoryBytes))
 	if s.NVML != nil {
 		for _, d := range s.NVML.Devices {
 			gpu := []string{strconv.Itoa(d.Index), d.UUID}

@@ -31,6 +31,8 @@ type agentFlags struct {
 	dumpEvery     time.Duration
 	processLabels bool
 	maxWindows    int
+	historyEvents int
+	historyBudget string
 }
 
 func (f *agentFlags) bind(fl *pflag.FlagSet) {
@@ -42,6 +44,8 @@ func (f *agentFlags) bind(fl *pflag.FlagSet) {
 	fl.DurationVar(&f.dumpEvery, "dump-every", agent.DefaultDumpEvery, "at most one OOM dump per process this often")
 	fl.BoolVar(&f.processLabels, "process-labels", true, "label metrics with pid, comm, container and pod (off: summed per GPU)")
 	f.add(fl, "leave the stacks of profiles, snapshots and OOM dumps as addresses", "export what the driver reports (NVML) beside what was traced")
+	fl.IntVar(&f.historyEvents, "history-events", agent.DefaultHistoryEvents, "latest events kept per process for /snapshot and the OOM dumps (the flight recorder; 0: none)")
+	fl.StringVar(&f.historyBudget, "history-budget", "128MiB", "memory all processes' histories may take together (the newest are kept)")
 	fl.IntVar(&f.maxWindows, "max-trace-windows", httpapi.DefaultMaxTraceWindows, "most /trace windows open at once (429 past it); each holds at most 4MiB of records for its client")
 }
 
@@ -55,6 +59,20 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 	}
 	if f.retention <= 0 {
 		return hint.Wrap(fmt.Errorf("--retention %v: must be positive", f.retention), "e.g. --retention 10m")
+	}
+	if f.historyEvents < 0 {
+		return hint.Wrap(fmt.Errorf("--history-events %d: must not be negative", f.historyEvents), "e.g. --history-events 100000, or 0 for none")
+	}
+	budget, err := parseBytes(f.historyBudget)
+	if err != nil || budget == 0 || budget > 1<<40 {
+		if err == nil {
+			err = errors.New("must be between 1 byte and 1TiB")
+		}
+		return hint.Wrap(fmt.Errorf("--history-budget %q: %w", f.historyBudget, err), "e.g. --history-budget 256MiB")
+	}
+	historyEvents := f.historyEvents
+	if historyEvents == 0 {
+		historyEvents = -1 // agent.Options: negative is none
 	}
 	token, err := readToken(f.tokenFile)
 	if err != nil {
@@ -70,7 +88,7 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 		return hint.Wrap(fmt.Errorf("--listen %s: %w", f.listen, err), "choose a free address, e.g. --listen 127.0.0.1:9739")
 	}
 	a := agent.New(agent.Options{Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
-		NoSymbolize: f.noSymbolize, Version: version, Stderr: stderr})
+		HistoryEvents: historyEvents, HistoryBudget: int64(budget), NoSymbolize: f.noSymbolize, Version: version, Stderr: stderr})
 	srv := &http.Server{
 		Handler: httpapi.New(a, httpapi.Options{Version: version, Token: token, Open: f.noToken,
 			ProcessLabels: f.processLabels, MaxTraceWindows: f.maxWindows}),
@@ -181,6 +199,12 @@ serves, on 127.0.0.1 unless --listen says otherwise:
 When an allocation fails with out of memory, the agent writes that
 process's memory snapshot, a pprof profile of its live set and a JSON report
 with the failing stack into --dump-dir (files mode 0600).
+
+The agent keeps every process's latest events (--history-events, within
+--history-budget for the node): /snapshot and every OOM dump carry them in
+memory_viz's timeline, as torch.cuda.memory._record_memory_history would in
+the process, for every CUDA process, without code changes, and after the
+process died (kept as long as its account, --retention).
 
 The stacks of CPython 3.10 to 3.14 processes show their Python frames
 (file:line:function) in place of the interpreter loop's, as 'cudatrace

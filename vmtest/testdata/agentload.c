@@ -4,15 +4,20 @@
  *   weights N DEV   cudaMalloc N bytes on device DEV from load_weights()
  *   step N          cudaMalloc N bytes on the current device from
  *                   train_step(), then cudaFree it (a transient allocation)
+ *   steps K N       K such steps (pausing 1 ms every 100, so that a tracer
+ *                   reading the records keeps up)
+ *   die 0           SIGKILL itself (no answer), as a job killed after an OOM
  *   grow N          cudaMalloc N bytes from grow_activations(): with N over
  *                   FAKECUDA_MEM_LIMIT it fails with cudaErrorMemoryAllocation
  *                   (answered "oom", else "ok")
  * and exits at the end of its input without freeing what it holds. Every
  * call goes through the stand-in, which logs the ground truth.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_decls.h"
 
@@ -64,6 +69,18 @@ int main(void)
 				return 3;
 			}
 			printf("ok\n");
+		} else if (strcmp(cmd, "steps") == 0) {
+			for (int i = 0; i < (int)n; i++) {
+				if (train_step((size_t)dev)) {
+					fprintf(stderr, "agentload: train_step failed\n");
+					return 3;
+				}
+				if (i % 100 == 99)
+					usleep(1000);
+			}
+			printf("ok\n");
+		} else if (strcmp(cmd, "die") == 0) {
+			kill(getpid(), SIGKILL);
 		} else if (strcmp(cmd, "grow") == 0) {
 			int r = grow_activations(n);
 			printf("%s\n", r == cudaErrorMemoryAllocation ? "oom" : r == 0 ? "ok" : "error");
