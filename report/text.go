@@ -161,6 +161,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		comm[p.PID] = p.Comm
 	}
 	r.writeNVML(ew, comm)
+	r.writeOwners(ew, comm)
 	r.writeStacks(ew, comm)
 	r.writePeaks(ew, comm)
 	r.writeLeaks(ew, comm)
