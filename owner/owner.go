@@ -10,6 +10,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/symbolize"
@@ -166,23 +167,31 @@ func (r *Rule) matches(p, base string) bool {
 // agent) ask it once per stack on the reader's goroutine. py names the
 // Python frames (nil: none named).
 func OfStack(c *procmodel.Capture, py procmodel.PythonNames, addrs []uint64) Owner {
-	maps := c.Mappings()
 	fs := make([]symbolize.Frame, len(addrs))
 	for i, pc := range addrs {
 		fs[i].Addr = pc
-		if pyframes.IsPython(pc) || pc == 0 {
-			continue
-		}
-		// A return address: the call is the byte before it, which is in
-		// the caller's mapping even where the call ends one.
-		if m := procmodel.MappingOf(maps, pc-1); m != nil {
-			fs[i].Module = m.Path
-		}
 	}
 	if py != nil {
 		py.Fill(fs)
 	} else {
 		(*pyframes.Table)(nil).Fill(fs)
 	}
-	return OfSymbolized(fs)
+	return OfMapped(c.Mappings(), fs)
+}
+
+// OfMapped is the owner of frames (innermost first) of a process with
+// mappings maps: a native frame left without a module (not symbolized) is
+// known by the mapping holding it.
+func OfMapped(maps []proc.Mapping, fs []symbolize.Frame) Owner {
+	return Of(FramesOf(len(fs), func(i int) (string, string) {
+		f := fs[i]
+		if f.Module == "" && f.Addr != 0 && !pyframes.IsPython(f.Addr) {
+			// A return address: the call is the byte before it, in the
+			// caller's mapping even where the call ends one.
+			if m := procmodel.MappingOf(maps, f.Addr-1); m != nil {
+				return m.Path, f.File
+			}
+		}
+		return f.Module, f.File
+	}))
 }
