@@ -195,3 +195,7 @@ func OfMapped(maps []proc.Mapping, fs []symbolize.Frame) Owner {
 		return f.Module, f.File
 	}))
 }
+
+// IsCUDA reports whether a native frame's file (its mapping's path) is one
+// of CUDA's own libraries, which no allocation is charged to.
+func IsCUDA(module string) bool { return module != "" && CUDA.matches(module, path.Base(module)) }
