@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/units"
@@ -194,15 +195,9 @@ func (r *Report) writeOwners(w io.Writer, comm map[uint32]string) {
 			t.add(fmt.Sprint(po.PID), comm[po.PID], events.DeviceName(k.device), name, end, count, peak)
 		}
 		if po.UntracedBytes != nil {
-			t.add(fmt.Sprint(po.PID), comm[po.PID], "all", owner.Untraced, signedBytes(*po.UntracedBytes), "", "")
+			u := signed(*po.UntracedBytes) // negative where NVML lagged behind the trace
+			t.add(fmt.Sprint(po.PID), comm[po.PID], "all", owner.Untraced, strings.TrimPrefix(u, "+"), "", "")
 		}
 	}
 	_ = t.write(w)
-}
-
-func signedBytes(n int64) string {
-	if n < 0 {
-		return "-" + units.Bytes(uint64(-n))
-	}
-	return units.Bytes(uint64(n))
 }
