@@ -3,9 +3,9 @@ package report
 import (
 	"bytes"
 	"encoding/json"
-	"reflect"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
