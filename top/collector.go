@@ -111,13 +111,13 @@ type Collector struct {
 	// kept event by event so devPeak is the true peak, not one sampled at
 	// refreshes. Each refresh sets it to the ledger's figure again.
 	devRun  map[int]uint64
-	gpuLive map[uint32]int    // live allocations of GPU memory, per process, kept by Event
+	gpuLive map[uint32]int // live allocations of GPU memory, per process, kept by Event
 	// Each stack's owner, named once when it is first seen, and each
 	// process's live GPU memory by owner, kept by Event.
 	owners   map[*ledger.Stack]string
 	ownerRun map[uint32]map[string]uint64
-	comm    map[uint32]string // of processes only NVML lists
-	seq     int
+	comm     map[uint32]string // of processes only NVML lists
+	seq      int
 
 	mu       sync.Mutex
 	snap     *Snapshot
