@@ -10,7 +10,8 @@
  * segments) and application 5 MiB (own_buffer); on device 1, nccl 4 MiB;
  * cuBLAS's workspace is freed. At the peak (scratch_buffer's 64 MiB, live
  * for a moment): the same, with cublas 3 MiB and application 69 MiB.
- * "exit N" exits N after all that. Needs FAKECUDA_DEVICES=2: NCCL's memory
+ * "exit N" exits N after all that; "wait" says "owners: ready" and waits
+ * for a line on stdin (or its end) before exiting. Needs FAKECUDA_DEVICES=2: NCCL's memory
  * is on device 1, where the runtime stand-in's addresses (device 0's)
  * cannot meet the driver stand-in's handles (the two stand-ins are two
  * libraries, each with its own arenas, which the real ones are not).
@@ -56,5 +57,10 @@ int main(int argc, char **argv)
 	printf("owners: done\n");
 	if (argc == 3 && strcmp(argv[1], "exit") == 0)
 		return atoi(argv[2]);
+	if (argc == 2 && strcmp(argv[1], "wait") == 0) {
+		printf("owners: ready\n");
+		fflush(stdout);
+		getchar();
+	}
 	return 0;
 }
