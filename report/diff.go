@@ -7,7 +7,6 @@ package report
 
 import (
 	"cmp"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -196,14 +195,7 @@ func frameKey(frames []Frame) string {
 }
 
 // WriteJSON writes d as indented JSON.
-func (d *Diff) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(d); err != nil {
-		return fmt.Errorf("write diff: %w", err)
-	}
-	return nil
-}
+func (d *Diff) WriteJSON(w io.Writer) error { return writeJSON(w, d, "diff") }
 
 // WriteText writes d for a person: the totals, the owners, and the top
 // changed stacks.
