@@ -53,7 +53,7 @@ type liveAt struct {
 	Size   uint64
 }
 
-// Owners caches the owner of each stack of one trace.
+// owners caches the owner of each stack of one trace.
 type owners struct {
 	t  *replay.Trace
 	of map[*ledger.Stack]owner.Owner
@@ -68,7 +68,7 @@ func (o *owners) owner(st *ledger.Stack) owner.Owner {
 	return w
 }
 
-// OwnerKey is a row of ProcessOwners: the module is kept for the
+// ownerKey is a row of ProcessOwners: the module is kept for the
 // application only, so that cuBLAS's two libraries are one owner.
 func ownerKey(w owner.Owner) owner.Owner {
 	if w.Name != owner.Application {
