@@ -131,6 +131,7 @@ type procState struct {
 	// of the latest OOM failures, by the failure's time: /snapshot's oom
 	// entries carry it as device_free. At most snapshotOOMs.
 	oomFree map[uint64]uint64
+	owners  ownerUse // live GPU memory by device and owner (owners.go)
 }
 
 // noteOOMFree keeps dev's free memory at a failure at time t, when the
@@ -357,6 +358,7 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 		if f.API.Info().Kind != events.KindHost {
 			a.nodeUse(f.Device, f.API).live -= f.Size
 		}
+		a.noteOwner(ps, f, true)
 	}
 	if al := ch.Alloc; al != nil {
 		k := export.KeyOf(al)
@@ -379,6 +381,7 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 			u.live += al.Size
 			u.peak = max(u.peak, u.live)
 		}
+		a.noteOwner(ps, al, false)
 	}
 	if ch.Stack != nil && ch.Alloc == nil {
 		a.totals.Failed++

@@ -31,6 +31,8 @@ type ProcessStats struct {
 	TensorLive, TensorPeak            uint64
 	OOMs                              uint64
 	Devices                           []ledger.Device // by ordinal
+	// Owners is its live GPU memory by device and owner (package owner).
+	Owners []OwnerLive
 }
 
 // NodeStats is the GPU memory of the running traced processes, summed
@@ -109,6 +111,7 @@ func (a *Agent) processStats(ps *procState, p *ledger.Process) ProcessStats {
 	for _, d := range p.DeviceList() {
 		out.Devices = append(out.Devices, *d)
 	}
+	out.Owners = ps.owners.list()
 	return out
 }
 

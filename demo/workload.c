@@ -9,6 +9,9 @@
  * each step allocates and frees its activations, a metrics cache leaks one
  * buffer per step, pinned host memory stages the batches, and a last "eval
  * with a bigger batch" runs out of memory (cudaErrorMemoryAllocation).
+ *
+ * `train [WEIGHTS_MiB]` loads weights of that size (512 MiB by default): two
+ * runs of different sizes are what `cudatrace diff` compares in vmtest.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,9 +68,10 @@ static int train_step(void *staging, size_t act)
 
 static int evaluate(size_t act) { return forward_backward(act); }
 
-int main(void)
+int main(int argc, char **argv)
 {
-	void *weights = load_weights(512 * MiB);
+	size_t weights_mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 512;
+	void *weights = load_weights(weights_mib * MiB);
 	void *opt = init_optimizer_state(256 * MiB);
 	void *staging = NULL;
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/owner"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/replay"
@@ -125,6 +126,7 @@ type pprofBuilder struct {
 	locations map[locKey]*profile.Location
 	functions map[[2]string]*profile.Function
 	stacks    map[*ledger.Stack][]*profile.Location
+	owners    map[*ledger.Stack]string // each stack's owner (package owner), its label
 }
 
 // locKey: one location per address in one mapping, or per address and
@@ -148,6 +150,7 @@ func newPprofBuilder(src Stacks, comm map[uint32]string, labels map[uint32]map[s
 		locations: map[locKey]*profile.Location{},
 		functions: map[[2]string]*profile.Function{},
 		stacks:    map[*ledger.Stack][]*profile.Location{},
+		owners:    map[*ledger.Stack]string{},
 	}
 	return b
 }
@@ -193,8 +196,12 @@ func (b *pprofBuilder) sample(k SampleKey, v *Values) {
 			labels[name] = []string{v}
 		}
 	}
+	// Who asked for it (package owner): -tagfocus owner=nccl. b.stack
+	// names it.
+	locs := b.stack(k.Stack)
+	labels["owner"] = []string{b.owners[k.Stack]}
 	b.p.Sample = append(b.p.Sample, &profile.Sample{
-		Location: b.stack(k.Stack),
+		Location: locs,
 		Value:    v[:],
 		Label:    labels,
 		NumLabel: map[string][]int64{"pid": {int64(k.Stack.PID)}},
@@ -213,6 +220,7 @@ func (b *pprofBuilder) stack(st *ledger.Stack) []*profile.Location {
 		locs = append(locs, b.location(st.PID, maps, f))
 	}
 	b.stacks[st] = locs
+	b.owners[st] = owner.OfMapped(maps, frames).Name
 	return locs
 }
 

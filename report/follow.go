@@ -164,7 +164,10 @@ func (f *follower) intervals(last uint64) ([]Interval, bool) {
 // the event that raised its peak last, and returns the stacks of its live
 // GPU memory then, each as the first pass's aggregate (so it is symbolized
 // once, with the first pass's mappings).
-func (f *follower) peakStacks(t *replay.Trace) (map[uint32][]LiveShare, error) {
+//
+// With the stacks, it returns each process's live GPU allocations then
+// (their stacks, too, the first pass's), for the owners at the peak.
+func (f *follower) peakStacks(t *replay.Trace) (map[uint32][]LiveShare, map[uint32][]liveAt, error) {
 	want := map[uint32]uint64{}
 	for pid, n := range f.peakSeq {
 		if f.peak[pid] > 0 {
@@ -172,8 +175,9 @@ func (f *follower) peakStacks(t *replay.Trace) (map[uint32][]LiveShare, error) {
 		}
 	}
 	out := map[uint32][]LiveShare{}
+	live := map[uint32][]liveAt{}
 	if len(want) == 0 {
-		return out, nil
+		return out, live, nil
 	}
 	seq := map[uint32]uint64{}
 	_, err := replay.Read(t.Path, replay.Options{OnEvent: func(ev *events.Event, ch ledger.Change) error {
@@ -190,10 +194,22 @@ func (f *follower) peakStacks(t *replay.Trace) (map[uint32][]LiveShare, error) {
 			stacks[i].Stack = t.Ledger.StackOf(p.PID, stacks[i].Stack.Frames, stacks[i].Stack.Tensor)
 		}
 		out[p.PID] = stacks
+		first := map[*ledger.Stack]*ledger.Stack{}
+		for _, a := range p.LiveAllocations() {
+			if !a.API.Segment() {
+				continue
+			}
+			st, ok := first[a.Stack]
+			if !ok {
+				st = t.Ledger.StackOf(p.PID, a.Stack.Frames, a.Stack.Tensor)
+				first[a.Stack] = st
+			}
+			live[p.PID] = append(live[p.PID], liveAt{Stack: st, Device: a.Device, Size: a.Size})
+		}
 		return nil
 	}})
 	if err != nil {
-		return nil, fmt.Errorf("replay to the peak: %w", err)
+		return nil, nil, fmt.Errorf("replay to the peak: %w", err)
 	}
-	return out, nil
+	return out, live, nil
 }

@@ -74,6 +74,9 @@ type Report struct {
 	// PeakStacks are, per process, the stacks holding its GPU memory at
 	// the moment of its peak: what to shrink to lower the peak.
 	PeakStacks []PeakStack `json:"peak_stacks"`
+	// Owners are, per process, where its GPU memory went by owner (package
+	// owner), at the end and at its peak (owners.go).
+	Owners []ProcessOwners `json:"owners"`
 	// Leaks lists, with Options.MinAge, allocations still live at the end
 	// and at least that old, grouped by stack, most bytes first.
 	Leaks      []Leak     `json:"leaks,omitempty"`
@@ -398,7 +401,7 @@ func Load(path string, opts Options) (*Report, error) {
 		}
 	}
 
-	peaks, err := fol.peakStacks(t)
+	peaks, peakLive, err := fol.peakStacks(t)
 	if err != nil {
 		return nil, err
 	}
@@ -409,6 +412,7 @@ func Load(path string, opts Options) (*Report, error) {
 			rep.PeakStacks = append(rep.PeakStacks, PeakStack{PID: p.PID, LiveBytes: s.Bytes, LiveCount: s.Count, Frames: frames(s.Stack)})
 		}
 	}
+	rep.Owners = buildOwners(t, rep.Processes, peakLive)
 	if opts.MinAge > 0 {
 		rep.MinAgeNS = uint64(opts.MinAge)
 		rep.Leaks = leaks(t, &opts, frames)

@@ -135,6 +135,16 @@ const mixJSON = `{
   {"pid": 200, "live_bytes": 7, "live_count": 1, "frames": [
    {"function": "", "file": "", "line": 0, "module": "", "address": "0x50", "offset": 0}]}
  ],
+ "owners": [
+  {"pid": 100, "end": [
+    {"device": 0, "owner": "application", "module": "mix", "live_bytes": 300, "live_count": 1},
+    {"device": 1, "owner": "application", "module": "mix", "live_bytes": 512, "live_count": 1}],
+   "peak": [
+    {"device": 0, "owner": "application", "module": "mix", "live_bytes": 300, "live_count": 1},
+    {"device": 1, "owner": "application", "module": "mix", "live_bytes": 1000, "live_count": 1}]},
+  {"pid": 200, "end": [{"device": 0, "owner": "application", "live_bytes": 14, "live_count": 2}],
+   "peak": [{"device": 0, "owner": "application", "live_bytes": 14, "live_count": 2}]}
+ ],
  "libraries": [{"library": "/usr/lib/libcudart.so.12", "symbols": ["cudaMalloc", "cudaFree"], "missing": ["cudaMallocAsync"]}],
  "counters": {"events": 10, "ringbuf_full": 2}
 }`

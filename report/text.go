@@ -16,11 +16,14 @@ import (
 )
 
 // WriteJSON writes the report as indented JSON.
-func (r *Report) WriteJSON(w io.Writer) error {
+func (r *Report) WriteJSON(w io.Writer) error { return writeJSON(w, r, "report") }
+
+// writeJSON writes v as indented JSON; what names it in the error.
+func writeJSON(w io.Writer, v any, what string) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(r); err != nil {
-		return fmt.Errorf("write report: %w", err)
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write %s: %w", what, err)
 	}
 	return nil
 }
@@ -173,6 +176,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		comm[p.PID] = p.Comm
 	}
 	r.writeNVML(ew, comm)
+	r.writeOwners(ew, comm)
 	r.writeStacks(ew, comm)
 	r.writePeaks(ew, comm)
 	r.writeLeaks(ew, comm)

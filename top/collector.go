@@ -15,6 +15,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/owner"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
@@ -55,6 +56,15 @@ type Process struct {
 	// AllocRate and ByteRate are allocations and bytes per second since
 	// the previous refresh.
 	AllocRate, ByteRate float64
+	// Owners are its live GPU memory by owner (package owner), most bytes
+	// first.
+	Owners []OwnerBytes
+}
+
+// OwnerBytes is one owner's live GPU memory in one process.
+type OwnerBytes struct {
+	Owner string
+	Live  uint64
 }
 
 // Remainder is NVML's figure less the traced one: what tracing does not
@@ -101,9 +111,13 @@ type Collector struct {
 	// kept event by event so devPeak is the true peak, not one sampled at
 	// refreshes. Each refresh sets it to the ledger's figure again.
 	devRun  map[int]uint64
-	gpuLive map[uint32]int    // live allocations of GPU memory, per process, kept by Event
-	comm    map[uint32]string // of processes only NVML lists
-	seq     int
+	gpuLive map[uint32]int // live allocations of GPU memory, per process, kept by Event
+	// Each stack's owner, named once when it is first seen, and each
+	// process's live GPU memory by owner, kept by Event.
+	owners   map[*ledger.Stack]string
+	ownerRun map[uint32]map[string]uint64
+	comm     map[uint32]string // of processes only NVML lists
+	seq      int
 
 	mu       sync.Mutex
 	snap     *Snapshot
@@ -121,7 +135,8 @@ func NewCollector(every time.Duration, top int, pids []int) *Collector {
 		only[uint32(p)] = true
 	}
 	return &Collector{every: every, top: top, only: only, comm: map[uint32]string{}, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
-		procs: procmodel.New(), devPeak: map[int]uint64{}, devRun: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1)}
+		procs: procmodel.New(), devPeak: map[int]uint64{}, devRun: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1),
+		owners: map[*ledger.Stack]string{}, ownerRun: map[uint32]map[string]uint64{}}
 }
 
 var _ record.Observer = (*Collector)(nil)
@@ -144,11 +159,16 @@ func (c *Collector) Event(_ *events.Event, ch ledger.Change) {
 	}
 	// Every allocation released: a context's death and a process's end
 	// release several.
+	pid := ch.Process.PID
 	for f := range ch.AllFreed() {
 		if f.API.Segment() {
 			d := int(f.Device)
 			c.devRun[d] -= min(c.devRun[d], f.Size)
-			c.gpuLive[ch.Process.PID]--
+			c.gpuLive[pid]--
+			if run := c.ownerRun[pid]; run != nil {
+				o := c.ownerOf(f.Stack)
+				run[o] -= min(run[o], f.Size)
+			}
 		}
 	}
 	if a := ch.Alloc; a != nil && a.API.Segment() {
@@ -156,7 +176,27 @@ func (c *Collector) Event(_ *events.Event, ch ledger.Change) {
 		d := int(a.Device)
 		c.devRun[d] += a.Size
 		c.devPeak[d] = max(c.devPeak[d], c.devRun[d])
+		run := c.ownerRun[pid]
+		if run == nil {
+			run = map[string]uint64{}
+			c.ownerRun[pid] = run
+		}
+		run[c.ownerOf(a.Stack)] += a.Size
 	}
+}
+
+// ownerOf names st's owner the first time it is asked, from the capture
+// it is bound to.
+func (c *Collector) ownerOf(st *ledger.Stack) string {
+	if st == nil {
+		return owner.Application
+	}
+	o, ok := c.owners[st]
+	if !ok {
+		o = owner.OfStack(c.procs.CaptureOf(st), c.procs.Python(st.PID), st.Frames).Name
+		c.owners[st] = o
+	}
+	return o
 }
 
 // Flush publishes a snapshot now: the last state, once tracing stopped.
@@ -213,6 +253,14 @@ func (c *Collector) snapshot(res *record.Result, sel uint32, now time.Time) *Sna
 			row.ByteRate = float64(p.AllocBytes-prev[1]) / dt
 		}
 		c.prev[p.PID] = [2]uint64{p.Allocs, p.AllocBytes}
+		for o, n := range c.ownerRun[p.PID] {
+			if n > 0 {
+				row.Owners = append(row.Owners, OwnerBytes{Owner: o, Live: n})
+			}
+		}
+		slices.SortFunc(row.Owners, func(a, b OwnerBytes) int {
+			return cmp.Or(cmp.Compare(b.Live, a.Live), cmp.Compare(a.Owner, b.Owner))
+		})
 		for _, d := range p.Devices {
 			devLive[int(d.Device)] += d.Live
 		}

@@ -57,8 +57,8 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		out = append(out, t.lines()...)
 		add("")
 	}
-	t := &table{right: []bool{false, true, false, true, true, true, true, true, true, true}}
-	t.add(" ", "PID", "COMM", "LIVE", "PEAK", "TENSORS", "NVML-USED", "REMAINDER", "ALLOCS/S", "BYTES/S")
+	t := &table{right: []bool{false, true, false, true, true, true, true, true, true, true, false}}
+	t.add(" ", "PID", "COMM", "LIVE", "PEAK", "TENSORS", "NVML-USED", "REMAINDER", "ALLOCS/S", "BYTES/S", "MOST BY")
 	var sel *Process
 	for i := range s.Processes {
 		p := &s.Processes[i]
@@ -74,8 +74,12 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		if p.TensorLive > 0 {
 			tensors = units.Bytes(p.TensorLive)
 		}
+		most := "-"
+		if len(p.Owners) > 0 {
+			most = p.Owners[0].Owner
+		}
 		t.add(mark, fmt.Sprint(p.PID), p.Comm, units.Bytes(p.Live), units.Bytes(p.Peak), tensors, used, rem,
-			fmt.Sprintf("%.1f", p.AllocRate), units.Bytes(uint64(p.ByteRate)))
+			fmt.Sprintf("%.1f", p.AllocRate), units.Bytes(uint64(p.ByteRate)), most)
 	}
 	out = append(out, t.lines()...)
 	if len(s.Processes) == 0 {
@@ -89,6 +93,13 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		add("")
 		add("pid %d (%s): %s of GPU memory live in %d allocations, peak %s; %d allocations, %s, since tracing began",
 			sel.PID, sel.Comm, units.Bytes(sel.Live), sel.LiveCount, units.Bytes(sel.Peak), sel.Allocs, units.Bytes(sel.AllocBytes))
+		if len(sel.Owners) > 0 {
+			by := make([]string, len(sel.Owners))
+			for i, o := range sel.Owners {
+				by[i] = o.Owner + " " + units.Bytes(o.Live)
+			}
+			add("by owner: %s", strings.Join(by, ", "))
+		}
 		if s.StacksPID == sel.PID {
 			for i, st := range s.Stacks {
 				what := ""
@@ -171,9 +182,17 @@ func WriteLines(w io.Writer, s *Snapshot, now time.Time) error {
 		b.WriteByte('\n')
 	}
 	for _, p := range s.Processes {
-		fmt.Fprintf(&b, "%s pid=%d comm=%q live=%d peak=%d live_allocations=%d allocs=%d alloc_bytes=%d %s alloc_rate=%.1f byte_rate=%.0f\n",
+		fmt.Fprintf(&b, "%s pid=%d comm=%q live=%d peak=%d live_allocations=%d allocs=%d alloc_bytes=%d %s alloc_rate=%.1f byte_rate=%.0f",
 			ts, p.PID, p.Comm, p.Live, p.Peak, p.LiveCount, p.Allocs, p.AllocBytes, nvml(p.Listed, p.NVMLUsed, p.Remainder()),
 			p.AllocRate, p.ByteRate)
+		if len(p.Owners) > 0 {
+			by := make([]string, len(p.Owners))
+			for i, o := range p.Owners {
+				by[i] = fmt.Sprintf("%s:%d", o.Owner, o.Live)
+			}
+			fmt.Fprintf(&b, " owners=%s", strings.Join(by, ","))
+		}
+		b.WriteByte('\n')
 	}
 	if len(s.Processes) == 0 {
 		fmt.Fprintf(&b, "%s no CUDA allocation traced yet (%d events, %d lost)\n", ts, s.Events, s.Lost)

@@ -34,6 +34,8 @@ func TestCollector(t *testing.T) {
 	c := NewCollector(time.Second, 2, nil)
 	c.now, c.start = clk.now, clk.t
 	c.comm[300] = "jax" // as /proc would say
+	// 0xb returns into NCCL: its 3000 bytes are NCCL's.
+	c.Process(&procmodel.Capture{PID: 100, Maps: []proc.Mapping{{Start: 0xa, End: 0xb, Path: "/venv/nvidia/nccl/lib/libnccl.so.2"}}})
 	collector = c
 	l := ledger.New()
 	res := &record.Result{Ledger: l, Events: 3}
@@ -58,8 +60,9 @@ func TestCollector(t *testing.T) {
 		t.Fatalf("snapshot %+v", s)
 	}
 	want := []Process{
-		{PID: 100, Comm: "train", Live: 4000, Peak: 4000, LiveCount: 2, Allocs: 3, AllocBytes: 4064, NVMLUsed: 5000, Listed: true},
-		{PID: 200, Comm: "eval", Live: 500, Peak: 500, LiveCount: 1, Allocs: 1, AllocBytes: 500},
+		{PID: 100, Comm: "train", Live: 4000, Peak: 4000, LiveCount: 2, Allocs: 3, AllocBytes: 4064, NVMLUsed: 5000, Listed: true,
+			Owners: []OwnerBytes{{"nccl", 3000}, {"application", 1000}}},
+		{PID: 200, Comm: "eval", Live: 500, Peak: 500, LiveCount: 1, Allocs: 1, AllocBytes: 500, Owners: []OwnerBytes{{"application", 500}}},
 		// On the GPU, never traced: all of its memory is the remainder.
 		{PID: 300, Comm: "jax", NVMLUsed: 2100, Listed: true},
 	}
@@ -132,7 +135,8 @@ func testSnapshot() *Snapshot {
 		Devices: []Device{{Number: 0, Live: 2 << 30, Peak: 5 << 29, NVML: &nd}, {Number: 1, Live: 512, Peak: 512}},
 		Processes: []Process{
 			{PID: 4242, Comm: "python3", Live: 2 << 30, Peak: 5 << 29, LiveCount: 3, TensorLive: 1 << 30, Allocs: 10, AllocBytes: 3 << 30,
-				NVMLUsed: 2<<30 + 300<<20, Listed: true, AllocRate: 2.5, ByteRate: 1 << 20},
+				NVMLUsed: 2<<30 + 300<<20, Listed: true, AllocRate: 2.5, ByteRate: 1 << 20,
+				Owners: []OwnerBytes{{"pytorch", 3 << 29}, {"nccl", 1 << 29}}},
 			{PID: 77, Comm: "other", Live: 512, Peak: 512, LiveCount: 1, Allocs: 1, AllocBytes: 512},
 		},
 		StacksPID: 4242,
@@ -161,11 +165,12 @@ func TestScreen(t *testing.T) {
 		"  0  2.0 GiB  2.5 GiB    3.0 GiB   +1.0 GiB  80.0 GiB  Fake H100",
 		"  1    512 B    512 B          -          -         -",
 		"",
-		"    PID  COMM        LIVE     PEAK  TENSORS  NVML-USED   REMAINDER  ALLOCS/S  BYTES/S",
-		">  4242  python3  2.0 GiB  2.5 GiB  1.0 GiB    2.3 GiB  +300.0 MiB       2.5  1.0 MiB",
-		"     77  other      512 B    512 B        -          -           -       0.0      0 B",
+		"    PID  COMM        LIVE     PEAK  TENSORS  NVML-USED   REMAINDER  ALLOCS/S  BYTES/S  MOST BY",
+		">  4242  python3  2.0 GiB  2.5 GiB  1.0 GiB    2.3 GiB  +300.0 MiB       2.5  1.0 MiB  pytorch",
+		"     77  other      512 B    512 B        -          -           -       0.0      0 B  -",
 		"",
 		"pid 4242 (python3): 2.0 GiB of GPU memory live in 3 allocations, peak 2.5 GiB; 10 allocations, 3.0 GiB, since tracing began",
+		"by owner: pytorch 1.5 GiB, nccl 512.0 MiB",
 		"[1] 2.0 GiB live in 2 allocations",
 		"    #0 train_step (train.c:42) train",
 		"    #1 0x20",
@@ -201,7 +206,7 @@ func TestWriteLines(t *testing.T) {
 	want := "" +
 		"2026-01-02T15:04:05Z gpu=0 live=2147483648 peak=2684354560 nvml_used=3221225472 remainder=1073741824 total=85899345920\n" +
 		"2026-01-02T15:04:05Z gpu=1 live=512 peak=512 nvml_used=- remainder=-\n" +
-		"2026-01-02T15:04:05Z pid=4242 comm=\"python3\" live=2147483648 peak=2684354560 live_allocations=3 allocs=10 alloc_bytes=3221225472 nvml_used=2462056448 remainder=314572800 alloc_rate=2.5 byte_rate=1048576\n" +
+		"2026-01-02T15:04:05Z pid=4242 comm=\"python3\" live=2147483648 peak=2684354560 live_allocations=3 allocs=10 alloc_bytes=3221225472 nvml_used=2462056448 remainder=314572800 alloc_rate=2.5 byte_rate=1048576 owners=pytorch:1610612736,nccl:536870912\n" +
 		"2026-01-02T15:04:05Z pid=77 comm=\"other\" live=512 peak=512 live_allocations=1 allocs=1 alloc_bytes=512 nvml_used=- remainder=- alloc_rate=0.0 byte_rate=0\n"
 	if buf.String() != want {
 		t.Errorf("lines\n--- got\n%s--- want\n%s", buf.String(), want)

@@ -186,6 +186,27 @@ func buildStandIns(dir string) {
 		c10Lib, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return
 	}
+	// The owners' stand-ins (owner rules, issue 22): NCCL's VMM user over
+	// the driver, cuBLAS's workspace over the runtime, named as the real
+	// libraries are; and a program using them with PyTorch's allocator.
+	ncclLib, cublasLib := filepath.Join(fakeLibDir, "libnccl.so.2"), filepath.Join(fakeLibDir, "libcublas.so.12")
+	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-Wall", "-Wl,-soname,libnccl.so.2",
+		"-o", ncclLib, src("ncclstub.c"), fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
+	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-Wall", "-Wl,-soname,libcublas.so.12",
+		"-o", cublasLib, src("cublasstub.c"), "-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
+	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", workload("owners"), src("owners.c"),
+		c10Lib, ncclLib, cublasLib, "-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
+	// make demo's workload (demo/workload.c), built as make demo builds it.
+	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall", "-I", td, "-o", workload("train"),
+		filepath.Join(td, "..", "..", "demo", "workload.c"), "-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
 	// NVML's stand-in, in a directory of its own: LD_LIBRARY_PATH=fakeNVMLDir
 	// makes go-nvml's dlopen("libnvidia-ml.so.1") find it first.
 	if cBuildErr = gcc("-shared", "-fPIC", "-O2", "-Wall", "-Wl,-soname,libnvidia-ml.so.1",

@@ -29,6 +29,7 @@ type collector struct {
 	events, lost, dumps, dumpErrors, dumpsSkipped, processes, exited, dropped  *prometheus.Desc
 	stacks, nvmlUsed, nvmlTotal, nvmlProc, up                                  *prometheus.Desc
 	historyEvents, historyBytes                                                *prometheus.Desc
+	ownerLive                                                                  *prometheus.Desc // owner.go's label set: bounded by owner.Names()
 }
 
 func newCollector(a *agent.Agent, version string, processLabels bool) *collector {
@@ -73,13 +74,16 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 		up:            d("nvml_up", "1 when the last read of the driver (NVML) succeeded."),
 		historyEvents: d("history_events", "Events the flight recorder holds (every process's latest, for /snapshot and the OOM black box)."),
 		historyBytes:  d("history_bytes", "Bytes the flight recorder's histories account for (at most --history-budget)."),
+		ownerLive: d("owner_live_bytes", "GPU memory live now (segments, as live_bytes{level=\"segment\"}) by owner: the component whose frame is innermost "+
+			"in the allocating stack (pytorch, nccl, cublas, cudnn, xla, cupy, numba, tensorflow, tensorrt, else application); per running traced process (summed per GPU with --process-labels=false).",
+			append(append(append([]string{}, pl...), "gpu", "UUID"), "owner")...),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.buildInfo, c.live, c.peak, c.hostLive, c.allocs, c.allocBytes, c.frees,
 		c.implicitFrees, c.implicitFreeBytes, c.failures, c.ooms, c.events, c.lost, c.dumps, c.dumpErrors, c.dumpsSkipped, c.processes, c.exited, c.dropped,
-		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up, c.historyEvents, c.historyBytes} {
+		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up, c.historyEvents, c.historyBytes, c.ownerLive} {
 		ch <- d
 	}
 }
@@ -138,6 +142,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		gauge(c.hostLive, p.HostLive, pl...)
+		for _, o := range p.Owners {
+			gauge(c.ownerLive, o.Live, with(pl, []string{events.DeviceName(o.Device), uuid[o.Device]}, o.Owner)...)
+		}
 		counter(c.allocs, p.Allocs, with(pl, nil, "segment")...)
 		counter(c.frees, p.Frees, with(pl, nil, "segment")...)
 		if p.TensorAllocs > 0 {
@@ -151,6 +158,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.ooms, p.OOMs, pl...)
 	}
 	if !c.processLabels {
+		c.ownersOfNode(s, uuid, gauge)
 		var host uint64
 		for i := range s.Processes {
 			if !s.Processes[i].Exited {
@@ -206,6 +214,32 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(c.nvmlProc, p.Used, with([]string{strconv.Itoa(p.Device), p.UUID}, pl[:1], pl[1:]...)...)
 			}
 		}
+	}
+}
+
+// ownersOfNode is owner_live_bytes without process labels: the running
+// processes' summed per device and owner.
+func (c *collector) ownersOfNode(s *agent.Stats, uuid map[int32]string, gauge func(*prometheus.Desc, uint64, ...string)) {
+	type key struct {
+		dev   int32
+		owner string
+	}
+	sum := map[key]uint64{}
+	var keys []key
+	for i := range s.Processes {
+		if s.Processes[i].Exited {
+			continue
+		}
+		for _, o := range s.Processes[i].Owners {
+			k := key{o.Device, o.Owner}
+			if _, ok := sum[k]; !ok {
+				keys = append(keys, k)
+			}
+			sum[k] += o.Live
+		}
+	}
+	for _, k := range keys {
+		gauge(c.ownerLive, sum[k], events.DeviceName(k.dev), uuid[k.dev], k.owner)
 	}
 }
 

@@ -125,7 +125,9 @@ already use:
             have sample types of their own: pick them with
             'go tool pprof -sample_index=tensor_inuse_space' (or
             host_inuse_space, tensor_alloc_space, ...). Labels pid, comm,
-            device, api, kind and level. inuse_* is the live set at --at.
+            device, api, kind, level and owner (who asked for it: pytorch,
+            nccl, cublas, ... application; -tagfocus owner=nccl).
+            inuse_* is the live set at --at.
   memviz    a pickle that https://pytorch.org/memory_viz and
             'python -m torch.cuda._memory_viz' open, like the snapshot of
             torch.cuda.memory._snapshot(): segments (the live set at --at)

@@ -33,6 +33,7 @@ type recordFlags struct {
 	verbose   bool
 	exports   []string // FORMAT=FILE
 	nvmlEvery time.Duration
+	budget    budgetFlags
 }
 
 func (f *recordFlags) bind(fl *pflag.FlagSet) {
@@ -49,6 +50,7 @@ func (f *recordFlags) bind(fl *pflag.FlagSet) {
 	f.add(fl, "name no frame while recording, not even a container's: the trace keeps addresses and mappings, report and export name them from the files they find (and --export writes addresses)",
 		"sample the driver's per-process GPU memory (NVML) into the trace")
 	fl.DurationVar(&f.nvmlEvery, "nvml-interval", record.DefaultNVMLEvery, "how often to sample NVML")
+	f.budget.bind(fl)
 	fl.SetInterspersed(false)
 }
 
@@ -73,6 +75,9 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := f.budget.parse(); err != nil {
+		return err
+	}
 	// Every output is checked before anything is traced: a typo or a
 	// FIFO must not cost a whole training run.
 	if f.output != "" {
@@ -92,10 +97,11 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	}
 	output := f.output
 	var temp string // the trace made only for the exports: removed once they are written
-	if output == "" && len(exports) > 0 {
+	if output == "" && (len(exports) > 0 || f.budget.any()) {
+		// The budgets' lines name stacks from the trace.
 		tmp, err := os.CreateTemp("", "cudatrace-*.trace")
 		if err != nil {
-			return fmt.Errorf("create a trace file for --export: %w", err)
+			return fmt.Errorf("create a trace file for --export or a budget: %w", err)
 		}
 		tmp.Close()
 		output, temp = tmp.Name(), tmp.Name()
@@ -179,11 +185,14 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		fmt.Fprintf(w, "cudatrace: the trace is kept in %s: `cudatrace export %s --format FORMAT -o FILE` writes it again\n", temp, temp)
 		temp = ""
 	}
+	overBudget := f.budget.any() && f.budget.check(w, res.Ledger, output)
 	switch {
 	case res.ExitCode != 0:
 		return exitError{code: exitCode(res.ExitCode)}
 	case incomplete || exportFailed:
 		return exitError{code: exitRecordingFailed}
+	case overBudget:
+		return exitError{code: exitOverBudget}
 	}
 	return nil
 }
@@ -329,9 +338,17 @@ created 0600 (they hold command lines and stacks), an existing file keeps
 its mode, a link is followed to the file it names, and a device, FIFO,
 socket or directory is refused. If the trace cannot be written whole (disk
 full) the summary is still printed; if an export fails, the trace it was
-made from is kept and its path printed. Exit status: the command's; 125
-when it succeeded (or none was launched) but the trace or an export was
-not written whole; 1 when tracing could not start.
+made from is kept and its path printed.
+
+Budgets, for CI: --max-peak SIZE and --max-live-at-exit SIZE (as 512MiB,
+8GiB) hold each traced process's GPU memory (device and managed, as the
+report's PEAK and LIVE count it) at its peak, and at its end (its exit, or
+the stop), to SIZE. A process over one gets a line saying which budget,
+by how much, and the stacks that held the memory then.
+
+Exit status: the command's; 125 when it succeeded (or none was launched)
+but the trace or an export was not written whole; 122 when all that went
+well but a process was over a budget; 1 when tracing could not start.
 
 A launched command's processes are paused (SIGSTOP) at their first
 allocation while their mappings are read. A watchdog process beside
@@ -356,6 +373,10 @@ addresses and mappings; report and export name what they can).`,
 
   # Keep the trace, and write a pprof profile and a memory_viz snapshot on stop
   cudatrace record -o train.trace --export pprof=train.pb.gz --export memviz=train.pickle -- python train.py
+
+  # In CI: fail (exit 122) when the job's GPU memory peaks above 6GiB or
+  # it still holds more than 64MiB when it exits
+  cudatrace record --max-peak 6GiB --max-live-at-exit 64MiB -- python -m pytest tests/gpu
 
   # Attach to a running job for one minute
   cudatrace record --pid 4242 --duration 1m -o job.trace

@@ -74,6 +74,18 @@ the most memory still live, the stacks that held each process's memory at
 its peak, and every failed allocation with its CUDA error and what the
 process and its device held at that moment.
 
+"Where the GPU memory went" charges each process's GPU memory, per device,
+live at the end and at its peak, to the component that asked for it: the
+innermost frame of its stack in a file one of these rules names decides:
+PyTorch's caching allocator (libc10_cuda.so), NCCL (libnccl.so*), cuBLAS
+(libcublas*.so*), cuDNN (libcudnn*.so*), XLA (xla_extension.so, libxla*,
+xla_cuda_plugin.so, jaxlib/, jax_plugins/), CuPy (cupy/, cupy_backends/),
+Numba (Python frames in numba/cuda/), TensorFlow (libtensorflow*,
+_pywrap_tensorflow*), TensorRT (libnvinfer*); else the application, named
+by the file of the innermost frame outside CUDA's own libraries. With NVML
+samples, "context, modules and untraced" is the driver's figure less all
+of them.
+
 --min-age lists leak candidates: allocations still live at the end that are
 at least that old, grouped by stack (as bcc's memleak does). --interval adds
 a table per process, device and interval of the change in live bytes (USED)
@@ -98,7 +110,8 @@ checked against the build IDs captured while recording. A trace cut short
   cudatrace report train.trace --interval 10s    # used and peaked per 10 seconds
   cudatrace report train.trace --by function     # used/acquired/occurrences per function (CupyMemoryProfileHook)
   cudatrace report train.trace --by line --interval 10s  # bytes added and removed per source line (MemTracker)
-  cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'`,
+  cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'
+  cudatrace report train.trace --json | jq '.owners[] | {pid, peak}'   # who held the memory at the peak`,
 		Args: oneTrace,
 	}, (*reportFlags).bind, runReport)
 }

@@ -114,7 +114,9 @@ every --interval, per GPU and per process: the GPU memory cudatrace sees live
 (LIVE) and its peak, what the NVIDIA driver charges the process (NVML-USED,
 as nvidia-smi shows it), the REMAINDER between the two (the CUDA context,
 library workspaces, anything not traced), and the allocation rate since the
-last refresh. Under the table, the selected process's call stacks holding
+last refresh, and the owner holding most of its memory (MOST BY: pytorch,
+nccl, cublas, ... application, as 'cudatrace report' says them; the selected
+process's owners are listed under the table). Under the table, the selected process's call stacks holding
 the most live memory, symbolized; a CPython (3.10 to 3.14) process's with its
 Python frames (file:line) in place of the interpreter loop's.
 
