@@ -118,7 +118,8 @@ func buildOwners(t *replay.Trace, procs []Process, peak map[uint32][]liveAt) []P
 			continue
 		}
 		var end []liveAt
-		for _, a := range p.LiveAllocations() {
+		segs, _ := p.AtEnd() // an ended process's: what it held at exit
+		for _, a := range segs {
 			if a.API.Segment() {
 				end = append(end, liveAt{Stack: a.Stack, Device: a.Device, Size: a.Size})
 			}

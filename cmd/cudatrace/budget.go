@@ -68,10 +68,9 @@ func (f *budgetFlags) any() bool { return f.peak > 0 || f.live > 0 }
 // per process and budget exceeded; trace names the stacks. It reports
 // whether any was.
 //
-// Live at exit is, for now, the live set at the end of the trace: the
-// process's memory when it exited, or when recording stopped. Once the
-// ledger keeps what a process held at its exit (issue 22's "exit"
-// helper), that is the figure to read here.
+// Live at exit is what the process held when it ended (the ledger's
+// held-at-exit figure, from its exit record), or its live set when
+// recording stopped first.
 func (f *budgetFlags) check(w io.Writer, l *ledger.Ledger, trace string) bool {
 	type over struct {
 		p          *ledger.Process
@@ -80,7 +79,7 @@ func (f *budgetFlags) check(w io.Writer, l *ledger.Ledger, trace string) bool {
 	var overs []over
 	var pids []uint32
 	for _, p := range l.Processes() {
-		o := over{p: p, peak: f.peak > 0 && p.Peak > f.peak, live: f.live > 0 && p.Live > f.live}
+		o := over{p: p, peak: f.peak > 0 && p.Peak > f.peak, live: f.live > 0 && atExit(p) > f.live}
 		if o.peak || o.live {
 			overs = append(overs, o)
 			pids = append(pids, p.PID)
@@ -118,10 +117,19 @@ func (f *budgetFlags) check(w io.Writer, l *ledger.Ledger, trace string) bool {
 				}
 			}
 			fmt.Fprintf(w, "cudatrace: over budget: pid %d (%s) held %s of GPU memory at exit, %s over --max-live-at-exit %s; held by: %s\n",
-				p.PID, p.Comm, units.Bytes(p.Live), units.Bytes(p.Live-f.live), f.maxLive, orNone(held))
+				p.PID, p.Comm, units.Bytes(atExit(p)), units.Bytes(atExit(p)-f.live), f.maxLive, orNone(held))
 		}
 	}
 	return true
+}
+
+// atExit is p's GPU memory at its end: what it held at exit once it
+// ended, else what it holds now.
+func atExit(p *ledger.Process) uint64 {
+	if p.Exited {
+		return p.HeldAtExitBytes
+	}
+	return p.Live
 }
 
 func orNone(held []string) string {
