@@ -7,9 +7,11 @@ import (
 	"sort"
 	"time"
 
+	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
 )
 
@@ -20,7 +22,10 @@ type ProcessStats struct {
 	Cmdline   []string
 	Container string // container ID, "" on the host
 	PodUID    string // Kubernetes pod UID, "" outside a pod
-	Exited    bool   // gone; kept until the retention passes
+	// The kubelet's names of its container, when the agent has them
+	// (Options.Pods; agent.namesOf says when): "" otherwise.
+	Namespace, Pod, ContainerName string
+	Exited                        bool // gone; kept until the retention passes
 
 	Allocs, Frees, Failed, AllocBytes uint64
 	UnknownFrees                      uint64
@@ -71,13 +76,18 @@ func (a *Agent) stats() *Stats {
 	for k, v := range a.res.Counters {
 		s.Counters[k] = v
 	}
-	for _, pid := range a.pids() {
+	pids := a.pids()
+	names := a.podNames(pids)
+	for _, pid := range pids {
 		ps := a.procs[pid]
 		p := a.ledger.Process(pid)
 		if p == nil {
 			continue // seen, but no event applied yet
 		}
-		s.Processes = append(s.Processes, a.processStats(ps, p))
+		st := a.processStats(ps, p)
+		n := names[pid]
+		st.Namespace, st.Pod, st.ContainerName = n.Namespace, n.Pod, n.Container
+		s.Processes = append(s.Processes, st)
 	}
 	for k, u := range a.node {
 		s.Node = append(s.Node, NodeStats{Device: k.device, Tensor: k.tensor, Live: u.live, Peak: u.peak})
@@ -142,6 +152,7 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 	if pid == 0 {
 		a.lastScrape = now
 	}
+	names := a.podNames(a.pids())
 	for _, pid := range pids {
 		p := a.ledger.Process(pid)
 		ps := a.procs[pid]
@@ -149,7 +160,7 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 			continue
 		}
 		lp.Comm[pid] = p.Comm
-		lp.Labels[pid] = map[string]string{"container": ps.container.ID, "pod": ps.container.PodUID}
+		lp.Labels[pid] = profileLabels(ps.container, names[pid])
 		lp.Samples.AddLive(p.LiveAllocations(), p.LiveTensors())
 		for _, k := range ps.keys {
 			v := a.allocs[k]
@@ -165,6 +176,14 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 		src.add(a, k.Stack)
 	}
 	return lp, src, nil
+}
+
+// profileLabels are a process's labels in the agent's profiles, as on
+// its metrics: the IDs from the cgroup, the kubelet's names (empty ones
+// are left out of the profile).
+func profileLabels(c container.Info, n kube.Names) map[string]string {
+	return map[string]string{"container_id": c.ID, "pod_uid": c.PodUID,
+		"namespace": n.Namespace, "pod": n.Pod, "container": n.Container}
 }
 
 // Snapshot writes one process's live set as a PyTorch memory snapshot

@@ -30,10 +30,14 @@ type collector struct {
 	stacks, nvmlUsed, nvmlTotal, nvmlProc, up                                  *prometheus.Desc
 }
 
+// processLabelNames label a process's series: the cgroup's IDs, then the
+// kubelet's names (package kube) spelled as DCGM exporter spells them.
+var processLabelNames = []string{"pid", "comm", "container_id", "pod_uid", "namespace", "pod", "container"}
+
 func newCollector(a *agent.Agent, version string, processLabels bool) *collector {
 	var pl []string
 	if processLabels {
-		pl = []string{"pid", "comm", "container", "pod"}
+		pl = processLabelNames
 	}
 	dev := append(append([]string{}, pl...), "gpu", "UUID", "level")
 	lvl := append(append([]string{}, pl...), "level")
@@ -68,7 +72,7 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 		nvmlUsed:          d("nvml_used_bytes", "GPU memory used, as the driver (NVML) reports it.", "gpu", "UUID"),
 		nvmlTotal:         d("nvml_total_bytes", "GPU memory in all, as the driver (NVML) reports it.", "gpu", "UUID"),
 		nvmlProc: d("nvml_process_used_bytes", "A process's GPU memory, as the driver (NVML) reports it.",
-			"gpu", "UUID", "pid", "comm", "container", "pod"),
+			append([]string{"gpu", "UUID"}, processLabelNames...)...),
 		up: d("nvml_up", "1 when the last read of the driver (NVML) succeeded."),
 	}
 }
@@ -120,7 +124,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		running++
-		pl := []string{strconv.FormatUint(uint64(p.PID), 10), p.Comm, p.Container, p.PodUID}
+		pl := []string{strconv.FormatUint(uint64(p.PID), 10), p.Comm, p.Container, p.PodUID, p.Namespace, p.Pod, p.ContainerName}
 		procLabels[p.PID] = pl
 		if !c.processLabels {
 			continue
@@ -196,7 +200,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			for _, p := range s.NVML.Processes {
 				pl := procLabels[p.PID]
 				if pl == nil { // a process that made no traced call
-					pl = []string{strconv.FormatUint(uint64(p.PID), 10), "", "", ""}
+					pl = make([]string, len(processLabelNames))
+					pl[0] = strconv.FormatUint(uint64(p.PID), 10)
 				}
 				gauge(c.nvmlProc, p.Used, with([]string{strconv.Itoa(p.Device), p.UUID}, pl[:1], pl[1:]...)...)
 			}
