@@ -379,7 +379,7 @@ func TestAgent(t *testing.T) {
 			wantMetric(t, m, tr.Allocs, "cudatrace_allocations_total", "pid", pid, "level", "segment")
 			wantMetric(t, m, tr.Failed, "cudatrace_allocation_failures_total", "pid", pid)
 			wantMetric(t, m, tr.AllocBytes, "cudatrace_allocated_bytes_total", "pid", pid)
-			wantMetric(t, m, tr.HostLive, "cudatrace_host_live_bytes", "pid", pid, "comm", "agentload", "container", "", "pod", "")
+			wantMetric(t, m, tr.HostLive, "cudatrace_host_live_bytes", "pid", pid, "comm", "agentload", "container_id", "", "pod_uid", "")
 		}
 		wantMetric(t, m, 0, "cudatrace_oom_total", "pid", strconv.Itoa(a.pid))
 		wantMetric(t, m, 1, "cudatrace_oom_total", "pid", strconv.Itoa(b.pid))
@@ -813,9 +813,9 @@ func TestAgentContainer(t *testing.T) {
 	}
 	m := parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
 	wantMetric(t, m, 4096, "cudatrace_live_bytes", "pid", strconv.Itoa(j.pid), "gpu", "0", "level", "segment",
-		"container", id, "pod", pod)
+		"container_id", id, "pod_uid", pod)
 	p := fetchProfile(t, ctx, fmt.Sprintf("%s/debug/pprof/cuda_memory?pid=%d", ag.url, j.pid))
-	if len(p.Sample) != 1 || p.Sample[0].Label["container"][0] != id || p.Sample[0].Label["pod"][0] != pod {
+	if len(p.Sample) != 1 || p.Sample[0].Label["container_id"][0] != id || p.Sample[0].Label["pod_uid"][0] != pod {
 		t.Errorf("profile labels: %v", p.Sample)
 	}
 	j.end(t)
