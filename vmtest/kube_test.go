@@ -154,8 +154,8 @@ func TestAgentKubeNames(t *testing.T) {
 	b, h := strconv.Itoa(jB.pid), strconv.Itoa(jH.pid)
 	nvmlSays(fmt.Sprintf("%d 0 %d", jA.pid, 4096+(300<<20)), fmt.Sprintf("%d 1 %d", jB.pid, 8192+(300<<20)),
 		fmt.Sprintf("%d 0 %d", jH.pid, 2048+(300<<20)))
-	m = waitMetrics(t, ag, "cudatrace_live_bytes", "pid", b, "pod", "infer-7")
-	m = waitMetrics(t, ag, "cudatrace_live_bytes", "pid", a, "pod", "train-0")
+	waitMetrics(t, ag, "cudatrace_live_bytes", "pid", b, "pod", "infer-7")
+	waitMetrics(t, ag, "cudatrace_live_bytes", "pid", a, "pod", "train-0")
 	m = waitMetrics(t, ag, "cudatrace_nvml_process_used_bytes", "pid", h)
 
 	trainer := kubeLabels(idA, uidA, "ml", "train-0", "trainer")
