@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strconv"
 	"time"
@@ -28,6 +29,7 @@ type collector struct {
 	implicitFrees, implicitFreeBytes                                           *prometheus.Desc
 	events, lost, dumps, dumpErrors, dumpsSkipped, processes, exited, dropped  *prometheus.Desc
 	stacks, nvmlUsed, nvmlTotal, nvmlProc, up                                  *prometheus.Desc
+	stackLive                                                                  *prometheus.Desc
 }
 
 // processLabelNames label a process's series: the cgroup's IDs, then the
@@ -49,7 +51,9 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 		buildInfo: d("build_info", "cudatrace's version and Go version; always 1.", "version", "goversion"),
 		live: d("live_bytes", "GPU memory live now (device and managed), per running traced process and device; "+
 			"level=segment is what the CUDA runtime and driver handed out (memory_reserved), level=tensor what PyTorch's allocator did (memory_allocated).", dev...),
-		peak:     d("peak_bytes", "The highest live_bytes reached since the process was first seen (without process labels: the highest the node's sum reached since the agent started).", dev...),
+		peak: d("peak_bytes", "The highest live_bytes reached since the process was first seen (without process labels: the highest the node's sum reached since the agent started).", dev...),
+		stackLive: d("stack_live_bytes", fmt.Sprintf("GPU memory (segments) live now per allocation stack, for each running process's %d stacks holding the most; "+
+			"stack is the innermost %d frames, innermost first.", agent.TopStacks, agent.StackFrames), append(append([]string{}, dev[:len(dev)-1]...), "stack")...),
 		hostLive: d("host_live_bytes", "Pinned host memory (cudaMallocHost, cudaHostAlloc, cuMemAllocHost) live now.", pl...),
 		allocs:   d("allocations_total", "Successful allocation calls.", lvl...),
 		allocBytes: d("allocated_bytes_total", "Bytes of successful allocation calls (segments, pinned host memory included).",
@@ -80,7 +84,7 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.buildInfo, c.live, c.peak, c.hostLive, c.allocs, c.allocBytes, c.frees,
 		c.implicitFrees, c.implicitFreeBytes, c.failures, c.ooms, c.events, c.lost, c.dumps, c.dumpErrors, c.dumpsSkipped, c.processes, c.exited, c.dropped,
-		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up} {
+		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up, c.stackLive} {
 		ch <- d
 	}
 }
@@ -150,6 +154,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.implicitFreeBytes, p.ImplicitFreeBytes, pl...)
 		counter(c.failures, p.Failed, pl...)
 		counter(c.ooms, p.OOMs, pl...)
+	}
+	if c.processLabels { // a series per process and stack: the flag turns them off
+		for _, st := range s.TopStacks {
+			if pl := procLabels[st.PID]; pl != nil {
+				gauge(c.stackLive, st.Live, with(pl, []string{events.DeviceName(st.Device), uuid[st.Device]}, st.Stack)...)
+			}
+		}
 	}
 	if !c.processLabels {
 		var host uint64

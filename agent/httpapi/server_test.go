@@ -107,6 +107,9 @@ func TestMetrics(t *testing.T) {
 		`cudatrace_nvml_total_bytes{UUID="GPU-aaaa",gpu="0"} 1000`,
 		`cudatrace_nvml_process_used_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",` + pid + `} 300`,
 		"cudatrace_nvml_up 1",
+		// Each stack's live segments per device; the fake stacks name no frame.
+		`cudatrace_stack_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",` + pid + `,stack="?"} 100`,
+		`cudatrace_stack_live_bytes{UUID="",comm="job",container="",container_id="",gpu="1",` + pid + `,stack="?"} 40`,
 		"# TYPE cudatrace_allocations_total counter",
 		"# TYPE cudatrace_live_bytes gauge",
 	} {
