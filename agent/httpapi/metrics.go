@@ -51,9 +51,7 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 		buildInfo: d("build_info", "cudatrace's version and Go version; always 1.", "version", "goversion"),
 		live: d("live_bytes", "GPU memory live now (device and managed), per running traced process and device; "+
 			"level=segment is what the CUDA runtime and driver handed out (memory_reserved), level=tensor what PyTorch's allocator did (memory_allocated).", dev...),
-		peak: d("peak_bytes", "The highest live_bytes reached since the process was first seen (without process labels: the highest the node's sum reached since the agent started).", dev...),
-		stackLive: d("stack_live_bytes", fmt.Sprintf("GPU memory (segments) live now per allocation stack, for each running process's %d stacks holding the most; "+
-			"stack is the innermost %d frames, innermost first.", agent.TopStacks, agent.StackFrames), append(append([]string{}, dev[:len(dev)-1]...), "stack")...),
+		peak:     d("peak_bytes", "The highest live_bytes reached since the process was first seen (without process labels: the highest the node's sum reached since the agent started).", dev...),
 		hostLive: d("host_live_bytes", "Pinned host memory (cudaMallocHost, cudaHostAlloc, cuMemAllocHost) live now.", pl...),
 		allocs:   d("allocations_total", "Successful allocation calls.", lvl...),
 		allocBytes: d("allocated_bytes_total", "Bytes of successful allocation calls (segments, pinned host memory included).",
@@ -78,6 +76,8 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 		nvmlProc: d("nvml_process_used_bytes", "A process's GPU memory, as the driver (NVML) reports it.",
 			append([]string{"gpu", "UUID"}, processLabelNames...)...),
 		up: d("nvml_up", "1 when the last read of the driver (NVML) succeeded."),
+		stackLive: d("stack_live_bytes", fmt.Sprintf("GPU memory (segments) live now per allocation stack, for each running process's %d stacks holding the most; "+
+			"stack is the innermost %d frames, innermost first.", agent.TopStacks, agent.StackFrames), append(append([]string{}, dev[:len(dev)-1]...), "stack")...),
 	}
 }
 
