@@ -658,36 +658,9 @@ func TestAgentPrometheus(t *testing.T) {
 	j.do(t, "ok", "weights %d 1", 1000)
 	want := onlyTruth(t, log, "").Devices[1].Live
 
-	port := freePort(t)
-	config := fmt.Sprintf(`global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: cudatrace
-    static_configs:
-      - targets: [%q]
-`, strings.TrimPrefix(ag.url, "http://"))
-	cfg := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	prom := exec.CommandContext(ctx, "prometheus", "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
-		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", port))
-	var promOut lockedBuffer
-	prom.Stdout, prom.Stderr = &promOut, &promOut
-	if err := prom.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		prom.Process.Signal(syscall.SIGTERM)
-		prom.Wait()
-		if t.Failed() {
-			t.Logf("prometheus:\n%s", truncate(promOut.String(), 8<<10))
-		}
-	}()
-
+	prom := startPrometheus(t, ctx, dir, strings.TrimPrefix(ag.url, "http://"), "")
 	query := fmt.Sprintf(`cudatrace_live_bytes{job="cudatrace",pid="%d",gpu="1",level="segment"}`, j.pid)
-	api := fmt.Sprintf("http://127.0.0.1:%d/api/v1/query?query=%s", port, url.QueryEscape(query))
+	api := prom + "/api/v1/query?query=" + url.QueryEscape(query)
 	var last string
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		resp, err := http.Get(api)
