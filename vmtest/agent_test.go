@@ -271,6 +271,19 @@ func parseMetrics(t *testing.T, text []byte) []sample {
 // when there is none.
 func metric(t *testing.T, samples []sample, name string, labels ...string) (float64, bool) {
 	t.Helper()
+	found := samplesOf(samples, name, labels...)
+	if len(found) > 1 {
+		t.Fatalf("%s%v: %d samples, want one", name, labels, len(found))
+	}
+	if len(found) == 0 {
+		return 0, false
+	}
+	return found[0].value, true
+}
+
+// samplesOf returns the samples of name with the labels given (name,
+// value pairs).
+func samplesOf(samples []sample, name string, labels ...string) []sample {
 	var found []sample
 next:
 	for _, s := range samples {
@@ -284,13 +297,7 @@ next:
 		}
 		found = append(found, s)
 	}
-	if len(found) > 1 {
-		t.Fatalf("%s%v: %d samples, want one", name, labels, len(found))
-	}
-	if len(found) == 0 {
-		return 0, false
-	}
-	return found[0].value, true
+	return found
 }
 
 func wantMetric(t *testing.T, samples []sample, want uint64, name string, labels ...string) {
@@ -712,25 +719,12 @@ func TestAgentContainer(t *testing.T) {
 		pod = "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"
 		id  = "3f4e1c2b9a8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f"
 	)
-	base := cgroupBase(t)
-	podDir := filepath.Join(base, "kubepods-cudatrace-test", "burstable", "pod"+pod)
-	dir := filepath.Join(podDir, id)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		skipOrFail(t, "cannot make a cgroup under %s: %v", base, err)
-	}
-	t.Cleanup(func() {
-		// Leaf first; a cgroup goes once its processes have exited.
-		for _, d := range []string{dir, podDir, filepath.Dir(podDir), filepath.Dir(filepath.Dir(podDir))} {
-			for i := 0; i < 50 && os.Remove(d) != nil; i++ {
-				time.Sleep(100 * time.Millisecond)
-			}
-		}
-	})
+	parent := filepath.Join(cgroupBase(t), "kubepods-cudatrace-test")
+	t.Cleanup(func() { removeCgroups(filepath.Join(parent, "burstable"), parent) })
+	dir := podCgroup(t, parent, pod, id)
 	ag := startAgent(t, ctx, "--dump-dir", "")
 	j := startJob(t, ctx, filepath.Join(t.TempDir(), "fake.log"))
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(j.pid)), 0o644); err != nil {
-		t.Fatalf("move pid %d into %s: %v", j.pid, dir, err)
-	}
+	moveTo(t, dir, j.pid)
 	// A trace window from its first call on: its process frame, written by
 	// the recorder's capture, names the container too.
 	type result struct {

@@ -53,19 +53,7 @@ func moveTo(t *testing.T, dir string, pid int) {
 // it carries exactly want's values for want's label names.
 func wantLabels(t *testing.T, samples []sample, name string, sel []string, want map[string]string) {
 	t.Helper()
-	var found []sample
-next:
-	for _, s := range samples {
-		if s.name != name {
-			continue
-		}
-		for i := 0; i+1 < len(sel); i += 2 {
-			if s.labels[sel[i]] != sel[i+1] {
-				continue next
-			}
-		}
-		found = append(found, s)
-	}
+	found := samplesOf(samples, name, sel...)
 	if len(found) != 1 {
 		t.Errorf("%s%v: %d samples, want one", name, sel, len(found))
 		return
