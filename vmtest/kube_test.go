@@ -144,7 +144,18 @@ func TestAgentKubeNames(t *testing.T) {
 		fmt.Sprintf("%d 0 %d", jH.pid, 2048+(300<<20)))
 	waitMetrics(t, ag, "cudatrace_live_bytes", "pid", b, "pod", "infer-7")
 	waitMetrics(t, ag, "cudatrace_live_bytes", "pid", a, "pod", "train-0")
-	m = waitMetrics(t, ag, "cudatrace_nvml_process_used_bytes", "pid", h)
+	waitMetrics(t, ag, "cudatrace_nvml_process_used_bytes", "pid", h)
+	// A list the kubelet answered after the agent saw the host's job (on
+	// its timer: the host's job asks for none), so that the host's job
+	// could have been named from it.
+	lists := srv.Lists()
+	for deadline := time.Now().Add(15 * time.Second); srv.Lists() == lists; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent asked the kubelet nothing in 15s after %d lists", lists)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	m = parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
 
 	trainer := kubeLabels(idA, uidA, "ml", "train-0", "trainer")
 	server := kubeLabels(idB, uidB, "serving", "infer-7", "server")
