@@ -51,8 +51,12 @@ type Options struct {
 	NoSymbolize bool
 	// Pods names the Kubernetes pod, namespace and container of a
 	// process in a pod, from the kubelet's pod-resources API; nil: none.
-	Pods    *kube.Lister
-	Version string
+	Pods *kube.Lister
+	// NoTopStacks leaves Stats.TopStacks empty, sparing each Stats its
+	// pass over the live set (the metrics without process labels have
+	// no use for them).
+	NoTopStacks bool
+	Version     string
 	Stderr  io.Writer // warnings
 }
 

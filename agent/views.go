@@ -94,7 +94,13 @@ func (a *Agent) Stats(ctx context.Context) (*Stats, error) {
 		top []liveStack
 		src *liveStacks
 	)
-	if err := a.do(ctx, func() { s = a.stats(); top, src = a.topStacks() }); err != nil {
+	err := a.do(ctx, func() {
+		s = a.stats()
+		if !a.opts.NoTopStacks {
+			top, src = a.topStacks()
+		}
+	})
+	if err != nil {
 		return nil, err
 	}
 	// Named here, off the reader goroutine. Two stacks whose innermost

@@ -78,7 +78,7 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 		defer pods.Close()
 	}
 	a := agent.New(agent.Options{Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
-		NoSymbolize: f.noSymbolize, Pods: pods, Version: version, Stderr: stderr})
+		NoSymbolize: f.noSymbolize, Pods: pods, NoTopStacks: !f.processLabels, Version: version, Stderr: stderr})
 	srv := &http.Server{
 		Handler: httpapi.New(a, httpapi.Options{Version: version, Token: token, Open: f.noToken,
 			ProcessLabels: f.processLabels, MaxTraceWindows: f.maxWindows}),
