@@ -57,7 +57,7 @@ type Options struct {
 	// no use for them).
 	NoTopStacks bool
 	Version     string
-	Stderr  io.Writer // warnings
+	Stderr      io.Writer // warnings
 }
 
 // Defaults.
