@@ -82,7 +82,7 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 		ctx:  report.ContextOf(p, ev.Device, oomStacks),
 		segs: p.LiveAllocations(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0}
 	d.proc.Container, d.proc.PodUID = ps.container.ID, ps.container.PodUID
-	d.names = a.namesOf(p.PID, ps)
+	d.names = a.podNames(a.pids())[p.PID]
 	d.free = nvmlFree(a.res.NVML, ev.Device)
 	if c := a.model.Get(p.PID); c != nil && c.First != nil {
 		d.proc.Cmdline = c.First.Cmdline

@@ -290,7 +290,11 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 			continue
 		}
 		lp.Comm[pid] = p.Comm
-		lp.Labels[pid] = profileLabels(ps.container, names[pid])
+		n, ok := names[pid]
+		if !ok && !ps.exitedAt.IsZero() { // kept with its account
+			n = ps.names
+		}
+		lp.Labels[pid] = profileLabels(ps.container, n)
 		lp.Samples.AddLive(p.LiveAllocations(), p.LiveTensors())
 		for _, k := range ps.keys {
 			v := a.allocs[k]
