@@ -719,8 +719,7 @@ func TestAgentContainer(t *testing.T) {
 		pod = "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"
 		id  = "3f4e1c2b9a8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f"
 	)
-	parent := filepath.Join(cgroupBase(t), "kubepods-cudatrace-test")
-	t.Cleanup(func() { removeCgroups(filepath.Join(parent, "burstable"), parent) })
+	parent := kubepods(t, "kubepods-cudatrace-test")
 	dir := podCgroup(t, parent, pod, id)
 	ag := startAgent(t, ctx, "--dump-dir", "")
 	j := startJob(t, ctx, filepath.Join(t.TempDir(), "fake.log"))

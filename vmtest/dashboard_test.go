@@ -229,8 +229,7 @@ func TestDashboard(t *testing.T) {
 		uid = "0d5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"
 		id  = "dddd1c2b9a8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f"
 	)
-	parent := filepath.Join(cgroupBase(t), "kubepods-cudatrace-dashboard")
-	t.Cleanup(func() { removeCgroups(filepath.Join(parent, "burstable"), parent) })
+	parent := kubepods(t, "kubepods-cudatrace-dashboard")
 	cg := podCgroup(t, parent, uid, id)
 	sock := filepath.Join(dir, "kubelet.sock")
 	srv, err := kubetest.Serve(sock, kubetest.Pod("ml", "train-0", kubetest.Container("trainer", "nvidia.com/gpu", "GPU-fake-0")))

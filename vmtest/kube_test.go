@@ -13,6 +13,15 @@ import (
 	"github.com/cudatrace/cudatrace/kube/kubetest"
 )
 
+// kubepods makes name, a cgroup for pods' cgroups (podCgroup), and
+// removes it when the test ends, after them.
+func kubepods(t *testing.T, name string) string {
+	t.Helper()
+	parent := filepath.Join(cgroupBase(t), name)
+	t.Cleanup(func() { removeCgroups(filepath.Join(parent, "burstable"), parent) })
+	return parent
+}
+
 // podCgroup makes the cgroup of container id in pod uid under parent, as
 // the kubelet (cgroupfs driver) and containerd name them, and removes it
 // when the test ends (leaf first; a cgroup goes once its processes have
@@ -92,8 +101,7 @@ func TestAgentKubeNames(t *testing.T) {
 		uidB = "0b5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"
 		idB  = "bbbb1c2b9a8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f"
 	)
-	parent := filepath.Join(cgroupBase(t), "kubepods-cudatrace-kube")
-	t.Cleanup(func() { removeCgroups(filepath.Join(parent, "burstable"), parent) })
+	parent := kubepods(t, "kubepods-cudatrace-kube")
 	cgA, cgB := podCgroup(t, parent, uidA, idA), podCgroup(t, parent, uidB, idB)
 
 	sock := filepath.Join(dir, "pod-resources", "kubelet.sock")
