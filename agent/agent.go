@@ -26,6 +26,7 @@ import (
 	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/export"
+	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
@@ -54,6 +55,13 @@ type Options struct {
 	HistoryBudget int64
 	// NoSymbolize leaves frames as addresses in every output.
 	NoSymbolize bool
+	// Pods names the Kubernetes pod, namespace and container of a
+	// process in a pod, from the kubelet's pod-resources API; nil: none.
+	Pods *kube.Lister
+	// NoTopStacks leaves Stats.TopStacks empty, sparing each Stats its
+	// pass over the live set (the metrics without process labels have
+	// no use for them).
+	NoTopStacks bool
 	Version     string
 	Stderr      io.Writer // warnings
 }
@@ -123,6 +131,9 @@ type Agent struct {
 type procState struct {
 	start     uint64 // of its first capture (0: unknown)
 	container container.Info
+	seen      time.Time  // when the agent first saw it
+	names     kube.Names // its container's, once known (namesOf)
+	named     bool
 	exitedAt  time.Time // zero while it runs
 	lastDump  time.Time
 	ooms      uint64
@@ -285,11 +296,16 @@ func (a *Agent) Process(c *procmodel.Capture) {
 		if ps != nil {
 			a.forget(c.PID) // the PID was reused
 		}
-		ps = &procState{start: c.Start}
+		ps = &procState{start: c.Start, seen: time.Now()}
 		a.procs[c.PID] = ps
 		a.totals.ProcessesSeen++
 	}
 	if c.Container != "" || c.Pod != "" {
+		if c.Pod != "" && ps.container.PodUID == "" {
+			// A process in a pod: the kubelet's list may not have its
+			// container yet (namesOf wants one taken after it was seen).
+			a.opts.Pods.Refresh()
+		}
 		ps.container = container.Info{ID: c.Container, PodUID: c.Pod}
 	}
 	a.model.Add(c)
@@ -477,6 +493,72 @@ func (a *Agent) scanExits() {
 			a.forget(pid)
 		}
 	}
+}
+
+// namesOf is the Kubernetes names of pid's container: those another
+// process of the same container was given, or those of the one container
+// the kubelet allocated every GPU pid uses (NVML's latest sample) to, in
+// a list taken after pid was first seen (an older list may still give
+// its GPU to a pod that had it before). Only a process in a pod (its
+// cgroup names one) is named: a host process on a pod's GPU is not the
+// pod's. Once named, a process keeps its names.
+func (a *Agent) namesOf(pid uint32, ps *procState) kube.Names {
+	if ps.named || ps.container.PodUID == "" || a.opts.Pods == nil {
+		return ps.names
+	}
+	if ps.container.ID != "" {
+		for _, o := range a.procs {
+			if o.named && o.container == ps.container {
+				ps.names, ps.named = o.names, true
+				return ps.names
+			}
+		}
+	}
+	d := a.opts.Pods.Devices()
+	if d == nil || !d.Taken.After(ps.seen) || a.res.NVML == nil {
+		return kube.Names{}
+	}
+	var gpus []string
+	for _, p := range a.res.NVML.Processes {
+		if p.PID == pid && p.UUID != "" && !slices.Contains(gpus, p.UUID) {
+			gpus = append(gpus, p.UUID)
+		}
+	}
+	if n, ok := d.Owner(gpus); ok {
+		ps.names, ps.named = n, true
+	}
+	return ps.names
+}
+
+// podNames names each running process of pids (namesOf), leaving out
+// names two pods would carry at once: a pod's GPU used by another pod's
+// process (one that sees every GPU) must not name the other pod.
+func (a *Agent) podNames(pids []uint32) map[uint32]kube.Names {
+	out := map[uint32]kube.Names{}
+	uid := map[[2]string]string{} // namespace and pod -> the pod UID named so
+	clash := map[[2]string]bool{}
+	for _, pid := range pids {
+		ps := a.procs[pid]
+		if ps == nil || !ps.exitedAt.IsZero() {
+			continue
+		}
+		n := a.namesOf(pid, ps)
+		if n == (kube.Names{}) {
+			continue
+		}
+		k := [2]string{n.Namespace, n.Pod}
+		if u, ok := uid[k]; ok && u != ps.container.PodUID {
+			clash[k] = true
+		}
+		uid[k] = ps.container.PodUID
+		out[pid] = n
+	}
+	for pid, n := range out {
+		if clash[[2]string{n.Namespace, n.Pod}] {
+			delete(out, pid)
+		}
+	}
+	return out
 }
 
 // forget drops everything the agent and the ledger keep of pid.

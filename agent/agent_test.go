@@ -19,6 +19,7 @@ import (
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/record"
+	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -503,5 +504,25 @@ func TestOOMDumpDeviceFree(t *testing.T) {
 		if len(sum.DeviceFree) != 1 || sum.DeviceFree[0] != c.want {
 			t.Errorf("NVML %v: /snapshot oom device_free %v, want [%d] (-1: left out)", c.nvml, sum.DeviceFree, c.want)
 		}
+	}
+}
+
+// TestStackLabel: a stack's label is its innermost frames, by function
+// and file:line, a frame without a function by its module and offset,
+// never a runtime address.
+func TestStackLabel(t *testing.T) {
+	frames := []symbolize.Frame{
+		{Addr: 0x7f0000001234, Function: "load_weights", File: "/src/agentload.c", Line: 21, Module: "/bin/agentload"},
+		{Addr: 0x7f0000005678, Function: "run", Module: "/bin/agentload"},
+		{Addr: 0x7f00000abcde, Module: "/usr/lib/libfoo.so.1", Offset: 0xbcde},
+		{Addr: 0x7f00000fffff},
+		{Addr: 0x400000, Function: "main", File: "/src/agentload.c", Line: 99},
+	}
+	want := "load_weights (agentload.c:21) < run < libfoo.so.1+0xbcde < ?"
+	if got := stackLabel(frames); got != want {
+		t.Errorf("stackLabel = %q, want %q", got, want)
+	}
+	if got := stackLabel(nil); got != "" {
+		t.Errorf("stackLabel(nil) = %q, want \"\"", got)
 	}
 }

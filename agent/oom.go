@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/report"
 )
@@ -36,19 +38,25 @@ type oomDump struct {
 	// history is the process's latest events, the failure the last
 	// (the flight recorder's; empty when it is off).
 	history []export.HistoryItem
+	// names are the kubelet's names of its container, when known.
+	names kube.Names
 }
 
 // OOMReport is the JSON file of the OOM black box: the failed call and
 // what its process held when it failed.
 type OOMReport struct {
-	Time      string         `json:"time"` // RFC 3339, when the call failed
-	PID       uint32         `json:"pid"`
-	Comm      string         `json:"comm"`
-	Cmdline   []string       `json:"cmdline,omitempty"`
-	Container string         `json:"container,omitempty"`
-	PodUID    string         `json:"pod_uid,omitempty"`
-	Failure   report.Failure `json:"failure"` // live_stacks: the device's live set by stack, most bytes first
-	Process   report.Process `json:"process"` // its account at the failure
+	Time      string   `json:"time"` // RFC 3339, when the call failed
+	PID       uint32   `json:"pid"`
+	Comm      string   `json:"comm"`
+	Cmdline   []string `json:"cmdline,omitempty"`
+	Container string   `json:"container,omitempty"`
+	PodUID    string   `json:"pod_uid,omitempty"`
+	// The kubelet's names of its container, when the agent had them.
+	Namespace     string         `json:"namespace,omitempty"`
+	Pod           string         `json:"pod,omitempty"`
+	ContainerName string         `json:"container_name,omitempty"`
+	Failure       report.Failure `json:"failure"` // live_stacks: the device's live set by stack, most bytes first
+	Process       report.Process `json:"process"` // its account at the failure
 	// History says what of the process's latest events the memviz file's
 	// device_traces hold (the flight recorder's), the failure the last.
 	History OOMHistory `json:"history"`
@@ -86,6 +94,7 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 		ctx:  report.ContextOf(p, ev.Device, oomStacks),
 		segs: p.LiveAllocations(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0}
 	d.proc.Container, d.proc.PodUID = ps.container.ID, ps.container.PodUID
+	d.names = a.podNames(a.pids())[p.PID]
 	d.free = nvmlFree(a.res.NVML, ev.Device)
 	if c := a.model.Get(p.PID); c != nil && c.First != nil {
 		d.proc.Cmdline = c.First.Cmdline
@@ -158,7 +167,7 @@ func (a *Agent) writeDump(d *oomDump) error {
 	}
 
 	lp := &export.LiveProfile{Samples: export.Samples{}, Comm: map[uint32]string{d.pid: d.proc.Comm},
-		Labels: map[uint32]map[string]string{d.pid: {"container": d.proc.Container, "pod": d.proc.PodUID}},
+		Labels: map[uint32]map[string]string{d.pid: profileLabels(container.Info{ID: d.proc.Container, PodUID: d.proc.PodUID}, d.names)},
 		Time:   d.time,
 		Comment: fmt.Sprintf("cudatrace agent: GPU memory of pid %d live when %s of %d bytes failed (%s)",
 			d.pid, d.failure.API, d.failure.Size, d.failure.API.ResultName(d.failure.Result))}
@@ -192,6 +201,7 @@ func (a *Agent) oomReport(d *oomDump, files OOMFiles) *OOMReport {
 	p := &d.proc
 	r := &OOMReport{Time: d.time.Format(time.RFC3339Nano), PID: d.pid, Comm: p.Comm, Cmdline: p.Cmdline,
 		Container: p.Container, PodUID: p.PodUID, Files: files,
+		Namespace: d.names.Namespace, Pod: d.names.Pod, ContainerName: d.names.Container,
 		Failure: report.NewFailure(d.pid, &d.failure, &d.ctx, a.wall, frames), Process: *p,
 		History: OOMHistory{Events: len(d.history)}}
 	if len(d.history) > 0 {

@@ -4,13 +4,19 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
+	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/symbolize"
 )
 
 // ProcessStats is a copy of one process's account.
@@ -20,7 +26,10 @@ type ProcessStats struct {
 	Cmdline   []string
 	Container string // container ID, "" on the host
 	PodUID    string // Kubernetes pod UID, "" outside a pod
-	Exited    bool   // gone; kept until the retention passes
+	// The kubelet's names of its container, when the agent has them
+	// (Options.Pods; agent.namesOf says when): "" otherwise.
+	Namespace, Pod, ContainerName string
+	Exited                        bool // gone; kept until the retention passes
 
 	Allocs, Frees, Failed, AllocBytes uint64
 	UnknownFrees                      uint64
@@ -34,6 +43,23 @@ type ProcessStats struct {
 	// Owners is its live GPU memory by device and owner (package owner).
 	Owners []OwnerLive
 }
+
+// StackStats is the GPU memory one of a process's allocation stacks
+// holds live on one device (segments: device and managed memory).
+type StackStats struct {
+	PID    uint32
+	Device int32
+	Live   uint64
+	// Stack names its innermost StackFrames frames, innermost first,
+	// joined by " < " (stackLabel).
+	Stack string
+}
+
+// Stacks per process in Stats.TopStacks, and the frames that name one.
+const (
+	TopStacks   = 5
+	StackFrames = 4
+)
 
 // NodeStats is the GPU memory of the running traced processes, summed
 // per device and level, and the highest the sum reached since the agent
@@ -53,6 +79,9 @@ type Stats struct {
 	Lost      uint64            // events the BPF side lost
 	Counters  map[string]uint64 // the BPF side's counters
 	Stacks    int               // distinct stacks held
+	// TopStacks are each running process's TopStacks stacks holding
+	// the most GPU memory on a device, by PID, then most bytes first.
+	TopStacks []StackStats
 	Start     time.Time
 	// The flight recorder: the events its histories hold, and the bytes
 	// they account for (within Options.HistoryBudget).
@@ -66,9 +95,115 @@ type Stats struct {
 
 // Stats copies the agent's state.
 func (a *Agent) Stats(ctx context.Context) (*Stats, error) {
-	var s *Stats
-	err := a.do(ctx, func() { s = a.stats() })
-	return s, err
+	var (
+		s   *Stats
+		top []liveStack
+		src *liveStacks
+	)
+	err := a.do(ctx, func() {
+		s = a.stats()
+		if !a.opts.NoTopStacks {
+			top, src = a.topStacks()
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Named here, off the reader goroutine. Two stacks whose innermost
+	// frames are the same are one series.
+	at := map[StackStats]int{}
+	for _, t := range top {
+		k := StackStats{PID: t.pid, Device: t.device, Stack: stackLabel(src.Frames(t.stack))}
+		if i, ok := at[k]; ok {
+			s.TopStacks[i].Live += t.live
+			continue
+		}
+		at[k] = len(s.TopStacks)
+		k.Live = t.live
+		s.TopStacks = append(s.TopStacks, k)
+	}
+	return s, nil
+}
+
+// liveStack is what one stack of a process holds on one device.
+type liveStack struct {
+	pid    uint32
+	device int32
+	stack  *ledger.Stack
+	live   uint64
+}
+
+// topStacks copies each running process's TopStacks stacks holding the
+// most GPU memory (segments), and what naming them needs.
+func (a *Agent) topStacks() ([]liveStack, *liveStacks) {
+	var out []liveStack
+	src := a.stacksFor()
+	for _, pid := range a.pids() {
+		ps, p := a.procs[pid], a.ledger.Process(pid)
+		if ps == nil || p == nil || !ps.exitedAt.IsZero() {
+			continue
+		}
+		type key struct {
+			st  *ledger.Stack
+			dev int32
+		}
+		sum := map[key]uint64{}
+		for _, al := range p.LiveAllocations() {
+			if al.API.Info().Kind != events.KindHost {
+				sum[key{al.Stack, al.Device}] += al.Size
+			}
+		}
+		var mine []liveStack
+		for k, v := range sum {
+			mine = append(mine, liveStack{pid: pid, device: k.dev, stack: k.st, live: v})
+		}
+		sort.Slice(mine, func(i, j int) bool {
+			if mine[i].live != mine[j].live {
+				return mine[i].live > mine[j].live
+			}
+			if mine[i].device != mine[j].device {
+				return mine[i].device < mine[j].device
+			}
+			return slices.Compare(framesOf(mine[i].stack), framesOf(mine[j].stack)) < 0
+		})
+		if len(mine) > TopStacks {
+			mine = mine[:TopStacks]
+		}
+		for _, m := range mine {
+			src.add(a, m.stack)
+		}
+		out = append(out, mine...)
+	}
+	return out, src
+}
+
+func framesOf(st *ledger.Stack) []uint64 {
+	if st == nil {
+		return nil
+	}
+	return st.Frames
+}
+
+// stackLabel names a stack by its innermost StackFrames frames, each
+// "function (file:line)", or the module and offset where the function is
+// unknown (never a runtime address: those differ from process to process).
+func stackLabel(frames []symbolize.Frame) string {
+	var parts []string
+	for _, f := range frames[:min(len(frames), StackFrames)] {
+		var s string
+		switch {
+		case f.Function != "" && f.File != "":
+			s = fmt.Sprintf("%s (%s:%d)", f.Function, filepath.Base(f.File), f.Line)
+		case f.Function != "":
+			s = f.Function
+		case f.Module != "":
+			s = fmt.Sprintf("%s+%#x", filepath.Base(f.Module), f.Offset)
+		default:
+			s = "?"
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, " < ")
 }
 
 func (a *Agent) stats() *Stats {
@@ -78,13 +213,18 @@ func (a *Agent) stats() *Stats {
 	for k, v := range a.res.Counters {
 		s.Counters[k] = v
 	}
-	for _, pid := range a.pids() {
+	pids := a.pids()
+	names := a.podNames(pids)
+	for _, pid := range pids {
 		ps := a.procs[pid]
 		p := a.ledger.Process(pid)
 		if p == nil {
 			continue // seen, but no event applied yet
 		}
-		s.Processes = append(s.Processes, a.processStats(ps, p))
+		st := a.processStats(ps, p)
+		n := names[pid]
+		st.Namespace, st.Pod, st.ContainerName = n.Namespace, n.Pod, n.Container
+		s.Processes = append(s.Processes, st)
 	}
 	for k, u := range a.node {
 		s.Node = append(s.Node, NodeStats{Device: k.device, Tensor: k.tensor, Live: u.live, Peak: u.peak})
@@ -150,6 +290,7 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 	if pid == 0 {
 		a.lastScrape = now
 	}
+	names := a.podNames(a.pids())
 	for _, pid := range pids {
 		p := a.ledger.Process(pid)
 		ps := a.procs[pid]
@@ -157,7 +298,11 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 			continue
 		}
 		lp.Comm[pid] = p.Comm
-		lp.Labels[pid] = map[string]string{"container": ps.container.ID, "pod": ps.container.PodUID}
+		n, ok := names[pid]
+		if !ok && !ps.exitedAt.IsZero() { // kept with its account
+			n = ps.names
+		}
+		lp.Labels[pid] = profileLabels(ps.container, n)
 		lp.Samples.AddLive(p.LiveAllocations(), p.LiveTensors())
 		for _, k := range ps.keys {
 			v := a.allocs[k]
@@ -173,6 +318,14 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 		src.add(a, k.Stack)
 	}
 	return lp, src, nil
+}
+
+// profileLabels are a process's labels in the agent's profiles, as on
+// its metrics: the IDs from the cgroup, the kubelet's names (empty ones
+// are left out of the profile).
+func profileLabels(c container.Info, n kube.Names) map[string]string {
+	return map[string]string{"container_id": c.ID, "pod_uid": c.PodUID,
+		"namespace": n.Namespace, "pod": n.Pod, "container": n.Container}
 }
 
 // Snapshot writes one process's live set as a PyTorch memory snapshot

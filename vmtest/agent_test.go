@@ -271,6 +271,19 @@ func parseMetrics(t *testing.T, text []byte) []sample {
 // when there is none.
 func metric(t *testing.T, samples []sample, name string, labels ...string) (float64, bool) {
 	t.Helper()
+	found := samplesOf(samples, name, labels...)
+	if len(found) > 1 {
+		t.Fatalf("%s%v: %d samples, want one", name, labels, len(found))
+	}
+	if len(found) == 0 {
+		return 0, false
+	}
+	return found[0].value, true
+}
+
+// samplesOf returns the samples of name with the labels given (name,
+// value pairs).
+func samplesOf(samples []sample, name string, labels ...string) []sample {
 	var found []sample
 next:
 	for _, s := range samples {
@@ -284,13 +297,7 @@ next:
 		}
 		found = append(found, s)
 	}
-	if len(found) > 1 {
-		t.Fatalf("%s%v: %d samples, want one", name, labels, len(found))
-	}
-	if len(found) == 0 {
-		return 0, false
-	}
-	return found[0].value, true
+	return found
 }
 
 func wantMetric(t *testing.T, samples []sample, want uint64, name string, labels ...string) {
@@ -379,7 +386,7 @@ func TestAgent(t *testing.T) {
 			wantMetric(t, m, tr.Allocs, "cudatrace_allocations_total", "pid", pid, "level", "segment")
 			wantMetric(t, m, tr.Failed, "cudatrace_allocation_failures_total", "pid", pid)
 			wantMetric(t, m, tr.AllocBytes, "cudatrace_allocated_bytes_total", "pid", pid)
-			wantMetric(t, m, tr.HostLive, "cudatrace_host_live_bytes", "pid", pid, "comm", "agentload", "container", "", "pod", "")
+			wantMetric(t, m, tr.HostLive, "cudatrace_host_live_bytes", "pid", pid, "comm", "agentload", "container_id", "", "pod_uid", "")
 		}
 		wantMetric(t, m, 0, "cudatrace_oom_total", "pid", strconv.Itoa(a.pid))
 		wantMetric(t, m, 1, "cudatrace_oom_total", "pid", strconv.Itoa(b.pid))
@@ -658,36 +665,9 @@ func TestAgentPrometheus(t *testing.T) {
 	j.do(t, "ok", "weights %d 1", 1000)
 	want := onlyTruth(t, log, "").Devices[1].Live
 
-	port := freePort(t)
-	config := fmt.Sprintf(`global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: cudatrace
-    static_configs:
-      - targets: [%q]
-`, strings.TrimPrefix(ag.url, "http://"))
-	cfg := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	prom := exec.CommandContext(ctx, "prometheus", "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
-		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", port))
-	var promOut lockedBuffer
-	prom.Stdout, prom.Stderr = &promOut, &promOut
-	if err := prom.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		prom.Process.Signal(syscall.SIGTERM)
-		prom.Wait()
-		if t.Failed() {
-			t.Logf("prometheus:\n%s", truncate(promOut.String(), 8<<10))
-		}
-	}()
-
+	prom := startPrometheus(t, ctx, dir, strings.TrimPrefix(ag.url, "http://"), "")
 	query := fmt.Sprintf(`cudatrace_live_bytes{job="cudatrace",pid="%d",gpu="1",level="segment"}`, j.pid)
-	api := fmt.Sprintf("http://127.0.0.1:%d/api/v1/query?query=%s", port, url.QueryEscape(query))
+	api := prom + "/api/v1/query?query=" + url.QueryEscape(query)
 	var last string
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		resp, err := http.Get(api)
@@ -739,25 +719,11 @@ func TestAgentContainer(t *testing.T) {
 		pod = "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"
 		id  = "3f4e1c2b9a8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f"
 	)
-	base := cgroupBase(t)
-	podDir := filepath.Join(base, "kubepods-cudatrace-test", "burstable", "pod"+pod)
-	dir := filepath.Join(podDir, id)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		skipOrFail(t, "cannot make a cgroup under %s: %v", base, err)
-	}
-	t.Cleanup(func() {
-		// Leaf first; a cgroup goes once its processes have exited.
-		for _, d := range []string{dir, podDir, filepath.Dir(podDir), filepath.Dir(filepath.Dir(podDir))} {
-			for i := 0; i < 50 && os.Remove(d) != nil; i++ {
-				time.Sleep(100 * time.Millisecond)
-			}
-		}
-	})
+	parent := kubepods(t, "kubepods-cudatrace-test")
+	dir := podCgroup(t, parent, pod, id)
 	ag := startAgent(t, ctx, "--dump-dir", "")
 	j := startJob(t, ctx, filepath.Join(t.TempDir(), "fake.log"))
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(j.pid)), 0o644); err != nil {
-		t.Fatalf("move pid %d into %s: %v", j.pid, dir, err)
-	}
+	moveTo(t, dir, j.pid)
 	// A trace window from its first call on: its process frame, written by
 	// the recorder's capture, names the container too.
 	type result struct {
@@ -813,9 +779,9 @@ func TestAgentContainer(t *testing.T) {
 	}
 	m := parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
 	wantMetric(t, m, 4096, "cudatrace_live_bytes", "pid", strconv.Itoa(j.pid), "gpu", "0", "level", "segment",
-		"container", id, "pod", pod)
+		"container_id", id, "pod_uid", pod)
 	p := fetchProfile(t, ctx, fmt.Sprintf("%s/debug/pprof/cuda_memory?pid=%d", ag.url, j.pid))
-	if len(p.Sample) != 1 || p.Sample[0].Label["container"][0] != id || p.Sample[0].Label["pod"][0] != pod {
+	if len(p.Sample) != 1 || p.Sample[0].Label["container_id"][0] != id || p.Sample[0].Label["pod_uid"][0] != pod {
 		t.Errorf("profile labels: %v", p.Sample)
 	}
 	j.end(t)

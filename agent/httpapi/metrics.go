@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strconv"
 	"time"
@@ -30,12 +31,17 @@ type collector struct {
 	stacks, nvmlUsed, nvmlTotal, nvmlProc, up                                  *prometheus.Desc
 	historyEvents, historyBytes                                                *prometheus.Desc
 	ownerLive                                                                  *prometheus.Desc // owner.go's label set: bounded by owner.Names()
+	stackLive                                                                  *prometheus.Desc
 }
+
+// processLabelNames label a process's series: the cgroup's IDs, then the
+// kubelet's names (package kube) spelled as DCGM exporter spells them.
+var processLabelNames = []string{"pid", "comm", "container_id", "pod_uid", "namespace", "pod", "container"}
 
 func newCollector(a *agent.Agent, version string, processLabels bool) *collector {
 	var pl []string
 	if processLabels {
-		pl = []string{"pid", "comm", "container", "pod"}
+		pl = processLabelNames
 	}
 	dev := append(append([]string{}, pl...), "gpu", "UUID", "level")
 	lvl := append(append([]string{}, pl...), "level")
@@ -70,20 +76,22 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 		nvmlUsed:          d("nvml_used_bytes", "GPU memory used, as the driver (NVML) reports it.", "gpu", "UUID"),
 		nvmlTotal:         d("nvml_total_bytes", "GPU memory in all, as the driver (NVML) reports it.", "gpu", "UUID"),
 		nvmlProc: d("nvml_process_used_bytes", "A process's GPU memory, as the driver (NVML) reports it.",
-			"gpu", "UUID", "pid", "comm", "container", "pod"),
+			append([]string{"gpu", "UUID"}, processLabelNames...)...),
 		up:            d("nvml_up", "1 when the last read of the driver (NVML) succeeded."),
 		historyEvents: d("history_events", "Events the flight recorder holds (every process's latest, for /snapshot and the OOM black box)."),
 		historyBytes:  d("history_bytes", "Bytes the flight recorder's histories account for (at most --history-budget)."),
 		ownerLive: d("owner_live_bytes", "GPU memory live now (segments, as live_bytes{level=\"segment\"}) by owner: the component whose frame is innermost "+
 			"in the allocating stack (pytorch, nccl, cublas, cudnn, xla, cupy, numba, tensorflow, tensorrt, else application); per running traced process (summed per GPU with --process-labels=false).",
 			append(append(append([]string{}, pl...), "gpu", "UUID"), "owner")...),
+		stackLive: d("stack_live_bytes", fmt.Sprintf("GPU memory (segments) live now per allocation stack, for each running process's %d stacks holding the most; "+
+			"stack is the innermost %d frames, innermost first.", agent.TopStacks, agent.StackFrames), append(append([]string{}, dev[:len(dev)-1]...), "stack")...),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.buildInfo, c.live, c.peak, c.hostLive, c.allocs, c.allocBytes, c.frees,
 		c.implicitFrees, c.implicitFreeBytes, c.failures, c.ooms, c.events, c.lost, c.dumps, c.dumpErrors, c.dumpsSkipped, c.processes, c.exited, c.dropped,
-		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up, c.historyEvents, c.historyBytes, c.ownerLive} {
+		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up, c.historyEvents, c.historyBytes, c.ownerLive, c.stackLive} {
 		ch <- d
 	}
 }
@@ -127,7 +135,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		running++
-		pl := []string{strconv.FormatUint(uint64(p.PID), 10), p.Comm, p.Container, p.PodUID}
+		pl := []string{strconv.FormatUint(uint64(p.PID), 10), p.Comm, p.Container, p.PodUID, p.Namespace, p.Pod, p.ContainerName}
 		procLabels[p.PID] = pl
 		if !c.processLabels {
 			continue
@@ -156,6 +164,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.implicitFreeBytes, p.ImplicitFreeBytes, pl...)
 		counter(c.failures, p.Failed, pl...)
 		counter(c.ooms, p.OOMs, pl...)
+	}
+	if c.processLabels { // a series per process and stack: the flag turns them off
+		for _, st := range s.TopStacks {
+			if pl := procLabels[st.PID]; pl != nil {
+				gauge(c.stackLive, st.Live, with(pl, []string{events.DeviceName(st.Device), uuid[st.Device]}, st.Stack)...)
+			}
+		}
 	}
 	if !c.processLabels {
 		c.ownersOfNode(s, uuid, gauge)
@@ -209,7 +224,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			for _, p := range s.NVML.Processes {
 				pl := procLabels[p.PID]
 				if pl == nil { // a process that made no traced call
-					pl = []string{strconv.FormatUint(uint64(p.PID), 10), "", "", ""}
+					pl = make([]string, len(processLabelNames))
+					pl[0] = strconv.FormatUint(uint64(p.PID), 10)
 				}
 				gauge(c.nvmlProc, p.Used, with([]string{strconv.Itoa(p.Device), p.UUID}, pl[:1], pl[1:]...)...)
 			}

@@ -34,7 +34,7 @@ type Options struct {
 	// Open serves every client that reaches the listener, without a
 	// token (--insecure-no-token).
 	Open bool
-	// ProcessLabels puts pid, comm, container and pod on the metrics;
+	// ProcessLabels puts pid, comm, container_id, pod_uid, namespace, pod and container on the metrics;
 	// off, the metrics are summed per device (fewer series).
 	ProcessLabels bool
 	// MaxTraceWindow bounds /trace?seconds=.

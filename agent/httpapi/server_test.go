@@ -86,16 +86,17 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("/metrics: %d %s", code, body)
 	}
 	// The exposition sorts labels by name.
-	pid := fmt.Sprintf(`pid="%d",pod=""`, os.Getpid())
-	pl := `comm="job",container="",` + pid
+	// Outside a pod the IDs and the kubelet's names are empty.
+	pid := fmt.Sprintf(`namespace="",pid="%d",pod="",pod_uid=""`, os.Getpid())
+	pl := `comm="job",container="",container_id="",` + pid
 	for _, want := range []string{
 		`cudatrace_build_info{goversion="go`,
-		`cudatrace_live_bytes{UUID="GPU-aaaa",comm="job",container="",gpu="0",level="segment",` + pid + `} 100`,
-		`cudatrace_live_bytes{UUID="GPU-aaaa",comm="job",container="",gpu="0",level="tensor",` + pid + `} 60`,
-		`cudatrace_live_bytes{UUID="",comm="job",container="",gpu="1",level="segment",` + pid + `} 40`,
-		`cudatrace_peak_bytes{UUID="",comm="job",container="",gpu="1",level="segment",` + pid + `} 40`,
-		`cudatrace_allocations_total{comm="job",container="",level="segment",` + pid + `} 2`,
-		`cudatrace_allocations_total{comm="job",container="",level="tensor",` + pid + `} 1`,
+		`cudatrace_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",level="segment",` + pid + `} 100`,
+		`cudatrace_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",level="tensor",` + pid + `} 60`,
+		`cudatrace_live_bytes{UUID="",comm="job",container="",container_id="",gpu="1",level="segment",` + pid + `} 40`,
+		`cudatrace_peak_bytes{UUID="",comm="job",container="",container_id="",gpu="1",level="segment",` + pid + `} 40`,
+		`cudatrace_allocations_total{comm="job",container="",container_id="",level="segment",` + pid + `} 2`,
+		`cudatrace_allocations_total{comm="job",container="",container_id="",level="tensor",` + pid + `} 1`,
 		`cudatrace_allocation_failures_total{` + pl + `} 1`,
 		`cudatrace_oom_total{` + pl + `} 1`,
 		`cudatrace_allocated_bytes_total{` + pl + `} 140`,
@@ -104,8 +105,11 @@ func TestMetrics(t *testing.T) {
 		"cudatrace_processes 1",
 		`cudatrace_nvml_used_bytes{UUID="GPU-aaaa",gpu="0"} 500`,
 		`cudatrace_nvml_total_bytes{UUID="GPU-aaaa",gpu="0"} 1000`,
-		`cudatrace_nvml_process_used_bytes{UUID="GPU-aaaa",comm="job",container="",gpu="0",` + pid + `} 300`,
+		`cudatrace_nvml_process_used_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",` + pid + `} 300`,
 		"cudatrace_nvml_up 1",
+		// Each stack's live segments per device; the fake stacks name no frame.
+		`cudatrace_stack_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",` + pid + `,stack="?"} 100`,
+		`cudatrace_stack_live_bytes{UUID="",comm="job",container="",container_id="",gpu="1",` + pid + `,stack="?"} 40`,
 		"# TYPE cudatrace_allocations_total counter",
 		"# TYPE cudatrace_live_bytes gauge",
 	} {

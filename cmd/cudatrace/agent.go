@@ -17,6 +17,7 @@ import (
 	"github.com/cudatrace/cudatrace/agent/httpapi"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/record"
 )
@@ -33,6 +34,7 @@ type agentFlags struct {
 	maxWindows    int
 	historyEvents int
 	historyBudget string
+	podResources  string
 }
 
 func (f *agentFlags) bind(fl *pflag.FlagSet) {
@@ -42,10 +44,11 @@ func (f *agentFlags) bind(fl *pflag.FlagSet) {
 	fl.DurationVar(&f.retention, "retention", agent.DefaultRetention, "how long an exited process's account is kept")
 	fl.StringVar(&f.dumpDir, "dump-dir", "/var/lib/cudatrace/oom", `where OOM dumps go ("" writes none)`)
 	fl.DurationVar(&f.dumpEvery, "dump-every", agent.DefaultDumpEvery, "at most one OOM dump per process this often")
-	fl.BoolVar(&f.processLabels, "process-labels", true, "label metrics with pid, comm, container and pod (off: summed per GPU)")
+	fl.BoolVar(&f.processLabels, "process-labels", true, "label metrics with pid, comm, container_id, pod_uid and the kubelet's namespace, pod and container (off: summed per GPU)")
 	f.add(fl, "leave the stacks of profiles, snapshots and OOM dumps as addresses", "export what the driver reports (NVML) beside what was traced")
 	fl.IntVar(&f.historyEvents, "history-events", agent.DefaultHistoryEvents, "latest events kept per process for /snapshot and the OOM dumps (the flight recorder; 0: none)")
 	fl.StringVar(&f.historyBudget, "history-budget", "128MiB", "memory all processes' histories may take together (the newest are kept)")
+	fl.StringVar(&f.podResources, "pod-resources-socket", kube.DefaultSocket, `the kubelet's pod-resources socket, for the pod, namespace and container labels ("" reads none; absent: no names)`)
 	fl.IntVar(&f.maxWindows, "max-trace-windows", httpapi.DefaultMaxTraceWindows, "most /trace windows open at once (429 past it); each holds at most 4MiB of records for its client")
 }
 
@@ -87,8 +90,14 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 	if err != nil {
 		return hint.Wrap(fmt.Errorf("--listen %s: %w", f.listen, err), "choose a free address, e.g. --listen 127.0.0.1:9739")
 	}
+	var pods *kube.Lister
+	if f.podResources != "" {
+		pods = kube.Start(kube.Options{Socket: f.podResources, Stderr: stderr})
+		defer pods.Close()
+	}
 	a := agent.New(agent.Options{Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
-		HistoryEvents: historyEvents, HistoryBudget: int64(budget), NoSymbolize: f.noSymbolize, Version: version, Stderr: stderr})
+		HistoryEvents: historyEvents, HistoryBudget: int64(budget),
+		NoSymbolize: f.noSymbolize, Pods: pods, NoTopStacks: !f.processLabels, Version: version, Stderr: stderr})
 	srv := &http.Server{
 		Handler: httpapi.New(a, httpapi.Options{Version: version, Token: token, Open: f.noToken,
 			ProcessLabels: f.processLabels, MaxTraceWindows: f.maxWindows}),
@@ -210,8 +219,12 @@ The stacks of CPython 3.10 to 3.14 processes show their Python frames
 (file:line:function) in place of the interpreter loop's, as 'cudatrace
 report' does: the Python line that allocated, or failed to.
 
-A process in a container is labelled with its container ID, and with its
-pod's UID under Kubernetes (from /proc/PID/cgroup).
+A process in a container is labelled with its container ID (container_id),
+and under Kubernetes with its pod's UID (pod_uid; both from /proc/PID/cgroup)
+and its namespace, pod and container names (namespace, pod, container, as
+DCGM exporter spells them) from the kubelet's pod-resources socket
+(--pod-resources-socket), when the GPUs it uses are allocated to its
+container alone.
 
 Access: what the agent serves (command lines, stacks, memory layouts of
 every process on the node) is root's. Without --token-file only root and
