@@ -139,7 +139,7 @@ static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_ev
 	user_window(ctx, e);
 	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK, use_loop);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size()));
 }
 
 static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
@@ -187,7 +187,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		if (e->h.nframes == CT_MAX_FRAMES - 1)
 			e->h.flags |= CT_F_STACK_TRUNC;
 		count(CT_CNT_EVENTS);
-		bpf_ringbuf_submit(e, wakeup_flags(&e->h)); // no stack window: its frames sit one slot on
+		bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size())); // no stack window: its frames sit one slot on
 		return 0;
 	}
 
