@@ -240,7 +240,7 @@ static __always_inline void py_hold_new_frames(struct ct_event *h, struct py_scr
 		return;
 	__builtin_memcpy(&s->last, b, sizeof(*b));
 	s->last_tgid = h->pid;
-	__u32 n = b->t.n;
+	__u32 n = *(volatile __u32 *)&b->t.n; // not w.n (see py_stack's copy)
 	struct py_code_key k = {.tgid = h->pid};
 	__u8 one = 1;
 	int fresh = 0;
@@ -356,7 +356,10 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int 
 	// memory is cold (a 16 MiB ring is written through once per lap), and
 	// copying the whole block there cost more than the walk itself.
 	struct py_block *dst = (void *)block;
-	__u32 n = b->t.n;
+	// Read back from the map: the verifier of kernels before 6.8 takes a
+	// bpf_loop callback to run once, so w.n, which it knows, is 0 or 1 to
+	// it, and it drops the copies of the frames further out as dead code.
+	__u32 n = *(volatile __u32 *)&b->t.n;
 	dst->t = b->t;
 #pragma unroll
 	for (int i = 0; i < CT_PY_MAX_FRAMES; i++)
