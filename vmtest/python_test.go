@@ -121,15 +121,7 @@ func TestPythonFramesShapes(t *testing.T) {
 	script, _ := filepath.Abs(filepath.Join("testdata", "pyshapes.py"))
 	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
 		t.Run(v, func(t *testing.T) {
-			python := pyenvPython(t, v)
-			ctx := testContext(t)
-			dir := t.TempDir()
-			log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
-			rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
-				"--lib", fakeLib, "-o", trace, "--", python, script, fakeLib)
-			rec.finish(t, 60*time.Second)
-			truth := onlyTruth(t, log, "")
-			rep := runReport(t, ctx, trace)
+			truth, rep := recordPython(t, pyenvPython(t, v), nil, script, fakeLib)
 			checkPythonShapes(t, v, script, rep, truth)
 		})
 	}
@@ -203,15 +195,22 @@ func checkPythonShapes(t *testing.T, v, script string, rep *report, truth *procT
 // into the stand-in) and Py_RunMain.
 func checkPythonFrames(t *testing.T, v, python string, env []string, script, threads, call string) {
 	t.Helper()
+	truth, rep := recordPython(t, python, env, script, fakeLib, threads)
+	checkPythonReport(t, v, script, call, rep, truth)
+}
+
+// recordPython records python running args (a script and its arguments),
+// with env added to the environment: the truth of its one process and the
+// report.
+func recordPython(t *testing.T, python string, env []string, args ...string) (*procTruth, *report) {
+	t.Helper()
 	ctx := testContext(t)
 	dir := t.TempDir()
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, env...)},
-		"--lib", fakeLib, "-o", trace, "--", python, script, fakeLib, threads)
+		append([]string{"--lib", fakeLib, "-o", trace, "--", python}, args...)...)
 	rec.finish(t, 60*time.Second)
-	truth := onlyTruth(t, log, "")
-	rep := runReport(t, ctx, trace)
-	checkPythonReport(t, v, script, call, rep, truth)
+	return onlyTruth(t, log, ""), runReport(t, ctx, trace)
 }
 
 // checkPythonReport checks the report of testdata/pyframes.py run on
