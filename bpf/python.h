@@ -74,7 +74,9 @@ struct py_thread {
 	__u64 start;
 };
 
-CT_MAP(BPF_MAP_TYPE_LRU_HASH, py_threads, __u32, struct py_thread, 16384); // key: tid
+// A cache: 4096 entries keep its preallocation (every LRU map is
+// preallocated) small at start-up; a thread evicted walks the list again.
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, py_threads, __u32, struct py_thread, 4096); // key: tid
 
 // The current task's fields the cache checks: a flavour of common.h's
 // task_struct (CO-RE matches it to the kernel's by name).
