@@ -139,7 +139,7 @@ static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_ev
 	user_window(ctx, e);
 	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK, use_loop);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(&e->h));
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size()));
 }
 
 static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
@@ -187,7 +187,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		if (e->h.nframes == CT_MAX_FRAMES - 1)
 			e->h.flags |= CT_F_STACK_TRUNC;
 		count(CT_CNT_EVENTS);
-		bpf_ringbuf_submit(e, wakeup_flags(&e->h)); // no stack window: its frames sit one slot on
+		bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size())); // no stack window: its frames sit one slot on
 		return 0;
 	}
 
@@ -222,7 +222,11 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
 	submit_alloc(ctx, e, use_loop);
-	bpf_map_delete_elem(&last_free, &tid);
+	// Forgotten in place (a lookup costs less than a delete), the entry
+	// kept for the thread's next free.
+	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);
+	if (lf)
+		lf->addr = 0;
 	return 0;
 }
 
@@ -261,8 +265,14 @@ static __always_inline int free_enter(struct pt_regs *ctx, __u64 size)
 		count(CT_CNT_NESTED); // the runtime's free, reaching the driver: counted once
 		return 0;
 	}
-	struct last_free nf = {.addr = addr, .sp = sp, .ts_ns = now};
-	bpf_map_update_elem(&last_free, &tid, &nf, BPF_ANY);
+	if (lf) { // written in place: only this thread writes its entry
+		lf->addr = addr;
+		lf->sp = sp;
+		lf->ts_ns = now;
+	} else {
+		struct last_free nf = {.addr = addr, .sp = sp, .ts_ns = now};
+		bpf_map_update_elem(&last_free, &tid, &nf, BPF_ANY);
+	}
 
 	submit_entry(id, now, (__u16)bpf_get_attach_cookie(ctx), addr, size, current_device(tid));
 	return 0;

@@ -195,7 +195,7 @@ type CudatracePyScratchVal struct {
 		F [32]CudatraceCtPyframe
 		T CudatraceCtPytrailer
 	}
-	Fr   [136]uint8
+	Buf  [16392]uint8
 	Last struct {
 		_ structs.HostLayout
 		F [32]CudatraceCtPyframe
@@ -203,6 +203,13 @@ type CudatracePyScratchVal struct {
 	}
 	LastTgid uint32
 	Pad      uint32
+}
+
+type CudatracePyThread struct {
+	_     structs.HostLayout
+	Ts    uint64
+	Mm    uint64
+	Start uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -223,6 +230,7 @@ const (
 	CudatraceMapPyCodes                = "py_codes"
 	CudatraceMapPyProcs                = "py_procs"
 	CudatraceMapPyScratch              = "py_scratch"
+	CudatraceMapPyThreads              = "py_threads"
 	CudatraceMapReaderAway             = "reader_away"
 	CudatraceMapSeen                   = "seen"
 	CudatraceMapThreadDev              = "thread_dev"
@@ -366,6 +374,7 @@ type CudatraceMapSpecs struct {
 	PyCodes     *ebpf.MapSpec `ebpf:"py_codes"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
+	PyThreads   *ebpf.MapSpec `ebpf:"py_threads"`
 	ReaderAway  *ebpf.MapSpec `ebpf:"reader_away"`
 	Seen        *ebpf.MapSpec `ebpf:"seen"`
 	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
@@ -427,6 +436,7 @@ type CudatraceMaps struct {
 	PyCodes     *ebpf.Map `ebpf:"py_codes"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
+	PyThreads   *ebpf.Map `ebpf:"py_threads"`
 	ReaderAway  *ebpf.Map `ebpf:"reader_away"`
 	Seen        *ebpf.Map `ebpf:"seen"`
 	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
@@ -449,6 +459,7 @@ func (m *CudatraceMaps) Close() error {
 		m.PyCodes,
 		m.PyProcs,
 		m.PyScratch,
+		m.PyThreads,
 		m.ReaderAway,
 		m.Seen,
 		m.ThreadDev,

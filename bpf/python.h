@@ -33,13 +33,30 @@ struct py_block {
 	struct ct_pytrailer t;
 };
 
-// A CPU's scratch: the block being built; the frame being read, whole
+// The walk reads the CT_PY_WINDOW bytes that end with the innermost
+// frame's first CT_PY_FRAME_READ bytes in one bpf_probe_read_user: from
+// 3.11 the interpreter pushes its frames one above the other on the
+// thread's data stack, so most of a stack's frames lie there and cost no
+// read of their own (on the VMs here a read costs more than all the rest
+// of a frame's step). Frames elsewhere (3.10's, which are heap objects;
+// generators'; the shim frames on the C stack; an older data stack chunk)
+// are read one by one. What is taken from the window is what a read of
+// the frame alone would give: the thread is in the probe, and no one else
+// writes its frames.
+#define CT_PY_WINDOW 8192
+// A thread state's fields the walk takes (the thread's id, its frame or
+// cframe pointer) are read in one read of CT_PY_TS_READ bytes from the
+// first of them: they lie within 160 bytes of each other in 3.10-3.14.
+#define CT_PY_TS_READ 256
+
+// A CPU's scratch: the block being built; buf, the window
+// ([0, CT_PY_WINDOW)) and behind it a frame or thread state read alone
 // (masked offsets into it may reach 8 bytes past what is read); and the
 // block of the CPU's last record with Python frames, whose frames
 // py_hold_new_frames has already looked up.
 struct py_scratch_val {
 	struct py_block b;
-	__u8 fr[CT_PY_FRAME_READ + 8];
+	__u8 buf[2 * CT_PY_WINDOW + 8];
 	struct py_block last;
 	__u32 last_tgid;
 	__u32 pad;
@@ -47,18 +64,39 @@ struct py_scratch_val {
 
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, py_scratch, __u32, struct py_scratch_val, 1);
 
-// fr_u64 and fr_u8 take a field from the frame read into s->fr, at an
-// offset the loader checked to lie within CT_PY_FRAME_READ.
-static __always_inline __u64 fr_u64(struct py_scratch_val *s, __s64 off)
+// Each thread's thread state, found by walking the interpreter's thread
+// list once (three reads or more, each record). Taken while the thread
+// (the same start time) runs the same program (the same mm: an exec makes
+// a new one) and the thread state still holds the thread's id.
+struct py_thread {
+	__u64 ts;
+	__u64 mm;
+	__u64 start;
+};
+
+// A cache: 4096 entries keep its preallocation (every LRU map is
+// preallocated) small at start-up; a thread evicted walks the list again.
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, py_threads, __u32, struct py_thread, 4096); // key: tid
+
+// The current task's fields the cache checks: a flavour of common.h's
+// task_struct (CO-RE matches it to the kernel's by name).
+struct task_struct___py {
+	void *mm;
+	__u64 start_boottime;
+} __attribute__((preserve_access_index));
+
+// buf_u64 and buf_u8 take a field from s->buf, at an offset the mask keeps
+// within it.
+static __always_inline __u64 buf_u64(struct py_scratch_val *s, __u64 idx)
 {
 	__u64 v;
-	__builtin_memcpy(&v, &s->fr[off & (CT_PY_FRAME_READ - 1)], sizeof(v));
+	__builtin_memcpy(&v, &s->buf[idx & (2 * CT_PY_WINDOW - 1)], sizeof(v));
 	return v;
 }
 
-static __always_inline __u8 fr_u8(struct py_scratch_val *s, __s64 off)
+static __always_inline __u8 buf_u8(struct py_scratch_val *s, __u64 idx)
 {
-	return s->fr[off & (CT_PY_FRAME_READ - 1)];
+	return s->buf[idx & (2 * CT_PY_WINDOW - 1)];
 }
 
 // A walk's state, shared with its bpf_loop callbacks: the verifier checks
@@ -69,7 +107,9 @@ struct py_walk {
 	__s64 idoff;
 	__u64 ts;    // the thread state under examination, then the thread's
 	__u64 frame; // the interpreter frame under examination
-	__u32 n;     // frames recorded, in the bpf_loop walk (see frame_step)
+	__u64 lo;    // what the window holds: [lo, hi) of the process's memory
+	__u64 hi;
+	__u32 n; // frames recorded, in the bpf_loop walk (see frame_step)
 	__u32 found;
 };
 
@@ -93,16 +133,29 @@ static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 		return 1;
 	struct py_block *b = &s->b;
 	__u64 frame = w->frame;
-	// One read for the frame's fields: reading them one by one (four or
-	// five reads a frame) was most of the walk's cost.
-	if (bpf_probe_read_user(s->fr, CT_PY_FRAME_READ, (void *)frame)) {
-		// The frame ends within CT_PY_FRAME_READ bytes of the end of its
+	__u64 base = CT_PY_WINDOW; // where the frame's bytes are in s->buf
+	__u64 end = frame + CT_PY_FRAME_READ;
+	// The page's bytes up to the frame's end: the frame's page is mapped,
+	// where the one below it may not be (a read that faults costs as much
+	// as twenty that do not).
+	__u64 len = (frame & (CT_PAGE - 1)) + CT_PY_FRAME_READ;
+	if (use_loop && frame >= w->lo && end <= w->hi) {
+		base = frame - w->lo; // in the window
+	} else if (use_loop && bpf_probe_read_user(s->buf, len, (void *)(end - len)) == 0) {
+		w->lo = end - len;
+		w->hi = end;
+		base = len - CT_PY_FRAME_READ;
+	} else if (bpf_probe_read_user(&s->buf[CT_PY_WINDOW], CT_PY_FRAME_READ, (void *)frame)) {
+		// One read for the frame's fields: reading them one by one (four
+		// or five reads a frame) was most of the walk's cost. Here the
+		// frame ends within CT_PY_FRAME_READ bytes of the end of its
 		// mapping: its fields one by one, where the one read puts them.
-		bpf_probe_read_user(&s->fr[w->o.fr_previous & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_previous));
-		bpf_probe_read_user(&s->fr[w->o.fr_code & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_code));
-		bpf_probe_read_user(&s->fr[w->o.fr_instr & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_instr));
-		bpf_probe_read_user(&s->fr[w->o.fr_owner & (CT_PY_FRAME_READ - 1)], 1, (void *)(frame + w->o.fr_owner));
-		bpf_probe_read_user(&s->fr[w->o.fr_entry & (CT_PY_FRAME_READ - 1)], 1, (void *)(frame + w->o.fr_entry));
+		__u8 *f = &s->buf[CT_PY_WINDOW];
+		bpf_probe_read_user(&f[w->o.fr_previous & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_previous));
+		bpf_probe_read_user(&f[w->o.fr_code & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_code));
+		bpf_probe_read_user(&f[w->o.fr_instr & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_instr));
+		bpf_probe_read_user(&f[w->o.fr_owner & (CT_PY_FRAME_READ - 1)], 1, (void *)(frame + w->o.fr_owner));
+		bpf_probe_read_user(&f[w->o.fr_entry & (CT_PY_FRAME_READ - 1)], 1, (void *)(frame + w->o.fr_entry));
 	}
 	// The bounded-loop walk keeps the count in the scratch map: read from a
 	// map it is a number the verifier does not know, so the paths of one
@@ -112,9 +165,9 @@ static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 	// bounds the index below only then (from the map it rejected the
 	// callback: R8 unbounded memory access).
 	__u32 n = use_loop ? w->n : b->t.n;
-	w->frame = fr_u64(s, w->o.fr_previous);
+	w->frame = buf_u64(s, base + (w->o.fr_previous & (CT_PY_FRAME_READ - 1)));
 	if (w->o.fr_owner >= 0) {
-		if (fr_u8(s, w->o.fr_owner) == 3) { // a shim frame: the run above it ended one C call
+		if (buf_u8(s, base + (w->o.fr_owner & (CT_PY_FRAME_READ - 1))) == 3) { // a shim frame: the run above it ended one C call
 			if (n > 0 && n <= CT_PY_MAX_FRAMES)
 				b->f[(CT_PY_MAX_FRAMES - n) & (CT_PY_MAX_FRAMES - 1)].flags |= 1;
 			return 0;
@@ -129,17 +182,17 @@ static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 	// at least 8-byte aligned, so the mask is a no-op there, and being
 	// branch-free it keeps 6.1's verifier able to bound f in the
 	// bounded-loop walk (a `minor >= 14` branch here lost that bound).
-	f->code = fr_u64(s, w->o.fr_code) & ~(__u64)7;
+	f->code = buf_u64(s, base + (w->o.fr_code & (CT_PY_FRAME_READ - 1))) & ~(__u64)7;
 	f->flags = 0;
 	if (w->o.minor == 10) {
-		f->units = (__s32)fr_u64(s, w->o.fr_instr); // f_lasti, an int
+		f->units = (__s32)buf_u64(s, base + (w->o.fr_instr & (CT_PY_FRAME_READ - 1))); // f_lasti, an int
 		f->flags = 1;
 	} else {
-		__u64 ip = fr_u64(s, w->o.fr_instr);
+		__u64 ip = buf_u64(s, base + (w->o.fr_instr & (CT_PY_FRAME_READ - 1)));
 		// arithmetic shift: BPF has no signed division
 		f->units = (__s32)((__s64)(ip - f->code - w->o.co_code_adaptive) >> 1);
 		if (w->o.fr_entry >= 0)
-			f->flags = fr_u8(s, w->o.fr_entry) ? 1 : 0;
+			f->flags = buf_u8(s, base + (w->o.fr_entry & (CT_PY_FRAME_READ - 1))) ? 1 : 0;
 	}
 	if (use_loop)
 		w->n = n + 1;
@@ -189,7 +242,7 @@ static __always_inline void py_hold_new_frames(struct ct_event *h, struct py_scr
 		return;
 	__builtin_memcpy(&s->last, b, sizeof(*b));
 	s->last_tgid = h->pid;
-	__u32 n = b->t.n;
+	__u32 n = *(volatile __u32 *)&b->t.n; // not w.n (see py_stack's copy)
 	struct py_code_key k = {.tgid = h->pid};
 	__u8 one = 1;
 	int fresh = 0;
@@ -205,6 +258,33 @@ static __always_inline void py_hold_new_frames(struct ct_event *h, struct py_scr
 	}
 	if (fresh && hold(h->pid))
 		h->flags |= CT_F_HELD;
+}
+
+// ts_take says whether ts is the thread's thread state (it holds the
+// thread's id: w->want at w->idoff) and, if it is, points w at it and at
+// its innermost frame. One read takes both fields where they lie within
+// CT_PY_TS_READ bytes of each other.
+static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, __u64 ts)
+{
+	__s64 fo = w->o.ts_cframe >= 0 ? w->o.ts_cframe : w->o.ts_frame;
+	__s64 lo = fo < w->idoff ? fo : w->idoff;
+	__u64 id, fp;
+	if (lo >= 0 && fo - lo <= CT_PY_TS_READ - 8 && w->idoff - lo <= CT_PY_TS_READ - 8 &&
+	    bpf_probe_read_user(&s->buf[CT_PY_WINDOW], CT_PY_TS_READ, (void *)(ts + lo)) == 0) {
+		id = buf_u64(s, CT_PY_WINDOW + ((w->idoff - lo) & (CT_PY_TS_READ - 1)));
+		fp = buf_u64(s, CT_PY_WINDOW + ((fo - lo) & (CT_PY_TS_READ - 1)));
+	} else {
+		id = read_u64(ts + w->idoff);
+		fp = read_u64(ts + fo);
+	}
+	if (id != w->want)
+		return 0;
+	w->ts = ts;
+	if (w->o.ts_cframe >= 0)
+		w->frame = fp ? read_u64(fp + w->o.cf_current) : 0;
+	else
+		w->frame = fp;
+	return 1;
 }
 
 // py_stack puts the calling thread's Python frames (code object and
@@ -236,25 +316,32 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int 
 		w.want = BPF_CORE_READ(t, thread.fsbase);
 		w.idoff = o->ts_thread_id;
 	}
-	__u64 interp = read_u64(o->interp_head);
-	if (interp)
-		w.ts = read_u64(interp + o->interp_threads);
-	if (use_loop) {
-		bpf_loop(CT_PY_MAX_THREADS, py_thread_step, &w, 0);
+	struct task_struct___py *task = (void *)bpf_get_current_task();
+	struct py_thread me = {.mm = (__u64)BPF_CORE_READ(task, mm), .start = BPF_CORE_READ(task, start_boottime)};
+	__u32 tid = h->tid;
+	struct py_thread *known = bpf_map_lookup_elem(&py_threads, &tid);
+	if (known && known->mm == me.mm && known->start == me.start && ts_take(&w, s, known->ts)) {
+		w.found = 1;
 	} else {
-		for (int i = 0; i < CT_PY_MAX_THREADS; i++)
-			if (thread_step(&w))
-				break;
+		__u64 interp = read_u64(o->interp_head);
+		if (interp)
+			w.ts = read_u64(interp + o->interp_threads);
+		if (use_loop) {
+			bpf_loop(CT_PY_MAX_THREADS, py_thread_step, &w, 0);
+		} else {
+			for (int i = 0; i < CT_PY_MAX_THREADS; i++)
+				if (thread_step(&w))
+					break;
+		}
+		if (w.found && ts_take(&w, s, w.ts)) {
+			me.ts = w.ts;
+			bpf_map_update_elem(&py_threads, &tid, &me, BPF_ANY);
+		} else {
+			w.found = 0;
+		}
 	}
 	b->t.n = 0;
 	if (w.found) {
-		if (w.o.ts_cframe >= 0) {
-			__u64 cf = read_u64(w.ts + w.o.ts_cframe);
-			if (cf)
-				w.frame = read_u64(cf + w.o.cf_current);
-		} else {
-			w.frame = read_u64(w.ts + w.o.ts_frame);
-		}
 		// shim frames take turns too
 		if (use_loop) {
 			bpf_loop(CT_PY_MAX_FRAMES + 8, py_frame_step, &w, 0);
@@ -267,7 +354,19 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int 
 	if (use_loop)
 		b->t.n = w.n;
 	b->t.pad = 0;
-	__builtin_memcpy(block, b, sizeof(*b));
+	// Only the trailer and the frames in use go to the record: the ring's
+	// memory is cold (a 16 MiB ring is written through once per lap), and
+	// copying the whole block there cost more than the walk itself.
+	struct py_block *dst = (void *)block;
+	// Read back from the map: the verifier of kernels before 6.8 takes a
+	// bpf_loop callback to run once, so w.n, which it knows, is 0 or 1 to
+	// it, and it drops the copies of the frames further out as dead code.
+	__u32 n = *(volatile __u32 *)&b->t.n;
+	dst->t = b->t;
+#pragma unroll
+	for (int i = 0; i < CT_PY_MAX_FRAMES; i++)
+		if (i >= CT_PY_MAX_FRAMES - (int)n)
+			dst->f[i] = b->f[i];
 	h->flags |= b->t.n ? CT_F_PYTHON : CT_F_NOPYTHON;
 	py_hold_new_frames(h, s);
 }

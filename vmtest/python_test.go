@@ -107,21 +107,110 @@ func TestPythonFramesWithoutDWARF(t *testing.T) {
 	})
 }
 
+// TestPythonFramesShapes: CPython 3.10 to 3.13 allocating from frames the
+// BPF walk finds in different places (testdata/pyshapes.py): a generator's
+// frame, resumed from C; ten frames deep of 3 KiB frames, which span
+// pages and more than one data stack chunk; a call back from C (sorted's
+// key); a second Python thread, twice (the second time from what the walk
+// keeps of the thread). Each allocation's Python frames are exact, in
+// order.
+func TestPythonFramesShapes(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyshapes.py"))
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			truth, rep := recordPython(t, pyenvPython(t, v), nil, script, fakeLib)
+			checkPythonShapes(t, v, script, rep, truth)
+		})
+	}
+}
+
+// checkPythonShapes checks the report of testdata/pyshapes.py run on
+// CPython v.
+func checkPythonShapes(t *testing.T, v, script string, rep *report, truth *procTruth) {
+	t.Helper()
+	at := func(fn, tag string) string {
+		return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyshapes.py", tag), fn)
+	}
+	bySize := map[uint64]reportStack{}
+	for _, s := range rep.Stacks {
+		if s.PID == truth.PID {
+			bySize[s.AllocBytes] = s
+		}
+	}
+	want := map[uint64][]string{
+		1 << 20:  {at("alloc", "alloc"), at("<module>", "warmup")},
+		7 << 20:  {at("alloc", "alloc"), at("gen", "gen"), at("<module>", "main-gen")},
+		9 << 20:  {at("alloc", "alloc"), at("big", "big0")},
+		11 << 20: {at("alloc", "alloc"), at("<module>", "main-sorted")},
+		13 << 20: {at("alloc", "alloc"), at("worker", "worker1")},
+		15 << 20: {at("alloc", "alloc"), at("worker", "worker2")},
+	}
+	for range 7 {
+		want[9<<20] = append(want[9<<20], at("big", "bigk"))
+	}
+	want[9<<20] = append(want[9<<20], at("<module>", "main-big"))
+	// The thread's frames below worker are threading.py's.
+	thread := []string{"run", "_bootstrap_inner", "_bootstrap"}
+	if v != "3.10" { // 3.10's code objects have no qualified name
+		for i, fn := range thread {
+			thread[i] = "Thread." + fn
+		}
+	}
+	if len(bySize) != len(want) {
+		t.Fatalf("%d stacks for pid %d, want %d: %+v", len(bySize), truth.PID, len(want), rep.Stacks)
+	}
+	for size, w := range want {
+		s, ok := bySize[size]
+		if !ok {
+			t.Errorf("no stack of the %d MiB allocation", size>>20)
+			continue
+		}
+		py, _, _, _ := pythonFrames(t, s)
+		if size == 13<<20 || size == 15<<20 {
+			var below []string
+			for _, f := range s.Frames {
+				if f.Module == "[python]" && strings.HasSuffix(f.File, "/threading.py") {
+					below = append(below, f.Function)
+				}
+			}
+			if len(py) != len(w)+len(thread) || strings.Join(below, " ") != strings.Join(thread, " ") {
+				t.Errorf("%d MiB: Python frames:\n%s\nwant:\n%s\nthen threading.py's %q", size>>20,
+					strings.Join(py, "\n"), strings.Join(w, "\n"), thread)
+				continue
+			}
+			py = py[:len(w)]
+		}
+		if strings.Join(py, "\n") != strings.Join(w, "\n") {
+			t.Errorf("%d MiB: Python frames:\n%s\nwant:\n%s", size>>20, strings.Join(py, "\n"), strings.Join(w, "\n"))
+		}
+	}
+}
+
 // checkPythonFrames records python (CPython v) running pyframes.py, with
 // env added to the environment, and checks the Python frames of its
 // allocations: they stand between the native frame call (ctypes' call
 // into the stand-in) and Py_RunMain.
 func checkPythonFrames(t *testing.T, v, python string, env []string, script, threads, call string) {
 	t.Helper()
+	truth, rep := recordPython(t, python, env, script, fakeLib, threads)
+	checkPythonReport(t, v, script, call, rep, truth)
+}
+
+// recordPython records python running args (a script and its arguments),
+// with env added to the environment: the truth of its one process and the
+// report.
+func recordPython(t *testing.T, python string, env []string, args ...string) (*procTruth, *report) {
+	t.Helper()
 	ctx := testContext(t)
 	dir := t.TempDir()
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, env...)},
-		"--lib", fakeLib, "-o", trace, "--", python, script, fakeLib, threads)
+		append([]string{"--lib", fakeLib, "-o", trace, "--", python}, args...)...)
 	rec.finish(t, 60*time.Second)
-	truth := onlyTruth(t, log, "")
-	rep := runReport(t, ctx, trace)
-	checkPythonReport(t, v, script, call, rep, truth)
+	return onlyTruth(t, log, ""), runReport(t, ctx, trace)
 }
 
 // checkPythonReport checks the report of testdata/pyframes.py run on
