@@ -1,10 +1,10 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -16,6 +16,7 @@ import (
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/report"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
 
@@ -189,19 +190,8 @@ func framesOf(st *ledger.Stack) []uint64 {
 // unknown (never a runtime address: those differ from process to process).
 func stackLabel(frames []symbolize.Frame) string {
 	var parts []string
-	for _, f := range frames[:min(len(frames), StackFrames)] {
-		var s string
-		switch {
-		case f.Function != "" && f.File != "":
-			s = fmt.Sprintf("%s (%s:%d)", f.Function, filepath.Base(f.File), f.Line)
-		case f.Function != "":
-			s = f.Function
-		case f.Module != "":
-			s = fmt.Sprintf("%s+%#x", filepath.Base(f.Module), f.Offset)
-		default:
-			s = "?"
-		}
-		parts = append(parts, s)
+	for _, f := range report.Frames(frames[:min(len(frames), StackFrames)]) {
+		parts = append(parts, cmp.Or(f.Short(), "?"))
 	}
 	return strings.Join(parts, " < ")
 }

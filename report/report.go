@@ -8,6 +8,7 @@ package report
 import (
 	"cmp"
 	"fmt"
+	"path"
 	"slices"
 	"time"
 
@@ -234,6 +235,22 @@ type Frame struct {
 	Module   string `json:"module"`  // path of the mapped file, as symbolize.Frame gives it
 	Address  string `json:"address"` // the return address captured, "0x…"
 	Offset   uint64 `json:"offset"`  // the address as an ELF virtual address in Module
+}
+
+// Short names f in a few words, the same in every process that runs the
+// same files: "function (file:line)", the function alone, or the module's
+// base name and offset; "" for a frame with none of them. The agent's
+// stack label and record's budget lines use it.
+func (f Frame) Short() string {
+	switch {
+	case f.Function != "" && f.File != "":
+		return fmt.Sprintf("%s (%s:%d)", f.Function, path.Base(f.File), f.Line)
+	case f.Function != "":
+		return f.Function
+	case f.Module != "":
+		return fmt.Sprintf("%s+%#x", path.Base(f.Module), f.Offset)
+	}
+	return ""
 }
 
 // Failure is one failed allocation call.

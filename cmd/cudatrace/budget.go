@@ -6,9 +6,9 @@ package main
 // memory.
 
 import (
+	"cmp"
 	"fmt"
 	"io"
-	"path"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -148,17 +148,7 @@ func stackName(frames []report.Frame) string {
 		if f.Module != pyframes.Module && owner.IsCUDA(f.Module) {
 			continue
 		}
-		var s string
-		switch {
-		case f.Function != "" && f.File != "":
-			s = fmt.Sprintf("%s (%s:%d)", f.Function, path.Base(f.File), f.Line)
-		case f.Function != "":
-			s = f.Function
-		case f.Module != "":
-			s = fmt.Sprintf("%s+%#x", path.Base(f.Module), f.Offset)
-		default:
-			s = f.Address
-		}
+		s := cmp.Or(f.Short(), f.Address)
 		parts = append(parts, s)
 		if len(parts) == budgetStacks {
 			break
