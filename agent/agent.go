@@ -28,6 +28,7 @@ import (
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/owner"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
@@ -142,7 +143,7 @@ type procState struct {
 	// of the latest OOM failures, by the failure's time: /snapshot's oom
 	// entries carry it as device_free. At most snapshotOOMs.
 	oomFree map[uint64]uint64
-	owners  ownerUse // live GPU memory by device and owner (owners.go)
+	owners  owner.Live // live GPU memory by device and owner
 }
 
 // noteOOMFree keeps dev's free memory at a failure at time t, when the
@@ -374,7 +375,7 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 		if f.API.Info().Kind != events.KindHost {
 			a.nodeUse(f.Device, f.API).live -= f.Size
 		}
-		a.noteOwner(ps, f, true)
+		ps.owners.Note(a.model, f, true)
 	}
 	if al := ch.Alloc; al != nil {
 		k := export.KeyOf(al)
@@ -397,7 +398,7 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 			u.live += al.Size
 			u.peak = max(u.peak, u.live)
 		}
-		a.noteOwner(ps, al, false)
+		ps.owners.Note(a.model, al, false)
 	}
 	if ch.Stack != nil && ch.Alloc == nil {
 		a.totals.Failed++

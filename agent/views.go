@@ -241,7 +241,7 @@ func (a *Agent) processStats(ps *procState, p *ledger.Process) ProcessStats {
 	for _, d := range p.DeviceList() {
 		out.Devices = append(out.Devices, *d)
 	}
-	out.Owners = ps.owners.list()
+	out.Owners = ownerList(&ps.owners)
 	return out
 }
 

@@ -112,10 +112,8 @@ type Collector struct {
 	// refreshes. Each refresh sets it to the ledger's figure again.
 	devRun  map[int]uint64
 	gpuLive map[uint32]int // live allocations of GPU memory, per process, kept by Event
-	// Each stack's owner, named once when it is first seen, and each
-	// process's live GPU memory by owner, kept by Event.
-	owners   map[*ledger.Stack]string
-	ownerRun map[uint32]map[string]uint64
+	// Each process's live GPU memory by device and owner, kept by Event.
+	ownerRun map[uint32]*owner.Live
 	comm     map[uint32]string // of processes only NVML lists
 	seq      int
 
@@ -136,7 +134,7 @@ func NewCollector(every time.Duration, top int, pids []int) *Collector {
 	}
 	return &Collector{every: every, top: top, only: only, comm: map[uint32]string{}, start: time.Now(), now: time.Now, prev: map[uint32][2]uint64{},
 		procs: procmodel.New(), devPeak: map[int]uint64{}, devRun: map[int]uint64{}, gpuLive: map[uint32]int{}, updated: make(chan struct{}, 1),
-		owners: map[*ledger.Stack]string{}, ownerRun: map[uint32]map[string]uint64{}}
+		ownerRun: map[uint32]*owner.Live{}}
 }
 
 var _ record.Observer = (*Collector)(nil)
@@ -166,8 +164,7 @@ func (c *Collector) Event(_ *events.Event, ch ledger.Change) {
 			c.devRun[d] -= min(c.devRun[d], f.Size)
 			c.gpuLive[pid]--
 			if run := c.ownerRun[pid]; run != nil {
-				o := c.ownerOf(f.Stack)
-				run[o] -= min(run[o], f.Size)
+				run.Note(c.procs, f, true)
 			}
 		}
 	}
@@ -178,25 +175,11 @@ func (c *Collector) Event(_ *events.Event, ch ledger.Change) {
 		c.devPeak[d] = max(c.devPeak[d], c.devRun[d])
 		run := c.ownerRun[pid]
 		if run == nil {
-			run = map[string]uint64{}
+			run = &owner.Live{}
 			c.ownerRun[pid] = run
 		}
-		run[c.ownerOf(a.Stack)] += a.Size
+		run.Note(c.procs, a, false)
 	}
-}
-
-// ownerOf names st's owner the first time it is asked, from the capture
-// it is bound to.
-func (c *Collector) ownerOf(st *ledger.Stack) string {
-	if st == nil {
-		return owner.Application
-	}
-	o, ok := c.owners[st]
-	if !ok {
-		o = owner.OfStack(c.procs.CaptureOf(st), c.procs.Python(st.PID), st.Frames).Name
-		c.owners[st] = o
-	}
-	return o
 }
 
 // Flush publishes a snapshot now: the last state, once tracing stopped.
@@ -253,8 +236,12 @@ func (c *Collector) snapshot(res *record.Result, sel uint32, now time.Time) *Sna
 			row.ByteRate = float64(p.AllocBytes-prev[1]) / dt
 		}
 		c.prev[p.PID] = [2]uint64{p.Allocs, p.AllocBytes}
-		for o, n := range c.ownerRun[p.PID] {
-			if n > 0 {
+		if run := c.ownerRun[p.PID]; run != nil {
+			byOwner := map[string]uint64{} // over its devices
+			for k, n := range run.Bytes() {
+				byOwner[k.Owner] += n
+			}
+			for o, n := range byOwner {
 				row.Owners = append(row.Owners, OwnerBytes{Owner: o, Live: n})
 			}
 		}
