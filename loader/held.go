@@ -7,8 +7,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cilium/ebpf"
 
 	"github.com/cudatrace/cudatrace/internal/watchdog"
@@ -122,7 +120,6 @@ func peerHolding(at, now uint64) bool {
 	if at&(watchdog.Released|watchdog.Resumed) != 0 {
 		return false
 	}
-	at &^= watchdog.Released | watchdog.Resumed
 	return now < at || now-at < uint64(watchdog.MaxHold)
 }
 
@@ -143,7 +140,7 @@ func (p *peers) hold(own *ebpf.Map, pid uint32) bool {
 	if p.kind == nil {
 		p.kind = map[ebpf.MapID]bool{}
 	}
-	now := bootNow()
+	now := watchdog.BootNow()
 	ownID := ebpf.MapID(0)
 	if info, err := own.Info(); err == nil {
 		ownID, _ = info.ID()
@@ -184,15 +181,6 @@ func isHeldMap(m *ebpf.Map) bool {
 	info, err := m.Info()
 	return err == nil && info.Name == "held" && info.Type == ebpf.Hash && info.KeySize == 4 && info.ValueSize == 8 &&
 		info.MaxEntries == 1024
-}
-
-// bootNow is CLOCK_BOOTTIME in ns, the clock of held entries.
-func bootNow() uint64 {
-	var ts unix.Timespec
-	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
-		return 0
-	}
-	return uint64(ts.Nano())
 }
 
 // away tells BPF the reader is in a call that may keep it from reading for

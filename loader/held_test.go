@@ -62,7 +62,7 @@ func TestReleaseTwoHolders(t *testing.T) {
 	if !stopped() {
 		t.Fatal("sleep did not stop")
 	}
-	at := bootNow() // held now: a peer's entry counts for watchdog.MaxHold
+	at := watchdog.BootNow() // held now: a peer's entry counts for watchdog.MaxHold
 	for _, m := range []*ebpf.Map{own, other} {
 		if err := m.Put(pid, at); err != nil {
 			t.Fatal(err)
@@ -159,7 +159,7 @@ func TestReleaseIgnoresStalePeer(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	now := bootNow()
+	now := watchdog.BootNow()
 	if err := other.Put(pid, now-uint64(watchdog.MaxHold)-uint64(time.Second)); err != nil {
 		t.Fatal(err)
 	}

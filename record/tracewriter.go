@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cudatrace/cudatrace/internal/watchdog"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -93,11 +94,5 @@ func (w *TraceWriter) Finish(c tracefile.Counters, e tracefile.End) error {
 }
 
 // BootNow is the trace's clock now: CLOCK_BOOTTIME in nanoseconds, the
-// clock of the BPF side's records.
-func BootNow() uint64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
-		return 0
-	}
-	return uint64(ts.Nano())
-}
+// clock of the BPF side's records (watchdog.BootNow).
+func BootNow() uint64 { return watchdog.BootNow() }

@@ -161,7 +161,7 @@ func Main(stderr io.Writer) error {
 // stopped (held again as the reader marked it). It returns how many
 // processes it resumed.
 func Resume(held *ebpf.Map, olderThan time.Duration, stderr io.Writer) int {
-	now := bootNow()
+	now := BootNow()
 	var (
 		pid  uint32
 		at   uint64
@@ -225,7 +225,9 @@ func highFD(f *os.File) (*os.File, error) {
 	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
-func bootNow() uint64 {
+// BootNow is CLOCK_BOOTTIME in nanoseconds: the clock BPF stamps the held
+// entries and every record with (bpf_ktime_get_boot_ns); 0 if unreadable.
+func BootNow() uint64 {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
 		return 0

@@ -59,18 +59,18 @@ func stopped(t *testing.T) *exec.Cmd {
 // dropped, not signalled.
 func TestResume(t *testing.T) {
 	m := heldMap(t)
-	t0 := bootNow()
+	t0 := BootNow()
 	old, recent, reused := stopped(t), stopped(t), stopped(t)
 	put := func(c *exec.Cmd, at uint64) {
 		if err := m.Put(uint32(c.Process.Pid), at); err != nil {
 			t.Fatal(err)
 		}
 	}
-	put(old, bootNow())
+	put(old, BootNow())
 	// Stopped a second before this sleep started: another process was held.
 	put(reused, t0-uint64(time.Second))
 	time.Sleep(200 * time.Millisecond)
-	put(recent, bootNow())
+	put(recent, BootNow())
 	if n := Resume(m, 100*time.Millisecond, nil); n != 1 {
 		t.Errorf("Resume(100ms) resumed %d, want 1 (the one held 200 ms)", n)
 	}
