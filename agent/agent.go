@@ -10,7 +10,8 @@
 // runs on the reader goroutine (within the poll interval, 50 ms), and read
 // what it copied. Copies hold *ledger.Stack and *ledger.Allocation
 // pointers, but only their fields that never change after creation
-// (PID, Frames, Tensor; an Allocation's every field).
+// (PID, Frames, Tensor; an Allocation's every field but Ctx, which the
+// ledger alone reads and sets when a thread's context is learned).
 //
 // docs/architecture.md places it among the other packages.
 package agent
