@@ -54,21 +54,24 @@ func (t *Tracer) Release(pid uint32) error {
 	return t.resume(pid, at)
 }
 
-// resume sends pid, stopped at boot time at, SIGCONT, then marks its
-// entry resumed. SIGCONT first: were the entry marked first, a tracer
-// killed between the two calls would leave the process stopped with
-// nothing to resume it. The entry stays (bpf/common.h): BPF holds the
-// process again by overwriting it, so a record the process makes right
-// after the SIGCONT is held too; an entry BPF overwrote meanwhile is left
-// as it is.
+// resume marks pid's entry (stopped at boot time at, read) resumed, then
+// sends it SIGCONT. In that order: BPF holds the process again only over
+// an entry marked resumed (bpf/common.h hold), and once SIGCONT is sent
+// the process may be held again at its next record at once, its entry
+// overwritten; a mark written after the SIGCONT could overwrite that new
+// entry, and the reader, taking the new hold for one it had resumed, would
+// leave the process stopped for good. A tracer killed between the mark and
+// the SIGCONT leaves a stopped process behind a resumed entry: its
+// watchdog resumes exactly those when the tracer is gone
+// (watchdog.Resume). The entry stays (bpf/common.h): BPF holds the process
+// again by overwriting it.
 func (t *Tracer) resume(pid uint32, at uint64) error {
 	delete(t.waiting, pid)
-	err := syscall.Kill(int(pid), syscall.SIGCONT)
 	var now uint64
 	if t.objs.Held.Lookup(pid, &now) == nil && now == at|watchdog.Released {
 		t.objs.Held.Update(pid, at|watchdog.Released|watchdog.Resumed, ebpf.UpdateExist)
 	}
-	if err != nil {
+	if err := syscall.Kill(int(pid), syscall.SIGCONT); err != nil {
 		if errors.Is(err, syscall.ESRCH) {
 			t.objs.Held.Delete(pid)
 			return nil
