@@ -53,6 +53,7 @@ enum ct_shape {
 	CT_SHAPE_LEARN_CTX = 20,    // (CUcontext *out): cuCtxGetCurrent
 	CT_SHAPE_LEARN_CTXDEV = 21, // (CUdevice *out): cuCtxGetDevice, the current context's device
 	CT_SHAPE_LEARN_RTDEV = 22,  // (int *out): cudaGetDevice, the runtime's current device
+	CT_SHAPE_LEARN_POP = 23,    // (CUcontext *out): cuCtxPopCurrent, the context popped
 };
 
 // The device of a record whose thread's device is not known: a thread that

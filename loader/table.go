@@ -38,6 +38,7 @@ const (
 	ShapeLearnCtx    = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_CTX)    // (CUcontext *out)
 	ShapeLearnCtxDev = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_CTXDEV) // (CUdevice *out)
 	ShapeLearnRtDev  = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_RTDEV)  // (int *out)
+	ShapeLearnPop    = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_POP)    // (CUcontext *out): the context popped
 )
 
 // shapePrograms names each shape's entry program (bpf/cudatrace.bpf.c),
@@ -52,7 +53,7 @@ var shapePrograms = map[string]map[Shape]string{
 	bpf.CudatraceProgCtCtxExit: {ShapeCtxRetain: bpf.CudatraceProgCtCtxretainEnter, ShapeCtxCreate: bpf.CudatraceProgCtCtxcreateEnter},
 	bpf.CudatraceProgCtLearnExit: {
 		ShapeLearnCtx: bpf.CudatraceProgCtLearnCtxEnter, ShapeLearnCtxDev: bpf.CudatraceProgCtLearnCtxdevEnter,
-		ShapeLearnRtDev: bpf.CudatraceProgCtLearnRtdevEnter,
+		ShapeLearnRtDev: bpf.CudatraceProgCtLearnRtdevEnter, ShapeLearnPop: bpf.CudatraceProgCtLearnPopEnter,
 	},
 	"": {
 		ShapeFree: bpf.CudatraceProgCtFreeEnter, ShapeSizedFree: bpf.CudatraceProgCtSizedFreeEnter,
@@ -122,6 +123,9 @@ var LearnProbes = []Probe{
 	optional(events.CuCtxGetCurrent, ShapeLearnCtx),
 	optional(events.CuCtxGetDevice, ShapeLearnCtxDev),
 	optional(events.CudaGetDevice, ShapeLearnRtDev),
+	// Beside DriverProbes' entry probe: the context a thread popped, where
+	// it was made current before tracing began.
+	optional(events.CuCtxPopCurrent, ShapeLearnPop),
 }
 
 // required and optional make a row: the symbol is the API's name.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 )
 
 type fakeLearner struct {
@@ -28,7 +29,7 @@ func TestLearning(t *testing.T) {
 	tr := &fakeLearner{on: true} // loader.Options.Learn: on from the start
 	var l learning
 	ev := func(api events.API, tid uint32, dev int32) {
-		l.saw(&events.Event{PID: 7, TID: tid, API: api, Device: dev}, tr)
+		l.saw(&events.Event{PID: 7, TID: tid, API: api, Device: dev}, ledger.Change{}, tr)
 	}
 	l.tick(tr)
 	if !tr.on {
