@@ -107,6 +107,7 @@ var DriverProbes = []Probe{
 	// Contexts made current, then those that die.
 	optional(events.CuDevicePrimaryCtxRetain, ShapeCtxRetain), optional(events.CuCtxCreate, ShapeCtxCreate),
 	optional(events.CuCtxSetCurrent, ShapeCtxSet), optional(events.CuCtxPushCurrent, ShapeCtxPush), optional(events.CuCtxPopCurrent, ShapeCtxPop),
+	popV1(ShapeCtxPop),
 	optional(events.CuCtxDestroy, ShapeCtxDestroy), optional(events.CuCtxDetach, ShapeCtxDetach), optional(events.CuCtxAttach, ShapeCtxAttach),
 	optional(events.CuDevicePrimaryCtxRelease, ShapePrimaryRelease), optional(events.CuDevicePrimaryCtxReset, ShapePrimaryReset),
 	// VMM: physical memory, then its mappings and address ranges.
@@ -125,8 +126,13 @@ var LearnProbes = []Probe{
 	optional(events.CudaGetDevice, ShapeLearnRtDev),
 	// Beside DriverProbes' entry probe: the context a thread popped, where
 	// it was made current before tracing began.
-	optional(events.CuCtxPopCurrent, ShapeLearnPop),
+	optional(events.CuCtxPopCurrent, ShapeLearnPop), popV1(ShapeLearnPop),
 }
+
+// popV1 is cuCtxPopCurrent, the name before CUDA 4.0 (cuda.h now defines
+// it as cuCtxPopCurrent_v2): same arguments, same stack. Where a library
+// has both at one address, that address is probed once (Tracer.Attach).
+func popV1(s Shape) Probe { return Probe{"cuCtxPopCurrent", events.CuCtxPopCurrent, s, false} }
 
 // required and optional make a row: the symbol is the API's name.
 func required(api events.API, s Shape) Probe { return Probe{api.Info().Name, api, s, true} }

@@ -254,17 +254,24 @@ func TestAttachContextDestroyed(t *testing.T) {
 // attach, on the device unknown and (after cuCtxGetDevice) on device 1,
 // is freed with it, and cudatrace counts those implicit frees exactly,
 // per device, as the stand-in's log has them: the pop's return tells the
-// context popped.
+// context popped. With cuCtxPopCurrent_v2, and with cuCtxPopCurrent, its
+// name before CUDA 4.0.
 func TestAttachContextPopped(t *testing.T) {
+	for _, mode := range []string{"pop", "popv1"} {
+		t.Run(mode, func(t *testing.T) { attachContextPopped(t, mode) })
+	}
+}
+
+func attachContextPopped(t *testing.T, mode string) {
 	ctx, dir := traceSetup(t)
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "pop.trace")
-	p := startReady(t, log, "attach_ctx", "pop")
+	p := startReady(t, log, "attach_ctx", mode)
 	pid := p.cmd.Process.Pid
 	rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeDriver, "--pid", strconv.Itoa(pid), "-o", trace)
 	rec.waitAttached(t, 30*time.Second)
 	p.proceed(t)
 	if err := p.wait(t); err != nil {
-		t.Fatalf("attach_ctx pop: %v\n%s", err, p.stderr.String())
+		t.Fatalf("attach_ctx %s: %v\n%s", mode, err, p.stderr.String())
 	}
 	rec.finish(t, 20*time.Second)
 

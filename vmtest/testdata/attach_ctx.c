@@ -30,7 +30,8 @@
  * 1 MiB in it; after the go line, 2 MiB (context and device unknown to a
  * tracer), cuCtxGetDevice (its device, not its context), 3 MiB on device
  * 1, then pops the context and detaches it (its last use): the driver
- * frees the 2 and 3 MiB (and the 1 MiB) with it.
+ * frees the 2 and 3 MiB (and the 1 MiB) with it. Mode "popv1" does the
+ * same with cuCtxPopCurrent, the name before CUDA 4.0.
  *
  * Every call is checked; it exits 3 if one returns what it should not.
  */
@@ -198,7 +199,7 @@ static int destroy(void)
 	return 0;
 }
 
-static int pop(void)
+static int pop(CUresult (*pop_current)(CUcontext *))
 {
 	CUcontext c = NULL, popped = NULL;
 	CUdevice d = -1;
@@ -219,7 +220,7 @@ static int pop(void)
 	expect(cuCtxGetDevice(&d), 0, "cuCtxGetDevice");
 	expect(d, 1, "the device");
 	expect(cuMemAlloc_v2(&p, 3u << 20), 0, "cuMemAlloc 3 MiB");
-	expect(cuCtxPopCurrent_v2(&popped), 0, "cuCtxPopCurrent");
+	expect(pop_current(&popped), 0, "cuCtxPopCurrent");
 	expect(popped == c, 1, "the context popped is the one created");
 	expect(cuCtxDetach(c), 0, "cuCtxDetach");
 	return 0;
@@ -229,14 +230,16 @@ int main(int argc, char **argv)
 {
 	int ret;
 	if (argc != 2 || (strcmp(argv[1], "drv") && strcmp(argv[1], "rt") && strcmp(argv[1], "destroy") &&
-			  strcmp(argv[1], "pop"))) {
-		fprintf(stderr, "usage: attach_ctx drv|rt|destroy|pop\n");
+			  strcmp(argv[1], "pop") && strcmp(argv[1], "popv1"))) {
+		fprintf(stderr, "usage: attach_ctx drv|rt|destroy|pop|popv1\n");
 		return 2;
 	}
 	if (strcmp(argv[1], "destroy") == 0)
 		ret = destroy();
 	else if (strcmp(argv[1], "pop") == 0)
-		ret = pop();
+		ret = pop(cuCtxPopCurrent_v2);
+	else if (strcmp(argv[1], "popv1") == 0)
+		ret = pop(cuCtxPopCurrent);
 	else
 		ret = strcmp(argv[1], "drv") == 0 ? drv() : rt();
 	return ret ? ret : bad ? 3 : 0;
