@@ -172,15 +172,16 @@ static int rt(void)
 	return 0;
 }
 
-static int destroy(void)
+/* Modes destroy and pop, before the attach: a context of device 1 made
+ * (current) and 1 MiB in it at *p; "ready", the go line, the marker PHASE2.
+ * Returns 2 if stdin closes first. */
+static int created_before(CUcontext *c, CUdeviceptr *p)
 {
-	CUcontext c = NULL, cur = NULL, c2 = NULL;
-	CUdeviceptr p = 0, q = 0, r = 0, s = 0;
 	char line[64];
 
 	expect(cuInit(0), 0, "cuInit");
-	expect(cuCtxCreate_v2(&c, 0, 1), 0, "cuCtxCreate(device 1) before the attach");
-	expect(cuMemAlloc_v2(&p, 1u << 20), 0, "cuMemAlloc before the attach");
+	expect(cuCtxCreate_v2(c, 0, 1), 0, "cuCtxCreate(device 1) before the attach");
+	expect(cuMemAlloc_v2(p, 1u << 20), 0, "cuMemAlloc before the attach");
 	printf("ready\n");
 	fflush(stdout);
 	if (!fgets(line, sizeof(line), stdin)) {
@@ -188,6 +189,16 @@ static int destroy(void)
 		return 2;
 	}
 	fakecuda_log_marker("PHASE2");
+	return 0;
+}
+
+static int destroy(void)
+{
+	CUcontext c = NULL, cur = NULL, c2 = NULL;
+	CUdeviceptr p = 0, q = 0, r = 0, s = 0;
+
+	if (created_before(&c, &p))
+		return 2;
 	expect(cuMemAlloc_v2(&q, 2u << 20), 0, "cuMemAlloc 2 MiB");
 	expect(cuCtxGetCurrent(&cur), 0, "cuCtxGetCurrent");
 	expect(cur == c, 1, "the current context is the one created");
@@ -204,18 +215,9 @@ static int pop(CUresult (*pop_current)(CUcontext *))
 	CUcontext c = NULL, popped = NULL;
 	CUdevice d = -1;
 	CUdeviceptr p = 0;
-	char line[64];
 
-	expect(cuInit(0), 0, "cuInit");
-	expect(cuCtxCreate_v2(&c, 0, 1), 0, "cuCtxCreate(device 1) before the attach");
-	expect(cuMemAlloc_v2(&p, 1u << 20), 0, "cuMemAlloc before the attach");
-	printf("ready\n");
-	fflush(stdout);
-	if (!fgets(line, sizeof(line), stdin)) {
-		fprintf(stderr, "attach_ctx: stdin closed before the go line\n");
+	if (created_before(&c, &p))
 		return 2;
-	}
-	fakecuda_log_marker("PHASE2");
 	expect(cuMemAlloc_v2(&p, 2u << 20), 0, "cuMemAlloc 2 MiB");
 	expect(cuCtxGetDevice(&d), 0, "cuCtxGetDevice");
 	expect(d, 1, "the device");
