@@ -399,9 +399,9 @@ int ct_devreset_enter(struct pt_regs *ctx)
 // it popped where the thread's stack was empty to us (PyCUDA's
 // ctx.pop(); ctx.detach() of a context made before tracing: the detach
 // then frees what the thread allocated in it). The loader attaches them only
-// while some thread's device is unknown (record's session removes them
-// once every allocating thread's is known): the hot path does not pay for
-// them.
+// while some thread's device is unknown, or it has allocations in a context
+// it has not named (record's session removes them once none has): the hot
+// path does not pay for them.
 // Between entry and return in ctx_inflight, make_current holding the shape.
 static __always_inline int learn_enter(struct pt_regs *ctx, __u32 shape)
 {

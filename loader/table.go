@@ -118,7 +118,7 @@ var DriverProbes = []Probe{
 
 // LearnProbes tell a thread's current context and device from its own
 // calls: attached only while some thread that ran before tracing began
-// allocates on a device not yet known (Tracer.Learn), never required, and
+// allocates on a device, or in a context, not yet known (Tracer.Learn), never required, and
 // not part of what makes a library a CUDA library (Tables).
 var LearnProbes = []Probe{
 	optional(events.CuCtxGetCurrent, ShapeLearnCtx),
