@@ -148,7 +148,10 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	__u32 tid = (__u32)id;
 	struct inflight *in = bpf_map_lookup_elem(&inflight, &tid);
 	if (!in) {
-		count(CT_CNT_NO_ENTRY);
+		// Only a traced process's: another process calling the same
+		// library file runs this probe too.
+		if (traced(id >> 32))
+			count(CT_CNT_NO_ENTRY);
 		return 0;
 	}
 	// After `ret` the stack pointer is 8 above what it was at entry; any

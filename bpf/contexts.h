@@ -36,7 +36,10 @@ CT_MAP(BPF_MAP_TYPE_LRU_HASH, primaries, struct primary_key, struct primary_val,
 
 struct ctx_stack {
 	__u32 depth;
-	__u32 pad;
+	// The depth at the entry of the thread's last cuCtxPopCurrent, set by
+	// ct_ctxpop_enter: 0 there, its return (ct_learn_exit) learns what it
+	// popped.
+	__u32 pop_depth;
 	__u64 ctx[CT_CTX_STACK];
 };
 
@@ -252,9 +255,12 @@ SEC("uprobe")
 int ct_ctxpop_enter(struct pt_regs *ctx)
 {
 	__u64 id;
-	struct ctx_stack *st = traced_ctx_stack(&id, 0);
-	if (!st || st->depth == 0)
+	struct ctx_stack *st = traced_ctx_stack(&id, 1);
+	if (!st)
 		return 0;
+	st->pop_depth = st->depth;
+	if (st->depth == 0)
+		return 0; // a context made current unseen, or none: ct_learn_exit
 	__u32 tid = (__u32)id;
 	ctx_pop(tid, st);
 	__u64 top = ctx_top(st);
@@ -389,10 +395,13 @@ int ct_devreset_enter(struct pt_regs *ctx)
 // thread's own calls say: cuCtxGetCurrent its current context,
 // cuCtxGetDevice that context's device, cudaGetDevice the runtime's
 // device (Numba asks the first two before each of its API calls; the
-// runtime asks the driver on its own paths). The loader attaches them only
-// while some thread's device is unknown (record's session removes them
-// once every allocating thread's is known): the hot path does not pay for
-// them.
+// runtime asks the driver on its own paths), and cuCtxPopCurrent the context
+// it popped where the thread's stack was empty to us (PyCUDA's
+// ctx.pop(); ctx.detach() of a context made before tracing: the detach
+// then frees what the thread allocated in it). The loader attaches them only
+// while some thread's device is unknown, or it has allocations in a context
+// it has not named (record's session removes them once none has): the hot
+// path does not pay for them.
 // Between entry and return in ctx_inflight, make_current holding the shape.
 static __always_inline int learn_enter(struct pt_regs *ctx, __u32 shape)
 {
@@ -417,9 +426,32 @@ int ct_learn_rtdev_enter(struct pt_regs *ctx)
 	return learn_enter(ctx, CT_SHAPE_LEARN_RTDEV);
 }
 
+SEC("uprobe")
+int ct_learn_pop_enter(struct pt_regs *ctx)
+{
+	return learn_enter(ctx, CT_SHAPE_LEARN_POP);
+}
+
+// learned_pop: the thread popped handle, a context current to it since
+// before tracing (its stack was empty to us at the entry). What it
+// allocated while that context was unnamed was made in it: the record
+// names it (addr, apart from size: the current context after, 0), for the
+// ledger. The context now current, the one below, is unknown.
+static __always_inline int learned_pop(struct pt_regs *ctx, __u64 id, struct ctx_stack *st, __u64 handle)
+{
+	if (st->pop_depth != 0 || handle == 0)
+		return 0; // popped one ct_ctxpop_enter knew
+	__u32 tid = (__u32)id;
+	__s32 dev = CT_DEV_UNKNOWN;
+	st->depth = 0;
+	bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+	ctx_record(ctx, id, handle, dev, 0);
+	return 0;
+}
+
 // ct_learn_exit: the call succeeded; what it says becomes the thread's
 // state. A record goes to the ledger only when that changed the thread's
-// device or current context.
+// device or current context, or named a context it popped (learned_pop).
 SEC("uretprobe")
 int ct_learn_exit(struct pt_regs *ctx)
 {
@@ -434,11 +466,14 @@ int ct_learn_exit(struct pt_regs *ctx)
 	if ((__s32)PT_REGS_RC(ctx) != 0)
 		return 0;
 	__u64 val = 0;
-	if (bpf_probe_read_user(&val, shape == CT_SHAPE_LEARN_CTX ? 8 : 4, (void *)out))
+	int wide = shape == CT_SHAPE_LEARN_CTX || shape == CT_SHAPE_LEARN_POP;
+	if (bpf_probe_read_user(&val, wide ? 8 : 4, (void *)out))
 		return 0;
 	struct ctx_stack *st = ctx_stack_of(tid);
 	if (!st)
 		return 0;
+	if (shape == CT_SHAPE_LEARN_POP)
+		return learned_pop(ctx, id, st, val);
 	__s32 before = current_device(tid);
 	__u64 top_before = ctx_top(st);
 	__s32 dev = (__s32)val;

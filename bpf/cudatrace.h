@@ -48,11 +48,12 @@ enum ct_shape {
 	CT_SHAPE_PRIMARY_RESET = 18,   // (CUdevice dev): its primary context's memory goes now
 	CT_SHAPE_DEVICE_RESET = 19,    // (void): cudaDeviceReset, the current device's primary context
 	// Calls that tell a thread's current context or device, probed at
-	// return while some thread's device is unknown (a thread that set its
-	// context before tracing began: contexts.h, ct_learn_*).
+	// return while some thread's device or context is unknown (a thread
+	// that set its context before tracing began: contexts.h, ct_learn_*).
 	CT_SHAPE_LEARN_CTX = 20,    // (CUcontext *out): cuCtxGetCurrent
 	CT_SHAPE_LEARN_CTXDEV = 21, // (CUdevice *out): cuCtxGetDevice, the current context's device
 	CT_SHAPE_LEARN_RTDEV = 22,  // (int *out): cudaGetDevice, the runtime's current device
+	CT_SHAPE_LEARN_POP = 23,    // (CUcontext *out): cuCtxPopCurrent, the context popped
 };
 
 // The device of a record whose thread's device is not known: a thread that

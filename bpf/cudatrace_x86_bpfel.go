@@ -106,6 +106,7 @@ const (
 	CudatraceCtShapeCT_SHAPE_LEARN_CTX       CudatraceCtShape = 20
 	CudatraceCtShapeCT_SHAPE_LEARN_CTXDEV    CudatraceCtShape = 21
 	CudatraceCtShapeCT_SHAPE_LEARN_RTDEV     CudatraceCtShape = 22
+	CudatraceCtShapeCT_SHAPE_LEARN_POP       CudatraceCtShape = 23
 )
 
 type CudatraceCtUsdtSpec struct {
@@ -142,10 +143,10 @@ type CudatraceCtxCall struct {
 }
 
 type CudatraceCtxStack struct {
-	_     structs.HostLayout
-	Depth uint32
-	Pad   uint32
-	Ctx   [8]uint64
+	_        structs.HostLayout
+	Depth    uint32
+	PopDepth uint32
+	Ctx      [8]uint64
 }
 
 type CudatraceInflight struct {
@@ -254,6 +255,7 @@ const (
 	CudatraceProgCtLearnCtxEnter       = "ct_learn_ctx_enter"
 	CudatraceProgCtLearnCtxdevEnter    = "ct_learn_ctxdev_enter"
 	CudatraceProgCtLearnExit           = "ct_learn_exit"
+	CudatraceProgCtLearnPopEnter       = "ct_learn_pop_enter"
 	CudatraceProgCtLearnRtdevEnter     = "ct_learn_rtdev_enter"
 	CudatraceProgCtPitchEnter          = "ct_pitch_enter"
 	CudatraceProgCtPrimaryReleaseEnter = "ct_primary_release_enter"
@@ -343,6 +345,7 @@ type CudatraceProgramSpecs struct {
 	CtLearnCtxEnter       *ebpf.ProgramSpec `ebpf:"ct_learn_ctx_enter"`
 	CtLearnCtxdevEnter    *ebpf.ProgramSpec `ebpf:"ct_learn_ctxdev_enter"`
 	CtLearnExit           *ebpf.ProgramSpec `ebpf:"ct_learn_exit"`
+	CtLearnPopEnter       *ebpf.ProgramSpec `ebpf:"ct_learn_pop_enter"`
 	CtLearnRtdevEnter     *ebpf.ProgramSpec `ebpf:"ct_learn_rtdev_enter"`
 	CtPitchEnter          *ebpf.ProgramSpec `ebpf:"ct_pitch_enter"`
 	CtPrimaryReleaseEnter *ebpf.ProgramSpec `ebpf:"ct_primary_release_enter"`
@@ -511,6 +514,7 @@ type CudatracePrograms struct {
 	CtLearnCtxEnter       *ebpf.Program `ebpf:"ct_learn_ctx_enter"`
 	CtLearnCtxdevEnter    *ebpf.Program `ebpf:"ct_learn_ctxdev_enter"`
 	CtLearnExit           *ebpf.Program `ebpf:"ct_learn_exit"`
+	CtLearnPopEnter       *ebpf.Program `ebpf:"ct_learn_pop_enter"`
 	CtLearnRtdevEnter     *ebpf.Program `ebpf:"ct_learn_rtdev_enter"`
 	CtPitchEnter          *ebpf.Program `ebpf:"ct_pitch_enter"`
 	CtPrimaryReleaseEnter *ebpf.Program `ebpf:"ct_primary_release_enter"`
@@ -545,6 +549,7 @@ func (p *CudatracePrograms) Close() error {
 		p.CtLearnCtxEnter,
 		p.CtLearnCtxdevEnter,
 		p.CtLearnExit,
+		p.CtLearnPopEnter,
 		p.CtLearnRtdevEnter,
 		p.CtPitchEnter,
 		p.CtPrimaryReleaseEnter,

@@ -97,6 +97,11 @@ type Process struct {
 	// context of its device) and each device's primary context.
 	threadCtx map[uint32]uint64
 	primary   map[int32]uint64
+	// Threads that ran before tracing began (seen on the unknown device or
+	// learning): with no context seen, theirs is one set unseen. And how
+	// many untold allocations each has live (Allocation.Untold).
+	before map[uint32]bool
+	untold map[uint32]int
 
 	Devices  map[int32]*Device
 	Failures []Failure // the first Ledger.MaxFailures failed calls
@@ -152,9 +157,18 @@ type Allocation struct {
 	// Before: live when the trace began, made before it (events.FlagBefore).
 	Before bool
 
+	// untold: made while its thread's current context was one set before
+	// tracing began and not named since (Ctx 0): the thread's own calls may
+	// still name it (learnContext).
+	untold   bool
 	mapped   int  // VMM: live mappings of this physical memory
 	released bool // VMM: cuMemRelease was called while it was mapped
 }
+
+// Untold reports whether a was made in a context set before tracing began
+// that its thread has not named yet: the context that frees it is not
+// known (record's learning keeps the probes that may tell it on).
+func (a *Allocation) Untold() bool { return a.untold }
 
 // Released reports whether a is VMM memory whose handle was released while
 // it was mapped: it lives until its last mapping goes.
@@ -213,7 +227,8 @@ func (l *Ledger) proc(pid uint32, comm string) *Process {
 		p = &Process{PID: pid, Devices: make(map[int32]*Device), live: make(map[uint64]*Allocation),
 			tensors: make(map[uint64]*Allocation), released: make(map[*Allocation]struct{}),
 			mappings: make(map[uint64]*Mapping), reserves: make(map[uint64]uint64),
-			threadCtx: make(map[uint32]uint64), primary: make(map[int32]uint64)}
+			threadCtx: make(map[uint32]uint64), primary: make(map[int32]uint64),
+			before: make(map[uint32]bool), untold: make(map[uint32]int)}
 		l.procs[pid] = p
 	}
 	if comm != "" {
@@ -329,8 +344,24 @@ func (l *Ledger) Apply(ev *events.Event) Change {
 		return Change{Process: p}
 	case events.OpContext:
 		p := l.proc(ev.PID, ev.Comm)
-		if ev.Size != 0 && p.threadCtx[ev.TID] == 0 && learns(ev.API) {
-			p.learnContext(ev.TID, ev.Size)
+		// A pop's record names the context current after it (addr ==
+		// size), but where the thread popped a context set before tracing
+		// began (its return probe, learning): that one (addr).
+		popped := ev.API == events.CuCtxPopCurrent && ev.Addr != ev.Size
+		if popped || learns(ev.API) {
+			p.before[ev.TID] = true
+		}
+		if p.threadCtx[ev.TID] == 0 {
+			switch {
+			case popped:
+				p.learnContext(ev.TID, ev.Addr)
+			case ev.Size != 0 && learns(ev.API):
+				p.learnContext(ev.TID, ev.Size)
+			case ev.API == events.CuCtxSetCurrent:
+				// It replaced (or, NULL, popped) the context set unseen:
+				// that one can no longer be named by the thread's calls.
+				p.untoldLost(ev.TID)
+			}
 		}
 		p.threadCtx[ev.TID] = ev.Size
 		if ev.API.PrimaryContext() && ev.Addr != 0 {
@@ -360,18 +391,42 @@ func learns(api events.API) bool {
 	return false
 }
 
-// learnContext gives ctx, now learned to be tid's current context, to the
-// allocations tid made while its context was unknown (on the unknown
-// device, no context call seen): they were made in it, and die with it.
-// Their device stays unknown (never guessed after the fact). Learning
-// records come once per thread, when they tell something new.
+// learnContext gives ctx, now learned to be the context tid had current
+// since before tracing began (cuCtxGetCurrent says it, or cuCtxPopCurrent
+// popped it), to the allocations tid made while it was unnamed (untold):
+// they were made in it, and die with it. Their device stays what it was
+// (unknown: never guessed after the fact). Learning records come once per
+// thread, when they tell something new.
 func (p *Process) learnContext(tid uint32, ctx uint64) {
+	if p.untold[tid] == 0 {
+		return
+	}
 	for _, a := range p.live {
-		if a.TID == tid && a.Ctx == 0 && a.Device == events.DeviceUnknown {
-			a.Ctx = ctx
+		if a.TID == tid && a.untold {
+			a.Ctx, a.untold = ctx, false
 		}
 	}
+	delete(p.untold, tid)
 }
+
+// untoldLost: tid's context set before tracing is no longer current
+// (cuCtxSetCurrent replaced it), so no call of tid's can name it now; its
+// untold allocations keep Ctx 0.
+func (p *Process) untoldLost(tid uint32) {
+	if p.untold[tid] == 0 {
+		return
+	}
+	for _, a := range p.live {
+		if a.TID == tid {
+			a.untold = false
+		}
+	}
+	delete(p.untold, tid)
+}
+
+// Untold reports whether thread tid has live allocations made in a
+// context set before tracing began that it has not named yet.
+func (p *Process) Untold(tid uint32) bool { return p.untold[tid] > 0 }
 
 // contextEnd frees what was allocated in the context that died: for a
 // created context, the allocations made in it; for a device's primary
@@ -508,6 +563,13 @@ func (l *Ledger) alloc(ev *events.Event, info events.APIInfo) Change {
 		ch.Freed = old
 	}
 	a := p.place(ev, st, p.live, &ch)
+	if ev.Device == events.DeviceUnknown {
+		p.before[ev.TID] = true
+	}
+	if a.Ctx == 0 && p.before[ev.TID] && ev.API != events.CuMemCreate { // VMM memory is no context's
+		a.untold = true
+		p.untold[ev.TID]++
+	}
 	if info.Kind == events.KindHost {
 		grow(&p.HostLive, &p.HostPeak, nil, a)
 		return ch
@@ -687,6 +749,12 @@ func (p *Process) tensorRelease(a *Allocation) {
 // release removes a from the live set and every total it counts in.
 func (p *Process) release(a *Allocation) {
 	delete(p.live, a.Addr)
+	if a.untold {
+		a.untold = false
+		if p.untold[a.TID]--; p.untold[a.TID] <= 0 {
+			delete(p.untold, a.TID)
+		}
+	}
 	p.account(a)
 }
 

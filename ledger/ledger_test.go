@@ -416,6 +416,64 @@ func TestUnknownContextLearned(t *testing.T) {
 	}
 }
 
+// A context made current before tracing began, which the thread only pops
+// (its pop's return names it) and detaches: what the thread allocated in
+// it, on the device unknown and on the device it learned since, dies with
+// it; not what it allocated after the pop, nor after a cuCtxSetCurrent
+// replaced an unnamed context (that one can no longer be named).
+func TestUnknownContextPopped(t *testing.T) {
+	l := New()
+	const ctx, below, other = 0xc0, 0xd0, 0xe0
+	on := func(tid uint32, addr, size uint64, dev int32) *events.Event {
+		ev := alloc(1, events.CuMemAlloc, addr, size, dev, 0xa)
+		ev.TID = tid
+		return ev
+	}
+	rec := func(tid uint32, api events.API, addr, size uint64, dev int32) *events.Event {
+		return &events.Event{PID: 1, TID: tid, API: api, Addr: addr, Size: size, Device: dev, Flags: events.FlagEntryOnly}
+	}
+	l.Apply(on(1, 0x1000, 100, events.DeviceUnknown))
+	l.Apply(rec(1, events.CuCtxGetDevice, 0, 0, 1)) // its device, not its context
+	l.Apply(on(1, 0x2000, 20, 1))
+	if p := l.Process(1); !p.Untold(1) || p.Untold(2) {
+		t.Fatal("thread 1 has untold allocations and thread 2 none")
+	}
+	// Thread 2, also from before tracing: cuCtxSetCurrent replaces its
+	// unnamed context, then it pops back below it.
+	l.Apply(on(2, 0x5000, 5, events.DeviceUnknown))
+	l.Apply(rec(2, events.CuCtxSetCurrent, other, other, 0))
+	l.Apply(rec(2, events.CuCtxSetCurrent, 0, 0, events.DeviceUnknown))
+	l.Apply(rec(2, events.CuCtxPopCurrent, below, 0, events.DeviceUnknown))
+	l.Apply(rec(1, events.CuCtxPopCurrent, ctx, 0, events.DeviceUnknown)) // the pop's return: ctx popped
+	l.Apply(on(1, 0x3000, 3, events.DeviceUnknown))                       // in the one below: unknown
+	ch := l.Apply(rec(1, events.CuCtxDetach, ctx, 0, events.DeviceUnknown))
+	var freed []uint64
+	for a := range ch.AllFreed() {
+		freed = append(freed, a.Addr)
+	}
+	if want := []uint64{0x1000, 0x2000}; !slices.Equal(freed, want) {
+		t.Errorf("freed with the context: %#x, want %#x", freed, want)
+	}
+	p := l.Process(1)
+	if p.ImplicitFrees != 2 || p.ImplicitFreeBytes != 120 || p.Live != 8 {
+		t.Errorf("implicit frees %d (%d bytes), live %d; want 2 (120), 8", p.ImplicitFrees, p.ImplicitFreeBytes, p.Live)
+	}
+	if d := p.Devices[1]; d == nil || d.ImplicitFrees != 1 || d.ImplicitFreeBytes != 20 {
+		t.Errorf("device 1 %+v", d)
+	}
+	if d := p.Devices[events.DeviceUnknown]; d == nil || d.ImplicitFrees != 1 || d.Live != 8 {
+		t.Errorf("unknown device %+v", d)
+	}
+	// Thread 2's 5 bytes were made in the context cuCtxSetCurrent
+	// replaced, not in the one it popped later.
+	if ch := l.Apply(rec(2, events.CuCtxDestroy, below, 0, events.DeviceUnknown)); ch.Freed != nil {
+		t.Errorf("destroying the context below freed %#x", ch.Freed.Addr)
+	}
+	if !p.Untold(1) || p.Untold(2) {
+		t.Error("thread 1's 3 bytes after the pop are untold, thread 2's were lost")
+	}
+}
+
 // VMM memory is held at exit like the rest; the mappings and reserved
 // ranges, which hold no memory, stay as they were at the end.
 func TestExitVMM(t *testing.T) {

@@ -38,6 +38,7 @@ const (
 	ShapeLearnCtx    = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_CTX)    // (CUcontext *out)
 	ShapeLearnCtxDev = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_CTXDEV) // (CUdevice *out)
 	ShapeLearnRtDev  = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_RTDEV)  // (int *out)
+	ShapeLearnPop    = Shape(bpf.CudatraceCtShapeCT_SHAPE_LEARN_POP)    // (CUcontext *out): the context popped
 )
 
 // shapePrograms names each shape's entry program (bpf/cudatrace.bpf.c),
@@ -52,7 +53,7 @@ var shapePrograms = map[string]map[Shape]string{
 	bpf.CudatraceProgCtCtxExit: {ShapeCtxRetain: bpf.CudatraceProgCtCtxretainEnter, ShapeCtxCreate: bpf.CudatraceProgCtCtxcreateEnter},
 	bpf.CudatraceProgCtLearnExit: {
 		ShapeLearnCtx: bpf.CudatraceProgCtLearnCtxEnter, ShapeLearnCtxDev: bpf.CudatraceProgCtLearnCtxdevEnter,
-		ShapeLearnRtDev: bpf.CudatraceProgCtLearnRtdevEnter,
+		ShapeLearnRtDev: bpf.CudatraceProgCtLearnRtdevEnter, ShapeLearnPop: bpf.CudatraceProgCtLearnPopEnter,
 	},
 	"": {
 		ShapeFree: bpf.CudatraceProgCtFreeEnter, ShapeSizedFree: bpf.CudatraceProgCtSizedFreeEnter,
@@ -106,6 +107,7 @@ var DriverProbes = []Probe{
 	// Contexts made current, then those that die.
 	optional(events.CuDevicePrimaryCtxRetain, ShapeCtxRetain), optional(events.CuCtxCreate, ShapeCtxCreate),
 	optional(events.CuCtxSetCurrent, ShapeCtxSet), optional(events.CuCtxPushCurrent, ShapeCtxPush), optional(events.CuCtxPopCurrent, ShapeCtxPop),
+	popV1(ShapeCtxPop),
 	optional(events.CuCtxDestroy, ShapeCtxDestroy), optional(events.CuCtxDetach, ShapeCtxDetach), optional(events.CuCtxAttach, ShapeCtxAttach),
 	optional(events.CuDevicePrimaryCtxRelease, ShapePrimaryRelease), optional(events.CuDevicePrimaryCtxReset, ShapePrimaryReset),
 	// VMM: physical memory, then its mappings and address ranges.
@@ -116,13 +118,21 @@ var DriverProbes = []Probe{
 
 // LearnProbes tell a thread's current context and device from its own
 // calls: attached only while some thread that ran before tracing began
-// allocates on a device not yet known (Tracer.Learn), never required, and
+// allocates on a device, or in a context, not yet known (Tracer.Learn), never required, and
 // not part of what makes a library a CUDA library (Tables).
 var LearnProbes = []Probe{
 	optional(events.CuCtxGetCurrent, ShapeLearnCtx),
 	optional(events.CuCtxGetDevice, ShapeLearnCtxDev),
 	optional(events.CudaGetDevice, ShapeLearnRtDev),
+	// Beside DriverProbes' entry probe: the context a thread popped, where
+	// it was made current before tracing began.
+	optional(events.CuCtxPopCurrent, ShapeLearnPop), popV1(ShapeLearnPop),
 }
+
+// popV1 is cuCtxPopCurrent, the name before CUDA 4.0 (cuda.h now defines
+// it as cuCtxPopCurrent_v2): same arguments, same stack. Where a library
+// has both at one address, that address is probed once (Tracer.Attach).
+func popV1(s Shape) Probe { return Probe{"cuCtxPopCurrent", events.CuCtxPopCurrent, s, false} }
 
 // required and optional make a row: the symbol is the API's name.
 func required(api events.API, s Shape) Probe { return Probe{api.Info().Name, api, s, true} }

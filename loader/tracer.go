@@ -278,6 +278,7 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 		return res, fmt.Errorf("read %s: %w", lib.Path, err)
 	}
 	var sites []site
+	at := map[uint64]bool{} // two names of one function (aliases) are probed once
 	for _, table := range Tables {
 		var tableSites []site
 		var tableSyms, tableMissing, requiredMissing []string
@@ -290,12 +291,16 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 				tableMissing = append(tableMissing, p.Symbol)
 				continue
 			}
+			tableSyms = append(tableSyms, p.Symbol)
+			if at[off] {
+				continue
+			}
+			at[off] = true
 			ps, err := t.probeSites(p, off)
 			if err != nil {
 				return res, err
 			}
 			tableSites = append(tableSites, ps...)
-			tableSyms = append(tableSyms, p.Symbol)
 		}
 		if len(tableSyms) == 0 {
 			continue // the library is not of this table's kind
@@ -357,11 +362,13 @@ func (t *Tracer) attach(ex *link.Executable, sites []site) ([]link.Link, error) 
 // that fails to attach leaves those threads' devices unknown, never wrong.
 func (t *Tracer) attachLearn(a attached) []link.Link {
 	var out []link.Link
+	at := map[uint64]bool{} // as in Attach: an alias probed once
 	for _, p := range LearnProbes {
 		off, ok := a.fns[p.Symbol]
-		if !ok {
+		if !ok || at[off] {
 			continue
 		}
+		at[off] = true
 		sites, err := t.probeSites(p, off)
 		if err != nil {
 			continue

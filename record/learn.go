@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 )
 
 // learner is the tracer's side of it (loader.Tracer).
@@ -18,32 +19,35 @@ const learnGrace = 2 * time.Second
 
 // learning decides when the tracer's learning probes (loader.LearnProbes)
 // are on. A thread that ran before tracing began allocates on a device
-// cudatrace did not see chosen (events.DeviceUnknown) until its own calls
-// say which; the probes that hear them cost a trap per call, so they are
-// on only until every thread seen allocating has a known device: off once
-// none is pending, an allocation has been seen, and learnGrace has passed
+// cudatrace did not see chosen (events.DeviceUnknown), in a context it did
+// not see made current, until its own calls say which; the probes that
+// hear them cost a trap per call, so they are on only until every thread
+// seen allocating has a known device and has named the context of what it
+// allocated (ledger.Allocation.Untold): off once none is pending, an allocation has been seen, and learnGrace has passed
 // since they went on and since the last thing they taught; on again at
 // the next allocation on an unknown device. What was allocated before
 // stays on the unknown device: never guessed.
 type learning struct {
-	pending map[thread]struct{} // threads that allocated on an unknown device, not known since
+	pending map[thread]struct{} // threads that allocated on an unknown device or in an unnamed context, not known since
 	since   time.Time           // when the probes went on or last taught something (zero: not yet seen on)
 	allocs  bool                // an allocation was seen since they went on
 }
 
 type thread struct{ pid, tid uint32 }
 
-// saw follows one event: an allocation on an unknown device makes its
+// saw follows one event and what the ledger made of it (ch): an
+// allocation on an unknown device or in an unnamed context makes its
 // thread pending (and turns the probes on), a record saying its device
-// (a context call) settles it.
-func (l *learning) saw(ev *events.Event, tr learner) {
+// (a context call), once the thread has no untold allocation left,
+// settles it.
+func (l *learning) saw(ev *events.Event, ch ledger.Change, tr learner) {
 	if tr == nil {
 		return
 	}
 	switch ev.API.Info().Op {
 	case events.OpAlloc:
 		l.allocs = true
-		if ev.Device != events.DeviceUnknown {
+		if ev.Device != events.DeviceUnknown && (ch.Alloc == nil || !ch.Alloc.Untold()) {
 			return
 		}
 		if l.pending == nil {
@@ -56,12 +60,13 @@ func (l *learning) saw(ev *events.Event, tr learner) {
 		}
 	case events.OpContext:
 		switch ev.API {
-		case events.CuCtxGetCurrent, events.CuCtxGetDevice, events.CudaGetDevice:
+		case events.CuCtxGetCurrent, events.CuCtxGetDevice, events.CudaGetDevice, events.CuCtxPopCurrent:
 			l.since = time.Now() // a thread is learning: others may be about to
 		}
 		// Every context record but a retain's says the thread's device
 		// after it (a retain's, the retained context's).
-		if ev.Device != events.DeviceUnknown && ev.API != events.CuDevicePrimaryCtxRetain {
+		if ev.Device != events.DeviceUnknown && ev.API != events.CuDevicePrimaryCtxRetain &&
+			(ch.Process == nil || !ch.Process.Untold(ev.TID)) {
 			delete(l.pending, thread{ev.PID, ev.TID})
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/ledger"
 )
 
 type fakeLearner struct {
@@ -28,7 +29,7 @@ func TestLearning(t *testing.T) {
 	tr := &fakeLearner{on: true} // loader.Options.Learn: on from the start
 	var l learning
 	ev := func(api events.API, tid uint32, dev int32) {
-		l.saw(&events.Event{PID: 7, TID: tid, API: api, Device: dev}, tr)
+		l.saw(&events.Event{PID: 7, TID: tid, API: api, Device: dev}, ledger.Change{}, tr)
 	}
 	l.tick(tr)
 	if !tr.on {
@@ -59,5 +60,35 @@ func TestLearning(t *testing.T) {
 	l.tick(tr) // within the grace
 	if !tr.on {
 		t.Fatal("off within the grace")
+	}
+}
+
+// TestLearningUntold: a thread that learned its device but not its context
+// (cuCtxGetDevice) keeps the probes on while it has allocations made in
+// that unnamed context: its pop may still name it (ledger's learnContext).
+func TestLearningUntold(t *testing.T) {
+	tr := &fakeLearner{}
+	l, led := learning{}, ledger.New()
+	ev := func(e *events.Event) {
+		e.PID = 7
+		ch := led.Apply(e)
+		l.saw(e, ch, tr)
+	}
+	ev(&events.Event{TID: 1, API: events.CuMemAlloc, Addr: 0x1000, Size: 10, Device: events.DeviceUnknown})
+	ev(&events.Event{TID: 1, API: events.CuCtxGetDevice, Device: 1, Flags: events.FlagEntryOnly})
+	ev(&events.Event{TID: 1, API: events.CuMemAlloc, Addr: 0x2000, Size: 10, Device: 1})
+	l.since = time.Now().Add(-2 * learnGrace)
+	l.tick(tr)
+	if !tr.on {
+		t.Fatal("off while thread 1 has allocations in a context it has not named")
+	}
+	// Its pop's return names the context; the thread's device is then
+	// unknown (the one below), until it says it.
+	ev(&events.Event{TID: 1, API: events.CuCtxPopCurrent, Addr: 0xc0, Device: events.DeviceUnknown, Flags: events.FlagEntryOnly})
+	ev(&events.Event{TID: 1, API: events.CuCtxGetCurrent, Addr: 0xd0, Size: 0xd0, Device: 0, Flags: events.FlagEntryOnly})
+	l.since = time.Now().Add(-2 * learnGrace)
+	l.tick(tr)
+	if tr.on {
+		t.Fatal("still on once thread 1's context and device are known")
 	}
 }

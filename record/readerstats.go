@@ -35,6 +35,9 @@ type ReaderStats struct {
 	// the runtime and the kernel's side of its system calls included.
 	CPU    time.Duration
 	Stages [numStages]time.Duration
+	// PeerHolds: how often the reader left a process stopped for another
+	// tracer holding it too (the tracer's peer_holds counter).
+	PeerHolds uint64
 
 	start  time.Duration // process CPU at the first event
 	ticked uint64        // Events at the last tick that took CPU
@@ -95,5 +98,6 @@ func (r *ReaderStats) Write(w io.Writer) {
 		fmt.Fprintf(w, " %s %.0f", st, per(r.Stages[st]))
 		staged += r.Stages[st]
 	}
-	fmt.Fprintf(w, ", ring reading and the rest %.0f ns per event (stages timed on the reader's goroutine)\n", per(r.CPU-staged))
+	fmt.Fprintf(w, ", ring reading and the rest %.0f ns per event (stages timed on the reader's goroutine);", per(r.CPU-staged))
+	fmt.Fprintf(w, " %d peer holds (processes left stopped for another tracer holding them)\n", r.PeerHolds)
 }

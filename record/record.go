@@ -318,6 +318,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		s.opts.Observer.Tick(res)
 	}
 	res.Reader = s.stats
+	if s.stats != nil {
+		s.stats.PeerHolds = res.Counters["peer_holds"]
+	}
 	if err := s.finish(res); err != nil {
 		return res, err
 	}

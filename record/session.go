@@ -200,7 +200,7 @@ func (s *session) Record(raw []byte) {
 	s.write(ev, raw)
 	st.done(StageWrite)
 	ch := s.apply(ev, lp)
-	s.learn.saw(ev, s.learner())
+	s.learn.saw(ev, ch, s.learner())
 	if s.opts.Observer != nil {
 		s.opts.Observer.Event(ev, ch)
 	}

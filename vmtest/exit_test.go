@@ -247,3 +247,75 @@ func TestAttachContextDestroyed(t *testing.T) {
 	}
 	checkMemvizExport(t, ctx, trace, pid)
 }
+
+// TestAttachContextPopped: PyCUDA's ctx.pop(); ctx.detach() of a context
+// made current before an attach, which the thread never names otherwise
+// (testdata/attach_ctx.c, mode pop): what it allocated in it after the
+// attach, on the device unknown and (after cuCtxGetDevice) on device 1,
+// is freed with it, and cudatrace counts those implicit frees exactly,
+// per device, as the stand-in's log has them: the pop's return tells the
+// context popped. With cuCtxPopCurrent_v2, and with cuCtxPopCurrent, its
+// name before CUDA 4.0.
+func TestAttachContextPopped(t *testing.T) {
+	for _, mode := range []string{"pop", "popv1"} {
+		t.Run(mode, func(t *testing.T) { attachContextPopped(t, mode) })
+	}
+}
+
+func attachContextPopped(t *testing.T, mode string) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "pop.trace")
+	p := startReady(t, log, "attach_ctx", mode)
+	pid := p.cmd.Process.Pid
+	rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeDriver, "--pid", strconv.Itoa(pid), "-o", trace)
+	rec.waitAttached(t, 30*time.Second)
+	p.proceed(t)
+	if err := p.wait(t); err != nil {
+		t.Fatalf("attach_ctx %s: %v\n%s", mode, err, p.stderr.String())
+	}
+	rec.finish(t, 20*time.Second)
+
+	calls, err := parseLogFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the driver frees with the context that a tracer never saw made
+	// (the 1 MiB allocated before the attach) is not this trace's.
+	made := map[uint64]bool{}
+	var seen []logCall
+	started := false
+	for _, c := range calls {
+		started = started || c.API == "PHASE2"
+		if started && classOf(c.API) == classAlloc {
+			made[c.Ptr] = true
+		}
+		if c.API != "implicit_free" || made[c.Ptr] {
+			seen = append(seen, c)
+		}
+	}
+	truths, err := groundTruth(untold(seen, "PHASE2"), "PHASE2")
+	if err != nil || len(truths) != 1 || truths[pid] == nil {
+		t.Fatalf("ground truth: %v, %v; want pid %d only", truths, err, pid)
+	}
+	want := truths[pid]
+	// By hand from attach_ctx.c: 2 MiB on the device unknown, 3 MiB on
+	// device 1, both freed with the context.
+	const mib = 1 << 20
+	if want.ImplicitFrees != 2 || want.Live != 0 || want.Devices[unknownDevice] == nil || want.Devices[1] == nil ||
+		want.Devices[unknownDevice].ImplicitFreeBytes != 2*mib || want.Devices[1].ImplicitFreeBytes != 3*mib {
+		t.Fatalf("ground truth: %v; want 2 implicit frees (2 MiB unknown, 3 MiB on device 1), nothing live", want)
+	}
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	checkProcess(t, rep, want, 0, "")
+	rp := rep.process(pid)
+	if rp == nil {
+		t.Fatalf("no process %d in the report (pids %v)", pid, rep.pids())
+	}
+	if rp.ImplicitFrees != 2 || rp.ImplicitFreeBytes != 5*mib {
+		t.Errorf("pid %d: implicit frees %d (%d bytes), want 2 (%d)", pid, rp.ImplicitFrees, rp.ImplicitFreeBytes, 5*mib)
+	}
+	checkMemvizExport(t, ctx, trace, pid)
+}

@@ -101,7 +101,8 @@ func TestPyCUDA(t *testing.T) {
 
 	// Its context made on device 1 before the attach, never named again:
 	// the device is what PyCUDA's own calls tell (cuCtxGetDevice, which
-	// GPUArray asks after allocating), unknown until then.
+	// GPUArray asks after allocating), unknown until then; the context,
+	// what its final ctx.pop() returns, before ctx.detach() frees it.
 	t.Run("attached on device 1", func(t *testing.T) {
 		ctx, log, trace, pid := runPyCUDAAttached(t, python, script, "--attach1")
 		calls, err := parseLogFile(log)
@@ -115,10 +116,14 @@ func TestPyCUDA(t *testing.T) {
 		want := truths[pid]
 		// By hand from the script: mem_alloc, pitch, pagelocked (host),
 		// managed and to_gpu's allocation come before GPUArray asks its
-		// device; what follows is on device 1.
+		// device; what follows is on device 1 (all of it freed). Its final
+		// pop and detach free what it still holds (the pop names the
+		// context): the pinned memory and the 4 allocations on the device
+		// unknown.
 		if want == nil || len(want.Devices) != 2 || want.Devices[unknownDevice] == nil || want.Devices[1] == nil ||
-			want.Devices[unknownDevice].Peak != 3<<20+300*1024+4<<16+1<<18 || want.Failed != 4 {
-			t.Fatalf("ground truth: %v; want pid %d on devices unknown and 1, 4 failures", want, pid)
+			want.Devices[unknownDevice].Peak != 3<<20+300*1024+4<<16+1<<18 || want.Failed != 4 || want.Live != 0 ||
+			want.HostLive != 0 || want.ImplicitFrees != 5 || want.Devices[unknownDevice].ImplicitFrees != 4 {
+			t.Fatalf("ground truth: %v; want pid %d on devices unknown and 1, 4 failures, 5 implicit frees (4 on the device unknown), nothing live", want, pid)
 		}
 		checkPyCUDA(t, ctx, trace, log, script, want, "attached")
 	})

@@ -504,3 +504,43 @@ func TestRecordNoSymbolize(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordUntracedNeighbour: `record -- CMD` while another process,
+// not traced, calls the same library file all along (agentload stepping):
+// the probes run for its calls too, but they are not this recording's.
+// No event is reported lost, and the traced process's account is the
+// stand-in's log's, exactly.
+func TestRecordUntracedNeighbour(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "mix.log"), filepath.Join(dir, "mix.trace")
+	other := startJob(t, ctx, filepath.Join(dir, "other.log"))
+	stop, stepped := make(chan struct{}), make(chan int)
+	go func() { // no t.Fatal off the test's goroutine: errors end the loop
+		n := 0
+		defer func() { stepped <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := fmt.Fprintln(other.in, "steps 100 4096"); err != nil || !other.out.Scan() || other.out.Text() != "ok" {
+				return
+			}
+			n++
+		}
+	}()
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, "--lib", fakeLib, "-o", trace, "--", workload("mix"), "2", "20", "7")
+	rec.finish(t, 50*time.Second)
+	close(stop)
+	if n := <-stepped; n < 2 {
+		t.Fatalf("the untraced neighbour ran %d rounds of steps beside the recording, want several", n)
+	}
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0: the untraced neighbour's calls are not this recording's", rep.LostEvents)
+	}
+	want := onlyTruth(t, log, "")
+	checkProcess(t, rep, want, 0, "")
+	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
+}

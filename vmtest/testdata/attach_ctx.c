@@ -25,6 +25,14 @@
  * device 1 and 2 MiB in it, at an address the destroyed context's memory
  * had (the stand-in's first fit), left live.
  *
+ * Mode "pop", PyCUDA's ctx.pop(); ctx.detach(): the main thread creates
+ * a context of device 1 before the attach (current, unseen) and allocates
+ * 1 MiB in it; after the go line, 2 MiB (context and device unknown to a
+ * tracer), cuCtxGetDevice (its device, not its context), 3 MiB on device
+ * 1, then pops the context and detaches it (its last use): the driver
+ * frees the 2 and 3 MiB (and the 1 MiB) with it. Mode "popv1" does the
+ * same with cuCtxPopCurrent, the name before CUDA 4.0.
+ *
  * Every call is checked; it exits 3 if one returns what it should not.
  */
 #include <pthread.h>
@@ -164,15 +172,16 @@ static int rt(void)
 	return 0;
 }
 
-static int destroy(void)
+/* Modes destroy and pop, before the attach: a context of device 1 made
+ * (current) and 1 MiB in it at *p; "ready", the go line, the marker PHASE2.
+ * Returns 2 if stdin closes first. */
+static int created_before(CUcontext *c, CUdeviceptr *p)
 {
-	CUcontext c = NULL, cur = NULL, c2 = NULL;
-	CUdeviceptr p = 0, q = 0, r = 0, s = 0;
 	char line[64];
 
 	expect(cuInit(0), 0, "cuInit");
-	expect(cuCtxCreate_v2(&c, 0, 1), 0, "cuCtxCreate(device 1) before the attach");
-	expect(cuMemAlloc_v2(&p, 1u << 20), 0, "cuMemAlloc before the attach");
+	expect(cuCtxCreate_v2(c, 0, 1), 0, "cuCtxCreate(device 1) before the attach");
+	expect(cuMemAlloc_v2(p, 1u << 20), 0, "cuMemAlloc before the attach");
 	printf("ready\n");
 	fflush(stdout);
 	if (!fgets(line, sizeof(line), stdin)) {
@@ -180,6 +189,16 @@ static int destroy(void)
 		return 2;
 	}
 	fakecuda_log_marker("PHASE2");
+	return 0;
+}
+
+static int destroy(void)
+{
+	CUcontext c = NULL, cur = NULL, c2 = NULL;
+	CUdeviceptr p = 0, q = 0, r = 0, s = 0;
+
+	if (created_before(&c, &p))
+		return 2;
 	expect(cuMemAlloc_v2(&q, 2u << 20), 0, "cuMemAlloc 2 MiB");
 	expect(cuCtxGetCurrent(&cur), 0, "cuCtxGetCurrent");
 	expect(cur == c, 1, "the current context is the one created");
@@ -191,15 +210,38 @@ static int destroy(void)
 	return 0;
 }
 
+static int pop(CUresult (*pop_current)(CUcontext *))
+{
+	CUcontext c = NULL, popped = NULL;
+	CUdevice d = -1;
+	CUdeviceptr p = 0;
+
+	if (created_before(&c, &p))
+		return 2;
+	expect(cuMemAlloc_v2(&p, 2u << 20), 0, "cuMemAlloc 2 MiB");
+	expect(cuCtxGetDevice(&d), 0, "cuCtxGetDevice");
+	expect(d, 1, "the device");
+	expect(cuMemAlloc_v2(&p, 3u << 20), 0, "cuMemAlloc 3 MiB");
+	expect(pop_current(&popped), 0, "cuCtxPopCurrent");
+	expect(popped == c, 1, "the context popped is the one created");
+	expect(cuCtxDetach(c), 0, "cuCtxDetach");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	int ret;
-	if (argc != 2 || (strcmp(argv[1], "drv") && strcmp(argv[1], "rt") && strcmp(argv[1], "destroy"))) {
-		fprintf(stderr, "usage: attach_ctx drv|rt|destroy\n");
+	if (argc != 2 || (strcmp(argv[1], "drv") && strcmp(argv[1], "rt") && strcmp(argv[1], "destroy") &&
+			  strcmp(argv[1], "pop") && strcmp(argv[1], "popv1"))) {
+		fprintf(stderr, "usage: attach_ctx drv|rt|destroy|pop|popv1\n");
 		return 2;
 	}
 	if (strcmp(argv[1], "destroy") == 0)
 		ret = destroy();
+	else if (strcmp(argv[1], "pop") == 0)
+		ret = pop(cuCtxPopCurrent_v2);
+	else if (strcmp(argv[1], "popv1") == 0)
+		ret = pop(cuCtxPopCurrent);
 	else
 		ret = strcmp(argv[1], "drv") == 0 ? drv() : rt();
 	return ret ? ret : bad ? 3 : 0;

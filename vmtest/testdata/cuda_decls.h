@@ -93,6 +93,7 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxPushCurrent_v2(CUcontext ctx);
 CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
+CUresult cuCtxPopCurrent(CUcontext *pctx); /* the name before CUDA 4.0 */
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuCtxDetach(CUcontext ctx);
 CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags);

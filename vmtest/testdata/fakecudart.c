@@ -848,22 +848,38 @@ EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 	return ret;
 }
 
-EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+/* As NVIDIA documents it: pops the thread's current context and passes
+ * it back in *pctx (ptr= in the log); the one below is current again.
+ * cuCtxPopCurrent is its name before CUDA 4.0, kept for binaries built
+ * then: a function of its own here, logged under its own name. */
+static CUresult pop_ctx(const char *api, CUcontext *pctx)
 {
 	CUresult ret = CUDA_SUCCESS;
+	uint64_t popped = 0;
 
 	pthread_mutex_lock(&mu);
 	if (ctx_depth == 0) {
 		ret = CUDA_ERROR_INVALID_CONTEXT;
 	} else {
+		popped = ctx_stack[ctx_depth - 1];
 		if (pctx)
-			*pctx = (CUcontext)(uintptr_t)ctx_stack[ctx_depth - 1];
+			*pctx = (CUcontext)(uintptr_t)popped;
 		ctx_depth--;
 		follow_top();
 	}
-	log_line("cuCtxPopCurrent_v2", ret, 0, 0, cur_dev, KIND_NONE, 0);
+	log_line(api, ret, popped, 0, cur_dev, KIND_NONE, 0);
 	pthread_mutex_unlock(&mu);
 	return ret;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+	return pop_ctx("cuCtxPopCurrent_v2", pctx);
+}
+
+EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+	return pop_ctx("cuCtxPopCurrent", pctx);
 }
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)

@@ -11,7 +11,8 @@ With --attach the script says "ready" once its context on device 0 is
 made and waits for a line on stdin (the tracer attaches meanwhile), then
 pops and pushes that context; the part on device 1 is left out then.
 With --attach1 its context is made on device 1 before the attach and
-never named again after it: the device is what PyCUDA's own calls say.
+never named again after it: the device is what PyCUDA's own calls say,
+and the context the one its final pop returns (then detached).
 
 Before each allocating line the script names it in the stand-in's log
 (fakecuda_log_marker, the stand-in's own export, not a CUDA call), so the
@@ -91,9 +92,8 @@ if not attach:
     mark(b"after_detach")
     after = cuda.mem_alloc(7 << 20)  # LINE:after_detach
 
-ctx0.pop()
-if not attach1:
-    ctx0.detach()  # the last use: what ctx0 still holds is freed with it
+ctx0.pop()  # with --attach1 the context popped is one made before the attach
+ctx0.detach()  # the last use: what ctx0 still holds is freed with it
 print("pycuda_job: done", flush=True)
 if attach:
     time.sleep(1)  # the tracer reads code objects while the process lives
