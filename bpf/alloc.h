@@ -139,8 +139,8 @@ static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_ev
 	// The Python frames right after what the record uses, not at the end
 	// of the room reserved: the ring's memory is cold, and every cache line
 	// and page a record touches beyond its frames and window costs.
-	__u32 used = user_window(ctx, e);
-	py_stack(&e->h, (__u8 *)e + used, use_loop);
+	user_window(ctx, e);
+	py_stack(&e->h, (__u8 *)e + record_used(e), use_loop);
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size()));
 }

@@ -57,8 +57,6 @@ static __always_inline __u32 alloc_record_size(void)
 
 // user_window puts the registers and up to window_size() bytes of user stack
 // from sp up right after the record's nframes frames, and flags the record.
-// It returns the bytes of the record in use: the header, the frames, and
-// the registers and window copied (the Python frames go right after them).
 // One read takes the whole window; where it fails, the stack ends inside
 // the window (the top of the main thread's stack, a thread's guard page) and
 // a page-by-page read keeps what lies below the first unreadable page.
@@ -73,13 +71,12 @@ static __always_inline __u32 alloc_record_size(void)
 // windows of 8 KiB and up: 6.1's verifier also walks the branch the test
 // rules out, on a range it cannot see is empty (umin=12289 umax=12288), and
 // rejected the copy there (invalid access to memory, off=16496 size=4096).
-static __always_inline __u32 user_window(struct pt_regs *ctx, struct ct_alloc_event *e)
+static __always_inline void user_window(struct pt_regs *ctx, struct ct_alloc_event *e)
 {
 	const __u32 w = window_size();
-	__u32 n = (__u32)e->h.nframes & 127; // user_stack gives 1..CT_MAX_FRAMES
-	__u32 used = sizeof(struct ct_event) + n * 8;
 	if (!w)
-		return used;
+		return;
+	__u32 n = (__u32)e->h.nframes & 127; // user_stack gives 1..CT_MAX_FRAMES
 	struct ct_ustack *u = (void *)e->stack + n * 8;
 	__u8 *data = (void *)(u + 1);
 	__u64 sp = PT_REGS_SP(ctx);
@@ -105,11 +102,28 @@ static __always_inline __u32 user_window(struct pt_regs *ctx, struct ct_alloc_ev
 			}
 		}
 	}
-	if (len > w) // never: but the verifier must see that what follows fits
-		len = w;
 	u->len = len;
 	u->pad = 0;
 	e->h.flags |= CT_F_WINDOW;
+}
+
+// record_used is the bytes of an allocation record in use after
+// user_stack and user_window: the header, the frames, and the registers
+// and window copied (the Python frames go right after them). It reads the
+// counts back from the record: one number the verifier does not know, for
+// every path through user_window (each page read is a path of its own,
+// with a length of its own, and py_stack checked on each of them took the
+// verifier past its million instructions).
+static __always_inline __u32 record_used(struct ct_alloc_event *e)
+{
+	const __u32 w = window_size();
+	__u32 n = *(volatile __u32 *)&e->h.nframes & 127;
+	__u32 used = sizeof(struct ct_event) + n * 8;
+	if (!w)
+		return used;
+	__u32 len = *(volatile __u32 *)&((struct ct_ustack *)((void *)e->stack + n * 8))->len;
+	if (len > w) // never: but the verifier must see that what follows fits
+		len = w;
 	return used + sizeof(struct ct_ustack) + len;
 }
 
