@@ -136,8 +136,11 @@ static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_ev
 	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
 	if (e->h.nframes == CT_MAX_FRAMES)
 		e->h.flags |= CT_F_STACK_TRUNC;
+	// The Python frames right after what the record uses, not at the end
+	// of the room reserved: the ring's memory is cold, and every cache line
+	// and page a record touches beyond its frames and window costs.
 	user_window(ctx, e);
-	py_stack(&e->h, (__u8 *)e + alloc_record_size() - CT_PY_BLOCK, use_loop);
+	py_stack(&e->h, (__u8 *)e + record_used(e), use_loop);
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size()));
 }

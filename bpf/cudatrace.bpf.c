@@ -56,8 +56,9 @@ const volatile __u64 trace_start_ns = 0;
 
 #define CT_SIGSTOP 19
 
-// Room for the Python frames at the end of every allocation record.
-#define CT_PY_BLOCK (CT_PY_MAX_FRAMES * sizeof(struct ct_pyframe) + sizeof(struct ct_pytrailer))
+// Room for the Python frames in every allocation record: a count, the
+// frames, the count again (see py_stack).
+#define CT_PY_BLOCK (CT_PY_MAX_FRAMES * sizeof(struct ct_pyframe) + 2 * sizeof(struct ct_pytrailer))
 
 // The programs, by concern. Order matters: each part uses the ones above it.
 #include "common.h"   // maps and helpers every program shares; ct_fork

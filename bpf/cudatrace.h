@@ -73,8 +73,11 @@ enum ct_flags {
 	// stack[0] holds an argument the header has no field for (cuMemMap's
 	// handle); the frames follow it and nframes does not count it
 	CT_F_AUX = 1 << 4,
-	// the thread's Python frames end the record (struct ct_pyframe[n], then
-	// struct ct_pytrailer as its last 8 bytes); see py_stack
+	// the thread's Python frames: with CT_F_PYHEAD right after the frames
+	// and window (struct ct_pytrailer, struct ct_pyframe[n], struct
+	// ct_pytrailer), else (traces before it) ending the record
+	// (struct ct_pyframe[n], then struct ct_pytrailer as its last 8 bytes);
+	// see py_stack
 	CT_F_PYTHON = 1 << 5,
 	// the process runs CPython and the thread had no Python frame (or
 	// none the interpreter knows of): a native-only stack, not a lost one
@@ -82,6 +85,11 @@ enum ct_flags {
 	// set by user space only (events.FlagBefore): an allocation live when
 	// the trace began, made before it
 	CT_F_BEFORE = 1 << 7,
+	// with CT_F_PYTHON: the Python frames follow the frames and window,
+	// their count before them as well as after (so a reader that looks for
+	// them at the end of the record still finds them there in a trace,
+	// where records are cut to what they use)
+	CT_F_PYHEAD = 1 << 8,
 };
 
 // Loss and health counters, a per-CPU array indexed by these.
@@ -201,8 +209,10 @@ struct ct_pyframe {
 	__u32 flags;
 };
 
+// The count of a record's Python frames, before them (CT_F_PYHEAD) and
+// after them.
 struct ct_pytrailer {
-	__u32 n; // frames in use: the n struct ct_pyframe right before this, innermost last
+	__u32 n; // frames in use: the n struct ct_pyframe between the two counts (right before the last), innermost last
 	__u32 pad;
 };
 

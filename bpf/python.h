@@ -288,8 +288,9 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 }
 
 // py_stack puts the calling thread's Python frames (code object and
-// instruction) at the end of the record, block being the CT_PY_BLOCK bytes
-// reserved there, and flags the record; a CPython process's thread without
+// instruction) at block, right after what the record uses (its frames and
+// window), as their count, the frames (innermost last) and the count
+// again, and flags the record (CT_F_PYTHON | CT_F_PYHEAD); a CPython process's thread without
 // Python frames is flagged CT_F_NOPYTHON. The thread state is found by
 // native_thread_id from 3.11, by pthread_self (the thread pointer, fsbase
 // on x86-64) in 3.10. Code objects are resolved to file:line in user space
@@ -354,20 +355,29 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int 
 	if (use_loop)
 		b->t.n = w.n;
 	b->t.pad = 0;
-	// Only the trailer and the frames in use go to the record: the ring's
+	// Only the counts and the frames in use go to the record: the ring's
 	// memory is cold (a 16 MiB ring is written through once per lap), and
 	// copying the whole block there cost more than the walk itself.
-	struct py_block *dst = (void *)block;
 	// Read back from the map: the verifier of kernels before 6.8 takes a
 	// bpf_loop callback to run once, so w.n, which it knows, is 0 or 1 to
-	// it, and it drops the copies of the frames further out as dead code.
+	// it, and it would take the copy's length for one of those.
 	__u32 n = *(volatile __u32 *)&b->t.n;
-	dst->t = b->t;
-#pragma unroll
-	for (int i = 0; i < CT_PY_MAX_FRAMES; i++)
-		if (i >= CT_PY_MAX_FRAMES - (int)n)
-			dst->f[i] = b->f[i];
-	h->flags |= b->t.n ? CT_F_PYTHON : CT_F_NOPYTHON;
+	if (n > CT_PY_MAX_FRAMES)
+		n = CT_PY_MAX_FRAMES;
+	if (n) {
+		struct ct_pytrailer *head = (void *)block;
+		head->n = n;
+		head->pad = 0;
+		// One copy of the frames in use, b->f[CT_PY_MAX_FRAMES - n] on.
+		bpf_probe_read_kernel(block + sizeof(*head), n * sizeof(struct ct_pyframe),
+				      &b->f[CT_PY_MAX_FRAMES - n]);
+		struct ct_pytrailer *tail = (void *)(block + sizeof(*head) + n * sizeof(struct ct_pyframe));
+		tail->n = n;
+		tail->pad = 0;
+		h->flags |= CT_F_PYTHON | CT_F_PYHEAD;
+	} else {
+		h->flags |= CT_F_NOPYTHON;
+	}
 	py_hold_new_frames(h, s);
 }
 

@@ -47,7 +47,8 @@ static __always_inline __u32 window_size(void)
 }
 
 // alloc_record_size is what an allocation record is reserved at: every
-// frame slot, and the registers and window when a window is copied.
+// frame slot, the registers and window when a window is copied, and room
+// for the Python frames behind the most of both.
 static __always_inline __u32 alloc_record_size(void)
 {
 	__u32 w = window_size();
@@ -104,6 +105,26 @@ static __always_inline void user_window(struct pt_regs *ctx, struct ct_alloc_eve
 	u->len = len;
 	u->pad = 0;
 	e->h.flags |= CT_F_WINDOW;
+}
+
+// record_used is the bytes of an allocation record in use after
+// user_stack and user_window: the header, the frames, and the registers
+// and window copied (the Python frames go right after them). It reads the
+// counts back from the record: one number the verifier does not know, for
+// every path through user_window (each page read is a path of its own,
+// with a length of its own, and py_stack checked on each of them took the
+// verifier past its million instructions).
+static __always_inline __u32 record_used(struct ct_alloc_event *e)
+{
+	const __u32 w = window_size();
+	__u32 n = *(volatile __u32 *)&e->h.nframes & 127;
+	__u32 used = sizeof(struct ct_event) + n * 8;
+	if (!w)
+		return used;
+	__u32 len = *(volatile __u32 *)&((struct ct_ustack *)((void *)e->stack + n * 8))->len;
+	if (len > w) // never: but the verifier must see that what follows fits
+		len = w;
+	return used + sizeof(struct ct_ustack) + len;
 }
 
 #endif

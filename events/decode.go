@@ -39,9 +39,11 @@ const (
 	// MaxWindow is CT_MAX_WINDOW: the most stack bytes a record carries.
 	MaxWindow = 64 << 10
 
-	// MaxPyFrames is CT_PY_MAX_FRAMES. With FlagPython a record ends with
-	// n struct ct_pyframe (16 bytes; innermost last) and an 8-byte
-	// trailer whose first word is n.
+	// MaxPyFrames is CT_PY_MAX_FRAMES. With FlagPython a record has n
+	// struct ct_pyframe (16 bytes; innermost last) and an 8-byte count
+	// whose first word is n after them; with FlagPyHead the count before
+	// them too, right after the frames and window. Without FlagPyHead
+	// (older traces) they end the record.
 	MaxPyFrames   = 32
 	pyFrameSize   = 16
 	pyTrailerSize = 8
@@ -81,8 +83,8 @@ func Decode(raw []byte, ev *Event) error {
 	ev.Regs = Regs{}
 	ev.Window = nil
 	ev.Py = ev.Py[:0]
-	if ev.Flags&FlagPython != 0 {
-		if err := decodePy(raw, ev); err != nil {
+	if ev.Flags&(FlagPython|FlagPyHead) == FlagPython {
+		if err := decodePyAtEnd(raw, ev); err != nil {
 			return err
 		}
 	}
@@ -96,7 +98,7 @@ func Decode(raw []byte, ev *Event) error {
 	}
 	if n < 0 {
 		ev.StackErr = n
-		return nil
+		return decodePy(raw, off, ev)
 	}
 	if int(n) > MaxFrames || off+int(n)*8 > len(raw) {
 		return fmt.Errorf("decode record: %d frames in %d bytes: %w", n, len(raw), ErrShortRecord)
@@ -104,35 +106,63 @@ func Decode(raw []byte, ev *Event) error {
 	for i := 0; i < int(n); i++ {
 		ev.Stack = append(ev.Stack, le.Uint64(raw[off+i*8:]))
 	}
-	if ev.Flags&FlagWindow == 0 {
+	off += int(n) * 8
+	if ev.Flags&FlagWindow != 0 {
+		u := raw[off:]
+		if len(u) < ustackSize {
+			return fmt.Errorf("decode record: stack window header past the end of %d bytes: %w", len(raw), ErrShortRecord)
+		}
+		ev.Regs = Regs{IP: le.Uint64(u[offUIP:]), SP: le.Uint64(u[offUSP:]), BP: le.Uint64(u[offUBP:])}
+		wlen := le.Uint32(u[offULen:])
+		if wlen > MaxWindow || int(wlen) > len(u)-ustackSize {
+			return fmt.Errorf("decode record: stack window of %d bytes in %d: %w", wlen, len(raw), ErrShortRecord)
+		}
+		// Not copied: the live reader hands over the ring buffer's memory,
+		// and 16 KiB a record was most of decoding's cost. Capped, so that an
+		// append copies rather than writes into raw.
+		ev.Window = u[ustackSize : ustackSize+int(wlen) : ustackSize+int(wlen)]
+		off += ustackSize + int(wlen)
+	}
+	return decodePy(raw, off, ev)
+}
+
+// decodePy reads the Python frames of a FlagPyHead record from off, right
+// after its frames and window; the ring buffer's records have more room
+// reserved after them. Of a record with them at the end (decodePyAtEnd,
+// already read) it checks that they do not overlap what comes before.
+func decodePy(raw []byte, off int, ev *Event) error {
+	if ev.Flags&FlagPython == 0 {
+		return nil
+	}
+	if ev.Flags&FlagPyHead == 0 {
 		if RecordLen(ev) > len(raw) {
 			return fmt.Errorf("decode record: Python frames overlap the stack in %d bytes: %w", len(raw), ErrShortRecord)
 		}
 		return nil
 	}
-	u := raw[off+int(n)*8:]
-	if len(u) < ustackSize {
-		return fmt.Errorf("decode record: stack window header past the end of %d bytes: %w", len(raw), ErrShortRecord)
+	le := binary.LittleEndian
+	if len(raw)-off < 2*pyTrailerSize {
+		return fmt.Errorf("decode record: no Python frames' count in %d bytes: %w", len(raw), ErrShortRecord)
 	}
-	ev.Regs = Regs{IP: le.Uint64(u[offUIP:]), SP: le.Uint64(u[offUSP:]), BP: le.Uint64(u[offUBP:])}
-	wlen := le.Uint32(u[offULen:])
-	if wlen > MaxWindow || int(wlen) > len(u)-ustackSize {
-		return fmt.Errorf("decode record: stack window of %d bytes in %d: %w", wlen, len(raw), ErrShortRecord)
+	n := int(le.Uint32(raw[off:]))
+	off += pyTrailerSize
+	if n > MaxPyFrames || off+n*pyFrameSize+pyTrailerSize > len(raw) {
+		return fmt.Errorf("decode record: %d Python frames in %d bytes: %w", n, len(raw), ErrShortRecord)
 	}
-	// Not copied: the live reader hands over the ring buffer's memory,
-	// and 16 KiB a record was most of decoding's cost. Capped, so that an
-	// append copies rather than writes into raw.
-	ev.Window = u[ustackSize : ustackSize+int(wlen) : ustackSize+int(wlen)]
-	if RecordLen(ev) > len(raw) {
-		return fmt.Errorf("decode record: Python frames overlap the stack window in %d bytes: %w", len(raw), ErrShortRecord)
+	if m := int(le.Uint32(raw[off+n*pyFrameSize:])); m != n {
+		return fmt.Errorf("decode record: %d Python frames, then a count of %d: %w", n, m, ErrShortRecord)
+	}
+	for j := n - 1; j >= 0; j-- { // innermost last
+		f := raw[off+j*pyFrameSize:]
+		ev.Py = append(ev.Py, PyFrame{Code: le.Uint64(f), Units: int32(le.Uint32(f[8:])), Flags: le.Uint32(f[12:])})
 	}
 	return nil
 }
 
-// decodePy reads the Python frames from the end of raw: the ring buffer's
-// records keep them at the end of the room reserved, trace files right
-// after the frames and window; both end with them.
-func decodePy(raw []byte, ev *Event) error {
+// decodePyAtEnd reads the Python frames of a record without FlagPyHead
+// from the end of raw: trace files written before it keep them right after
+// the frames and window, and end with them.
+func decodePyAtEnd(raw []byte, ev *Event) error {
 	le := binary.LittleEndian
 	if len(raw) < headerSize+pyTrailerSize {
 		return fmt.Errorf("decode record: no Python trailer in %d bytes: %w", len(raw), ErrShortRecord)
@@ -172,11 +202,15 @@ func Encode(dst []byte, ev *Event) []byte {
 		flags |= FlagWindow
 		tail = ustackSize + win
 	}
-	py := 0
-	flags &^= FlagPython
+	py, np, head := 0, 0, 0
+	flags &^= FlagPython | FlagPyHead
 	if ev.Flags&FlagPython != 0 {
-		flags |= FlagPython
-		py = min(len(ev.Py), MaxPyFrames)*pyFrameSize + pyTrailerSize
+		flags |= ev.Flags & (FlagPython | FlagPyHead)
+		np = min(len(ev.Py), MaxPyFrames)
+		if ev.Flags&FlagPyHead != 0 {
+			head = pyTrailerSize
+		}
+		py = head + np*pyFrameSize + pyTrailerSize
 	}
 	start := len(dst)
 	dst = append(dst, make([]byte, off+n*8+tail+py)...)
@@ -214,7 +248,10 @@ func Encode(dst []byte, ev *Event) []byte {
 	}
 	if py > 0 {
 		p := b[off+n*8+tail:]
-		np := (py - pyTrailerSize) / pyFrameSize
+		if head > 0 {
+			le.PutUint32(p, uint32(np))
+			p = p[head:]
+		}
 		for j := 0; j < np; j++ {
 			f := p[(np-1-j)*pyFrameSize:]
 			le.PutUint64(f, ev.Py[j].Code)
@@ -227,10 +264,11 @@ func Encode(dst []byte, ev *Event) []byte {
 }
 
 // RecordLen is how many bytes of a raw record Decode used for ev: the BPF
-// side reserves room for MaxFrames frames and the whole stack window in
-// every allocation record, and writers keep only this prefix. A record
-// with FlagPython keeps its Python frames at the end instead: re-encode it
-// (Encode) rather than cut it.
+// side reserves room for MaxFrames frames, the whole stack window and
+// MaxPyFrames Python frames in every allocation record, and writers keep
+// only this prefix. A record with FlagPython but not FlagPyHead (not one
+// BPF writes) keeps its Python frames at the end instead: re-encode it
+// (Encode) rather than cut it, unless it is no longer than this.
 func RecordLen(ev *Event) int {
 	n := headerSize + 8*len(ev.Stack)
 	if ev.Flags&FlagAux != 0 {
@@ -241,6 +279,9 @@ func RecordLen(ev *Event) int {
 	}
 	if ev.Flags&FlagPython != 0 {
 		n += len(ev.Py)*pyFrameSize + pyTrailerSize
+		if ev.Flags&FlagPyHead != 0 {
+			n += pyTrailerSize
+		}
 	}
 	return n
 }

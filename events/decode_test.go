@@ -1,8 +1,11 @@
 package events
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -188,10 +191,138 @@ func TestWindowRoundTrip(t *testing.T) {
 	}
 }
 
-// Python frames end the record: in the ring buffer at the end of the room
-// reserved, after unused frame slots and window bytes, and in a trace file
-// right after the window. Both decode to the same frames, innermost first.
-func TestPythonRoundTrip(t *testing.T) {
+// bpfRecord lays out an allocation record byte by byte as BPF writes it
+// (bpf/alloc.h submit_alloc): n frames, a window of w bytes (none when w
+// is 0), p Python frames right after them as count, frames (innermost
+// last), count; then the rest of the room reserved (MaxFrames frame slots,
+// the whole window, MaxPyFrames Python frames), holding garbage from the
+// ring's last lap. It returns the record and the event it stands for.
+func bpfRecord(n, w, p, window int) ([]byte, Event) {
+	le := binary.LittleEndian
+	want := Event{Time: 7000, Duration: 30, Addr: 0x7e0000100000, Size: 1 << 20, PID: 71, TID: 72, Comm: "python3",
+		API: CudaMalloc, Device: 2}
+	b := make([]byte, headerSize+MaxFrames*8+ustackSize+window+8+MaxPyFrames*pyFrameSize+8)
+	for i := range b {
+		b[i] = byte(0xa0 + i%7)
+	}
+	le.PutUint64(b[offTime:], want.Time)
+	le.PutUint64(b[offDuration:], want.Duration)
+	le.PutUint64(b[offAddr:], want.Addr)
+	le.PutUint64(b[offSize:], want.Size)
+	le.PutUint32(b[offPID:], want.PID)
+	le.PutUint32(b[offTID:], want.TID)
+	le.PutUint32(b[offDevice:], uint32(want.Device))
+	le.PutUint32(b[offResult:], 0)
+	le.PutUint16(b[offAPI:], uint16(want.API))
+	le.PutUint32(b[offNFrames:], uint32(n))
+	copy(b[offComm:offComm+commLen], "python3\x00\x00\x00\x00\x00\x00\x00\x00\x00")
+	off := headerSize
+	for i := range n {
+		want.Stack = append(want.Stack, 0x401000+uint64(i)*0x10)
+		le.PutUint64(b[off:], want.Stack[i])
+		off += 8
+	}
+	if w > 0 {
+		want.Flags |= FlagWindow
+		want.Regs = Regs{IP: 0x401000, SP: 0x7ffd00001000, BP: 0x7ffd00001100}
+		le.PutUint64(b[off+offUIP:], want.Regs.IP)
+		le.PutUint64(b[off+offUSP:], want.Regs.SP)
+		le.PutUint64(b[off+offUBP:], want.Regs.BP)
+		le.PutUint32(b[off+offULen:], uint32(w))
+		le.PutUint32(b[off+28:], 0)
+		off += ustackSize
+		for i := range w {
+			b[off+i] = byte(i * 13)
+		}
+		want.Window = b[off : off+w]
+		off += w
+	}
+	if p > 0 {
+		want.Flags |= FlagPython | FlagPyHead
+		le.PutUint64(b[off:], uint64(p))
+		off += 8
+		for j := range p { // innermost first in Py, last in the record
+			f := PyFrame{Code: 0x7f0000001000 + uint64(j)<<12, Units: int32(10 * j), Flags: uint32(j % 2)}
+			want.Py = append(want.Py, f)
+			r := b[off+(p-1-j)*pyFrameSize:]
+			le.PutUint64(r, f.Code)
+			le.PutUint32(r[8:], uint32(f.Units))
+			le.PutUint32(r[12:], f.Flags)
+		}
+		off += p * pyFrameSize
+		le.PutUint64(b[off:], uint64(p))
+	}
+	le.PutUint16(b[offFlags:], want.Flags)
+	return b, want
+}
+
+func sameEvent(t *testing.T, what string, got, want *Event) {
+	t.Helper()
+	if got.Time != want.Time || got.Duration != want.Duration || got.Addr != want.Addr || got.Size != want.Size ||
+		got.PID != want.PID || got.TID != want.TID || got.Comm != want.Comm || got.API != want.API ||
+		got.Device != want.Device || got.Result != want.Result || got.Flags != want.Flags || got.Regs != want.Regs ||
+		!slices.Equal(got.Stack, want.Stack) || !bytes.Equal(got.Window, want.Window) || !slices.Equal(got.Py, want.Py) {
+		t.Fatalf("%s: got %+v\nwant %+v", what, got, want)
+	}
+}
+
+// The Python frames follow what the record uses (FlagPyHead): BPF writes
+// them right after the frames and window, however much of the room
+// reserved those take, and RecordLen's prefix (what a trace keeps) holds
+// them; Encode writes exactly that prefix.
+func TestPythonAfterFramesAndWindow(t *testing.T) {
+	for _, c := range []struct{ n, w, p, window int }{
+		{3, 0, 2, 0},
+		{12, 16384, 7, 16384},
+		{12, 5000, 1, 16384}, // the stack ended inside the window
+		{MaxFrames, 16384, MaxPyFrames, 16384},
+		{1, 4096, 5, 65536},
+	} {
+		raw, want := bpfRecord(c.n, c.w, c.p, c.window)
+		name := fmt.Sprintf("%d frames, window %d, %d Python frames", c.n, c.w, c.p)
+		var ev Event
+		if err := Decode(raw, &ev); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		sameEvent(t, name, &ev, &want)
+		used := headerSize + 8*c.n + 8 + c.p*pyFrameSize + 8
+		if c.w > 0 {
+			used += ustackSize + c.w
+		}
+		if RecordLen(&ev) != used {
+			t.Fatalf("%s: RecordLen %d, want %d", name, RecordLen(&ev), used)
+		}
+		// What a trace keeps decodes the same, and is what Encode writes.
+		var cut Event
+		if err := Decode(raw[:used], &cut); err != nil {
+			t.Fatalf("%s: the prefix: %v", name, err)
+		}
+		sameEvent(t, name+", the prefix", &cut, &want)
+		if enc := Encode(nil, &ev); !bytes.Equal(enc, raw[:used]) {
+			t.Fatalf("%s: Encode differs from BPF's record", name)
+		}
+		// A reader that knows no FlagPyHead finds the frames at the end of
+		// the prefix, as in the traces it wrote.
+		old := Event{}
+		if err := decodePyAtEnd(raw[:used], &old); err != nil || !slices.Equal(old.Py, want.Py) {
+			t.Fatalf("%s: read from the end: %+v, %v", name, old.Py, err)
+		}
+		// Counts that disagree, or one past what the record holds, are refused.
+		bad := slices.Clone(raw)
+		binary.LittleEndian.PutUint32(bad[used-8:], uint32(c.p+1))
+		if err := Decode(bad, &ev); !errors.Is(err, ErrShortRecord) {
+			t.Fatalf("%s: counts %d and %d: err %v", name, c.p, c.p+1, err)
+		}
+		if err := Decode(raw[:used-1], &ev); !errors.Is(err, ErrShortRecord) {
+			t.Fatalf("%s: cut by a byte: err %v", name, err)
+		}
+	}
+}
+
+// Traces written before FlagPyHead end each record with its Python frames
+// (right after the frames and window there): they still decode, and
+// re-encode to the same bytes.
+func TestPythonAtEndOfOlderTraces(t *testing.T) {
 	py := []PyFrame{{Code: 0x7f0000001000, Units: 12, Flags: 0}, {Code: 0x7f0000002000, Units: 40, Flags: PyEntry}, {Code: 0x7f0000003000, Units: -1, Flags: PyEntry}}
 	in := Event{Time: 5, PID: 9, TID: 10, Comm: "t", API: CudaMalloc, Flags: FlagWindow | FlagPython,
 		Stack: []uint64{0x401000, 0x402000}, Regs: Regs{IP: 0x401000, SP: 0x7ffc0000, BP: 0x7ffc0100}, Window: []byte{1, 2, 3}, Py: py}
@@ -199,33 +330,27 @@ func TestPythonRoundTrip(t *testing.T) {
 	if want := headerSize + 2*8 + ustackSize + 3 + 3*pyFrameSize + pyTrailerSize; len(raw) != want {
 		t.Fatalf("encoded %d bytes, want %d", len(raw), want)
 	}
+	// The layout itself, byte by byte: innermost frame last, then the count.
+	le := binary.LittleEndian
+	end := len(raw) - pyTrailerSize
+	if le.Uint32(raw[end:]) != 3 || le.Uint64(raw[end-pyFrameSize:]) != py[0].Code || le.Uint64(raw[end-3*pyFrameSize:]) != py[2].Code {
+		t.Fatalf("layout: % x", raw[headerSize+2*8+ustackSize+3:])
+	}
 	var ev Event
 	if err := Decode(raw, &ev); err != nil {
 		t.Fatal(err)
 	}
-	if len(ev.Py) != 3 || ev.Py[0] != py[0] || ev.Py[1] != py[1] || ev.Py[2] != py[2] || string(ev.Window) != "\x01\x02\x03" {
-		t.Fatalf("got %+v, window %x", ev.Py, ev.Window)
-	}
-	if RecordLen(&ev) != len(raw) {
-		t.Fatalf("RecordLen %d, want %d", RecordLen(&ev), len(raw))
-	}
-	// As BPF reserves it: the frames block moved to the end, the gap unused.
-	tail := 3*pyFrameSize + pyTrailerSize
-	body := raw[:len(raw)-tail]
-	reserved := append(append(append([]byte{}, body...), make([]byte, 4096)...), raw[len(raw)-tail:]...)
-	if err := Decode(reserved, &ev); err != nil {
-		t.Fatal(err)
-	}
-	if len(ev.Py) != 3 || ev.Py[2] != py[2] || len(ev.Stack) != 2 {
-		t.Fatalf("reserved: got %+v, stack %x", ev.Py, ev.Stack)
+	sameEvent(t, "older layout", &ev, &in)
+	if RecordLen(&ev) != len(raw) || !bytes.Equal(Encode(nil, &ev), raw) {
+		t.Fatalf("RecordLen %d of %d, or re-encoded bytes differ", RecordLen(&ev), len(raw))
 	}
 	// A count past what the record holds is refused, as is one past the cap.
 	binary.LittleEndian.PutUint32(raw[len(raw)-pyTrailerSize:], 9)
 	if err := Decode(raw, &ev); !errors.Is(err, ErrShortRecord) {
 		t.Fatalf("9 frames in a record of 3: err %v", err)
 	}
-	binary.LittleEndian.PutUint32(reserved[len(reserved)-pyTrailerSize:], MaxPyFrames+1)
-	if err := Decode(reserved, &ev); !errors.Is(err, ErrShortRecord) {
+	binary.LittleEndian.PutUint32(raw[len(raw)-pyTrailerSize:], MaxPyFrames+1)
+	if err := Decode(raw, &ev); !errors.Is(err, ErrShortRecord) {
 		t.Fatalf("%d frames: err %v", MaxPyFrames+1, err)
 	}
 	// The next record without Python frames has none.
@@ -237,6 +362,8 @@ func TestPythonRoundTrip(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add(record(2, 1, 2))
 	f.Add(record(-1))
+	rec, _ := bpfRecord(2, 64, 2, 4096)
+	f.Add(rec)
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var ev Event
 		if Decode(raw, &ev) == nil && (len(ev.Stack) > MaxFrames || len(ev.Window) > MaxWindow || RecordLen(&ev) > len(raw)) {

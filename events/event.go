@@ -53,12 +53,17 @@ const (
 	FlagWindow     uint16 = 1 << 2 // registers and a window of user stack follow the frames
 	FlagHeld       uint16 = 1 << 3 // the process's first record: BPF stopped it (SIGSTOP) for the reader to read its mappings
 	FlagAux        uint16 = 1 << 4 // the first stack slot holds Aux; the frames follow
-	FlagPython     uint16 = 1 << 5 // the thread's Python frames (Py) end the record
+	FlagPython     uint16 = 1 << 5 // the thread's Python frames (Py) follow the frames and window (FlagPyHead), or end the record
 	FlagNoPython   uint16 = 1 << 6 // a CPython process's thread with no Python frame
 	// An allocation live when the trace began, made before it (an agent's
 	// /trace window starts with the agent's live set): written by user
 	// space, never by BPF. Its stack is the ledger's, Python frames merged.
 	FlagBefore uint16 = 1 << 7
+	// With FlagPython: the Python frames' count comes before them as well
+	// as after, and they follow the frames and window (BPF writes them
+	// there, not at the end of the room it reserves). Without it (traces
+	// written before) they end the record.
+	FlagPyHead uint16 = 1 << 8
 )
 
 // End is when the call's effect on memory takes hold: frees at entry (the

@@ -90,6 +90,42 @@ func BenchmarkSessionRecord(b *testing.B) {
 			events.Encode(nil, &events.Event{PID: 42, TID: 42, Comm: "loop", API: events.CudaFree, Addr: addr,
 				Flags: events.FlagEntryOnly}))
 	}
+	benchRecord(b, raws)
+}
+
+// BenchmarkSessionRecordPython is session.Record for the records of a
+// CPython process recorded with --stack-window 0: an allocation with 20
+// frame-pointer frames and 8 Python frames, as BPF lays it out (the Python
+// frames right after the frames, then the rest of the room reserved), then
+// its free. The trace keeps the record's prefix as it is; before the
+// Python frames followed the frames, each such record was re-encoded.
+// (The code objects are not resolved: the capture has no interpreter.)
+func BenchmarkSessionRecordPython(b *testing.B) {
+	const n = 512
+	var raws [][]byte
+	room := make([]byte, 8*events.MaxFrames+16+16*events.MaxPyFrames) // more than any record leaves unused
+	for i := range n {
+		stack := make([]uint64, 20)
+		for j := range stack {
+			stack[j] = 0x401000 + uint64(j)*0x40 + uint64(i%8)
+		}
+		py := make([]events.PyFrame, 8)
+		for j := range py {
+			py[j] = events.PyFrame{Code: 0x7f0000 + uint64(j)*0x100, Units: int32(i%16 + j)}
+		}
+		addr := 0x7f0000000000 + uint64(i)*0x100000
+		al := events.Encode(nil, &events.Event{PID: 42, TID: 42, Comm: "python3", API: events.CudaMalloc, Addr: addr, Size: 1 << 20,
+			Flags: events.FlagPython | events.FlagPyHead, Stack: stack, Py: py})
+		raws = append(raws, append(al, room...),
+			events.Encode(nil, &events.Event{PID: 42, TID: 42, Comm: "python3", API: events.CudaFree, Addr: addr,
+				Flags: events.FlagEntryOnly}))
+	}
+	benchRecord(b, raws)
+}
+
+// benchRecord hands raws, round and round, to one session that writes a
+// trace (to nowhere) for process 42.
+func benchRecord(b *testing.B, raws [][]byte) {
 	s := newState(Options{}, &Result{Ledger: ledger.New()})
 	defer s.close()
 	w, err := NewTraceWriter(io.Discard, TraceMeta("bench"))

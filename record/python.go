@@ -129,7 +129,7 @@ func (s *session) heldPython(ev *events.Event, in *pystack.Interp) {
 		}
 		ev.Py = append(ev.Py, f)
 	}
-	ev.Flags |= events.FlagPython
+	ev.Flags |= events.FlagPython | events.FlagPyHead // as BPF lays them out (enrich re-encodes: raw has none)
 }
 
 // resolvePython reads what the code objects of ev's Python frames are

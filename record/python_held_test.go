@@ -61,7 +61,7 @@ func TestHeldPython(t *testing.T) {
 		want  string // the Python frames resolved; "" for none
 		flags uint16 // added
 	}{
-		{"held allocation", events.Event{API: events.CudaMalloc, Flags: events.FlagHeld}, want, events.FlagPython},
+		{"held allocation", events.Event{API: events.CudaMalloc, Flags: events.FlagHeld}, want, events.FlagPython | events.FlagPyHead},
 		{"held free", events.Event{API: events.CudaFree, Flags: events.FlagHeld | events.FlagEntryOnly}, "", 0},
 		{"held cuMemMap", events.Event{API: events.CuMemMap, Flags: events.FlagHeld | events.FlagAux}, "", 0},
 		{"allocation not held", events.Event{API: events.CudaMalloc}, "", 0},

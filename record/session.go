@@ -185,6 +185,7 @@ func (s *session) Record(raw []byte) {
 	}
 	s.events++
 	ev := &s.ev
+	decoded := ev.Flags // what raw holds: the steps below may add Python frames (heldPython)
 	lp := s.track(ev)
 	st.done(StageDecode)
 	// Code objects are read before the process goes on: BPF holds it at a
@@ -193,7 +194,7 @@ func (s *session) Record(raw []byte) {
 	s.resolvePython(ev, lp)
 	s.resume(ev)
 	st.done(StagePython)
-	raw = s.enrich(ev, lp, raw)
+	raw = s.enrich(ev, lp, raw, decoded)
 	st.done(StageUnwind)
 	s.nameNative(ev, lp)
 	st.done(StageName)
@@ -253,8 +254,11 @@ func (s *session) resume(ev *events.Event) {
 // re-encoded to match. The unwinder reads the files now, while they are surely the ones
 // the process mapped (a container's through /proc/PID/root while it
 // lives), and the window (16 KiB or so a record: most of a trace's bytes)
-// is dropped.
-func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte) []byte {
+// is dropped. Otherwise raw's prefix (write) is the record: BPF puts the
+// Python frames right after the frames and window (events.FlagPyHead),
+// unless user space gave ev frames raw lacks (decoded: ev's flags as raw
+// has them), or the frames end raw's room (a record of the older layout).
+func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte, decoded uint16) []byte {
 	switch {
 	case s.en.Unwinds() && ev.Flags&events.FlagWindow != 0:
 		s.en.Unwind(ev, lp.p.Current())
@@ -263,9 +267,8 @@ func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte) []byte {
 		ev.Window = ev.Window[:0]
 		s.buf = events.Encode(s.buf[:0], ev)
 		raw = s.buf
-	case ev.Flags&events.FlagPython != 0:
-		// BPF leaves the Python frames at the end of the room reserved:
-		// RecordLen's prefix would cut them off.
+	case ev.Flags&events.FlagPython != 0 && (decoded&events.FlagPython == 0 ||
+		ev.Flags&events.FlagPyHead == 0 && events.RecordLen(ev) != len(raw)):
 		s.buf = events.Encode(s.buf[:0], ev)
 		raw = s.buf
 	}
@@ -273,7 +276,8 @@ func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte) []byte {
 }
 
 // write writes the record to the trace: only the frames the stack filled
-// (an allocation record reserves room for all 127 of them).
+// (an allocation record reserves room for all 127 of them), and only the
+// Python frames found.
 func (s *session) write(ev *events.Event, raw []byte) {
 	if s.w == nil {
 		return

@@ -377,6 +377,47 @@ func TestEventReuse(t *testing.T) {
 	}
 }
 
+// A trace may hold records of both Python frame layouts: those written
+// before events.FlagPyHead (the frames end the record) and those after
+// (the count before and after them, right after the frames and window).
+// Each reads back with its frames, innermost first.
+func TestPythonFramesBothLayouts(t *testing.T) {
+	py := []events.PyFrame{{Code: 0x7f0000001000, Units: 3}, {Code: 0x7f0000002000, Units: 9, Flags: events.PyEntry}}
+	old := events.Event{Time: 1, PID: 5, Comm: "py", API: events.CudaMalloc, Flags: events.FlagPython,
+		Stack: []uint64{0x401000}, Py: py}
+	cur := old
+	cur.Time, cur.Flags, cur.Py = 2, events.FlagPython|events.FlagPyHead, py[1:]
+	var buf bytes.Buffer
+	w, err := NewWriter(&buf, testMeta())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range []*events.Event{&old, &cur, &old} {
+		if err := w.WriteEvent(events.Encode(nil, ev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewReader(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []*events.Event{&old, &cur, &old} {
+		rec, err := r.Next()
+		for err == nil && rec.Event == nil {
+			rec, err = r.Next()
+		}
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		if !eventsEqual(rec.Event, want) || !slices.Equal(rec.Event.Py, want.Py) {
+			t.Fatalf("event %d: got %+v, want %+v", i, rec.Event, want)
+		}
+	}
+}
+
 // The bytes of the header and the meta frame, spelled out as
 // docs/trace-format.md specifies them.
 func TestWireFormat(t *testing.T) {
