@@ -33,21 +33,16 @@ CT_MAP(BPF_MAP_TYPE_LRU_HASH, seen, __u32, __u8, 16384);
 
 // Processes hold_new stopped, each with the CLOCK_BOOTTIME ns it was
 // stopped at. The reader sets the top bit (CT_HELD_READ) once it has read
-// the process (it may leave it stopped a while longer for another tracer
-// that holds it too: loader/held.go), and the next one (CT_HELD_RESUMED)
-// just before it sends SIGCONT; the entry stays while the process lives.
-// Holding the process again overwrites only an entry marked resumed, so
-// that no record gets through unheld after the SIGCONT, and the reader
-// never writes after its SIGCONT: a mark written then could overwrite the
-// entry of the next hold, which the reader would then take for resumed and
-// leave stopped for good (seen: a process held at two records 0.4 ms
-// apart, the reader slowed between its SIGCONT and its mark); a watchdog process holding this map's fd
+// the process, before it sends SIGCONT (it may leave it stopped a while
+// longer for another tracer that holds it too: loader/held.go), and the
+// next one once it has sent it; the entry stays while the process lives.
+// Holding the process again overwrites an entry read, so that no record
+// gets through unheld between the reader's SIGCONT and its next step; a watchdog process holding this map's fd
 // resumes whatever is left when the tracer dies (internal/watchdog). Full:
 // no more processes are stopped.
 CT_MAP(BPF_MAP_TYPE_HASH, held, __u32, __u64, 1024); // key: tgid; value: boot ns when stopped
 
 #define CT_HELD_READ (1ULL << 63)
-#define CT_HELD_RESUMED (1ULL << 62)
 
 // 1 while the reader is in a call that may keep it away for long:
 // attaching a library's probes waits in the kernel behind every other
@@ -140,8 +135,8 @@ static __always_inline int hold(__u32 tgid)
 		return 0;
 	__u64 now = bpf_ktime_get_boot_ns();
 	__u64 *was = bpf_map_lookup_elem(&held, &tgid);
-	if (was && !(*was & CT_HELD_RESUMED))
-		return 0; // stopped already, and not resumed yet
+	if (was && !(*was & CT_HELD_READ))
+		return 0; // stopped already, and not read yet
 	if (bpf_map_update_elem(&held, &tgid, &now, was ? BPF_EXIST : BPF_NOEXIST))
 		return 0;
 	if (bpf_send_signal(CT_SIGSTOP)) {

@@ -30,15 +30,29 @@ import (
 // which does not look at the others', may resume a process another holds.
 
 // Release lets pid go after the reader has read the record BPF held it
-// at: SIGCONT, unless another tracer holds it too and has not read it
-// yet (then the last one's Release, or releaseWaiting, resumes it).
-func (t *Tracer) Release(pid uint32) error {
+// at, a record whose call returned at boot time end (BPF held it after):
+// SIGCONT, unless another
+// tracer holds it too and has not read it yet (then the last one's
+// Release, or releaseWaiting, resumes it).
+func (t *Tracer) Release(pid uint32, end uint64) error {
 	if t == nil || t.objs.Held == nil {
 		return nil
 	}
 	var at uint64
-	if err := t.objs.Held.Lookup(pid, &at); err != nil || at&watchdog.Resumed != 0 {
-		return nil // the watchdog resumed it first, or this reader did (two threads held at once)
+	if err := t.objs.Held.Lookup(pid, &at); err != nil {
+		return nil // the watchdog resumed it first
+	}
+	if at&watchdog.Resumed != 0 {
+		if at&^(watchdog.Released|watchdog.Resumed) < end {
+			// Marked resumed for a hold before this record's call
+			// returned: BPF's
+			// entry for this one was overwritten by resume's mark, written
+			// after its SIGCONT of the previous hold (the process had run
+			// on and been held again meanwhile). Nothing else would
+			// resume it: the watchdog leaves entries marked resumed alone.
+			return t.resumeLost(pid)
+		}
+		return nil // this reader resumed it already (two threads held at once)
 	}
 	if err := t.objs.Held.Update(pid, at|watchdog.Released, ebpf.UpdateExist); err != nil {
 		return nil // the watchdog resumed it meanwhile
@@ -54,28 +68,35 @@ func (t *Tracer) Release(pid uint32) error {
 	return t.resume(pid, at)
 }
 
-// resume marks pid's entry (stopped at boot time at, read) resumed, then
-// sends it SIGCONT. In that order: BPF holds the process again only over
-// an entry marked resumed (bpf/common.h hold), and once SIGCONT is sent
-// the process may be held again at its next record at once, its entry
-// overwritten; a mark written after the SIGCONT could overwrite that new
-// entry, and the reader, taking the new hold for one it had resumed, would
-// leave the process stopped for good. A tracer killed between the mark and
-// the SIGCONT leaves a stopped process behind a resumed entry: its
-// watchdog resumes exactly those when the tracer is gone
-// (watchdog.Resume). The entry stays (bpf/common.h): BPF holds the process
-// again by overwriting it.
+// resume sends pid, stopped at boot time at, SIGCONT, then marks its
+// entry resumed. SIGCONT first: were the entry marked first, a tracer
+// killed between the two calls would leave the process stopped with
+// nothing to resume it. The entry stays (bpf/common.h): BPF holds the
+// process again by overwriting it, so a record the process makes right
+// after the SIGCONT is held too; an entry BPF overwrote meanwhile is left
+// as it is.
 func (t *Tracer) resume(pid uint32, at uint64) error {
 	delete(t.waiting, pid)
+	err := syscall.Kill(int(pid), syscall.SIGCONT)
 	var now uint64
 	if t.objs.Held.Lookup(pid, &now) == nil && now == at|watchdog.Released {
 		t.objs.Held.Update(pid, at|watchdog.Released|watchdog.Resumed, ebpf.UpdateExist)
 	}
-	if err := syscall.Kill(int(pid), syscall.SIGCONT); err != nil {
+	if err != nil {
 		if errors.Is(err, syscall.ESRCH) {
 			t.objs.Held.Delete(pid)
 			return nil
 		}
+		return fmt.Errorf("resume pid %d after reading it: %w", pid, err)
+	}
+	return nil
+}
+
+// resumeLost resumes pid, held at a record whose entry a mark of the
+// reader overwrote; it is counted (Counters: lost_holds).
+func (t *Tracer) resumeLost(pid uint32) error {
+	t.lostHolds.Add(1)
+	if err := syscall.Kill(int(pid), syscall.SIGCONT); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("resume pid %d after reading it: %w", pid, err)
 	}
 	return nil

@@ -70,7 +70,7 @@ func TestReleaseTwoHolders(t *testing.T) {
 	}
 	tr := &Tracer{}
 	tr.objs.Held = own
-	if err := tr.Release(pid); err != nil {
+	if err := tr.Release(pid, at); err != nil {
 		t.Fatal(err)
 	}
 	if !stopped() {
@@ -108,12 +108,60 @@ func TestReleaseTwoHolders(t *testing.T) {
 	if err := own.Put(pid, at); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Release(pid); err != nil {
+	if err := tr.Release(pid, at); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond)
 	if s, _ := proc.Stopped(int(pid)); s {
 		t.Fatal("still stopped after the only holder read it")
+	}
+}
+
+// A process held at a record whose entry the reader's mark of an earlier
+// hold overwrote (the mark comes after that hold's SIGCONT, and the
+// process can be held again in between) is resumed when that record is
+// read: its entry, marked resumed, is older than the record. A record
+// older than the entry's mark leaves the process as it is.
+func TestReleaseOverwrittenHold(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs root (BPF maps)")
+	}
+	own := heldMap(t)
+	pid := startSleep(t)
+	stoppedAfter := func() bool {
+		time.Sleep(50 * time.Millisecond) // signals are delivered asynchronously
+		s, err := proc.Stopped(int(pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	syscall.Kill(int(pid), syscall.SIGSTOP)
+	if !stoppedAfter() {
+		t.Fatal("sleep did not stop")
+	}
+	at := watchdog.BootNow() // the earlier hold, marked resumed after its SIGCONT
+	if err := own.Put(pid, at|watchdog.Released|watchdog.Resumed); err != nil {
+		t.Fatal(err)
+	}
+	tr := &Tracer{}
+	tr.objs.Held = own
+	// A record that returned before that hold: the mark is its own.
+	if err := tr.Release(pid, at-1000); err != nil {
+		t.Fatal(err)
+	}
+	if !stoppedAfter() {
+		t.Fatal("resumed at a record the mark was for")
+	}
+	// A record that returned after it: held again, its entry overwritten.
+	if err := tr.Release(pid, at+1000); err != nil {
+		t.Fatal(err)
+	}
+	if stoppedAfter() {
+		t.Fatal("left stopped at a hold whose entry the reader's mark had overwritten")
+	}
+	if n := tr.lostHolds.Load(); n != 1 {
+		t.Errorf("lost holds %d, want 1", n)
 	}
 }
 
@@ -168,7 +216,7 @@ func TestReleaseIgnoresStalePeer(t *testing.T) {
 	}
 	tr := &Tracer{}
 	tr.objs.Held = own
-	if err := tr.Release(pid); err != nil {
+	if err := tr.Release(pid, now); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond)

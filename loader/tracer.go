@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -157,6 +158,9 @@ type Tracer struct {
 	reader *ring
 	specs  uint32 // USDT specs written to the usdt_specs map
 	peers  peers  // the other tracers' held maps (Release)
+	// lostHolds counts the holds whose entry a mark of the reader had
+	// overwritten, resumed when their record was read (Release).
+	lostHolds atomic.Uint64
 	// waiting: processes read, left stopped for another tracer (Release)
 	waiting map[uint32]uint64 // with the boot time each was stopped at
 	pruned  time.Time         // when releaseWaiting last dropped exited processes' entries
@@ -758,6 +762,7 @@ func (t *Tracer) Counters() (map[string]uint64, error) {
 	// Not BPF's: how often this reader left a process stopped for another
 	// tracer that held it too (held.go).
 	out["peer_holds"] = t.peers.waits.Load()
+	out["lost_holds"] = t.lostHolds.Load()
 	return out, nil
 }
 

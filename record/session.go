@@ -245,7 +245,7 @@ func (s *session) resume(ev *events.Event) {
 	if ev.Flags&events.FlagHeld == 0 {
 		return
 	}
-	if err := s.tr.Release(ev.PID); err != nil {
+	if err := s.tr.Release(ev.PID, ev.End()); err != nil {
 		s.warn(err)
 	}
 }

@@ -34,10 +34,9 @@ import (
 // The top bits of a held entry's stop time (bpf/common.h): Released, the
 // reader has read the process and leaves it stopped only for another
 // tracer that holds it too (loader.Tracer.Release); Resumed, the reader
-// sends it SIGCONT next (marked just before, loader.Tracer.resume). The
-// entry stays while the process lives: BPF holds it again by overwriting
-// an entry Resumed, so no record gets through unheld right after the
-// SIGCONT.
+// has sent it SIGCONT. The entry stays while the process lives: BPF holds
+// it again by overwriting an entry Released, so no record gets through
+// unheld right after the SIGCONT.
 const (
 	Released = uint64(1) << 63
 	Resumed  = uint64(1) << 62
