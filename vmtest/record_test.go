@@ -541,6 +541,6 @@ func TestRecordUntracedNeighbour(t *testing.T) {
 		t.Errorf("lost_events = %d, want 0: the untraced neighbour's calls are not this recording's", rep.LostEvents)
 	}
 	want := onlyTruth(t, log, "")
-	checkProcess(t, rep, want, 0, "")
+	checkProcess(t, rep, want, peakSlack(want, 2), "") // two threads: the peak depends on how their calls interleave
 	checkNoOtherProcesses(t, rep, map[int]*procTruth{want.PID: want})
 }
