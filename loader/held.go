@@ -31,9 +31,8 @@ import (
 
 // Release lets pid go after the reader has read the record BPF held it
 // at, a record whose call returned at boot time end (BPF held it after):
-// SIGCONT, unless another
-// tracer holds it too and has not read it yet (then the last one's
-// Release, or releaseWaiting, resumes it).
+// SIGCONT, unless another tracer holds it too and has not read it yet
+// (then the last one's Release, or releaseWaiting, resumes it).
 func (t *Tracer) Release(pid uint32, end uint64) error {
 	if t == nil || t.objs.Held == nil {
 		return nil
@@ -43,16 +42,17 @@ func (t *Tracer) Release(pid uint32, end uint64) error {
 		return nil // the watchdog resumed it first
 	}
 	if at&watchdog.Resumed != 0 {
-		if at&^(watchdog.Released|watchdog.Resumed) < end {
-			// Marked resumed for a hold before this record's call
-			// returned: BPF's
-			// entry for this one was overwritten by resume's mark, written
-			// after its SIGCONT of the previous hold (the process had run
-			// on and been held again meanwhile). Nothing else would
-			// resume it: the watchdog leaves entries marked resumed alone.
-			return t.resumeLost(pid)
+		if at&^(watchdog.Released|watchdog.Resumed) >= end {
+			return nil // this reader resumed it already (two threads held at once)
 		}
-		return nil // this reader resumed it already (two threads held at once)
+		// Marked resumed for a hold before this record's call returned:
+		// BPF's entry for this one was overwritten by resume's mark,
+		// written after its SIGCONT of the previous hold (the process had
+		// run on and been held again meanwhile). Nothing else would resume
+		// it (the watchdog leaves entries marked resumed alone): it is
+		// released as held at end, its own stamp lost, which is no later.
+		t.lostHolds.Add(1)
+		at = end
 	}
 	if err := t.objs.Held.Update(pid, at|watchdog.Released, ebpf.UpdateExist); err != nil {
 		return nil // the watchdog resumed it meanwhile
@@ -87,16 +87,6 @@ func (t *Tracer) resume(pid uint32, at uint64) error {
 			t.objs.Held.Delete(pid)
 			return nil
 		}
-		return fmt.Errorf("resume pid %d after reading it: %w", pid, err)
-	}
-	return nil
-}
-
-// resumeLost resumes pid, held at a record whose entry a mark of the
-// reader overwrote; it is counted (Counters: lost_holds).
-func (t *Tracer) resumeLost(pid uint32) error {
-	t.lostHolds.Add(1)
-	if err := syscall.Kill(int(pid), syscall.SIGCONT); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("resume pid %d after reading it: %w", pid, err)
 	}
 	return nil
