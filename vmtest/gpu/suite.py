@@ -61,7 +61,9 @@ class Suite:
         self.python = args.python
         self.standin_lib = args.standin_lib
         self.steps = args.steps
+        self.timeout = args.timeout
         self.results = []
+        self.env = {}
         self.runs = {}  # name -> (trace, truth), reused across checks
         os.makedirs(self.out, exist_ok=True)
 
@@ -97,7 +99,7 @@ class Suite:
         with open(truth) as f:
             return json.load(f)
 
-    def run(self, name, cmd, env=None, timeout=540):
+    def run(self, name, cmd, env=None):
         full = dict(os.environ)
         full["PYTHONPATH"] = WORKLOADS + os.pathsep + full.get("PYTHONPATH", "")
         full.update(env or {})
@@ -106,7 +108,7 @@ class Suite:
         with open(log, "w") as f:
             f.write("$ %s\n" % " ".join(cmd))
             f.flush()
-            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=full, timeout=timeout)
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=full, timeout=self.timeout)
         print("  ran %s in %.1fs (log %s)" % (name, time.time() - t0, log), flush=True)
         if r.returncode != 0:
             with open(log) as f:
@@ -149,6 +151,15 @@ class Suite:
         print("   %s %s" % (res["status"], res.get("reason") or "; ".join(res.get("problems", []))[:2000]),
               flush=True)
         self.results.append(res)
+        self.write()
+
+    def write(self):
+        # After every check, so a run cut short (a device's time limit)
+        # still leaves the results of the checks it finished.
+        with open(os.path.join(self.out, "results.json"), "w") as f:
+            json.dump({"environment": self.env, "results": self.results}, f, indent=1)
+        with open(os.path.join(self.out, "results.md"), "w") as f:
+            f.write(markdown(self.env, self.results))
 
     # --- comparisons -----------------------------------------------------
 
@@ -438,6 +449,7 @@ def main():
     ap.add_argument("--only", help="comma-separated checks (default: all): " + ", ".join(ALL))
     ap.add_argument("--standin-lib", help="a libcudart for the stand-in check (the test stand-in)")
     ap.add_argument("--steps", type=int, default=300, help="training steps per PyTorch run")
+    ap.add_argument("--timeout", type=int, default=540, help="seconds one traced or untraced run may take")
     args = ap.parse_args()
     only = args.only.split(",") if args.only else ALL
     unknown = [c for c in only if c not in ALL]
@@ -449,13 +461,10 @@ def main():
            "torch-memviz": s.torch_memviz, "nvml": s.nvml, "overhead": s.overhead,
            "jax-platform": lambda: s.jax("platform"), "jax-bfc": lambda: s.jax("bfc"),
            "cupy-pool": lambda: s.cupy("pool"), "cupy-nopool": lambda: s.cupy("nopool")}
-    env = environment(args.python)
+    s.env = environment(args.python)
     for name in only:
         s.check(name, fns[name])
-    with open(os.path.join(s.out, "results.json"), "w") as f:
-        json.dump({"environment": env, "results": s.results}, f, indent=1)
-    with open(os.path.join(s.out, "results.md"), "w") as f:
-        f.write(markdown(env, s.results))
+    s.write()
     bad = [r["check"] for r in s.results if r["status"] in ("fail", "error")]
     print("results: %s/results.md; %d passed, %d skipped, %d failed%s" % (
         s.out, sum(r["status"] == "pass" for r in s.results), sum(r["status"] == "skip" for r in s.results),
