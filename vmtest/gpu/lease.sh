@@ -6,7 +6,8 @@
 # that matters most, cut off after SECONDS (default 420). Everything lands in
 # OUT as at most 8 files (the device tool's limit): env.txt, smoke.txt,
 # attach.txt, suite.txt, results.md, results.json, logs.tgz, traces.tgz.
-# Needs bin/cudatrace (make build) carried along.
+# Needs bin/cudatrace (make build) carried along. CHECKS=a,b,... runs those
+# suite checks only; PARTS=suite leaves out the smoke and attach parts.
 set -u
 out=${1:?usage: vmtest/gpu/lease.sh OUT [SECONDS]}
 budget=${2:-420}
@@ -35,7 +36,11 @@ start=$(date +%s)
 	"$ct" --version
 } >"$out/env.txt" 2>&1
 
+parts=${PARTS:-smoke,attach,suite}
+checks=${CHECKS:-torch-native,torch-stacks,torch-memviz,torch-oom,torch-expandable,torch-async,nvml,cupy-pool,cupy-nopool,jax-platform,jax-bfc,overhead}
+
 # Smoke: one tensor, recorded from the first instruction.
+case ,$parts, in *,smoke,*) ;; *) false ;; esac && {
 cat >"$work/smoke.py" <<'EOF'
 import torch
 x = torch.empty(1 << 26, dtype=torch.uint8, device="cuda")
@@ -50,9 +55,11 @@ EOF
 	timeout 60 "$ct" report "$work/smoke.trace" --json >"$work/smoke.report.json"
 	echo "report rc=$?"
 } >"$out/smoke.txt" 2>&1
+}
 
 # Attach to a PyTorch job that has allocated before the attach, and hand
 # the export to PyTorch's own viewer code (stats, trace_plot, segment_plot).
+case ,$parts, in *,attach,*) ;; *) false ;; esac && {
 cat >"$work/attach.py" <<'EOF'
 import sys, time, torch
 keep = [torch.empty(8 << 20, dtype=torch.uint8, device="cuda") for _ in range(4)]
@@ -92,12 +99,13 @@ EOF
 		echo "rc=${PIPESTATUS[0]}"
 	done
 } >"$out/attach.txt" 2>&1
+}
 
 left=$((budget - ($(date +%s) - start)))
 [ "$left" -ge 60 ] || left=60
 echo "suite: $left s left" >"$out/suite.txt"
 PYTHON=$py timeout "$left" "$here/run.sh" "$work/suite" --steps 200 --timeout 150 \
-	--only torch-native,torch-stacks,torch-memviz,torch-oom,torch-expandable,torch-async,nvml,cupy-pool,cupy-nopool,jax-platform,jax-bfc,overhead \
+	--only "$checks" \
 	>>"$out/suite.txt" 2>&1
 echo "suite rc=$?" >>"$out/suite.txt"
 cp "$work/suite/results.md" "$work/suite/results.json" "$out/" 2>/dev/null

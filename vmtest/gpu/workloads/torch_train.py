@@ -57,7 +57,11 @@ def main():
             torch.cuda.memory._record_memory_history(True)
     t = Truth(a.truth)
     sync = torch.cuda.synchronize
-    figures = {"allocated": torch.cuda.memory_allocated, "reserved": torch.cuda.memory_reserved}
+    # allocated counts the caching allocator's blocks (requests rounded up
+    # to 512 bytes, or a whole block it chose not to split); requested the
+    # bytes asked for, which is what its tensor probe reports.
+    figures = {"allocated": torch.cuda.memory_allocated, "reserved": torch.cuda.memory_reserved,
+               "requested": lambda: torch.cuda.memory_stats().get("requested_bytes.all.current")}
     if a.nvml:
         figures["nvml_used"] = nvml_used
     torch.manual_seed(0)
@@ -91,6 +95,14 @@ def main():
         if a.snapshot:
             torch.cuda.memory._dump_snapshot(a.snapshot)
     t.checkpoint("snapshot", sync, **figures)
+    if a.nvml:
+        # A known change after the kernels are loaded: NVML's figure must
+        # move by what was traced, the rest (context, modules) staying put.
+        extra = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        t.checkpoint("nvml +1GiB", sync, **figures)
+        del extra
+        torch.cuda.empty_cache()
+        t.checkpoint("nvml empty_cache", sync, **figures)
     if a.oom:
         try:
             too_big()
