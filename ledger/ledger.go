@@ -56,9 +56,11 @@ type Process struct {
 	HostLive, HostPeak uint64 // pinned host memory
 
 	// Tensors, the second level: blocks a framework's allocator hands out
-	// of its segments (PyTorch's pytorch:malloc / pytorch:free), as
-	// torch.cuda.memory_allocated counts them. Segments are what the fields
-	// above count, as memory_reserved does.
+	// of its segments (PyTorch's pytorch:malloc / pytorch:free), in the
+	// bytes asked for, as memory_stats()'s requested_bytes counts them
+	// (memory_allocated counts the blocks, rounded up). Segments are what
+	// the fields above count: every allocator's, of which PyTorch's
+	// memory_reserved is the share its caching allocator holds.
 	TensorAllocs, TensorFrees uint64
 	TensorAllocBytes          uint64
 	TensorLive, TensorPeak    uint64

@@ -159,8 +159,10 @@ type Process struct {
 	BeforeAllocs uint64 `json:"before_allocs,omitempty"`
 	BeforeBytes  uint64 `json:"before_bytes,omitempty"`
 	// Tensors: what PyTorch's caching allocator handed out of the segments
-	// above (its pytorch:malloc/free probes), as torch.cuda.memory_allocated
-	// counts; live_bytes is then its memory_reserved. 0 without them.
+	// above (its pytorch:malloc/free probes), in the bytes asked for:
+	// memory_stats()'s requested_bytes (memory_allocated rounds each up to
+	// its block). The pytorch owner's live_bytes is its memory_reserved;
+	// cuBLAS's and cuDNN's own segments are beside it. 0 without them.
 	TensorAllocs       uint64 `json:"tensor_allocs"`
 	TensorFrees        uint64 `json:"tensor_frees"`
 	TensorAllocBytes   uint64 `json:"tensor_alloc_bytes"`

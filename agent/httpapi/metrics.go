@@ -52,7 +52,7 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 		a: a, version: version, processLabels: processLabels,
 		buildInfo: d("build_info", "cudatrace's version and Go version; always 1.", "version", "goversion"),
 		live: d("live_bytes", "GPU memory live now (device and managed), per running traced process and device; "+
-			"level=segment is what the CUDA runtime and driver handed out (memory_reserved), level=tensor what PyTorch's allocator did (memory_allocated).", dev...),
+			"level=segment is what the CUDA runtime and driver handed out (PyTorch's memory_reserved is the pytorch owner's share), level=tensor the bytes PyTorch's tensors asked for (requested_bytes).", dev...),
 		peak:     d("peak_bytes", "The highest live_bytes reached since the process was first seen (without process labels: the highest the node's sum reached since the agent started).", dev...),
 		hostLive: d("host_live_bytes", "Pinned host memory (cudaMallocHost, cudaHostAlloc, cuMemAllocHost) live now.", pl...),
 		allocs:   d("allocations_total", "Successful allocation calls.", lvl...),
