@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -149,4 +150,49 @@ func allMeta() tracefile.Meta {
 	m := testMeta()
 	m.All, m.Command = true, nil
 	return m
+}
+
+// What a process held before tracing began is said only of a process that
+// was running then: never of a launched command's processes, nor of one
+// whose start time (kept in 10 ms ticks) is within a tick of the trace's
+// start. On the H100 a `record -- python3` run said its CUDA context (518
+// MiB) was held "before tracing".
+func TestNVMLHeldBefore(t *testing.T) {
+	item := func(start uint64) []any {
+		return []any{
+			&tracefile.Process{PID: 100, Comm: "mix", Time: base + 500, Start: start},
+			events.Event{Time: base + 1000, Duration: 100, PID: 100, TID: 100, Comm: "mix", API: events.CudaMalloc,
+				Addr: 0x7000_0000, Size: 64 << 20},
+			&tracefile.NVML{Time: base + 2500, Devices: nvmlDevices(1<<30, 0),
+				Processes: []tracefile.NVMLProcess{{PID: 100, Device: 0, UUID: "GPU-0", Used: (518 + 64) << 20}}},
+		}
+	}
+	const tick = 10 * uint64(time.Millisecond)
+	for _, c := range []struct {
+		name    string
+		command bool
+		start   uint64
+		want    int64
+	}{
+		{"launched", true, base - tick + 1, 0},
+		{"attached, started a tick before", false, base - tick - 1, 518 << 20},
+		{"attached, started within the tick", false, base - tick + 1, 0},
+		{"attached, started a second before", false, base - 1e9 + 1, 518 << 20},
+	} {
+		meta := testMeta()
+		if !c.command {
+			meta.Command, meta.All = nil, true
+		}
+		path, _ := tracetest.Write(t, meta, item(c.start)...)
+		rep, err := Load(path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Processes) != 1 || rep.Processes[0].NVML == nil {
+			t.Fatalf("%s: processes %+v", c.name, rep.Processes)
+		}
+		if got := rep.Processes[0].NVML.HeldBeforeBytes; got != c.want {
+			t.Errorf("%s: held_before_bytes %d, want %d", c.name, got, c.want)
+		}
+	}
 }

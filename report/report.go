@@ -407,7 +407,7 @@ func Load(path string, opts Options) (*Report, error) {
 			out.PythonFrames, out.UnresolvedPythonFrames = py.Len(), py.Unresolved()
 		}
 		out.NVML = nv.process(p.PID)
-		if c := t.First(p.PID); out.NVML != nil && out.NVML.Samples > 0 && c != nil && c.Start != 0 && c.Start < meta.StartBoot {
+		if c := t.First(p.PID); out.NVML != nil && out.NVML.Samples > 0 && c != nil && runningBefore(&meta, c.Start) {
 			out.NVML.HeldBeforeBytes = out.NVML.FirstRemainderBytes
 		}
 		rep.Processes = append(rep.Processes, out)
