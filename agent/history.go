@@ -168,12 +168,13 @@ func (r *recorder) events() int {
 func (r *recorder) bytes() int64 { return int64(r.used) * int64(historyItemCost) }
 
 // historyItem is what the recorder keeps of one event the ledger applied:
-// an allocation, a free (implicit ones included) or a failed allocation;
-// false for the others (context calls that freed nothing, and the
-// process's end: what it held then is its snapshot's live set, as a trace
-// export shows it, not freed).
+// an allocation, a free (implicit ones included), a failed allocation or
+// a VMM map or unmap (where memory_viz draws VMM memory); false for the
+// others (context calls that freed nothing, and the process's end: what it
+// held then is its snapshot's live set, as a trace export shows it, not
+// freed).
 func historyItem(ev *events.Event, ch ledger.Change) (export.HistoryItem, bool) {
-	if ch.Exit || ch.Alloc == nil && ch.Freed == nil && ch.Stack == nil {
+	if ch.Exit || ch.Alloc == nil && ch.Freed == nil && ch.Stack == nil && ch.Mapped == nil && ch.Unmapped == nil {
 		return export.HistoryItem{}, false
 	}
 	ch.Process = nil

@@ -29,6 +29,7 @@ type oomDump struct {
 	failure ledger.Failure
 	ctx     report.FailureContext
 	segs    []*ledger.Allocation
+	maps    []*ledger.Mapping // VMM: where its cuMemCreate memory is
 	tensors []*ledger.Allocation
 	level   bool // tensor events
 	src     *liveStacks
@@ -92,7 +93,7 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 		failure: ledger.Failure{Time: ev.End(), TID: ev.TID, API: ev.API, Size: ev.Size, Device: ev.Device,
 			Result: ev.Result, Stack: ch.Stack},
 		ctx:  report.ContextOf(p, ev.Device, oomStacks),
-		segs: p.LiveAllocations(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0}
+		segs: p.LiveAllocations(), maps: p.Mappings(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0}
 	d.proc.Container, d.proc.PodUID = ps.container.ID, ps.container.PodUID
 	d.names = a.podNames(a.pids())[p.PID]
 	d.free = nvmlFree(a.res.NVML, ev.Device)
@@ -153,12 +154,12 @@ func (a *Agent) writeDump(d *oomDump) error {
 	files := OOMFiles{Memviz: base + ".pickle", Pprof: base + ".pb.gz", Report: base + ".json"}
 
 	var snapBuf bytes.Buffer
-	trace := export.HistoryEntries(d.history, d.segs, d.tensors, d.level, a.wall)
+	trace := export.HistoryEntries(d.history, d.segs, d.maps, d.tensors, d.level, a.wall)
 	if len(d.history) == 0 && d.failure.Device >= 0 { // the flight recorder is off
 		trace = []export.LiveEntry{{Action: export.MemvizOOM, Size: d.failure.Size, Device: d.failure.Device,
 			Stack: d.failure.Stack, TimeUS: d.time.UnixMicro(), DeviceFree: d.free}}
 	}
-	snap, err := export.LiveSnapshot(d.segs, d.tensors, d.level, trace, d.src)
+	snap, err := export.LiveSnapshot(d.segs, d.maps, d.tensors, d.level, trace, d.src)
 	if err == nil {
 		err = export.WriteMemviz(&snapBuf, snap)
 	}

@@ -325,6 +325,7 @@ func profileLabels(c container.Info, n kube.Names) map[string]string {
 func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 	var (
 		segs, tensors []*ledger.Allocation
+		maps          []*ledger.Mapping
 		trace         []export.LiveEntry
 		src           *liveStacks
 		level         bool
@@ -337,6 +338,7 @@ func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 			return
 		}
 		segs, tensors = p.AtEnd() // an ended process's: what it held at exit
+		maps = p.Mappings()       // as they were at its end
 		level = p.TensorAllocs > 0
 		src = a.stacksFor()
 		for _, al := range segs {
@@ -355,7 +357,7 @@ func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 			}
 		}
 		src.addHistory(a, history)
-		trace = append(trace, export.HistoryEntries(history, segs, tensors, level, a.wall)...)
+		trace = append(trace, export.HistoryEntries(history, segs, maps, tensors, level, a.wall)...)
 	})
 	if rerr != nil {
 		return rerr
@@ -363,7 +365,7 @@ func (a *Agent) Snapshot(ctx context.Context, w io.Writer, pid uint32) error {
 	if err != nil {
 		return err
 	}
-	snap, err := export.LiveSnapshot(segs, tensors, level, trace, src)
+	snap, err := export.LiveSnapshot(segs, maps, tensors, level, trace, src)
 	if err != nil {
 		return err
 	}

@@ -27,42 +27,60 @@ type HistoryItem struct {
 // HistoryEntries turns a process's latest events (oldest first) into the
 // trace entries of its live snapshot, by the rules a trace's export
 // follows (memvizEntries), so that memory_viz, undoing them from the
-// snapshot backwards, finds every block where the snapshot (segments, and
-// liveTensors' orphan segments with tensors) or an entry after it put one.
+// snapshot backwards, finds every block where the snapshot (segments,
+// mappings, and liveTensors' orphan segments with tensors) or an entry
+// after it put one.
 //
 // The history starts in the middle of the process's life: the segments
-// live at its first item are the live ones now, with the history's own
-// segment frees put back and its segment allocations taken out. Tensor
-// entries outside them are left out, as a trace's export leaves them out.
-func HistoryEntries(history []HistoryItem, segments, liveTensors []*ledger.Allocation, tensors bool,
-	wall func(boot uint64) time.Time) []LiveEntry {
+// and VMM mappings live at its first item are the live ones now, with the
+// history's own frees and unmaps put back and its allocations and maps
+// taken out. Tensor entries outside them are left out, as a trace's export
+// leaves them out.
+func HistoryEntries(history []HistoryItem, segments []*ledger.Allocation, mappings []*ledger.Mapping,
+	liveTensors []*ledger.Allocation, tensors bool, wall func(boot uint64) time.Time) []LiveEntry {
 	if len(history) == 0 {
 		return nil
 	}
 	var segs []*ledger.Allocation
 	for _, a := range segments {
-		if a.API.Segment() && a.Device != events.DeviceUnknown {
+		if a.API.Segment() && a.API != events.CuMemCreate && a.Device != events.DeviceUnknown {
 			segs = append(segs, a)
 		}
 	}
 	orphans := map[memvizBlockKey]bool{}
 	if tensors {
-		for _, seg := range orphanSegments(segs, liveTensors, func(*ledger.Stack) []MemvizFrame { return nil }) {
+		l := memvizSegments(segments, mappings, liveTensors, true, func(*ledger.Stack) []MemvizFrame { return nil })
+		for _, seg := range l.orphans {
 			orphans[memvizBlockKey{seg.Device, seg.Address, seg.TotalSize}] = true
 		}
 	}
-	// The segments at the history's start, by undoing it from now.
+	// The segments and mappings at the history's start, by undoing it
+	// from now.
 	atStart := map[*ledger.Allocation]bool{}
 	for _, a := range segs {
 		atStart[a] = true
 	}
+	mappedAtStart := map[*ledger.Mapping]bool{}
+	for _, m := range mappings {
+		if m.Device != events.DeviceUnknown {
+			mappedAtStart[m] = true
+		}
+	}
 	for i := len(history) - 1; i >= 0; i-- {
 		ch := &history[i].Change
+		if m := ch.Mapped; m != nil {
+			delete(mappedAtStart, m)
+		}
+		for _, m := range ch.Unmapped {
+			if m.Device != events.DeviceUnknown {
+				mappedAtStart[m] = true
+			}
+		}
 		if a := ch.Alloc; a != nil && a.API.Segment() && !a.Before {
 			delete(atStart, a)
 		}
 		for a := range ch.AllFreed() {
-			if a.API.Segment() {
+			if a.API.Segment() && a.API != events.CuMemCreate {
 				atStart[a] = true
 			}
 		}
@@ -70,7 +88,10 @@ func HistoryEntries(history []HistoryItem, segments, liveTensors []*ledger.Alloc
 	scope := newMemvizScope(func(k memvizBlockKey) bool { return orphans[k] })
 	scope.wall = wall
 	for a := range atStart {
-		scope.add(a)
+		scope.add(int(a.Device), a.Addr, a.Size)
+	}
+	for m := range mappedAtStart {
+		scope.add(int(m.Device), m.Addr, m.Size)
 	}
 
 	var out []LiveEntry

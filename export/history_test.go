@@ -50,7 +50,7 @@ func TestHistoryEntries(t *testing.T) {
 
 	p := l.Process(1)
 	wall := func(boot uint64) time.Time { return time.Unix(1700000000, int64(boot)) }
-	entries := HistoryEntries(history, p.LiveAllocations(), p.LiveTensors(), true, wall)
+	entries := HistoryEntries(history, p.LiveAllocations(), p.Mappings(), p.LiveTensors(), true, wall)
 	var got []string
 	for _, e := range entries {
 		got = append(got, string(e.Action)+" "+hex(e.Addr))
@@ -72,7 +72,7 @@ func TestHistoryEntries(t *testing.T) {
 			t.Fatalf("entries %q\nwant %q", got, want)
 		}
 	}
-	snap, err := LiveSnapshot(p.LiveAllocations(), p.LiveTensors(), true, entries, fakeStacks{})
+	snap, err := LiveSnapshot(p.LiveAllocations(), p.Mappings(), p.LiveTensors(), true, entries, fakeStacks{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,9 +6,7 @@ package export
 // the samples and the live set come from differs.
 
 import (
-	"cmp"
 	"io"
-	"slices"
 	"time"
 
 	"github.com/cudatrace/cudatrace/ledger"
@@ -61,11 +59,14 @@ type LiveEntry struct {
 
 // LiveSnapshot builds one process's memory snapshot from its live set:
 // segments are its live allocations (pinned host memory is left out: it is
-// not device memory), cut into the blocks of its live tensors when tensors
-// is set (the process has PyTorch's tensor events), as WriteMemvizTrace
-// does. Both lists are by address, as ledger.Process returns them. trace
-// becomes device_traces, in order. The snapshot is validated.
-func LiveSnapshot(segments, liveTensors []*ledger.Allocation, tensors bool, trace []LiveEntry, src Stacks) (*Snapshot, error) {
+// not device memory) and its VMM mappings (its cuMemCreate memory drawn
+// where it is mapped), cut into the blocks of its live tensors when
+// tensors is set (the process has PyTorch's tensor events), as
+// WriteMemvizTrace does. The three lists are by address, as ledger.Process
+// returns them. trace becomes device_traces, in order. The snapshot is
+// validated.
+func LiveSnapshot(segments []*ledger.Allocation, mappings []*ledger.Mapping, liveTensors []*ledger.Allocation, tensors bool,
+	trace []LiveEntry, src Stacks) (*Snapshot, error) {
 	done := map[*ledger.Stack][]MemvizFrame{}
 	frames := func(st *ledger.Stack) []MemvizFrame {
 		if st == nil {
@@ -81,30 +82,12 @@ func LiveSnapshot(segments, liveTensors []*ledger.Allocation, tensors bool, trac
 		done[st] = out
 		return out
 	}
-	snap := &Snapshot{}
+	// Tensors in segments made before the agent attached get their own
+	// segments, so no live tensor is dropped.
+	snap := &Snapshot{Segments: memvizSegments(segments, mappings, liveTensors, tensors, frames).segs}
 	maxDev := -1
-	var segs []*ledger.Allocation
-	var unknown unknownDevice // left out: memory_viz draws devices
-	for _, a := range segments {
-		if !a.API.Segment() || unknown.leftOut(a) {
-			continue
-		}
-		segs = append(segs, a)
-		seg := memvizSegment(a, frames(a.Stack))
-		if tensors {
-			seg = memvizTensorSegment(a, frames(a.Stack), liveTensors, frames)
-		}
-		snap.Segments = append(snap.Segments, seg)
-		maxDev = max(maxDev, int(a.Device))
-	}
-	if tensors {
-		// Tensors in segments made before the agent attached: their own
-		// segments, so no live tensor is dropped.
-		for _, seg := range orphanSegments(segs, liveTensors, frames) {
-			snap.Segments = append(snap.Segments, seg)
-			maxDev = max(maxDev, seg.Device)
-		}
-		slices.SortStableFunc(snap.Segments, func(a, b MemvizSegment) int { return cmp.Compare(a.Address, b.Address) })
+	for i := range snap.Segments {
+		maxDev = max(maxDev, snap.Segments[i].Device)
 	}
 	for _, e := range trace {
 		maxDev = max(maxDev, int(e.Device))

@@ -95,7 +95,7 @@ func TestLiveSnapshot(t *testing.T) {
 	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.TorchMalloc, Addr: 0x10200, Size: 1000, Device: 1, Stack: []uint64{0xc}})
 	p := l.Process(1)
 	oom := l.StackOf(1, []uint64{0xa}, false)
-	snap, err := LiveSnapshot(p.LiveAllocations(), p.LiveTensors(), true,
+	snap, err := LiveSnapshot(p.LiveAllocations(), p.Mappings(), p.LiveTensors(), true,
 		[]LiveEntry{{Action: MemvizOOM, Size: 1 << 40, Device: 1, Stack: oom, TimeUS: 5}}, fakeStacks{})
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +158,7 @@ func TestLiveSnapshotUnseenSegment(t *testing.T) {
 	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.TorchMalloc, Addr: 0x10200, Size: 1000, Stack: []uint64{0xc}})
 	l.Apply(&events.Event{PID: 1, Comm: "job", API: events.TorchMalloc, Addr: 0x80000, Size: 2_500_000, Stack: []uint64{0xc}})
 	p := l.Process(1)
-	snap, err := LiveSnapshot(p.LiveAllocations(), p.LiveTensors(), true, nil, fakeStacks{})
+	snap, err := LiveSnapshot(p.LiveAllocations(), p.Mappings(), p.LiveTensors(), true, nil, fakeStacks{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ type memvizBlockKey struct {
 // own in the snapshot (orphanSegments); the entries of the others are left
 // out, as the snapshot lists no memory they could be in.
 type memvizScope struct {
-	segs map[int][]span // live segments per device, by address
+	segs map[int][]span // live segments (and VMM mappings) per device, by address
 	// orphan says whether a block outside every segment gets entries.
 	orphan func(memvizBlockKey) bool
 	wall   func(boot uint64) time.Time // a trace's clock (Meta.WallTime); nil: time_us is left out
@@ -41,19 +41,39 @@ func newMemvizScope(orphan func(memvizBlockKey) bool) *memvizScope {
 	return &memvizScope{segs: map[int][]span{}, orphan: orphan}
 }
 
-func (s *memvizScope) add(a *ledger.Allocation) {
-	dev := int(a.Device)
-	sp := span{a.Addr, a.Addr + a.Size}
+// add notes a segment, or a VMM mapping, of size bytes at addr on dev.
+func (s *memvizScope) add(dev int, addr, size uint64) {
+	sp := span{addr, addr + size}
 	i, _ := slices.BinarySearchFunc(s.segs[dev], sp.start, func(x span, addr uint64) int { return cmp.Compare(x.start, addr) })
 	s.segs[dev] = slices.Insert(s.segs[dev], i, sp)
 }
 
-func (s *memvizScope) remove(a *ledger.Allocation) {
-	dev := int(a.Device)
-	i, ok := slices.BinarySearchFunc(s.segs[dev], a.Addr, func(x span, addr uint64) int { return cmp.Compare(x.start, addr) })
+// remove forgets the segment or mapping at addr on dev.
+func (s *memvizScope) remove(dev int, addr uint64) {
+	i, ok := slices.BinarySearchFunc(s.segs[dev], addr, func(x span, addr uint64) int { return cmp.Compare(x.start, addr) })
 	if ok {
 		s.segs[dev] = slices.Delete(s.segs[dev], i, i+1)
 	}
+}
+
+// within reports whether [addr, end) on dev lies in the segments noted,
+// over adjacent ones too: a tensor of an expandable segment spans the
+// mappings that PyTorch made one after the other.
+func (s *memvizScope) within(dev int, addr, end uint64) bool {
+	segs := s.segs[dev]
+	i, _ := slices.BinarySearchFunc(segs, addr+1, func(x span, addr uint64) int { return cmp.Compare(x.start, addr) })
+	if i == 0 || addr < segs[i-1].start {
+		return false
+	}
+	for j := i - 1; j < len(segs); j++ {
+		if segs[j].end >= end {
+			return true
+		}
+		if j+1 == len(segs) || segs[j+1].start != segs[j].end {
+			return false
+		}
+	}
+	return false
 }
 
 // covers reports whether tensor block a gets trace entries, and whether it
@@ -62,9 +82,7 @@ func (s *memvizScope) covers(a *ledger.Allocation) (ok, orphan bool) {
 	if s == nil || s.orphan == nil {
 		return true, false
 	}
-	segs := s.segs[int(a.Device)]
-	i, _ := slices.BinarySearchFunc(segs, a.Addr+1, func(x span, addr uint64) int { return cmp.Compare(x.start, addr) })
-	if i > 0 && a.Addr >= segs[i-1].start && a.Addr+a.Size <= segs[i-1].end {
+	if s.within(int(a.Device), a.Addr, a.Addr+a.Size) {
 		return true, false
 	}
 	return s.orphan(memvizBlockKey{int(a.Device), a.Addr, a.Size}), true
@@ -105,14 +123,14 @@ func (s *memvizScope) timeUS(ev *events.Event) int64 {
 }
 
 // orphanSegments makes a segment of each live tensor that lies in none of
-// segs (both by address): memory the process held before the trace began.
+// segs (live by address): memory the process held before the trace began.
 // Each is exactly the tensor's size, one active block, so its entries,
 // which have this size too, fit it. Tensors overlapping one before (a lost
 // free) are left out.
-func orphanSegments(segs, live []*ledger.Allocation, stack func(*ledger.Stack) []MemvizFrame) []MemvizSegment {
+func orphanSegments(segs []MemvizSegment, live []*ledger.Allocation, stack func(*ledger.Stack) []MemvizFrame) []MemvizSegment {
 	scope := newMemvizScope(func(memvizBlockKey) bool { return false })
-	for _, a := range segs {
-		scope.add(a)
+	for i := range segs {
+		scope.add(segs[i].Device, segs[i].Address, segs[i].TotalSize)
 	}
 	var out []MemvizSegment
 	lastEnd := map[int32]uint64{}

@@ -18,9 +18,22 @@ import (
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
-// memvizSmall is the largest block PyTorch's caching allocator keeps in its
-// small pool; larger segments are "large".
-const memvizSmall = 1 << 20
+// The sizes PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp)
+// is built on.
+const (
+	// memvizSmallSize is kSmallSize: requests up to it are served from the
+	// small pool, larger ones from the large pool; and a large-pool block is
+	// split only when more than this is left past the request
+	// (should_split), so no free block of the large pool is this small.
+	memvizSmallSize = 1 << 20
+	// memvizSmallBuffer is kSmallBuffer: the size of a small-pool segment,
+	// and of each mapping of a small expandable segment. Large-pool
+	// segments are 10 MiB or more (kMinLargeAlloc), mapped in 20 MiB
+	// pages (kLargeBuffer) when expandable.
+	memvizSmallBuffer = 2 << 20
+	// memvizRound is kMinBlockSize: every block's size is a multiple of it.
+	memvizRound = 512
+)
 
 // WriteMemvizTrace writes the trace at path as a PyTorch memory snapshot:
 // the live set at opts.At as segments, and every allocation, free and
@@ -32,6 +45,13 @@ const memvizSmall = 1 << 20
 // to draw; the trace shows segment_alloc then alloc, and free_requested,
 // free_completed then segment_free. Pinned host memory is left out: it is
 // not device memory.
+//
+// VMM memory (cuMemCreate) has no address of its own, only a handle: it is
+// drawn where cuMemMap mapped it, as PyTorch draws an expandable segment,
+// one segment (is_expandable) per run of adjacent mappings, and its trace
+// entries are segment_map and segment_unmap at the mapped address.
+// Physical memory mapped nowhere at the moment is left out, and opts.Warn
+// says how much.
 //
 // A snapshot is one process's, as torch.cuda.memory._snapshot() is: a
 // trace of several processes needs opts.PIDs to pick one.
@@ -105,30 +125,19 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 
 	snap := &Snapshot{}
 	orphans := map[memvizBlockKey]bool{}
-	var unknown unknownDevice
+	var left memvizLeftOut
 	for _, pid := range pids {
 		p := t.Ledger.Process(pid)
 		// An ended process: what it held at exit is its live set at the
 		// end (the trace has no free for it: memviz walks back from here).
+		// Its mappings stay as they were at its end.
 		atEnd, live := p.AtEnd() // by address
-		var segs []*ledger.Allocation
-		for _, a := range atEnd {
-			if !a.API.Segment() || unknown.leftOut(a) {
-				continue
-			}
-			segs = append(segs, a)
-			seg := memvizSegment(a, fr.frames(a.Stack))
-			if tensors {
-				seg = memvizTensorSegment(a, fr.frames(a.Stack), live, fr.frames)
-			}
-			snap.Segments = append(snap.Segments, seg)
+		l := memvizSegments(atEnd, p.Mappings(), live, tensors, fr.frames)
+		snap.Segments = append(snap.Segments, l.segs...)
+		for _, seg := range l.orphans {
+			orphans[memvizBlockKey{seg.Device, seg.Address, seg.TotalSize}] = true
 		}
-		if tensors {
-			for _, seg := range orphanSegments(segs, live, fr.frames) {
-				snap.Segments = append(snap.Segments, seg)
-				orphans[memvizBlockKey{seg.Device, seg.Address, seg.TotalSize}] = true
-			}
-		}
+		left.add(l.left)
 	}
 	if tensors {
 		counts = tensorCounts
@@ -145,9 +154,6 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 	for i := range snap.Segments {
 		maxDev = max(maxDev, snap.Segments[i].Device)
 	}
-	slices.SortStableFunc(snap.Segments, func(a, b MemvizSegment) int {
-		return cmp.Compare(a.Address, b.Address)
-	})
 	// One trace list per device 0..max, as PyTorch writes them; Validate
 	// checks the segments against them.
 	snap.DeviceTraces = make([][]MemvizTraceEntry, maxDev+1)
@@ -192,30 +198,127 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 		return fmt.Errorf("memviz: %w", err)
 	}
 	opts.warnGone(syms)
-	unknown.warn(&opts)
+	left.warn(&opts)
 	return nil
 }
 
-// unknownDevice counts the live memory a snapshot leaves out for want of
-// a device: memory_viz draws devices, and a thread that chose its device
-// before tracing began allocated on events.DeviceUnknown until it said
-// which (its trace entries go to no device's list either).
-type unknownDevice struct{ n, bytes uint64 }
-
-func (u *unknownDevice) leftOut(a *ledger.Allocation) bool {
-	if a.Device != events.DeviceUnknown {
-		return false
-	}
-	u.n++
-	u.bytes += a.Size
-	return true
+// memvizLeftOut counts the live memory a snapshot leaves out: that on an
+// unknown device, as memory_viz draws devices, and a thread that chose its
+// device before tracing began allocated on events.DeviceUnknown until it
+// said which (its trace entries go to no device's list either); and VMM
+// physical memory with no mapping the trace saw, which has no address to
+// draw it at.
+type memvizLeftOut struct {
+	unknown, unknownBytes   uint64
+	unmapped, unmappedBytes uint64
 }
 
-func (u *unknownDevice) warn(o *Options) {
-	if u.n > 0 && o.Warn != nil {
-		o.Warn(fmt.Sprintf("memviz: %d live allocations (%s) on an unknown device left out (threads that chose their device before tracing began; `cudatrace report` counts them)",
-			u.n, units.Bytes(u.bytes)))
+func (l *memvizLeftOut) add(o memvizLeftOut) {
+	l.unknown += o.unknown
+	l.unknownBytes += o.unknownBytes
+	l.unmapped += o.unmapped
+	l.unmappedBytes += o.unmappedBytes
+}
+
+func (l *memvizLeftOut) warn(o *Options) {
+	if o.Warn == nil {
+		return
 	}
+	if l.unknown > 0 {
+		o.Warn(fmt.Sprintf("memviz: %d live allocations (%s) on an unknown device left out (threads that chose their device before tracing began; `cudatrace report` counts them)",
+			l.unknown, units.Bytes(l.unknownBytes)))
+	}
+	if l.unmapped > 0 {
+		o.Warn(fmt.Sprintf("memviz: %d VMM allocations (%s, cuMemCreate) not mapped at the moment left out: physical memory has an address only where cuMemMap maps it, and the trace saw no map of these (`cudatrace report` counts them)",
+			l.unmapped, units.Bytes(l.unmappedBytes)))
+	}
+}
+
+// memvizLayout is one process's memory as a snapshot lists it.
+type memvizLayout struct {
+	segs    []MemvizSegment // by address, orphans among them
+	orphans []MemvizSegment // live tensors' own segments (orphanSegments)
+	left    memvizLeftOut
+}
+
+// memvizSegments lays out one process's memory (its live allocations and
+// VMM mappings, both by address) as snapshot segments: each segment
+// allocation one, VMM memory one per run of adjacent mappings
+// (memvizMapped); with tensors, cut into the live tensors' blocks
+// (memvizTensorSegment), with a segment of their own for tensors in none
+// (orphanSegments).
+func memvizSegments(allocs []*ledger.Allocation, maps []*ledger.Mapping, live []*ledger.Allocation, tensors bool,
+	frames func(*ledger.Stack) []MemvizFrame) memvizLayout {
+	var l memvizLayout
+	for _, a := range allocs {
+		switch {
+		case !a.API.Segment():
+		case a.API == events.CuMemCreate:
+			// Its Addr is a handle: its mappings below say where it is.
+			if !a.Mapped() {
+				l.left.unmapped++
+				l.left.unmappedBytes += a.Size
+			}
+		case a.Device == events.DeviceUnknown:
+			l.left.unknown++
+			l.left.unknownBytes += a.Size
+		default:
+			l.segs = append(l.segs, memvizSegment(a, frames(a.Stack)))
+		}
+	}
+	var known []*ledger.Mapping
+	for _, m := range maps {
+		if m.Device == events.DeviceUnknown {
+			l.left.unknown++
+			l.left.unknownBytes += m.Size
+			continue
+		}
+		known = append(known, m)
+	}
+	l.segs = append(l.segs, memvizMapped(known, frames)...)
+	if tensors {
+		for i := range l.segs {
+			l.segs[i] = memvizTensorSegment(l.segs[i], live, frames)
+		}
+		l.orphans = orphanSegments(l.segs, live, frames)
+		l.segs = append(l.segs, l.orphans...)
+	}
+	slices.SortStableFunc(l.segs, func(a, b MemvizSegment) int { return cmp.Compare(a.Address, b.Address) })
+	return l
+}
+
+// memvizMapped makes a segment of each run of adjacent VMM mappings (by
+// address) on one device, as PyTorch's snapshot lists an expandable
+// segment: one segment per contiguous mapped range, is_expandable. Each
+// mapping is one active block of it; tensors cut it up instead. A run of
+// small pages (kSmallBuffer) is the small pool's.
+func memvizMapped(maps []*ledger.Mapping, frames func(*ledger.Stack) []MemvizFrame) []MemvizSegment {
+	var out []MemvizSegment
+	for i := 0; i < len(maps); {
+		m := maps[i]
+		var st *ledger.Stack
+		if m.Alloc != nil {
+			st = m.Alloc.Stack
+		}
+		seg := MemvizSegment{Device: int(m.Device), Address: m.Addr, SegmentType: MemvizSmall, IsExpandable: true,
+			Frames: frames(st)}
+		for ; i < len(maps) && maps[i].Device == m.Device && maps[i].Addr == m.Addr+seg.TotalSize; i++ {
+			b := maps[i]
+			var bst *ledger.Stack
+			if b.Alloc != nil {
+				bst = b.Alloc.Stack
+			}
+			seg.Blocks = append(seg.Blocks, MemvizBlock{Address: b.Addr, Size: b.Size, RequestedSize: b.Size,
+				State: MemvizActiveAllocated, Frames: frames(bst)})
+			seg.TotalSize += b.Size
+			if b.Size > memvizSmallBuffer {
+				seg.SegmentType = MemvizLarge
+			}
+		}
+		seg.AllocatedSize, seg.ActiveSize, seg.RequestedSize = seg.TotalSize, seg.TotalSize, seg.TotalSize
+		out = append(out, seg)
+	}
+	return out
 }
 
 func joinPIDs(pids []uint32) string {
@@ -226,9 +329,12 @@ func joinPIDs(pids []uint32) string {
 	return strings.Join(s, ", ")
 }
 
+// memvizSegment is allocation a as a segment of one active block. One of
+// kSmallBuffer or less is taken for the small pool's, as PyTorch makes no
+// smaller segment for its large pool.
 func memvizSegment(a *ledger.Allocation, frames []MemvizFrame) MemvizSegment {
 	kind := MemvizLarge
-	if a.Size <= memvizSmall {
+	if a.Size <= memvizSmallBuffer {
 		kind = MemvizSmall
 	}
 	return MemvizSegment{Device: int(a.Device), Address: a.Addr, TotalSize: a.Size, AllocatedSize: a.Size,
@@ -241,7 +347,11 @@ func memvizSegment(a *ledger.Allocation, frames []MemvizFrame) MemvizSegment {
 // by device, with the frames of stack (nil: none). Without tensor events a
 // segment is also its one block (segment_alloc then alloc; free_requested,
 // free_completed then segment_free); with them, segments and tensor blocks
-// have entries of their own.
+// have entries of their own. VMM memory has its entries where it is
+// mapped, as PyTorch's expandable segments do: segment_map and
+// segment_unmap at the mapping's address and size (each mapping also a
+// block without tensors); creating and releasing it makes none, as it has
+// no address then.
 //
 // scope keeps the segments the trace has seen: a tensor entry is made only
 // for a block inside one of them, or one scope.orphan lets through, so no
@@ -261,13 +371,23 @@ func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memv
 		return stack(st)
 	}
 	orphan := false
-	entries := func(a *ledger.Allocation, actions ...MemvizAction) {
-		f := frames(a.Stack)
+	emitAt := func(dev int32, addr, size uint64, st *ledger.Stack, actions ...MemvizAction) {
+		f := frames(st)
 		for _, action := range actions {
-			emit(int(a.Device), MemvizTraceEntry{Action: action, Addr: a.Addr, Size: a.Size, Frames: f,
-				TimeUS: scope.timeUS(ev), orphan: orphan, stack: a.Stack})
+			emit(int(dev), MemvizTraceEntry{Action: action, Addr: addr, Size: size, Frames: f,
+				TimeUS: scope.timeUS(ev), orphan: orphan, stack: st})
 		}
 		orphan = false
+	}
+	entries := func(a *ledger.Allocation, actions ...MemvizAction) {
+		emitAt(a.Device, a.Addr, a.Size, a.Stack, actions...)
+	}
+	mapping := func(m *ledger.Mapping, actions ...MemvizAction) {
+		var st *ledger.Stack
+		if m.Alloc != nil {
+			st = m.Alloc.Stack
+		}
+		emitAt(m.Device, m.Addr, m.Size, st, actions...)
 	}
 	tensorIn := func(a *ledger.Allocation) bool {
 		if !tensors || a.API.Info().Layer != events.LayerTensor {
@@ -279,8 +399,9 @@ func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memv
 	}
 	for a := range ch.AllFreed() {
 		switch {
+		case a.API == events.CuMemCreate: // a handle, no address
 		case a.API.Segment() && tensors:
-			scope.remove(a)
+			scope.remove(int(a.Device), a.Addr)
 			entries(a, MemvizSegmentFree)
 		case a.API.Segment():
 			entries(a, MemvizFreeRequested, MemvizFreeCompleted, MemvizSegmentFree)
@@ -288,21 +409,38 @@ func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memv
 			entries(a, MemvizFreeRequested, MemvizFreeCompleted)
 		}
 	}
+	for _, m := range ch.Unmapped {
+		if tensors {
+			scope.remove(int(m.Device), m.Addr)
+			mapping(m, MemvizSegmentUnmap)
+		} else {
+			mapping(m, MemvizFreeRequested, MemvizFreeCompleted, MemvizSegmentUnmap)
+		}
+	}
 	if a := ch.Alloc; a != nil && a.Before {
 		// Live when the trace began: no entry says when it was made
 		// (memory_viz, walking back from the snapshot, finds it there).
-		if a.API.Segment() && tensors {
-			scope.add(a)
+		if a.API.Segment() && a.API != events.CuMemCreate && tensors {
+			scope.add(int(a.Device), a.Addr, a.Size)
 		}
 	} else if a != nil {
 		switch {
+		case a.API == events.CuMemCreate:
 		case a.API.Segment() && tensors:
-			scope.add(a)
+			scope.add(int(a.Device), a.Addr, a.Size)
 			entries(a, MemvizSegmentAlloc)
 		case a.API.Segment():
 			entries(a, MemvizSegmentAlloc, MemvizAlloc)
 		case tensorIn(a):
 			entries(a, MemvizAlloc)
+		}
+	}
+	if m := ch.Mapped; m != nil {
+		if tensors {
+			scope.add(int(m.Device), m.Addr, m.Size)
+			mapping(m, MemvizSegmentMap)
+		} else {
+			mapping(m, MemvizSegmentMap, MemvizAlloc)
 		}
 	}
 	if ch.Stack != nil && ch.Alloc == nil && events.IsOOM(ev.Result) && ev.API.Segment() {
@@ -312,16 +450,26 @@ func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memv
 	}
 }
 
-// memvizTensorSegment is segment a cut into the blocks of the live tensors
-// inside it (sorted by address), each rounded up to PyTorch's 512 bytes
-// where room allows, with inactive blocks (cached, free) between them.
-func memvizTensorSegment(a *ledger.Allocation, frames []MemvizFrame, live []*ledger.Allocation,
-	stack func(*ledger.Stack) []MemvizFrame) MemvizSegment {
-	seg := memvizSegment(a, frames)
+// memvizTensorSegment cuts seg into the blocks of the live tensors inside
+// it (live by address), with inactive blocks (cached, free) between them.
+//
+// A tensor's block is its size rounded up to PyTorch's 512 bytes, where
+// room allows. In a large-pool segment that is not expandable, the block
+// also takes what is left up to the next live tensor, or the segment's
+// end, when that is 1 MiB (kSmallSize) or less: the caching allocator
+// splits a large-pool block only when more than that would remain
+// (should_split), so no free block is that small there, and the tensor got
+// the whole block (memory_allocated counts it). Small-pool and expandable
+// blocks split at any remainder of 512 bytes or more: theirs are rounded
+// only. A block larger than its tensor by more than 1 MiB is not told from
+// a free block after it: the allocator keeps such only for oversize
+// requests (max_split_size_mb set), which the trace does not tell.
+func memvizTensorSegment(seg MemvizSegment, live []*ledger.Allocation, stack func(*ledger.Stack) []MemvizFrame) MemvizSegment {
 	seg.Blocks, seg.AllocatedSize, seg.ActiveSize, seg.RequestedSize = nil, 0, 0, 0
-	end := a.Addr + a.Size
-	at := a.Addr
-	i, _ := slices.BinarySearchFunc(live, a.Addr, func(t *ledger.Allocation, addr uint64) int {
+	unsplit := seg.SegmentType == MemvizLarge && !seg.IsExpandable
+	end := seg.Address + seg.TotalSize
+	at := seg.Address
+	i, _ := slices.BinarySearchFunc(live, seg.Address, func(t *ledger.Allocation, addr uint64) int {
 		return cmp.Compare(t.Addr, addr)
 	})
 	for ; i < len(live) && live[i].Addr < end; i++ {
@@ -332,9 +480,21 @@ func memvizTensorSegment(a *ledger.Allocation, frames []MemvizFrame, live []*led
 		if t.Addr > at {
 			seg.Blocks = append(seg.Blocks, MemvizBlock{Address: at, Size: t.Addr - at, State: MemvizInactive})
 		}
-		size := min((t.Size+511)&^511, end-t.Addr)
+		size := min((t.Size+memvizRound-1)&^(memvizRound-1), end-t.Addr)
 		if i+1 < len(live) && live[i+1].Addr > t.Addr {
 			size = min(size, max(live[i+1].Addr-t.Addr, min(t.Size, end-t.Addr)))
+		}
+		if unsplit {
+			next := end // the next block that can start: a live tensor's, or the end
+			for j := i + 1; j < len(live) && live[j].Addr < end; j++ {
+				if live[j].Addr >= t.Addr+size && live[j].Size > 0 {
+					next = live[j].Addr
+					break
+				}
+			}
+			if rest := next - (t.Addr + size); rest <= memvizSmallSize {
+				size += rest
+			}
 		}
 		req := min(t.Size, size)
 		seg.Blocks = append(seg.Blocks, MemvizBlock{Address: t.Addr, Size: size, RequestedSize: req,

@@ -152,7 +152,9 @@ func TestMemvizTrace(t *testing.T) {
 
 	// At a moment: only what had happened by then.
 	snap = memvizExport(t, path, Options{PIDs: []uint32{7}, NoSymbolize: true, At: Moment{At: 2500 * time.Nanosecond}})
-	wantSegs = []any{seg(0, 0x7000_0000, 2<<20, "large", a1), seg(1, 0x7100_0000, 512, "small", b1)}
+	// 2 MiB is a small-pool segment's size (kSmallBuffer): large-pool ones
+	// are 10 MiB or more.
+	wantSegs = []any{seg(0, 0x7000_0000, 2<<20, "small", a1), seg(1, 0x7100_0000, 512, "small", b1)}
 	if got := snap["segments"]; !reflect.DeepEqual(got, wantSegs) {
 		g, _ := json.Marshal(got)
 		t.Errorf("segments at 2.5µs: %s", g)

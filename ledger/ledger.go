@@ -176,6 +176,11 @@ func (a *Allocation) Untold() bool { return a.untold }
 // it was mapped: it lives until its last mapping goes.
 func (a *Allocation) Released() bool { return a.released }
 
+// Mapped reports whether a is VMM memory (cuMemCreate) mapped at some
+// virtual address now: its Addr is a handle, and only its mappings
+// (Process.Mappings) say where it is.
+func (a *Allocation) Mapped() bool { return a.mapped > 0 }
+
 // Failure is a failed allocation call.
 type Failure struct {
 	Time   uint64
@@ -294,6 +299,12 @@ type Change struct {
 	// of a range over several mappings whose memory was already released,
 	// or a context's allocations after its first.
 	AlsoFreed []*Allocation
+	// Mapped is the VMM mapping a cuMemMap made. Unmapped are the mappings
+	// a cuMemUnmap removed, by address, or the one a cuMemMap at its
+	// address displaced (its unmap was lost). Physical memory (cuMemCreate)
+	// has no address: these are where it is.
+	Mapped   *Mapping
+	Unmapped []*Mapping
 	// Implicit: the allocations freed went with their context (OpContextEnd).
 	Implicit bool
 	// Exit: the process ended; the allocations freed are what it held at
@@ -644,6 +655,7 @@ func (l *Ledger) mapVMM(ev *events.Event) Change {
 	}
 	ch := Change{Process: p}
 	if old := p.mappings[ev.Addr]; old != nil { // its cuMemUnmap was lost
+		ch.Unmapped = append(ch.Unmapped, old)
 		if a := p.unmapOne(old); a != nil {
 			ch.Freed = a
 		}
@@ -654,6 +666,7 @@ func (l *Ledger) mapVMM(ev *events.Event) Change {
 		a.mapped++
 	}
 	p.mappings[ev.Addr] = m
+	ch.Mapped = m
 	p.Maps++
 	p.Mapped += m.Size
 	p.MappedPeak = max(p.MappedPeak, p.Mapped)
@@ -679,6 +692,7 @@ func (p *Process) unmapVMM(ev *events.Event) Change {
 		p.UnknownUnmaps++
 		return ch
 	}
+	ch.Unmapped = gone
 	for _, m := range gone {
 		a := p.unmapOne(m)
 		switch {

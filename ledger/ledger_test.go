@@ -221,7 +221,12 @@ func TestLedgerVMM(t *testing.T) {
 	l.Apply(alloc(1, events.CuMemCreate, 0xa1, 2<<20, 1, 0xa))
 	l.Apply(alloc(1, events.CuMemCreate, 0xa2, 2<<20, 1, 0xa))
 	l.Apply(alloc(1, events.CuMemCreate, 0xa3, 4<<20, 0, 0xb))
-	l.Apply(vmmMap(1, 0x7000_0000, 2<<20, 0xa1))
+	// Each map says where its physical memory now is, for readers that
+	// draw memory by address (memviz).
+	if ch := l.Apply(vmmMap(1, 0x7000_0000, 2<<20, 0xa1)); ch.Mapped == nil || ch.Mapped.Addr != 0x7000_0000 ||
+		ch.Mapped.Size != 2<<20 || ch.Mapped.Alloc == nil || !ch.Mapped.Alloc.Mapped() || ch.Unmapped != nil {
+		t.Fatalf("map: %+v", ch)
+	}
 	l.Apply(vmmMap(1, 0x7020_0000, 2<<20, 0xa2))
 	l.Apply(vmmMap(1, 0x7040_0000, 4<<20, 0xa3))
 	l.Apply(&events.Event{PID: 1, API: events.CuMemMap, Addr: 0x7080_0000, Size: 1, Aux: 0xa1, Flags: events.FlagAux, Result: 1})
@@ -256,12 +261,18 @@ func TestLedgerVMM(t *testing.T) {
 	if ch.Freed == nil || ch.Freed.Size != 2<<20 || len(ch.AlsoFreed) != 1 || ch.Freed.Addr != 0xa1 || ch.AlsoFreed[0].Addr != 0xa2 {
 		t.Fatalf("unmap of two: %+v", ch)
 	}
+	if len(ch.Unmapped) != 2 || ch.Unmapped[0].Addr != 0x7000_0000 || ch.Unmapped[1].Addr != 0x7020_0000 {
+		t.Fatalf("unmap of two: unmapped %+v", ch.Unmapped)
+	}
 	if p.Live != 10<<20 || p.Mapped != 4<<20 || p.Unmaps != 2 || p.Devices[1].Live != 6<<20 {
 		t.Fatalf("after unmap: live %d mapped %d unmaps %d dev1 %d", p.Live, p.Mapped, p.Unmaps, p.Devices[1].Live)
 	}
 	// Unmapped first, released later: the release frees it.
-	if ch := l.Apply(sized(1, events.CuMemUnmap, 0x7040_0000, 4<<20)); ch.Freed != nil {
-		t.Fatalf("unmap of unreleased memory freed it")
+	if ch := l.Apply(sized(1, events.CuMemUnmap, 0x7040_0000, 4<<20)); ch.Freed != nil || len(ch.Unmapped) != 1 {
+		t.Fatalf("unmap of unreleased memory: %+v", ch)
+	}
+	if a := p.LiveAllocations(); len(a) != 2 || a[0].Mapped() || a[1].Mapped() {
+		t.Fatalf("after the unmaps, live VMM memory is mapped nowhere: %+v", a)
 	}
 	if ch := l.Apply(free(1, events.CuMemRelease, 0xa3)); ch.Freed == nil || ch.Freed.Size != 4<<20 {
 		t.Fatalf("release after unmap: %+v", ch)

@@ -133,10 +133,16 @@ already use:
             torch.cuda.memory._snapshot(): segments (the live set at --at)
             and a trace of the allocations and frees per device (the
             latest --memviz-entries of them; the Allocator Settings tab
-            says when older ones were cut). OOM entries carry the free
-            memory NVML saw last; without NVML in the trace they leave
-            it out, and the Allocator Settings tab says so. One
-            process: pick it with --pid.
+            says when older ones were cut). VMM memory (cuMemCreate,
+            PyTorch's expandable segments, XLA) is shown where cuMemMap
+            mapped it, one expandable segment per run of adjacent
+            mappings, with segment_map/segment_unmap entries; memory
+            mapped nowhere at --at is left out (a note says how much).
+            With PyTorch's tensor events, segments are cut into the live
+            tensors' blocks as its caching allocator cuts them. OOM
+            entries carry the free memory NVML saw last; without NVML in
+            the trace they leave it out, and the Allocator Settings tab
+            says so. One process: pick it with --pid.
   perfetto  Chrome trace JSON for https://ui.perfetto.dev: live GPU memory
             per process and device as counter tracks (tensor memory too),
             failed allocations as instant events on their named threads,

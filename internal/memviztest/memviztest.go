@@ -3,7 +3,10 @@
 // Python script that loads the pickle and walks each device's trace from
 // the snapshot backwards, as MemoryViz.js's Allocator State History does
 // (undoing each entry), so an entry that points into memory the snapshot
-// never lists fails here as it blanks the viewer's pane there.
+// never lists fails here as it blanks the viewer's pane there. VMM
+// mappings are undone as MemoryViz.js undoes them: segment_map takes its
+// range out of the segment it lies in, segment_unmap puts it back merged
+// with the segments it touches.
 package memviztest
 
 import (
@@ -70,18 +73,40 @@ for dev, trace in enumerate(s["device_traces"]):
             continue
         if act == "snapshot":
             continue
-        addr = e["addr"]
+        addr, size = e["addr"], e["size"]
         if act in ("segment_free", "segment_unmap"):
             assert segment_of(dev, addr) is None, what + ": %#x freed, but a listed segment is there" % addr
-            segs.setdefault(dev, {})[addr] = e["size"]
+            m = segs.setdefault(dev, {})
+            if act == "segment_unmap":
+                # Mapped back: MemoryViz.js merges it with the segments it
+                # touches (map_segment).
+                nxt = addr + size
+                assert segment_of(dev, nxt - 1) is None, what + ": %#x+%d overlaps a listed segment" % (addr, size)
+                if nxt in m:
+                    size += m.pop(nxt)
+                prev = [a for a, n in m.items() if a + n == addr]
+                if prev:
+                    m[prev[0]] += size
+                    continue
+            m[addr] = size
             continue
         a = segment_of(dev, addr)
         assert a is not None, what + ": %#x lies in no segment listed at that point" % addr
-        if act in ("segment_alloc", "segment_map"):
+        end = a + segs[dev][a]
+        if act == "segment_alloc":
             assert a == addr, what + ": %#x is not a segment's start" % addr
             del segs[dev][addr]
+        elif act == "segment_map":
+            # A piece of an expandable segment's mapped range goes
+            # (MemoryViz.js's unmap_segment): its start, end or middle.
+            assert addr + size <= end, what + ": %#x+%d runs past its segment" % (addr, size)
+            del segs[dev][a]
+            if a < addr:
+                segs[dev][a] = addr - a
+            if addr + size < end:
+                segs[dev][addr + size] = end - addr - size
         else:
-            assert addr + e["size"] <= a + segs[dev][a], what + ": %#x+%d runs past its segment" % (addr, e["size"])
+            assert addr + size <= end, what + ": %#x+%d runs past its segment" % (addr, size)
 print(json.dumps({"segments": len(s["segments"]), "entries": entries,
     "live": {str(d): v for d, v in live.items()}, "settings": s.get("allocator_settings"),
     "device_free": device_free}))
