@@ -91,7 +91,8 @@ type Options struct {
 	At          Moment   // the live set shown (pprof, memviz); the others cover the whole trace
 	// MemvizEntries caps each device's memviz trace to its latest entries,
 	// as PyTorch's _record_memory_history(max_entries=…) does; 0 means
-	// DefaultMemvizEntries, negative means no cap.
+	// DefaultMemvizEntries, MemvizNoTrace none (the segments alone), any
+	// other negative no cap.
 	MemvizEntries int
 	// Top is, for the JSON report, how many stacks per process the peak
 	// lists; 0 means report.DefaultTop.
@@ -125,6 +126,11 @@ func (o *Options) checkReplay(t *replay.Trace, until uint64) error {
 	}
 	return nil
 }
+
+// MemvizNoTrace, as Options.MemvizEntries, leaves the memviz trace out:
+// a snapshot of the segments at the moment alone, as
+// torch.cuda.memory._snapshot() gives without _record_memory_history.
+const MemvizNoTrace = -2
 
 // DefaultMemvizEntries is how many trace entries per device a memviz
 // snapshot keeps by default: the memory_viz page stays responsive, and

@@ -161,9 +161,12 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 		return err
 	}
 
-	limit := opts.MemvizEntries
-	if limit == 0 {
+	limit := opts.MemvizEntries // < 0 from here on: no cap
+	switch limit {
+	case 0:
 		limit = DefaultMemvizEntries
+	case MemvizNoTrace:
+		limit = 0
 	}
 	settings := &MemvizSettings{MaxEntries: max(limit, 0)}
 	switch {
@@ -174,12 +177,15 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 		settings.DeviceFree = "nvml: the driver's free memory on the device at its last sample before the oom (--nvml-interval apart)"
 	}
 	for dev := 0; dev <= maxDev; dev++ {
-		if limit > 0 && counts[dev] > limit {
+		if limit >= 0 && counts[dev] > limit {
 			settings.Overflowed = true
 		}
 	}
 	traces := pickle.LazyList{Len: maxDev + 1, Item: func(dev int) (any, error) {
 		n := counts[dev]
+		if limit == 0 {
+			return []any{}, nil // no replay only to skip it all
+		}
 		if limit > 0 && n > limit {
 			return fr.deviceTrace(path, end, dev, tensors, orphans, n-limit, limit, &opts), nil
 		}

@@ -194,6 +194,25 @@ func TestMemvizTraceCap(t *testing.T) {
 	}
 }
 
+// MemvizNoTrace (--memviz-entries 0) gives the segments alone: every
+// device's trace empty, the settings saying why. It used to mean the
+// default, 100000 entries.
+func TestMemvizNoTrace(t *testing.T) {
+	path, _ := tracetest.Write(t, memvizMeta(), memvizItems()...)
+	snap := memvizExport(t, path, Options{PIDs: []uint32{7}, NoSymbolize: true, MemvizEntries: MemvizNoTrace})
+	traces := snap["device_traces"].([]any)
+	if len(traces) != 2 || len(traces[0].([]any)) != 0 || len(traces[1].([]any)) != 0 {
+		t.Errorf("device_traces %v, want two empty lists", traces)
+	}
+	if n := len(snap["segments"].([]any)); n != 2 {
+		t.Errorf("%d segments, want 2", n)
+	}
+	s := snap["allocator_settings"].(map[string]any)
+	if s["trace_alloc_max_entries"] != 0.0 || s["trace_alloc_overflowed"] != true {
+		t.Errorf("allocator_settings %v, want max_entries 0, overflowed", s)
+	}
+}
+
 // A snapshot is one process's: two need --pid, and the error says which.
 func TestMemvizTraceNeedsOneProcess(t *testing.T) {
 	path, _ := tracetest.Write(t, memvizMeta(), memvizItems()...)

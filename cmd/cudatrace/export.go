@@ -28,7 +28,7 @@ func (f *exportFlags) bind(fl *pflag.FlagSet) {
 	fl.StringVarP(&f.output, "output", "o", "", "write to this file, created 0600 or replaced keeping its mode; a link is followed; never a device, FIFO, socket or directory (- for standard output)")
 	fl.StringVar(&f.at, "at", "end", "the moment whose live set pprof and memviz show: end, peak, or a time since the start (90s)")
 	f.add(fl, "json: how many stacks per process at the peak")
-	fl.IntVar(&f.entries, "memviz-entries", export.DefaultMemvizEntries, "memviz: keep each device's latest N trace entries (-1: all)")
+	fl.IntVar(&f.entries, "memviz-entries", export.DefaultMemvizEntries, "memviz: keep each device's latest N trace entries (0: none, the segments alone; -1: all)")
 }
 
 func formatList() string {
@@ -67,7 +67,11 @@ func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
 	if err := outfile.Check(f.output); err != nil {
 		return err
 	}
-	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: f.entries, PIDs: f.pids, Top: f.top,
+	entries := f.entries
+	if entries == 0 {
+		entries = export.MemvizNoTrace
+	}
+	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: entries, PIDs: f.pids, Top: f.top,
 		Warn: func(msg string) { cmd.PrintErrf("cudatrace: warning: %s\n", msg) }}
 	if err := writeExport(cmd.OutOrStdout(), trace, format, f.output, opts); err != nil {
 		return hint.Default(err, traceHint)
