@@ -170,6 +170,12 @@ func (f *nvmlFollower) onNVML(n *tracefile.NVML, l *ledger.Ledger) error {
 	for pid, u := range used {
 		var traced uint64
 		if p := l.Process(pid); p != nil {
+			if p.Exited && p.ExitTime <= n.Time {
+				// The driver lists a process for a while after it ends,
+				// charged what it is freeing; nothing is live to set
+				// beside it.
+				continue
+			}
 			traced = p.Live
 		}
 		rem := int64(u) - int64(traced)
