@@ -283,19 +283,29 @@ class Suite:
         return {"stacks": len(rep["stacks"]), "deepest": deepest, "stacks_with_line": len(hits), "problems": problems}
 
     def torch_memviz(self):
+        """PyTorch's own `_memory_viz stats` reads cudatrace's export. The
+        whole file (cuBLAS's and cuDNN's segments too) must read and hold
+        PyTorch's allocated bytes; its PyTorch segments alone must print
+        what PyTorch's own snapshot prints, line for line."""
         trace, doc = self.torch_run("torch-native", None, "--snapshot", os.path.join(self.out, "torch-native.torch.pickle"))
         theirs = os.path.join(self.out, "torch-native.torch.pickle")
         ours = os.path.join(self.out, "torch-native.cudatrace.pickle")
+        ours_pytorch = os.path.join(self.out, "torch-native.cudatrace-pytorch.pickle")
         rep = self.report(trace)
         cp = [c for c in doc["checkpoints"] if c["label"] == "snapshot"][0]
         offset = cp["wall_ns"] - rfc3339_ns(rep["trace"]["start"])
         self.ct("export", trace, "--format", "memviz", "--pid", str(doc["pid"]), "--at", "%dns" % offset, "-o", ours)
+        with open(ours, "rb") as f:
+            snap = pickle.load(f)
+        snap["segments"] = [s for s in snap["segments"] if owner_of(s["frames"]) == "pytorch"]
+        with open(ours_pytorch, "wb") as f:
+            pickle.dump(snap, f)
         out = {}
-        for who, path in (("pytorch", theirs), ("cudatrace", ours)):
+        for who, path in (("pytorch", theirs), ("cudatrace", ours), ("cudatrace_pytorch", ours_pytorch)):
             r = subprocess.run([self.python, "-m", "torch.cuda._memory_viz", "stats", path], capture_output=True, text=True)
             out[who] = {"rc": r.returncode, "stdout": r.stdout[-4000:], "stderr": r.stderr[-2000:]}
         problems = []
-        for who in ("pytorch", "cudatrace"):
+        for who in out:
             if out[who]["rc"] != 0:
                 problems.append("torch.cuda._memory_viz stats failed on %s's file: %s" % (who, out[who]["stderr"][-500:]))
             else:
@@ -303,9 +313,13 @@ class Suite:
                 missing = [k for k in STATS_KEYS if k not in out[who]["totals"]]
                 if missing:  # a changed format must not pass as {} == {}
                     problems.append("%s's stats printed no %s: %r" % (who, ", ".join(missing), out[who]["stdout"][-500:]))
-        if not problems and out["cudatrace"]["totals"] != out["pytorch"]["totals"]:
-            problems.append("stats totals differ: cudatrace %s, pytorch %s" % (out["cudatrace"]["totals"],
-                                                                              out["pytorch"]["totals"]))
+        if not problems:
+            if out["cudatrace_pytorch"]["totals"] != out["pytorch"]["totals"]:
+                problems.append("stats totals of PyTorch's segments differ: cudatrace %s, pytorch %s" % (
+                    out["cudatrace_pytorch"]["totals"], out["pytorch"]["totals"]))
+            if out["cudatrace"]["totals"]["total_allocated"] != out["pytorch"]["totals"]["total_allocated"]:
+                problems.append("total_allocated of the whole export %s, pytorch %s" % (
+                    out["cudatrace"]["totals"]["total_allocated"], out["pytorch"]["totals"]["total_allocated"]))
         return {"stats": out, "problems": problems}
 
     def nvml(self):

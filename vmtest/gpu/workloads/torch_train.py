@@ -30,6 +30,11 @@ class Net(nn.Module):
         return self.f(x)
 
 
+# Longer than record's NVML interval (1 s by default), so its own samples
+# see the 1 GiB tensor that nvidia-smi saw.
+NVML_HOLD = 1.5
+
+
 def big_tensor():
     return torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # the stack check looks for this line
 
@@ -100,6 +105,7 @@ def main():
         # move by what was traced, the rest (context, modules) staying put.
         extra = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
         t.checkpoint("nvml +1GiB", sync, **figures)
+        time.sleep(NVML_HOLD)  # long enough for record's own NVML sampler to see it
         del extra
         torch.cuda.empty_cache()
         t.checkpoint("nvml empty_cache", sync, **figures)
