@@ -202,7 +202,7 @@ func TestNVMLHeldBefore(t *testing.T) {
 // freeing, while cudatrace holds nothing live for it any more. On the H100
 // the last sample of a `record -- python3` run came 60 ms after the exit
 // (987758592 used, 0 traced) and the report said the untraced memory had
-// grown by 973 MiB.
+// grown by 928 MiB.
 func TestNVMLAfterExit(t *testing.T) {
 	sample := func(at, used uint64) *tracefile.NVML {
 		return &tracefile.NVML{Time: base + at, Devices: nvmlDevices(1<<30, 0),
