@@ -1,14 +1,11 @@
 package export
 
 import (
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/internal/memviztest"
 	"github.com/cudatrace/cudatrace/ledger"
 )
 
@@ -76,16 +73,7 @@ func TestHistoryEntries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(t.TempDir(), "history.pickle")
-	f, err := os.Create(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := WriteMemviz(f, snap); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	memviztest.Check(t, out, memviztest.Want{})
+	checkViewer(t, snap)
 }
 
 func hex(v uint64) string { return "0x" + strconv.FormatUint(v, 16) }

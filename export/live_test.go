@@ -172,16 +172,7 @@ func TestLiveSnapshotUnseenSegment(t *testing.T) {
 	if s := snap.Segments[1]; s.Address != 0x80000 || s.TotalSize != 2_500_000 {
 		t.Errorf("the unseen segment's tensor: segment %#x+%d", s.Address, s.TotalSize)
 	}
-	out := filepath.Join(t.TempDir(), "live.pickle")
-	f, err := os.Create(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := WriteMemviz(f, snap); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	memviztest.Check(t, out, memviztest.Want{})
+	checkViewer(t, snap)
 }
 
 // pyStacks names frames as a CPython process's merged stacks: 0xa is
@@ -237,4 +228,23 @@ func TestPprofPythonNames(t *testing.T) {
 	if strings.Contains(string(out), "<unknown>") {
 		t.Errorf("go tool pprof -top shows <unknown>:\n%s", out)
 	}
+}
+
+// checkViewer writes snap as a pickle and reads it as PyTorch's viewer does
+// (memviztest.Check).
+func checkViewer(t *testing.T, snap *Snapshot) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "snapshot.pickle")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = WriteMemviz(f, snap)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	memviztest.Check(t, out, memviztest.Want{})
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/internal/memviztest"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -333,14 +332,5 @@ func TestLiveSnapshotVMM(t *testing.T) {
 		!snap.Segments[0].IsExpandable || snap.Segments[0].AllocatedSize != 4096+20*mib {
 		t.Fatalf("segments %+v", snap.Segments)
 	}
-	out := filepath.Join(t.TempDir(), "vmm.pickle")
-	f, err := os.Create(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := WriteMemviz(f, snap); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	memviztest.Check(t, out, memviztest.Want{})
+	checkViewer(t, snap)
 }
