@@ -140,7 +140,7 @@ static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_ev
 	// of the room reserved: the ring's memory is cold, and every cache line
 	// and page a record touches beyond its frames and window costs.
 	user_window(ctx, e);
-	py_stack(&e->h, (__u8 *)e + record_used(e), use_loop);
+	py_stack(&e->h, (__u8 *)e + record_used(e), PT_REGS_SP(ctx), use_loop);
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size()));
 }

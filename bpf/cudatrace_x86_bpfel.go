@@ -203,7 +203,17 @@ type CudatracePyScratchVal struct {
 		T CudatraceCtPytrailer
 	}
 	LastTgid uint32
-	Pad      uint32
+	Diff     uint32
+	Cur      struct {
+		_     structs.HostLayout
+		Id    uint64
+		Task  uint64
+		Mm    uint64
+		Ts    uint64
+		Want  uint64
+		Idoff int64
+		O     CudatraceCtPyoffsets
+	}
 }
 
 type CudatracePyThread struct {

@@ -45,21 +45,58 @@ struct py_block {
 // writes its frames.
 #define CT_PY_WINDOW 8192
 // A thread state's fields the walk takes (the thread's id, its frame or
-// cframe pointer) are read in one read of CT_PY_TS_READ bytes from the
-// first of them: they lie within 160 bytes of each other in 3.10-3.14.
+// cframe pointer) are read in one read, from the first of them to the end
+// of the last: they lie within 160 bytes of each other in 3.10-3.14, at
+// most CT_PY_TS_READ.
 #define CT_PY_TS_READ 256
+// 3.11 and 3.12 keep the innermost frame in the thread's current cframe, a
+// local of the interpreter loop's C frame, and 3.12 the loop's entry (shim)
+// frame beside it (112 bytes above it in pyenv's 3.12.1): for 3.12 the
+// walk reads the CT_PY_CF_READ bytes around the cframe (CT_PY_CF_BELOW of
+// them below it) at once, which gives the frame and the shim with no read
+// of their own. A shim elsewhere is read alone (frame_step).
+#define CT_PY_CF_BELOW 256
+#define CT_PY_CF_READ 512
+// A frame at most this far above the probe's stack pointer is on the
+// thread's C stack (the interpreter's entry frames from 3.12): read alone,
+// as nothing the walk wants lies beside it.
+#define CT_PY_CSTACK (8 << 20)
+
+// Where reads land in buf: the window at 0; the bytes around the cframe;
+// a thread state or a frame read alone.
+#define CT_PY_BUF_CF CT_PY_WINDOW
+#define CT_PY_BUF_ONE (CT_PY_WINDOW + 4096)
+
+// The thread a CPU's last record with Python frames came from, and its
+// process's layout (a copy of its py_procs entry): a record of the same
+// thread (the same thread id, task and mm) on the same CPU takes them from
+// here, with no map lookup. id is 0 while the entry is written: a program
+// that preempted one writing it finds it unusable, and one preempted while
+// reading it sees id change (py_stack reads id again after the fields).
+struct py_cpu_thread {
+	__u64 id; // tgid << 32 | tid
+	__u64 task;
+	__u64 mm;
+	__u64 ts;
+	__u64 want; // see py_walk
+	__s64 idoff;
+	struct ct_pyoffsets o;
+};
 
 // A CPU's scratch: the block being built; buf, the window
-// ([0, CT_PY_WINDOW)) and behind it a frame or thread state read alone
-// (masked offsets into it may reach 8 bytes past what is read); and the
-// block of the CPU's last record with Python frames, whose frames
-// py_hold_new_frames has already looked up.
+// ([0, CT_PY_WINDOW)), the bytes around the cframe and a frame or thread
+// state read alone (CT_PY_BUF_*; masked offsets into it may reach 8 bytes
+// past what is read); the block of the CPU's last record with Python
+// frames, whose frames py_hold_new_frames has already looked up; diff,
+// set by the walk when a frame's code or instruction differs from that
+// block's; and the CPU's last Python thread.
 struct py_scratch_val {
 	struct py_block b;
-	__u8 buf[2 * CT_PY_WINDOW + 8];
+	__u8 buf[2 * CT_PY_WINDOW + 8] __attribute__((aligned(8)));
 	struct py_block last;
 	__u32 last_tgid;
-	__u32 pad;
+	__u32 diff;
+	struct py_cpu_thread cur;
 };
 
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, py_scratch, __u32, struct py_scratch_val, 1);
@@ -86,12 +123,14 @@ struct task_struct___py {
 } __attribute__((preserve_access_index));
 
 // buf_u64 and buf_u8 take a field from s->buf, at an offset the mask keeps
-// within it.
+// within it. buf_u64 makes one 8-byte load, at an offset the mask also
+// keeps 8-byte aligned: the fields it takes are 8-byte aligned in the
+// process's memory, and so where each read puts them (a page's start, a
+// cframe, a frame). A copy of unknown alignment was compiled to eight
+// byte loads and their shifts, 22 instructions a field.
 static __always_inline __u64 buf_u64(struct py_scratch_val *s, __u64 idx)
 {
-	__u64 v;
-	__builtin_memcpy(&v, &s->buf[idx & (2 * CT_PY_WINDOW - 1)], sizeof(v));
-	return v;
+	return *(__u64 *)__builtin_assume_aligned(&s->buf[idx & (2 * CT_PY_WINDOW - 8)], 8);
 }
 
 static __always_inline __u8 buf_u8(struct py_scratch_val *s, __u64 idx)
@@ -109,8 +148,11 @@ struct py_walk {
 	__u64 frame; // the interpreter frame under examination
 	__u64 lo;    // what the window holds: [lo, hi) of the process's memory
 	__u64 hi;
-	__u32 n; // frames recorded, in the bpf_loop walk (see frame_step)
+	__u64 cflo; // what buf holds at CT_PY_BUF_CF: [cflo, cfhi)
+	__u64 cfhi;
+	__u64 sp; // the probe's stack pointer
 	__u32 found;
+	__u32 pad;
 };
 
 static __always_inline long thread_step(struct py_walk *w)
@@ -125,6 +167,45 @@ static __always_inline long thread_step(struct py_walk *w)
 	return 0;
 }
 
+// frame_take puts the frame whose bytes are at base in s->buf at its place
+// in the block, the n-th from the innermost.
+static __always_inline void frame_take(struct py_walk *w, struct py_scratch_val *s, __u64 base, __u32 n)
+{
+	// masked for the verifier, which cannot follow n through w; behind a
+	// barrier, as the compiler, which knows n < CT_PY_MAX_FRAMES in
+	// frame_run's loop, would drop the mask
+	__u32 i = CT_PY_MAX_FRAMES - 1 - n;
+	barrier_var(i);
+	i &= CT_PY_MAX_FRAMES - 1;
+	struct ct_pyframe *f = &s->b.f[i];
+	// 3.14's f_executable is a _PyStackRef whose low bits tag the
+	// reference; earlier versions hold a plain pointer. A code object is
+	// at least 8-byte aligned, so the mask is a no-op there, and being
+	// branch-free it keeps 6.1's verifier able to bound f in the
+	// bounded-loop walk (a `minor >= 14` branch here lost that bound).
+	__u64 code = buf_u64(s, base + (w->o.fr_code & (CT_PY_FRAME_READ - 1))) & ~(__u64)7;
+	__u64 instr = buf_u64(s, base + (w->o.fr_instr & (CT_PY_FRAME_READ - 1)));
+	__s32 units;
+	__u32 flags = 0;
+	if (w->o.minor == 10) {
+		units = (__s32)instr; // f_lasti, an int
+		flags = 1;
+	} else {
+		// arithmetic shift: BPF has no signed division
+		units = (__s32)((__s64)(instr - code - w->o.co_code_adaptive) >> 1);
+		if (w->o.fr_entry >= 0)
+			flags = buf_u8(s, base + (w->o.fr_entry & (CT_PY_FRAME_READ - 1))) ? 1 : 0;
+	}
+	f->code = code;
+	f->units = units;
+	f->flags = flags;
+	// What py_hold_new_frames needs to know: whether a frame differs from
+	// the one at its place in the CPU's last block.
+	struct ct_pyframe *l = &s->last.f[i];
+	if (l->code != code || l->units != units)
+		s->diff = 1;
+}
+
 static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 {
 	__u32 zero = 0;
@@ -133,7 +214,7 @@ static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 		return 1;
 	struct py_block *b = &s->b;
 	__u64 frame = w->frame;
-	__u64 base = CT_PY_WINDOW; // where the frame's bytes are in s->buf
+	__u64 base = CT_PY_BUF_ONE; // where the frame's bytes are in s->buf
 	__u64 end = frame + CT_PY_FRAME_READ;
 	// The page's bytes up to the frame's end: the frame's page is mapped,
 	// where the one below it may not be (a read that faults costs as much
@@ -141,64 +222,110 @@ static __always_inline long frame_step(struct py_walk *w, const int use_loop)
 	__u64 len = (frame & (CT_PAGE - 1)) + CT_PY_FRAME_READ;
 	if (use_loop && frame >= w->lo && end <= w->hi) {
 		base = frame - w->lo; // in the window
-	} else if (use_loop && bpf_probe_read_user(s->buf, len, (void *)(end - len)) == 0) {
+	} else if (use_loop && frame >= w->cflo && end <= w->cfhi) {
+		base = CT_PY_BUF_CF + (frame - w->cflo); // beside the cframe
+	} else if (use_loop && frame - w->sp >= CT_PY_CSTACK &&
+		   bpf_probe_read_user(s->buf, len, (void *)(end - len)) == 0) {
 		w->lo = end - len;
 		w->hi = end;
 		base = len - CT_PY_FRAME_READ;
-	} else if (bpf_probe_read_user(&s->buf[CT_PY_WINDOW], CT_PY_FRAME_READ, (void *)frame)) {
+	} else if (bpf_probe_read_user(&s->buf[CT_PY_BUF_ONE], CT_PY_FRAME_READ, (void *)frame)) {
 		// One read for the frame's fields: reading them one by one (four
 		// or five reads a frame) was most of the walk's cost. Here the
 		// frame ends within CT_PY_FRAME_READ bytes of the end of its
 		// mapping: its fields one by one, where the one read puts them.
-		__u8 *f = &s->buf[CT_PY_WINDOW];
+		__u8 *f = &s->buf[CT_PY_BUF_ONE];
 		bpf_probe_read_user(&f[w->o.fr_previous & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_previous));
 		bpf_probe_read_user(&f[w->o.fr_code & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_code));
 		bpf_probe_read_user(&f[w->o.fr_instr & (CT_PY_FRAME_READ - 1)], 8, (void *)(frame + w->o.fr_instr));
 		bpf_probe_read_user(&f[w->o.fr_owner & (CT_PY_FRAME_READ - 1)], 1, (void *)(frame + w->o.fr_owner));
 		bpf_probe_read_user(&f[w->o.fr_entry & (CT_PY_FRAME_READ - 1)], 1, (void *)(frame + w->o.fr_entry));
 	}
-	// The bounded-loop walk keeps the count in the scratch map: read from a
-	// map it is a number the verifier does not know, so the paths of one
-	// step join again at the next; kept in w it was a constant on each
-	// path and that walk forked per count, past the verifier's million
-	// instructions. The bpf_loop walk keeps it in w, as 6.1's verifier
-	// bounds the index below only then (from the map it rejected the
-	// callback: R8 unbounded memory access).
-	__u32 n = use_loop ? w->n : b->t.n;
+	// The walk keeps the count in the scratch map: read from a map it is a
+	// number the verifier does not know, so the paths of one step join
+	// again at the next; kept in w it was a constant on each path and the
+	// bounded-loop walk forked per count, past the verifier's million
+	// instructions (and so did the bpf_loop walk once frame_run took
+	// several frames a step). Each index made of it is masked.
+	__u32 n = b->t.n;
 	w->frame = buf_u64(s, base + (w->o.fr_previous & (CT_PY_FRAME_READ - 1)));
 	if (w->o.fr_owner >= 0) {
 		if (buf_u8(s, base + (w->o.fr_owner & (CT_PY_FRAME_READ - 1))) == 3) { // a shim frame: the run above it ended one C call
-			if (n > 0 && n <= CT_PY_MAX_FRAMES)
-				b->f[(CT_PY_MAX_FRAMES - n) & (CT_PY_MAX_FRAMES - 1)].flags |= 1;
-			return 0;
+			if (n > 0 && n <= CT_PY_MAX_FRAMES) {
+				__u32 i = CT_PY_MAX_FRAMES - n;
+				barrier_var(i);
+				i &= CT_PY_MAX_FRAMES - 1;
+				b->f[i].flags |= 1;
+			}
+			return !w->frame; // the outermost shim ends the walk
 		}
 	}
 	if (n >= CT_PY_MAX_FRAMES)
 		return 1;
-	// masked for the verifier, which cannot follow n through w
-	struct ct_pyframe *f = &b->f[(CT_PY_MAX_FRAMES - 1 - n) & (CT_PY_MAX_FRAMES - 1)];
-	// 3.14's f_executable is a _PyStackRef whose low bits tag the
-	// reference; earlier versions hold a plain pointer. A code object is
-	// at least 8-byte aligned, so the mask is a no-op there, and being
-	// branch-free it keeps 6.1's verifier able to bound f in the
-	// bounded-loop walk (a `minor >= 14` branch here lost that bound).
-	f->code = buf_u64(s, base + (w->o.fr_code & (CT_PY_FRAME_READ - 1))) & ~(__u64)7;
-	f->flags = 0;
-	if (w->o.minor == 10) {
-		f->units = (__s32)buf_u64(s, base + (w->o.fr_instr & (CT_PY_FRAME_READ - 1))); // f_lasti, an int
-		f->flags = 1;
-	} else {
-		__u64 ip = buf_u64(s, base + (w->o.fr_instr & (CT_PY_FRAME_READ - 1)));
-		// arithmetic shift: BPF has no signed division
-		f->units = (__s32)((__s64)(ip - f->code - w->o.co_code_adaptive) >> 1);
-		if (w->o.fr_entry >= 0)
-			f->flags = buf_u8(s, base + (w->o.fr_entry & (CT_PY_FRAME_READ - 1))) ? 1 : 0;
+	frame_take(w, s, base, n);
+	b->t.n = n + 1;
+	return !w->frame;
+}
+
+// frame_run takes the frames from w->frame on that lie in the window, up
+// to CT_PY_RUN of them, and then the shim beside the cframe if that comes
+// next (where most walks end), in one step: a frame's step through
+// frame_step (a map lookup, the checks of where its bytes are, the walk's
+// state kept in memory between steps) cost more than taking it. It stops
+// at the first frame frame_step must see: one outside the window and the
+// cframe's bytes, or another shim. From 3.12 only, whose frames carry no
+// flag of their own (a shim marks the frame before it): with 3.11's
+// is_entry and 3.10's f_lasti in the loop its paths were too many for the
+// verifier.
+#define CT_PY_RUN 8
+static __always_inline void frame_run(struct py_walk *w, struct py_scratch_val *s)
+{
+	if (w->o.minor < 12 || w->o.fr_owner < 0)
+		return;
+	__u64 frame = w->frame, lo = w->lo, hi = w->hi, cflo = w->cflo, cfhi = w->cfhi;
+	__u64 prev = w->o.fr_previous & (CT_PY_FRAME_READ - 1);
+	__u64 owner = w->o.fr_owner & (CT_PY_FRAME_READ - 1);
+	__u64 codeoff = w->o.fr_code & (CT_PY_FRAME_READ - 1);
+	__u64 instroff = w->o.fr_instr & (CT_PY_FRAME_READ - 1);
+	__u64 adaptive = w->o.co_code_adaptive;
+	__u32 n = s->b.t.n;
+	for (int k = 0; k < CT_PY_RUN; k++) {
+		if (!frame || n >= CT_PY_MAX_FRAMES || frame < lo || frame + CT_PY_FRAME_READ > hi)
+			break;
+		__u64 base = frame - lo;
+		if (buf_u8(s, base + owner) == 3)
+			break;
+		// as frame_take does
+		__u32 i = CT_PY_MAX_FRAMES - 1 - n;
+		barrier_var(i);
+		i &= CT_PY_MAX_FRAMES - 1;
+		struct ct_pyframe *f = &s->b.f[i];
+		__u64 code = buf_u64(s, base + codeoff) & ~(__u64)7;
+		__s32 units = (__s32)((__s64)(buf_u64(s, base + instroff) - code - adaptive) >> 1);
+		f->code = code;
+		f->units = units;
+		f->flags = 0;
+		struct ct_pyframe *l = &s->last.f[i];
+		if (l->code != code || l->units != units)
+			s->diff = 1;
+		n++;
+		frame = buf_u64(s, base + prev);
 	}
-	if (use_loop)
-		w->n = n + 1;
-	else
-		b->t.n = n + 1;
-	return 0;
+	// the shim beside the cframe, as frame_step takes it
+	if (frame && frame >= cflo && frame + CT_PY_FRAME_READ <= cfhi) {
+		__u64 base = CT_PY_BUF_CF + (frame - cflo);
+		if (buf_u8(s, base + owner) == 3) {
+			if (n > 0 && n <= CT_PY_MAX_FRAMES) {
+				__u32 i = CT_PY_MAX_FRAMES - n;
+				barrier_var(i);
+				i &= CT_PY_MAX_FRAMES - 1;
+				s->b.f[i].flags |= 1;
+			}
+			frame = buf_u64(s, base + prev);
+		}
+	}
+	w->frame = frame;
+	s->b.t.n = n;
 }
 
 // The bpf_loop (Linux 5.17) callbacks: the verifier checks each once.
@@ -209,7 +336,13 @@ static long py_thread_step(__u64 i, void *arg)
 
 static long py_frame_step(__u64 i, void *arg)
 {
-	return frame_step(arg, 1);
+	if (frame_step(arg, 1))
+		return 1;
+	__u32 zero = 0;
+	struct py_scratch_val *s = bpf_map_lookup_elem(&py_scratch, &zero);
+	if (s)
+		frame_run(arg, s);
+	return !((struct py_walk *)arg)->frame;
 }
 
 // py_hold_new_frames holds the process (hold, as for its first record)
@@ -219,18 +352,6 @@ static long py_frame_step(__u64 i, void *arg)
 // it has. Only with hold_new (whose watchdog resumes what the tracer
 // leaves held), and whom hold_new says. A frame seen while the process could not
 // be held (the reader is behind) is read late, and checked (pystack).
-// same_block: a and b hold the same frames (BPF has no memcmp).
-static __always_inline int same_block(struct py_block *a, struct py_block *b)
-{
-	if (a->t.n != b->t.n)
-		return 0;
-	__u64 *x = (__u64 *)a->f, *y = (__u64 *)b->f;
-	for (int i = 0; i < CT_PY_MAX_FRAMES * 2; i++)
-		if (x[i] != y[i])
-			return 0;
-	return 1;
-}
-
 static __always_inline void py_hold_new_frames(struct ct_event *h, struct py_scratch_val *s)
 {
 	if (hold_new == CT_HOLD_NONE || (h->flags & CT_F_HELD))
@@ -238,11 +359,13 @@ static __always_inline void py_hold_new_frames(struct ct_event *h, struct py_scr
 	struct py_block *b = &s->b;
 	// The same frames as this CPU's last record of the process (a loop
 	// allocating from one line): looked up then, each one a map lookup.
-	if (s->last_tgid == h->pid && same_block(&s->last, b))
+	// The walk compared each frame with the last block's as it wrote it
+	// (s->diff): comparing the blocks here took 64 steps a record.
+	if (s->last_tgid == h->pid && s->last.t.n == b->t.n && !s->diff)
 		return;
 	__builtin_memcpy(&s->last, b, sizeof(*b));
 	s->last_tgid = h->pid;
-	__u32 n = *(volatile __u32 *)&b->t.n; // not w.n (see py_stack's copy)
+	__u32 n = *(volatile __u32 *)&b->t.n;
 	struct py_code_key k = {.tgid = h->pid};
 	__u8 one = 1;
 	int fresh = 0;
@@ -268,11 +391,15 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 {
 	__s64 fo = w->o.ts_cframe >= 0 ? w->o.ts_cframe : w->o.ts_frame;
 	__s64 lo = fo < w->idoff ? fo : w->idoff;
+	__s64 hi = fo < w->idoff ? w->idoff : fo;
 	__u64 id, fp;
-	if (lo >= 0 && fo - lo <= CT_PY_TS_READ - 8 && w->idoff - lo <= CT_PY_TS_READ - 8 &&
-	    bpf_probe_read_user(&s->buf[CT_PY_WINDOW], CT_PY_TS_READ, (void *)(ts + lo)) == 0) {
-		id = buf_u64(s, CT_PY_WINDOW + ((w->idoff - lo) & (CT_PY_TS_READ - 1)));
-		fp = buf_u64(s, CT_PY_WINDOW + ((fo - lo) & (CT_PY_TS_READ - 1)));
+	// Only the bytes from the first field to the end of the last: a read's
+	// cost grows with its length.
+	__u32 len = ((__u32)(hi - lo) & (CT_PY_TS_READ - 8)) + 8;
+	if (lo >= 0 && hi - lo <= CT_PY_TS_READ - 8 &&
+	    bpf_probe_read_user(&s->buf[CT_PY_BUF_ONE], len, (void *)(ts + lo)) == 0) {
+		id = buf_u64(s, CT_PY_BUF_ONE + ((w->idoff - lo) & (CT_PY_TS_READ - 1)));
+		fp = buf_u64(s, CT_PY_BUF_ONE + ((fo - lo) & (CT_PY_TS_READ - 1)));
 	} else {
 		id = read_u64(ts + w->idoff);
 		fp = read_u64(ts + fo);
@@ -280,10 +407,24 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 	if (id != w->want)
 		return 0;
 	w->ts = ts;
-	if (w->o.ts_cframe >= 0)
-		w->frame = fp ? read_u64(fp + w->o.cf_current) : 0;
-	else
-		w->frame = fp;
+	w->frame = fp;
+	if (w->o.ts_cframe < 0)
+		return 1;
+	w->frame = 0;
+	if (!fp)
+		return 1;
+	// The bytes around the cframe (see CT_PY_CF_READ) where a shim may lie
+	// beside it (3.12: 3.11 has none); a cframe whose surroundings are not
+	// all mapped is read alone.
+	__u64 cf = fp - CT_PY_CF_BELOW;
+	if (w->o.fr_owner >= 0 && w->o.cf_current >= 0 && w->o.cf_current <= CT_PY_CF_BELOW - 8 &&
+	    bpf_probe_read_user(&s->buf[CT_PY_BUF_CF], CT_PY_CF_READ, (void *)cf) == 0) {
+		w->cflo = cf;
+		w->cfhi = cf + CT_PY_CF_READ;
+		w->frame = buf_u64(s, CT_PY_BUF_CF + CT_PY_CF_BELOW + (w->o.cf_current & (CT_PY_CF_BELOW - 1)));
+	} else {
+		w->frame = read_u64(fp + w->o.cf_current);
+	}
 	return 1;
 }
 
@@ -294,53 +435,99 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 // Python frames is flagged CT_F_NOPYTHON. The thread state is found by
 // native_thread_id from 3.11, by pthread_self (the thread pointer, fsbase
 // on x86-64) in 3.10. Code objects are resolved to file:line in user space
-// (record/python.go): the walk only follows pointers, a few reads a frame.
+// (record/python.go): the walk only follows pointers. sp is the probe's
+// stack pointer (frames just above it are on the C stack).
+//
+// What a record costs is mostly its reads of the process's memory (about
+// 35 ns each on the VMs here, and more with their length): for a CPU's
+// last Python thread, three in the common case from 3.11 (the thread
+// state's id and frame pointer; the cframe, with 3.12's shim beside it,
+// where 3.13 and 3.14 read their shim alone; the page of the data stack
+// up to the innermost frame), and one more for each further page,
+// generator frame or shim. docs/benchmarks.md has the figures.
 //
 // use_loop is a constant: 1 walks with bpf_loop (Linux 5.17), whose
 // callbacks the verifier checks once; 0 walks with plain bounded loops
 // (Linux 5.3), which the verifier follows iteration by iteration, for the
 // *_noloop programs that kernels without bpf_loop (5.15, 5.16) load instead
 // (loader/variants.go picks them).
-static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int use_loop)
+static __always_inline void py_stack(struct ct_event *h, __u8 *block, __u64 sp, const int use_loop)
 {
 	__u32 tgid = h->pid, zero = 0;
-	struct ct_pyoffsets *o = bpf_map_lookup_elem(&py_procs, &tgid);
-	if (!o)
-		return;
 	struct py_scratch_val *s = bpf_map_lookup_elem(&py_scratch, &zero);
 	if (!s)
 		return;
 	struct py_block *b = &s->b;
-	struct py_walk w = {.o = *o, .want = h->tid, .idoff = o->ts_native_id};
-	if (o->minor == 10) {
-		struct task_struct *t = (void *)bpf_get_current_task();
-		w.want = BPF_CORE_READ(t, thread.fsbase);
-		w.idoff = o->ts_thread_id;
-	}
-	struct task_struct___py *task = (void *)bpf_get_current_task();
-	struct py_thread me = {.mm = (__u64)BPF_CORE_READ(task, mm), .start = BPF_CORE_READ(task, start_boottime)};
-	__u32 tid = h->tid;
-	struct py_thread *known = bpf_map_lookup_elem(&py_threads, &tid);
-	if (known && known->mm == me.mm && known->start == me.start && ts_take(&w, s, known->ts)) {
-		w.found = 1;
-	} else {
-		__u64 interp = read_u64(o->interp_head);
-		if (interp)
-			w.ts = read_u64(interp + o->interp_threads);
-		if (use_loop) {
-			bpf_loop(CT_PY_MAX_THREADS, py_thread_step, &w, 0);
-		} else {
-			for (int i = 0; i < CT_PY_MAX_THREADS; i++)
-				if (thread_step(&w))
-					break;
-		}
-		if (w.found && ts_take(&w, s, w.ts)) {
-			me.ts = w.ts;
-			bpf_map_update_elem(&py_threads, &tid, &me, BPF_ANY);
-		} else {
-			w.found = 0;
+	struct py_cpu_thread *c = &s->cur;
+	__u64 id = (__u64)tgid << 32 | h->tid;
+	struct py_walk w = {.sp = sp};
+	struct task_struct___py *task;
+	// This CPU's last Python thread: its thread state and layout without a
+	// map lookup (the two cost about 50 ns, a sixth of a short walk).
+	// Another thread's record, or a process's first, looks them up.
+	if (c->id == id) {
+		task = (void *)bpf_get_current_task();
+		if (c->task == (__u64)task && c->mm == (__u64)BPF_CORE_READ(task, mm)) {
+			w.o = c->o;
+			w.want = c->want;
+			w.idoff = c->idoff;
+			w.ts = c->ts;
+			barrier();
+			if (*(volatile __u64 *)&c->id == id && ts_take(&w, s, w.ts))
+				w.found = 1;
 		}
 	}
+	if (!w.found) {
+		struct ct_pyoffsets *o = bpf_map_lookup_elem(&py_procs, &tgid);
+		if (!o)
+			return;
+		w.o = *o;
+		w.want = h->tid;
+		w.idoff = o->ts_native_id;
+		if (o->minor == 10) {
+			struct task_struct *t = (void *)bpf_get_current_task();
+			w.want = BPF_CORE_READ(t, thread.fsbase);
+			w.idoff = o->ts_thread_id;
+		}
+		task = (void *)bpf_get_current_task();
+		struct py_thread me = {.mm = (__u64)BPF_CORE_READ(task, mm), .start = BPF_CORE_READ(task, start_boottime)};
+		__u32 tid = h->tid;
+		struct py_thread *known = bpf_map_lookup_elem(&py_threads, &tid);
+		if (known && known->mm == me.mm && known->start == me.start && ts_take(&w, s, known->ts)) {
+			w.found = 1;
+		} else {
+			w.ts = 0;
+			__u64 interp = read_u64(o->interp_head);
+			if (interp)
+				w.ts = read_u64(interp + o->interp_threads);
+			if (use_loop) {
+				bpf_loop(CT_PY_MAX_THREADS, py_thread_step, &w, 0);
+			} else {
+				for (int i = 0; i < CT_PY_MAX_THREADS; i++)
+					if (thread_step(&w))
+						break;
+			}
+			if (w.found && ts_take(&w, s, w.ts)) {
+				me.ts = w.ts;
+				bpf_map_update_elem(&py_threads, &tid, &me, BPF_ANY);
+			} else {
+				w.found = 0;
+			}
+		}
+		if (w.found) {
+			c->id = 0;
+			barrier();
+			c->task = (__u64)task;
+			c->mm = me.mm;
+			c->ts = w.ts;
+			c->want = w.want;
+			c->idoff = w.idoff;
+			c->o = w.o;
+			barrier();
+			c->id = id;
+		}
+	}
+	s->diff = 0;
 	b->t.n = 0;
 	if (w.found) {
 		// shim frames take turns too
@@ -352,15 +539,11 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int 
 					break;
 		}
 	}
-	if (use_loop)
-		b->t.n = w.n;
 	b->t.pad = 0;
 	// Only the counts and the frames in use go to the record: the ring's
 	// memory is cold (a 16 MiB ring is written through once per lap), and
 	// copying the whole block there cost more than the walk itself.
-	// Read back from the map: the verifier of kernels before 6.8 takes a
-	// bpf_loop callback to run once, so w.n, which it knows, is 0 or 1 to
-	// it, and it would take the copy's length for one of those.
+	// Read back from the map, as a number the verifier does not know.
 	__u32 n = *(volatile __u32 *)&b->t.n;
 	if (n > CT_PY_MAX_FRAMES)
 		n = CT_PY_MAX_FRAMES;
@@ -368,9 +551,19 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, const int 
 		struct ct_pytrailer *head = (void *)block;
 		head->n = n;
 		head->pad = 0;
-		// One copy of the frames in use, b->f[CT_PY_MAX_FRAMES - n] on.
-		bpf_probe_read_kernel(block + sizeof(*head), n * sizeof(struct ct_pyframe),
-				      &b->f[CT_PY_MAX_FRAMES - n]);
+		// The frames in use, b->f[CT_PY_MAX_FRAMES - n] on, by loads and
+		// stores: bpf_probe_read_kernel copies 8 bytes at a time too, each
+		// behind a fault handler.
+		__u64 *dst = (void *)(block + sizeof(*head));
+		for (int i = 0; i < CT_PY_MAX_FRAMES; i++) {
+			if (i >= n)
+				break;
+			__u32 j = CT_PY_MAX_FRAMES - n + i;
+			barrier_var(j);
+			j &= CT_PY_MAX_FRAMES - 1;
+			dst[2 * i] = *(__u64 *)&b->f[j];
+			dst[2 * i + 1] = *((__u64 *)&b->f[j] + 1);
+		}
 		struct ct_pytrailer *tail = (void *)(block + sizeof(*head) + n * sizeof(struct ct_pyframe));
 		tail->n = n;
 		tail->pad = 0;

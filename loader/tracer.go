@@ -625,16 +625,37 @@ func (t *Tracer) AddPID(pid uint32, cudaLater bool) error {
 // thread states and how they are laid out: its allocation records carry
 // the allocating thread's Python frames from then on.
 func (t *Tracer) SetPython(pid uint32, o *bpf.CudatraceCtPyoffsets) error {
+	if err := checkPyOffsets(o); err != nil {
+		return fmt.Errorf("python layout of pid %d: %w", pid, err)
+	}
+	if err := t.objs.PyProcs.Put(pid, o); err != nil {
+		return fmt.Errorf("python layout of pid %d: %w", pid, err)
+	}
+	return nil
+}
+
+// checkPyOffsets refuses a layout the BPF walk cannot take: a frame field
+// past the bytes it reads of a frame, or an 8-byte field (a pointer, the
+// thread's id, 3.10's f_lasti) at an offset that is not a multiple of 8,
+// which the walk takes with one aligned load (bpf/python.h, buf_u64).
+func checkPyOffsets(o *bpf.CudatraceCtPyoffsets) error {
 	for _, f := range []struct {
 		name      string
 		off, size int64
 	}{{"previous", o.FrPrevious, 8}, {"code", o.FrCode, 8}, {"instruction", o.FrInstr, 8}, {"owner", o.FrOwner, 1}, {"is_entry", o.FrEntry, 1}} {
 		if f.off >= 0 && f.off+f.size > PyFrameRead || f.off < -1 || f.off == -1 && f.size == 8 {
-			return fmt.Errorf("python layout of pid %d: frame field %s at %d lies past the %d bytes the walk reads of a frame", pid, f.name, f.off, PyFrameRead)
+			return fmt.Errorf("frame field %s at %d lies past the %d bytes the walk reads of a frame", f.name, f.off, PyFrameRead)
 		}
 	}
-	if err := t.objs.PyProcs.Put(pid, o); err != nil {
-		return fmt.Errorf("python layout of pid %d: %w", pid, err)
+	for _, f := range []struct {
+		name string
+		off  int64
+	}{{"frame previous", o.FrPrevious}, {"frame code", o.FrCode}, {"frame instruction", o.FrInstr},
+		{"thread state native_thread_id", o.TsNativeId}, {"thread state thread_id", o.TsThreadId},
+		{"thread state frame", o.TsFrame}, {"thread state cframe", o.TsCframe}, {"cframe current_frame", o.CfCurrent}} {
+		if f.off >= 0 && f.off%8 != 0 {
+			return fmt.Errorf("%s at %d is not 8-byte aligned", f.name, f.off)
+		}
 	}
 	return nil
 }

@@ -1,0 +1,36 @@
+package loader
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/cudatrace/cudatrace/bpf"
+)
+
+// TestCheckPyOffsets: the layouts the BPF walk takes, and the two it
+// refuses (a frame field past what it reads of a frame, an 8-byte field
+// it would take with a misaligned load).
+func TestCheckPyOffsets(t *testing.T) {
+	// CPython 3.12's (pystack's table for x86-64)
+	ok := bpf.CudatraceCtPyoffsets{TsNativeId: 144, TsThreadId: 136, TsFrame: -1, TsCframe: 56, CfCurrent: 0,
+		FrPrevious: 8, FrCode: 0, FrInstr: 56, FrOwner: 70, FrEntry: -1, Minor: 12}
+	if err := checkPyOffsets(&ok); err != nil {
+		t.Errorf("3.12's layout: %v", err)
+	}
+	for _, c := range []struct {
+		name string
+		edit func(o *bpf.CudatraceCtPyoffsets)
+		want string
+	}{
+		{"owner past the read", func(o *bpf.CudatraceCtPyoffsets) { o.FrOwner = PyFrameRead }, "lies past"},
+		{"previous absent", func(o *bpf.CudatraceCtPyoffsets) { o.FrPrevious = -1 }, "lies past"},
+		{"misaligned instruction", func(o *bpf.CudatraceCtPyoffsets) { o.FrInstr = 60 }, "not 8-byte aligned"},
+		{"misaligned thread id", func(o *bpf.CudatraceCtPyoffsets) { o.TsNativeId = 146 }, "not 8-byte aligned"},
+	} {
+		o := ok
+		c.edit(&o)
+		if err := checkPyOffsets(&o); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error saying %q", c.name, err, c.want)
+		}
+	}
+}
