@@ -302,20 +302,12 @@ func memvizMapped(maps []*ledger.Mapping, frames func(*ledger.Stack) []MemvizFra
 	var out []MemvizSegment
 	for i := 0; i < len(maps); {
 		m := maps[i]
-		var st *ledger.Stack
-		if m.Alloc != nil {
-			st = m.Alloc.Stack
-		}
 		seg := MemvizSegment{Device: int(m.Device), Address: m.Addr, SegmentType: MemvizSmall, IsExpandable: true,
-			Frames: frames(st)}
+			Frames: frames(m.Stack())}
 		for ; i < len(maps) && maps[i].Device == m.Device && maps[i].Addr == m.Addr+seg.TotalSize; i++ {
 			b := maps[i]
-			var bst *ledger.Stack
-			if b.Alloc != nil {
-				bst = b.Alloc.Stack
-			}
 			seg.Blocks = append(seg.Blocks, MemvizBlock{Address: b.Addr, Size: b.Size, RequestedSize: b.Size,
-				State: MemvizActiveAllocated, Frames: frames(bst)})
+				State: MemvizActiveAllocated, Frames: frames(b.Stack())})
 			seg.TotalSize += b.Size
 			if b.Size > memvizSmallBuffer {
 				seg.SegmentType = MemvizLarge
@@ -389,11 +381,7 @@ func memvizEntries(ev *events.Event, ch ledger.Change, tensors bool, scope *memv
 		emitAt(a.Device, a.Addr, a.Size, a.Stack, actions...)
 	}
 	mapping := func(m *ledger.Mapping, actions ...MemvizAction) {
-		var st *ledger.Stack
-		if m.Alloc != nil {
-			st = m.Alloc.Stack
-		}
-		emitAt(m.Device, m.Addr, m.Size, st, actions...)
+		emitAt(m.Device, m.Addr, m.Size, m.Stack(), actions...)
 	}
 	tensorIn := func(a *ledger.Allocation) bool {
 		if !tensors || a.API.Info().Layer != events.LayerTensor {

@@ -127,6 +127,15 @@ type Mapping struct {
 	Time       uint64
 }
 
+// Stack is the stack of the cuMemCreate behind m; nil if it was made
+// before tracing began.
+func (m *Mapping) Stack() *Stack {
+	if m.Alloc == nil {
+		return nil
+	}
+	return m.Alloc.Stack
+}
+
 // Device is one process's use of one GPU.
 type Device struct {
 	Device                 int32
