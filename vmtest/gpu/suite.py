@@ -66,6 +66,7 @@ class Suite:
         self.results = []
         self.env = {}
         self.runs = {}  # name -> (trace, truth), reused across checks
+        self.read = {}  # what cudatrace read of a trace, by the trace's identity and the question
         os.makedirs(self.out, exist_ok=True)
 
     # --- running things -------------------------------------------------
@@ -122,19 +123,32 @@ class Suite:
             raise RuntimeError("cudatrace %s: %s" % (" ".join(args), r.stderr.decode(errors="replace")))
         return r.stdout
 
+    def once(self, trace, question, fn):
+        """fn() the first time question is asked of this trace, as it is
+        on disk: several checks read one run (torch-native's trace is read
+        by three), and a read of a large trace takes seconds of a lease.
+        The answer is shared: callers only read it."""
+        st = os.stat(trace)
+        key = (trace, st.st_mtime_ns, st.st_size) + question
+        if key not in self.read:
+            self.read[key] = fn()
+        return self.read[key]
+
     def report(self, trace):
-        return json.loads(self.ct("report", trace, "--json"))
+        return self.once(trace, ("report",), lambda: json.loads(self.ct("report", trace, "--json")))
 
     def memviz_at(self, trace, pid, wall_ns, rep):
         """The memviz snapshot of pid at a checkpoint's wall-clock time:
         its segments only (no trace entries), with their frames' files, by
         which owner_of tells PyTorch's segments from the libraries'."""
-        offset = wall_ns - rfc3339_ns(rep["trace"]["start"])
-        path = os.path.join(self.out, "at.pickle")
-        self.ct("export", trace, "--format", "memviz", "--pid", str(pid), "--at", "%dns" % max(offset, 0),
-                "--memviz-entries", "0", "-o", path)
-        with open(path, "rb") as f:
-            return pickle.load(f)
+        def export():
+            offset = wall_ns - rfc3339_ns(rep["trace"]["start"])
+            path = os.path.join(self.out, "at.pickle")
+            self.ct("export", trace, "--format", "memviz", "--pid", str(pid), "--at", "%dns" % max(offset, 0),
+                    "--memviz-entries", "0", "-o", path)
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        return self.once(trace, ("memviz", pid, wall_ns), export)
 
     # --- bookkeeping -----------------------------------------------------
 
@@ -180,11 +194,12 @@ class Suite:
             row = {"label": cp["label"]}
             segs = snap["segments"]
             if owner:
-                segs = [s for s in segs if owner_of(s["frames"]) == owner]
-                others = {}
+                segs, others = [], {}
                 for s in snap["segments"]:
                     o = owner_of(s["frames"])
-                    if o != owner:
+                    if o == owner:
+                        segs.append(s)
+                    else:
                         others[o] = others.get(o, 0) + s["total_size"]
                 row["other_owners"] = others
             for key, what in fields.items():
