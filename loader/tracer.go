@@ -32,7 +32,11 @@ type Options struct {
 	// WakeupBytes: records are submitted without waking the reader until this
 	// much data is unread; the reader also polls every PollInterval. Waking
 	// per record cost ~7.5 µs per event on the 6.18 VMs cudatrace was built
-	// on, as much as the uprobe trap itself.
+	// on, as much as the uprobe trap itself; each wakeup costs the reader
+	// about 15-20 µs of CPU there (docs/benchmarks.md). The default is an
+	// eighth of the ring: 2 MiB of a 16 MiB ring, 113 allocation records
+	// with their 16 KiB windows, and seven eighths left for the reader to
+	// come back before a record is lost.
 	WakeupBytes  uint64
 	PollInterval time.Duration
 	// MaxInflight bounds calls remembered between entry and return.
@@ -78,7 +82,6 @@ const (
 
 const (
 	DefaultRingBytes    = 16 << 20
-	DefaultWakeupBytes  = 1 << 20
 	DefaultPollInterval = 50 * time.Millisecond
 	DefaultMaxInflight  = 16384
 	// DefaultStackWindow: 16 KiB held every frame of the vmtest chains and
@@ -131,7 +134,7 @@ func (o *Options) defaults() {
 		o.RingBytes = DefaultRingBytes
 	}
 	if o.WakeupBytes == 0 {
-		o.WakeupBytes = min(DefaultWakeupBytes, uint64(o.RingBytes)/4)
+		o.WakeupBytes = uint64(o.RingBytes) / 8
 	}
 	if o.PollInterval == 0 {
 		o.PollInterval = DefaultPollInterval

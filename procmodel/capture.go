@@ -69,22 +69,31 @@ func (c *Capture) Mappings() []proc.Mapping {
 
 // Covers reports whether every address of stack lies in one of c's
 // mappings: when not, something was mapped since c was taken (a library
-// dlopen'ed late). A nil Capture covers only an empty stack.
+// dlopen'ed late). A nil Capture covers only an empty stack. The live
+// reader asks this of every record, and a PyTorch process maps hundreds
+// of files: each address is looked up by binary search in the mappings,
+// which /proc lists in address order (a scan of them all confirms a miss,
+// should a capture's mappings be in another order).
 func (c *Capture) Covers(stack []uint64) bool {
 	maps := c.Mappings()
 	for _, pc := range stack {
-		in := false
-		for i := range maps {
-			if pc >= maps[i].Start && pc < maps[i].End {
-				in = true
-				break
-			}
-		}
-		if !in {
+		if !covers(maps, pc) {
 			return false
 		}
 	}
 	return true
+}
+
+func covers(maps []proc.Mapping, pc uint64) bool {
+	if proc.Find(maps, pc) >= 0 {
+		return true
+	}
+	for i := range maps {
+		if pc >= maps[i].Start && pc < maps[i].End {
+			return true
+		}
+	}
+	return false
 }
 
 // UnwindFiles returns c's mappings with the paths of the files that hold

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/cudatrace/cudatrace/ledger"
@@ -156,5 +157,54 @@ func TestCovers(t *testing.T) {
 	if !c.Covers([]uint64{0x1000, 0x8fff}) || c.Covers([]uint64{0x1000, 0x2000}) || (*Capture)(nil).Covers([]uint64{1}) ||
 		!(*Capture)(nil).Covers(nil) {
 		t.Error("Covers")
+	}
+}
+
+// A process's mappings as /proc lists them, in address order, with gaps
+// between them: every address inside one is covered, and none in a gap,
+// below the first or above the last; mappings out of order (a capture
+// built by hand) are still searched right.
+func TestCoversManyMappings(t *testing.T) {
+	var ms []proc.Mapping
+	for i := uint64(0); i < 500; i++ {
+		ms = append(ms, proc.Mapping{Start: 0x10000 + i*0x3000, End: 0x10000 + i*0x3000 + 0x2000})
+	}
+	c := &Capture{Maps: ms}
+	for i, m := range ms {
+		if !c.Covers([]uint64{m.Start, m.End - 1, m.Start + 0x800}) {
+			t.Fatalf("mapping %d [%#x, %#x) not covered", i, m.Start, m.End)
+		}
+		if c.Covers([]uint64{m.Start, m.End}) {
+			t.Fatalf("%#x, in the gap after mapping %d, covered", m.End, i)
+		}
+	}
+	if c.Covers([]uint64{0xffff}) || c.Covers([]uint64{ms[len(ms)-1].End + 0x100000}) {
+		t.Error("an address outside every mapping is covered")
+	}
+	rev := slices.Clone(ms)
+	slices.Reverse(rev)
+	r := &Capture{Maps: rev}
+	if !r.Covers([]uint64{ms[0].Start, ms[250].Start + 1, ms[499].End - 1}) || r.Covers([]uint64{ms[250].End}) {
+		t.Error("mappings out of address order: searched wrong")
+	}
+}
+
+// A PyTorch process's capture: 64-81 executable mappings in the H100 runs'
+// traces (docs/gpu-validation.md), and stacks of about 40 frames. The live
+// reader asks this twice a record.
+func BenchmarkCovers(b *testing.B) {
+	var ms []proc.Mapping
+	for i := uint64(0); i < 80; i++ {
+		ms = append(ms, proc.Mapping{Start: 0x10000 + i*0x3000, End: 0x10000 + i*0x3000 + 0x2000})
+	}
+	c := &Capture{Maps: ms}
+	stack := make([]uint64, 40)
+	for i := range stack {
+		stack[i] = ms[(i*37)%len(ms)].Start + 0x10
+	}
+	for b.Loop() {
+		if !c.Covers(stack) {
+			b.Fatal("not covered")
+		}
 	}
 }

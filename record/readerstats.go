@@ -54,11 +54,14 @@ func processCPU() time.Duration {
 }
 
 // begin starts an event's first stage. Like done, it does nothing on a nil
-// r (no -v): a test and a branch an event.
+// r (no -v): a test and a branch an event, once inlined.
 func (r *ReaderStats) begin() {
-	if r == nil {
-		return
+	if r != nil {
+		r.beginTimed()
 	}
+}
+
+func (r *ReaderStats) beginTimed() {
 	if r.Events == 0 {
 		r.start = processCPU()
 	}
@@ -66,11 +69,16 @@ func (r *ReaderStats) begin() {
 	r.last = time.Now()
 }
 
-// done ends stage st and starts the next.
+// done ends stage st and starts the next. Small enough to be inlined:
+// without -v the six calls an event are six tests of a nil pointer, where
+// they were six calls.
 func (r *ReaderStats) done(st Stage) {
-	if r == nil {
-		return
+	if r != nil {
+		r.doneTimed(st)
 	}
+}
+
+func (r *ReaderStats) doneTimed(st Stage) {
 	now := time.Now()
 	r.Stages[st] += now.Sub(r.last)
 	r.last = now

@@ -226,10 +226,12 @@ func (s *session) track(ev *events.Event) *liveProc {
 // refresh reads pid's mappings again when stack has a return address
 // outside every executable mapping of its current capture: something was
 // mapped since (dlopen). At most every recaptureEvery, 100 times a
-// process, and never once it was found gone.
+// process, and never once it was found gone. The clock is read only for a
+// stack the capture does not cover: twice an event, its reading was a
+// few percent of the reader's CPU.
 func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64) {
-	if lp.exited || lp.recapture >= 100 || time.Since(lp.captured) < recaptureEvery ||
-		lp.p.Current().Covers(stack) {
+	if lp.exited || lp.recapture >= 100 || lp.p.Current().Covers(stack) ||
+		time.Since(lp.captured) < recaptureEvery {
 		return
 	}
 	lp.recapture++

@@ -181,11 +181,20 @@ var errNoFDE = errors.New("no call-frame information")
 
 // rowFor returns the unwinding row at file virtual address pc.
 func (t *table) rowFor(pc uint64) (row, error) {
+	// No defer: this runs for every frame of every record, and the cached
+	// row is the common case.
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if r, ok := t.rows[pc]; ok {
+		t.mu.Unlock()
 		return r.row, r.err
 	}
+	w, err := t.rowUncached(pc)
+	t.mu.Unlock()
+	return w, err
+}
+
+// rowUncached finds pc's row in the tables and caches it; t.mu is held.
+func (t *table) rowUncached(pc uint64) (row, error) {
 	f, err := t.fdeFor(pc)
 	var w row
 	if err == nil {
