@@ -16,7 +16,7 @@ old=$(sysctl -n kernel.bpf_stats_enabled)
 . "$(dirname "$0")/lib.sh"
 on_exit 'sysctl -q -w kernel.bpf_stats_enabled="$old"'
 sysctl -q -w kernel.bpf_stats_enabled=1
-build_loop
+build_loop; [ -n "${LOOPLIB:-}" ] && LIB=$LOOPLIB
 
 # cost BINARY WINDOW [on|off]: mean ns per ct_exit run over one recording,
 # sampled until the recording's programs are gone.
@@ -26,7 +26,7 @@ cost() {
 	local before
 	before=$(bpftool -j prog show name ct_exit 2>/dev/null | jq -c '[if type == "array" then .[] else . end | .id]' 2>/dev/null || echo '[]')
 	[ -n "$before" ] || before='[]'
-	local cmd=("$W/loop" "$PAIRS") extra=()
+	local cmd=("${LOOPBIN:-$W/loop}" "$PAIRS") extra=()
 	if [ -n "${PYTHON:-}" ]; then
 		cmd=("$PYTHON" bench/pyloop.py "$LIB" "$PAIRS")
 		[ "$3" = off ] && extra=(--no-python-frames)

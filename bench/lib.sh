@@ -14,9 +14,11 @@ gcc -shared -fPIC -O2 -fomit-frame-pointer -pthread -Wl,-soname,libcudart.so.12 
 ln -s libcudart.so.12 "$W/libcudart.so"
 LIB=$W/libcudart.so.12
 
-# build_loop: bench/loop.c against $LIB, as $W/loop.
+# build_loop: bench/loop.c against $LIB, as $W/loop (64 KiB of stack above
+# the loop) and $W/loop-shallow (none).
 build_loop() {
 	gcc -O2 -fno-omit-frame-pointer -I vmtest/testdata -o "$W/loop" bench/loop.c -L"$W" -lcudart -Wl,-rpath,"$W"
+	gcc -O2 -fno-omit-frame-pointer -DPAD_KIB=0 -I vmtest/testdata -o "$W/loop-shallow" bench/loop.c -L"$W" -lcudart -Wl,-rpath,"$W"
 }
 
 # median: the median of the numbers on stdin, one a line or space-separated.

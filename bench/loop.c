@@ -14,6 +14,10 @@
 
 #include "cuda_decls.h"
 
+#ifndef PAD_KIB
+#define PAD_KIB 64
+#endif
+
 __attribute__((noinline)) static int step(void)
 {
 	void *p = NULL;
@@ -30,9 +34,10 @@ int main(int argc, char **argv)
 
 	/* 64 KiB of stack above the loop, as a thread deep in a real program
 	 * has: a tracer's stack window is then copied in full, not cut short
-	 * by the top of the main thread's stack. */
-	volatile char *pad = alloca(64 << 10);
-	memset((char *)pad, 0, 64 << 10);
+	 * by the top of the main thread's stack. Built with -DPAD_KIB=0
+	 * (loop-shallow), the loop runs a few hundred bytes below it. */
+	volatile char *pad = alloca((PAD_KIB << 10) + 8);
+	memset((char *)pad, 0, (PAD_KIB << 10) + 8);
 
 	if (argc > 2)
 		while (access(argv[2], F_OK) != 0)

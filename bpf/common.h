@@ -63,12 +63,17 @@ struct signal_struct {
 	void *tty; // struct tty_struct *: the controlling terminal, or NULL
 } __attribute__((preserve_access_index));
 
+struct mm_struct {
+	unsigned long start_stack; // the stack pointer at the program's entry: argc
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	__u64 start_boottime;
 	struct thread_struct thread;
 	struct signal_struct *signal;
+	struct mm_struct *mm;
 } __attribute__((preserve_access_index));
 
 

@@ -55,11 +55,39 @@ static __always_inline __u32 alloc_record_size(void)
 	return sizeof(struct ct_alloc_event) + (w ? sizeof(struct ct_ustack) + w : 0) + CT_PY_BLOCK;
 }
 
+// stack_end is where the calling thread's stack ends, when that is less
+// than w bytes above sp; 0 otherwise. No frame lies above it, and nothing
+// there helps an unwind:
+//   - the main thread's stack ends at the stack pointer the program was
+//     entered with (mm->start_stack: argc, then argv, the environment and
+//     the auxiliary vector up to the mapping's end), where _start's frame
+//     begins: 8 bytes above it covers that;
+//   - a thread's stack, made by glibc (or musl), ends below its thread
+//     pointer (fsbase on x86-64): the thread descriptor, and its static
+//     TLS below it, are put at the top of the stack's block.
+// Where a shallow main thread's window ran past the mapping's end, the
+// read of the whole window faulted, and the page-by-page read after it
+// cost as much again as the copy (docs/benchmarks.md); a thread's ran on
+// into whatever was mapped next.
+static __always_inline __u64 stack_end(__u64 sp, __u32 w)
+{
+	struct task_struct *t = (void *)bpf_get_current_task();
+	__u64 end = BPF_CORE_READ(t, mm, start_stack) + 8;
+	if (end > sp && end - sp < w)
+		return end;
+	end = BPF_CORE_READ(t, thread.fsbase);
+	if (end > sp && end - sp < w)
+		return end;
+	return 0;
+}
+
 // user_window puts the registers and up to window_size() bytes of user stack
-// from sp up right after the record's nframes frames, and flags the record.
-// One read takes the whole window; where it fails, the stack ends inside
-// the window (the top of the main thread's stack, a thread's guard page) and
-// a page-by-page read keeps what lies below the first unreadable page.
+// from sp up right after the record's nframes frames, and flags the record:
+// up to the stack's end where that lies within the window (stack_end). One
+// read takes the whole window; where it fails, the stack ends inside it
+// where stack_end did not see (a thread made otherwise than by glibc, up
+// against a guard page or an unmapped page) and a page-by-page read keeps
+// what lies below the first unreadable page.
 //
 // The page-by-page copy is written so that every bound is one the verifier
 // of Linux 5.15 to 6.x proves without following a running length: page k
@@ -85,8 +113,12 @@ static __always_inline void user_window(struct pt_regs *ctx, struct ct_alloc_eve
 	u->ip = PT_REGS_IP(ctx);
 	u->sp = sp;
 	u->bp = PT_REGS_FP(ctx);
-	if (bpf_probe_read_user(data, w, (void *)sp) == 0) {
-		len = w;
+	__u64 end = stack_end(sp, w);
+	__u32 want = end ? (__u32)(end - sp) : w;
+	if (want > w) // never: but the verifier must see that it fits
+		want = w;
+	if (bpf_probe_read_user(data, want, (void *)sp) == 0) {
+		len = want;
 	} else {
 		__u32 first = CT_PAGE - (__u32)(sp & (CT_PAGE - 1)); // to the end of sp's page: 1..CT_PAGE
 		if (bpf_probe_read_user(data, first, (void *)sp) == 0) {

@@ -240,6 +240,11 @@ func buildStandIns(dir string) {
 			return
 		}
 	}
+	// stackend without frame pointers: only the stack window unwinds it.
+	if cBuildErr = gcc("-O1", "-g", "-fomit-frame-pointer", "-pthread", "-Wall", "-o", workload("stackend"),
+		src("stackend.c"), "-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
 	if _, err := os.Stat(realLibcudart); err == nil {
 		realBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-o", workload("realcuda"),
 			src("realcuda.c"), realLibcudart)

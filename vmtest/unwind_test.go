@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -373,5 +375,90 @@ func TestUnwindWindowSize(t *testing.T) {
 		if !slices.Equal(fns, want) || warned {
 			t.Errorf("window %s: stack %q (warned %v), want 41 recurse frames, main and libc's start, no warning", c.window, fns, warned)
 		}
+	}
+}
+
+// TestWindowEndsWithStack: BPF copies a thread's stack window only up to
+// where its stack ends, when that is within the window: the main thread's
+// at the stack pointer the program was entered with (8 bytes above it,
+// _start's first slot), a glibc thread's at its thread pointer. What was
+// left out holds no frame: each stack, from code without frame pointers,
+// is unwound from the window to its first frame.
+func TestWindowEndsWithStack(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	trace := filepath.Join(dir, "stackend.trace")
+	rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeLib, "--keep-stack-windows", "-o", trace, "--", workload("stackend"))
+	rec.finish(t, 30*time.Second)
+
+	// What stackend said of each thread: tid → where its stack ends.
+	re := regexp.MustCompile(`(?m)^stackend: (main|thread) tid=(\d+) fsbase=(0x[0-9a-f]+) start_stack=(0x[0-9a-f]+)$`)
+	ends := map[uint32]uint64{}
+	var pid int
+	for _, m := range re.FindAllStringSubmatch(rec.stdout.String(), -1) {
+		tid, _ := strconv.ParseUint(m[2], 10, 32)
+		fs, _ := strconv.ParseUint(m[3], 0, 64)
+		ss, _ := strconv.ParseUint(m[4], 0, 64)
+		if m[1] == "main" {
+			pid = int(tid)
+			ends[uint32(tid)] = ss + 8
+		} else {
+			ends[uint32(tid)] = fs
+		}
+	}
+	if len(ends) != 2 {
+		t.Fatalf("stackend said %q; want a line for main and one for its thread", rec.stdout.String())
+	}
+
+	r, err := tracefile.Open(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	seen := 0
+	for {
+		fr, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", trace, err)
+		}
+		if fr.Type != tracefile.TypeEvent || fr.Event.API != events.CudaMalloc {
+			continue
+		}
+		ev := fr.Event
+		seen++
+		end, ok := ends[ev.TID]
+		if !ok {
+			t.Errorf("a cudaMalloc of thread %d, which stackend did not name", ev.TID)
+			continue
+		}
+		top := ev.Regs.SP + uint64(len(ev.Window))
+		if ev.Flags&events.FlagWindow == 0 || top != end || len(ev.Window) >= 16<<10 {
+			t.Errorf("thread %d: window of %d bytes from sp %#x, up to %#x; want it to end at %#x, the stack's end",
+				ev.TID, len(ev.Window), ev.Regs.SP, top, end)
+		}
+	}
+	if seen != 2 {
+		t.Errorf("%d cudaMalloc records in the trace, want 2", seen)
+	}
+
+	rep := runReport(t, ctx, trace)
+	var got [][]string
+	for _, s := range rep.Stacks {
+		if s.PID != pid {
+			continue
+		}
+		var fns []string
+		for _, f := range s.Frames {
+			fns = append(fns, f.Function)
+		}
+		got = append(got, fns)
+	}
+	slices.SortFunc(got, slices.Compare) // main's, then the thread's ("worker")
+	wantMain := []string{"take", "main", "__libc_start_call_main", "__libc_start_main", "_start"}
+	wantThread := []string{"take", "worker", "start_thread", "clone3"} // glibc 2.34 on: clone3
+	if len(got) != 2 || !slices.Equal(got[0], wantMain) || !slices.Equal(got[1], wantThread) {
+		t.Errorf("stacks %q; want %q and %q", got, wantMain, wantThread)
 	}
 }
