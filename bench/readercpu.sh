@@ -28,7 +28,9 @@ run() {
 	wait $lp
 	wait $ct || true
 	grep -E 'lost' "$W/err" >&2 || true
-	awk '{printf "%.3f", $1 + $2}' "$W/time"
+	# the last line: /usr/bin/time puts "Command exited with non-zero
+	# status" before it when cudatrace exits so
+	tail -n 1 "$W/time" | awk '{printf "%.3f", $1 + $2}'
 }
 
 events() { sed -n 's/.* \([0-9]*\) events written.*/\1/p' "$W/err"; }
