@@ -52,7 +52,7 @@ test-unit:
 # older cudatrace adds it to each script's rounds.
 BENCH_PYTHON ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 python3.11 python3.10 2>/dev/null))
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem ./ledger/ ./tracefile/ ./symbolize/ ./unwind/ ./export/ ./top/ ./record/
+	$(GO) test -run '^$$' -bench . -benchmem ./ledger/ ./tracefile/ ./symbolize/ ./unwind/ ./export/ ./top/ ./record/ ./procmodel/
 	$(GO) test -run '^$$' -bench AgentEvent -benchtime 10000000x ./agent/
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/startup.sh

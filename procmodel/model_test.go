@@ -165,10 +165,7 @@ func TestCovers(t *testing.T) {
 // below the first or above the last; mappings out of order (a capture
 // built by hand) are still searched right.
 func TestCoversManyMappings(t *testing.T) {
-	var ms []proc.Mapping
-	for i := uint64(0); i < 500; i++ {
-		ms = append(ms, proc.Mapping{Start: 0x10000 + i*0x3000, End: 0x10000 + i*0x3000 + 0x2000})
-	}
+	ms := spacedMappings(500)
 	c := &Capture{Maps: ms}
 	for i, m := range ms {
 		if !c.Covers([]uint64{m.Start, m.End - 1, m.Start + 0x800}) {
@@ -193,10 +190,7 @@ func TestCoversManyMappings(t *testing.T) {
 // traces (docs/gpu-validation.md), and stacks of about 40 frames. The live
 // reader asks this twice a record.
 func BenchmarkCovers(b *testing.B) {
-	var ms []proc.Mapping
-	for i := uint64(0); i < 80; i++ {
-		ms = append(ms, proc.Mapping{Start: 0x10000 + i*0x3000, End: 0x10000 + i*0x3000 + 0x2000})
-	}
+	ms := spacedMappings(80)
 	c := &Capture{Maps: ms}
 	stack := make([]uint64, 40)
 	for i := range stack {
@@ -207,4 +201,13 @@ func BenchmarkCovers(b *testing.B) {
 			b.Fatal("not covered")
 		}
 	}
+}
+
+// spacedMappings is n mappings of 8 KiB in address order, 4 KiB apart.
+func spacedMappings(n int) []proc.Mapping {
+	var ms []proc.Mapping
+	for i := range uint64(n) {
+		ms = append(ms, proc.Mapping{Start: 0x10000 + i*0x3000, End: 0x10000 + i*0x3000 + 0x2000})
+	}
+	return ms
 }

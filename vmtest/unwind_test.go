@@ -154,22 +154,34 @@ func recordOneStack(t *testing.T, exe string, libs []string, args ...string) []s
 // window.
 func windowsInTrace(t *testing.T, path string) int {
 	t.Helper()
+	n := 0
+	eachEvent(t, path, func(ev *events.Event) {
+		if ev.Flags&events.FlagWindow != 0 && len(ev.Window) > 0 {
+			n++
+		}
+	})
+	return n
+}
+
+// eachEvent calls f with each event record of the trace at path, in order;
+// the event is valid only during the call.
+func eachEvent(t *testing.T, path string, f func(*events.Event)) {
+	t.Helper()
 	r, err := tracefile.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	n := 0
 	for {
 		rec, err := r.Next()
 		if err == io.EOF {
-			return n
+			return
 		}
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
-		if rec.Type == tracefile.TypeEvent && rec.Event.Flags&events.FlagWindow != 0 && len(rec.Event.Window) > 0 {
-			n++
+		if rec.Type == tracefile.TypeEvent {
+			f(rec.Event)
 		}
 	}
 }
@@ -409,36 +421,23 @@ func TestWindowEndsWithStack(t *testing.T) {
 		t.Fatalf("stackend said %q; want a line for main and one for its thread", rec.stdout.String())
 	}
 
-	r, err := tracefile.Open(trace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
 	seen := 0
-	for {
-		fr, err := r.Next()
-		if err == io.EOF {
-			break
+	eachEvent(t, trace, func(ev *events.Event) {
+		if ev.API != events.CudaMalloc {
+			return
 		}
-		if err != nil {
-			t.Fatalf("%s: %v", trace, err)
-		}
-		if fr.Type != tracefile.TypeEvent || fr.Event.API != events.CudaMalloc {
-			continue
-		}
-		ev := fr.Event
 		seen++
 		end, ok := ends[ev.TID]
 		if !ok {
 			t.Errorf("a cudaMalloc of thread %d, which stackend did not name", ev.TID)
-			continue
+			return
 		}
 		top := ev.Regs.SP + uint64(len(ev.Window))
 		if ev.Flags&events.FlagWindow == 0 || top != end || len(ev.Window) >= 16<<10 {
 			t.Errorf("thread %d: window of %d bytes from sp %#x, up to %#x; want it to end at %#x, the stack's end",
 				ev.TID, len(ev.Window), ev.Regs.SP, top, end)
 		}
-	}
+	})
 	if seen != 2 {
 		t.Errorf("%d cudaMalloc records in the trace, want 2", seen)
 	}
