@@ -189,7 +189,9 @@ func Read(path string, opts Options) (*Trace, error) {
 
 func (t *Trace) finish() {
 	if t.End == nil {
-		t.Warning = "no end record: the tracer did not stop cleanly (killed?); what follows covers what it wrote"
+		// A disk that filled can cut the file at a frame's end as well as
+		// inside one: the same causes as a truncated trace's.
+		t.Warning = "no end record: the tracer did not stop cleanly (it was killed, or the disk filled); what follows covers what it wrote"
 	}
 }
 

@@ -324,7 +324,8 @@ func TestRingSizeRefused(t *testing.T) {
 // TestDiskFull: a trace on a file system that fills up: the command runs to
 // its end, the summary has every allocation, the exit status is 125 (the
 // command succeeded, the trace is incomplete), and the trace reads back up
-// to where it was cut.
+// to where it was cut, wherever that falls (a CI run once cut it at a
+// frame's end).
 func TestDiskFull(t *testing.T) {
 	ctx, dir := traceSetup(t)
 	mnt := filepath.Join(dir, "small")
@@ -361,8 +362,11 @@ func TestDiskFull(t *testing.T) {
 	cmd := exec.CommandContext(ctx, tracerBin, "report", trace, "--json")
 	var e bytes.Buffer
 	cmd.Stderr = &e
-	if err := cmd.Run(); err != nil || !strings.Contains(e.String(), "truncated") {
-		t.Errorf("report of the cut trace: %v, stderr %q; want it read, saying it is incomplete", err, e.String())
+	// The file ends where the file system filled: inside a frame
+	// ("truncated"), or, where that is a frame's end, with no end record.
+	if err := cmd.Run(); err != nil || !strings.Contains(e.String(), "truncated") && !strings.Contains(e.String(), "no end record") ||
+		!strings.Contains(e.String(), "the disk filled") {
+		t.Errorf("report of the cut trace: %v, stderr %q; want it read, saying it is incomplete and why it may be", err, e.String())
 	}
 }
 
