@@ -96,6 +96,28 @@ func covers(maps []proc.Mapping, pc uint64) bool {
 	return false
 }
 
+// SameFiles reports whether all, a process's mappings as /proc lists them,
+// holds the same executable files at the same places as c: a capture
+// taken now would say what c says of them.
+func (c *Capture) SameFiles(all []proc.Mapping) bool {
+	i := 0
+	for k := range all {
+		m := &all[k]
+		if !m.Exec() || !m.File() {
+			continue
+		}
+		if i >= len(c.Maps) {
+			return false
+		}
+		o := &c.Maps[i]
+		if o.Start != m.Start || o.End != m.End || o.Offset != m.Offset || o.Inode != m.Inode || o.Dev != m.Dev || o.Path != m.Path {
+			return false
+		}
+		i++
+	}
+	return i == len(c.Maps)
+}
+
 // UnwindFiles returns c's mappings with the paths of the files that hold
 // their call-frame information. A process that sees the tracer's files has
 // them at their paths. One with its own root (a container) has its own:

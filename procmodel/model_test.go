@@ -211,3 +211,28 @@ func spacedMappings(n int) []proc.Mapping {
 	}
 	return ms
 }
+
+// SameFiles compares only the executable file mappings, in order: data,
+// anonymous and [vdso] mappings may come and go; a library mapped, moved,
+// or replaced by another file at the same place is a change.
+func TestSameFiles(t *testing.T) {
+	exe := func(start uint64, path string, inode uint64) proc.Mapping {
+		return proc.Mapping{Start: start, End: start + 0x1000, Perms: "r-xp", Dev: "08:01", Inode: inode, Path: path}
+	}
+	c := &Capture{Maps: []proc.Mapping{exe(0x1000, "/bin/a", 1), exe(0x5000, "/lib/b.so", 2)}}
+	same := []proc.Mapping{exe(0x1000, "/bin/a", 1), {Start: 0x2000, End: 0x3000, Perms: "rw-p"},
+		exe(0x5000, "/lib/b.so", 2), {Start: 0x9000, End: 0xa000, Perms: "r-xp", Path: "[vdso]"}}
+	if !c.SameFiles(same) {
+		t.Error("the same files, with data and [vdso] mappings beside them: reported changed")
+	}
+	for name, all := range map[string][]proc.Mapping{
+		"a library mapped since": {exe(0x1000, "/bin/a", 1), exe(0x3000, "/lib/new.so", 3), exe(0x5000, "/lib/b.so", 2)},
+		"a library unmapped":     {exe(0x1000, "/bin/a", 1)},
+		"a library moved":        {exe(0x1000, "/bin/a", 1), exe(0x7000, "/lib/b.so", 2)},
+		"another file there":     {exe(0x1000, "/bin/a", 1), exe(0x5000, "/lib/b.so", 9)},
+	} {
+		if c.SameFiles(all) {
+			t.Errorf("%s: reported the same", name)
+		}
+	}
+}

@@ -87,8 +87,12 @@ type liveProc struct {
 	captured  time.Time
 	exited    bool
 	recapture int
-	py        *pystack.Interp // nil: no CPython found (yet)
-	pyTried   bool
+	// quiet counts the reads of the process's mappings since its last
+	// capture that found the same files mapped: each doubles the wait
+	// before the next, up to 8 times recaptureEvery.
+	quiet   int
+	py      *pystack.Interp // nil: no CPython found (yet)
+	pyTried bool
 }
 
 // newState returns a session's state, with no trace file.
@@ -229,11 +233,25 @@ func (s *session) track(ev *events.Event) *liveProc {
 // process, and never once it was found gone. The clock is read only for a
 // stack the capture does not cover: twice an event, its reading was a
 // few percent of the reader's CPU.
+//
+// Code without frame pointers (CPython's, NVIDIA's) leaves the
+// frame-pointer walk reading data as return addresses, and those are
+// outside every mapping too: a CPython process was captured anew every
+// recaptureEvery, its Python layout found again and a process frame
+// written each time (87 times over a 4-second loop), a third of the
+// reader's CPU. So the mappings are read and compared first, and the
+// capture made only when the files mapped changed.
 func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64) {
 	if lp.exited || lp.recapture >= 100 || lp.p.Current().Covers(stack) ||
-		time.Since(lp.captured) < recaptureEvery {
+		time.Since(lp.captured) < recaptureEvery<<min(lp.quiet, 3) {
 		return
 	}
+	if all, err := proc.ReadMaps(int(pid)); err == nil && lp.p.Current().SameFiles(all) {
+		lp.captured = time.Now()
+		lp.quiet++
+		return
+	}
+	lp.quiet = 0
 	lp.recapture++
 	s.capture(pid, lp)
 }

@@ -73,7 +73,7 @@ type table struct {
 	mu      sync.Mutex
 	cies    map[uint64]*cie
 	index   map[*section][]indexEntry // built by scan, for sections without a search table
-	rows    map[uint64]rowResult      // by file virtual address: stacks repeat
+	rows    map[uint64]*rowResult     // by file virtual address: stacks repeat
 	scanErr map[*section]error
 }
 
@@ -112,7 +112,7 @@ func openTable(path string) (*table, error) {
 		return nil, fmt.Errorf("%s: %v: only x86-64 is unwound", path, ef.Machine)
 	}
 	t := &table{f: f, cies: map[uint64]*cie{}, index: map[*section][]indexEntry{},
-		rows: map[uint64]rowResult{}, scanErr: map[*section]error{}}
+		rows: map[uint64]*rowResult{}, scanErr: map[*section]error{}}
 	for _, p := range ef.Progs {
 		if p.Type == elf.PT_LOAD {
 			t.loads = append(t.loads, load{off: p.Off, filesz: p.Filesz, vaddr: p.Vaddr, exec: p.Flags&elf.PF_X != 0})
@@ -180,30 +180,32 @@ func (t *table) vaddr(off uint64) (uint64, bool) {
 var errNoFDE = errors.New("no call-frame information")
 
 // rowFor returns the unwinding row at file virtual address pc.
-func (t *table) rowFor(pc uint64) (row, error) {
+func (t *table) rowFor(pc uint64) (*row, error) {
 	// No defer: this runs for every frame of every record, and the cached
-	// row is the common case.
+	// row is the common case. The map holds pointers: a row is 136 bytes,
+	// and a map of them inline looked up and copied out slower. A cached
+	// row is never written again, so readers share it.
 	t.mu.Lock()
 	if r, ok := t.rows[pc]; ok {
 		t.mu.Unlock()
-		return r.row, r.err
+		return &r.row, r.err
 	}
-	w, err := t.rowUncached(pc)
+	r := t.rowUncached(pc)
 	t.mu.Unlock()
-	return w, err
+	return &r.row, r.err
 }
 
 // rowUncached finds pc's row in the tables and caches it; t.mu is held.
-func (t *table) rowUncached(pc uint64) (row, error) {
+func (t *table) rowUncached(pc uint64) *rowResult {
 	f, err := t.fdeFor(pc)
-	var w row
+	r := &rowResult{err: err}
 	if err == nil {
-		w, err = rowAt(f, pc)
+		r.row, r.err = rowAt(f, pc)
 	}
 	if len(t.rows) < maxRows {
-		t.rows[pc] = rowResult{w, err}
+		t.rows[pc] = r
 	}
-	return w, err
+	return r
 }
 
 func (t *table) fdeFor(pc uint64) (*fde, error) {

@@ -58,6 +58,7 @@ func (u *Unwinder) Close() error {
 type Maps struct {
 	m    []proc.Mapping
 	tabs []tabSlot
+	last int // the mapping find found last: a stack's frames come in runs in one file
 }
 
 type tabSlot struct {
@@ -78,7 +79,16 @@ func NewMaps(maps []proc.Mapping) *Maps {
 	return &Maps{m: m, tabs: make([]tabSlot, len(m))}
 }
 
-func (m *Maps) find(pc uint64) int { return proc.Find(m.m, pc) }
+func (m *Maps) find(pc uint64) int {
+	if i := m.last; i < len(m.m) && pc >= m.m[i].Start && pc < m.m[i].End {
+		return i
+	}
+	i := proc.Find(m.m, pc)
+	if i >= 0 {
+		m.last = i
+	}
+	return i
+}
 
 // Stop says why an unwind ended.
 type Stop struct {
@@ -159,7 +169,7 @@ func (u *Unwinder) Unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 			return pcs, Stop{Kind: StopNoCFI, Detail: fmt.Sprintf("%#x (%s+%#x): %v", pc, m.Path, v, err)}
 		}
 		st := state{pc: pc, sp: sp, bp: bp, bpOK: bpOK, mem: &mem}
-		cfa, err := st.cfa(&w)
+		cfa, err := st.cfa(w)
 		if err != nil {
 			return pcs, stopFor(err, pc, m.Path, &mem)
 		}

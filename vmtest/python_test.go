@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/internal/testenv"
+	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // pyLine finds the line of testdata/file marked "# LINE:tag".
@@ -368,4 +369,53 @@ func TestPythonFramesAttach(t *testing.T) {
 func pyenvPython(t *testing.T, v string) string {
 	t.Helper()
 	return testenv.Python(t, v)
+}
+
+// TestPythonCapturedOnce: the frame-pointer walk of a CPython process's
+// records reads data as return addresses (the interpreter and libffi keep
+// no frame pointers), outside every mapping, which is also how a library
+// mapped since the process's capture shows. The recorder reads the
+// mappings again, at most every 200 ms, and captures the process anew
+// only when the files mapped changed: a 2-second loop that maps nothing
+// is one process frame in the trace, where it was one per 200 ms (each
+// finding the interpreter's layout again).
+func TestPythonCapturedOnce(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	python := pyenvPython(t, "3.12")
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyrepeat.py"))
+	trace := filepath.Join(dir, "repeat.trace")
+	rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeLib, "-o", trace, "--", python, script, fakeLib, "2")
+	rec.finish(t, 60*time.Second)
+	if !strings.Contains(rec.stdout.String(), "pairs=") {
+		t.Fatalf("pyrepeat said %q", rec.stdout.String())
+	}
+	r, err := tracefile.Open(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	frames, events := map[uint32]int{}, 0
+	for {
+		fr, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", trace, err)
+		}
+		switch fr.Type {
+		case tracefile.TypeProcess:
+			frames[fr.Process.PID]++
+		case tracefile.TypeEvent:
+			events++
+		}
+	}
+	if len(frames) != 1 || events < 1000 {
+		t.Fatalf("process frames %v, %d events; want one process of at least 1000 events", frames, events)
+	}
+	for pid, n := range frames {
+		if n != 1 {
+			t.Errorf("pid %d captured %d times over %d events; want once: it mapped nothing new", pid, n, events)
+		}
+	}
 }
