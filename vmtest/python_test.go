@@ -389,27 +389,15 @@ func TestPythonCapturedOnce(t *testing.T) {
 	if !strings.Contains(rec.stdout.String(), "pairs=") {
 		t.Fatalf("pyrepeat said %q", rec.stdout.String())
 	}
-	r, err := tracefile.Open(trace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
 	frames, events := map[uint32]int{}, 0
-	for {
-		fr, err := r.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", trace, err)
-		}
+	eachFrame(t, trace, func(fr *tracefile.Record) {
 		switch fr.Type {
 		case tracefile.TypeProcess:
 			frames[fr.Process.PID]++
 		case tracefile.TypeEvent:
 			events++
 		}
-	}
+	})
 	if len(frames) != 1 || events < 1000 {
 		t.Fatalf("process frames %v, %d events; want one process of at least 1000 events", frames, events)
 	}

@@ -167,6 +167,16 @@ func windowsInTrace(t *testing.T, path string) int {
 // the event is valid only during the call.
 func eachEvent(t *testing.T, path string, f func(*events.Event)) {
 	t.Helper()
+	eachFrame(t, path, func(fr *tracefile.Record) {
+		if fr.Type == tracefile.TypeEvent {
+			f(fr.Event)
+		}
+	})
+}
+
+// eachFrame calls f with each frame of the trace at path, in order.
+func eachFrame(t *testing.T, path string, f func(*tracefile.Record)) {
+	t.Helper()
 	r, err := tracefile.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -180,9 +190,7 @@ func eachEvent(t *testing.T, path string, f func(*events.Event)) {
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
-		if rec.Type == tracefile.TypeEvent {
-			f(rec.Event)
-		}
+		f(&rec)
 	}
 }
 
