@@ -67,6 +67,30 @@ type Table struct {
 	Minor  int // CPython 3.Minor; 0 when not known
 	ids    map[key]uint64
 	frames []Code // frames[id-1]
+	// recent is a direct-mapped cache in front of ids: a process's
+	// records carry the same frames record after record, and hashing
+	// each frame's 16-byte key for the map, twice a frame (Has, Stack),
+	// was most of what a Python record added to the reader's work. A
+	// key's id never changes once given, so nothing here goes stale.
+	recent [256]recentID
+}
+
+type recentID struct {
+	k  key
+	id uint64 // 0: empty
+}
+
+// id is k's id in t, through recent.
+func (t *Table) id(k key) (uint64, bool) {
+	r := &t.recent[(k.code>>4^uint64(uint32(k.units))*0x9e3779b1)&uint64(len(t.recent)-1)]
+	if r.id != 0 && r.k == k {
+		return r.id, true
+	}
+	id, ok := t.ids[k]
+	if ok {
+		*r = recentID{k, id}
+	}
+	return id, ok
 }
 
 // NewTable returns an empty table for a process whose interpreter loop
@@ -78,7 +102,7 @@ func NewTable(eval [][2]uint64) *Table {
 // Has reports whether the frame of (code, units) is in t: resolved, well
 // or not, so not to be read again.
 func (t *Table) Has(code uint64, units int32) bool {
-	_, ok := t.ids[key{code, units}]
+	_, ok := t.id(key{code, units})
 	return ok
 }
 
@@ -86,7 +110,7 @@ func (t *Table) Has(code uint64, units int32) bool {
 // synthetic address.
 func (t *Table) Put(c Code) uint64 {
 	k := key{c.Code, c.Units}
-	if id, ok := t.ids[k]; ok {
+	if id, ok := t.id(k); ok {
 		t.frames[id-1] = c
 		return addrBit | id
 	}
@@ -129,7 +153,7 @@ func (t *Table) Stack(dst []uint64, ev *events.Event) (merged []uint64, ok bool)
 		return dst, false
 	}
 	return Merge(dst, ev.Stack, ev.Py, t.Eval, func(f events.PyFrame) uint64 {
-		if id, ok := t.ids[key{f.Code, f.Units}]; ok {
+		if id, ok := t.id(key{f.Code, f.Units}); ok {
 			return addrBit | id
 		}
 		return t.Put(Code{Code: f.Code, Units: f.Units, Error: "not resolved while recording"})
