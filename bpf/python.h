@@ -115,13 +115,6 @@ struct py_thread {
 // preallocated) small at start-up; a thread evicted walks the list again.
 CT_MAP(BPF_MAP_TYPE_LRU_HASH, py_threads, __u32, struct py_thread, 4096); // key: tid
 
-// The current task's fields the cache checks: a flavour of common.h's
-// task_struct (CO-RE matches it to the kernel's by name).
-struct task_struct___py {
-	void *mm;
-	__u64 start_boottime;
-} __attribute__((preserve_access_index));
-
 // buf_u64 and buf_u8 take a field from s->buf, at an offset the mask keeps
 // within it. buf_u64 makes one 8-byte load, at an offset the mask also
 // keeps 8-byte aligned: the fields it takes are 8-byte aligned in the
@@ -461,7 +454,7 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, __u64 sp, 
 	struct py_cpu_thread *c = &s->cur;
 	__u64 id = (__u64)tgid << 32 | h->tid;
 	struct py_walk w = {.sp = sp};
-	struct task_struct___py *task;
+	struct task_struct *task; // its mm and start time: what the caches check
 	// This CPU's last Python thread: its thread state and layout without a
 	// map lookup (the two cost about 50 ns, a sixth of a short walk).
 	// Another thread's record, or a process's first, looks them up.
