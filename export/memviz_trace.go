@@ -161,7 +161,7 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 		return err
 	}
 
-	limit := opts.MemvizEntries // < 0 from here on: no cap
+	limit := opts.MemvizEntries // from here on: > 0 a cap, 0 no trace, < 0 no cap
 	switch limit {
 	case 0:
 		limit = DefaultMemvizEntries

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Root is where /proc is mounted; tests point it elsewhere.
@@ -239,6 +240,11 @@ func Stopped(pid int) (bool, error) {
 // architecture Linux runs cudatrace on (the kernel reports in it whatever
 // its own HZ).
 const userHZ = 100
+
+// StartTimeTick is StartTime's precision: a start time is rounded down to
+// it, so a process that started within a tick before some moment may read
+// as started at or after it.
+const StartTimeTick = time.Second / userHZ
 
 // StartTime returns when pid started, in CLOCK_BOOTTIME nanoseconds at
 // USER_HZ precision (10 ms), from /proc/PID/stat. A PID and its start time

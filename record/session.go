@@ -238,9 +238,9 @@ func (s *session) track(ev *events.Event) *liveProc {
 // frame-pointer walk reading data as return addresses, and those are
 // outside every mapping too: a CPython process was captured anew every
 // recaptureEvery, its Python layout found again and a process frame
-// written each time (87 times over a 4-second loop), a third of the
-// reader's CPU. So the mappings are read and compared first, and the
-// capture made only when the files mapped changed.
+// written each time (87 times over a 4-second loop). So the mappings are
+// read and compared first, and the capture made only when the files
+// mapped changed.
 func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64) {
 	if lp.exited || lp.recapture >= 100 || lp.p.Current().Covers(stack) ||
 		time.Since(lp.captured) < recaptureEvery<<min(lp.quiet, 3) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -85,16 +86,12 @@ type ProcessNVML struct {
 	HeldBeforeBytes int64 `json:"held_before_bytes,omitempty"`
 }
 
-// startTick is the precision of a process's start time (/proc's clock
-// ticks, 100 a second where the kernel is built as they all are).
-const startTick = 10 * time.Millisecond
-
 // runningBefore reports whether a process that started at start (boot ns,
 // rounded down to a tick) was running when the trace began: never one of
 // a launched command's (they all start after it), nor one that started
 // within a tick of the trace's start, which the rounding hides.
 func runningBefore(meta *tracefile.Meta, start uint64) bool {
-	return len(meta.Command) == 0 && start != 0 && start+uint64(startTick) <= meta.StartBoot
+	return len(meta.Command) == 0 && start != 0 && start+uint64(proc.StartTimeTick) <= meta.StartBoot
 }
 
 // NVMLInterval is one process's remainder over one interval: its last
