@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cuda_decls.h"
+#include "procstat.h"
 
 static pid_t leader;
 static int bad;
@@ -40,12 +41,8 @@ static int leader_gone(void)
 {
 	char path[64], buf[256];
 	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)leader);
-	FILE *f = fopen(path, "r");
-	if (!f)
+	if (!read_stat(path, buf, sizeof(buf)))
 		return 1;
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = 0;
 	char *end = strrchr(buf, ')');
 	return end && end[1] == ' ' && end[2] == 'Z';
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cuda_decls.h"
+#include "procstat.h"
 
 static unsigned long fsbase(void)
 {
@@ -30,12 +31,8 @@ static unsigned long fsbase(void)
 static unsigned long start_stack(void)
 {
 	char buf[1024];
-	FILE *f = fopen("/proc/self/stat", "r");
-	if (!f)
+	if (!read_stat("/proc/self/stat", buf, sizeof(buf)))
 		return 0;
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = 0;
 	char *p = strrchr(buf, ')');
 	unsigned long v = 0;
 	for (int field = 3; p && field <= 28; field++) {
