@@ -7,7 +7,8 @@
 # OUT as at most 8 files (the device tool's limit): env.txt, smoke.txt,
 # attach.txt, suite.txt, results.md, results.json, logs.tgz, traces.tgz.
 # Needs bin/cudatrace (make build) carried along. CHECKS=a,b,... runs those
-# suite checks only; PARTS=suite leaves out the smoke and attach parts.
+# suite checks only; PARTS=suite leaves out the smoke and attach parts;
+# STEPS=N sets the training steps of the torch workloads (default 200).
 set -u
 out=${1:?usage: vmtest/gpu/lease.sh OUT [SECONDS]}
 budget=${2:-420}
@@ -104,7 +105,7 @@ EOF
 left=$((budget - ($(date +%s) - start)))
 [ "$left" -ge 60 ] || left=60
 echo "suite: $left s left" >"$out/suite.txt"
-PYTHON=$py timeout "$left" "$here/run.sh" "$work/suite" --steps 200 --timeout 150 \
+PYTHON=$py timeout "$left" "$here/run.sh" "$work/suite" --steps "${STEPS:-200}" --timeout 150 \
 	--only "$checks" \
 	>>"$out/suite.txt" 2>&1
 echo "suite rc=$?" >>"$out/suite.txt"

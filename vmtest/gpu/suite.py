@@ -19,7 +19,8 @@ memory, read by the workload itself at quiet checkpoints (workloads/):
                     process) against NVML's figure for the process; and
                     cudatrace's own NVML samples against nvidia-smi's
   overhead          training step time: traced / untraced, and traced /
-                    torch.cuda.memory._record_memory_history
+                    torch.cuda.memory._record_memory_history; and traced
+                    without the Python walk, and without the stack window
   jax-platform, jax-bfc, cupy-pool, cupy-nopool
   standin           the same machinery on the test stand-in libcudart
                     (--standin-lib): runs anywhere, GPU or not
@@ -387,19 +388,27 @@ class Suite:
 
     def overhead(self):
         self.need("torch")
+        # Besides the default recording, two that each leave one cost out,
+        # to tell where a traced step's extra time goes: the Python walk
+        # (--no-python-frames) and the stack window (--stack-window 0).
+        variants = {"traced": (), "traced-no-python": ("--no-python-frames",),
+                    "traced-no-window": ("--stack-window", "0")}
         runs = {}
         for rnd in range(3):  # interleaved, medians: the machine drifts
             runs.setdefault("untraced", []).append(
                 self.untraced("overhead-untraced-%d" % rnd, "torch_train.py", "--steps", str(self.steps))["step_ms_median"])
             runs.setdefault("history", []).append(
                 self.untraced("overhead-history-%d" % rnd, "torch_train.py", "--steps", str(self.steps), "--history")["step_ms_median"])
-            self.runs.pop("overhead-traced", None)
-            runs.setdefault("traced", []).append(
-                self.traced("overhead-traced", "torch_train.py", "--steps", str(self.steps))[1]["step_ms_median"])
+            for name, flags in variants.items():
+                runs.setdefault(name, []).append(self.traced(
+                    "overhead-%s-%d" % (name, rnd), "torch_train.py", "--steps", str(self.steps),
+                    record=flags)[1]["step_ms_median"])
         med = {k: statistics.median(v) for k, v in runs.items()}
         return {"step_ms": runs, "median_step_ms": med, "traced_over_untraced": med["traced"] / med["untraced"],
                 "traced_over_history": med["traced"] / med["history"],
-                "history_over_untraced": med["history"] / med["untraced"]}
+                "history_over_untraced": med["history"] / med["untraced"],
+                "no_python_over_untraced": med["traced-no-python"] / med["untraced"],
+                "no_window_over_untraced": med["traced-no-window"] / med["untraced"]}
 
     def jax(self, allocator):
         self.need("jax")
