@@ -36,7 +36,7 @@ type Options struct {
 	// outlive the call. An error stops the replay and is returned by Read.
 	OnEvent func(ev *events.Event, ch ledger.Change) error
 	// OnNVML, when set, is called for each sample of the driver's view
-	// (nvml frame) with the ledger as it stands at that point of the file:
+	// (nvml frame) with the ledger as it stood when the sample was taken:
 	// the traced live bytes to put beside the driver's. An error stops the
 	// replay and is returned by Read.
 	OnNVML func(n *tracefile.NVML, l *ledger.Ledger) error
@@ -115,20 +115,27 @@ func Read(path string, opts Options) (*Trace, error) {
 		Procs:    procmodel.New(),
 	}
 	defer func() { t.Unwound = en.Stats }()
+	// A sample reaches the file when the reader takes it, and records that
+	// came before it may still be in the ring then: a free made just
+	// before the sample is written after it (seen on an H100: a 1 GiB
+	// free 25 ms before a sample made the traced bytes exceed the driver's
+	// by 578 MiB). So a sample waits here for the first event that took
+	// effect after it and sees the ledger as it stood at its time.
+	var samples nvmlQueue
 	for {
 		rec, err := r.Next()
 		switch {
 		case err == io.EOF:
 			t.finish()
-			return t, nil
+			return t.last(&samples, opts.OnNVML)
 		case errors.Is(err, tracefile.ErrTruncated):
 			t.Warning = fmt.Sprintf("trace truncated: %s (the tracer was killed, or the disk filled); what follows covers the events before it",
 				cause(err, tracefile.ErrTruncated))
-			return t, nil
+			return t.last(&samples, opts.OnNVML)
 		case errors.Is(err, tracefile.ErrCorrupt):
 			t.Warning = fmt.Sprintf("trace damaged: %s; what follows covers the events before it",
 				cause(err, tracefile.ErrCorrupt))
-			return t, nil
+			return t.last(&samples, opts.OnNVML)
 		case err != nil:
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
@@ -141,6 +148,9 @@ func Read(path string, opts Options) (*Trace, error) {
 				// due. Skip, don't stop.
 				t.skippedLast = max(t.skippedLast, ev.End())
 				continue
+			}
+			if err := samples.flush(opts.OnNVML, t.Ledger, ev.End()); err != nil {
+				return nil, err
 			}
 			t.Events++
 			t.Last = max(t.Last, ev.End())
@@ -178,13 +188,58 @@ func Read(path string, opts Options) (*Trace, error) {
 				continue
 			}
 			t.Last = max(t.Last, rec.NVML.Time)
-			if opts.OnNVML != nil {
-				if err := opts.OnNVML(rec.NVML, t.Ledger); err != nil {
-					return nil, err
-				}
+			if opts.OnNVML == nil {
+				continue
+			}
+			if err := samples.add(opts.OnNVML, t.Ledger, rec.NVML); err != nil {
+				return nil, err
 			}
 		}
 	}
+}
+
+// nvmlQueue holds the samples read whose time no event has passed yet, in
+// the order of the file (the order they were taken).
+type nvmlQueue []*tracefile.NVML
+
+// maxWaitingSamples bounds the queue: a minute of samples at the default
+// second apart, longer than any record stays unread in the ring (the
+// reader polls every 50 ms). A trace with no event for longer hands its
+// oldest samples over with the ledger as it stands.
+const maxWaitingSamples = 64
+
+func (q *nvmlQueue) add(f func(*tracefile.NVML, *ledger.Ledger) error, l *ledger.Ledger, n *tracefile.NVML) error {
+	if len(*q) == maxWaitingSamples {
+		if err := f((*q)[0], l); err != nil {
+			return err
+		}
+		*q = append((*q)[:0], (*q)[1:]...)
+	}
+	*q = append(*q, n)
+	return nil
+}
+
+// flush hands over the samples taken before before (boot ns), with the
+// ledger as it stands: every event that took effect earlier is in it.
+func (q *nvmlQueue) flush(f func(*tracefile.NVML, *ledger.Ledger) error, l *ledger.Ledger, before uint64) error {
+	i := 0
+	for ; i < len(*q) && (*q)[i].Time < before; i++ {
+		if err := f((*q)[i], l); err != nil {
+			*q = (*q)[i+1:]
+			return err
+		}
+	}
+	*q = (*q)[i:]
+	return nil
+}
+
+// last hands over the samples still waiting, with the ledger at the end
+// of the replay.
+func (t *Trace) last(q *nvmlQueue, f func(*tracefile.NVML, *ledger.Ledger) error) (*Trace, error) {
+	if err := q.flush(f, t.Ledger, ^uint64(0)); err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 func (t *Trace) finish() {

@@ -148,3 +148,40 @@ func TestReadErrors(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 }
+
+// A sample waits for the first event that took effect after it; with none
+// for longer than maxWaitingSamples samples, the oldest go with the ledger
+// as it stands; the rest go at the file's end.
+func TestNVMLInTimeOrder(t *testing.T) {
+	sample := func(at uint64) *tracefile.NVML { return &tracefile.NVML{Time: base + at} }
+	in := []any{
+		alloc(100, 1, 0xa0, 10),
+		sample(200), // written before a record that took effect before it
+		alloc(150, 1, 0xb0, 20),
+		alloc(250, 1, 0xc0, 40),
+	}
+	for i := range maxWaitingSamples + 2 { // at 300 ... 365
+		in = append(in, sample(300+uint64(i)))
+	}
+	// Before them all, written after them: the two oldest have gone by
+	// then, without it; the others see it.
+	in = append(in, free(290, 1, 0xa0))
+	path, _ := tracetest.Write(t, tracefile.Meta{StartBoot: base}, in...)
+	var at, live []uint64 // each sample's time and the live bytes beside it, in the order handed over
+	tr, err := Read(path, Options{OnNVML: func(n *tracefile.NVML, l *ledger.Ledger) error {
+		at = append(at, n.Time-base)
+		live = append(live, l.Process(1).Live)
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantAt, wantLive := []uint64{200}, []uint64{30}
+	for i := range uint64(maxWaitingSamples + 2) {
+		wantAt = append(wantAt, 300+i)
+		wantLive = append(wantLive, map[bool]uint64{true: 70, false: 60}[i < 2])
+	}
+	if tr.Events != 4 || !slices.Equal(at, wantAt) || !slices.Equal(live, wantLive) {
+		t.Errorf("events %d; samples at %v\nwant %v\nlive beside them %v\nwant %v", tr.Events, at, wantAt, live, wantLive)
+	}
+}

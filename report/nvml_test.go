@@ -228,3 +228,42 @@ func TestNVMLAfterExit(t *testing.T) {
 		t.Fatalf("processes %+v\n got %+v\nwant %+v", rep.Processes, rep.Processes[0].NVML, want)
 	}
 }
+
+// A sample is written when the reader takes it, and a record made before
+// it may still be in the ring then (seen on an H100: a 1 GiB free 25 ms
+// before a sample came after it in the file). The sample is set beside the
+// ledger as it stood at its time, not at its place in the file.
+func TestNVMLSampleBeforeItsEvents(t *testing.T) {
+	sample := func(at, used uint64) *tracefile.NVML {
+		return &tracefile.NVML{Time: base + at, Devices: nvmlDevices(1<<30, 0),
+			Processes: []tracefile.NVMLProcess{{PID: 100, Device: 0, UUID: "GPU-0", Used: used}}}
+	}
+	ev := func(at, dur uint64, api events.API, addr, size uint64) events.Event {
+		e := events.Event{Time: base + at, Duration: dur, PID: 100, TID: 100, Comm: "mix", API: api, Addr: addr, Size: size}
+		if dur == 0 {
+			e.Flags = events.FlagEntryOnly
+		}
+		return e
+	}
+	path, _ := tracetest.Write(t, testMeta(),
+		&tracefile.Process{PID: 100, Comm: "mix", Time: base + 500},
+		ev(1000, 100, events.CudaMalloc, 0x7000_0000, 1<<30),
+		ev(1200, 100, events.CudaMalloc, 0x8000_0000, 64<<20),
+		sample(2000, (500+64)<<20), // taken after the free at 1500, written before it
+		ev(1500, 0, events.CudaFree, 0x7000_0000, 0),
+		ev(2500, 100, events.CudaMalloc, 0x9000_0000, 32<<20),
+		sample(3000, (500+96)<<20),
+		sample(4000, (500+96)<<20), // no event after it: the ledger at the end
+	)
+	rep, err := Load(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &ProcessNVML{Samples: 3, UsedBytes: (500 + 96) << 20, TracedBytes: 96 << 20, RemainderBytes: 500 << 20,
+		LastNS: 4000, FirstRemainderBytes: 500 << 20, FirstNS: 2000, MinRemainderBytes: 500 << 20,
+		MaxRemainderBytes: 500 << 20, MaxUsedBytes: (500 + 96) << 20,
+		Devices: []NVMLUse{{PID: 100, Device: 0, UUID: "GPU-0", UsedBytes: (500 + 96) << 20}}}
+	if len(rep.Processes) != 1 || !reflect.DeepEqual(rep.Processes[0].NVML, want) {
+		t.Fatalf("processes %+v\n got %+v\nwant %+v", rep.Processes, rep.Processes[0].NVML, want)
+	}
+}
