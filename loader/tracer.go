@@ -713,6 +713,11 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 			if err := t.reader.wait(t.opts.PollInterval - time.Since(last)); err != nil {
 				errf(err)
 			}
+			// What came while waiting (records below the wakeup mark wait
+			// for the poll) is handed over before Tick, which writes the
+			// samples taken meanwhile (NVML): in the file, a sample then
+			// follows the records made before it.
+			t.reader.read(h.Record, readBatch)
 		}
 		if now := time.Now(); now.Sub(last) >= t.opts.PollInterval {
 			last = now
