@@ -383,7 +383,7 @@ func TestUnwindWindowSize(t *testing.T) {
 		for recursions < len(fns) && fns[recursions] == "recurse" {
 			recursions++
 		}
-		warned := strings.Contains(rec.stderr.String(), "cudatrace: 1 stacks end where their "+c.window+" stack window did")
+		warned := strings.Contains(rec.stderr.String(), "cudatrace: 1 stack ends where its "+c.window+" stack window did")
 		if c.cut {
 			if recursions < 10 || recursions >= 41 || len(fns) != recursions || !warned {
 				t.Errorf("window %s: %d of 41 recurse frames, %d frames, warned %v; want a cut stack of recurse frames only, and the warning",

@@ -158,8 +158,12 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 	}
 	writeLosses(w, "cudatrace", res)
 	if res.StacksCut > 0 {
-		fmt.Fprintf(w, "cudatrace: %d stacks end where their %s stack window did; a larger --stack-window (up to 64KiB) reaches deeper\n",
-			res.StacksCut, f.window)
+		what := "stacks end where their"
+		if res.StacksCut == 1 {
+			what = "stack ends where its"
+		}
+		fmt.Fprintf(w, "cudatrace: %d %s %s stack window did; a larger --stack-window (up to 64KiB) reaches deeper\n",
+			res.StacksCut, what, f.window)
 	}
 	if res.UnresolvedPython > 0 {
 		fmt.Fprintf(w, "cudatrace: %d of %d Python frames stayed unresolved (their code objects were gone before cudatrace read them): shown as [unresolved Python frame]\n",
