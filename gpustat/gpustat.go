@@ -58,17 +58,24 @@ type Sample struct {
 	Processes []ProcessUsage
 }
 
-// Take reads devices and processes from src.
-func Take(src Source) (Sample, error) {
+// Take reads devices and processes from src, and says when the query of
+// the processes began, by now (0 with now nil). That is the moment to set
+// a process's figure beside: a query takes milliseconds, and on an H100 an
+// allocation made 1.6 ms before its end was not in the figure yet.
+func Take(src Source, now func() uint64) (Sample, uint64, error) {
 	d, err := src.Devices()
 	if err != nil {
-		return Sample{}, err
+		return Sample{}, 0, err
+	}
+	var at uint64
+	if now != nil {
+		at = now()
 	}
 	p, err := src.Processes()
 	if err != nil {
-		return Sample{}, err
+		return Sample{}, 0, err
 	}
-	return Sample{Devices: d, Processes: p}, nil
+	return Sample{Devices: d, Processes: p}, at, nil
 }
 
 // Used returns the bytes the sample charges pid on all devices, and

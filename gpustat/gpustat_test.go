@@ -15,9 +15,14 @@ func TestFakeAndSample(t *testing.T) {
 			{PID: 300, Device: 0, UUID: "GPU-a", Used: 500},
 		},
 	}
-	s, err := Take(f)
+	// The clock reads how many queries were made: Take stamps the sample
+	// between the devices' and the processes'.
+	s, at, err := Take(f, func() uint64 { return uint64(f.Calls) })
 	if err != nil {
 		t.Fatal(err)
+	}
+	if at != 1 || f.Calls != 2 {
+		t.Errorf("stamped after %d queries of %d, want after the devices' (1 of 2)", at, f.Calls)
 	}
 	want := []ProcessUsage{
 		{PID: 200, Device: 0, UUID: "GPU-a", Used: 1000},
@@ -34,7 +39,7 @@ func TestFakeAndSample(t *testing.T) {
 		t.Errorf("Used(1) = %d, %v; want not listed", n, ok)
 	}
 	f.Err = errors.New("GPU is lost")
-	if _, err := Take(f); err == nil || err.Error() != "GPU is lost" {
+	if _, _, err := Take(f, nil); err == nil || err.Error() != "GPU is lost" {
 		t.Errorf("Take with a failing source: %v", err)
 	}
 	if err := f.Close(); err != nil || !f.Closed {

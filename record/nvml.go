@@ -14,7 +14,7 @@ const DefaultNVMLEvery = time.Second
 
 // nvmlSample is one sample, or why there is none.
 type nvmlSample struct {
-	time   uint64 // boot ns
+	time   uint64 // boot ns: when the processes' query began (gpustat.Take)
 	sample gpustat.Sample
 	err    error
 	open   bool // err is Open's: NVML is not there at all
@@ -56,8 +56,11 @@ func (s *sampler) run(ctx context.Context, open func() (gpustat.Source, error), 
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
-		sm, err := gpustat.Take(src)
-		s.put(nvmlSample{time: BootNow(), sample: sm, err: err})
+		sm, at, err := gpustat.Take(src, BootNow)
+		if err != nil {
+			at = BootNow()
+		}
+		s.put(nvmlSample{time: at, sample: sm, err: err})
 		select {
 		case <-ctx.Done():
 			return

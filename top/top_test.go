@@ -49,7 +49,7 @@ func TestCollector(t *testing.T) {
 		Procs: []gpustat.ProcessUsage{{PID: 100, Device: 0, UUID: "GPU-0", Used: 1500}, {PID: 100, Device: 1, UUID: "GPU-1", Used: 3500},
 			{PID: 300, Device: 0, UUID: "GPU-0", Used: 2000}, {PID: 300, Device: 1, UUID: "GPU-1", Used: 100}},
 	}
-	sm, err := gpustat.Take(fake)
+	sm, _, err := gpustat.Take(fake, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
