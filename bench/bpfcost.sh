@@ -60,22 +60,29 @@ cost() {
 BUILDS=(cudatrace)
 [ -n "${BASELINE:-}" ] && BUILDS+=(baseline)
 bin() { if [ "$1" = baseline ]; then echo "$BASELINE"; else echo "$CUDATRACE"; fi; }
-declare -A all
+declare -A all last
 if [ -n "${PYTHON:-}" ]; then
 	for r in $(seq "$ROUNDS"); do
 		line="round $r:"
 		for b in "${BUILDS[@]}"; do
 			for py in on off; do
-				c=$(cost "$(bin "$b")" 0 $py); all[$b/$py]+="$c "; line+=" $b python-frames=$py ${c}ns"
+				c=$(cost "$(bin "$b")" 0 $py); all[$b/$py]+="$c "; last[$py]=$c; line+=" $b python-frames=$py ${c}ns"
 			done
+			# on and off back to back: their ratio within the round
+			all[$b/rr]+="$(ratio "${last[on]}" "${last[off]}") "
 		done
 		echo "$line" >&2
 	done
-	printf '%-10s %12s %12s %8s\n' build "frames on" "frames off" "on/off"
+	# The rounds' own ratios beside the ratio of the medians: on this VM a
+	# round's "off" alone moves by half, and their spread says how far the
+	# medians can be trusted.
+	printf '%-10s %12s %12s %8s %22s\n' build "frames on" "frames off" "on/off" "per round: median, range"
 	for b in "${BUILDS[@]}"; do
 		on=$(echo "${all[$b/on]}" | median)
 		off=$(echo "${all[$b/off]}" | median)
-		printf '%-10s %12s %12s %8s\n' "$b" "$on" "$off" "$(ratio "$on" "$off")"
+		rr=$(echo "${all[$b/rr]}" | tr ' ' '\n' | grep -v '^?*$' | sort -n | tr '\n' ' ')
+		printf '%-10s %12s %12s %8s %22s\n' "$b" "$on" "$off" "$(ratio "$on" "$off")" \
+			"$(echo "$rr" | median) ($(echo "$rr" | awk '{print $1 "-" $NF}'))"
 	done
 	echo "(CUDATRACE=$CUDATRACE${BASELINE:+ BASELINE=$BASELINE} PYTHON=$PYTHON bench/bpfcost.sh $PAIRS $ROUNDS: ns per ct_exit run, $("$PYTHON" -V), --stack-window 0, median of $ROUNDS interleaved rounds, $(nproc) CPUs, $(uname -r))"
 	exit 0
