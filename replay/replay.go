@@ -121,21 +121,27 @@ func Read(path string, opts Options) (*Trace, error) {
 	// free 25 ms before a sample made the traced bytes exceed the driver's
 	// by 578 MiB). So a sample waits here for the first event that took
 	// effect after it and sees the ledger as it stood at its time.
-	var samples nvmlQueue
+	samples := nvmlQueue{f: opts.OnNVML, l: t.Ledger}
+	done := func() (*Trace, error) {
+		if err := samples.flush(^uint64(0)); err != nil {
+			return nil, err
+		}
+		return t, nil
+	}
 	for {
 		rec, err := r.Next()
 		switch {
 		case err == io.EOF:
 			t.finish()
-			return t.last(&samples, opts.OnNVML)
+			return done()
 		case errors.Is(err, tracefile.ErrTruncated):
 			t.Warning = fmt.Sprintf("trace truncated: %s (the tracer was killed, or the disk filled); what follows covers the events before it",
 				cause(err, tracefile.ErrTruncated))
-			return t.last(&samples, opts.OnNVML)
+			return done()
 		case errors.Is(err, tracefile.ErrCorrupt):
 			t.Warning = fmt.Sprintf("trace damaged: %s; what follows covers the events before it",
 				cause(err, tracefile.ErrCorrupt))
-			return t.last(&samples, opts.OnNVML)
+			return done()
 		case err != nil:
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
@@ -149,7 +155,7 @@ func Read(path string, opts Options) (*Trace, error) {
 				t.skippedLast = max(t.skippedLast, ev.End())
 				continue
 			}
-			if err := samples.flush(opts.OnNVML, t.Ledger, ev.End()); err != nil {
+			if err := samples.flush(ev.End()); err != nil {
 				return nil, err
 			}
 			t.Events++
@@ -188,10 +194,7 @@ func Read(path string, opts Options) (*Trace, error) {
 				continue
 			}
 			t.Last = max(t.Last, rec.NVML.Time)
-			if opts.OnNVML == nil {
-				continue
-			}
-			if err := samples.add(opts.OnNVML, t.Ledger, rec.NVML); err != nil {
+			if err := samples.add(rec.NVML); err != nil {
 				return nil, err
 			}
 		}
@@ -199,8 +202,13 @@ func Read(path string, opts Options) (*Trace, error) {
 }
 
 // nvmlQueue holds the samples read whose time no event has passed yet, in
-// the order of the file (the order they were taken).
-type nvmlQueue []*tracefile.NVML
+// the order of the file (the order they were taken), and hands each to f
+// with the ledger l once it is due.
+type nvmlQueue struct {
+	f       func(*tracefile.NVML, *ledger.Ledger) error // nil: no one wants samples
+	l       *ledger.Ledger
+	waiting []*tracefile.NVML
+}
 
 // maxWaitingSamples bounds the queue: a minute of samples at the default
 // second apart, longer than any record stays unread in the ring (the
@@ -208,38 +216,30 @@ type nvmlQueue []*tracefile.NVML
 // oldest samples over with the ledger as it stands.
 const maxWaitingSamples = 64
 
-func (q *nvmlQueue) add(f func(*tracefile.NVML, *ledger.Ledger) error, l *ledger.Ledger, n *tracefile.NVML) error {
-	if len(*q) == maxWaitingSamples {
-		if err := f((*q)[0], l); err != nil {
+func (q *nvmlQueue) add(n *tracefile.NVML) error {
+	if q.f == nil {
+		return nil
+	}
+	if len(q.waiting) == maxWaitingSamples {
+		if err := q.f(q.waiting[0], q.l); err != nil {
 			return err
 		}
-		*q = append((*q)[:0], (*q)[1:]...)
+		q.waiting = q.waiting[1:]
 	}
-	*q = append(*q, n)
+	q.waiting = append(q.waiting, n)
 	return nil
 }
 
 // flush hands over the samples taken before before (boot ns), with the
 // ledger as it stands: every event that took effect earlier is in it.
-func (q *nvmlQueue) flush(f func(*tracefile.NVML, *ledger.Ledger) error, l *ledger.Ledger, before uint64) error {
-	i := 0
-	for ; i < len(*q) && (*q)[i].Time < before; i++ {
-		if err := f((*q)[i], l); err != nil {
-			*q = (*q)[i+1:]
+func (q *nvmlQueue) flush(before uint64) error {
+	for len(q.waiting) > 0 && q.waiting[0].Time < before {
+		if err := q.f(q.waiting[0], q.l); err != nil {
 			return err
 		}
+		q.waiting = q.waiting[1:]
 	}
-	*q = (*q)[i:]
 	return nil
-}
-
-// last hands over the samples still waiting, with the ledger at the end
-// of the replay.
-func (t *Trace) last(q *nvmlQueue, f func(*tracefile.NVML, *ledger.Ledger) error) (*Trace, error) {
-	if err := q.flush(f, t.Ledger, ^uint64(0)); err != nil {
-		return nil, err
-	}
-	return t, nil
 }
 
 func (t *Trace) finish() {
