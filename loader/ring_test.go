@@ -39,3 +39,26 @@ func TestCheckRing(t *testing.T) {
 		}
 	}
 }
+
+// The default ring holds about as many allocation records for every stack
+// window as for the default one (some 930): 16 MiB for windows up to
+// 16 KiB, then a power of two that grows with the window.
+func TestDefaultRingFor(t *testing.T) {
+	for w, want := range map[int]uint32{0: 16 << 20, -1: 16 << 20, 4 << 10: 16 << 20, 16 << 10: 16 << 20,
+		20 << 10: 32 << 20, 32 << 10: 32 << 20, 48 << 10: 64 << 20, 64 << 10: 64 << 20} {
+		if got := DefaultRingFor(w); got != want {
+			t.Errorf("DefaultRingFor(%d) = %d, want %d", w, got, want)
+		}
+	}
+	base := DefaultRingBytes / RecordBytes(DefaultStackWindow)
+	for w := 4096; w <= MaxStackWindow; w += 4096 {
+		if n := DefaultRingFor(w) / RecordBytes(w); n < base {
+			t.Errorf("DefaultRingFor(%d) holds %d records of %d bytes, the default %d", w, n, RecordBytes(w), base)
+		}
+	}
+	o := Options{StackWindow: MaxStackWindow}
+	o.defaults()
+	if o.RingBytes != 64<<20 || o.WakeupBytes != 8<<20 {
+		t.Errorf("Options{StackWindow: 64 KiB} defaults to a ring of %d, wakeup %d; want 64 MiB, 8 MiB", o.RingBytes, o.WakeupBytes)
+	}
+}

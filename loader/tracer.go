@@ -28,6 +28,7 @@ type Options struct {
 	FollowForks bool
 	// RingBytes is the ring buffer's size: a power of two, a multiple of the
 	// page size. Bursts beyond it between two reads are lost (and counted).
+	// 0 picks DefaultRingFor(StackWindow).
 	RingBytes uint32
 	// WakeupBytes: records are submitted without waking the reader until this
 	// much data is unread; the reader also polls every PollInterval. Waking
@@ -108,6 +109,25 @@ func RecordBytes(window int) uint32 {
 	return uint32(n+7)&^7 + 8
 }
 
+// DefaultRingFor is the default ring buffer for a stack window of window
+// bytes (0: the default window; < 0: none): DefaultRingBytes per
+// DefaultStackWindow of window, a power of two, so that every window's ring
+// holds as many allocation records (about 900) as the default's. The ring
+// is what a reader kept away a while (a core busy, a noisy neighbour)
+// has before records are lost: with 64 KiB windows, a 16 MiB ring held
+// 240 of them and lost 16-850 events in 3 of 4 runs of bench/loop.c
+// on an idle 2-vCPU VM, where 64 MiB lost none (docs/benchmarks.md).
+func DefaultRingFor(window int) uint32 {
+	if window == 0 {
+		window = DefaultStackWindow
+	}
+	r := uint32(DefaultRingBytes)
+	for w := DefaultStackWindow; w < window; w <<= 1 {
+		r <<= 1
+	}
+	return r
+}
+
 // MinRingBytes is the smallest ring buffer (a power of two) that holds
 // MinRingRecords allocation records with a stack window of window bytes.
 func MinRingBytes(window int) uint32 {
@@ -131,7 +151,7 @@ func CheckRing(ring uint32, window int) error {
 
 func (o *Options) defaults() {
 	if o.RingBytes == 0 {
-		o.RingBytes = DefaultRingBytes
+		o.RingBytes = DefaultRingFor(o.StackWindow)
 	}
 	if o.WakeupBytes == 0 {
 		o.WakeupBytes = uint64(o.RingBytes) / 8

@@ -5,6 +5,10 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
+
+	"github.com/cudatrace/cudatrace/loader"
 )
 
 func TestParseSize(t *testing.T) {
@@ -119,5 +123,49 @@ func TestLoopback(t *testing.T) {
 		if got := loopback(addr); got != want {
 			t.Errorf("loopback(%q) = %v, want %v", addr, got, want)
 		}
+	}
+}
+
+// record's default ring holds as many allocation records whatever the
+// --stack-window: 64 KiB windows in the 16 MiB ring of 16 KiB ones lost
+// events on an idle VM (loader.DefaultRingFor). A --ring-size given wins;
+// top and the agent have no window flag and keep 16 MiB.
+func TestRingDefaultFollowsWindow(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want uint32
+	}{
+		{nil, 16 << 20},
+		{[]string{"--stack-window", "0"}, 16 << 20},
+		{[]string{"--stack-window", "4KiB"}, 16 << 20},
+		{[]string{"--stack-window", "32KiB"}, 32 << 20},
+		{[]string{"--stack-window", "48KiB"}, 64 << 20},
+		{[]string{"--stack-window", "64KiB"}, 64 << 20},
+		{[]string{"--stack-window", "64KiB", "--ring-size", "16MiB"}, 16 << 20},
+		{[]string{"--ring-size", "1MiB"}, 1 << 20},
+	} {
+		var f recordFlags
+		fl := pflag.NewFlagSet("record", pflag.ContinueOnError)
+		f.bind(fl)
+		if err := fl.Parse(c.args); err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		window, err := parseWindow(f.window)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		got, err := f.ring(window)
+		if err != nil || got != c.want {
+			t.Errorf("record %v: ring %d (%v), want %d", c.args, got, err, c.want)
+		}
+	}
+	var top topFlags
+	fl := pflag.NewFlagSet("top", pflag.ContinueOnError)
+	top.bind(fl)
+	if got, err := top.ring(loader.DefaultStackWindow); err != nil || got != 16<<20 {
+		t.Errorf("top: ring %d (%v), want 16 MiB", got, err)
+	}
+	if u := fl.Lookup("ring-size").Usage; strings.Contains(u, "stack-window") {
+		t.Errorf("top's --ring-size names a --stack-window it does not have: %q", u)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cudatrace/cudatrace/internal/hint"
+	"github.com/cudatrace/cudatrace/loader"
 )
 
 // verb is the shape every verb's command shares: its texts in c, its
@@ -80,8 +81,12 @@ type traceFlags struct {
 }
 
 func (f *traceFlags) add(fl *pflag.FlagSet, symbolizeUsage, nvmlUsage string) {
+	ringScales := ""
+	if fl.Lookup("stack-window") != nil { // record: the ring grows with the window (loader.DefaultRingFor)
+		ringScales = ", and 16MiB per 16KiB of a larger --stack-window: the same ~900 records"
+	}
 	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
-	fl.StringVar(&f.ringSize, "ring-size", "16MiB", "BPF ring buffer size, a power of two holding at least 8 allocation records of the stack window (256KiB for 16KiB) (raise it if events are lost)")
+	fl.StringVar(&f.ringSize, "ring-size", "", "BPF ring buffer size, a power of two holding at least 8 allocation records of the stack window (256KiB for 16KiB); raise it if events are lost (default 16MiB"+ringScales+")")
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, symbolizeUsage)
 	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.14 processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
 	fl.BoolVar(&f.nvml, "nvml", true, nvmlUsage)
@@ -89,6 +94,9 @@ func (f *traceFlags) add(fl *pflag.FlagSet, symbolizeUsage, nvmlUsage string) {
 
 // ring checks --ring-size against the stack window each record holds.
 func (f *traceFlags) ring(window int) (uint32, error) {
+	if f.ringSize == "" {
+		return loader.DefaultRingFor(window), nil
+	}
 	ring, err := parseSize(f.ringSize)
 	if err != nil {
 		return 0, hint.Wrap(fmt.Errorf("--ring-size %q: %w", f.ringSize, err), "e.g. --ring-size 64MiB")

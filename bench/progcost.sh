@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Where a traced allocation/free pair's BPF time goes: every program's mean
+# ns per run, from the kernel's own BPF run-time statistics, and their sum
+# per pair, for the empty-probe floor (bpftrace, the probes of
+# overhead.sh), cudatrace with --stack-window 0 and cudatrace's default
+# (16 KiB window). The last column is what a mode's programs add to the
+# floor's programs, as a share of the floor's whole pair (bench/loop.c's
+# own ns per pair under the floor, in the same round): the part of
+# overhead.sh's "x floor" that the probes' work alone explains, before the
+# reader's CPU and the caches it shares. overhead.sh's target is 1.10x, so
+# a share above 10% cannot meet it whatever the reader does.
+# Programs are told from other tracers' by being new: only those loaded
+# after a run began count. Turns kernel.bpf_stats_enabled on for the run
+# and restores it after.
+# With BASELINE=/path/to/cudatrace, that build's default is measured too.
+# Needs root, gcc, bpftrace, bpftool, jq. Usage: bench/progcost.sh [PAIRS] [ROUNDS]
+PAIRS=${1:-50000}
+ROUNDS=${2:-3}
+old=$(sysctl -n kernel.bpf_stats_enabled)
+. "$(dirname "$0")/lib.sh"
+on_exit 'sysctl -q -w kernel.bpf_stats_enabled="$old"'
+sysctl -q -w kernel.bpf_stats_enabled=1
+build_loop
+
+# snap: "id name run_time_ns run_cnt" of every program that has run.
+snap() {
+	bpftool -j prog show 2>/dev/null | jq -r '[if type == "array" then .[] else . end
+		| select(.run_cnt != null and .run_cnt > 0)][] | "\(.id) \(.name) \(.run_time_ns) \(.run_cnt)"' 2>/dev/null || true
+}
+
+# new BEFORE AFTER: "name ns_total runs" of the programs in AFTER not in
+# BEFORE, in the order of their ids; a name that comes again (bpftrace names
+# a probe's entry and return programs alike) gets its turn after it: #2.
+new() {
+	awk 'FILENAME == ARGV[1] { old[$1] = 1; next } !($1 in old) { print }' "$1" "$2" | sort -n |
+		awk '{ n = ++seen[$2]; print (n > 1 ? $2 "#" n : $2), $3, $4 }'
+}
+
+# one MODE: runs the loop under MODE; writes $W/progs ("name ns runs") and
+# prints the loop's ns per pair.
+one() {
+	local ids="$W/ids" after="$W/after"
+	bpftool -j prog show 2>/dev/null | jq -r '[if type == "array" then .[] else . end][] | "\(.id) x 0 0"' >"$ids" || true
+	: >"$after"
+	case $1 in
+	floor)
+		bpftrace -e "uprobe:$LIB:cudaMalloc {} uretprobe:$LIB:cudaMalloc {} uprobe:$LIB:cudaFree {}" >"$W/bt.out" 2>&1 &
+		local bt=$!
+		for _ in $(seq 200); do grep -q Attaching "$W/bt.out" && break; sleep 0.05; done
+		sleep 1
+		"$W/loop" "$PAIRS" >"$W/o"
+		snap >"$after"
+		kill -INT $bt
+		wait $bt || true
+		;;
+	*)
+		local bin=$CUDATRACE extra=()
+		[ "$1" = baseline ] && bin=$BASELINE
+		[ "$1" = ct-nowin ] && extra=(--stack-window 0)
+		"$bin" record -q "${extra[@]}" --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/o" 2>"$W/err" &
+		local rec=$!
+		# sampled until the recording's programs are gone: the last
+		# sample has (nearly) every run
+		while kill -0 $rec 2>/dev/null; do
+			snap >"$W/s"
+			[ -s "$W/s" ] && cp "$W/s" "$after"
+			sleep 0.05
+		done
+		wait $rec || true
+		grep -E 'lost' "$W/err" | sed "s/^/$1: /" >&2 || true
+		;;
+	esac
+	new "$ids" "$after" >"$W/progs"
+	sed -n 's/.*ns_per_pair=\([0-9]*\).*/\1/p' "$W/o"
+}
+
+MODES=(floor ct-nowin cudatrace)
+[ -n "${BASELINE:-}" ] && MODES+=(baseline)
+declare -A pair prog names
+for r in $(seq "$ROUNDS"); do
+	line="round $r:"
+	for m in "${MODES[@]}"; do
+		p=$(one "$m")
+		[ "$m" = floor ] && pair[$r]=$p
+		# per program: ns per run; per mode: the sum over a pair
+		sum=$(awk -v n="$PAIRS" '{ t += $2 } END { printf "%.0f", t / n }' "$W/progs")
+		prog[$m/sum]+="$sum "
+		while read -r name ns runs; do
+			prog[$m/$name]+="$(awk -v t="$ns" -v c="$runs" 'BEGIN { printf "%.0f", t / c }') "
+			prog[$m/$name/runs]=$runs
+			case " ${names[$m]:-} " in *" $name "*) ;; *) names[$m]+="$name " ;; esac
+		done <"$W/progs"
+		line+=" $m ${sum}ns/pair"
+	done
+	echo "$line (floor's loop ${pair[$r]} ns/pair)" >&2
+done
+
+fsum=$(echo "${prog[floor/sum]}" | median)
+fpair=$(echo "${pair[@]}" | median)
+printf '%-10s %-22s %12s %10s\n' mode program "ns per run" "runs"
+for m in "${MODES[@]}"; do
+	for name in $(echo "${names[$m]:-}" | tr " " "\n" | sort); do
+		printf '%-10s %-22s %12s %10s\n' "$m" "$name" "$(echo "${prog[$m/$name]}" | median)" "${prog[$m/$name/runs]}"
+	done
+done
+echo
+printf '%-10s %14s %16s %22s\n' mode "BPF ns/pair" "- floor's" "% of a floor pair"
+for m in "${MODES[@]}"; do
+	s=$(echo "${prog[$m/sum]}" | median)
+	printf '%-10s %14s %16s %22s\n' "$m" "$s" "$((s - fsum))" "$(awk -v d="$((s - fsum))" -v p="$fpair" 'BEGIN { printf "%.1f", 100 * d / p }')"
+done
+echo "(CUDATRACE=$CUDATRACE${BASELINE:+ BASELINE=$BASELINE} bench/progcost.sh $PAIRS $ROUNDS: medians of $ROUNDS interleaved rounds; a floor pair ${fpair} ns; $(nproc) CPUs, $(uname -r))"
