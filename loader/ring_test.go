@@ -62,3 +62,27 @@ func TestDefaultRingFor(t *testing.T) {
 		t.Errorf("Options{StackWindow: 64 KiB} defaults to a ring of %d, wakeup %d; want 64 MiB, 8 MiB", o.RingBytes, o.WakeupBytes)
 	}
 }
+
+// The warning for a full ring names the ring's size and one four times it,
+// in --ring-size's own words; at the largest ring, only a smaller window.
+func TestLossHint(t *testing.T) {
+	c := map[string]uint64{"ringbuf_full": 562, "no_entry": 2, "stale_entry": 1}
+	want := "562 with the ring buffer (16MiB) full: raise --ring-size, e.g. --ring-size 64MiB " +
+		"(each allocation record holds its stack window: a smaller --stack-window fits more); " +
+		"3 calls whose entry was missed (in progress when the probes attached)"
+	if got := LossHint(c, DefaultRingBytes); got != want {
+		t.Errorf("LossHint(16 MiB) =\n%q, want\n%q", got, want)
+	}
+	for ring, want := range map[uint32]string{
+		256 << 10: "(256KiB) full: raise --ring-size, e.g. --ring-size 1MiB ",
+		512 << 20: "(512MiB) full: raise --ring-size, e.g. --ring-size 1GiB ",
+		1 << 30:   "(1GiB, the largest) full: a smaller --stack-window fits more records",
+	} {
+		if got := LossHint(map[string]uint64{"ringbuf_full": 1}, ring); !strings.Contains(got, want) {
+			t.Errorf("LossHint(%d) = %q, want it to say %q", ring, got, want)
+		}
+	}
+	if got := LossHint(map[string]uint64{"nested": 5}, DefaultRingBytes); got != "" {
+		t.Errorf("LossHint(no loss) = %q, want none", got)
+	}
+}

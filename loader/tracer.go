@@ -83,6 +83,7 @@ const (
 
 const (
 	DefaultRingBytes    = 16 << 20
+	MaxRingBytes        = 1 << 30 // what --ring-size takes
 	DefaultPollInterval = 50 * time.Millisecond
 	DefaultMaxInflight  = 16384
 	// DefaultStackWindow: 16 KiB held every frame of the vmtest chains and
@@ -821,10 +822,18 @@ func Lost(c map[string]uint64) uint64 {
 }
 
 // LossHint says what to do about the losses in c, by cause; "" when none.
-func LossHint(c map[string]uint64) string {
+// ring is the ring buffer's size the losses were counted with: the remedy
+// names a size four times it (with 64 KiB windows, 4x the ring took the
+// losses of bench/loop.c from hundreds to none: docs/benchmarks.md).
+func LossHint(c map[string]uint64, ring uint32) string {
 	var parts []string
 	if n := c["ringbuf_full"]; n > 0 {
-		parts = append(parts, fmt.Sprintf("%d with the ring buffer full: raise --ring-size (each allocation record holds its stack window: a smaller --stack-window fits more)", n))
+		if bigger := min(4*uint64(ring), MaxRingBytes); bigger > uint64(ring) {
+			parts = append(parts, fmt.Sprintf("%d with the ring buffer (%s) full: raise --ring-size, e.g. --ring-size %s (each allocation record holds its stack window: a smaller --stack-window fits more)",
+				n, sizeName(uint64(ring)), sizeName(bigger)))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d with the ring buffer (%s, the largest) full: a smaller --stack-window fits more records", n, sizeName(uint64(ring))))
+		}
 	}
 	if n := c["inflight_full"]; n > 0 {
 		parts = append(parts, fmt.Sprintf("%d with %d calls already in flight: too many threads inside CUDA calls at once", n, DefaultMaxInflight))
@@ -833,6 +842,19 @@ func LossHint(c map[string]uint64) string {
 		parts = append(parts, fmt.Sprintf("%d calls whose entry was missed (in progress when the probes attached)", n))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// sizeName writes a power of two of bytes as --ring-size reads it.
+func sizeName(b uint64) string {
+	switch {
+	case b >= 1<<30 && b%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", b>>30)
+	case b >= 1<<20 && b%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", b>>20)
+	case b >= 1<<10 && b%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", b>>10)
+	}
+	return fmt.Sprintf("%d", b)
 }
 
 // Close detaches and frees everything; it returns the first error.

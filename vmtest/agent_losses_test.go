@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -66,5 +67,10 @@ func TestAgentLostEvents(t *testing.T) {
 	if line[1] != "interrupted" || serving != lost || stopping != 0 {
 		t.Errorf("exit line %q: want interrupted, %v lost while serving (the metric) and 0 while stopping (nothing ran)",
 			line[0], lost)
+	}
+	// The remedy names the ring the events were lost with, and a size to
+	// try instead.
+	if want := "with the ring buffer (256KiB) full: raise --ring-size, e.g. --ring-size 1MiB"; lost > 0 && !strings.Contains(a.stderr.String(), want) {
+		t.Errorf("no warning saying %q:\n%s", want, a.stderr.String())
 	}
 }

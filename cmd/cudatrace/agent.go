@@ -146,7 +146,7 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 	}
 	fmt.Fprintf(stderr, "cudatrace agent: stopped (%s) after %d events, %d lost while serving (cudatrace_lost_events_total), %d while stopping\n",
 		res.StopReason, res.Events, res.Lost-res.LostStopping, res.LostStopping)
-	writeLosses(stderr, "cudatrace agent", res)
+	writeLosses(stderr, "cudatrace agent", res, ring)
 	if res.UnresolvedPython > 0 {
 		fmt.Fprintf(stderr, "cudatrace agent: %d of %d Python frames stayed unresolved (their code objects were gone before cudatrace read them): shown as [unresolved Python frame]\n",
 			res.UnresolvedPython, res.PythonFrames)

@@ -156,7 +156,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 			printError(w, fmt.Errorf("summary: %w", err))
 		}
 	}
-	writeLosses(w, "cudatrace", res)
+	writeLosses(w, "cudatrace", res, ring)
 	if res.StacksCut > 0 {
 		what := "stacks end where their"
 		if res.StacksCut == 1 {

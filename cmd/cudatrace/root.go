@@ -81,15 +81,16 @@ Needs root, or CAP_BPF and CAP_PERFMON, on Linux 5.15 or later with BTF.`,
 }
 
 // writeLosses warns of the events a session lost, those while tracing
-// (with their causes and remedy) apart from those while stopping, which
-// change none of the figures up to the stop.
-func writeLosses(w io.Writer, who string, res *record.Result) {
+// (with their causes and remedy, from the ring buffer's size ring) apart
+// from those while stopping, which change none of the figures up to the
+// stop.
+func writeLosses(w io.Writer, who string, res *record.Result, ring uint32) {
 	if n := res.Lost - res.LostStopping; n > 0 {
 		causes := res.CountersAtStop
 		if causes == nil {
 			causes = res.Counters
 		}
-		fmt.Fprintf(w, "%s: warning: %d events lost while tracing: %s\n", who, n, loader.LossHint(causes))
+		fmt.Fprintf(w, "%s: warning: %d events lost while tracing: %s\n", who, n, loader.LossHint(causes, ring))
 	}
 	if res.LostStopping > 0 {
 		fmt.Fprintf(w, "%s: %d events lost while stopping (probes firing as they were removed): the figures up to the stop miss none of them\n",
