@@ -8,8 +8,8 @@ import (
 
 // BenchmarkUnwind is the per-event cost of unwinding the test chain's
 // 8 frames (three files) from a copied window once the files' rows are
-// cached: what replaying a trace pays for each allocation record whose
-// stack repeats, as most do.
+// cached: what recording or replaying a trace pays for each allocation
+// record whose stack repeats, as most do (the memo answers it).
 func BenchmarkUnwind(b *testing.B) {
 	d := runDump(b, chain(b, b.TempDir()))
 	u := New()
@@ -24,6 +24,28 @@ func BenchmarkUnwind(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		pcs, _ = u.Unwind(maps, d.regs, d.window, false, pcs[:0])
+	}
+	b.ReportMetric(float64(len(pcs)), "frames")
+}
+
+// BenchmarkUnwindMiss is the same unwind where the memo does not answer
+// (its slot emptied each time): the unwind, its reads noted and kept.
+func BenchmarkUnwindMiss(b *testing.B) {
+	d := runDump(b, chain(b, b.TempDir()))
+	u := New()
+	defer u.Close()
+	maps := NewMaps(d.maps)
+	var pcs []uint64
+	pcs, _ = u.Unwind(maps, d.regs, d.window, false, pcs[:0])
+	e := maps.memoFor(d.regs)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		e.set = false
+		pcs, _ = u.Unwind(maps, d.regs, d.window, false, pcs[:0])
+	}
+	if maps.memoHits != 0 {
+		b.Fatalf("%d answered by the memo", maps.memoHits)
 	}
 	b.ReportMetric(float64(len(pcs)), "frames")
 }

@@ -59,6 +59,56 @@ type Maps struct {
 	m    []proc.Mapping
 	tabs []tabSlot
 	last int // the mapping find found last: a stack's frames come in runs in one file
+
+	// memo holds recent unwinds (see Unwind), memoHits counts the unwinds
+	// it answered, and reads is the scratch an unwind notes its reads in.
+	memo     [memoSlots]memoEntry
+	memoHits uint64
+	reads    []memRead
+}
+
+// memoSlots is how many recent unwinds a process's Maps keeps, by their
+// starting registers: a training step allocates from tens of places.
+const memoSlots = 64
+
+// memoEntry is one unwind: what it started from, every word it read of
+// the window (where, and what it held), and what it gave.
+type memoEntry struct {
+	ip, sp, bp uint64
+	n          int  // the window's length
+	ipReturn   bool // as Unwind was told
+	usedBP     bool // the starting rbp was used: it must match too
+	set        bool
+	reads      []memRead
+	pcs        []uint64
+	stop       Stop
+}
+
+// memRead is a word the unwinder read: its offset in the window, its value.
+type memRead struct {
+	off uint32
+	val uint64
+}
+
+// memoFor is the slot of an unwind starting at regs.
+func (m *Maps) memoFor(regs events.Regs) *memoEntry {
+	h := (regs.IP ^ regs.SP*0x9e3779b97f4a7c15) * 0xbf58476d1ce4e5b9
+	return &m.memo[h>>(64-6)]
+}
+
+// answers says whether e is the unwind of regs and window: the same start,
+// and every word it read the same.
+func (e *memoEntry) answers(regs events.Regs, window []byte, ipReturn bool) bool {
+	if !e.set || e.ip != regs.IP || e.sp != regs.SP || e.n != len(window) || e.ipReturn != ipReturn ||
+		e.usedBP && e.bp != regs.BP {
+		return false
+	}
+	for _, r := range e.reads {
+		if binary.LittleEndian.Uint64(window[r.off:]) != r.val {
+			return false
+		}
+	}
+	return true
 }
 
 type tabSlot struct {
@@ -132,14 +182,45 @@ func (s Stop) String() string {
 // regs.SP up, and appends the return addresses to pcs (regs.IP first).
 // ipReturn says regs.IP is itself a return address, as at a return probe;
 // at a probe inside a function body (USDT) it is not.
+//
+// An unwind is a function of its starting registers, the words of the
+// window it reads, and maps: the same start with the same words read gives
+// the same frames. So maps keeps recent unwinds (memoSlots, by where they
+// started) with the words each read, and a record whose start and words
+// match one is answered from it. An allocation made again from the same
+// place (a loop; each step of a training job) is then a comparison of the
+// words (tens, independent of each other: their cache misses overlap)
+// where the unwind looked up a row per frame and waited on each read in
+// turn. rbp saved by a frame is read only when a rule needs it: code
+// without frame pointers saves rbp as a scratch register whose value
+// changes from call to call, and reading it would make every unwind new.
 func (u *Unwinder) Unwind(maps *Maps, regs events.Regs, window []byte, ipReturn bool, pcs []uint64) ([]uint64, Stop) {
-	mem := memory{base: regs.SP, b: window}
+	e := maps.memoFor(regs)
+	if e.answers(regs, window, ipReturn) {
+		maps.memoHits++
+		return append(pcs, e.pcs...), e.stop
+	}
+	first := len(pcs)
+	maps.reads = maps.reads[:0]
+	usedBP := false
+	pcs, stop := u.unwind(maps, regs, window, ipReturn, pcs, &maps.reads, &usedBP)
+	*e = memoEntry{ip: regs.IP, sp: regs.SP, bp: regs.BP, n: len(window), ipReturn: ipReturn, usedBP: usedBP, set: true,
+		reads: append(e.reads[:0], maps.reads...), pcs: append(e.pcs[:0], pcs[first:]...), stop: stop}
+	return pcs, stop
+}
+
+// unwind is Unwind without the memo: it notes every word it reads of the
+// window in reads, and sets usedBP when the starting rbp was used.
+func (u *Unwinder) unwind(maps *Maps, regs events.Regs, window []byte, ipReturn bool, pcs []uint64, reads *[]memRead, usedBP *bool) ([]uint64, Stop) {
+	mem := memory{base: regs.SP, b: window, reads: reads}
 	back := uint64(0)
 	if ipReturn {
 		back = 1
 	}
-	pc, sp, bp := regs.IP, regs.SP, regs.BP
-	bpOK := true
+	// rbp is the starting register's (bpInit), known (bpOK), or saved at
+	// bpAt by a frame and read when a rule needs it (state.reg).
+	pc, sp, bp, bpAt := regs.IP, regs.SP, regs.BP, uint64(0)
+	bpOK, bpInit := true, true
 	pcs = append(pcs, pc)
 	for len(pcs) < MaxFrames {
 		i := maps.find(pc)
@@ -168,7 +249,7 @@ func (u *Unwinder) Unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 		if err != nil {
 			return pcs, Stop{Kind: StopNoCFI, Detail: fmt.Sprintf("%#x (%s+%#x): %v", pc, m.Path, v, err)}
 		}
-		st := state{pc: pc, sp: sp, bp: bp, bpOK: bpOK, mem: &mem}
+		st := state{pc: pc, sp: sp, bp: bp, bpOK: bpOK, bpAt: bpAt, bpInit: bpInit, mem: &mem, usedBP: usedBP}
 		cfa, err := st.cfa(w)
 		if err != nil {
 			return pcs, stopFor(err, pc, m.Path, &mem)
@@ -186,17 +267,27 @@ func (u *Unwinder) Unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 			}
 			return pcs, stopFor(err, pc, m.Path, &mem)
 		}
-		nbp, nbpOK, err := st.apply(&w.rbp, cfa)
-		if err != nil {
-			nbpOK = false // rbp lost: only frames whose CFA needs it stop
-		}
 		if ra == 0 {
 			return pcs, Stop{Kind: StopEnd, Detail: "end of stack"}
 		}
 		if cfa <= sp {
 			return pcs, Stop{Kind: StopLoop, Detail: fmt.Sprintf("CFA %#x at or below sp %#x at %#x", cfa, sp, pc)}
 		}
-		pc, sp, bp, bpOK = ra, cfa, nbp, nbpOK
+		// The caller's rbp. One saved by this frame stays in memory until a
+		// rule needs it; one that cannot be read then is unknown, as it was
+		// when read at once: only frames whose rules need it stop.
+		switch w.rbp.kind {
+		case ruleSame: // st's: reg may have read it meanwhile
+			bp, bpOK, bpAt, bpInit = st.bp, st.bpOK, st.bpAt, st.bpInit
+		case ruleUndef:
+			bp, bpOK, bpAt, bpInit = 0, false, 0, false
+		case ruleOffset:
+			bp, bpOK, bpAt, bpInit = 0, true, cfa+uint64(w.rbp.off), false
+		default:
+			v, ok, err := st.apply(&w.rbp, cfa)
+			bp, bpOK, bpAt, bpInit = v, ok && err == nil, 0, false
+		}
+		pc, sp = ra, cfa
 		back = 1
 		pcs = append(pcs, pc)
 	}
@@ -226,6 +317,8 @@ type memory struct {
 	// most unwinds end there, and formatting it each time cost more than
 	// the rest of the unwind (Stop.String formats it when asked).
 	stop windowStop
+	// reads, when set, gets every word read inside the window (the memo).
+	reads *[]memRead
 }
 
 func (m *memory) read(addr uint64) (uint64, error) {
@@ -233,14 +326,24 @@ func (m *memory) read(addr uint64) (uint64, error) {
 		m.stop = windowStop{addr: addr, base: m.base, end: m.base + uint64(len(m.b))}
 		return 0, errWindow
 	}
-	return binary.LittleEndian.Uint64(m.b[addr-m.base:]), nil
+	v := binary.LittleEndian.Uint64(m.b[addr-m.base:])
+	if m.reads != nil {
+		*m.reads = append(*m.reads, memRead{off: uint32(addr - m.base), val: v})
+	}
+	return v, nil
 }
 
-// state is one frame's registers as far as they are known.
+// state is one frame's registers as far as they are known. rbp is known
+// (bpOK), or saved at bpAt and read from there when first needed; bpInit
+// says it is still the starting register's value, and usedBP notes that
+// that value was used.
 type state struct {
 	pc, sp, bp uint64
 	bpOK       bool
+	bpAt       uint64
+	bpInit     bool
 	mem        *memory
+	usedBP     *bool
 }
 
 func (s *state) reg(r uint64) (uint64, error) {
@@ -248,7 +351,14 @@ func (s *state) reg(r uint64) (uint64, error) {
 	case regRSP:
 		return s.sp, nil
 	case regRBP:
+		if s.bpAt != 0 {
+			v, err := s.mem.read(s.bpAt)
+			s.bp, s.bpOK, s.bpAt = v, err == nil, 0
+		}
 		if s.bpOK {
+			if s.bpInit && s.usedBP != nil {
+				*s.usedBP = true
+			}
 			return s.bp, nil
 		}
 		return 0, fmt.Errorf("rbp unknown in this frame: %w", errRule)
@@ -270,8 +380,9 @@ func (s *state) cfa(w *row) (uint64, error) {
 // when the rule leaves it unknown.
 func (s *state) apply(r *rule, cfa uint64) (uint64, bool, error) {
 	switch r.kind {
-	case ruleSame:
-		return s.bp, s.bpOK, nil // only rbp gets here: Unwind refuses "same" for the return address
+	case ruleSame: // only rbp gets here (caller takes it): Unwind refuses "same" for the return address
+		v, err := s.reg(regRBP)
+		return v, err == nil, nil
 	case ruleUndef:
 		return 0, false, nil
 	case ruleOffset:
