@@ -75,13 +75,20 @@ func (c *Capture) Mappings() []proc.Mapping {
 // which /proc lists in address order (a scan of them all confirms a miss,
 // should a capture's mappings be in another order).
 func (c *Capture) Covers(stack []uint64) bool {
+	_, found := c.Uncovered(stack)
+	return !found
+}
+
+// Uncovered returns the first address of stack that lies in none of c's
+// mappings, and whether there is one.
+func (c *Capture) Uncovered(stack []uint64) (uint64, bool) {
 	maps := c.Mappings()
 	for _, pc := range stack {
 		if !covers(maps, pc) {
-			return false
+			return pc, true
 		}
 	}
-	return true
+	return 0, false
 }
 
 func covers(maps []proc.Mapping, pc uint64) bool {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"testing"
-	"time"
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
@@ -133,7 +132,7 @@ func benchRecord(b *testing.B, raws [][]byte) {
 		b.Fatal(err)
 	}
 	s.w = w
-	s.live[42] = &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42}), captured: time.Now(), exited: true}
+	s.live[42] = &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42}), exited: true}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		s.Record(raws[i%len(raws)])

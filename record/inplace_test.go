@@ -7,7 +7,6 @@ import (
 	"io"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
@@ -67,7 +66,7 @@ func TestRecordKeepsNothingOfRaw(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.w = w
-	s.live[42] = &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42}), captured: time.Now(), exited: true}
+	s.live[42] = &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42}), exited: true}
 
 	ring := make([]byte, 64<<10)
 	for i := range want {

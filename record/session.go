@@ -83,9 +83,20 @@ type session struct {
 // model: when it last read its mappings, and the CPython interpreter it
 // found there.
 type liveProc struct {
-	p         *procmodel.Process // the model's, set by the first capture
-	captured  time.Time
-	exited    bool
+	p *procmodel.Process // the model's, set by the first capture
+	// captured is when the process was last captured or its mappings read:
+	// the time (CLOCK_BOOTTIME ns) of the record that led to it.
+	captured uint64
+	exited   bool
+	// missPC is an address of a stack that missCap, a capture of the
+	// process, does not cover: CPython's stacks carry the same stray ones
+	// record after record (below), each costing a search of every mapping.
+	missPC  uint64
+	missCap *procmodel.Capture
+	// okStack is the last stack found covered by okCap: the stack just
+	// unwound, checked again (enrich), is most often the last one.
+	okStack   []uint64
+	okCap     *procmodel.Capture
 	recapture int
 	// quiet counts the reads of the process's mappings since its last
 	// capture that found the same files mapped: each doubles the wait
@@ -223,16 +234,17 @@ func (s *session) track(ev *events.Event) *liveProc {
 		s.capture(ev.PID, lp)
 		return lp
 	}
-	s.refresh(ev.PID, lp, ev.Stack)
+	s.refresh(ev.PID, lp, ev.Stack, ev.Time)
 	return lp
 }
 
 // refresh reads pid's mappings again when stack has a return address
 // outside every executable mapping of its current capture: something was
-// mapped since (dlopen). At most every recaptureEvery, 100 times a
-// process, and never once it was found gone. The clock is read only for a
-// stack the capture does not cover: twice an event, its reading was a
-// few percent of the reader's CPU.
+// mapped since (dlopen). At most every recaptureEvery of the records' own
+// time (the clock's reading, twice an event, was a few percent of the
+// reader's CPU; a CPython process's records, each with a stray address,
+// read it once a record), 100 times a process, and never once it was
+// found gone.
 //
 // Code without frame pointers (CPython's, NVIDIA's) leaves the
 // frame-pointer walk reading data as return addresses, and those are
@@ -241,19 +253,46 @@ func (s *session) track(ev *events.Event) *liveProc {
 // written each time (87 times over a 4-second loop). So the mappings are
 // read and compared first, and the capture made only when the files
 // mapped changed.
-func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64) {
-	if lp.exited || lp.recapture >= 100 || lp.p.Current().Covers(stack) ||
-		time.Since(lp.captured) < recaptureEvery<<min(lp.quiet, 3) {
+func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64, now uint64) {
+	if lp.exited || lp.recapture >= 100 || s.covered(lp, stack) ||
+		int64(now-lp.captured) < int64(recaptureEvery<<min(lp.quiet, 3)) {
 		return
 	}
 	if all, err := proc.ReadMaps(int(pid)); err == nil && lp.p.Current().SameFiles(all) {
-		lp.captured = time.Now()
+		lp.captured = now
 		lp.quiet++
 		return
 	}
 	lp.quiet = 0
 	lp.recapture++
 	s.capture(pid, lp)
+}
+
+// covered says whether lp's current capture covers every address of
+// stack. It searches the capture's mappings for each address but for the
+// stacks it has the answer of: one holding the address the capture was
+// last found not to cover, and the last stack it covered (an allocation
+// made again from the same place; the frees between, with no stack, leave
+// it). Both searched, a CPython process's 40-frame stacks took 1 µs a
+// record.
+func (s *session) covered(lp *liveProc, stack []uint64) bool {
+	c := lp.p.Current()
+	if len(stack) == 0 || c == nil { // a free's record: nothing to search, nor to remember
+		return len(stack) == 0
+	}
+	if lp.missCap == c && slices.Contains(stack, lp.missPC) {
+		return false
+	}
+	if lp.okCap == c && slices.Equal(stack, lp.okStack) {
+		return true
+	}
+	pc, ok := c.Uncovered(stack)
+	if ok {
+		lp.missPC, lp.missCap = pc, c
+		return false
+	}
+	lp.okStack, lp.okCap = append(lp.okStack[:0], stack...), c
+	return true
 }
 
 // resume lets a process go that BPF stopped at ev for the capture of its
@@ -282,7 +321,7 @@ func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte, decoded uin
 	switch {
 	case s.en.Unwinds() && ev.Flags&events.FlagWindow != 0:
 		s.en.Unwind(ev, lp.p.Current())
-		s.refresh(ev.PID, lp, ev.Stack) // an unwound frame in a library mapped since
+		s.refresh(ev.PID, lp, ev.Stack, ev.Time) // an unwound frame in a library mapped since
 		ev.Flags &^= events.FlagWindow
 		ev.Window = ev.Window[:0]
 		s.buf = events.Encode(s.buf[:0], ev)
@@ -323,7 +362,7 @@ func (s *session) apply(ev *events.Event, lp *liveProc) ledger.Change {
 // process is first seen, because the process may be gone by the time
 // anyone reads the trace.
 func (s *session) capture(pid uint32, lp *liveProc) {
-	lp.captured = time.Now()
+	lp.captured = s.ev.Time
 	c, all := procmodel.Read(pid, s.ev.Comm, BootNow(), &s.ids)
 	if c.Error != "" {
 		lp.exited = true
