@@ -3,8 +3,8 @@ package record
 import (
 	"testing"
 
-	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 )
 
 // mapsAt is a capture of process 42 with one executable file mapping a
