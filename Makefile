@@ -49,7 +49,8 @@ test-unit:
 # empty-probe floor, idle and with one core busy; the reader's CPU per
 # event by stage; time in the return probe, by window and with and without
 # the Python walk (BENCH_PYTHON, CPython 3.10-3.13); every program's time
-# per pair against the floor's. BASELINE=/path/to/an
+# per pair against the floor's; the reader's CPU per event on a CPython
+# process (BENCH_PYTHON). BASELINE=/path/to/an
 # older cudatrace adds it to each script's rounds.
 BENCH_PYTHON ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 python3.11 python3.10 2>/dev/null))
 bench: build
@@ -61,6 +62,7 @@ bench: build
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/bpfcost.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/progcost.sh
 	$(if $(BENCH_PYTHON),CUDATRACE=$(CURDIR)/$(BIN) PYTHON=$(BENCH_PYTHON) ./bench/bpfcost.sh 20000 5,@echo "bench: no CPython 3.10-3.13 found for the Python walk's cost (BENCH_PYTHON=...)")
+	$(if $(BENCH_PYTHON),CUDATRACE=$(CURDIR)/$(BIN) PYTHON=$(BENCH_PYTHON) ./bench/readercpu.sh 300000 3,@echo "bench: no CPython 3.10-3.13 found for the reader's CPU on a CPython process (BENCH_PYTHON=...)")
 
 # The agent's memory over 5000 short-lived traced processes (a few minutes).
 bench-agent: build

@@ -7,7 +7,11 @@
 # Then the same run with `record -v`: the process's CPU per event from its
 # first event to its last, and the time per stage on the reader's goroutine.
 # With BASELINE=/path/to/cudatrace, that build too, interleaved (it may
-# lack -v). Needs root and gcc. Usage: bench/readercpu.sh [PAIRS] [ROUNDS]
+# lack -v). With PYTHON=/path/to/python3.X (CPython 3.10-3.13), the loop
+# is bench/pyloop.py's instead, eight Python frames deep through ctypes:
+# each allocation's Python frames read and merged, and its 40-odd native
+# frames unwound through the interpreter. Needs root and gcc. Usage:
+# bench/readercpu.sh [PAIRS] [ROUNDS]
 PAIRS=${1:-500000}
 ROUNDS=${2:-3}
 . "$(dirname "$0")/lib.sh"
@@ -19,7 +23,11 @@ run() {
 	local bin=$1 n=$2
 	shift 2
 	rm -f "$W/go"
-	"$W/loop" "$n" "$W/go" >"$W/loop.out" &
+	if [ -n "${PYTHON:-}" ]; then
+		"$PYTHON" bench/pyloop.py "$LIB" "$n" "$W/go" >"$W/loop.out" &
+	else
+		"$W/loop" "$n" "$W/go" >"$W/loop.out" &
+	fi
 	local lp=$!
 	/usr/bin/time -f '%U %S' -o "$W/time" "$bin" record "$@" --pid $lp --lib "$LIB" -o "$W/t.trace" >/dev/null 2>"$W/err" &
 	local ct=$!
@@ -58,4 +66,4 @@ for b in "${BUILDS[@]}"; do printf '%-10s %22s\n' "$b" "$(echo "${all[$b]}" | me
 [ -n "${BASELINE:-}" ] && echo "cudatrace/baseline: $(ratio "$(echo "${all[cudatrace]}" | median)" "$(echo "${all[baseline]}" | median)")"
 echo "record -v, per round:"
 cat "$W/stages"
-echo "(CUDATRACE=$CUDATRACE${BASELINE:+ BASELINE=$BASELINE} bench/readercpu.sh $PAIRS $ROUNDS: median of $ROUNDS interleaved rounds, $(nproc) CPUs, $(uname -r))"
+echo "(CUDATRACE=$CUDATRACE${BASELINE:+ BASELINE=$BASELINE}${PYTHON:+ PYTHON=$PYTHON} bench/readercpu.sh $PAIRS $ROUNDS: median of $ROUNDS interleaved rounds, ${PYTHON:+$("$PYTHON" -V), }$(nproc) CPUs, $(uname -r))"
