@@ -15,10 +15,8 @@
 # Needs root, gcc, bpftool, jq. Usage: bench/bpfcost.sh [PAIRS] [ROUNDS]
 PAIRS=${1:-50000}
 ROUNDS=${2:-3}
-old=$(sysctl -n kernel.bpf_stats_enabled)
 . "$(dirname "$0")/lib.sh"
-on_exit 'sysctl -q -w kernel.bpf_stats_enabled="$old"'
-sysctl -q -w kernel.bpf_stats_enabled=1
+bpf_stats_on
 build_loop
 
 # cost BINARY WINDOW [on|off]: mean ns per ct_exit run over one recording,

@@ -21,6 +21,15 @@ build_loop() {
 	gcc -O2 -fno-omit-frame-pointer -DPAD_KIB=0 -I vmtest/testdata -o "$W/loop-shallow" bench/loop.c -L"$W" -lcudart -Wl,-rpath,"$W"
 }
 
+# bpf_stats_on: the kernel's BPF run-time statistics on (each program's
+# run_time_ns and run_cnt, as bpftool shows them) until the script exits,
+# then as they were. It takes the script's on_exit hook.
+bpf_stats_on() {
+	BPF_STATS_WAS=$(sysctl -n kernel.bpf_stats_enabled)
+	on_exit 'sysctl -q -w kernel.bpf_stats_enabled="$BPF_STATS_WAS"'
+	sysctl -q -w kernel.bpf_stats_enabled=1
+}
+
 # median: the median of the numbers on stdin, one a line or space-separated.
 median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 

@@ -16,10 +16,8 @@
 # Needs root, gcc, bpftrace, bpftool, jq. Usage: bench/progcost.sh [PAIRS] [ROUNDS]
 PAIRS=${1:-50000}
 ROUNDS=${2:-3}
-old=$(sysctl -n kernel.bpf_stats_enabled)
 . "$(dirname "$0")/lib.sh"
-on_exit 'sysctl -q -w kernel.bpf_stats_enabled="$old"'
-sysctl -q -w kernel.bpf_stats_enabled=1
+bpf_stats_on
 build_loop
 
 # snap: "id name run_time_ns run_cnt" of every program that has run.
