@@ -69,7 +69,10 @@ type Maps struct {
 
 // memoSlots is how many recent unwinds a process's Maps keeps, by their
 // starting registers: a training step allocates from tens of places.
-const memoSlots = 64
+const (
+	memoBits  = 6
+	memoSlots = 1 << memoBits
+)
 
 // memoEntry is one unwind: what it started from, every word it read of
 // the window (where, and what it held), and what it gave.
@@ -93,7 +96,7 @@ type memRead struct {
 // memoFor is the slot of an unwind starting at regs.
 func (m *Maps) memoFor(regs events.Regs) *memoEntry {
 	h := (regs.IP ^ regs.SP*0x9e3779b97f4a7c15) * 0xbf58476d1ce4e5b9
-	return &m.memo[h>>(64-6)]
+	return &m.memo[h>>(64-memoBits)]
 }
 
 // answers says whether e is the unwind of regs and window: the same start,
