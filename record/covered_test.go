@@ -49,7 +49,7 @@ func TestCoveredFollowsCapture(t *testing.T) {
 		if st.cap != nil {
 			lp.p = s.procs.Add(st.cap)
 		}
-		if got := s.covered(lp, st.stack); got != st.want {
+		if got := lp.covered(st.stack); got != st.want {
 			t.Errorf("%s: covered %x = %v, want %v", st.what, st.stack, got, st.want)
 		}
 	}
@@ -75,7 +75,7 @@ func BenchmarkCoveredPython(b *testing.B) {
 		unwound = append(unwound, ranges[(i*7)%80][0]+uint64(0x100+i))
 	}
 	for b.Loop() {
-		if s.covered(lp, fp) || !s.covered(lp, unwound) || !s.covered(lp, nil) {
+		if lp.covered(fp) || !lp.covered(unwound) || !lp.covered(nil) {
 			b.Fatal("wrong answer")
 		}
 	}

@@ -240,11 +240,11 @@ func (s *session) track(ev *events.Event) *liveProc {
 
 // refresh reads pid's mappings again when stack has a return address
 // outside every executable mapping of its current capture: something was
-// mapped since (dlopen). At most every recaptureEvery of the records' own
-// time (the clock's reading, twice an event, was a few percent of the
-// reader's CPU; a CPython process's records, each with a stray address,
-// read it once a record), 100 times a process, and never once it was
-// found gone.
+// mapped since (dlopen). At most every recaptureEvery, 100 times a
+// process, and never once it was found gone. The pace goes by the records'
+// own timestamps (now): reading the clock for it cost a few percent of the
+// reader's CPU, and a CPython process's records, each with a stray
+// address, read it every time.
 //
 // Code without frame pointers (CPython's, NVIDIA's) leaves the
 // frame-pointer walk reading data as return addresses, and those are
@@ -254,7 +254,7 @@ func (s *session) track(ev *events.Event) *liveProc {
 // read and compared first, and the capture made only when the files
 // mapped changed.
 func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64, now uint64) {
-	if lp.exited || lp.recapture >= 100 || s.covered(lp, stack) ||
+	if lp.exited || lp.recapture >= 100 || lp.covered(stack) ||
 		int64(now-lp.captured) < int64(recaptureEvery<<min(lp.quiet, 3)) {
 		return
 	}
@@ -268,14 +268,14 @@ func (s *session) refresh(pid uint32, lp *liveProc, stack []uint64, now uint64) 
 	s.capture(pid, lp)
 }
 
-// covered says whether lp's current capture covers every address of
-// stack. It searches the capture's mappings for each address but for the
+// covered says whether the process's current capture covers every
+// address of stack. It searches the capture's mappings for each address but for the
 // stacks it has the answer of: one holding the address the capture was
 // last found not to cover, and the last stack it covered (an allocation
 // made again from the same place; the frees between, with no stack, leave
 // it). Both searched, a CPython process's 40-frame stacks took 1 µs a
 // record.
-func (s *session) covered(lp *liveProc, stack []uint64) bool {
+func (lp *liveProc) covered(stack []uint64) bool {
 	c := lp.p.Current()
 	if len(stack) == 0 || c == nil { // a free's record: nothing to search, nor to remember
 		return len(stack) == 0
