@@ -380,14 +380,11 @@ func (s *state) cfa(w *row) (uint64, error) {
 }
 
 // apply gives a register's value in the caller under rule r; ok is false
-// when the rule leaves it unknown.
+// when the rule leaves it unknown. "Same" and "undefined" never get here:
+// unwind stops at them for the return address, and takes them itself for
+// rbp.
 func (s *state) apply(r *rule, cfa uint64) (uint64, bool, error) {
 	switch r.kind {
-	case ruleSame: // only rbp gets here (caller takes it): Unwind refuses "same" for the return address
-		v, err := s.reg(regRBP)
-		return v, err == nil, nil
-	case ruleUndef:
-		return 0, false, nil
 	case ruleOffset:
 		v, err := s.mem.read(cfa + uint64(r.off))
 		return v, err == nil, err

@@ -270,8 +270,8 @@ func parseSize(s string) (uint32, error) {
 		return 0, err
 	}
 	page := uint64(os.Getpagesize())
-	if v < page || v > 1<<30 || v&(v-1) != 0 {
-		return 0, fmt.Errorf("must be a power of two between %d bytes and 1GiB", page)
+	if v < page || v > loader.MaxRingBytes || v&(v-1) != 0 {
+		return 0, fmt.Errorf("must be a power of two between %d bytes and %dGiB", page, loader.MaxRingBytes>>30)
 	}
 	return uint32(v), nil
 }

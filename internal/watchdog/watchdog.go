@@ -197,7 +197,7 @@ func Resume(held *ebpf.Map, olderThan time.Duration, stderr io.Writer) int {
 		}
 		// /proc's start time is in clock ticks: a process started
 		// within one of the stop is the same one.
-		if st, err := proc.StartTime(int(pid)); err != nil || st > when[i]+uint64(10*time.Millisecond) {
+		if st, err := proc.StartTime(int(pid)); err != nil || st > when[i]+uint64(proc.StartTimeTick) {
 			continue
 		}
 		if err := unix.Kill(int(pid), unix.SIGCONT); err == nil {
