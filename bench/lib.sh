@@ -14,6 +14,28 @@ gcc -shared -fPIC -O2 -fomit-frame-pointer -pthread -Wl,-soname,libcudart.so.12 
 ln -s libcudart.so.12 "$W/libcudart.so"
 LIB=$W/libcudart.so.12
 
+# FLOOR: empty probes on what bench/loop.c calls (cudaMalloc's entry and
+# return, cudaFree's entry), for bpftrace: the uprobe traps alone, the
+# floor every tracer's cost is measured against.
+FLOOR="uprobe:$LIB:cudaMalloc {} uretprobe:$LIB:cudaMalloc {} uprobe:$LIB:cudaFree {}"
+
+# bpftrace_start PROGRAM: runs bpftrace on PROGRAM in the background
+# ($BT_PID) and returns once its probes are in; bpftrace_stop ends it.
+bpftrace_start() {
+	bpftrace -e "$1" >"$W/bt.out" 2>&1 &
+	BT_PID=$!
+	for _ in $(seq 200); do grep -q Attaching "$W/bt.out" && break; sleep 0.05; done
+	sleep 1 # "Attaching" comes before the probes are in; under load 0.2 s was once too short
+}
+
+bpftrace_stop() {
+	kill -INT "$BT_PID"
+	wait "$BT_PID" || true
+}
+
+# ns_per_pair FILE: the ns per pair bench/loop.c printed into FILE.
+ns_per_pair() { sed -n 's/.*ns_per_pair=\([0-9]*\).*/\1/p' "$1"; }
+
 # build_loop: bench/loop.c against $LIB, as $W/loop (64 KiB of stack above
 # the loop) and $W/loop-shallow (none).
 build_loop() {

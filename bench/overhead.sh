@@ -24,19 +24,13 @@ BUSY=
 on_exit '[ -z "$BUSY" ] || kill "$BUSY"'
 build_loop
 
-ns() { sed -n 's/.*ns_per_pair=\([0-9]*\).*/\1/p' "$1"; }
-
-# bpftrace_run PROGRAM OUT: start bpftrace, wait until it has attached, run the loop.
+# bpftrace_run PROGRAM OUT: the loop under bpftrace running PROGRAM.
 bpftrace_run() {
-	bpftrace -e "$1" >"$W/bt.out" 2>&1 &
-	local bt=$!
-	for _ in $(seq 200); do grep -q Attaching "$W/bt.out" && break; sleep 0.05; done
-	sleep 1 # "Attaching" comes before the probes are in; under load 0.2 s was once too short
+	bpftrace_start "$1"
 	"$W/loop" "$PAIRS" >"$2"
-	kill -INT $bt; wait $bt || true
+	bpftrace_stop
 }
 
-FLOOR="uprobe:$LIB:cudaMalloc {} uretprobe:$LIB:cudaMalloc {} uprobe:$LIB:cudaFree {}"
 BT="uprobe:$LIB:cudaMalloc { @sz[tid] = arg1; }
 uretprobe:$LIB:cudaMalloc { printf(\"%d %d %d %s\n\", pid, tid, @sz[tid], ustack); delete(@sz[tid]); }
 uprobe:$LIB:cudaFree { printf(\"free %d %d %p\n\", pid, tid, arg0); }"
@@ -56,7 +50,7 @@ one() {
 	baseline) "$BASELINE" record -q --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/o" 2>"$W/err" ;;
 	esac
 	case $1 in ct-* | cudatrace | baseline) grep -E 'lost' "$W/err" | sed "s/^/$1: /" >&2 || true ;; esac
-	ns "$W/o"
+	ns_per_pair "$W/o"
 }
 
 declare -A all

@@ -42,14 +42,10 @@ one() {
 	: >"$after"
 	case $1 in
 	floor)
-		bpftrace -e "uprobe:$LIB:cudaMalloc {} uretprobe:$LIB:cudaMalloc {} uprobe:$LIB:cudaFree {}" >"$W/bt.out" 2>&1 &
-		local bt=$!
-		for _ in $(seq 200); do grep -q Attaching "$W/bt.out" && break; sleep 0.05; done
-		sleep 1
+		bpftrace_start "$FLOOR"
 		"$W/loop" "$PAIRS" >"$W/o"
 		snap >"$after"
-		kill -INT $bt
-		wait $bt || true
+		bpftrace_stop
 		;;
 	*)
 		local bin=$CUDATRACE extra=()
@@ -69,7 +65,7 @@ one() {
 		;;
 	esac
 	new "$ids" "$after" >"$W/progs"
-	sed -n 's/.*ns_per_pair=\([0-9]*\).*/\1/p' "$W/o"
+	ns_per_pair "$W/o"
 }
 
 MODES=(floor ct-nowin cudatrace)
