@@ -129,9 +129,9 @@ int ct_setdev_enter(struct pt_regs *ctx)
 
 
 // submit_alloc finishes an allocation record whose header is filled: the
-// stack from the frame pointers, the stack window, the Python frames; and
-// submits it.
-static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, const int use_loop)
+// stack from the frame pointers, the stack window, the Python frames
+// py_walk found (pw); and submits it.
+static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw)
 {
 	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
 	if (e->h.nframes == CT_MAX_FRAMES)
@@ -140,9 +140,19 @@ static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_ev
 	// of the room reserved: the ring's memory is cold, and every cache line
 	// and page a record touches beyond its frames and window costs.
 	user_window(ctx, e);
-	py_stack(&e->h, (__u8 *)e + record_used(e), PT_REGS_SP(ctx), use_loop);
+	py_put(&e->h, (__u8 *)e + record_used(e), pw);
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size()));
+}
+
+// walk_python walks the calling thread's Python frames and captures the
+// code objects new to its process (py_walk, py_check): before its record
+// is reserved, so that the captures come first in the ring buffer.
+static __always_inline struct py_walked walk_python(struct pt_regs *ctx, __u64 id, const int use_loop)
+{
+	struct py_walked pw = py_walk(id, PT_REGS_SP(ctx), use_loop);
+	py_check(pw, id, use_loop);
+	return pw;
 }
 
 static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
@@ -173,6 +183,9 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		return 0;
 	}
 
+	struct py_walked pw = {};
+	if (in->shape != CT_SHAPE_VMM_MAP)
+		pw = walk_python(ctx, id, use_loop);
 	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
 	if (!e) {
 		count(CT_CNT_RB_FULL);
@@ -227,7 +240,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
-	submit_alloc(ctx, e, use_loop);
+	submit_alloc(ctx, e, pw);
 	// Forgotten in place (a lookup costs less than a delete), the entry
 	// kept for the thread's next free.
 	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);

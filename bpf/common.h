@@ -31,26 +31,6 @@ CT_MAP(BPF_MAP_TYPE_LRU_HASH, thread_dev, __u32, __s32, 65536); // key: tid
 // once so it can read /proc/PID/maps before a short-lived process is gone.
 CT_MAP(BPF_MAP_TYPE_LRU_HASH, seen, __u32, __u8, 16384);
 
-// Processes hold_new stopped, each with the CLOCK_BOOTTIME ns it was
-// stopped at. The reader sets the top bit (CT_HELD_READ) once it has read
-// the process, before it sends SIGCONT (it may leave it stopped a while
-// longer for another tracer that holds it too: loader/held.go), and the
-// next one once it has sent it; the entry stays while the process lives.
-// Holding the process again overwrites an entry read, so that no record
-// gets through unheld between the reader's SIGCONT and its next step; a watchdog process holding this map's fd
-// resumes whatever is left when the tracer dies (internal/watchdog). Full:
-// no more processes are stopped.
-CT_MAP(BPF_MAP_TYPE_HASH, held, __u32, __u64, 1024); // key: tgid; value: boot ns when stopped
-
-#define CT_HELD_READ (1ULL << 63)
-
-// 1 while the reader is in a call that may keep it away for long:
-// attaching a library's probes waits in the kernel behind every other
-// tracer's attach and detach (each uprobe's removal holds the kernel's
-// event_mutex through a grace period). No process is held meanwhile: none
-// would be resumed before the watchdog's 5 s.
-CT_MAP(BPF_MAP_TYPE_ARRAY, reader_away, __u32, __u8, 1);
-
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, counters, __u32, __u64, CT_CNT_MAX);
 
 
@@ -59,9 +39,7 @@ struct thread_struct {
 	unsigned long fsbase;
 } __attribute__((preserve_access_index));
 
-struct signal_struct {
-	void *tty; // struct tty_struct *: the controlling terminal, or NULL
-} __attribute__((preserve_access_index));
+struct signal_struct; // exit.h reads the one field it needs
 
 struct mm_struct {
 	unsigned long start_stack; // the stack pointer at the program's entry: argc
@@ -116,65 +94,26 @@ static __always_inline __s32 current_device(__u32 tid)
 	return started_before_tracing() ? CT_DEV_UNKNOWN : 0;
 }
 
-// hold stops the current process (SIGSTOP, on its way back to user space)
-// for the reader, and says whether it did. Never when the reader is behind
-// (as much unread as wakes it: it is not keeping up, and would keep the
-// process waiting) or away (reader_away), nor without an entry in `held`, which is what resumes
-// it if the tracer dies before its reader gets there; with CT_HOLD_NO_TTY
-// never a process with a controlling terminal (a shell's job: its shell
-// would see it stop, say "Stopped" and take the terminal back).
-static __always_inline int hold(__u32 tgid)
-{
-	if (hold_new == CT_HOLD_NONE)
-		return 0;
-	if (hold_new == CT_HOLD_NO_TTY) {
-		struct task_struct *t = (void *)bpf_get_current_task();
-		if (BPF_CORE_READ(t, signal, tty))
-			return 0;
-	}
-	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
-		return 0;
-	__u32 zero = 0;
-	__u8 *away = bpf_map_lookup_elem(&reader_away, &zero);
-	if (away && *away)
-		return 0;
-	__u64 now = bpf_ktime_get_boot_ns();
-	__u64 *was = bpf_map_lookup_elem(&held, &tgid);
-	if (was && !(*was & CT_HELD_READ))
-		return 0; // stopped already, and not read yet
-	if (bpf_map_update_elem(&held, &tgid, &now, was ? BPF_EXIST : BPF_NOEXIST))
-		return 0;
-	if (bpf_send_signal(CT_SIGSTOP)) {
-		bpf_map_delete_elem(&held, &tgid);
-		return 0;
-	}
-	return 1;
-}
-
 // wakeup_flags says how to submit e, a record reserved at size bytes. A
-// process's first record wakes the reader at once so it can read
-// /proc/PID/maps before a short-lived process is gone; with hold_new it
-// also stops the process (hold) and flags the record, and the reader sends
-// SIGCONT once it has read the mappings: a process that exits right after
-// its first allocation still symbolizes. Otherwise the reader is woken
-// each time the unread data passes a multiple of wakeup_bytes: once when
-// it sleeps (it sleeps only once it has read all there was), and again
-// for each wakeup_bytes more should it miss one. Not at every record
-// while that much is unread: a wakeup costs about 5 µs on the VMs here,
-// more than the rest of a record, and the reader, behind and awake, does
-// not need one.
+// process's first record wakes the reader at once, so that it reads
+// /proc/PID/maps (and finds its interpreter) while the process lives: one
+// that exits right after its first allocations still symbolizes, unless
+// it is gone before the reader gets there (counted, record's
+// Result.Uncaptured). Nothing is stopped for it: a tracer fails open.
+// Otherwise the reader is woken each time the unread data passes a
+// multiple of wakeup_bytes: once when it sleeps (it sleeps only once it
+// has read all there was), and again for each wakeup_bytes more should it
+// miss one. Not at every record while that much is unread: a wakeup costs
+// about 5 µs on the VMs here, more than the rest of a record, and the
+// reader, behind and awake, does not need one.
 static __always_inline __u64 wakeup_flags(struct ct_event *e, __u32 size)
 {
 	__u8 one = 1;
 	__u32 tgid = e->pid;
 	if (bpf_map_lookup_elem(&seen, &tgid) == NULL) {
 		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
-		if (hold(tgid))
-			e->flags |= CT_F_HELD;
 		return BPF_RB_FORCE_WAKEUP;
 	}
-	if (e->flags & CT_F_HELD) // held for a new Python frame (py_hold_new_frames)
-		return BPF_RB_FORCE_WAKEUP;
 	// What this record added to the unread data: its size and the ring's
 	// 8-byte header, rounded up to 8.
 	__u64 added = (size + 8 + 7) & ~7ULL;

@@ -27,6 +27,7 @@ const struct ct_ustack *unused_ct_ustack __attribute__((unused));
 const struct ct_pyoffsets *unused_ct_pyoffsets __attribute__((unused));
 const struct ct_pyframe *unused_ct_pyframe __attribute__((unused));
 const struct ct_pytrailer *unused_ct_pytrailer __attribute__((unused));
+const struct ct_pycode *unused_ct_pycode __attribute__((unused));
 // And the enums Go uses, for their generated Go constants.
 const enum ct_shape *unused_ct_shape __attribute__((unused));
 const enum ct_counter *unused_ct_counter __attribute__((unused));
@@ -39,22 +40,9 @@ const volatile __u64 wakeup_bytes = 1 << 20; // wake the reader only past this m
 // user space: 0, or a multiple of CT_PAGE up to CT_MAX_WINDOW. The verifier
 // sees it as a constant, so records are reserved at the size it makes.
 const volatile __u32 stack_window = 0;
-// Whom to stop (SIGSTOP) at its first record until the reader has read its
-// mappings (see wakeup_flags), and at a record with a Python frame new to
-// it until the reader has read the code object (py_hold_new_frames):
-// CT_HOLD_NONE, CT_HOLD_ALL (a launched command's processes, children of
-// cudatrace) or CT_HOLD_NO_TTY (the agent, top, --pid, --all: only
-// processes without a controlling terminal, since a terminal's shell sees
-// its job stop and takes the terminal back).
-const volatile __u8 hold_new = 0;
-#define CT_HOLD_NONE 0
-#define CT_HOLD_ALL 1
-#define CT_HOLD_NO_TTY 2
 // CLOCK_BOOTTIME ns when tracing began: a thread started before it may have
 // set its device or context unseen (current_device).
 const volatile __u64 trace_start_ns = 0;
-
-#define CT_SIGSTOP 19
 
 // Room for the Python frames in every allocation record: a count, the
 // frames, the count again (see py_stack).
@@ -64,7 +52,9 @@ const volatile __u64 trace_start_ns = 0;
 #include "common.h"   // maps and helpers every program shares; ct_fork
 #include "stack.h"    // frame-pointer walk, stack window copy
 #include "python.h"   // Python frames walk
+#include "pycode.h"   // Python code objects captured at first sight
 #include "alloc.h"    // allocation and free programs
 #include "contexts.h" // driver contexts
 #include "usdt.h"     // PyTorch's USDT probes
 #include "exit.h"     // a traced process's end
+#include "notify.h"   // a traced process's exec and library loads

@@ -69,7 +69,8 @@ enum ct_flags {
 	CT_F_ENTRY_ONLY = 1 << 0,  // recorded at entry (frees): no result, no duration
 	CT_F_STACK_TRUNC = 1 << 1, // every frame slot was used
 	CT_F_WINDOW = 1 << 2,      // a struct ct_ustack and its bytes follow stack[nframes]
-	CT_F_HELD = 1 << 3,        // the process was stopped (SIGSTOP) at this record until the reader read it: its first (mappings), or one with a Python frame new to it (code object)
+	// bit 3: in traces of versions that stopped a process until the reader
+	// had read it (SIGSTOP), that it was; never set since, never reused
 	// stack[0] holds an argument the header has no field for (cuMemMap's
 	// handle); the frames follow it and nframes does not count it
 	CT_F_AUX = 1 << 4,
@@ -102,7 +103,17 @@ enum ct_counter {
 	CT_CNT_STALE = 4,         // an entry whose return never came (longjmp, thread killed)
 	CT_CNT_NESTED = 5,        // traced call made inside another traced call: counted once
 	CT_CNT_STACK_ERR = 6,     // the frame-pointer walk met an unreadable frame: stack cut there
-	CT_CNT_MAX = 7,
+	// a code object new to its process could not be captured (no room in
+	// the ring buffer): its frames are named from the process's memory
+	// while it lives (record/python.go), else left unresolved
+	CT_CNT_PYCODE_FULL = 7,
+	// a record's Python frames were left out: another program on the CPU
+	// (a preempting thread's probe) used the scratch they were built in
+	CT_CNT_PY_PREEMPTED = 8,
+	// an exec's or a library load's record (notify.h) found no room: the
+	// reader learns of it from the next record, or its periodic look
+	CT_CNT_NOTE_FULL = 9,
+	CT_CNT_MAX = 10,
 };
 
 // USDT probes (PyTorch's pytorch:malloc / pytorch:free): each attached probe
@@ -198,6 +209,15 @@ struct ct_pyoffsets {
 	__s64 co_code_adaptive;
 	__u32 minor;
 	__u32 pad;
+	// What a code object is named by (the capture, bpf/pycode.h): its
+	// file name and (qualified) name, str objects; its line table, a
+	// bytes object; its first line, an int. The identity of a code object
+	// is those four (py_ident): read again, they tell whether the object
+	// at an address is still the one captured there.
+	__s64 co_filename;
+	__s64 co_name; // co_qualname from 3.11, co_name before
+	__s64 co_linetable;
+	__s64 co_firstlineno;
 };
 
 // One Python frame, innermost first. flags bit 0: the last frame of a run
@@ -214,6 +234,34 @@ struct ct_pyframe {
 struct ct_pytrailer {
 	__u32 n; // frames in use: the n struct ct_pyframe between the two counts (right before the last), innermost last
 	__u32 pad;
+};
+
+// A code object seen for the first time in a process's records (or no
+// longer the one seen at its address): what naming its frames takes,
+// copied from the process while the thread that runs it is in the probe,
+// so it surely lives (bpf/pycode.h). Its own record, before the record
+// that showed it, so the reader has it when it reads that one. Each part
+// is the object's first bytes, as many as could be read (0: none): an
+// object nearer than its size to an unmapped page is read to the page's
+// end. events.DecodePyCode mirrors this layout.
+#define CT_PYCODE_HEAD 256  // the code object
+#define CT_PYCODE_FILE 512  // its file name, a str
+#define CT_PYCODE_NAME 256  // its (qualified) name, a str
+#define CT_PYCODE_TABLE 4096 // its line table, a bytes object
+
+struct ct_pycode {
+	struct ct_event h; // api: events.PyCode; addr: the code object; size: its identity (py_ident)
+	__u64 file;        // the objects' addresses, as the code object held them
+	__u64 name;
+	__u64 table;
+	__u32 head_len; // bytes read of each
+	__u32 file_len;
+	__u32 name_len;
+	__u32 table_len;
+	__u8 head[CT_PYCODE_HEAD];
+	__u8 file_bytes[CT_PYCODE_FILE];
+	__u8 name_bytes[CT_PYCODE_NAME];
+	__u8 table_bytes[CT_PYCODE_TABLE];
 };
 
 #endif

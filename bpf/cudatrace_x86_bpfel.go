@@ -29,7 +29,10 @@ const (
 	CudatraceCtCounterCT_CNT_STALE         CudatraceCtCounter = 4
 	CudatraceCtCounterCT_CNT_NESTED        CudatraceCtCounter = 5
 	CudatraceCtCounterCT_CNT_STACK_ERR     CudatraceCtCounter = 6
-	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 7
+	CudatraceCtCounterCT_CNT_PYCODE_FULL   CudatraceCtCounter = 7
+	CudatraceCtCounterCT_CNT_PY_PREEMPTED  CudatraceCtCounter = 8
+	CudatraceCtCounterCT_CNT_NOTE_FULL     CudatraceCtCounter = 9
+	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 10
 )
 
 type CudatraceCtEvent struct {
@@ -46,6 +49,22 @@ type CudatraceCtEvent struct {
 	Flags   uint16
 	Nframes int32
 	Comm    [16]int8
+}
+
+type CudatraceCtPycode struct {
+	_          structs.HostLayout
+	H          CudatraceCtEvent
+	File       uint64
+	Name       uint64
+	Table      uint64
+	HeadLen    uint32
+	FileLen    uint32
+	NameLen    uint32
+	TableLen   uint32
+	Head       [256]uint8
+	FileBytes  [512]uint8
+	NameBytes  [256]uint8
+	TableBytes [4096]uint8
 }
 
 type CudatraceCtPyframe struct {
@@ -73,6 +92,10 @@ type CudatraceCtPyoffsets struct {
 	CoCodeAdaptive int64
 	Minor          uint32
 	Pad            uint32
+	CoFilename     int64
+	CoName         int64
+	CoLinetable    int64
+	CoFirstlineno  int64
 }
 
 type CudatraceCtPytrailer struct {
@@ -182,11 +205,14 @@ type CudatracePrimaryVal struct {
 	Pad    uint32
 }
 
-type CudatracePyCodeKey struct {
-	_     structs.HostLayout
-	Tgid  uint32
-	Units int32
-	Code  uint64
+type CudatracePyCheckVal struct {
+	_      structs.HostLayout
+	N      uint32
+	Lastn  uint32
+	Left   uint32
+	Missed uint32
+	Id     uint64
+	Mm     uint64
 }
 
 type CudatracePyScratchVal struct {
@@ -204,6 +230,8 @@ type CudatracePyScratchVal struct {
 	}
 	LastTgid uint32
 	Diff     uint32
+	LastMm   uint64
+	Seq      uint64
 	Cur      struct {
 		_     structs.HostLayout
 		Id    uint64
@@ -214,6 +242,19 @@ type CudatracePyScratchVal struct {
 		Idoff int64
 		O     CudatraceCtPyoffsets
 	}
+}
+
+type CudatracePySeenKey struct {
+	_    structs.HostLayout
+	Tgid uint32
+	Pad  uint32
+	Code uint64
+}
+
+type CudatracePySeenVal struct {
+	_     structs.HostLayout
+	Mm    uint64
+	Ident uint64
 }
 
 type CudatracePyThread struct {
@@ -233,16 +274,16 @@ const (
 	CudatraceMapCtxRefs                = "ctx_refs"
 	CudatraceMapCtxStacks              = "ctx_stacks"
 	CudatraceMapEvents                 = "events"
-	CudatraceMapHeld                   = "held"
 	CudatraceMapInflight               = "inflight"
 	CudatraceMapLastFree               = "last_free"
+	CudatraceMapNoted                  = "noted"
 	CudatraceMapPids                   = "pids"
 	CudatraceMapPrimaries              = "primaries"
-	CudatraceMapPyCodes                = "py_codes"
+	CudatraceMapPyChecks               = "py_checks"
 	CudatraceMapPyProcs                = "py_procs"
 	CudatraceMapPyScratch              = "py_scratch"
+	CudatraceMapPySeen                 = "py_seen"
 	CudatraceMapPyThreads              = "py_threads"
-	CudatraceMapReaderAway             = "reader_away"
 	CudatraceMapSeen                   = "seen"
 	CudatraceMapThreadDev              = "thread_dev"
 	CudatraceMapUsdtSpecs              = "usdt_specs"
@@ -258,6 +299,8 @@ const (
 	CudatraceProgCtCtxretainEnter      = "ct_ctxretain_enter"
 	CudatraceProgCtCtxsetEnter         = "ct_ctxset_enter"
 	CudatraceProgCtDevresetEnter       = "ct_devreset_enter"
+	CudatraceProgCtDlNotify            = "ct_dl_notify"
+	CudatraceProgCtExec                = "ct_exec"
 	CudatraceProgCtExit                = "ct_exit"
 	CudatraceProgCtExitNoloop          = "ct_exit_noloop"
 	CudatraceProgCtFork                = "ct_fork"
@@ -277,14 +320,17 @@ const (
 	CudatraceProgCtUsdtNoloop          = "ct_usdt_noloop"
 	CudatraceProgCtVmmCreateEnter      = "ct_vmm_create_enter"
 	CudatraceProgCtVmmMapEnter         = "ct_vmm_map_enter"
+	CudatraceVarExecApi                = "exec_api"
 	CudatraceVarExitApi                = "exit_api"
 	CudatraceVarFilterPids             = "filter_pids"
 	CudatraceVarFollowForks            = "follow_forks"
-	CudatraceVarHoldNew                = "hold_new"
+	CudatraceVarMappedApi              = "mapped_api"
+	CudatraceVarPycodeApi              = "pycode_api"
 	CudatraceVarStackWindow            = "stack_window"
 	CudatraceVarTraceStartNs           = "trace_start_ns"
 	CudatraceVarUnusedCtAllocEvent     = "unused_ct_alloc_event"
 	CudatraceVarUnusedCtCounter        = "unused_ct_counter"
+	CudatraceVarUnusedCtPycode         = "unused_ct_pycode"
 	CudatraceVarUnusedCtPyframe        = "unused_ct_pyframe"
 	CudatraceVarUnusedCtPyoffsets      = "unused_ct_pyoffsets"
 	CudatraceVarUnusedCtPytrailer      = "unused_ct_pytrailer"
@@ -348,6 +394,8 @@ type CudatraceProgramSpecs struct {
 	CtCtxretainEnter      *ebpf.ProgramSpec `ebpf:"ct_ctxretain_enter"`
 	CtCtxsetEnter         *ebpf.ProgramSpec `ebpf:"ct_ctxset_enter"`
 	CtDevresetEnter       *ebpf.ProgramSpec `ebpf:"ct_devreset_enter"`
+	CtDlNotify            *ebpf.ProgramSpec `ebpf:"ct_dl_notify"`
+	CtExec                *ebpf.ProgramSpec `ebpf:"ct_exec"`
 	CtExit                *ebpf.ProgramSpec `ebpf:"ct_exit"`
 	CtExitNoloop          *ebpf.ProgramSpec `ebpf:"ct_exit_noloop"`
 	CtFork                *ebpf.ProgramSpec `ebpf:"ct_fork"`
@@ -379,16 +427,16 @@ type CudatraceMapSpecs struct {
 	CtxRefs     *ebpf.MapSpec `ebpf:"ctx_refs"`
 	CtxStacks   *ebpf.MapSpec `ebpf:"ctx_stacks"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
-	Held        *ebpf.MapSpec `ebpf:"held"`
 	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
+	Noted       *ebpf.MapSpec `ebpf:"noted"`
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
 	Primaries   *ebpf.MapSpec `ebpf:"primaries"`
-	PyCodes     *ebpf.MapSpec `ebpf:"py_codes"`
+	PyChecks    *ebpf.MapSpec `ebpf:"py_checks"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
+	PySeen      *ebpf.MapSpec `ebpf:"py_seen"`
 	PyThreads   *ebpf.MapSpec `ebpf:"py_threads"`
-	ReaderAway  *ebpf.MapSpec `ebpf:"reader_away"`
 	Seen        *ebpf.MapSpec `ebpf:"seen"`
 	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
@@ -398,14 +446,17 @@ type CudatraceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type CudatraceVariableSpecs struct {
+	ExecApi            *ebpf.VariableSpec `ebpf:"exec_api"`
 	ExitApi            *ebpf.VariableSpec `ebpf:"exit_api"`
 	FilterPids         *ebpf.VariableSpec `ebpf:"filter_pids"`
 	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
-	HoldNew            *ebpf.VariableSpec `ebpf:"hold_new"`
+	MappedApi          *ebpf.VariableSpec `ebpf:"mapped_api"`
+	PycodeApi          *ebpf.VariableSpec `ebpf:"pycode_api"`
 	StackWindow        *ebpf.VariableSpec `ebpf:"stack_window"`
 	TraceStartNs       *ebpf.VariableSpec `ebpf:"trace_start_ns"`
 	UnusedCtAllocEvent *ebpf.VariableSpec `ebpf:"unused_ct_alloc_event"`
 	UnusedCtCounter    *ebpf.VariableSpec `ebpf:"unused_ct_counter"`
+	UnusedCtPycode     *ebpf.VariableSpec `ebpf:"unused_ct_pycode"`
 	UnusedCtPyframe    *ebpf.VariableSpec `ebpf:"unused_ct_pyframe"`
 	UnusedCtPyoffsets  *ebpf.VariableSpec `ebpf:"unused_ct_pyoffsets"`
 	UnusedCtPytrailer  *ebpf.VariableSpec `ebpf:"unused_ct_pytrailer"`
@@ -441,16 +492,16 @@ type CudatraceMaps struct {
 	CtxRefs     *ebpf.Map `ebpf:"ctx_refs"`
 	CtxStacks   *ebpf.Map `ebpf:"ctx_stacks"`
 	Events      *ebpf.Map `ebpf:"events"`
-	Held        *ebpf.Map `ebpf:"held"`
 	Inflight    *ebpf.Map `ebpf:"inflight"`
 	LastFree    *ebpf.Map `ebpf:"last_free"`
+	Noted       *ebpf.Map `ebpf:"noted"`
 	Pids        *ebpf.Map `ebpf:"pids"`
 	Primaries   *ebpf.Map `ebpf:"primaries"`
-	PyCodes     *ebpf.Map `ebpf:"py_codes"`
+	PyChecks    *ebpf.Map `ebpf:"py_checks"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
+	PySeen      *ebpf.Map `ebpf:"py_seen"`
 	PyThreads   *ebpf.Map `ebpf:"py_threads"`
-	ReaderAway  *ebpf.Map `ebpf:"reader_away"`
 	Seen        *ebpf.Map `ebpf:"seen"`
 	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
@@ -464,16 +515,16 @@ func (m *CudatraceMaps) Close() error {
 		m.CtxRefs,
 		m.CtxStacks,
 		m.Events,
-		m.Held,
 		m.Inflight,
 		m.LastFree,
+		m.Noted,
 		m.Pids,
 		m.Primaries,
-		m.PyCodes,
+		m.PyChecks,
 		m.PyProcs,
 		m.PyScratch,
+		m.PySeen,
 		m.PyThreads,
-		m.ReaderAway,
 		m.Seen,
 		m.ThreadDev,
 		m.UsdtSpecs,
@@ -484,14 +535,17 @@ func (m *CudatraceMaps) Close() error {
 //
 // It can be passed to LoadCudatraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type CudatraceVariables struct {
+	ExecApi            *ebpf.Variable `ebpf:"exec_api"`
 	ExitApi            *ebpf.Variable `ebpf:"exit_api"`
 	FilterPids         *ebpf.Variable `ebpf:"filter_pids"`
 	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
-	HoldNew            *ebpf.Variable `ebpf:"hold_new"`
+	MappedApi          *ebpf.Variable `ebpf:"mapped_api"`
+	PycodeApi          *ebpf.Variable `ebpf:"pycode_api"`
 	StackWindow        *ebpf.Variable `ebpf:"stack_window"`
 	TraceStartNs       *ebpf.Variable `ebpf:"trace_start_ns"`
 	UnusedCtAllocEvent *ebpf.Variable `ebpf:"unused_ct_alloc_event"`
 	UnusedCtCounter    *ebpf.Variable `ebpf:"unused_ct_counter"`
+	UnusedCtPycode     *ebpf.Variable `ebpf:"unused_ct_pycode"`
 	UnusedCtPyframe    *ebpf.Variable `ebpf:"unused_ct_pyframe"`
 	UnusedCtPyoffsets  *ebpf.Variable `ebpf:"unused_ct_pyoffsets"`
 	UnusedCtPytrailer  *ebpf.Variable `ebpf:"unused_ct_pytrailer"`
@@ -517,6 +571,8 @@ type CudatracePrograms struct {
 	CtCtxretainEnter      *ebpf.Program `ebpf:"ct_ctxretain_enter"`
 	CtCtxsetEnter         *ebpf.Program `ebpf:"ct_ctxset_enter"`
 	CtDevresetEnter       *ebpf.Program `ebpf:"ct_devreset_enter"`
+	CtDlNotify            *ebpf.Program `ebpf:"ct_dl_notify"`
+	CtExec                *ebpf.Program `ebpf:"ct_exec"`
 	CtExit                *ebpf.Program `ebpf:"ct_exit"`
 	CtExitNoloop          *ebpf.Program `ebpf:"ct_exit_noloop"`
 	CtFork                *ebpf.Program `ebpf:"ct_fork"`
@@ -552,6 +608,8 @@ func (p *CudatracePrograms) Close() error {
 		p.CtCtxretainEnter,
 		p.CtCtxsetEnter,
 		p.CtDevresetEnter,
+		p.CtDlNotify,
+		p.CtExec,
 		p.CtExit,
 		p.CtExitNoloop,
 		p.CtFork,

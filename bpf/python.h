@@ -7,19 +7,6 @@
 // CPython processes: their interpreter's layout (see py_stack).
 CT_MAP(BPF_MAP_TYPE_HASH, py_procs, __u32, struct ct_pyoffsets, 4096); // key: tgid
 
-// A Python frame of a process: (code object, instruction).
-struct py_code_key {
-	__u32 tgid;
-	__s32 units;
-	__u64 code;
-};
-
-// The Python frames each process's records have carried. A record with a
-// frame not in it holds its process (hold_new, see py_hold_new_frames)
-// until the reader has read the frame's code object: one read tens of ms
-// later may find it freed (the process exited, or tore its modules down).
-CT_MAP(BPF_MAP_TYPE_LRU_HASH, py_codes, struct py_code_key, __u8, 65536);
-
 static __always_inline __u64 read_u64(__u64 addr)
 {
 	__u64 v = 0;
@@ -87,15 +74,20 @@ struct py_cpu_thread {
 // ([0, CT_PY_WINDOW)), the bytes around the cframe and a frame or thread
 // state read alone (CT_PY_BUF_*; masked offsets into it may reach 8 bytes
 // past what is read); the block of the CPU's last record with Python
-// frames, whose frames py_hold_new_frames has already looked up; diff,
-// set by the walk when a frame's code or instruction differs from that
-// block's; and the CPU's last Python thread.
+// frames whose code objects were all checked (py_check), with its
+// process (last_tgid, last_mm); diff, set by the walk when a frame's code
+// object differs from the one at its place in that block; seq, counted up
+// by each walk, which tells the record a walk built the block for whether
+// another program (a thread that preempted it on this CPU) walked since;
+// and the CPU's last Python thread.
 struct py_scratch_val {
 	struct py_block b;
 	__u8 buf[2 * CT_PY_WINDOW + 8] __attribute__((aligned(8)));
 	struct py_block last;
 	__u32 last_tgid;
 	__u32 diff;
+	__u64 last_mm;
+	__u64 seq;
 	struct py_cpu_thread cur;
 };
 
@@ -192,10 +184,9 @@ static __always_inline void frame_take(struct py_walk *w, struct py_scratch_val 
 	f->code = code;
 	f->units = units;
 	f->flags = flags;
-	// What py_hold_new_frames needs to know: whether a frame differs from
-	// the one at its place in the CPU's last block.
-	struct ct_pyframe *l = &s->last.f[i];
-	if (l->code != code || l->units != units)
+	// What py_check needs to know: whether a frame's code object differs
+	// from the one at its place in the CPU's last block.
+	if (s->last.f[i].code != code)
 		s->diff = 1;
 }
 
@@ -298,8 +289,7 @@ static __always_inline void frame_run(struct py_walk *w, struct py_scratch_val *
 		f->code = code;
 		f->units = units;
 		f->flags = 0;
-		struct ct_pyframe *l = &s->last.f[i];
-		if (l->code != code || l->units != units)
+		if (s->last.f[i].code != code)
 			s->diff = 1;
 		n++;
 		frame = buf_u64(s, base + prev);
@@ -336,44 +326,6 @@ static long py_frame_step(__u64 i, void *arg)
 	if (s)
 		frame_run(arg, s);
 	return !((struct py_walk *)arg)->frame;
-}
-
-// py_hold_new_frames holds the process (hold, as for its first record)
-// when one of the frames in b is one its records never carried before, so
-// that the reader reads that frame's code object while it surely lives;
-// the record is flagged CT_F_HELD and the reader resumes the process once
-// it has. Only with hold_new (whose watchdog resumes what the tracer
-// leaves held), and whom hold_new says. A frame seen while the process could not
-// be held (the reader is behind) is read late, and checked (pystack).
-static __always_inline void py_hold_new_frames(struct ct_event *h, struct py_scratch_val *s)
-{
-	if (hold_new == CT_HOLD_NONE || (h->flags & CT_F_HELD))
-		return;
-	struct py_block *b = &s->b;
-	// The same frames as this CPU's last record of the process (a loop
-	// allocating from one line): looked up then, each one a map lookup.
-	// The walk compared each frame with the last block's as it wrote it
-	// (s->diff): comparing the blocks here took 64 steps a record.
-	if (s->last_tgid == h->pid && s->last.t.n == b->t.n && !s->diff)
-		return;
-	__builtin_memcpy(&s->last, b, sizeof(*b));
-	s->last_tgid = h->pid;
-	__u32 n = *(volatile __u32 *)&b->t.n;
-	struct py_code_key k = {.tgid = h->pid};
-	__u8 one = 1;
-	int fresh = 0;
-	for (int i = 0; i < CT_PY_MAX_FRAMES; i++) {
-		if (i < CT_PY_MAX_FRAMES - (int)n)
-			continue;
-		k.code = b->f[i].code;
-		k.units = b->f[i].units;
-		if (!bpf_map_lookup_elem(&py_codes, &k)) {
-			bpf_map_update_elem(&py_codes, &k, &one, BPF_ANY);
-			fresh = 1;
-		}
-	}
-	if (fresh && hold(h->pid))
-		h->flags |= CT_F_HELD;
 }
 
 // ts_take says whether ts is the thread's thread state (it holds the
@@ -421,15 +373,26 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 	return 1;
 }
 
-// py_stack puts the calling thread's Python frames (code object and
-// instruction) at block, right after what the record uses (its frames and
-// window), as their count, the frames (innermost last) and the count
-// again, and flags the record (CT_F_PYTHON | CT_F_PYHEAD); a CPython process's thread without
-// Python frames is flagged CT_F_NOPYTHON. The thread state is found by
+// A walk's outcome, for py_check and py_put: the walk's number (s->seq
+// when it ended; 0: the process runs no CPython the reader knows) and the
+// process's mm (what tells a process's code objects from those of the
+// program it ran before an exec, or of another process with its PID).
+struct py_walked {
+	__u64 seq;
+	__u64 mm;
+};
+
+// py_walk walks the calling thread's Python frames (code object and
+// instruction) into the CPU's scratch block (s->b, innermost last), for
+// py_check to capture the code objects new to the process and py_put to
+// copy them into the record: the walk comes before the record is
+// reserved, since a capture must precede, in the ring buffer, the record
+// that shows its code object. The thread state is found by
 // native_thread_id from 3.11, by pthread_self (the thread pointer, fsbase
-// on x86-64) in 3.10. Code objects are resolved to file:line in user space
-// (record/python.go): the walk only follows pointers. sp is the probe's
-// stack pointer (frames just above it are on the C stack).
+// on x86-64) in 3.10. Code objects are named in user space
+// (record/python.go) from what py_check captured: the walk only follows
+// pointers. sp is the probe's stack pointer (frames just above it are on
+// the C stack).
 //
 // What a record costs is mostly its reads of the process's memory (about
 // 35 ns each on the VMs here, and more with their length): for a CPU's
@@ -444,15 +407,15 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 // (Linux 5.3), which the verifier follows iteration by iteration, for the
 // *_noloop programs that kernels without bpf_loop (5.15, 5.16) load instead
 // (loader/variants.go picks them).
-static __always_inline void py_stack(struct ct_event *h, __u8 *block, __u64 sp, const int use_loop)
+static __always_inline struct py_walked py_walk(__u64 id, __u64 sp, const int use_loop)
 {
-	__u32 tgid = h->pid, zero = 0;
+	struct py_walked out = {};
+	__u32 tgid = id >> 32, zero = 0;
 	struct py_scratch_val *s = bpf_map_lookup_elem(&py_scratch, &zero);
 	if (!s)
-		return;
+		return out;
 	struct py_block *b = &s->b;
 	struct py_cpu_thread *c = &s->cur;
-	__u64 id = (__u64)tgid << 32 | h->tid;
 	struct py_walk w = {.sp = sp};
 	struct task_struct *task; // its mm and start time: what the caches check
 	// This CPU's last Python thread: its thread state and layout without a
@@ -460,7 +423,8 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, __u64 sp, 
 	// Another thread's record, or a process's first, looks them up.
 	if (c->id == id) {
 		task = (void *)bpf_get_current_task();
-		if (c->task == (__u64)task && c->mm == (__u64)BPF_CORE_READ(task, mm)) {
+		out.mm = (__u64)BPF_CORE_READ(task, mm);
+		if (c->task == (__u64)task && c->mm == out.mm) {
 			w.o = c->o;
 			w.want = c->want;
 			w.idoff = c->idoff;
@@ -473,9 +437,9 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, __u64 sp, 
 	if (!w.found) {
 		struct ct_pyoffsets *o = bpf_map_lookup_elem(&py_procs, &tgid);
 		if (!o)
-			return;
+			return out;
 		w.o = *o;
-		w.want = h->tid;
+		w.want = (__u32)id;
 		w.idoff = o->ts_native_id;
 		if (o->minor == 10) {
 			struct task_struct *t = (void *)bpf_get_current_task();
@@ -484,7 +448,8 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, __u64 sp, 
 		}
 		task = (void *)bpf_get_current_task();
 		struct py_thread me = {.mm = (__u64)BPF_CORE_READ(task, mm), .start = BPF_CORE_READ(task, start_boottime)};
-		__u32 tid = h->tid;
+		out.mm = me.mm;
+		__u32 tid = (__u32)id;
 		struct py_thread *known = bpf_map_lookup_elem(&py_threads, &tid);
 		if (known && known->mm == me.mm && known->start == me.start && ts_take(&w, s, known->ts)) {
 			w.found = 1;
@@ -520,6 +485,12 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, __u64 sp, 
 			c->id = id;
 		}
 	}
+	// A number of the walk's own, so that py_put can tell whether the
+	// block is still this walk's: uprobe programs run preemptible (6.0
+	// on), and a thread that preempts this one on the CPU may walk into
+	// the same scratch.
+	out.seq = s->seq + 1;
+	s->seq = out.seq;
 	s->diff = 0;
 	b->t.n = 0;
 	if (w.found) {
@@ -533,6 +504,25 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, __u64 sp, 
 		}
 	}
 	b->t.pad = 0;
+	return out;
+}
+
+// py_put puts the frames py_walk found (pw) at block, right after what
+// the record uses (its frames and window), as their count, the frames
+// (innermost last) and the count again, and flags the record
+// (CT_F_PYTHON | CT_F_PYHEAD); a CPython process's thread without Python
+// frames is flagged CT_F_NOPYTHON. A block another walk wrote over since
+// (a preempting thread's, on this CPU) is left out, counted: the record
+// then says nothing of Python frames, which is absent, not wrong.
+static __always_inline void py_put(struct ct_event *h, __u8 *block, struct py_walked pw)
+{
+	__u32 zero = 0;
+	if (!pw.seq)
+		return;
+	struct py_scratch_val *s = bpf_map_lookup_elem(&py_scratch, &zero);
+	if (!s)
+		return;
+	struct py_block *b = &s->b;
 	// Only the counts and the frames in use go to the record: the ring's
 	// memory is cold (a 16 MiB ring is written through once per lap), and
 	// copying the whole block there cost more than the walk itself.
@@ -560,11 +550,15 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, __u64 sp, 
 		struct ct_pytrailer *tail = (void *)(block + sizeof(*head) + n * sizeof(struct ct_pyframe));
 		tail->n = n;
 		tail->pad = 0;
-		h->flags |= CT_F_PYTHON | CT_F_PYHEAD;
-	} else {
-		h->flags |= CT_F_NOPYTHON;
 	}
-	py_hold_new_frames(h, s);
+	// Checked after the copy: a walk that preempted this program before
+	// it ended counted seq up.
+	barrier();
+	if (*(volatile __u64 *)&s->seq != pw.seq) {
+		count(CT_CNT_PY_PREEMPTED);
+		return;
+	}
+	h->flags |= n ? CT_F_PYTHON | CT_F_PYHEAD : CT_F_NOPYTHON;
 }
 
 #endif

@@ -53,6 +53,7 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 		submit_entry(id, bpf_ktime_get_boot_ns(), spec->api, ptr, 0, current_device((__u32)id));
 		return 0;
 	}
+	struct py_walked pw = walk_python(ctx, id, use_loop);
 	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
 	if (!e) {
 		count(CT_CNT_RB_FULL);
@@ -62,7 +63,7 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 		   usdt_arg(ctx, &spec->args[2]), (__s32)usdt_arg(ctx, &spec->args[1]), 0);
 	// The probe sits in the allocator's function body, past its prologue:
 	// the frame-pointer chain starts at its caller's frame.
-	submit_alloc(ctx, e, use_loop);
+	submit_alloc(ctx, e, pw);
 	return 0;
 }
 

@@ -33,6 +33,10 @@ const (
 	// The process ended (its last thread exited; bpf/exit.h): what it
 	// still held is held at exit, and the driver frees it.
 	OpExit
+	// Not memory: a word for the reader about the process (a code object
+	// captured, an exec, libraries mapped), which the session takes and
+	// neither the ledger nor the trace's events see.
+	OpNote
 )
 
 // Kind says what sort of memory an allocation holds. Every kind but KindHost
@@ -126,6 +130,9 @@ const (
 	CuCtxGetDevice
 	CudaGetDevice
 	ProcessExit
+	PyCode
+	ProcessExec
+	LibrariesMapped
 	apiEnd
 )
 
@@ -186,6 +193,11 @@ var apis = buildAPIs([]apiGroup{
 	// Not a call: the kernel's word that the process ended, made by BPF
 	// at its last thread's exit after every record of its threads.
 	{OpExit, 0, 0, []apiName{{ProcessExit, "process_exit"}}},
+	// Words for the reader (bpf/pycode.h, bpf/notify.h): a CPython code
+	// object captured at its first sight in the process (its own record,
+	// events.DecodePyCode), the process ran another program, its dynamic
+	// loader mapped libraries.
+	{OpNote, 0, 0, []apiName{{PyCode, "python_code"}, {ProcessExec, "process_exec"}, {LibrariesMapped, "libraries_mapped"}}},
 })
 
 // apiGroup is functions whose calls do the same: Op on memory of Kind.

@@ -18,6 +18,7 @@ func TestLayoutMatchesBPF(t *testing.T) {
 	var u bpf.CudatraceCtUstack
 	var pf bpf.CudatraceCtPyframe
 	var pt bpf.CudatraceCtPytrailer
+	var pc bpf.CudatraceCtPycode
 	checks := []struct {
 		name      string
 		got, want uintptr
@@ -46,6 +47,16 @@ func TestLayoutMatchesBPF(t *testing.T) {
 		{"ct_pyframe.flags", unsafe.Offsetof(pf.Flags), 12},
 		{"sizeof(ct_pyframe)", unsafe.Sizeof(pf), pyFrameSize},
 		{"sizeof(ct_pytrailer)", unsafe.Sizeof(pt), pyTrailerSize},
+		{"ct_pycode.file", unsafe.Offsetof(pc.File), offPyFile},
+		{"ct_pycode.name", unsafe.Offsetof(pc.Name), offPyName},
+		{"ct_pycode.table", unsafe.Offsetof(pc.Table), offPyTable},
+		{"ct_pycode.head_len", unsafe.Offsetof(pc.HeadLen), offPyLens},
+		{"ct_pycode.table_len", unsafe.Offsetof(pc.TableLen), offPyLens + 12},
+		{"ct_pycode.head", unsafe.Offsetof(pc.Head), offPyHead},
+		{"ct_pycode.file_bytes", unsafe.Offsetof(pc.FileBytes), offPyHead + pyHeadSize},
+		{"ct_pycode.name_bytes", unsafe.Offsetof(pc.NameBytes), offPyHead + pyHeadSize + pyFileSize},
+		{"ct_pycode.table_bytes", unsafe.Offsetof(pc.TableBytes), offPyHead + pyHeadSize + pyFileSize + pyNameSize},
+		{"sizeof(ct_pycode)", unsafe.Sizeof(pc), PyCodeRecordLen},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -370,4 +381,51 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("%d frames, %d window bytes, RecordLen %d of %d", len(ev.Stack), len(ev.Window), RecordLen(&ev), len(raw))
 		}
 	})
+}
+
+// A capture record decodes to its parts, each cut to the bytes BPF read,
+// copied out of the record; a length past its part's room is an error,
+// never a panic or a part read from the next.
+func TestDecodePyCode(t *testing.T) {
+	raw := make([]byte, PyCodeRecordLen)
+	le := binary.LittleEndian
+	le.PutUint64(raw[offTime:], 77)
+	le.PutUint64(raw[offAddr:], 0x7f0000001000)
+	le.PutUint64(raw[offSize:], 0xfeedface)
+	le.PutUint32(raw[offPID:], 4242)
+	le.PutUint16(raw[offAPI:], uint16(PyCode))
+	le.PutUint16(raw[offFlags:], FlagEntryOnly)
+	le.PutUint64(raw[offPyFile:], 0x5000)
+	le.PutUint64(raw[offPyName:], 0x6000)
+	le.PutUint64(raw[offPyTable:], 0x7000)
+	for i, n := range []uint32{200, 48, 0, 4096} {
+		le.PutUint32(raw[offPyLens+4*i:], n)
+	}
+	raw[offPyHead] = 'h'
+	raw[offPyHead+pyHeadSize] = 'f'
+	raw[offPyHead+pyHeadSize+pyFileSize+pyNameSize+4095] = 't'
+	var ev Event
+	if err := Decode(raw, &ev); err != nil {
+		t.Fatal(err)
+	}
+	var c PyCodeCapture
+	if err := DecodePyCode(raw, &ev, &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.PID != 4242 || c.Time != 77 || c.Code != 0x7f0000001000 || c.Ident != 0xfeedface || c.File != 0x5000 ||
+		c.Name != 0x6000 || c.Table != 0x7000 || len(c.Head) != 200 || c.Head[0] != 'h' || len(c.FileBytes) != 48 ||
+		c.FileBytes[0] != 'f' || len(c.NameBytes) != 0 || len(c.TableBytes) != 4096 || c.TableBytes[4095] != 't' {
+		t.Errorf("DecodePyCode = %+v", c)
+	}
+	raw[offPyHead] = 'x'
+	if c.Head[0] != 'h' {
+		t.Error("the capture's parts share the record's memory")
+	}
+	le.PutUint32(raw[offPyLens+4:], pyFileSize+1)
+	if err := DecodePyCode(raw, &ev, &c); !errors.Is(err, ErrShortRecord) {
+		t.Errorf("a part longer than its room: %v", err)
+	}
+	if err := DecodePyCode(raw[:PyCodeRecordLen-1], &ev, &c); !errors.Is(err, ErrShortRecord) {
+		t.Errorf("a short record: %v", err)
+	}
 }

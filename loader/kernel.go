@@ -37,9 +37,8 @@ var Helpers = concat(
 	since("3.19", asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnMapDeleteElem),
 	since("4.2", asm.FnGetCurrentPidTgid, asm.FnGetCurrentComm),
 	since("4.8", asm.FnGetCurrentTask),
-	since("5.3", asm.FnSendSignal),
 	since("5.5", asm.FnProbeReadUser, asm.FnProbeReadKernel),
-	since("5.8", asm.FnKtimeGetBootNs, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnRingbufQuery),
+	since("5.8", asm.FnKtimeGetBootNs, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnRingbufDiscard, asm.FnRingbufQuery),
 	[]Helper{
 		{Fn: asm.FnGetAttachCookie, Since: "5.15", What: "uprobe attach cookies"},
 		// The Python walk's loops; the *_noloop programs walk with

@@ -61,35 +61,44 @@ func (ls *Libraries) Add(path string) (bool, error) {
 	return true, nil
 }
 
+// HasInode reports whether a library added has that inode (a mapping's,
+// whose device /proc/PID/maps writes otherwise than stat).
+func (ls *Libraries) HasInode(inode uint64) bool {
+	for _, l := range ls.list {
+		if l.Inode == inode {
+			return true
+		}
+	}
+	return false
+}
+
 // List returns the libraries in the order they were added.
 func (ls *Libraries) List() []Library { return ls.list }
 
-// FromProcess returns the CUDA libraries mapped by pid. For a process in
-// another mount namespace (a container) the paths go through
-// /proc/PID/root, so that its own copy is the one probed.
+// FromProcess returns the CUDA libraries mapped by pid (CUDAPaths).
 func FromProcess(pid int) ([]string, error) {
 	maps, err := proc.ReadMaps(pid)
 	if err != nil {
 		return nil, err
 	}
-	// A process that sees the tracer's file tree names the files the
-	// tracer sees: keep its paths as they are, so messages and reports name
-	// the files users know. When that cannot be told, go through its root.
-	own, err := proc.OwnRoot(pid)
-	sameRoot := err == nil && !own
+	return CUDAPaths(pid, maps), nil
+}
+
+// CUDAPaths returns the CUDA libraries among process pid's mappings, each
+// once, by the path the tracer opens it at (proc.FilePath): a container's
+// through /proc/PID/root, so that its own copy is the one probed, and
+// otherwise the path the process maps it at, which messages and reports
+// show as users know it.
+func CUDAPaths(pid int, maps []proc.Mapping) []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, m := range maps {
 		if m.File() && IsCUDALibrary(m.Path) && !seen[m.Path] {
 			seen[m.Path] = true
-			if sameRoot {
-				out = append(out, m.Path)
-			} else {
-				out = append(out, proc.RootPath(pid, m.Path))
-			}
+			out = append(out, proc.FilePath(pid, m))
 		}
 	}
-	return out, nil
+	return out
 }
 
 // SearchDirs returns the directories a system-wide search looks in, besides

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -17,7 +16,6 @@ import (
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/internal/watchdog"
 )
 
 // Options tune the BPF side. Zero values pick the defaults.
@@ -48,13 +46,6 @@ type Options struct {
 	// multiple of 4096 up to MaxStackWindow. 0 picks DefaultStackWindow;
 	// a negative value copies none (frame-pointer stacks only).
 	StackWindow int
-	// Hold says which traced processes BPF stops (SIGSTOP, the record
-	// flagged events.FlagHeld) at their first record until the reader has
-	// read their mappings, and at a record with a Python frame new to them
-	// until it has read the code object; the reader lets each go with
-	// Release. A process exiting right after its first allocations still
-	// symbolizes, with its Python frames.
-	Hold Hold
 	// Learn attaches LearnProbes from the start: for sessions that follow
 	// processes already running (--pid, --all), whose threads may have
 	// chosen their device before tracing began.
@@ -65,21 +56,6 @@ type Options struct {
 	// which (Learn). 0: every thread is taken as started after.
 	TraceStart uint64
 }
-
-// Hold is whom BPF stops for the reader (bpf/cudatrace.bpf.c CT_HOLD_*).
-type Hold uint8
-
-const (
-	HoldNone Hold = iota
-	// HoldAll: every traced process (a launched command's, children of
-	// cudatrace).
-	HoldAll
-	// HoldNoTerminal: only processes without a controlling terminal (the
-	// agent, top, --pid, --all): a job some shell runs with job control
-	// would be seen stopping (its shell says "Stopped" and takes the
-	// terminal back).
-	HoldNoTerminal
-)
 
 const (
 	DefaultRingBytes    = 16 << 20
@@ -179,15 +155,12 @@ type Tracer struct {
 	links  []link.Link
 	fork   link.Link
 	exit   link.Link // ct_proc_exit
+	exec   link.Link // ct_exec
 	reader *ring
 	specs  uint32 // USDT specs written to the usdt_specs map
-	peers  peers  // the other tracers' held maps (Release)
-	// lostHolds counts the holds whose entry a mark of the reader had
-	// overwritten, resumed when their record was read (Release).
-	lostHolds atomic.Uint64
-	// waiting: processes read, left stopped for another tracer (Release)
-	waiting map[uint32]uint64 // with the boot time each was stopped at
-	pruned  time.Time         // when releaseWaiting last dropped exited processes' entries
+	// loaders are the dynamic loaders (ld.so files, by inode) whose
+	// notification point ct_dl_notify is attached to (dlnotify.go).
+	loaders Libraries
 
 	// The learning probes (LearnProbes): on while learning, over every
 	// library attached (exes); closing them runs in the background
@@ -231,9 +204,11 @@ func New(opts Options) (*Tracer, error) {
 		bpf.CudatraceVarFollowForks:  boolByte(opts.FollowForks),
 		bpf.CudatraceVarWakeupBytes:  opts.WakeupBytes,
 		bpf.CudatraceVarStackWindow:  window,
-		bpf.CudatraceVarHoldNew:      uint8(opts.Hold),
 		bpf.CudatraceVarTraceStartNs: opts.TraceStart,
 		bpf.CudatraceVarExitApi:      uint16(events.ProcessExit),
+		bpf.CudatraceVarPycodeApi:    uint16(events.PyCode),
+		bpf.CudatraceVarExecApi:      uint16(events.ProcessExec),
+		bpf.CudatraceVarMappedApi:    uint16(events.LibrariesMapped),
 	}
 	for name, v := range set {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -263,6 +238,13 @@ func New(opts Options) (*Tracer, error) {
 	if err != nil {
 		t.Close()
 		return nil, fmt.Errorf("attach exit tracepoint (to release what an ended process held): %w", err)
+	}
+	// A traced process's exec (bpf/notify.h): its Python layout goes,
+	// and the reader captures what it runs now.
+	t.exec, err = link.AttachTracing(link.TracingOptions{Program: t.objs.CtExec})
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("attach exec tracepoint (to follow what a traced process runs): %w", err)
 	}
 	t.reader, err = newRing(t.objs.Events)
 	if err != nil {
@@ -297,10 +279,6 @@ type AttachResult struct {
 // nothing stays attached from this library.
 func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 	res := AttachResult{Library: lib}
-	// Each probe waits in the kernel behind other tracers' attaches and
-	// detaches: seconds, on a host with several.
-	t.away(true)
-	defer t.away(false)
 	fns, err := ProbedFunctions(lib.Path)
 	if err != nil {
 		return res, fmt.Errorf("read %s: %w", lib.Path, err)
@@ -421,8 +399,6 @@ func (t *Tracer) Learn(on bool) {
 	}
 	t.learning = on
 	if on {
-		t.away(true) // attaching waits behind other tracers' (Attach)
-		defer t.away(false)
 		for _, a := range t.exes {
 			t.learn = append(t.learn, t.attachLearn(a)...)
 		}
@@ -626,10 +602,6 @@ func (t *Tracer) probeSites(p Probe, off uint64) ([]site, error) {
 	return out, nil
 }
 
-// Held is the map of processes BPF stopped (Hold) and the reader has
-// not resumed: what internal/watchdog resumes if the tracer dies.
-func (t *Tracer) Held() *ebpf.Map { return t.objs.Held }
-
 // AddPID adds a process to the filter (with FilterPIDs). cudaLater says
 // it has loaded no CUDA library yet: its threads, though they ran before
 // tracing began, cannot have chosen a device unseen (their device is not
@@ -671,6 +643,22 @@ func checkPyOffsets(o *bpf.CudatraceCtPyoffsets) error {
 			return fmt.Errorf("frame field %s at %d lies past the %d bytes the walk reads of a frame", f.name, f.off, PyFrameRead)
 		}
 	}
+	// The code object's fields its capture takes (bpf/pycode.h): in the
+	// bytes it reads of the object, and those of its identity within the
+	// bytes it reads of them at once. A layout without them is walked,
+	// its code objects read from the process instead (ct_py_capture
+	// captures none).
+	if o.CoFilename >= 0 && o.CoName >= 0 && o.CoLinetable >= 0 && o.CoFirstlineno >= 0 {
+		lo := min(o.CoFilename, o.CoName, o.CoLinetable, o.CoFirstlineno) &^ 7
+		for _, f := range []struct {
+			name      string
+			off, size int64
+		}{{"co_filename", o.CoFilename, 8}, {"co_name", o.CoName, 8}, {"co_linetable", o.CoLinetable, 8}, {"co_firstlineno", o.CoFirstlineno, 4}} {
+			if f.off+f.size > PyCodeHead || f.off-lo+f.size > PyIdentRead || f.off%f.size != 0 {
+				return fmt.Errorf("code object field %s at %d lies past the bytes its capture reads, or is not aligned", f.name, f.off)
+			}
+		}
+	}
 	for _, f := range []struct {
 		name string
 		off  int64
@@ -686,8 +674,14 @@ func checkPyOffsets(o *bpf.CudatraceCtPyoffsets) error {
 
 // PyFrameRead is CT_PY_FRAME_READ (bpf/cudatrace.h): the bytes of an
 // interpreter frame the BPF walk reads at once, where each field it takes
-// must lie (SetPython checks).
-const PyFrameRead = 128
+// must lie (SetPython checks). PyCodeHead is CT_PYCODE_HEAD, the bytes of
+// a code object its capture reads, and PyIdentRead CT_PY_IDENT_READ, those
+// its identity's fields lie in (bpf/pycode.h).
+const (
+	PyFrameRead = 128
+	PyCodeHead  = 256
+	PyIdentRead = 128
+)
 
 // ForgetPython drops a process's CPython layout (it exited).
 func (t *Tracer) ForgetPython(pid uint32) {
@@ -728,7 +722,8 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 	last := time.Now()
 	for ctx.Err() == nil {
 		// Records come in batches: BPF wakes the reader only at a
-		// process's first record, a held one, or past WakeupBytes unread.
+		// process's first record, an exec or library load of one
+		// (bpf/notify.h), or past WakeupBytes unread.
 		// The clock is read once a batch, not per record.
 		if t.reader.read(h.Record, readBatch) == 0 {
 			if err := t.reader.wait(t.opts.PollInterval - time.Since(last)); err != nil {
@@ -742,7 +737,6 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 		}
 		if now := time.Now(); now.Sub(last) >= t.opts.PollInterval {
 			last = now
-			t.releaseWaiting()
 			h.Tick()
 		}
 	}
@@ -773,6 +767,12 @@ func (t *Tracer) Detach() error {
 		}
 		t.exit = nil
 	}
+	if t.exec != nil {
+		if err := t.exec.Close(); err != nil && first == nil {
+			first = fmt.Errorf("detach exec tracepoint: %w", err)
+		}
+		t.exec = nil
+	}
 	if t.fork != nil {
 		if err := t.fork.Close(); err != nil && first == nil {
 			first = fmt.Errorf("detach fork tracepoint: %w", err)
@@ -793,6 +793,9 @@ var CounterNames = []string{
 	bpf.CudatraceCtCounterCT_CNT_STALE:         "stale_entry",
 	bpf.CudatraceCtCounterCT_CNT_NESTED:        "nested",
 	bpf.CudatraceCtCounterCT_CNT_STACK_ERR:     "stack_error",
+	bpf.CudatraceCtCounterCT_CNT_PYCODE_FULL:   "pycode_ring_full",
+	bpf.CudatraceCtCounterCT_CNT_PY_PREEMPTED:  "python_preempted",
+	bpf.CudatraceCtCounterCT_CNT_NOTE_FULL:     "notes_lost",
 }
 
 // Counters sums the per-CPU BPF counters.
@@ -809,10 +812,6 @@ func (t *Tracer) Counters() (map[string]uint64, error) {
 		}
 		out[name] = sum
 	}
-	// Not BPF's: how often this reader left a process stopped for another
-	// tracer that held it too (held.go).
-	out["peer_holds"] = t.peers.waits.Load()
-	out["lost_holds"] = t.lostHolds.Load()
 	return out, nil
 }
 
@@ -860,10 +859,6 @@ func sizeName(b uint64) string {
 // Close detaches and frees everything; it returns the first error.
 func (t *Tracer) Close() error {
 	first := t.Detach()
-	if t.opts.Hold != HoldNone && t.objs.Held != nil {
-		// Processes stopped for records the reader never got to.
-		watchdog.Resume(t.objs.Held, 0, nil)
-	}
 	if t.reader != nil {
 		if err := t.reader.Close(); err != nil && first == nil {
 			first = fmt.Errorf("close ring buffer: %w", err)

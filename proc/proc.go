@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Root is where /proc is mounted; tests point it elsewhere.
@@ -262,15 +264,44 @@ func StartTime(pid int) (uint64, error) {
 	return ticks * (1e9 / userHZ), nil
 }
 
-// OwnRoot reports whether pid sees another file tree than the tracer: it
-// lives in another mount namespace (a container: docker, containerd and
-// Kubernetes pivot_root into it, after which /proc/PID/root still reads
-// "/") or is chrooted. Its mappings' paths then name files that only
-// RootPath reaches, while it lives.
+// OwnRoot reports whether pid's mappings name files of a tree of its own:
+// their paths (as /proc/PID/maps gives them) reach its files only through
+// RootPath while it lives, not through the tracer's own root. The kernel
+// writes those paths against the reader's root: a process in another
+// mount namespace (a container: docker, containerd and Kubernetes
+// pivot_root into it, after which /proc/PID/root still reads "/") shows
+// its own paths, while a process chrooted in the tracer's namespace shows
+// paths that the tracer's root reaches (/srv/root/usr/bin/python3), which
+// through RootPath would lead nowhere. So the answer comes from the files
+// themselves: a mapping's device and inode, found under one root and not
+// the other. Where no mapping tells (files on overlayfs, whose mappings
+// may show the layer's device: DESIGN.md), a process in another mount
+// namespace or under another root has its own tree.
 func OwnRoot(pid int) (bool, error) {
-	theirs, err := os.Readlink(filepath.Join(Root, strconv.Itoa(pid), "ns", "mnt"))
+	maps, err := ReadMaps(pid)
 	if err != nil {
 		return false, err
+	}
+	return OwnRootOf(pid, maps)
+}
+
+// OwnRootOf is OwnRoot with pid's mappings already read.
+func OwnRootOf(pid int, maps []Mapping) (bool, error) {
+	tried := 0
+	for i := range maps {
+		m := &maps[i]
+		if !m.File() || tried == ownRootTries {
+			continue
+		}
+		tried++
+		ours, theirs := sameFile(m.Path, m), sameFile(RootPath(pid, m.Path), m)
+		if ours != theirs {
+			return theirs, nil
+		}
+	}
+	theirs, err := os.Readlink(filepath.Join(Root, strconv.Itoa(pid), "ns", "mnt"))
+	if err != nil {
+		return false, wrapNotExist(pid, err)
 	}
 	ours, err := os.Readlink(filepath.Join(Root, "self", "ns", "mnt"))
 	if err != nil {
@@ -281,7 +312,54 @@ func OwnRoot(pid int) (bool, error) {
 	}
 	root, err := os.Readlink(filepath.Join(Root, strconv.Itoa(pid), "root"))
 	if err != nil {
-		return false, err
+		return false, wrapNotExist(pid, err)
 	}
 	return root != "/", nil
+}
+
+// ownRootTries bounds the mappings OwnRootOf looks at: the first that
+// tells settles it; most do.
+const ownRootTries = 8
+
+// FilePath returns the path by which the tracer opens the file that
+// mapping m of process pid maps: its own path where that reaches the
+// file (the tracer's files, a chroot's), else through /proc/PID/root (a
+// container's).
+func FilePath(pid int, m Mapping) string {
+	if sameFile(m.Path, &m) {
+		return m.Path
+	}
+	if in := RootPath(pid, m.Path); sameFile(in, &m) {
+		return in
+	}
+	if own, err := OwnRoot(pid); err == nil && own {
+		return RootPath(pid, m.Path)
+	}
+	return m.Path
+}
+
+// sameFile reports whether path is the file mapping m maps: the same
+// device (maps' major:minor, hex) and inode.
+func sameFile(path string, m *Mapping) bool {
+	var st unix.Stat_t
+	if m.Inode == 0 || unix.Stat(path, &st) != nil || st.Ino != m.Inode {
+		return false
+	}
+	major, minor, ok := strings.Cut(m.Dev, ":")
+	if !ok {
+		return false
+	}
+	ma, err1 := strconv.ParseUint(major, 16, 32)
+	mi, err2 := strconv.ParseUint(minor, 16, 32)
+	return err1 == nil && err2 == nil && uint64(unix.Major(st.Dev)) == ma && uint64(unix.Minor(st.Dev)) == mi
+}
+
+// BootNow is CLOCK_BOOTTIME in nanoseconds: the clock of the BPF side's
+// records (bpf_ktime_get_boot_ns) and of StartTime.
+func BootNow() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
 }

@@ -169,8 +169,13 @@ func (c *Capture) RootDir() string {
 func Read(pid uint32, comm string, now uint64, ids *BuildIDs) (*Capture, []proc.Mapping) {
 	c := &Capture{PID: pid, Time: now, Comm: comm}
 	all, err := proc.ReadMaps(int(pid))
-	if err != nil {
+	switch {
+	case err != nil:
 		c.Error = fmt.Sprintf("exited before its mappings could be read (%v): its stacks are not symbolized", err)
+	case len(all) == 0:
+		// An exiting process's /proc/PID/maps reads empty once its
+		// address space is gone.
+		c.Error = "exited before its mappings could be read (none left): its stacks are not symbolized"
 	}
 	// A container's paths name its own files: the host's file at the same
 	// path is another build, with other CFI and symbols. /proc/PID/root

@@ -49,11 +49,19 @@ type Code struct {
 	Function string // qualified name from 3.11
 	Line     int
 	Error    string // why it could not be read (the code object was freed)
+	// Renew: Code is a new code object at the address of one freed
+	// before (its capture says another identity: bpf/pycode.h), and this
+	// is its first frame put: the frames put before at that address are
+	// the old object's, and name none of the new one's.
+	Renew bool
 }
 
+// key is a frame of one code object: its address, the instruction, and
+// which of the code objects that had the address (Renew) it is.
 type key struct {
 	code  uint64
 	units int32
+	epoch uint32
 }
 
 // Table is one process's Python frames, numbered in the order they were
@@ -67,6 +75,10 @@ type Table struct {
 	Minor  int // CPython 3.Minor; 0 when not known
 	ids    map[key]uint64
 	frames []Code // frames[id-1]
+	// epochs are the code addresses renewed (Code.Renew), each with how
+	// many times: the epoch of their frames' keys. Empty but in a process
+	// that freed code objects and made others in their place.
+	epochs map[uint64]uint32
 	// recent is a direct-mapped cache in front of ids: a process's
 	// records carry the same frames record after record, and hashing
 	// each frame's 16-byte key for the map, twice a frame (Has, Stack),
@@ -80,9 +92,17 @@ type recentID struct {
 	id uint64 // 0: empty
 }
 
+// key is the key of (code, units) for the code object now at code.
+func (t *Table) key(code uint64, units int32) key {
+	if len(t.epochs) == 0 {
+		return key{code, units, 0}
+	}
+	return key{code, units, t.epochs[code]}
+}
+
 // id is k's id in t, through recent.
 func (t *Table) id(k key) (uint64, bool) {
-	r := &t.recent[(k.code>>4^uint64(uint32(k.units))*0x9e3779b1)&uint64(len(t.recent)-1)]
+	r := &t.recent[(k.code>>4^uint64(uint32(k.units))*0x9e3779b1^uint64(k.epoch))&uint64(len(t.recent)-1)]
 	if r.id != 0 && r.k == k {
 		return r.id, true
 	}
@@ -102,14 +122,22 @@ func NewTable(eval [][2]uint64) *Table {
 // Has reports whether the frame of (code, units) is in t: resolved, well
 // or not, so not to be read again.
 func (t *Table) Has(code uint64, units int32) bool {
-	_, ok := t.id(key{code, units})
+	_, ok := t.id(t.key(code, units))
 	return ok
 }
 
 // Put adds c's frame, or replaces what t knew of it, and returns its
-// synthetic address.
+// synthetic address. With c.Renew the frames put before at c.Code are
+// left to the code object that had the address then: the frames of
+// c.Code from now on are the new one's.
 func (t *Table) Put(c Code) uint64 {
-	k := key{c.Code, c.Units}
+	if c.Renew {
+		if t.epochs == nil {
+			t.epochs = map[uint64]uint32{}
+		}
+		t.epochs[c.Code]++
+	}
+	k := t.key(c.Code, c.Units)
 	if id, ok := t.id(k); ok {
 		t.frames[id-1] = c
 		return addrBit | id
@@ -153,7 +181,7 @@ func (t *Table) Stack(dst []uint64, ev *events.Event) (merged []uint64, ok bool)
 		return dst, false
 	}
 	return Merge(dst, ev.Stack, ev.Py, t.Eval, func(f events.PyFrame) uint64 {
-		if id, ok := t.id(key{f.Code, f.Units}); ok {
+		if id, ok := t.id(t.key(f.Code, f.Units)); ok {
 			return addrBit | id
 		}
 		return t.Put(Code{Code: f.Code, Units: f.Units, Error: "not resolved while recording"})

@@ -1,5 +1,7 @@
 package pystack
 
+import "github.com/cudatrace/cudatrace/proc"
+
 // maxFrames bounds a Python stack read.
 const maxFrames = 128
 
@@ -8,11 +10,7 @@ const maxFrames = 128
 // thread without Python frames (or unknown to the interpreter) has none:
 // nil and no error.
 func (in *Interp) Stack(pid, tid int) ([]Frame, error) {
-	m, err := openMem(pid)
-	if err != nil {
-		return nil, err
-	}
-	defer m.f.Close()
+	m := proc.OpenMem(pid)
 	ts, _, err := in.thread(m, pid, tid)
 	if err != nil || ts == 0 {
 		return nil, err

@@ -1,6 +1,9 @@
 // Package pystack reads a CPython 3.10 to 3.14 thread's Python stack (file,
-// function, line) from outside the process, through /proc/PID/mem: the
-// user-space half of Python frames in cudatrace stacks. It finds the
+// function, line) from outside the process: the user-space half of Python
+// frames in cudatrace stacks. A code object is named from what BPF
+// captured of it at its first sight (Captured: bpf/pycode.h), else read
+// from the process with process_vm_readv (proc.Mem: ptrace access only,
+// the process never stopped). It finds the
 // interpreter (libpython or a static python executable) in the process's
 // mappings, takes the structure offsets of its build, finds the thread's
 // state by its native thread id and walks the interpreter frames, turning
@@ -24,13 +27,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/proc"
 )
 
@@ -55,6 +57,8 @@ type Interp struct {
 	// Eval are the address ranges of the interpreter loop in the process
 	// (interpreterLoop).
 	Eval [][2]uint64
+	base uint64 // the load bias of the file the interpreter is in
+	file string // where it is read from, until Finish read its full symbol table
 }
 
 // offsets are the byte offsets the walk needs; -1 where the version has
@@ -98,6 +102,21 @@ var libRe = regexp.MustCompile(`(?:^|/)(?:libpython|python)3\.(\d+)(t?)(?:\.so[.
 // the caller's files, /proc/PID/root (proc.RootPath) for a container's;
 // Interp.Path and messages keep the path the process sees.
 func Detect(root string, maps []proc.Mapping) (*Interp, error) {
+	in, err := DetectQuick(root, maps)
+	if in != nil {
+		in.Finish()
+	}
+	return in, err
+}
+
+// DetectQuick is Detect from the interpreter's dynamic symbols alone,
+// where they name what the walk needs (they do in shared and in
+// statically linked builds, which export their API): its layout is then
+// known at once, for the walk in BPF to start before the process's first
+// allocation, and Finish adds the parts of the interpreter loop only the
+// full symbol table names (its .cold part, 3.14's tail-call handlers),
+// which a large build's takes tens of milliseconds to read.
+func DetectQuick(root string, maps []proc.Mapping) (*Interp, error) {
 	for _, m := range maps {
 		sm := libRe.FindStringSubmatch(m.Path)
 		if sm == nil || !m.File() {
@@ -122,36 +141,52 @@ func Detect(root string, maps []proc.Mapping) (*Interp, error) {
 
 var errNoRuntime = errors.New("no _PyRuntime symbol")
 
+// symbolFacts are what the interpreter's symbols say.
+type symbolFacts struct {
+	runtime uint64
+	types   objTypes
+	eval    [][2]uint64
+}
+
+func scanSymbols(syms []elf.Symbol) symbolFacts {
+	var sf symbolFacts
+	for _, s := range syms {
+		if s.Section == elf.SHN_UNDEF {
+			continue
+		}
+		switch s.Name {
+		case "_PyRuntime":
+			sf.runtime = cmp.Or(sf.runtime, s.Value)
+		case "PyCode_Type":
+			sf.types.code = cmp.Or(sf.types.code, s.Value)
+		case "PyUnicode_Type":
+			sf.types.str = cmp.Or(sf.types.str, s.Value)
+		case "PyBytes_Type":
+			sf.types.bytes = cmp.Or(sf.types.bytes, s.Value)
+		}
+		if interpreterLoop(s.Name) && s.Size > 0 &&
+			!slices.Contains(sf.eval, [2]uint64{s.Value, s.Value + s.Size}) {
+			sf.eval = append(sf.eval, [2]uint64{s.Value, s.Value + s.Size})
+		}
+	}
+	return sf
+}
+
 func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	f, err := elf.Open(root + path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var runtime uint64
-	var eval [][2]uint64
-	var types objTypes
-	syms, _ := f.Symbols()
-	dyn, _ := f.DynamicSymbols()
-	for _, s := range append(syms, dyn...) {
-		if s.Section == elf.SHN_UNDEF {
-			continue
-		}
-		switch s.Name {
-		case "_PyRuntime":
-			runtime = cmp.Or(runtime, s.Value)
-		case "PyCode_Type":
-			types.code = cmp.Or(types.code, s.Value)
-		case "PyUnicode_Type":
-			types.str = cmp.Or(types.str, s.Value)
-		case "PyBytes_Type":
-			types.bytes = cmp.Or(types.bytes, s.Value)
-		}
-		if interpreterLoop(s.Name) && s.Size > 0 &&
-			!slices.Contains(eval, [2]uint64{s.Value, s.Value + s.Size}) {
-			eval = append(eval, [2]uint64{s.Value, s.Value + s.Size})
-		}
+	syms, _ := f.DynamicSymbols()
+	sf := scanSymbols(syms)
+	full := false
+	if sf.runtime == 0 || sf.types.code == 0 || sf.types.str == 0 || sf.types.bytes == 0 || len(sf.eval) == 0 {
+		all, _ := f.Symbols()
+		syms = append(all, syms...)
+		sf, full = scanSymbols(syms), true
 	}
+	runtime, eval, types := sf.runtime, sf.eval, sf.types
 	if runtime == 0 {
 		return nil, errNoRuntime
 	}
@@ -160,26 +195,32 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 		return nil, fmt.Errorf("%s: not mapped as its headers say", path)
 	}
 	// 3.13 describes its own layout in _Py_DebugOffsets, at the start of
-	// _PyRuntime: no DWARF needed. Earlier versions take it from the
-	// build's DWARF, or, without (distributions' and conda's builds), from
-	// the table of their minor version.
+	// _PyRuntime. Release builds of 3.10 to 3.12 for x86-64 take the
+	// table of their minor version (table.go), with or without DWARF: it
+	// is what their DWARF says (TestOffsetTables), and it is ready at
+	// once, where parsing a build's DWARF took 140-520 ms here, time in
+	// which a process just started makes its first allocations with no
+	// walk in BPF yet (record/python.go). Other builds (debug builds,
+	// pre-releases, other architectures) take their DWARF's.
 	off, freeThreaded, ok := debugOffsets(f, runtime, minor)
 	if freeThreaded {
 		return nil, fmt.Errorf("%s: CPython 3.%d built free-threaded (--disable-gil), whose frames cudatrace does not read: "+
 			"run the program on a build with the GIL for its Python frames", path, minor)
 	}
 	if !ok {
-		derr := errors.New("no DWARF")
-		if f.Section(".debug_info") != nil {
-			if d, err := f.DWARF(); err != nil {
-				derr = fmt.Errorf("its DWARF: %w", err)
-			} else if off, derr = dwarfOffsets(d, minor); derr == nil {
-				ok = true
+		var terr error
+		if off, terr = tableOffsets(f, syms, minor); terr == nil {
+			ok = true
+		} else {
+			derr := errors.New("no DWARF")
+			if f.Section(".debug_info") != nil {
+				if d, err := f.DWARF(); err != nil {
+					derr = fmt.Errorf("its DWARF: %w", err)
+				} else if off, derr = dwarfOffsets(d, minor); derr == nil {
+					ok = true
+				}
 			}
-		}
-		if !ok {
-			var terr error
-			if off, terr = tableOffsets(f, append(syms, dyn...), minor); terr != nil {
+			if !ok {
 				return nil, fmt.Errorf("%s: no structure offsets for this CPython 3.%d build: %v, and %v; "+
 					"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 release build "+
 					"of 3.10 to 3.12, or a 3.13 or 3.14 one", path, minor, derr, terr)
@@ -195,7 +236,34 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 			*t += base
 		}
 	}
-	return &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off, types: types, Eval: eval}, nil
+	in := &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off, types: types, Eval: eval, base: base}
+	if !full {
+		in.file = root + path
+	}
+	return in, nil
+}
+
+// Finish adds to Eval the parts of the interpreter loop that only the
+// full symbol table names (DetectQuick); a file that cannot be read
+// again leaves Eval as it is.
+func (in *Interp) Finish() {
+	if in.file == "" {
+		return
+	}
+	path := in.file
+	in.file = ""
+	f, err := elf.Open(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	syms, _ := f.Symbols()
+	for _, r := range scanSymbols(syms).eval {
+		r = [2]uint64{r[0] + in.base, r[1] + in.base}
+		if !slices.Contains(in.Eval, r) {
+			in.Eval = append(in.Eval, r)
+		}
+	}
 }
 
 // loadBias is what the process added to the file's virtual addresses.
@@ -321,6 +389,9 @@ func structs(d *dwarf.Data, names map[string]bool) map[string]*dwarf.StructType 
 		}
 		if st, ok := t.(*dwarf.StructType); ok && !st.Incomplete {
 			out[name] = st
+			if len(out) == len(names) {
+				return out
+			}
 		}
 	}
 }
@@ -427,6 +498,9 @@ type Layout struct {
 	TsFrame, TsCFrame, CFCurrent                          int64
 	FrPrevious, FrCode, FrInstr, FrOwner, FrEntry, CodeAt int64 // CodeAt: co_code_adaptive
 	Minor                                                 uint32
+	// What names a code object, for its capture in BPF: co_filename,
+	// co_qualname (co_name before 3.11), co_linetable, co_firstlineno.
+	CoFilename, CoName, CoLinetable, CoFirstLine int64
 }
 
 // Layout returns the interpreter's layout for a walk in BPF.
@@ -435,44 +509,64 @@ func (in *Interp) Layout() Layout {
 	return Layout{InterpHead: in.runtime + uint64(o.interpHead), InterpThreads: o.interpThreads, TsNext: o.tsNext,
 		TsNativeID: o.tsNativeID, TsThreadID: o.tsThreadID, TsFrame: o.tsFrame, TsCFrame: o.tsCFrame,
 		CFCurrent: o.cfCurrent, FrPrevious: o.frPrevious, FrCode: o.frCode, FrInstr: o.frInstr,
-		FrOwner: o.frOwner, FrEntry: o.frEntry, CodeAt: o.coCodeAdaptive, Minor: uint32(in.Minor)}
+		FrOwner: o.frOwner, FrEntry: o.frEntry, CodeAt: o.coCodeAdaptive, Minor: uint32(in.Minor),
+		CoFilename: o.coFilename, CoName: cmp.Or(max(o.coQualname, 0), o.coName), CoLinetable: o.coLinetable,
+		CoFirstLine: o.coFirstLine}
 }
 
-// Mem is a process's memory, open for resolving code objects.
-type Mem struct{ m mem }
+// reader is where a code object's bytes are read: the live process
+// (proc.Mem), or what BPF captured of it (captured).
+type reader interface {
+	ReadAt(b []byte, addr uint64) error
+}
 
-// OpenMem opens process pid's memory; the caller closes it.
-func OpenMem(pid int) (*Mem, error) {
-	f, err := os.Open(filepath.Join(proc.Root, strconv.Itoa(pid), "mem"))
-	if err != nil {
-		return nil, err
+// captured serves reads from a capture's parts, each an object's first
+// bytes at its address in the process.
+type captured struct{ c *events.PyCodeCapture }
+
+func (c captured) parts() [4]part {
+	return [4]part{{c.c.Code, c.c.Head}, {c.c.File, c.c.FileBytes}, {c.c.Name, c.c.NameBytes}, {c.c.Table, c.c.TableBytes}}
+}
+
+type part struct {
+	at   uint64
+	data []byte
+}
+
+// after is how many bytes the capture holds from addr on, in the part
+// that holds addr.
+func (c captured) after(addr uint64) uint64 {
+	for _, p := range c.parts() {
+		if p.at != 0 && addr >= p.at && addr-p.at <= uint64(len(p.data)) {
+			return uint64(len(p.data)) - (addr - p.at)
+		}
 	}
-	return &Mem{mem{f}}, nil
+	return 0
 }
 
-// Close closes the memory file.
-func (m *Mem) Close() error { return m.m.f.Close() }
-
-// Code resolves a code object of the process and an instruction in it
-// (code units from its first) to a frame: what a walk in BPF recorded. The
-// code object must still be alive.
-func (in *Interp) Code(m *Mem, code uint64, units int64) (Frame, error) {
-	return in.codeFrame(m.m, code, units)
+func (c captured) ReadAt(b []byte, addr uint64) error {
+	if c.after(addr) < uint64(len(b)) {
+		return fmt.Errorf("%d bytes at %#x: %w", len(b), addr, ErrNotCaptured)
+	}
+	for _, p := range c.parts() {
+		if p.at != 0 && addr >= p.at && addr-p.at <= uint64(len(p.data)) {
+			copy(b, p.data[addr-p.at:])
+			return nil
+		}
+	}
+	return nil
 }
 
-// mem reads a stopped or running process's memory.
-type mem struct{ f *os.File }
-
-func (m mem) read(addr uint64, b []byte) error {
-	if _, err := m.f.ReadAt(b, int64(addr)); err != nil {
+func readAt(m reader, addr uint64, b []byte) error {
+	if err := m.ReadAt(b, addr); err != nil {
 		return fmt.Errorf("read %d bytes at %#x: %w", len(b), addr, err)
 	}
 	return nil
 }
 
-func (m mem) u64(addr uint64) (uint64, error) {
+func u64(m reader, addr uint64) (uint64, error) {
 	var b [8]byte
-	err := m.read(addr, b[:])
+	err := readAt(m, addr, b[:])
 	return binary.LittleEndian.Uint64(b[:]), err
 }
 
@@ -496,11 +590,7 @@ type RawFrame struct {
 // thread with no frames is one the interpreter does not know or that
 // runs no Python.
 func (in *Interp) RawStack(pid, tid, max int) (frames []RawFrame, known bool, err error) {
-	m, err := openMem(pid)
-	if err != nil {
-		return nil, false, err
-	}
-	defer m.f.Close()
+	m := proc.OpenMem(pid)
 	ts, known, err := in.thread(m, pid, tid)
 	if err != nil || ts == 0 {
 		return nil, known, err
@@ -509,39 +599,34 @@ func (in *Interp) RawStack(pid, tid, max int) (frames []RawFrame, known bool, er
 	return frames, true, err
 }
 
-func openMem(pid int) (mem, error) {
-	f, err := os.Open(filepath.Join(proc.Root, strconv.Itoa(pid), "mem"))
-	return mem{f}, err
-}
-
 // thread finds thread tid's state: 0 when the interpreter has none for it.
 // known is false where a thread's state cannot be told from user space
 // (3.10 threads other than the main one).
-func (in *Interp) thread(m mem, pid, tid int) (ts uint64, known bool, err error) {
+func (in *Interp) thread(m reader, pid, tid int) (ts uint64, known bool, err error) {
 	o := &in.off
-	interp, err := m.u64(in.runtime + uint64(o.interpHead))
+	interp, err := u64(m, in.runtime + uint64(o.interpHead))
 	if err != nil {
 		return 0, false, err
 	}
 	var mainThread uint64
 	if in.Minor == 10 && o.mainThread >= 0 && tid == pid {
-		mainThread, _ = m.u64(in.runtime + uint64(o.mainThread))
+		mainThread, _ = u64(m, in.runtime + uint64(o.mainThread))
 	}
 	known = o.tsNativeID >= 0 || mainThread != 0
-	if ts, err = m.u64(interp + uint64(o.interpThreads)); err != nil {
+	if ts, err = u64(m, interp + uint64(o.interpThreads)); err != nil {
 		return 0, known, err
 	}
 	for i := 0; ts != 0 && i < 4096; i++ {
 		var match bool
 		if o.tsNativeID >= 0 {
-			id, err := m.u64(ts + uint64(o.tsNativeID))
+			id, err := u64(m, ts + uint64(o.tsNativeID))
 			if err != nil {
 				return 0, known, err
 			}
 			match = id == uint64(tid)
 		} else if mainThread != 0 {
 			// 3.10 keeps only pthread_self(): the main thread's is known.
-			id, err := m.u64(ts + uint64(o.tsThreadID))
+			id, err := u64(m, ts + uint64(o.tsThreadID))
 			if err != nil {
 				return 0, known, err
 			}
@@ -550,7 +635,7 @@ func (in *Interp) thread(m mem, pid, tid int) (ts uint64, known bool, err error)
 		if match {
 			return ts, known, nil
 		}
-		if ts, err = m.u64(ts + uint64(o.tsNext)); err != nil {
+		if ts, err = u64(m, ts + uint64(o.tsNext)); err != nil {
 			return 0, known, err
 		}
 	}
@@ -565,31 +650,31 @@ const stackRefTags = 7
 // them in at most steps steps, as frame_step in bpf/python.h
 // does: shim frames (3.12 on) are skipped, marking the frame before them
 // as an entry, and take steps of their own (BPF takes max + 8).
-func (in *Interp) walk(m mem, ts uint64, max, steps int) ([]RawFrame, error) {
+func (in *Interp) walk(m reader, ts uint64, max, steps int) ([]RawFrame, error) {
 	o := &in.off
 	var frame uint64
 	var err error
 	if o.tsCFrame >= 0 {
-		cf, err := m.u64(ts + uint64(o.tsCFrame))
+		cf, err := u64(m, ts + uint64(o.tsCFrame))
 		if err != nil || cf == 0 {
 			return nil, err
 		}
-		frame, err = m.u64(cf + uint64(o.cfCurrent))
+		frame, err = u64(m, cf + uint64(o.cfCurrent))
 		if err != nil {
 			return nil, err
 		}
-	} else if frame, err = m.u64(ts + uint64(o.tsFrame)); err != nil {
+	} else if frame, err = u64(m, ts + uint64(o.tsFrame)); err != nil {
 		return nil, err
 	}
 	var out []RawFrame
 	for step := 0; frame != 0 && step < steps; step++ {
 		cur := frame
-		if frame, err = m.u64(cur + uint64(o.frPrevious)); err != nil {
+		if frame, err = u64(m, cur + uint64(o.frPrevious)); err != nil {
 			return out, err
 		}
 		if o.frOwner >= 0 {
 			var owner [1]byte
-			if err := m.read(cur+uint64(o.frOwner), owner[:]); err != nil {
+			if err := readAt(m, cur+uint64(o.frOwner), owner[:]); err != nil {
 				return out, err
 			}
 			if owner[0] == o.frameOwnedCStack { // a C call's shim frame
@@ -602,7 +687,7 @@ func (in *Interp) walk(m mem, ts uint64, max, steps int) ([]RawFrame, error) {
 		if len(out) >= max {
 			break
 		}
-		code, err := m.u64(cur + uint64(o.frCode))
+		code, err := u64(m, cur + uint64(o.frCode))
 		if err != nil {
 			return out, err
 		}
@@ -612,19 +697,19 @@ func (in *Interp) walk(m mem, ts uint64, max, steps int) ([]RawFrame, error) {
 		f := RawFrame{Code: code}
 		if in.Minor == 10 {
 			var b [4]byte
-			if err := m.read(cur+uint64(o.frInstr), b[:]); err != nil {
+			if err := readAt(m, cur+uint64(o.frInstr), b[:]); err != nil {
 				return out, err
 			}
 			f.Units, f.Entry = int32(binary.LittleEndian.Uint32(b[:])), true
 		} else {
-			ip, err := m.u64(cur + uint64(o.frInstr))
+			ip, err := u64(m, cur + uint64(o.frInstr))
 			if err != nil {
 				return out, err
 			}
 			f.Units = int32((int64(ip) - int64(code) - o.coCodeAdaptive) >> 1)
 			if o.frEntry >= 0 {
 				var e [1]byte
-				if err := m.read(cur+uint64(o.frEntry), e[:]); err != nil {
+				if err := readAt(m, cur+uint64(o.frEntry), e[:]); err != nil {
 					return out, err
 				}
 				f.Entry = e[0] != 0
@@ -635,22 +720,84 @@ func (in *Interp) walk(m mem, ts uint64, max, steps int) ([]RawFrame, error) {
 	return out, nil
 }
 
+// CodeInfo is what names a code object's frames: its file, (qualified)
+// name, first line and line table, checked as codeInfo says.
+type CodeInfo struct {
+	File      string
+	Function  string // co_qualname from 3.11, co_name before
+	FirstLine int
+	units     uint64 // its code units (Py_SIZE, 3.11 on); 0: not known (3.10)
+	table     []byte
+	// cut: table is the first part of the line table, all a capture took
+	// (bpf/pycode.h CT_PYCODE_TABLE): an instruction past what it covers
+	// is ErrNotCaptured.
+	cut   bool
+	minor int
+}
+
+// ErrNotCaptured says a capture of a code object lacks what naming a frame
+// of it takes (a name longer than it took, a line table past its bound):
+// the caller reads the process instead (Code).
+var ErrNotCaptured = errors.New("not in what BPF captured")
+
+// Parse checks and names a code object from what BPF captured of it
+// (bpf/pycode.h), with the checks a read from the process gets.
+func (in *Interp) Parse(c *events.PyCodeCapture) (*CodeInfo, error) {
+	return in.codeInfo(captured{c}, c.Code)
+}
+
+// Code resolves a code object of process pid and an instruction in it
+// (code units from its first) to a frame: what a walk in BPF recorded,
+// read from the process now. The code object must still be alive.
+func (in *Interp) Code(pid int, code uint64, units int64) (Frame, error) {
+	return in.codeFrame(proc.OpenMem(pid), code, units)
+}
+
 // codeFrame reads what code object code is and the line of the
-// instruction units code units into it. The object is read while the
+// instruction units code units into it.
+func (in *Interp) codeFrame(m reader, code uint64, units int64) (Frame, error) {
+	ci, err := in.codeInfo(m, code)
+	if err != nil {
+		return Frame{}, err
+	}
+	return ci.Frame(units)
+}
+
+// Frame names the instruction units code units into the code object.
+func (ci *CodeInfo) Frame(units int64) (Frame, error) {
+	if units < 0 || ci.units > 0 && uint64(units) >= ci.units {
+		return Frame{}, fmt.Errorf("instruction %d is outside its code object (%d code units)", units, ci.units)
+	}
+	var line int
+	var found bool
+	if ci.minor == 10 {
+		line, found = line310(ci.table, ci.FirstLine, units*2)
+	} else {
+		line, found = line311(ci.table, ci.FirstLine, units)
+	}
+	if !found && ci.cut {
+		return Frame{}, fmt.Errorf("instruction %d: its line lies past the %d bytes of line table captured: %w", units, len(ci.table), ErrNotCaptured)
+	}
+	if line < ci.FirstLine || line > maxLine {
+		return Frame{}, fmt.Errorf("instruction %d has no line in its code object's table", units)
+	}
+	return Frame{File: ci.File, Function: ci.Function, Line: line}, nil
+}
+
+// codeInfo reads what code object code is. The object is read while the
 // process runs on, possibly after it was freed, so everything read is
 // checked: the object and its names still have their types, sizes are
 // sane, the instruction lies inside the code and has a line at or after
 // the code's first, and names are printable text. What fails a check is
 // an error (the frame is left unresolved), never a frame with line 0 or a
 // garbage name.
-func (in *Interp) codeFrame(m mem, code uint64, units int64) (Frame, error) {
+func (in *Interp) codeInfo(m reader, code uint64) (*CodeInfo, error) {
 	o := &in.off
-	var fr Frame
 	if code == 0 || code%8 != 0 {
-		return fr, fmt.Errorf("code object address %#x is not one", code)
+		return nil, fmt.Errorf("code object address %#x is not one", code)
 	}
 	if err := in.checkType(m, code, in.types.code, "code object"); err != nil {
-		return fr, err
+		return nil, err
 	}
 	var err error
 	ptr := func(off int64) uint64 {
@@ -658,57 +805,47 @@ func (in *Interp) codeFrame(m mem, code uint64, units int64) (Frame, error) {
 			return 0
 		}
 		var v uint64
-		v, err = m.u64(code + uint64(off))
+		v, err = u64(m, code+uint64(off))
 		return v
 	}
 	filename, name, qualname, table := ptr(o.coFilename), ptr(o.coName), ptr(o.coQualname), ptr(o.coLinetable)
 	if err != nil {
-		return fr, err
+		return nil, err
 	}
-	if units < 0 {
-		return fr, fmt.Errorf("instruction %d is outside its code object", units)
-	}
+	ci := &CodeInfo{minor: in.Minor}
 	if in.Minor >= 11 {
 		// Py_SIZE of a code object is its number of code units.
-		n, err := m.u64(code + 16)
+		n, err := u64(m, code+16)
 		if err != nil {
-			return fr, err
+			return nil, err
 		}
-		if n == 0 || n > maxObject || uint64(units) >= n {
-			return fr, fmt.Errorf("instruction %d is outside its code object (%d code units)", units, n)
+		if n == 0 || n > maxObject {
+			return nil, fmt.Errorf("a code object of %d code units", n)
 		}
+		ci.units = n
 	}
 	var first [4]byte
-	if err := m.read(code+uint64(o.coFirstLine), first[:]); err != nil {
-		return fr, err
+	if err := readAt(m, code+uint64(o.coFirstLine), first[:]); err != nil {
+		return nil, err
 	}
-	if fr.File, err = in.str(m, filename); err != nil {
-		return fr, fmt.Errorf("its file name: %w", err)
+	if ci.File, err = in.str(m, filename); err != nil {
+		return nil, fmt.Errorf("its file name: %w", err)
 	}
 	fn := name
 	if qualname != 0 {
 		fn = qualname
 	}
-	if fr.Function, err = in.str(m, fn); err != nil {
-		return fr, fmt.Errorf("its function name: %w", err)
+	if ci.Function, err = in.str(m, fn); err != nil {
+		return nil, fmt.Errorf("its function name: %w", err)
 	}
-	lt, err := in.bytesObj(m, table)
-	if err != nil {
-		return fr, fmt.Errorf("its line table: %w", err)
+	if ci.table, ci.cut, err = in.bytesObj(m, table); err != nil {
+		return nil, fmt.Errorf("its line table: %w", err)
 	}
-	firstLine := int(int32(binary.LittleEndian.Uint32(first[:])))
-	if firstLine < 1 || firstLine > maxLine {
-		return fr, fmt.Errorf("first line %d is not one", firstLine)
+	ci.FirstLine = int(int32(binary.LittleEndian.Uint32(first[:])))
+	if ci.FirstLine < 1 || ci.FirstLine > maxLine {
+		return nil, fmt.Errorf("first line %d is not one", ci.FirstLine)
 	}
-	if in.Minor == 10 {
-		fr.Line = line310(lt, firstLine, units*2)
-	} else {
-		fr.Line = line311(lt, firstLine, units)
-	}
-	if fr.Line < firstLine || fr.Line > maxLine {
-		return Frame{}, fmt.Errorf("instruction %d has no line in its code object's table", units)
-	}
-	return fr, nil
+	return ci, nil
 }
 
 const (
@@ -718,14 +855,14 @@ const (
 
 // checkType fails unless the object at obj has type typ (its ob_type);
 // typ 0 (the build does not name the type) checks nothing.
-func (in *Interp) checkType(m mem, obj, typ uint64, what string) error {
+func (in *Interp) checkType(m reader, obj, typ uint64, what string) error {
 	if obj == 0 {
 		return fmt.Errorf("no %s", what)
 	}
 	if typ == 0 {
 		return nil
 	}
-	t, err := m.u64(obj + 8) // PyObject.ob_type
+	t, err := u64(m, obj + 8) // PyObject.ob_type
 	if err != nil {
 		return err
 	}
@@ -737,17 +874,17 @@ func (in *Interp) checkType(m mem, obj, typ uint64, what string) error {
 
 // str reads a compact ASCII str (file and function names are); others
 // are left unread, an error.
-func (in *Interp) str(m mem, obj uint64) (string, error) {
+func (in *Interp) str(m reader, obj uint64) (string, error) {
 	o := &in.off
 	if err := in.checkType(m, obj, in.types.str, "str"); err != nil {
 		return "", err
 	}
-	n, err := m.u64(obj + uint64(o.strLength))
+	n, err := u64(m, obj + uint64(o.strLength))
 	if err != nil {
 		return "", err
 	}
 	var st [4]byte
-	if err := m.read(obj+uint64(o.strState), st[:]); err != nil {
+	if err := readAt(m, obj+uint64(o.strState), st[:]); err != nil {
 		return "", err
 	}
 	state := binary.LittleEndian.Uint32(st[:])
@@ -758,7 +895,7 @@ func (in *Interp) str(m mem, obj uint64) (string, error) {
 		return "", fmt.Errorf("a str of %d characters", n)
 	}
 	b := make([]byte, n)
-	if err := m.read(obj+uint64(o.asciiSize), b); err != nil {
+	if err := readAt(m, obj+uint64(o.asciiSize), b); err != nil {
 		return "", err
 	}
 	for _, c := range b {
@@ -769,24 +906,32 @@ func (in *Interp) str(m mem, obj uint64) (string, error) {
 	return string(b), nil
 }
 
-func (in *Interp) bytesObj(m mem, obj uint64) ([]byte, error) {
+// bytesObj reads a bytes object's data. From a capture that took only
+// its first part, it gives that part, cut.
+func (in *Interp) bytesObj(m reader, obj uint64) (b []byte, cut bool, err error) {
 	if err := in.checkType(m, obj, in.types.bytes, "bytes object"); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	n, err := m.u64(obj + 16) // PyVarObject.ob_size
+	n, err := u64(m, obj+16) // PyVarObject.ob_size
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if n > maxObject {
-		return nil, fmt.Errorf("bytes object of %d bytes at %#x", n, obj)
+		return nil, false, fmt.Errorf("bytes object of %d bytes at %#x", n, obj)
 	}
-	b := make([]byte, n)
-	return b, m.read(obj+uint64(in.off.bytesData), b)
+	data := obj + uint64(in.off.bytesData)
+	if c, ok := m.(captured); ok {
+		if have := c.after(data); have < n {
+			n, cut = have, true
+		}
+	}
+	b = make([]byte, n)
+	return b, cut, readAt(m, data, b)
 }
 
 // line310 reads 3.10's co_linetable: (bytecode delta, line delta) byte
 // pairs, a line delta of -128 meaning no line. off is in bytes.
-func line310(t []byte, first int, off int64) int {
+func line310(t []byte, first int, off int64) (int, bool) {
 	line, start := first, int64(0)
 	for i := 0; i+1 < len(t); i += 2 {
 		end := start + int64(t[i])
@@ -796,17 +941,17 @@ func line310(t []byte, first int, off int64) int {
 			cur = line
 		}
 		if off >= start && off < end {
-			return max(cur, 0)
+			return max(cur, 0), true
 		}
 		start = end
 	}
-	return 0
+	return 0, false
 }
 
 // line311 reads the location table of 3.11 and later (Objects/
 // locations.md): entries of a header byte (code, length in code units)
 // and the line delta and columns the code says. off is in code units.
-func line311(t []byte, first int, off int64) int {
+func line311(t []byte, first int, off int64) (int, bool) {
 	r := bytes.NewReader(t)
 	varint := func() int {
 		b, _ := r.ReadByte()
@@ -854,9 +999,9 @@ func line311(t []byte, first int, off int64) int {
 			r.ReadByte()
 		}
 		if off >= addr && off < addr+length {
-			return max(cur, 0)
+			return max(cur, 0), true
 		}
 		addr += length
 	}
-	return 0
+	return 0, false
 }

@@ -271,14 +271,9 @@ func checkRawStack(t *testing.T, in *Interp, pid, tid int, want string, thread b
 	if err != nil || !known {
 		t.Fatalf("RawStack: %v, known %v", err, known)
 	}
-	m, err := OpenMem(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
 	var st []Frame
 	for _, r := range raw {
-		fr, err := in.Code(m, r.Code, int64(r.Units))
+		fr, err := in.Code(pid, r.Code, int64(r.Units))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -350,8 +345,8 @@ func TestLineTables(t *testing.T) {
 	// 3.10: (2 bytes, +1), (4 bytes, no line), (2 bytes, +2).
 	t310 := []byte{2, 1, 4, 0x80, 2, 2}
 	for off, want := range map[int64]int{0: 11, 1: 11, 2: 0, 5: 0, 6: 13, 8: 0} {
-		if got := line310(t310, 10, off); got != want {
-			t.Errorf("line310 at %d: %d, want %d", off, got, want)
+		if got, found := line310(t310, 10, off); got != want || found != (off < 8) {
+			t.Errorf("line310 at %d: %d, %v; want %d, %v", off, got, found, want, off < 8)
 		}
 	}
 	// 3.11+: no-column entry (code 13) +3 over 2 units; one-line form
@@ -359,8 +354,8 @@ func TestLineTables(t *testing.T) {
 	// (14) -2 over 3 units.
 	t311 := []byte{0x80 | 13<<3 | 1, 6, 0x80 | 11<<3, 1, 2, 0x80 | 15<<3, 0x80 | 14<<3 | 2, 5, 0, 1, 2}
 	for off, want := range map[int64]int{0: 23, 1: 23, 2: 24, 3: 0, 4: 22, 6: 22, 7: 0} {
-		if got := line311(t311, 20, off); got != want {
-			t.Errorf("line311 at %d: %d, want %d", off, got, want)
+		if got, found := line311(t311, 20, off); got != want || found != (off < 7) {
+			t.Errorf("line311 at %d: %d, %v; want %d, %v", off, got, found, want, off < 7)
 		}
 	}
 }

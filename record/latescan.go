@@ -2,13 +2,11 @@ package record
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"time"
 
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
-	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // lateScanEvery is how often the traced processes' mappings are searched
@@ -98,35 +96,17 @@ func allPIDs() []uint32 {
 	return out
 }
 
-// attachLate attaches what the scanner found since the last tick. It runs
-// on the reader goroutine, which owns the tracer, the ledger and the trace.
+// attachLate attaches what the scanner found since the last tick.
 func (s *session) attachLate() {
 	if s.scanner == nil {
 		return
 	}
 	for {
-		var f lateLib
 		select {
-		case f = <-s.scanner.out:
+		case f := <-s.scanner.out:
+			s.attachLib(f.pid, f.path, 0)
 		default:
 			return
 		}
-		if isNew, err := s.libs.Add(f.path); err != nil || !isNew {
-			continue
-		}
-		lib := s.libs.List()[len(s.libs.List())-1]
-		ar, err := s.tr.Attach(lib)
-		if err != nil {
-			s.warn(fmt.Errorf("pid %d loaded %s after tracing began, and it cannot be traced: %w", f.pid, f.path, err))
-			continue
-		}
-		var before uint64
-		if p := s.res.Ledger.Process(f.pid); p != nil {
-			before = p.Allocs + p.Failed + p.Frees + p.UnknownFrees
-		}
-		s.res.Attached = append(s.res.Attached, ar)
-		s.writeAttach(ar, &tracefile.Attach{Time: BootNow(), PID: f.pid, EventsBefore: before})
-		fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began: attached %d probes now; its calls before this were not traced\n",
-			f.pid, f.path, ar.Programs)
 	}
 }

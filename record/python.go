@@ -1,6 +1,7 @@
 package record
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/cudatrace/cudatrace/bpf"
@@ -12,34 +13,44 @@ import (
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
-// detectPython looks for CPython 3.10 to 3.14 in a process's mappings
-// when it is first seen and, where it runs one, tells BPF how to walk its
-// threads' frames: its allocation records carry them from then on. The
-// first record, made before, has none from BPF; a launched command is
-// held (SIGSTOP) there, so that record gets its thread's frames read from
-// user space instead (heldPython). A --pid process was looked at when
-// tracing started (detectPythonAtStart): BPF walks its first record too.
+// Python frames without stopping anyone. BPF walks a CPython thread's
+// frames at each allocation once the reader has told it the process's
+// layout (setPython), and captures each code object the first time a
+// record shows it (bpf/pycode.h), in a record before that one: frames are
+// named from the captures (pycode), and from the process's memory where a
+// capture lacks something (a long name, a line table past its bound).
+// What neither names is left unresolved, counted.
+//
+// The layout must be known before the process's first allocation, for its
+// first records to carry frames: a --pid process is looked at when tracing
+// starts, a launched command at its exec, any traced process again when
+// its loader maps libraries (notes.go); all of them before their first
+// record. A record made before (an interpreter mapped and used within the
+// moment the reader takes) has no Python frames: absent, not wrong.
+
+// detectPython gives a process first seen (capture) the interpreter found
+// for it before (early), or looks for CPython 3.10 to 3.14 in its
+// mappings now and tells BPF how to walk its threads' frames. It writes
+// what it found to the trace.
 func (s *session) detectPython(pid uint32, lp *liveProc, root string, maps []proc.Mapping) {
 	if lp.py != nil || lp.pyTried || s.opts.NoPythonFrames {
 		return
 	}
-	lp.pyTried = true
-	in, set := s.pyAtStart[pid]
-	delete(s.pyAtStart, pid)
-	if !set {
+	in, known := s.pyEarly[pid]
+	delete(s.pyEarly, pid)
+	if !known || in == nil {
 		var err error
 		if in, err = s.setPython(pid, root, maps); err != nil {
+			lp.pyTried = true // a message once; its mappings will not change that
 			s.warn(err)
 			return
 		}
 	}
 	if in == nil {
-		return
+		return // none yet: a later load of libpython (notes.go) looks again
 	}
+	lp.pyTried = true
 	lp.py = in
-	if s.ev.PID == pid {
-		s.heldPython(&s.ev, in)
-	}
 	if s.w != nil {
 		if err := s.w.WritePython(&tracefile.Python{PID: pid, Minor: in.Minor, Eval: in.Eval}); err != nil {
 			s.warn(err)
@@ -50,18 +61,22 @@ func (s *session) detectPython(pid uint32, lp *liveProc, root string, maps []pro
 // setPython finds the interpreter in a process's mappings and tells BPF
 // how to walk its threads' frames; nil and no error where it runs none.
 func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pystack.Interp, error) {
-	in, err := pystack.Detect(root, maps)
+	in, err := pystack.DetectQuick(root, maps)
 	if err != nil {
 		return nil, fmt.Errorf("pid %d: Python frames left out: %w", pid, err)
 	}
 	if in == nil {
 		return nil, nil
 	}
+	// BPF walks from the moment it has the layout; what merging the
+	// frames into native stacks needs besides comes after.
+	defer in.Finish()
 	l := in.Layout()
 	o := bpf.CudatraceCtPyoffsets{InterpHead: l.InterpHead, InterpThreads: l.InterpThreads, TsNext: l.TsNext,
 		TsNativeId: l.TsNativeID, TsThreadId: l.TsThreadID, TsFrame: l.TsFrame, TsCframe: l.TsCFrame,
 		CfCurrent: l.CFCurrent, FrPrevious: l.FrPrevious, FrCode: l.FrCode, FrInstr: l.FrInstr,
-		FrOwner: l.FrOwner, FrEntry: l.FrEntry, CoCodeAdaptive: l.CodeAt, Minor: l.Minor}
+		FrOwner: l.FrOwner, FrEntry: l.FrEntry, CoCodeAdaptive: l.CodeAt, Minor: l.Minor,
+		CoFilename: l.CoFilename, CoName: l.CoName, CoLinetable: l.CoLinetable, CoFirstlineno: l.CoFirstLine}
 	if s.tr != nil {
 		if err := s.tr.SetPython(pid, &o); err != nil {
 			return nil, err
@@ -70,75 +85,85 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 	return in, nil
 }
 
-// detectPythonAtStart looks for CPython in the --pid processes before any
-// of their records arrives, so that BPF walks their first allocation's
-// Python frames too. What it finds waits in pyAtStart for the process's
-// first record, which writes it to the trace (detectPython).
-func (s *session) detectPythonAtStart(pids []int) {
+// detectEarly looks for CPython in a process not captured yet (a --pid
+// process when tracing starts, a launched or traced process at its exec or
+// when its loader maps libraries), so that BPF walks its first
+// allocation's frames too. What it finds waits in pyEarly for the
+// process's first capture (detectPython); a process without CPython yet
+// is looked at again at its next load.
+func (s *session) detectEarly(pid uint32, maps []proc.Mapping) {
 	if s.opts.NoPythonFrames {
 		return
 	}
-	for _, pid := range pids {
-		maps, err := proc.ReadMaps(pid)
-		if err != nil {
-			continue // gone: its first record, if any, says so
-		}
-		root := "" // a container's paths name its own files
-		if own, _ := proc.OwnRoot(pid); own {
-			root = proc.RootPath(pid, "/")
-		}
-		in, err := s.setPython(uint32(pid), root, maps)
-		if err != nil {
-			s.warn(err)
-		}
-		if s.pyAtStart == nil {
-			s.pyAtStart = map[uint32]*pystack.Interp{}
-		}
-		s.pyAtStart[uint32(pid)] = in // nil too: tried
-	}
-}
-
-// heldPython gives a held record (a launched process's first, made before
-// BPF knew the process runs CPython) the Python frames the walk in BPF
-// would have: the process is stopped right after the call returned, so the
-// thread's frames are still those of the call. Only records BPF walks get
-// them: allocations' (not frees', which are recorded at entry without a
-// stack, nor cuMemMap's).
-func (s *session) heldPython(ev *events.Event, in *pystack.Interp) {
-	if ev.Flags&events.FlagHeld == 0 || ev.Flags&(events.FlagPython|events.FlagNoPython|events.FlagAux) != 0 ||
-		ev.Flags&events.FlagEntryOnly != 0 && ev.API.Info().Op != events.OpAlloc {
+	if in, known := s.pyEarly[pid]; known && in != nil {
 		return
 	}
-	raw, known, err := in.RawStack(int(ev.PID), int(ev.TID), events.MaxPyFrames)
+	if maps == nil {
+		var err error
+		if maps, err = proc.ReadMaps(int(pid)); err != nil {
+			return // gone: its first record, if any, says so
+		}
+	}
+	root := "" // a container's paths name its own files
+	if own, _ := proc.OwnRootOf(int(pid), maps); own {
+		root = proc.RootPath(int(pid), "/")
+	}
+	in, err := s.setPython(pid, root, maps)
 	if err != nil {
-		s.warn(fmt.Errorf("pid %d: Python frames of its first record: %w", ev.PID, err))
+		s.warn(err)
+	}
+	if in == nil && err == nil {
 		return
 	}
-	if !known {
-		return // a 3.10 thread other than the main one: BPF alone can tell
+	if s.pyEarly == nil {
+		s.pyEarly = map[uint32]*pystack.Interp{}
 	}
-	if len(raw) == 0 {
-		ev.Flags |= events.FlagNoPython
-		return
-	}
-	ev.Py = ev.Py[:0]
-	for _, r := range raw {
-		f := events.PyFrame{Code: r.Code, Units: r.Units}
-		if r.Entry {
-			f.Flags = events.PyEntry
-		}
-		ev.Py = append(ev.Py, f)
-	}
-	ev.Flags |= events.FlagPython | events.FlagPyHead // as BPF lays them out (enrich re-encodes: raw has none)
+	s.pyEarly[pid] = in // nil too, with an error: tried
 }
 
-// resolvePython reads what the code objects of ev's Python frames are
-// (file, function, line), for those not read before, into the process's
-// table (in the model, from its first event with Python facts on), and
-// writes them to the trace: code objects live in the process and may be
-// freed once it moves on, so they are read now, before the event itself
-// is written, with or without a trace file (the live views name them from
-// the table).
+// pyCode is what a capture named of a code object: its identity then, and
+// the names (info) or why it could not be named from the capture (err:
+// the process is read instead).
+type pyCode struct {
+	ident uint64
+	info  *pystack.CodeInfo
+	err   error
+}
+
+// pycode takes a code object's capture (bpf/pycode.h), made before the
+// record that showed it. A capture at an address whose last capture had
+// another identity is a new code object where a freed one was: its frames
+// are renewed in the process's table (pyframes.Code.Renew).
+func (s *session) pycode(raw []byte, ev *events.Event) {
+	lp := s.track(ev)
+	if lp.py == nil {
+		return // its layout dropped (an exec) after the capture was made
+	}
+	var c events.PyCodeCapture
+	if err := events.DecodePyCode(raw, ev, &c); err != nil {
+		s.warn(err)
+		return
+	}
+	pc := pyCode{ident: c.Ident}
+	pc.info, pc.err = lp.py.Parse(&c)
+	if lp.codes == nil {
+		lp.codes = map[uint64]pyCode{}
+	}
+	if old, ok := lp.codes[c.Code]; ok && old.ident != c.Ident {
+		if lp.renew == nil {
+			lp.renew = map[uint64]bool{}
+		}
+		lp.renew[c.Code] = true
+	}
+	lp.codes[c.Code] = pc
+	s.pyCaptured++
+}
+
+// resolvePython names the code objects of ev's Python frames (file,
+// function, line), for those not named before, into the process's table
+// (in the model, from its first event with Python facts on), and writes
+// them to the trace before the event itself, with or without a trace file
+// (the live views name them from the table).
 func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	if lp.py == nil || ev.Flags&(events.FlagPython|events.FlagNoPython) == 0 {
 		return
@@ -153,24 +178,16 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 		}
 	}
 	var out []pyframes.Code
-	var m *pystack.Mem
 	for _, f := range ev.Py {
-		if table.Has(f.Code, f.Units) {
+		renew := lp.renew[f.Code]
+		if !renew && table.Has(f.Code, f.Units) {
 			continue
 		}
-		c := pyframes.Code{Code: f.Code, Units: f.Units}
-		if m == nil {
-			var err error
-			if m, err = pystack.OpenMem(int(ev.PID)); err != nil {
-				c.Error = err.Error()
-				s.countPython(c)
-				table.Put(c)
-				out = append(out, c)
-				continue
-			}
-			defer m.Close()
+		c := pyframes.Code{Code: f.Code, Units: f.Units, Renew: renew}
+		if renew {
+			delete(lp.renew, f.Code)
 		}
-		fr, err := lp.py.Code(m, f.Code, int64(f.Units))
+		fr, err := s.nameCode(ev.PID, lp, f)
 		if err != nil {
 			c.Error = err.Error()
 		}
@@ -187,7 +204,26 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	}
 }
 
-// countPython counts a Python frame read, and whether it stayed
+// nameCode names frame f of process pid from its code object's capture,
+// else from the process's memory (while the code object lives).
+func (s *session) nameCode(pid uint32, lp *liveProc, f events.PyFrame) (pystack.Frame, error) {
+	pc, ok := lp.codes[f.Code]
+	if ok && pc.info != nil {
+		fr, err := pc.info.Frame(int64(f.Units))
+		if !errors.Is(err, pystack.ErrNotCaptured) {
+			return fr, err
+		}
+	}
+	s.pyRead++
+	fr, err := lp.py.Code(int(pid), f.Code, int64(f.Units))
+	if err != nil && ok && pc.err != nil && !errors.Is(pc.err, pystack.ErrNotCaptured) {
+		// What the capture showed says more than a read after the fact.
+		return fr, pc.err
+	}
+	return fr, err
+}
+
+// countPython counts a Python frame named, and whether it stayed
 // unresolved (Result.UnresolvedPython).
 func (s *session) countPython(c pyframes.Code) {
 	s.pyFrames++

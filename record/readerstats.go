@@ -13,7 +13,7 @@ type Stage int
 // The stages, in the order an event goes through them.
 const (
 	StageDecode Stage = iota // the ring-buffer record into an events.Event
-	StagePython              // code objects new to the process read, the process resumed
+	StagePython              // code objects new to the process named
 	StageUnwind              // the stack window unwound from call-frame information, the record re-encoded
 	StageName                // container processes' frames queued for naming
 	StageWrite               // the trace frame written (buffered)
@@ -35,9 +35,6 @@ type ReaderStats struct {
 	// the runtime and the kernel's side of its system calls included.
 	CPU    time.Duration
 	Stages [numStages]time.Duration
-	// PeerHolds: how often the reader left a process stopped for another
-	// tracer holding it too (the tracer's peer_holds counter).
-	PeerHolds uint64
 
 	start  time.Duration // process CPU at the first event
 	ticked uint64        // Events at the last tick that took CPU
@@ -106,6 +103,5 @@ func (r *ReaderStats) Write(w io.Writer) {
 		fmt.Fprintf(w, " %s %.0f", st, per(r.Stages[st]))
 		staged += r.Stages[st]
 	}
-	fmt.Fprintf(w, ", ring reading and the rest %.0f ns per event (stages timed on the reader's goroutine);", per(r.CPU-staged))
-	fmt.Fprintf(w, " %d peer holds (processes left stopped for another tracer holding them)\n", r.PeerHolds)
+	fmt.Fprintf(w, ", ring reading and the rest %.0f ns per event (stages timed on the reader's goroutine)\n", per(r.CPU-staged))
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
-	"github.com/cudatrace/cudatrace/internal/watchdog"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
@@ -46,20 +45,6 @@ type Options struct {
 	// 3, then execs the rest of its arguments: it lets the tracer add the
 	// child to the PID filter before the target runs its first instruction.
 	LaunchHelper []string
-	// Watchdog is argv[0..] of the command whose body is watchdog.Main:
-	// with a launched command (or HoldAll), it resumes the processes BPF
-	// stopped for the reader if the tracer dies first. Nil: none (a
-	// test's session).
-	Watchdog []string
-	// HoldAll holds the processes of --pid and --all (the agent, top) as
-	// a launched command's are (loader.Options.Hold): stopped at the first
-	// record until their mappings and Python interpreter are read, and at
-	// a record with a Python frame new to them until that frame's code
-	// object is, so that a process's first burst gets its Python frames.
-	// Only with a Watchdog, and only processes without a controlling
-	// terminal (loader.HoldNoTerminal). Each stop lasts as long as the
-	// reader takes to read; never while the reader is behind.
-	HoldAll bool
 	// Observer, when set, watches the session live (top, agent).
 	Observer Observer
 	// NVML, when set, opens the driver's view of GPU memory (gpustat.Open),
@@ -160,6 +145,13 @@ type Result struct {
 	// whose code object could not be read (freed before it was): their
 	// stacks show "[unresolved Python frame: why]" there.
 	PythonFrames, UnresolvedPython uint64
+	// PythonCaptured counts the code objects BPF captured at their first
+	// sight (bpf/pycode.h); PythonRead the frames named from the process's
+	// memory instead (a capture that lacked a part, or none).
+	PythonCaptured, PythonRead uint64
+	// Uncaptured counts the processes gone before their mappings could be
+	// read at their first record: their stacks stay addresses.
+	Uncaptured uint64
 	// Reader is what reading the events cost, with Options.ReaderStats.
 	Reader *ReaderStats
 }
@@ -173,8 +165,12 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if err := validate(&opts); err != nil {
 		return nil, err
 	}
-	if err := loader.Preflight(); err != nil {
+	warning, err := loader.Preflight()
+	if err != nil {
 		return nil, err
+	}
+	if warning != "" {
+		fmt.Fprintf(opts.Stderr, "cudatrace: warning: %s\n", warning)
 	}
 	libs, err := findLibraries(&opts)
 	if err != nil {
@@ -184,15 +180,6 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	topts := opts.Tracer
 	topts.FilterPIDs = !opts.All
 	topts.FollowForks = true
-	// A launched command's processes are ours to pause for the moment it
-	// takes to read their mappings (see loader.Options.Hold); with
-	// HoldAll and a watchdog, those of --pid and --all without a terminal.
-	switch {
-	case len(opts.Command) > 0:
-		topts.Hold = loader.HoldAll
-	case opts.HoldAll && len(opts.Watchdog) > 0:
-		topts.Hold = loader.HoldNoTerminal
-	}
 	// Processes already running may have chosen their devices unseen:
 	// learn them from their own calls (see loader.LearnProbes).
 	topts.TraceStart = BootNow()
@@ -205,16 +192,6 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, hint.Wrap(err, "check `dmesg` and that the kernel has BTF and uprobes (CONFIG_UPROBE_EVENTS)")
 	}
 	defer tr.Close()
-	if topts.Hold != loader.HoldNone && len(opts.Watchdog) > 0 {
-		wd, err := watchdog.Start(opts.Watchdog, tr.Held(), opts.Stderr)
-		if err != nil {
-			return nil, hint.Wrap(err, "traced processes are paused at their first allocation; without a watchdog a dying tracer could leave one stopped")
-		}
-		// Runs before tr.Close: the tracer resumes what is held, then
-		// the watchdog goes.
-		defer wd.Close()
-	}
-
 	res := &Result{Ledger: ledger.New(), Output: opts.Output}
 	for _, lib := range libs {
 		ar, err := tr.Attach(lib)
@@ -237,7 +214,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	for _, ar := range res.Attached {
 		s.writeAttach(ar, nil)
 	}
-	s.detectPythonAtStart(opts.PIDs)
+	for _, pid := range opts.PIDs {
+		s.detectEarly(uint32(pid), nil)
+	}
+	s.attachLoaders(opts.PIDs)
 	var probes int
 	for _, ar := range res.Attached {
 		probes += ar.Programs
@@ -312,15 +292,13 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	res.Events = s.events
 	res.StacksCut = s.en.Stats.Cut
 	res.PythonFrames, res.UnresolvedPython = s.pyFrames, s.pyUnresolved
+	res.PythonCaptured, res.PythonRead, res.Uncaptured = s.pyCaptured, s.pyRead, s.uncaptured
 	if s.opts.Observer != nil {
 		// The final figures, the split of the losses with them: what the
 		// agent serves until it shuts down agrees with its exit line.
 		s.opts.Observer.Tick(res)
 	}
 	res.Reader = s.stats
-	if s.stats != nil {
-		s.stats.PeerHolds = res.Counters["peer_holds"]
-	}
 	if err := s.finish(res); err != nil {
 		return res, err
 	}

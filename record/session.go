@@ -67,12 +67,25 @@ type session struct {
 	warned       map[string]bool
 	sampler      *sampler // nil without Options.NVML
 	namer        *namer   // names container processes' frames; nil until one is seen
-	// pyAtStart: the --pid processes' interpreters, found when tracing
-	// started (nil: none), until their first record (detectPython).
-	pyAtStart map[uint32]*pystack.Interp
-	// pyFrames and pyUnresolved count the Python frames read, and those
-	// that stayed unresolved (Result).
-	pyFrames, pyUnresolved uint64
+	// pyEarly: interpreters found in processes before their first
+	// capture (nil: tried, with an error), until then (detectPython).
+	pyEarly map[uint32]*pystack.Interp
+	// pyFrames and pyUnresolved count the Python frames named, and those
+	// that stayed unresolved; pyCaptured the code objects BPF captured,
+	// pyRead the frames named from the process's memory instead (Result).
+	pyFrames, pyUnresolved, pyCaptured, pyRead uint64
+	// uncaptured counts the processes gone before their mappings could
+	// be read (Result.Uncaptured).
+	uncaptured uint64
+	// notes: the processes notes came for (notes.go), and those whose
+	// last note is still to be taken.
+	notes map[uint32]noteState
+	// noteReads counts the reads of mappings notes made since the last
+	// tick (noteReadsPerTick).
+	noteReads int
+	// pending: each CUDA process's capture as a note last read it, for
+	// when it is gone by the time a record asks for one (notes.go).
+	pending map[uint32]*procmodel.Capture
 	// learn decides when the tracer's learning probes are on.
 	learn learning
 	// stats times the steps of Record (Options.ReaderStats); nil: not.
@@ -104,6 +117,11 @@ type liveProc struct {
 	quiet   int
 	py      *pystack.Interp // nil: no CPython found (yet)
 	pyTried bool
+	// codes are the process's code objects BPF captured, by address
+	// (the latest at each); renew, the addresses whose latest capture is
+	// of another code object than the frames named there (python.go).
+	codes map[uint64]pyCode
+	renew map[uint64]bool
 }
 
 // newState returns a session's state, with no trace file.
@@ -198,24 +216,26 @@ func (s *session) Record(raw []byte) {
 		s.warn(err)
 		return
 	}
-	s.events++
 	ev := &s.ev
-	decoded := ev.Flags // what raw holds: the steps below may add Python frames (heldPython)
+	if ev.API.Info().Op == events.OpNote {
+		s.note(raw, ev)
+		return
+	}
+	s.events++
 	lp := s.track(ev)
 	st.done(StageDecode)
-	// Code objects are read before the process goes on: BPF holds it at a
-	// record with a Python frame new to it (bpf/python.h
-	// py_hold_new_frames) until resume.
 	s.resolvePython(ev, lp)
-	s.resume(ev)
 	st.done(StagePython)
-	raw = s.enrich(ev, lp, raw, decoded)
+	raw = s.enrich(ev, lp, raw)
 	st.done(StageUnwind)
 	s.nameNative(ev, lp)
 	st.done(StageName)
 	s.write(ev, raw)
 	st.done(StageWrite)
 	ch := s.apply(ev, lp)
+	if ev.API == events.ProcessExit {
+		s.forgetNotes(ev.PID) // its records are all read
+	}
 	s.learn.saw(ev, ch, s.learner())
 	if s.opts.Observer != nil {
 		s.opts.Observer.Event(ev, ch)
@@ -295,29 +315,14 @@ func (lp *liveProc) covered(stack []uint64) bool {
 	return true
 }
 
-// resume lets a process go that BPF stopped at ev for the capture of its
-// mappings (or for one made earlier, if BPF forgot the process), or for
-// the reading of a code object new to it (resolvePython); the tracer
-// leaves it stopped while another tracer holds it too
-// (loader.Tracer.Release).
-func (s *session) resume(ev *events.Event) {
-	if ev.Flags&events.FlagHeld == 0 {
-		return
-	}
-	if err := s.tr.Release(ev.PID, ev.End()); err != nil {
-		s.warn(err)
-	}
-}
-
 // enrich unwinds ev's stack window, if it has one; it returns the record
 // re-encoded to match. The unwinder reads the files now, while they are surely the ones
 // the process mapped (a container's through /proc/PID/root while it
 // lives), and the window (16 KiB or so a record: most of a trace's bytes)
 // is dropped. Otherwise raw's prefix (write) is the record: BPF puts the
 // Python frames right after the frames and window (events.FlagPyHead),
-// unless user space gave ev frames raw lacks (decoded: ev's flags as raw
-// has them), or the frames end raw's room (a record of the older layout).
-func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte, decoded uint16) []byte {
+// unless the frames end raw's room (a record of the older layout).
+func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte) []byte {
 	switch {
 	case s.en.Unwinds() && ev.Flags&events.FlagWindow != 0:
 		s.en.Unwind(ev, lp.p.Current())
@@ -326,8 +331,7 @@ func (s *session) enrich(ev *events.Event, lp *liveProc, raw []byte, decoded uin
 		ev.Window = ev.Window[:0]
 		s.buf = events.Encode(s.buf[:0], ev)
 		raw = s.buf
-	case ev.Flags&events.FlagPython != 0 && (decoded&events.FlagPython == 0 ||
-		ev.Flags&events.FlagPyHead == 0 && events.RecordLen(ev) != len(raw)):
+	case ev.Flags&events.FlagPython != 0 && ev.Flags&events.FlagPyHead == 0 && events.RecordLen(ev) != len(raw):
 		s.buf = events.Encode(s.buf[:0], ev)
 		raw = s.buf
 	}
@@ -364,8 +368,17 @@ func (s *session) apply(ev *events.Event, lp *liveProc) ledger.Change {
 func (s *session) capture(pid uint32, lp *liveProc) {
 	lp.captured = s.ev.Time
 	c, all := procmodel.Read(pid, s.ev.Comm, BootNow(), &s.ids)
+	pending := s.pending[pid]
+	delete(s.pending, pid)
 	if c.Error != "" {
 		lp.exited = true
+		switch {
+		case pending != nil && (lp.p == nil || lp.p.Current() == nil || pending.Time > lp.p.Current().Time):
+			// Gone, but read at its last library load: what it mapped.
+			c = pending
+		case lp.p == nil:
+			s.uncaptured++
+		}
 	}
 	s.detectPython(pid, lp, c.RootDir(), all)
 	lp.p = s.procs.Add(c)
@@ -394,6 +407,7 @@ func (s *session) learner() learner {
 func (s *session) Tick() {
 	s.stats.tick()
 	s.attachLate()
+	s.takeNotes()
 	s.learn.tick(s.learner())
 	s.writeNamed(false)
 	s.prune()

@@ -7,8 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cudatrace/cudatrace/internal/watchdog"
 	"github.com/cudatrace/cudatrace/procmodel"
+	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -94,5 +94,5 @@ func (w *TraceWriter) Finish(c tracefile.Counters, e tracefile.End) error {
 }
 
 // BootNow is the trace's clock now: CLOCK_BOOTTIME in nanoseconds, the
-// clock of the BPF side's records (watchdog.BootNow).
-func BootNow() uint64 { return watchdog.BootNow() }
+// clock of the BPF side's records (proc.BootNow).
+func BootNow() uint64 { return proc.BootNow() }

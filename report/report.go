@@ -338,6 +338,11 @@ type Library struct {
 	LateNS       uint64 `json:"late_ns,omitempty"`
 	LatePID      uint32 `json:"late_pid,omitempty"`
 	EventsBefore uint64 `json:"events_before,omitempty"`
+	// LoadedNS is when the process mapped it, from the start (its
+	// loader's notification); 0 when not known (a periodic scan of its
+	// mappings found it). Between LoadedNS and LateNS its calls into the
+	// library were not traced: how many there were cannot be known.
+	LoadedNS uint64 `json:"loaded_ns,omitempty"`
 }
 
 // Load reads and accounts a whole trace. A trace cut short (the tracer was
@@ -376,6 +381,9 @@ func Load(path string, opts Options) (*Report, error) {
 			LatePID: a.PID, EventsBefore: a.EventsBefore}
 		if a.Time > meta.StartBoot {
 			lib.LateNS = a.Time - meta.StartBoot
+		}
+		if a.Loaded > meta.StartBoot {
+			lib.LoadedNS = a.Loaded - meta.StartBoot
 		}
 		rep.Libraries = append(rep.Libraries, lib)
 	}

@@ -242,9 +242,13 @@ func (r *Report) writeHeader(w io.Writer) {
 		fmt.Fprintf(w, "Warning: %s\n", r.SymbolWarning)
 	}
 	for _, l := range r.Libraries {
-		if l.LatePID != 0 {
-			fmt.Fprintf(w, "Note: pid %d loaded %s after tracing began; it was attached %s into the trace, after %s of that process: calls into it before then were not traced\n",
-				l.LatePID, l.Path, roundAge(time.Duration(l.LateNS)), plural(l.EventsBefore, "event"))
+		switch {
+		case l.LatePID != 0 && l.LoadedNS != 0:
+			fmt.Fprintf(w, "Note: pid %d loaded %s after tracing began, %s into the trace, and its probes were attached %s later: calls into it in between, if it made any, were not traced\n",
+				l.LatePID, l.Path, roundAge(time.Duration(l.LoadedNS)), time.Duration(l.LateNS-min(l.LoadedNS, l.LateNS)).Round(10*time.Microsecond))
+		case l.LatePID != 0:
+			fmt.Fprintf(w, "Note: pid %d loaded %s after tracing began; a scan of its mappings found it %s into the trace and attached it then: its calls into it before then were not traced, and how many there were cannot be known\n",
+				l.LatePID, l.Path, roundAge(time.Duration(l.LateNS)))
 		}
 	}
 	for _, p := range r.Processes {

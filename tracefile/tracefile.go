@@ -194,6 +194,9 @@ type PyCode struct {
 	Function string `json:"function"` // qualified name from 3.11
 	Line     int    `json:"line"`
 	Error    string `json:"error,omitempty"` // why it could not be read (the code object was freed)
+	// Renew: a new code object at the address of a freed one; the codes
+	// before at that address name none of its frames (pyframes.Code).
+	Renew bool `json:"renew,omitempty"`
 }
 
 // Attach records one library the probes were attached to.
@@ -209,6 +212,11 @@ type Attach struct {
 	Time         uint64 `json:"boot_ns,omitempty"`
 	PID          uint32 `json:"pid,omitempty"`
 	EventsBefore uint64 `json:"events_before,omitempty"`
+	// Loaded is when the process mapped the library (CLOCK_BOOTTIME ns,
+	// from its dynamic loader's notification: bpf/notify.h); 0 when not
+	// known (a periodic scan of its mappings found it). Its calls between
+	// Loaded and Time were not traced.
+	Loaded uint64 `json:"loaded,omitempty"`
 }
 
 // Counters is a snapshot of the BPF side's counters (cumulative since the

@@ -56,8 +56,15 @@ func startAgentArgs(t *testing.T, ctx context.Context, args ...string) *runningA
 // startAgentEnv starts the agent with env added to this process's.
 func startAgentEnv(t *testing.T, ctx context.Context, env []string, args ...string) *runningAgent {
 	t.Helper()
-	args = append([]string{"agent", "--listen", "127.0.0.1:0"}, args...)
-	cmd := exec.CommandContext(ctx, tracerBin, args...)
+	return startAgentWrapped(t, ctx, nil, env, args...)
+}
+
+// startAgentWrapped starts the agent under wrap (argv, cudatrace's after
+// it; nil: none), with env added to this process's.
+func startAgentWrapped(t *testing.T, ctx context.Context, wrap, env []string, args ...string) *runningAgent {
+	t.Helper()
+	argv := append(append(append([]string{}, wrap...), tracerBin, "agent", "--listen", "127.0.0.1:0"), args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

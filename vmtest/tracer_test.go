@@ -208,6 +208,9 @@ type recordOpts struct {
 	// Stdin is what record (and the command it launches) reads; nil:
 	// nothing.
 	Stdin io.Reader
+	// Wrap runs record under another command (argv, cudatrace's after
+	// it): setpriv, for the capabilities the agent ships with.
+	Wrap []string
 }
 
 // startRecord starts `cudatrace record ARGS...`. It is killed, with its
@@ -215,7 +218,8 @@ type recordOpts struct {
 // logged.
 func startRecord(t *testing.T, ctx context.Context, opts recordOpts, args ...string) *recording {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, tracerBin, append([]string{"record"}, args...)...)
+	argv := append(append(append([]string{}, opts.Wrap...), tracerBin, "record"), args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = opts.Env
 	cmd.Dir = opts.Dir
 	cmd.Stdin = opts.Stdin
@@ -303,10 +307,16 @@ func (r *recording) finish(t *testing.T, timeout time.Duration) {
 // is logged if the test fails.
 func runReport(t *testing.T, ctx context.Context, trace string) *report {
 	t.Helper()
+	return runReportArgs(t, ctx, trace)
+}
+
+// runReportArgs is runReport with more of report's flags (--top 500).
+func runReportArgs(t *testing.T, ctx context.Context, trace string, args ...string) *report {
+	t.Helper()
 	if fi, err := os.Stat(trace); err != nil || fi.Size() == 0 {
 		t.Fatalf("trace file %s: %v (size %d)", trace, err, sizeOf(fi))
 	}
-	cmd := exec.CommandContext(ctx, tracerBin, "report", trace, "--json")
+	cmd := exec.CommandContext(ctx, tracerBin, append([]string{"report", trace, "--json"}, args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -128,14 +128,7 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 			stop()
 		}
 	}()
-	wd, err := watchdogArgv()
-	if err != nil {
-		return err
-	}
-	// HoldAll: a process's first allocations get their Python frames, as
-	// under record; the watchdog resumes what a dying agent leaves held.
-	opts := record.Options{Libs: f.libs, All: true, Version: version, Stderr: stderr, Observer: a, NoPythonFrames: f.noPy,
-		HoldAll: !f.noPy, Watchdog: wd}
+	opts := record.Options{Libs: f.libs, All: true, Version: version, Stderr: stderr, Observer: a, NoPythonFrames: f.noPy}
 	if f.nvml {
 		opts.NVML = gpustat.Open
 	}
@@ -147,10 +140,7 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 	fmt.Fprintf(stderr, "cudatrace agent: stopped (%s) after %d events, %d lost while serving (cudatrace_lost_events_total), %d while stopping\n",
 		res.StopReason, res.Events, res.Lost-res.LostStopping, res.LostStopping)
 	writeLosses(stderr, "cudatrace agent", res, ring)
-	if res.UnresolvedPython > 0 {
-		fmt.Fprintf(stderr, "cudatrace agent: %d of %d Python frames stayed unresolved (their code objects were gone before cudatrace read them): shown as [unresolved Python frame]\n",
-			res.UnresolvedPython, res.PythonFrames)
-	}
+	writePythonLosses(stderr, "cudatrace agent", res)
 	return nil
 }
 

@@ -120,10 +120,6 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		Duration: f.duration, Output: output, Version: version,
 		Stderr:       cmd.ErrOrStderr(),
 		LaunchHelper: []string{exe, launchCmdName},
-		Watchdog:     []string{exe, watchdogCmdName},
-		// --pid and --all: each process's first burst gets its Python
-		// frames too, as a launched command's.
-		HoldAll: !f.noPy,
 
 		KeepStackWindows: f.keepWin,
 		NoPythonFrames:   f.noPy,
@@ -165,10 +161,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		fmt.Fprintf(w, "cudatrace: %d %s %s stack window did; a larger --stack-window (up to 64KiB) reaches deeper\n",
 			res.StacksCut, what, f.window)
 	}
-	if res.UnresolvedPython > 0 {
-		fmt.Fprintf(w, "cudatrace: %d of %d Python frames stayed unresolved (their code objects were gone before cudatrace read them): shown as [unresolved Python frame]\n",
-			res.UnresolvedPython, res.PythonFrames)
-	}
+	writePythonLosses(w, "cudatrace", res)
 	if res.Reader != nil {
 		res.Reader.Write(w)
 	}
@@ -354,9 +347,11 @@ Exit status: the command's; 125 when it succeeded (or none was launched)
 but the trace or an export was not written whole; 122 when all that went
 well but a process was over a budget; 1 when tracing could not start.
 
-A launched command's processes are paused (SIGSTOP) at their first
-allocation while their mappings are read. A watchdog process beside
-cudatrace resumes them if cudatrace dies first, or after 5 s.
+Nothing traced is ever stopped or waited for: a process's mappings are
+read at its first allocation while it runs on, and each Python code object
+is copied by the probe the first time a stack shows it. What cannot be
+read in time (a process gone before its mappings were read, a library
+mapped before its probes were attached) is counted and said.
 
 NVML: every second (--nvml-interval), record also asks the NVIDIA driver (NVML, as nvidia-smi
 does) how much GPU memory each process holds, and keeps that in the trace:

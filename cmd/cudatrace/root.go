@@ -76,7 +76,7 @@ Needs root, or CAP_BPF and CAP_PERFMON, on Linux 5.15 or later with BTF.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(flagError)
-	root.AddCommand(newRecordCmd(), newReportCmd(), newDiffCmd(), newExportCmd(), newTopCmd(), newAgentCmd(), newLaunchCmd(), newWatchdogCmd())
+	root.AddCommand(newRecordCmd(), newReportCmd(), newDiffCmd(), newExportCmd(), newTopCmd(), newAgentCmd(), newLaunchCmd())
 	return root
 }
 
@@ -95,5 +95,24 @@ func writeLosses(w io.Writer, who string, res *record.Result, ring uint32) {
 	if res.LostStopping > 0 {
 		fmt.Fprintf(w, "%s: %d events lost while stopping (probes firing as they were removed): the figures up to the stop miss none of them\n",
 			who, res.LostStopping)
+	}
+}
+
+// writePythonLosses says what of the traced processes could not be named:
+// Python frames left unresolved, and processes gone before their mappings
+// were read (their native frames stay addresses).
+func writePythonLosses(w io.Writer, who string, res *record.Result) {
+	if res.UnresolvedPython > 0 {
+		fmt.Fprintf(w, "%s: %d of %d Python frames stayed unresolved (their code objects were neither captured at first sight nor readable after): shown as [unresolved Python frame]\n",
+			who, res.UnresolvedPython, res.PythonFrames)
+	}
+	if n := res.Counters["python_preempted"]; n > 0 {
+		fmt.Fprintf(w, "%s: %d allocations have no Python frames: a thread that preempted the probe on its CPU took the scratch they were built in\n", who, n)
+	}
+	switch {
+	case res.Uncaptured == 1:
+		fmt.Fprintf(w, "%s: 1 process exited before its mappings could be read: its native frames stay addresses\n", who)
+	case res.Uncaptured > 1:
+		fmt.Fprintf(w, "%s: %d processes exited before their mappings could be read: their native frames stay addresses\n", who, res.Uncaptured)
 	}
 }

@@ -63,15 +63,8 @@ func runTop(cmd *cobra.Command, f *topFlags, _ []string) error {
 		topts.Messages = &top.Messages{}
 		stderr = topts.Messages
 	}
-	wd, err := watchdogArgv()
-	if err != nil {
-		return err
-	}
-	// HoldAll: a process's first allocations get their Python frames, as
-	// under record; the watchdog resumes what a dying top leaves held.
 	opts := record.Options{Libs: f.libs, PIDs: f.pids.ints(), All: len(f.pids) == 0, Version: version,
-		Stderr: stderr, Observer: c, NVMLEvery: f.every, NoPythonFrames: f.noPy,
-		HoldAll: !f.noPy, Watchdog: wd}
+		Stderr: stderr, Observer: c, NVMLEvery: f.every, NoPythonFrames: f.noPy}
 	opts.Tracer.PollInterval = min(f.every/2, 50*time.Millisecond)
 	opts.Tracer.RingBytes = ring
 	if f.nvml {

@@ -1,0 +1,153 @@
+package loader
+
+import (
+	"debug/elf"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/cilium/ebpf/link"
+
+	"github.com/cudatrace/cudatrace/proc"
+)
+
+// The dynamic loader's notification point (bpf/notify.h ct_dl_notify):
+// glibc's and musl's ld.so call _dl_debug_state before and after each
+// change to the list of objects a process has mapped, as debuggers expect
+// (the r_brk of struct r_debug). A uprobe there tells the reader the
+// moment a traced process has mapped a library, so a CUDA library it
+// dlopens is attached then rather than at the next scan of its mappings,
+// and its interpreter is found before its first allocation.
+
+// loaderPattern matches the file names of dynamic loaders: glibc's
+// (ld-linux-x86-64.so.2, ld-linux-aarch64.so.1, ld-2.31.so) and musl's
+// (ld-musl-x86_64.so.1).
+var loaderPattern = regexp.MustCompile(`^ld-(linux|musl)[-_a-z0-9.]*\.so(\.\d+)*$|^ld-\d+\.\d+\.so$`)
+
+// IsDynamicLoader reports whether a path names a dynamic loader.
+func IsDynamicLoader(path string) bool { return loaderPattern.MatchString(filepath.Base(path)) }
+
+// rStateOffset is the offset of r_state in struct r_debug (<link.h>) on
+// the 64-bit targets: int r_version, then the r_map and r_brk pointers.
+const rStateOffset = 24
+
+// LoaderIn returns the path (one the tracer can open: proc.FilePath) of
+// the dynamic loader among process pid's mappings; "" for a static
+// program.
+func LoaderIn(pid int, maps []proc.Mapping) string {
+	for _, m := range maps {
+		if m.File() && m.Exec() && IsDynamicLoader(m.Path) {
+			return proc.FilePath(pid, m)
+		}
+	}
+	return ""
+}
+
+// SystemLoader returns the host's dynamic loader: the interpreter
+// /bin/sh names (PT_INTERP), what the host's dynamically linked programs
+// run under; "" when it cannot be told.
+func SystemLoader() string {
+	f, err := elf.Open("/bin/sh")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_INTERP {
+			continue
+		}
+		b := make([]byte, p.Filesz)
+		if _, err := p.ReadAt(b, 0); err != nil {
+			return ""
+		}
+		path, err := filepath.EvalSymlinks(strings.TrimRight(string(b), "\x00"))
+		if err != nil {
+			return ""
+		}
+		return path
+	}
+	return ""
+}
+
+// notifySite finds _dl_debug_state in the ld.so at path, and the cookie
+// ct_dl_notify reads r_state with: the byte offset from it to
+// _r_debug.r_state (0 where the file names no _r_debug: musl's).
+func notifySite(path string) (off, cookie uint64, err error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	var state, rdebug *elf.Symbol
+	for _, get := range []func() ([]elf.Symbol, error){f.DynamicSymbols, f.Symbols} {
+		syms, _ := get()
+		for i := range syms {
+			s := &syms[i]
+			if s.Section == elf.SHN_UNDEF || s.Value == 0 {
+				continue
+			}
+			switch s.Name {
+			case "_dl_debug_state":
+				if state == nil && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+					state = s
+				}
+			case "_r_debug":
+				if rdebug == nil {
+					rdebug = s
+				}
+			}
+		}
+	}
+	if state == nil {
+		return 0, 0, fmt.Errorf("%s: no _dl_debug_state: not a dynamic loader cudatrace knows", path)
+	}
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_LOAD && prog.Flags&elf.PF_X != 0 && prog.Vaddr <= state.Value && state.Value < prog.Vaddr+prog.Memsz {
+			off = state.Value - prog.Vaddr + prog.Off
+			break
+		}
+	}
+	if off == 0 {
+		return 0, 0, fmt.Errorf("%s: _dl_debug_state at %#x is in no executable segment", path, state.Value)
+	}
+	if rdebug != nil {
+		cookie = uint64(int64(rdebug.Value+rStateOffset) - int64(state.Value))
+	}
+	return off, cookie, nil
+}
+
+// AttachLoader attaches ct_dl_notify to the dynamic loader at path, once
+// per file (inode). It says whether it attached now. With the PID filter
+// the program makes records of traced processes only; without it, of any
+// process, at most one every few milliseconds each (bpf/notify.h).
+func (t *Tracer) AttachLoader(path string) (bool, error) {
+	if path == "" {
+		return false, nil
+	}
+	var probe Libraries
+	if _, err := probe.Add(path); err != nil {
+		return false, err
+	}
+	lib := probe.List()[0]
+	for _, l := range t.loaders.List() {
+		if l.Dev == lib.Dev && l.Inode == lib.Inode {
+			return false, nil
+		}
+	}
+	off, cookie, err := notifySite(path)
+	if err != nil {
+		return false, err
+	}
+	ex, err := link.OpenExecutable(path)
+	if err != nil {
+		return false, err
+	}
+	added, err := t.attach(ex, []site{{name: "_dl_debug_state", prog: t.objs.CtDlNotify, addr: off, cookie: cookie}})
+	if err != nil {
+		return false, fmt.Errorf("attach to %s's _dl_debug_state: %w", path, err)
+	}
+	t.links = append(t.links, added...)
+	t.loaders.Add(path)
+	return true, nil
+}

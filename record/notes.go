@@ -1,0 +1,231 @@
+package record
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/loader"
+	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
+	"github.com/cudatrace/cudatrace/tracefile"
+)
+
+// Notes are the records BPF makes for the reader rather than the ledger
+// (events.OpNote): a code object captured (python.go), a traced process's
+// exec, and its dynamic loader's word that it mapped libraries
+// (bpf/notify.h). Each wakes the reader at once: a CUDA library a process
+// loads is attached as soon as it is mapped, and its interpreter found
+// before its first allocation, without stopping it. What it did before
+// the reader got there is what the report says was not seen.
+
+// noteReadsPerTick bounds, with every process on the host traced (--all,
+// the agent), the reads of mappings notes ask for between two ticks (50
+// ms): every process's loads reach the probe there (BPF keeps them 20 ms
+// apart per process), and a node starting many Python jobs at once, each
+// mapping hundreds of extension modules, must not keep the reader from
+// its records. The notes over it are taken at later ticks; the periodic
+// scan (latescan.go) stays behind them all. With the PID filter every
+// note of a traced process is taken at once: its last one before a quick
+// exit is what names its stacks (pending).
+const noteReadsPerTick = 8
+
+// noteState is what the session keeps of a process's notes.
+type noteState struct {
+	again bool // a note came that was not taken (over noteReadsPerTick): read at the next tick
+	// gone: boot ns when a tick found it exited. Its capture (pending)
+	// waits a while for records still in the ring buffer (its exit
+	// record, when it made any, drops it first).
+	gone uint64
+}
+
+// pendingAfterExit is how long a process's pending capture outlives it,
+// for records of it still unread.
+const pendingAfterExit = 5 * time.Second
+
+// note takes a note record.
+func (s *session) note(raw []byte, ev *events.Event) {
+	switch ev.API {
+	case events.PyCode:
+		s.pycode(raw, ev)
+	case events.ProcessExec:
+		s.exec(ev)
+	case events.LibrariesMapped:
+		s.mapped(ev.PID, ev.Time)
+	}
+}
+
+// exec takes a traced process's exec: the program it ran before is gone,
+// with its interpreter and code objects (BPF dropped its layout), and
+// what it runs now is captured and looked at as a process first seen.
+func (s *session) exec(ev *events.Event) {
+	pid := ev.PID
+	delete(s.pyEarly, pid)
+	if lp := s.live[pid]; lp != nil {
+		lp.py, lp.pyTried, lp.codes, lp.renew = nil, false, nil, nil
+		if lp.p != nil {
+			lp.p.Py = nil // a new table, should it run CPython too
+		}
+		s.capture(pid, lp)
+	}
+	s.mapped(pid, ev.Time)
+}
+
+// mapped reads process pid's mappings after its loader mapped libraries
+// (at boot time at): a CUDA library no probe covers is attached now, and
+// so is its loader's notification point if new; a process whose
+// interpreter is not known yet is looked at for one.
+func (s *session) mapped(pid uint32, at uint64) {
+	if s.notes == nil {
+		s.notes = map[uint32]noteState{}
+	}
+	if s.opts.All && s.noteReads >= noteReadsPerTick {
+		s.notes[pid] = noteState{again: true}
+		return
+	}
+	s.noteReads++
+	s.notes[pid] = noteState{}
+	c, all := procmodel.Read(pid, "", at, &s.ids)
+	if c.Error != "" {
+		return // gone: what an earlier note read stays pending
+	}
+	s.attachMapped(pid, all, at)
+	// What it maps now, kept for its capture should it be gone by its
+	// first record (or the next after a load): a process that exits
+	// right after allocating still has its stacks named. Only a process
+	// that maps CUDA can make one.
+	if s.mapsCUDA(all) {
+		if s.pending == nil {
+			s.pending = map[uint32]*procmodel.Capture{}
+		}
+		s.pending[pid] = c
+	}
+	lp := s.live[pid]
+	switch {
+	case lp == nil:
+		s.detectEarly(pid, all)
+	case lp.py == nil && !lp.pyTried:
+		s.detectPython(pid, lp, c.RootDir(), all)
+	}
+}
+
+// forgetNotes drops what notes kept of a process that ended.
+func (s *session) forgetNotes(pid uint32) {
+	delete(s.notes, pid)
+	delete(s.pending, pid)
+}
+
+// mapsCUDA says whether maps hold a CUDA library, or a file whose
+// functions are probed (a program with the runtime linked in).
+func (s *session) mapsCUDA(maps []proc.Mapping) bool {
+	for _, m := range maps {
+		if m.File() && (loader.IsCUDALibrary(m.Path) || s.libs.HasInode(m.Inode)) {
+			return true
+		}
+	}
+	return false
+}
+
+// takeNotes reads again the mappings of the processes whose notes came
+// too soon after the last read, once a tick, and forgets those gone.
+func (s *session) takeNotes() {
+	s.noteReads = 0
+	now := BootNow()
+	for pid, ns := range s.notes {
+		switch {
+		case ns.again:
+			s.mapped(pid, now)
+		case ns.gone != 0:
+			if now-ns.gone > uint64(pendingAfterExit) {
+				s.forgetNotes(pid)
+			}
+		case !proc.Alive(int(pid)):
+			ns.gone = now
+			s.notes[pid] = ns
+		}
+	}
+}
+
+// attachMapped attaches the CUDA libraries maps (process pid's) holds that
+// no probe covers yet, telling when the process mapped them (at, boot ns;
+// 0: not known), and the process's dynamic loader's notification point if
+// it is new.
+func (s *session) attachMapped(pid uint32, maps []proc.Mapping, at uint64) {
+	if s.tr == nil {
+		return
+	}
+	for _, path := range loader.CUDAPaths(int(pid), maps) {
+		s.attachLib(pid, path, at)
+	}
+	s.attachLoader(loader.LoaderIn(int(pid), maps))
+}
+
+// attachLoader attaches the notification point of the dynamic loader at
+// path (none: ""); one that cannot be is said once, and its processes'
+// loads are found by the periodic scan instead.
+func (s *session) attachLoader(path string) {
+	if path == "" || s.tr == nil {
+		return
+	}
+	if _, err := s.tr.AttachLoader(path); err != nil {
+		s.warn(fmt.Errorf("%v: libraries its processes load are found by a scan of their mappings every %v instead, and their calls before it are not traced", err, s.scanEvery()))
+	}
+}
+
+// attachLib attaches a CUDA library file process pid mapped after tracing
+// began, once per file (inode); loaded is when the process mapped it (boot
+// ns; 0: not known, found by the scan). It runs on the reader goroutine,
+// which owns the tracer, the ledger and the trace.
+func (s *session) attachLib(pid uint32, path string, loaded uint64) {
+	if isNew, err := s.libs.Add(path); err != nil || !isNew {
+		return
+	}
+	lib := s.libs.List()[len(s.libs.List())-1]
+	ar, err := s.tr.Attach(lib)
+	if err != nil {
+		s.warn(fmt.Errorf("pid %d loaded %s after tracing began, and it cannot be traced: %w", pid, path, err))
+		return
+	}
+	now := BootNow()
+	var before uint64
+	if p := s.res.Ledger.Process(pid); p != nil {
+		before = p.Allocs + p.Failed + p.Frees + p.UnknownFrees
+	}
+	s.res.Attached = append(s.res.Attached, ar)
+	s.writeAttach(ar, &tracefile.Attach{Time: now, PID: pid, EventsBefore: before, Loaded: loaded})
+	if loaded != 0 && now > loaded {
+		fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began: attached %d probes %v after it mapped it; calls it made into it in between, if any, were not traced\n",
+			pid, path, ar.Programs, time.Duration(now-loaded).Round(10*time.Microsecond))
+		return
+	}
+	fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began, found by the scan of its mappings: attached %d probes now; its calls before this were not traced, and how many there were cannot be known\n",
+		pid, path, ar.Programs)
+}
+
+// scanEvery is how often the periodic scan looks at the traced processes'
+// mappings.
+func (s *session) scanEvery() time.Duration {
+	if s.opts.All {
+		return lateScanAllEvery
+	}
+	return lateScanEvery
+}
+
+// attachLoaders attaches, as tracing starts, the notification points of
+// the dynamic loaders the targets use: each --pid process's, and the
+// system's (a launched command's, most of the host's processes').
+func (s *session) attachLoaders(pids []int) {
+	for _, pid := range pids {
+		if maps, err := proc.ReadMaps(pid); err == nil {
+			s.attachLoader(loader.LoaderIn(pid, maps))
+		}
+	}
+	if len(s.opts.Command) > 0 || s.opts.All {
+		s.attachLoader(loader.SystemLoader())
+	}
+	// Our own, which a dynamically linked cudatrace shares with the host.
+	if maps, err := proc.ReadMaps(os.Getpid()); err == nil && (len(s.opts.Command) > 0 || s.opts.All) {
+		s.attachLoader(loader.LoaderIn(os.Getpid(), maps))
+	}
+}
