@@ -28,6 +28,8 @@ const struct ct_pyoffsets *unused_ct_pyoffsets __attribute__((unused));
 const struct ct_pyframe *unused_ct_pyframe __attribute__((unused));
 const struct ct_pytrailer *unused_ct_pytrailer __attribute__((unused));
 const struct ct_pycode *unused_ct_pycode __attribute__((unused));
+const struct ct_dlobjs *unused_ct_dlobjs __attribute__((unused));
+const struct ct_exec_note *unused_ct_exec_note __attribute__((unused));
 // And the enums Go uses, for their generated Go constants.
 const enum ct_shape *unused_ct_shape __attribute__((unused));
 const enum ct_counter *unused_ct_counter __attribute__((unused));

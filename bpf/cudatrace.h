@@ -264,4 +264,32 @@ struct ct_pycode {
 	__u8 table_bytes[CT_PYCODE_TABLE];
 };
 
+// The objects a process's dynamic loader mapped since its last note
+// (bpf/notify.h ct_dl_notify), from its list of them (struct link_map,
+// glibc's and musl's alike in their first fields): each one's load bias
+// and path, read in the process at the moment the loader says the list is
+// consistent. A process that exits before the reader reads its mappings
+// is still named from them. events.DecodeLoaded mirrors this layout.
+#define CT_DL_NAME 256
+#define CT_DL_BATCH 16
+
+struct ct_dlobj {
+	__u64 lm;   // its struct link_map
+	__u64 addr; // l_addr: its load bias
+	char name[CT_DL_NAME]; // l_name: its path ("" for the program itself)
+};
+
+struct ct_dlobjs {
+	struct ct_event h; // api: events.LibrariesMapped; size: objects that follow (0: none known, read the mappings)
+	struct ct_dlobj obj[CT_DL_BATCH];
+};
+
+// An exec's note (ct_exec): the file the process runs now, as exec was
+// given it (bprm->filename).
+#define CT_EXEC_NAME 256
+struct ct_exec_note {
+	struct ct_event h; // api: events.ProcessExec
+	char filename[CT_EXEC_NAME];
+};
+
 #endif

@@ -35,6 +35,19 @@ const (
 	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 10
 )
 
+type CudatraceCtDlobj struct {
+	_    structs.HostLayout
+	Lm   uint64
+	Addr uint64
+	Name [256]int8
+}
+
+type CudatraceCtDlobjs struct {
+	_   structs.HostLayout
+	H   CudatraceCtEvent
+	Obj [16]CudatraceCtDlobj
+}
+
 type CudatraceCtEvent struct {
 	_       structs.HostLayout
 	TsNs    uint64
@@ -49,6 +62,12 @@ type CudatraceCtEvent struct {
 	Flags   uint16
 	Nframes int32
 	Comm    [16]int8
+}
+
+type CudatraceCtExecNote struct {
+	_        structs.HostLayout
+	H        CudatraceCtEvent
+	Filename [256]int8
 }
 
 type CudatraceCtPycode struct {
@@ -172,6 +191,18 @@ type CudatraceCtxStack struct {
 	Ctx      [8]uint64
 }
 
+type CudatraceDlLastVal struct {
+	_  structs.HostLayout
+	Mm uint64
+	Lm uint64
+}
+
+type CudatraceDlScratchVal struct {
+	_   structs.HostLayout
+	R   CudatraceCtDlobjs
+	Seq uint64
+}
+
 type CudatraceInflight struct {
 	_      structs.HostLayout
 	TsNs   uint64
@@ -213,6 +244,13 @@ type CudatracePyCheckVal struct {
 	Missed uint32
 	Id     uint64
 	Mm     uint64
+}
+
+type CudatracePyFileKey struct {
+	_   structs.HostLayout
+	Ino uint64
+	Dev uint32
+	Pad uint32
 }
 
 type CudatracePyScratchVal struct {
@@ -273,6 +311,8 @@ const (
 	CudatraceMapCtxInflight            = "ctx_inflight"
 	CudatraceMapCtxRefs                = "ctx_refs"
 	CudatraceMapCtxStacks              = "ctx_stacks"
+	CudatraceMapDlLast                 = "dl_last"
+	CudatraceMapDlScratch              = "dl_scratch"
 	CudatraceMapEvents                 = "events"
 	CudatraceMapInflight               = "inflight"
 	CudatraceMapLastFree               = "last_free"
@@ -280,6 +320,7 @@ const (
 	CudatraceMapPids                   = "pids"
 	CudatraceMapPrimaries              = "primaries"
 	CudatraceMapPyChecks               = "py_checks"
+	CudatraceMapPyFiles                = "py_files"
 	CudatraceMapPyProcs                = "py_procs"
 	CudatraceMapPyScratch              = "py_scratch"
 	CudatraceMapPySeen                 = "py_seen"
@@ -300,6 +341,7 @@ const (
 	CudatraceProgCtCtxsetEnter         = "ct_ctxset_enter"
 	CudatraceProgCtDevresetEnter       = "ct_devreset_enter"
 	CudatraceProgCtDlNotify            = "ct_dl_notify"
+	CudatraceProgCtDlNotifyNoloop      = "ct_dl_notify_noloop"
 	CudatraceProgCtExec                = "ct_exec"
 	CudatraceProgCtExit                = "ct_exit"
 	CudatraceProgCtExitNoloop          = "ct_exit_noloop"
@@ -330,6 +372,8 @@ const (
 	CudatraceVarTraceStartNs           = "trace_start_ns"
 	CudatraceVarUnusedCtAllocEvent     = "unused_ct_alloc_event"
 	CudatraceVarUnusedCtCounter        = "unused_ct_counter"
+	CudatraceVarUnusedCtDlobjs         = "unused_ct_dlobjs"
+	CudatraceVarUnusedCtExecNote       = "unused_ct_exec_note"
 	CudatraceVarUnusedCtPycode         = "unused_ct_pycode"
 	CudatraceVarUnusedCtPyframe        = "unused_ct_pyframe"
 	CudatraceVarUnusedCtPyoffsets      = "unused_ct_pyoffsets"
@@ -395,6 +439,7 @@ type CudatraceProgramSpecs struct {
 	CtCtxsetEnter         *ebpf.ProgramSpec `ebpf:"ct_ctxset_enter"`
 	CtDevresetEnter       *ebpf.ProgramSpec `ebpf:"ct_devreset_enter"`
 	CtDlNotify            *ebpf.ProgramSpec `ebpf:"ct_dl_notify"`
+	CtDlNotifyNoloop      *ebpf.ProgramSpec `ebpf:"ct_dl_notify_noloop"`
 	CtExec                *ebpf.ProgramSpec `ebpf:"ct_exec"`
 	CtExit                *ebpf.ProgramSpec `ebpf:"ct_exit"`
 	CtExitNoloop          *ebpf.ProgramSpec `ebpf:"ct_exit_noloop"`
@@ -426,6 +471,8 @@ type CudatraceMapSpecs struct {
 	CtxInflight *ebpf.MapSpec `ebpf:"ctx_inflight"`
 	CtxRefs     *ebpf.MapSpec `ebpf:"ctx_refs"`
 	CtxStacks   *ebpf.MapSpec `ebpf:"ctx_stacks"`
+	DlLast      *ebpf.MapSpec `ebpf:"dl_last"`
+	DlScratch   *ebpf.MapSpec `ebpf:"dl_scratch"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
@@ -433,6 +480,7 @@ type CudatraceMapSpecs struct {
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
 	Primaries   *ebpf.MapSpec `ebpf:"primaries"`
 	PyChecks    *ebpf.MapSpec `ebpf:"py_checks"`
+	PyFiles     *ebpf.MapSpec `ebpf:"py_files"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
 	PySeen      *ebpf.MapSpec `ebpf:"py_seen"`
@@ -456,6 +504,8 @@ type CudatraceVariableSpecs struct {
 	TraceStartNs       *ebpf.VariableSpec `ebpf:"trace_start_ns"`
 	UnusedCtAllocEvent *ebpf.VariableSpec `ebpf:"unused_ct_alloc_event"`
 	UnusedCtCounter    *ebpf.VariableSpec `ebpf:"unused_ct_counter"`
+	UnusedCtDlobjs     *ebpf.VariableSpec `ebpf:"unused_ct_dlobjs"`
+	UnusedCtExecNote   *ebpf.VariableSpec `ebpf:"unused_ct_exec_note"`
 	UnusedCtPycode     *ebpf.VariableSpec `ebpf:"unused_ct_pycode"`
 	UnusedCtPyframe    *ebpf.VariableSpec `ebpf:"unused_ct_pyframe"`
 	UnusedCtPyoffsets  *ebpf.VariableSpec `ebpf:"unused_ct_pyoffsets"`
@@ -491,6 +541,8 @@ type CudatraceMaps struct {
 	CtxInflight *ebpf.Map `ebpf:"ctx_inflight"`
 	CtxRefs     *ebpf.Map `ebpf:"ctx_refs"`
 	CtxStacks   *ebpf.Map `ebpf:"ctx_stacks"`
+	DlLast      *ebpf.Map `ebpf:"dl_last"`
+	DlScratch   *ebpf.Map `ebpf:"dl_scratch"`
 	Events      *ebpf.Map `ebpf:"events"`
 	Inflight    *ebpf.Map `ebpf:"inflight"`
 	LastFree    *ebpf.Map `ebpf:"last_free"`
@@ -498,6 +550,7 @@ type CudatraceMaps struct {
 	Pids        *ebpf.Map `ebpf:"pids"`
 	Primaries   *ebpf.Map `ebpf:"primaries"`
 	PyChecks    *ebpf.Map `ebpf:"py_checks"`
+	PyFiles     *ebpf.Map `ebpf:"py_files"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
 	PySeen      *ebpf.Map `ebpf:"py_seen"`
@@ -514,6 +567,8 @@ func (m *CudatraceMaps) Close() error {
 		m.CtxInflight,
 		m.CtxRefs,
 		m.CtxStacks,
+		m.DlLast,
+		m.DlScratch,
 		m.Events,
 		m.Inflight,
 		m.LastFree,
@@ -521,6 +576,7 @@ func (m *CudatraceMaps) Close() error {
 		m.Pids,
 		m.Primaries,
 		m.PyChecks,
+		m.PyFiles,
 		m.PyProcs,
 		m.PyScratch,
 		m.PySeen,
@@ -545,6 +601,8 @@ type CudatraceVariables struct {
 	TraceStartNs       *ebpf.Variable `ebpf:"trace_start_ns"`
 	UnusedCtAllocEvent *ebpf.Variable `ebpf:"unused_ct_alloc_event"`
 	UnusedCtCounter    *ebpf.Variable `ebpf:"unused_ct_counter"`
+	UnusedCtDlobjs     *ebpf.Variable `ebpf:"unused_ct_dlobjs"`
+	UnusedCtExecNote   *ebpf.Variable `ebpf:"unused_ct_exec_note"`
 	UnusedCtPycode     *ebpf.Variable `ebpf:"unused_ct_pycode"`
 	UnusedCtPyframe    *ebpf.Variable `ebpf:"unused_ct_pyframe"`
 	UnusedCtPyoffsets  *ebpf.Variable `ebpf:"unused_ct_pyoffsets"`
@@ -572,6 +630,7 @@ type CudatracePrograms struct {
 	CtCtxsetEnter         *ebpf.Program `ebpf:"ct_ctxset_enter"`
 	CtDevresetEnter       *ebpf.Program `ebpf:"ct_devreset_enter"`
 	CtDlNotify            *ebpf.Program `ebpf:"ct_dl_notify"`
+	CtDlNotifyNoloop      *ebpf.Program `ebpf:"ct_dl_notify_noloop"`
 	CtExec                *ebpf.Program `ebpf:"ct_exec"`
 	CtExit                *ebpf.Program `ebpf:"ct_exit"`
 	CtExitNoloop          *ebpf.Program `ebpf:"ct_exit_noloop"`
@@ -609,6 +668,7 @@ func (p *CudatracePrograms) Close() error {
 		p.CtCtxsetEnter,
 		p.CtDevresetEnter,
 		p.CtDlNotify,
+		p.CtDlNotifyNoloop,
 		p.CtExec,
 		p.CtExit,
 		p.CtExitNoloop,

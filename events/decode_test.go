@@ -19,6 +19,8 @@ func TestLayoutMatchesBPF(t *testing.T) {
 	var pf bpf.CudatraceCtPyframe
 	var pt bpf.CudatraceCtPytrailer
 	var pc bpf.CudatraceCtPycode
+	var dl bpf.CudatraceCtDlobjs
+	var ex bpf.CudatraceCtExecNote
 	checks := []struct {
 		name      string
 		got, want uintptr
@@ -57,6 +59,14 @@ func TestLayoutMatchesBPF(t *testing.T) {
 		{"ct_pycode.name_bytes", unsafe.Offsetof(pc.NameBytes), offPyHead + pyHeadSize + pyFileSize},
 		{"ct_pycode.table_bytes", unsafe.Offsetof(pc.TableBytes), offPyHead + pyHeadSize + pyFileSize + pyNameSize},
 		{"sizeof(ct_pycode)", unsafe.Sizeof(pc), PyCodeRecordLen},
+		{"ct_dlobjs.obj", unsafe.Offsetof(dl.Obj), headerSize},
+		{"ct_dlobj.addr", unsafe.Offsetof(dl.Obj[0].Addr), 8},
+		{"ct_dlobj.name", unsafe.Offsetof(dl.Obj[0].Name), 16},
+		{"sizeof(ct_dlobj)", unsafe.Sizeof(dl.Obj[0]), dlObjSize},
+		{"CT_DL_BATCH", uintptr(len(dl.Obj)), dlBatch},
+		{"sizeof(ct_dlobjs)", unsafe.Sizeof(dl), loadedMaxLen},
+		{"ct_exec_note.filename", unsafe.Offsetof(ex.Filename), headerSize},
+		{"sizeof(ct_exec_note)", unsafe.Sizeof(ex), ExecNoteLen},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -427,5 +437,41 @@ func TestDecodePyCode(t *testing.T) {
 	}
 	if err := DecodePyCode(raw[:PyCodeRecordLen-1], &ev, &c); !errors.Is(err, ErrShortRecord) {
 		t.Errorf("a short record: %v", err)
+	}
+}
+
+// A LibrariesMapped record decodes to its objects, as many as its header
+// says, paths cut at their NUL; a count past the record is an error.
+func TestDecodeLoaded(t *testing.T) {
+	raw := make([]byte, headerSize+2*dlObjSize)
+	le := binary.LittleEndian
+	le.PutUint16(raw[offAPI:], uint16(LibrariesMapped))
+	le.PutUint64(raw[offSize:], 2)
+	le.PutUint64(raw[headerSize:], 0x1000)
+	le.PutUint64(raw[headerSize+8:], 0x5555000)
+	le.PutUint64(raw[headerSize+dlObjSize:], 0x2000)
+	le.PutUint64(raw[headerSize+dlObjSize+8:], 0x7f0000000000)
+	copy(raw[headerSize+dlObjSize+16:], "/usr/lib/libcudart.so.12\x00junk")
+	var ev Event
+	if err := Decode(raw, &ev); err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeLoaded(raw, &ev, nil)
+	want := []LoadedObject{{0x1000, 0x5555000, ""}, {0x2000, 0x7f0000000000, "/usr/lib/libcudart.so.12"}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("DecodeLoaded = %+v, %v; want %+v", got, err, want)
+	}
+	le.PutUint64(raw[offSize:], 3)
+	ev.Size = 3
+	if _, err := DecodeLoaded(raw, &ev, nil); !errors.Is(err, ErrShortRecord) {
+		t.Errorf("3 objects in a record of 2: %v", err)
+	}
+	exec := make([]byte, ExecNoteLen)
+	copy(exec[headerSize:], "/usr/bin/python3.11\x00")
+	if got := DecodeExec(exec); got != "/usr/bin/python3.11" {
+		t.Errorf("DecodeExec = %q", got)
+	}
+	if got := DecodeExec(exec[:headerSize]); got != "" {
+		t.Errorf("DecodeExec of a plain note = %q", got)
 	}
 }

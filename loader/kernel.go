@@ -37,13 +37,17 @@ var Helpers = concat(
 	since("3.19", asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnMapDeleteElem),
 	since("4.2", asm.FnGetCurrentPidTgid, asm.FnGetCurrentComm),
 	since("4.8", asm.FnGetCurrentTask),
-	since("5.5", asm.FnProbeReadUser, asm.FnProbeReadKernel),
-	since("5.8", asm.FnKtimeGetBootNs, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnRingbufDiscard, asm.FnRingbufQuery),
+	since("5.5", asm.FnProbeReadUser, asm.FnProbeReadKernel, asm.FnProbeReadUserStr, asm.FnProbeReadKernelStr),
+	since("5.8", asm.FnKtimeGetBootNs, asm.FnRingbufOutput, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnRingbufDiscard, asm.FnRingbufQuery),
 	[]Helper{
 		{Fn: asm.FnGetAttachCookie, Since: "5.15", What: "uprobe attach cookies"},
 		// The Python walk's loops; the *_noloop programs walk with
 		// bounded loops instead (Linux 5.3).
 		{Fn: asm.FnLoop, Since: "5.17", Optional: true},
+		// An interpreter file known, found among a process's loader's
+		// objects (bpf/notify.h py_learn): with bpf_loop's variants only.
+		{Fn: asm.FnGetCurrentTaskBtf, Since: "5.11", Optional: true},
+		{Fn: asm.FnFindVma, Since: "5.17", Optional: true},
 	},
 )
 

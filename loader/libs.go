@@ -101,6 +101,53 @@ func CUDAPaths(pid int, maps []proc.Mapping) []string {
 	return out
 }
 
+// SearchPath returns the CUDA libraries process pid would load by name
+// (dlopen("libcuda.so.1"), a DT_NEEDED), where its dynamic loader would
+// look: the directories of its LD_LIBRARY_PATH (its environment, read
+// with ptrace access: proc.Environ), then the system's (the ld.so cache
+// and SearchDirs) when it sees the tracer's files, or its own standard
+// directories when it has a root of its own. Probes attached to them
+// before it loads one trace its calls from the first: a uprobe sits on
+// the file, whoever maps it later.
+func SearchPath(pid int) []string {
+	root := ""
+	if own, err := proc.OwnRoot(pid); err != nil {
+		return nil
+	} else if own {
+		root = proc.RootPath(pid, "/")
+	}
+	var dirs []string
+	if env, err := proc.Environ(pid); err == nil {
+		for _, kv := range env {
+			if v, ok := strings.CutPrefix(kv, "LD_LIBRARY_PATH="); ok {
+				dirs = append(dirs, filepath.SplitList(v)...)
+			}
+		}
+	}
+	var found []string
+	if root == "" {
+		found, _ = FromSystem()
+	} else {
+		dirs = append(dirs, "/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu",
+			"/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib")
+	}
+	for _, d := range dirs {
+		if !filepath.IsAbs(d) {
+			continue // relative to a working directory that may be another by then
+		}
+		ents, err := os.ReadDir(filepath.Join(root, d))
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if IsCUDALibrary(e.Name()) {
+				found = append(found, filepath.Join(root, d, e.Name()))
+			}
+		}
+	}
+	return found
+}
+
 // SearchDirs returns the directories a system-wide search looks in, besides
 // the ld.so cache: CUDA toolkits, pip wheels (nvidia-cuda-runtime-cu12 puts
 // libcudart in site-packages/nvidia/cuda_runtime/lib) and conda

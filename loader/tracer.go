@@ -683,6 +683,32 @@ const (
 	PyIdentRead = 128
 )
 
+// pyFileKey is struct py_file_key (bpf/notify.h).
+type pyFileKey struct {
+	Ino uint64
+	Dev uint32 // the kernel's encoding: major << 20 | minor
+	Pad uint32
+}
+
+// SetPythonFile tells the BPF programs the layout of an interpreter file
+// (the file of a mapping: its major:minor as /proc/PID/maps writes it,
+// and inode), with o.InterpHead relative to the file's load bias: a
+// process whose dynamic loader maps that file gets its layout from BPF
+// itself (bpf/notify.h py_learn), before its first allocation.
+func (t *Tracer) SetPythonFile(dev string, ino uint64, o *bpf.CudatraceCtPyoffsets) error {
+	if err := checkPyOffsets(o); err != nil {
+		return fmt.Errorf("python layout of inode %d: %w", ino, err)
+	}
+	var major, minor uint32
+	if _, err := fmt.Sscanf(dev, "%x:%x", &major, &minor); err != nil {
+		return fmt.Errorf("device %q: %w", dev, err)
+	}
+	if err := t.objs.PyFiles.Put(pyFileKey{Ino: ino, Dev: major<<20 | minor}, o); err != nil {
+		return fmt.Errorf("python layout of inode %d: %w", ino, err)
+	}
+	return nil
+}
+
 // ForgetPython drops a process's CPython layout (it exited).
 func (t *Tracer) ForgetPython(pid uint32) {
 	_ = t.objs.PyProcs.Delete(pid) // absent: nothing to forget

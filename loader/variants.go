@@ -114,11 +114,13 @@ func (o *objects) program(name string) (*ebpf.Program, error) {
 	return p, nil
 }
 
-// noLoopVariants: the programs that walk Python frames, each to its
-// variant without bpf_loop (bpf/python.h, py_stack).
+// noLoopVariants: the programs that walk Python frames or a loader's
+// list of objects, each to its variant without bpf_loop (bpf/python.h
+// py_walk, bpf/notify.h dl_report).
 var noLoopVariants = map[string]string{
-	"ct_exit": "ct_exit_noloop",
-	"ct_usdt": "ct_usdt_noloop",
+	"ct_exit":      "ct_exit_noloop",
+	"ct_usdt":      "ct_usdt_noloop",
+	"ct_dl_notify": "ct_dl_notify_noloop",
 }
 
 // chooseVariants leaves in spec the programs a run takes and no other:

@@ -220,13 +220,21 @@ type fileKey struct {
 // Of returns the build ID of the file m of process pid maps ("" when it
 // has none), read through the process's root.
 func (b *BuildIDs) Of(pid int, m proc.Mapping) string {
-	// The device too: a container's file system numbers its inodes on
-	// its own.
+	return b.of(m, proc.RootPath(pid, m.Path))
+}
+
+// OfFile returns the build ID of the file mapping m names, read at its
+// path in the tracer's own tree ("" when it has none).
+func (b *BuildIDs) OfFile(m proc.Mapping) string { return b.of(m, m.Path) }
+
+// of reads m's file at path once: the device too names it, since a
+// container's file system numbers its inodes on its own.
+func (b *BuildIDs) of(m proc.Mapping, path string) string {
 	k := fileKey{m.Path, m.Dev, m.Inode}
 	if id, ok := b.m[k]; ok {
 		return id
 	}
-	id, _ := symbolize.BuildID(proc.RootPath(pid, m.Path))
+	id, _ := symbolize.BuildID(path)
 	if b.m == nil {
 		b.m = map[fileKey]string{}
 	}

@@ -27,6 +27,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -190,9 +192,11 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	if runtime == 0 {
 		return nil, errNoRuntime
 	}
-	base, ok := loadBias(f, path, maps)
-	if !ok {
-		return nil, fmt.Errorf("%s: not mapped as its headers say", path)
+	base, ok := uint64(0), true // a file, not mapped anywhere (DetectFile)
+	if maps != nil {
+		if base, ok = loadBias(f, path, maps); !ok {
+			return nil, fmt.Errorf("%s: not mapped as its headers say", path)
+		}
 	}
 	// 3.13 describes its own layout in _Py_DebugOffsets, at the start of
 	// _PyRuntime. Release builds of 3.10 to 3.12 for x86-64 take the
@@ -503,6 +507,116 @@ type Layout struct {
 	CoFilename, CoName, CoLinetable, CoFirstLine int64
 }
 
+// Base is the load bias of the file the interpreter is in (0 for one
+// from DetectFile): Layout's InterpHead less it holds in every process
+// that maps the file.
+func (in *Interp) Base() uint64 { return in.base }
+
+// SystemInterpreters are the interpreter files installed where Pythons
+// usually are (the system's, /usr/local's, conda's, pyenv's, a virtual
+// environment's base), for DetectFile: candidates by name, each once.
+func SystemInterpreters() []string {
+	home, _ := os.UserHomeDir()
+	var patterns []string
+	for _, dir := range []string{"/usr", "/usr/local", "/opt/conda", filepath.Join(home, ".pyenv/versions/*"),
+		filepath.Join(home, "miniconda3"), filepath.Join(home, "anaconda3"), os.Getenv("CONDA_PREFIX")} {
+		if dir == "" {
+			continue
+		}
+		patterns = append(patterns, filepath.Join(dir, "bin/python3.*"), filepath.Join(dir, "lib/libpython3.*.so*"),
+			filepath.Join(dir, "lib/*-linux-gnu/libpython3.*.so*"))
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, p := range patterns {
+		matches, _ := filepath.Glob(p)
+		for _, m := range matches {
+			if r, err := filepath.EvalSymlinks(m); err == nil && !seen[r] && libRe.MatchString(r) && fileExists(r) {
+				seen[r] = true
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// DetectFile reads CPython 3.10 to 3.14 from an interpreter file (a
+// python executable with the runtime linked in, or a libpython) not mapped
+// by any process yet: its layout with the file's own addresses (Base 0),
+// without the interpreter loop's ranges only a full symbol table gives
+// (Finish adds them). nil and no error for a file that is no interpreter
+// cudatrace reads.
+func DetectFile(path string) (*Interp, error) {
+	sm := libRe.FindStringSubmatch(path)
+	if sm == nil || sm[2] == "t" {
+		return nil, nil
+	}
+	minor, _ := strconv.Atoi(sm[1])
+	if minor < 10 || minor > 14 {
+		return nil, nil
+	}
+	in, err := open("", path, minor, nil)
+	if errors.Is(err, errNoRuntime) {
+		return nil, nil
+	}
+	return in, err
+}
+
+// InterpreterFiles are the interpreter files a program file would run
+// with: the file itself, if it is a python executable, and the libpython
+// it needs, found as the dynamic loader finds it (its run path, $ORIGIN
+// taken; LD_LIBRARY_PATH, as ldLibraryPath gives it; the system's
+// directories). root is the tree the program's paths are in: "" for the
+// caller's, /proc/PID/root for a container's (the files returned are
+// under it). What is not an interpreter DetectFile reads is for the
+// caller to leave out.
+func InterpreterFiles(root, exe, ldLibraryPath string) []string {
+	exe = filepath.Join(root, exe)
+	f, err := elf.Open(exe)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	out := []string{exe}
+	needed, _ := f.ImportedLibraries()
+	var dirs []string
+	for _, tag := range []elf.DynTag{elf.DT_RUNPATH, elf.DT_RPATH} {
+		vals, _ := f.DynString(tag)
+		for _, v := range vals {
+			for _, d := range strings.Split(v, ":") {
+				if strings.Contains(d, "ORIGIN}") || strings.Contains(d, "$ORIGIN") {
+					dirs = append(dirs, strings.ReplaceAll(strings.ReplaceAll(d, "${ORIGIN}", filepath.Dir(exe)), "$ORIGIN", filepath.Dir(exe)))
+				} else if d != "" {
+					dirs = append(dirs, filepath.Join(root, d))
+				}
+			}
+		}
+	}
+	for _, d := range append(filepath.SplitList(ldLibraryPath), "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
+		"/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib", "/usr/lib64", "/usr/lib", "/lib64", "/lib") {
+		if d != "" {
+			dirs = append(dirs, filepath.Join(root, d))
+		}
+	}
+	for _, lib := range needed {
+		if !libRe.MatchString(lib) {
+			continue
+		}
+		for _, d := range dirs {
+			if p := filepath.Join(d, lib); fileExists(p) {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
+}
+
 // Layout returns the interpreter's layout for a walk in BPF.
 func (in *Interp) Layout() Layout {
 	o := &in.off
@@ -604,29 +718,29 @@ func (in *Interp) RawStack(pid, tid, max int) (frames []RawFrame, known bool, er
 // (3.10 threads other than the main one).
 func (in *Interp) thread(m reader, pid, tid int) (ts uint64, known bool, err error) {
 	o := &in.off
-	interp, err := u64(m, in.runtime + uint64(o.interpHead))
+	interp, err := u64(m, in.runtime+uint64(o.interpHead))
 	if err != nil {
 		return 0, false, err
 	}
 	var mainThread uint64
 	if in.Minor == 10 && o.mainThread >= 0 && tid == pid {
-		mainThread, _ = u64(m, in.runtime + uint64(o.mainThread))
+		mainThread, _ = u64(m, in.runtime+uint64(o.mainThread))
 	}
 	known = o.tsNativeID >= 0 || mainThread != 0
-	if ts, err = u64(m, interp + uint64(o.interpThreads)); err != nil {
+	if ts, err = u64(m, interp+uint64(o.interpThreads)); err != nil {
 		return 0, known, err
 	}
 	for i := 0; ts != 0 && i < 4096; i++ {
 		var match bool
 		if o.tsNativeID >= 0 {
-			id, err := u64(m, ts + uint64(o.tsNativeID))
+			id, err := u64(m, ts+uint64(o.tsNativeID))
 			if err != nil {
 				return 0, known, err
 			}
 			match = id == uint64(tid)
 		} else if mainThread != 0 {
 			// 3.10 keeps only pthread_self(): the main thread's is known.
-			id, err := u64(m, ts + uint64(o.tsThreadID))
+			id, err := u64(m, ts+uint64(o.tsThreadID))
 			if err != nil {
 				return 0, known, err
 			}
@@ -635,7 +749,7 @@ func (in *Interp) thread(m reader, pid, tid int) (ts uint64, known bool, err err
 		if match {
 			return ts, known, nil
 		}
-		if ts, err = u64(m, ts + uint64(o.tsNext)); err != nil {
+		if ts, err = u64(m, ts+uint64(o.tsNext)); err != nil {
 			return 0, known, err
 		}
 	}
@@ -655,21 +769,21 @@ func (in *Interp) walk(m reader, ts uint64, max, steps int) ([]RawFrame, error) 
 	var frame uint64
 	var err error
 	if o.tsCFrame >= 0 {
-		cf, err := u64(m, ts + uint64(o.tsCFrame))
+		cf, err := u64(m, ts+uint64(o.tsCFrame))
 		if err != nil || cf == 0 {
 			return nil, err
 		}
-		frame, err = u64(m, cf + uint64(o.cfCurrent))
+		frame, err = u64(m, cf+uint64(o.cfCurrent))
 		if err != nil {
 			return nil, err
 		}
-	} else if frame, err = u64(m, ts + uint64(o.tsFrame)); err != nil {
+	} else if frame, err = u64(m, ts+uint64(o.tsFrame)); err != nil {
 		return nil, err
 	}
 	var out []RawFrame
 	for step := 0; frame != 0 && step < steps; step++ {
 		cur := frame
-		if frame, err = u64(m, cur + uint64(o.frPrevious)); err != nil {
+		if frame, err = u64(m, cur+uint64(o.frPrevious)); err != nil {
 			return out, err
 		}
 		if o.frOwner >= 0 {
@@ -687,7 +801,7 @@ func (in *Interp) walk(m reader, ts uint64, max, steps int) ([]RawFrame, error) 
 		if len(out) >= max {
 			break
 		}
-		code, err := u64(m, cur + uint64(o.frCode))
+		code, err := u64(m, cur+uint64(o.frCode))
 		if err != nil {
 			return out, err
 		}
@@ -702,7 +816,7 @@ func (in *Interp) walk(m reader, ts uint64, max, steps int) ([]RawFrame, error) 
 			}
 			f.Units, f.Entry = int32(binary.LittleEndian.Uint32(b[:])), true
 		} else {
-			ip, err := u64(m, cur + uint64(o.frInstr))
+			ip, err := u64(m, cur+uint64(o.frInstr))
 			if err != nil {
 				return out, err
 			}
@@ -862,7 +976,7 @@ func (in *Interp) checkType(m reader, obj, typ uint64, what string) error {
 	if typ == 0 {
 		return nil
 	}
-	t, err := u64(m, obj + 8) // PyObject.ob_type
+	t, err := u64(m, obj+8) // PyObject.ob_type
 	if err != nil {
 		return err
 	}
@@ -879,7 +993,7 @@ func (in *Interp) str(m reader, obj uint64) (string, error) {
 	if err := in.checkType(m, obj, in.types.str, "str"); err != nil {
 		return "", err
 	}
-	n, err := u64(m, obj + uint64(o.strLength))
+	n, err := u64(m, obj+uint64(o.strLength))
 	if err != nil {
 		return "", err
 	}

@@ -3,6 +3,7 @@ package record
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
@@ -50,18 +51,36 @@ func (s *session) note(raw []byte, ev *events.Event) {
 	case events.PyCode:
 		s.pycode(raw, ev)
 	case events.ProcessExec:
-		s.exec(ev)
+		s.exec(raw, ev)
 	case events.LibrariesMapped:
-		s.mapped(ev.PID, ev.Time)
+		objs, err := events.DecodeLoaded(raw, ev, s.objs[:0])
+		if err != nil {
+			s.warn(err)
+		}
+		s.objs = objs
+		s.mapped(ev.PID, ev.Time, objs)
 	}
 }
 
 // exec takes a traced process's exec: the program it ran before is gone,
 // with its interpreter and code objects (BPF dropped its layout), and
 // what it runs now is captured and looked at as a process first seen.
-func (s *session) exec(ev *events.Event) {
+func (s *session) exec(raw []byte, ev *events.Event) {
 	pid := ev.PID
 	delete(s.pyEarly, pid)
+	delete(s.pending, pid)
+	if file := events.DecodeExec(raw); file != "" {
+		if s.execs == nil {
+			s.execs = map[uint32]string{}
+		}
+		if !filepath.IsAbs(file) && s.child != nil && s.child.cmd.Process.Pid == int(pid) {
+			// The launch helper's exec of the command, from the tracer's
+			// own working directory.
+			file, _ = filepath.Abs(file)
+		}
+		s.execs[pid] = file
+		s.learnExecPython(pid, file)
+	}
 	if lp := s.live[pid]; lp != nil {
 		lp.py, lp.pyTried, lp.codes, lp.renew = nil, false, nil, nil
 		if lp.p != nil {
@@ -69,14 +88,16 @@ func (s *session) exec(ev *events.Event) {
 		}
 		s.capture(pid, lp)
 	}
-	s.mapped(pid, ev.Time)
+	s.mapped(pid, ev.Time, nil)
 }
 
 // mapped reads process pid's mappings after its loader mapped libraries
-// (at boot time at): a CUDA library no probe covers is attached now, and
-// so is its loader's notification point if new; a process whose
-// interpreter is not known yet is looked at for one.
-func (s *session) mapped(pid uint32, at uint64) {
+// (at boot time at; objs, the objects it reported): a CUDA library no
+// probe covers is attached now, and so is its loader's notification point
+// if new; a process whose interpreter is not known yet is looked at for
+// one. A process gone meanwhile keeps, for its records still unread, what
+// its loader reported (procmodel.WithLoaded).
+func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	if s.notes == nil {
 		s.notes = map[uint32]noteState{}
 	}
@@ -86,19 +107,23 @@ func (s *session) mapped(pid uint32, at uint64) {
 	}
 	s.noteReads++
 	s.notes[pid] = noteState{}
+	if s.pending == nil {
+		s.pending = map[uint32]*procmodel.Capture{}
+	}
 	c, all := procmodel.Read(pid, "", at, &s.ids)
 	if c.Error != "" {
-		return // gone: what an earlier note read stays pending
+		if len(objs) > 0 {
+			s.pending[pid] = procmodel.WithLoaded(s.pending[pid], pid, at, s.execs[pid], objs, &s.ids)
+		}
+		return
 	}
 	s.attachMapped(pid, all, at)
 	// What it maps now, kept for its capture should it be gone by its
 	// first record (or the next after a load): a process that exits
-	// right after allocating still has its stacks named. Only a process
-	// that maps CUDA can make one.
-	if s.mapsCUDA(all) {
-		if s.pending == nil {
-			s.pending = map[uint32]*procmodel.Capture{}
-		}
+	// right after allocating still has its stacks named. With every
+	// process traced (--all), only those that map CUDA, which alone make
+	// records.
+	if !s.opts.All || s.mapsCUDA(all) {
 		s.pending[pid] = c
 	}
 	lp := s.live[pid]
@@ -114,6 +139,7 @@ func (s *session) mapped(pid uint32, at uint64) {
 func (s *session) forgetNotes(pid uint32) {
 	delete(s.notes, pid)
 	delete(s.pending, pid)
+	delete(s.execs, pid)
 }
 
 // mapsCUDA says whether maps hold a CUDA library, or a file whose
@@ -135,7 +161,7 @@ func (s *session) takeNotes() {
 	for pid, ns := range s.notes {
 		switch {
 		case ns.again:
-			s.mapped(pid, now)
+			s.mapped(pid, now, nil)
 		case ns.gone != 0:
 			if now-ns.gone > uint64(pendingAfterExit) {
 				s.forgetNotes(pid)

@@ -3,6 +3,12 @@ package record
 import (
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
@@ -59,7 +65,9 @@ func (s *session) detectPython(pid uint32, lp *liveProc, root string, maps []pro
 }
 
 // setPython finds the interpreter in a process's mappings and tells BPF
-// how to walk its threads' frames; nil and no error where it runs none.
+// how to walk its threads' frames, and how to walk those of any process
+// that maps its file later (learnPythonFile); nil and no error where it
+// runs none.
 func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pystack.Interp, error) {
 	in, err := pystack.DetectQuick(root, maps)
 	if err != nil {
@@ -71,18 +79,138 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 	// BPF walks from the moment it has the layout; what merging the
 	// frames into native stacks needs besides comes after.
 	defer in.Finish()
+	if s.tr != nil {
+		o := pyOffsets(in)
+		if err := s.tr.SetPython(pid, &o); err != nil {
+			return nil, err
+		}
+		for _, m := range maps {
+			if m.Path == in.Path && m.File() {
+				if err := s.learnPythonFile(m.Dev, m.Inode, in); err != nil {
+					s.warn(err)
+				}
+				break
+			}
+		}
+	}
+	return in, nil
+}
+
+// pyOffsets is an interpreter's layout as BPF takes it.
+func pyOffsets(in *pystack.Interp) bpf.CudatraceCtPyoffsets {
 	l := in.Layout()
-	o := bpf.CudatraceCtPyoffsets{InterpHead: l.InterpHead, InterpThreads: l.InterpThreads, TsNext: l.TsNext,
+	return bpf.CudatraceCtPyoffsets{InterpHead: l.InterpHead, InterpThreads: l.InterpThreads, TsNext: l.TsNext,
 		TsNativeId: l.TsNativeID, TsThreadId: l.TsThreadID, TsFrame: l.TsFrame, TsCframe: l.TsCFrame,
 		CfCurrent: l.CFCurrent, FrPrevious: l.FrPrevious, FrCode: l.FrCode, FrInstr: l.FrInstr,
 		FrOwner: l.FrOwner, FrEntry: l.FrEntry, CoCodeAdaptive: l.CodeAt, Minor: l.Minor,
 		CoFilename: l.CoFilename, CoName: l.CoName, CoLinetable: l.CoLinetable, CoFirstlineno: l.CoFirstLine}
-	if s.tr != nil {
-		if err := s.tr.SetPython(pid, &o); err != nil {
-			return nil, err
+}
+
+// learnPythonFile tells BPF the layout of interpreter in's file (device
+// dev, as /proc/PID/maps writes it, and inode), relative to where a
+// process loads it: a process that maps the file gets its layout in BPF
+// from its loader's list (bpf/notify.h py_learn), before its first
+// allocation and whatever the reader is doing. Once per file; safe on
+// any goroutine (learnSystemPython).
+func (s *session) learnPythonFile(dev string, inode uint64, in *pystack.Interp) error {
+	k := fileID{dev, inode}
+	if s.tr == nil {
+		return nil
+	}
+	s.pyFilesMu.Lock()
+	known := s.pyFiles[k]
+	if s.pyFiles == nil {
+		s.pyFiles = map[fileID]bool{}
+	}
+	s.pyFiles[k] = true
+	s.pyFilesMu.Unlock()
+	if known {
+		return nil
+	}
+	o := pyOffsets(in)
+	o.InterpHead -= in.Base()
+	return s.tr.SetPythonFile(dev, inode, &o)
+}
+
+// fileID names a file by device (major:minor, hex, as /proc/PID/maps
+// writes it) and inode.
+type fileID struct {
+	dev   string
+	inode uint64
+}
+
+// learnCommandPython tells BPF, before a launched command starts, the
+// layout of the interpreter it runs, if it is a python (its executable,
+// or the libpython it needs): BPF gives it to the process as its loader
+// maps the file, and its first allocations get their frames however soon
+// they come.
+func (s *session) learnCommandPython(command []string) {
+	if len(command) == 0 || s.opts.NoPythonFrames {
+		return
+	}
+	if exe, err := exec.LookPath(command[0]); err == nil {
+		s.learnFiles(pystack.InterpreterFiles("", exe, os.Getenv("LD_LIBRARY_PATH")))
+	}
+}
+
+// learnExecPython does so at a traced process's exec, for the file it
+// runs now (file, as exec was given it): it is found in the process's
+// own tree, a container's through /proc/PID/root, while it lives. A
+// process whose loader maps the file after the reader got here (a
+// libpython, a dlopen) gets the layout in BPF at that load.
+func (s *session) learnExecPython(pid uint32, file string) {
+	if s.opts.NoPythonFrames || !filepath.IsAbs(file) {
+		return
+	}
+	root := ""
+	if own, err := proc.OwnRoot(int(pid)); err != nil {
+		return // gone
+	} else if own {
+		root = proc.RootPath(int(pid), "/")
+	}
+	ld := ""
+	if env, err := proc.Environ(int(pid)); err == nil {
+		for _, kv := range env {
+			if v, ok := strings.CutPrefix(kv, "LD_LIBRARY_PATH="); ok {
+				ld = v
+			}
 		}
 	}
-	return in, nil
+	s.learnFiles(pystack.InterpreterFiles(root, file, ld))
+}
+
+// learnFiles tells BPF the layout of each of files that is an
+// interpreter (learnPythonFile). One it cannot is left to the reader,
+// which finds it in the processes that run it.
+func (s *session) learnFiles(files []string) {
+	for _, f := range files {
+		in, err := pystack.DetectFile(f)
+		if in == nil || err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(f, &st) == nil {
+			s.learnPythonFile(fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev)), st.Ino, in) //nolint:errcheck // see above
+		}
+	}
+}
+
+// learnSystemPython tells BPF, on a goroutine of its own as tracing
+// starts, the layouts of the interpreters installed on the host
+// (pystack.SystemInterpreters): any process that runs one gets its
+// Python frames from its first allocation, however busy the reader is
+// then. done is closed when it is over.
+func (s *session) learnSystemPython() (done chan struct{}) {
+	done = make(chan struct{})
+	if s.opts.NoPythonFrames || s.tr == nil {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		s.learnFiles(pystack.SystemInterpreters())
+	}()
+	return done
 }
 
 // detectEarly looks for CPython in a process not captured yet (a --pid

@@ -80,6 +80,10 @@ type Options struct {
 	// tracing began (findLibraries): the scan of their mappings attaches
 	// what they load later.
 	waiting []int
+	// searched are the libraries found where a --pid process would look
+	// for one it has not loaded (loader.SearchPath): one that is no
+	// CUDA library cudatrace understands is left out, not an error.
+	searched map[string]bool
 }
 
 // Observer watches a session as it happens. Its methods run on the
@@ -195,6 +199,11 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	res := &Result{Ledger: ledger.New(), Output: opts.Output}
 	for _, lib := range libs {
 		ar, err := tr.Attach(lib)
+		if err != nil && opts.searched[lib.Path] {
+			// One a --pid process might load: not what it runs.
+			fmt.Fprintf(opts.Stderr, "cudatrace: warning: %v\n", err)
+			continue
+		}
 		if err != nil {
 			return nil, hint.Wrap(err, "name the CUDA runtime library with --lib PATH (e.g. .../libcudart.so.12)")
 		}
@@ -218,6 +227,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		s.detectEarly(uint32(pid), nil)
 	}
 	s.attachLoaders(opts.PIDs)
+	s.learnCommandPython(opts.Command)
+	defer func(done chan struct{}) { <-done }(s.learnSystemPython())
 	var probes int
 	for _, ar := range res.Attached {
 		probes += ar.Programs
@@ -352,6 +363,13 @@ func findLibraries(opts *Options) ([]loader.Library, error) {
 				return nil, hint.Wrap(err, "--lib takes the path of a CUDA library file, e.g. /usr/local/cuda/lib64/libcudart.so.12")
 			}
 		}
+		// A --pid process that maps none of them yet chooses its
+		// device under the tracer's eyes, as below.
+		for _, pid := range opts.PIDs {
+			if maps, err := proc.ReadMaps(pid); err == nil && !mapsAny(maps, ls) {
+				opts.waiting = append(opts.waiting, pid)
+			}
+		}
 		return ls.List(), nil
 	}
 	var searched []string
@@ -374,14 +392,23 @@ func findLibraries(opts *Options) ([]loader.Library, error) {
 		}
 		searched = append(searched, fmt.Sprintf("/proc/%d/maps", pid))
 		if len(paths) == 0 {
-			// Not loaded yet (a Python job imports torch later): the
-			// scan of its mappings attaches what it loads, as for a
-			// launched command.
+			// Not loaded yet (a Python job imports torch later): what it
+			// would load by name is attached now, so its first calls are
+			// traced; anything else, when its loader says it mapped it
+			// (notes.go), or the scan of its mappings finds it.
 			opts.waiting = append(opts.waiting, pid)
 		}
 		for _, p := range paths {
 			if _, err := ls.Add(p); err != nil {
 				return nil, err
+			}
+		}
+		for _, p := range loader.SearchPath(pid) {
+			if isNew, err := ls.Add(p); err == nil && isNew {
+				if opts.searched == nil {
+					opts.searched = map[string]bool{}
+				}
+				opts.searched[p] = true
 			}
 		}
 	}
@@ -399,6 +426,16 @@ func findLibraries(opts *Options) ([]loader.Library, error) {
 			"name the library with --lib PATH, e.g. --lib /usr/local/cuda/lib64/libcudart.so.12 or a wheel's site-packages/nvidia/cuda_runtime/lib/libcudart.so.12")
 	}
 	return ls.List(), nil
+}
+
+// mapsAny says whether maps hold one of the libraries of ls.
+func mapsAny(maps []proc.Mapping, ls loader.Libraries) bool {
+	for _, m := range maps {
+		if m.File() && ls.HasInode(m.Inode) {
+			return true
+		}
+	}
+	return false
 }
 
 // child is a launched command.

@@ -3,6 +3,7 @@ package record
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cudatrace/cudatrace/enrich"
@@ -86,6 +87,15 @@ type session struct {
 	// pending: each CUDA process's capture as a note last read it, for
 	// when it is gone by the time a record asks for one (notes.go).
 	pending map[uint32]*procmodel.Capture
+	// execs: the file each process last exec'd (notes.go), and objs a
+	// note's objects, decoded.
+	execs map[uint32]string
+	objs  []events.LoadedObject
+	// pyFiles are the interpreter files whose layout BPF has (python.go),
+	// under pyFilesMu: learnSystemPython adds to it on a goroutine of its
+	// own.
+	pyFiles   map[fileID]bool
+	pyFilesMu sync.Mutex
 	// learn decides when the tracer's learning probes are on.
 	learn learning
 	// stats times the steps of Record (Options.ReaderStats); nil: not.
@@ -374,8 +384,9 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 		lp.exited = true
 		switch {
 		case pending != nil && (lp.p == nil || lp.p.Current() == nil || pending.Time > lp.p.Current().Time):
-			// Gone, but read at its last library load: what it mapped.
-			c = pending
+			// Gone, but read at its last library load: what it mapped,
+			// its interpreter found there.
+			c, all = pending, pending.Maps
 		case lp.p == nil:
 			s.uncaptured++
 		}

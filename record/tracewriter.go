@@ -7,8 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/proc"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 

@@ -229,11 +229,12 @@ type nobodyJob struct {
 
 // startNobody starts argv as nobody, in a session of its own, and waits
 // for its "ready".
-func startNobody(t *testing.T, ctx context.Context, name, log string, argv ...string) *nobodyJob {
+func startNobody(t *testing.T, ctx context.Context, w *nobodyWorld, name, log string, argv ...string) *nobodyJob {
 	t.Helper()
 	args := append([]string{fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups", "--"}, argv...)
 	cmd := exec.CommandContext(ctx, "setpriv", args...)
-	cmd.Env = fakeEnv(log)
+	// The copies in the world's directory: the build's are root's alone.
+	cmd.Env = fakeEnv(log, "LD_LIBRARY_PATH="+w.dir)
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	j := &nobodyJob{name: name, cmd: cmd, lines: make(chan string, 8), done: make(chan error, 1)}
@@ -350,8 +351,8 @@ func startNobodyJobs(t *testing.T, ctx context.Context, w *nobodyWorld, pymode s
 	t.Helper()
 	js := &nobodyJobs{w: w, cLog: w.log(t, t.Name()[strings.LastIndex(t.Name(), "/")+1:]+"-c"),
 		pyLog: w.log(t, t.Name()[strings.LastIndex(t.Name(), "/")+1:]+"-py"), pyExits: pymode == "exit"}
-	js.c = startNobody(t, ctx, "hold", js.cLog, w.hold)
-	js.py = startNobody(t, ctx, "pynobody.py", js.pyLog, "/usr/bin/python3.11", w.script, w.lib, w.sites, pymode)
+	js.c = startNobody(t, ctx, w, "hold", js.cLog, w.hold)
+	js.py = startNobody(t, ctx, w, "pynobody.py", js.pyLog, "/usr/bin/python3.11", w.script, w.lib, w.sites, pymode)
 	return js
 }
 

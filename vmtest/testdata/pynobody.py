@@ -4,9 +4,11 @@
 # module of 200 functions that each allocate once (sites.py, written by
 # the test), argv[3] "hold" or "exit".
 #
-# It prints "ready" and waits for a line; then, a first burst, it calls
-# each of the 200 functions once: 200 call sites new to the process, one
-# right after another. With "hold" it prints "held" and keeps its memory
+# It prints "ready" and waits for a line; then it loads the stand-in and,
+# a first burst, calls each of the 200 functions once: 200 call sites new
+# to the process, one right after another. (Loaded after the line, the
+# runtime's device is known to a tracer that attached before: it is
+# chosen under its eyes.) With "hold" it prints "held" and keeps its memory
 # until its stdin ends; with "exit" it leaves at once with os._exit, its
 # code objects gone with it before any reader could look at them.
 import ctypes
@@ -14,12 +16,12 @@ import importlib.util
 import os
 import sys
 
-lib = ctypes.CDLL(sys.argv[1])
 spec = importlib.util.spec_from_file_location("sites", sys.argv[2])
 sites = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sites)
 print("ready", flush=True)
 sys.stdin.readline()
+lib = ctypes.CDLL(sys.argv[1])
 for i in range(200):
     if getattr(sites, "site%d" % i)(lib) != 0:  # LINE:burst
         sys.exit(3)

@@ -1,0 +1,82 @@
+package procmodel
+
+import (
+	"debug/elf"
+	"fmt"
+	"path/filepath"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/proc"
+)
+
+// WithLoaded is base (nil: nothing known of the process yet) with the
+// objects a process's dynamic loader reported mapping (bpf/notify.h) as
+// mappings: for a process gone before its mappings could be read, what
+// its loader's list said names its stacks. Each object's executable
+// segments are laid out from its file's program headers, moved by its
+// load bias, as the loader mapped them. exe is the program's own file
+// (the list's entry without a path). Objects whose file cannot be read
+// here are left out: a container's, once the container is gone (another
+// build of the same path on the host would name its frames wrong), and
+// what is no file (the vDSO).
+func WithLoaded(base *Capture, pid uint32, at uint64, exe string, objs []events.LoadedObject, ids *BuildIDs) *Capture {
+	c := &Capture{PID: pid, Time: at, Exe: exe}
+	if base != nil {
+		cp := *base
+		c = &cp
+		c.Time, c.Maps = at, slices.Clone(base.Maps)
+		if c.Exe == "" {
+			c.Exe = exe
+		}
+	}
+	if c.OwnRoot {
+		return c
+	}
+	for _, o := range objs {
+		path := o.Path
+		if path == "" {
+			path = c.Exe
+		}
+		if !filepath.IsAbs(path) {
+			continue
+		}
+		for _, m := range loadedMappings(path, o.Bias) {
+			m.BuildID = ids.OfFile(m)
+			c.Maps = slices.DeleteFunc(c.Maps, func(o proc.Mapping) bool { return o.Start < m.End && m.Start < o.End })
+			c.Maps = append(c.Maps, m)
+		}
+	}
+	c.Maps = sortedMaps(c.Maps)
+	c.Error = ""
+	return c
+}
+
+// loadedMappings are the executable mappings of the ELF file at path,
+// loaded with bias: one per PT_LOAD segment with PF_X, page-aligned as
+// the loader maps them.
+func loadedMappings(path string, bias uint64) []proc.Mapping {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return nil
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	const page = 4096
+	var out []proc.Mapping
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_LOAD || p.Flags&elf.PF_X == 0 || p.Memsz == 0 {
+			continue
+		}
+		start := bias + p.Vaddr&^(page-1)
+		end := bias + (p.Vaddr+p.Memsz+page-1)&^(page-1)
+		out = append(out, proc.Mapping{Start: start, End: end, Offset: p.Off &^ (page - 1), Perms: "r-xp",
+			Dev: fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev)), Inode: st.Ino, Path: path})
+	}
+	return out
+}

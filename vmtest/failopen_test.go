@@ -1,0 +1,122 @@
+package vmtest
+
+// A tracer fails open: nothing a traced process does waits for the
+// reader, and what BPF saw is not lost because the reader came late.
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestReaderAway: with the tracer stopped (SIGSTOP) right after it
+// attached, a launched job runs to its end: a CPython process allocating
+// from 200 call sites new to it, then leaving with os._exit, and a C
+// program built without frame pointers that exits right after its one
+// allocation. Neither is ever looked at by the reader while it lives. Once
+// the tracer runs again, the report is exact all the same: the ledgers,
+// each of the 200 allocations' Python lines (their code objects captured
+// by BPF, none unresolved), and the C program's native stack through code
+// without frame pointers (its mappings from its loader's list).
+func TestReaderAway(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	python := pyenvPython(t, "3.12")
+	w := newNobodyWorld(t)
+	exe := omitFPChain(t, filepath.Join(dir), "full", false)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "away.trace")
+	done := filepath.Join(dir, "done")
+	stdin, feed, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { feed.Close() })
+	script := fmt.Sprintf("read x; echo go | %s %s %s %s exit && %s && touch %s", python, w.script, fakeLib, w.sites, exe, done)
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log), Stdin: stdin},
+		"--lib", fakeLib, "-o", trace, "--", "sh", "-c", script)
+	stdin.Close()
+	rec.waitAttached(t, 30*time.Second)
+	// The interpreters installed here are learned as tracing starts
+	// (record/python.go learnSystemPython), on a goroutine of their own.
+	time.Sleep(time.Second)
+	tracer := rec.cmd.Process.Pid
+	if err := syscall.Kill(tracer, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			syscall.Kill(tracer, syscall.SIGCONT)
+		}
+	})
+	fmt.Fprintln(feed, "go")
+	took, ok := waitFor(30*time.Second, func() bool { _, err := os.Stat(done); return err == nil })
+	if !ok {
+		t.Fatal("with the tracer stopped, the job did not get through within 30 s: something waited for it")
+	}
+	if procState(tracer) != 'T' {
+		t.Fatalf("the tracer is not stopped (state %q): the test proves nothing", procState(tracer))
+	}
+	t.Logf("the job got through in %v with the tracer stopped", took.Round(time.Millisecond))
+	resumed = true
+	syscall.Kill(tracer, syscall.SIGCONT)
+	if code := rec.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("record exited %d", code)
+	}
+	if strings.Contains(rec.stderr.String(), "lost") {
+		t.Errorf("record lost events:\n%s", rec.stderr.String())
+	}
+
+	truths, err := groundTruthFile(log, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var py, c *procTruth
+	for _, tr := range truths {
+		switch tr.Allocs {
+		case 200:
+			py = tr
+		case 1:
+			c = tr
+		}
+	}
+	if py == nil || c == nil || len(truths) != 2 {
+		t.Fatalf("ground truth of %d processes, want the Python job's 200 allocations and omitfp's 1", len(truths))
+	}
+	rep := runReportArgs(t, ctx, trace, "--top", "500")
+	checkProcess(t, rep, py, 0, "python3.12")
+	checkProcess(t, rep, c, 0, "omitfp")
+	if p := rep.process(py.PID); p != nil && p.UnresolvedPythonFrames != 0 {
+		t.Errorf("%d Python frames unresolved, want 0", p.UnresolvedPythonFrames)
+	}
+	bySize := map[uint64][]string{}
+	for _, s := range rep.Stacks {
+		if s.PID == py.PID && s.Allocs == 1 {
+			bySize[s.AllocBytes] = pyFrameNames(s.Frames)
+		}
+	}
+	bad := 0
+	for i := range 200 {
+		if want := w.siteFrames(t, i); !slices.Equal(bySize[siteBytes(i)], want) && bad < 5 {
+			bad++
+			t.Errorf("site%d: Python frames %q, want %q", i, bySize[siteBytes(i)], want)
+		}
+	}
+	want := []string{"lib1_inner", "lib2_hidden", "lib2_middle", "lib1_outer", "main"}
+	for _, s := range rep.Stacks {
+		if s.PID != c.PID {
+			continue
+		}
+		var got []string
+		for _, f := range s.Frames {
+			got = append(got, f.Function)
+		}
+		if len(got) < len(want) || !slices.Equal(got[:len(want)], want) {
+			t.Errorf("omitfp's stack %q, want it to begin %q", got, want)
+		}
+	}
+}
