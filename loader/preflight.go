@@ -41,9 +41,8 @@ const initPIDNamespace = "pid:[4026531836]"
 // process_vm_readv). Nothing is opened that needs CAP_DAC_OVERRIDE, and
 // no process is signalled (CAP_KILL).
 func Preflight() (warning string, err error) {
-	if ns, err := os.Readlink("/proc/self/ns/pid"); err == nil && ns != initPIDNamespace {
-		return "", hint.Wrap(fmt.Errorf("cudatrace runs in a PID namespace of its own (%s, not the host's): the PIDs its probes report are the host's, which this namespace does not show", ns),
-			"run it in the host's PID namespace: hostPID: true in a Kubernetes pod, --pid=host with docker or podman")
+	if err := CheckPIDNamespace(); err != nil {
+		return "", err
 	}
 	caps, err := effectiveCaps()
 	if err == nil && !hasCap(caps, capSysAdmin) && !(hasCap(caps, capBPF) && hasCap(caps, capPerfmon)) {
@@ -66,6 +65,19 @@ func Preflight() (warning string, err error) {
 		return warning, err
 	}
 	return warning, nil
+}
+
+// CheckPIDNamespace refuses, in one line that says what to set, to trace
+// from a PID namespace other than the host's (a container without the
+// host's PIDs): the PIDs BPF reports are the host's, which the tracer
+// would take for its own namespace's, naming other processes, or none.
+func CheckPIDNamespace() error {
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil || ns == initPIDNamespace {
+		return nil
+	}
+	return hint.Wrap(fmt.Errorf("this process is in a PID namespace of its own (%s), not the host's: the PIDs the probes report are the host's, which it does not see", ns),
+		"run cudatrace in the host's PID namespace: hostPID: true in a Kubernetes pod, --pid=host with docker or podman")
 }
 
 func hasCap(caps uint64, bit uint) bool { return caps&(1<<bit) != 0 }

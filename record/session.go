@@ -183,7 +183,7 @@ func (s *session) writeAttach(ar loader.AttachResult, late *tracefile.Attach) {
 	id, _ := symbolize.BuildID(ar.Library.Path)
 	a := &tracefile.Attach{Library: ar.Library.Path, BuildID: id, Symbols: ar.Symbols, Missing: ar.Missing}
 	if late != nil {
-		a.Time, a.PID, a.EventsBefore = late.Time, late.PID, late.EventsBefore
+		a.Time, a.PID, a.EventsBefore, a.Loaded = late.Time, late.PID, late.EventsBefore, late.Loaded
 	}
 	if err := s.w.WriteAttach(a); err != nil {
 		s.warn(err)

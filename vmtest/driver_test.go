@@ -258,6 +258,7 @@ type reportLibrary struct {
 	Symbols      []string `json:"symbols"`
 	LateNS       uint64   `json:"late_ns"`
 	LatePID      int      `json:"late_pid"`
+	LoadedNS     uint64   `json:"loaded_ns"`
 	EventsBefore uint64   `json:"events_before"`
 }
 
@@ -440,8 +441,15 @@ func TestAttachBeforeCUDA(t *testing.T) {
 	if n := strings.Count(stderr, waiting); n != 1 {
 		t.Errorf("record said %q %d times, want once:\n%s", waiting, n, stderr)
 	}
-	if !strings.Contains(stderr, "loaded "+lib+" after tracing began") {
-		t.Errorf("record did not say it attached late:\n%s", stderr)
+	if !strings.Contains(stderr, "loaded "+lib+" after tracing began: attached ") || !strings.Contains(stderr, " after it mapped it;") {
+		t.Errorf("record did not say it attached late, after the process mapped it:\n%s", stderr)
+	}
+	// Attached when its loader said it mapped it (bpf/notify.h): the
+	// report has when it was mapped, and when attached, after.
+	libs := reportLibraries(t, ctx, trace)
+	i := slices.IndexFunc(libs, func(l reportLibrary) bool { return l.Library == lib })
+	if i < 0 || libs[i].LoadedNS == 0 || libs[i].LateNS < libs[i].LoadedNS {
+		t.Errorf("libraries %+v: want %s with when it was mapped, at or before when it was attached", libs, lib)
 	}
 	want := onlyTruth(t, log, "")
 	if want.PID != cmd.Process.Pid || want.Allocs != 30 {
@@ -449,4 +457,51 @@ func TestAttachBeforeCUDA(t *testing.T) {
 	}
 	rep := runReport(t, ctx, trace)
 	checkProcess(t, rep, want, 0, "dlopen_late")
+}
+
+// TestLateLoadSearchPath: a --pid process with no CUDA loaded when
+// tracing starts, which later loads the runtime by name from its
+// LD_LIBRARY_PATH and allocates 2 ms after: every call is traced, since
+// what it would load by name was attached when tracing started
+// (loader.SearchPath). One that loads a copy by a path no search covers
+// is attached when its loader says it mapped it, and the report says
+// when it was mapped and attached, not how many calls came between.
+func TestLateLoadSearchPath(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	ldpath := filepath.Join(dir, "ldpath")
+	if err := os.MkdirAll(ldpath, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(fakeLib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ldpath, "libcudart.so.12"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "search.trace")
+	cmd := exec.CommandContext(ctx, workload("dlopen_late"), "libcudart.so.12", "30")
+	cmd.Env = append(fakeEnv(log), "DLOPEN_LATE_DELAY_MS=3000", "DLOPEN_LATE_WAIT_MS=2", "LD_LIBRARY_PATH="+ldpath)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	rec := startRecord(t, ctx, recordOpts{}, "--pid", fmt.Sprint(cmd.Process.Pid), "-o", trace)
+	if err := <-done; err != nil {
+		t.Fatalf("dlopen_late: %v\n%s", err, out.String())
+	}
+	if code := rec.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("record --pid exited %d, want 0:\n%s", code, rec.stderr.String())
+	}
+	want := onlyTruth(t, log, "")
+	if want.PID != cmd.Process.Pid || want.Allocs != 30 {
+		t.Fatalf("ground truth: pid %d with %d allocations, want pid %d with 30", want.PID, want.Allocs, cmd.Process.Pid)
+	}
+	checkProcess(t, runReport(t, ctx, trace), want, 0, "dlopen_late")
+	if strings.Contains(rec.stderr.String(), "after tracing began") {
+		t.Errorf("record attached the library late, where it was on the search path:\n%s", rec.stderr.String())
+	}
 }

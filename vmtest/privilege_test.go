@@ -14,6 +14,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -567,4 +568,49 @@ func checkNoPrivilegeWarnings(t *testing.T, out string) {
 			t.Errorf("the tracer said %q:\n%s", bad, out)
 		}
 	}
+}
+
+// TestPIDNamespace: in a PID namespace of its own (a container without the
+// host's PIDs), where the PIDs its probes report are not the ones it sees,
+// every verb that traces refuses in one line that says what to set, before
+// it attaches or serves anything; a job beside it runs on, never stopped.
+func TestPIDNamespace(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	requireTool(t, "unshare")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	w := newNobodyWorld(t)
+	job := startNobody(t, ctx, w, "hold", w.log(t, "pidns"), w.hold)
+	job.goOn(t)
+	job.expect(t, "held")
+	for _, args := range [][]string{
+		{"agent", "--listen", "127.0.0.1:0", "--lib", w.lib},
+		{"record", "--all", "--lib", w.lib},
+		{"record", "--pid", "1", "--lib", w.lib},
+		{"record", "--lib", w.lib, "--", "true"},
+		{"top", "--lib", w.lib},
+	} {
+		t.Run(strings.Join(args[:2], " "), func(t *testing.T) {
+			cmd := exec.CommandContext(ctx, "unshare", append([]string{"--pid", "--fork", "--mount-proc", tracerBin}, args...)...)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("cudatrace %s in its own PID namespace: %v, want exit status 1:\n%s", strings.Join(args, " "), err, out)
+			}
+			text := string(out)
+			for _, want := range []string{"PID namespace of its own", "hostPID: true", "--pid=host"} {
+				if !strings.Contains(text, want) {
+					t.Errorf("output lacks %q:\n%s", want, text)
+				}
+			}
+			for _, bad := range []string{"attached", "serving", "goroutine", "panic"} {
+				if strings.Contains(text, bad) {
+					t.Errorf("output says %q: it went on before refusing:\n%s", bad, text)
+				}
+			}
+		})
+	}
+	job.end(t)
 }

@@ -70,7 +70,6 @@ func waitFor(timeout time.Duration, cond func() bool) (time.Duration, bool) {
 	}
 }
 
-
 // runCLI runs cudatrace ARGS to its end (30 s at most) and returns its
 // output and exit status.
 func runCLI(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
@@ -545,4 +544,3 @@ func TestAgentUnderLoad(t *testing.T) {
 		t.Errorf("RSS %d MiB under load, %d MiB quiet: more than %d MiB above", stormRSS>>20, quietRSS>>20, bound>>20)
 	}
 }
-

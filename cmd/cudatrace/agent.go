@@ -73,6 +73,10 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 		}
 		return hint.Wrap(fmt.Errorf("--history-budget %q: %w", f.historyBudget, err), "e.g. --history-budget 256MiB")
 	}
+	// Before serving anything: an agent that cannot trace says why at once.
+	if err := loader.CheckPIDNamespace(); err != nil {
+		return err
+	}
 	historyEvents := f.historyEvents
 	if historyEvents == 0 {
 		historyEvents = -1 // agent.Options: negative is none
