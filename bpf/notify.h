@@ -120,8 +120,8 @@ static long py_file_of(struct task_struct *task, struct vm_area_struct *vma, voi
 
 // py_learn gives the calling process the layout of an interpreter file
 // the reader knows, if the object (its dynamic section at ld, loaded with
-// bias) is one, and says whether it did. Only the bpf_loop variant (5.17
-// on, as bpf_find_vma).
+// bias) is one, and says whether it did. With bpf_loop only (dl_report):
+// bpf_find_vma is as new (5.17).
 static __always_inline int py_learn(__u32 tgid, __u64 ld, __u64 bias)
 {
 	struct py_file_key k = {};
@@ -232,11 +232,14 @@ static long dl_loop_step(__u64 i, void *arg)
 
 // Entries a note walks at most: a PyTorch process maps some 500 objects.
 #define CT_DL_WALK 4096
-#define CT_DL_WALK_NOLOOP 128
 
 // dl_report reports the objects of the process's loader's list (its head
-// at rmap) after the last reported, and says how many it did.
-static __always_inline __u32 dl_report(__u64 id, __u64 rmap, const int use_loop)
+// at rmap) after the last reported, and says how many it did. With
+// bpf_loop only (5.17): followed entry by entry in a bounded loop, the
+// walk took the verifier past its million instructions, and kernels
+// without bpf_loop (5.15, 5.16) send a plain note instead: the reader
+// reads the process's mappings, which a process gone by then lacks.
+static __always_inline __u32 dl_report(__u64 id, __u64 rmap)
 {
 	__u32 zero = 0, tgid = id >> 32;
 	struct dl_scratch_val *s = bpf_map_lookup_elem(&dl_scratch, &zero);
@@ -249,17 +252,11 @@ static __always_inline __u32 dl_report(__u64 id, __u64 rmap, const int use_loop)
 	if (last && last->mm == mm)
 		w.after = last->lm;
 	w.past = !w.after;
-	w.learn = use_loop && !bpf_map_lookup_elem(&py_procs, &tgid);
+	w.learn = !bpf_map_lookup_elem(&py_procs, &tgid);
 	w.seq = s->seq + 1;
 	s->seq = w.seq;
 	for (int pass = 0; pass < 2; pass++) {
-		if (use_loop) {
-			bpf_loop(CT_DL_WALK, dl_loop_step, &w, 0);
-		} else {
-			for (int i = 0; i < CT_DL_WALK_NOLOOP; i++)
-				if (dl_step(&w))
-					break;
-		}
+		bpf_loop(CT_DL_WALK, dl_loop_step, &w, 0);
 		if (w.past)
 			break;
 		// the entry last reported was unlinked (dlclose): all of them
@@ -299,7 +296,7 @@ static __always_inline int dl_notify(struct pt_regs *ctx, const int use_loop)
 			return 0;
 		bpf_map_update_elem(&noted, &tgid, &now, BPF_ANY);
 	}
-	if (!delta || !dl_report(id, read_u64(PT_REGS_IP(ctx) + delta - 16), use_loop))
+	if (!delta || !use_loop || !dl_report(id, read_u64(PT_REGS_IP(ctx) + delta - 16)))
 		submit_note(id, mapped_api);
 	return 0;
 }
