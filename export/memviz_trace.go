@@ -114,8 +114,7 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 		}
 	}
 	if len(pids) > 1 {
-		return fmt.Errorf("a memory snapshot is one process's, and this trace has %d: choose one with --pid (%s)",
-			len(pids), joinPIDs(pids))
+		return fmt.Errorf("a memory snapshot is one process's, and this trace has %d: %s", len(pids), pickOne(t, pids))
 	}
 
 	syms := t.Symbols(!opts.NoSymbolize)
