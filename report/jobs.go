@@ -37,8 +37,9 @@ type ProcessJob struct {
 	Vars      []string `json:"vars,omitempty"` // the environment variables it was read from
 }
 
-// identify fills p's job, rank and node from its capture.
-func (p *Process) identify(c *procmodel.Capture) {
+// Identify fills p's job, rank and node from its capture (the agent's OOM
+// dumps too).
+func (p *Process) Identify(c *procmodel.Capture) {
 	p.JobError, p.Node, p.NodePID = c.JobError, c.Node, c.NodePID
 	id := c.Job
 	if !id.Known() {

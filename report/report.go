@@ -414,7 +414,7 @@ func Load(path string, opts Options) (*Report, error) {
 		out := NewProcess(p, meta.WallTime)
 		if c := t.First(p.PID); c != nil {
 			out.Cmdline, out.Container, out.PodUID = c.Cmdline, c.Container, c.Pod
-			out.identify(c)
+			out.Identify(c)
 		}
 		if c := t.Latest(p.PID); c != nil {
 			out.CaptureError = c.Error
