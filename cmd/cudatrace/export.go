@@ -64,6 +64,10 @@ func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
 	if err := checkTrace(trace); err != nil {
 		return err
 	}
+	pids, err := f.selection(trace)
+	if err != nil {
+		return hint.Default(err, traceHint)
+	}
 	if err := outfile.Check(f.output); err != nil {
 		return err
 	}
@@ -71,7 +75,7 @@ func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
 	if entries == 0 {
 		entries = export.MemvizNoTrace
 	}
-	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: entries, PIDs: f.pids, Top: f.top,
+	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: entries, PIDs: pids, Top: f.top,
 		Warn: func(msg string) { cmd.PrintErrf("cudatrace: warning: %s\n", msg) }}
 	if err := writeExport(cmd.OutOrStdout(), trace, format, f.output, opts); err != nil {
 		return hint.Default(err, traceHint)

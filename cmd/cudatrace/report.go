@@ -43,7 +43,11 @@ func runReport(cmd *cobra.Command, f *reportFlags, args []string) error {
 	if err := checkTrace(args[0]); err != nil {
 		return err
 	}
-	opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval, PIDs: f.pids,
+	pids, err := f.selection(args[0])
+	if err != nil {
+		return hint.Default(err, traceHint)
+	}
+	opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval, PIDs: pids,
 		NoSymbolize: f.noSymbolize, By: by}
 	rep, err := report.Load(args[0], opts)
 	if err != nil {
