@@ -139,8 +139,11 @@ func (r *Report) writeNodes(w io.Writer) {
 	case ok:
 		fmt.Fprintf(w, "Clocks: each node's times are put on its wall clock; every node's was synchronized, so they align to within %s (the two largest clock errors and pairings)\n",
 			roundAge(bound))
-	case len(unsynced) > 0:
+	case len(unsynced) == 1:
 		fmt.Fprintf(w, "WARNING: the wall clock of %s was not synchronized (NTP, PTP) when its trace began: its times are placed by that clock, and may be off against the other nodes' by as much as it was\n",
+			unsynced[0])
+	case len(unsynced) > 1:
+		fmt.Fprintf(w, "WARNING: the wall clocks of %s were not synchronized (NTP, PTP) when their traces began: their times are placed by those clocks, and may be off against each other by as much as they were\n",
 			strings.Join(unsynced, ", "))
 	}
 	if len(unknown) > 0 {

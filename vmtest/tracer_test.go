@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -208,6 +209,9 @@ type recordOpts struct {
 	// Stdin is what record (and the command it launches) reads; nil:
 	// nothing.
 	Stdin io.Reader
+	// Wrap, when set, runs record under it: its argv, then cudatrace's
+	// (unshare, to record as another host).
+	Wrap []string
 }
 
 // startRecord starts `cudatrace record ARGS...`. It is killed, with its
@@ -215,7 +219,8 @@ type recordOpts struct {
 // logged.
 func startRecord(t *testing.T, ctx context.Context, opts recordOpts, args ...string) *recording {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, tracerBin, append([]string{"record"}, args...)...)
+	argv := append(append(slices.Clone(opts.Wrap), tracerBin, "record"), args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = opts.Env
 	cmd.Dir = opts.Dir
 	cmd.Stdin = opts.Stdin
