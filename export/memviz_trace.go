@@ -7,7 +7,6 @@ import (
 	"io"
 	"iter"
 	"slices"
-	"strings"
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/pickle"
@@ -316,14 +315,6 @@ func memvizMapped(maps []*ledger.Mapping, frames func(*ledger.Stack) []MemvizFra
 		out = append(out, seg)
 	}
 	return out
-}
-
-func joinPIDs(pids []uint32) string {
-	s := make([]string, len(pids))
-	for i, p := range pids {
-		s[i] = fmt.Sprint(p)
-	}
-	return strings.Join(s, ", ")
 }
 
 // memvizSegment is allocation a as a segment of one active block. One of
