@@ -1,4 +1,4 @@
-package merge
+package merge_test
 
 import (
 	"bytes"
@@ -11,19 +11,20 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/internal/tracetest"
+	"github.com/cudatrace/cudatrace/merge"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
 // mergeFiles merges ins into a file and returns its path.
-func mergeFiles(t *testing.T, ins ...string) (string, *Result) {
+func mergeFiles(t *testing.T, ins ...string) (string, *merge.Result) {
 	t.Helper()
-	var in []Input
+	var in []merge.Input
 	for _, p := range ins {
-		in = append(in, Input{Path: p})
+		in = append(in, merge.Input{Path: p})
 	}
 	var buf bytes.Buffer
-	res, err := Write(&buf, in, "cudatrace test")
+	res, err := merge.Write(&buf, in, "cudatrace test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestMerge(t *testing.T) {
 	}
 	// Node b's processes are seen first (it began a second earlier): its
 	// pid 100 keeps its number, node a's is renumbered.
-	want := map[uint32]rankOf{FirstRenumbered: {"node-a", 100, 0}, 101: {"node-a", 0, 1}, 100: {"node-b", 0, 2},
+	want := map[uint32]rankOf{merge.FirstRenumbered: {"node-a", 100, 0}, 101: {"node-a", 0, 1}, 100: {"node-b", 0, 2},
 		102: {"node-b", 0, 3}}
 	got := map[uint32]rankOf{}
 	for _, p := range tr.Ledger.Processes() {
@@ -177,8 +178,8 @@ func TestMergeTruncatedAndAgain(t *testing.T) {
 	if len(tr2.Meta.Nodes) != 2 || tr2.Meta.Nodes[1].Offset != tr.Meta.Nodes[1].Offset || len(tr2.End.Nodes) != 2 {
 		t.Errorf("merged again: nodes %+v, ends %+v", tr2.Meta.Nodes, tr2.End.Nodes)
 	}
-	if c := tr2.First(FirstRenumbered); c.Node != "node-a" || c.NodePID != 100 {
-		t.Errorf("merged again, pid %d is %+v", FirstRenumbered, c)
+	if c := tr2.First(merge.FirstRenumbered); c.Node != "node-a" || c.NodePID != 100 {
+		t.Errorf("merged again, pid %d is %+v", merge.FirstRenumbered, c)
 	}
 }
 
@@ -188,10 +189,10 @@ func TestMergeRefusesNonTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, _ := tracetest.TwoNodes(t)
-	if _, err := Write(io.Discard, []Input{{Path: a}, {Path: bad}}, "t"); err == nil || !strings.Contains(err.Error(), "not a cudatrace trace") {
+	if _, err := merge.Write(io.Discard, []merge.Input{{Path: a}, {Path: bad}}, "t"); err == nil || !strings.Contains(err.Error(), "not a cudatrace trace") {
 		t.Errorf("err %v", err)
 	}
-	if _, err := Write(io.Discard, nil, "t"); err == nil {
+	if _, err := merge.Write(io.Discard, nil, "t"); err == nil {
 		t.Error("no input merged")
 	}
 }

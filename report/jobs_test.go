@@ -3,8 +3,6 @@ package report
 import (
 	"bytes"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -14,26 +12,11 @@ import (
 	"github.com/cudatrace/cudatrace/merge"
 )
 
-// mergedJob merges tracetest.TwoNodes' traces into one file.
-func mergedJob(t *testing.T) string {
-	t.Helper()
-	a, b := tracetest.TwoNodes(t)
-	var buf bytes.Buffer
-	if _, err := merge.Write(&buf, []merge.Input{{Path: a}, {Path: b}}, "t"); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "job.trace")
-	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // A merged trace's job: every rank with its node, its peak and end
 // figures as each rank's own, how unevenly they peaked, and the rank that
 // ran out first with what every rank held then.
 func TestJobReport(t *testing.T) {
-	rep, err := Load(mergedJob(t), Options{})
+	rep, err := Load(tracetest.TwoNodesMerged(t), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +100,7 @@ func TestJobReport(t *testing.T) {
 
 // The JSON names every process by job and rank, rank 0 included.
 func TestJobReportJSON(t *testing.T) {
-	rep, err := Load(mergedJob(t), Options{})
+	rep, err := Load(tracetest.TwoNodesMerged(t), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +157,7 @@ func TestJobReportOneNode(t *testing.T) {
 // Two runs of the job side by side, rank by rank.
 func TestDiffRanks(t *testing.T) {
 	a, _ := tracetest.TwoNodes(t)
-	d, err := LoadDiff(a, mergedJob(t), Options{})
+	d, err := LoadDiff(a, tracetest.TwoNodesMerged(t), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

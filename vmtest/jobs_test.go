@@ -28,6 +28,7 @@ import (
 
 	"github.com/google/pprof/profile"
 
+	"github.com/cudatrace/cudatrace/internal/perfettotest"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -293,68 +294,26 @@ func checkRanks(t *testing.T, ctx context.Context, trace string, l launcher, pid
 	// Perfetto: a process per rank, titled by rank and PID.
 	tl := filepath.Join(dir, "job.json")
 	cudatrace(t, ctx, "export", trace, "-f", "perfetto", "-o", tl)
-	names, last := checkTraceEvents(t, tl)
+	timeline := checkTimeline(t, tl)
 	for r, pid := range pids {
-		if want := fmt.Sprintf("rank %d · pid %d", r, pid); names[pid] != want {
-			t.Errorf("perfetto: pid %d is %q, want %q", pid, names[pid], want)
+		if want := fmt.Sprintf("rank %d · pid %d", r, pid); timeline.Names[uint32(pid)] != want {
+			t.Errorf("perfetto: pid %d is %q, want %q", pid, timeline.Names[uint32(pid)], want)
 		}
-		if got := last[fmt.Sprintf("%d/GPU 0 memory", pid)]; uint64(got) != truths[pid].Live {
+		if got := timeline.Last[fmt.Sprintf("%d/GPU 0 memory", pid)]; uint64(got) != truths[pid].Live {
 			t.Errorf("perfetto: rank %d's GPU 0 track ends at %v, ground truth %d", r, got, truths[pid].Live)
 		}
 	}
 }
 
-// checkTraceEvents reads a Chrome trace-event file as a viewer does:
-// known phases only, each process named once and every process with
-// events named, each counter track's times rising. It returns the names
-// by PID and each counter's last value ("pid/name").
-func checkTraceEvents(t *testing.T, path string) (map[int]string, map[string]float64) {
+// checkTimeline reads the trace-event file at path as a viewer does
+// (perfettotest.Check).
+func checkTimeline(t *testing.T, path string) perfettotest.Timeline {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var doc struct {
-		TraceEvents []struct {
-			Ph   string         `json:"ph"`
-			Name string         `json:"name"`
-			PID  int            `json:"pid"`
-			TS   float64        `json:"ts"`
-			Args map[string]any `json:"args"`
-		} `json:"traceEvents"`
-	}
-	if err := json.Unmarshal(data, &doc); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	names, last, ts, used := map[int]string{}, map[string]float64{}, map[string]float64{}, map[int]bool{}
-	for _, e := range doc.TraceEvents {
-		switch e.Ph {
-		case "M":
-			if e.Name == "process_name" {
-				if _, dup := names[e.PID]; dup {
-					t.Errorf("pid %d named twice", e.PID)
-				}
-				names[e.PID], _ = e.Args["name"].(string)
-			}
-		case "C":
-			k := fmt.Sprintf("%d/%s", e.PID, e.Name)
-			if e.TS < ts[k] {
-				t.Errorf("%s: a value at %v after one at %v", k, e.TS, ts[k])
-			}
-			ts[k], last[k] = e.TS, e.Args["live_bytes"].(float64)
-			used[e.PID] = true
-		case "i":
-			used[e.PID] = true
-		default:
-			t.Errorf("event of phase %q", e.Ph)
-		}
-	}
-	for pid := range used {
-		if names[pid] == "" {
-			t.Errorf("pid %d has events and no name", pid)
-		}
-	}
-	return names, last
+	return perfettotest.Check(t, data)
 }
 
 // TestJobNodes: ranks 0 and 1 recorded as host node-a, ranks 2 and 3 as
@@ -468,16 +427,19 @@ func TestJobNodes(t *testing.T) {
 	// One process per rank in the timeline, titled by rank, node and PID.
 	tl := filepath.Join(dir, "job.json")
 	cudatrace(t, ctx, "export", merged, "-f", "perfetto", "-o", tl)
-	names, last := checkTraceEvents(t, tl)
-	if len(names) != 4 {
-		t.Errorf("perfetto processes %v, want the 4 ranks", names)
+	timeline := checkTimeline(t, tl)
+	if len(timeline.Names) != 4 {
+		t.Errorf("perfetto processes %v, want the 4 ranks", timeline.Names)
 	}
 	for _, rk := range j.Ranks {
 		want := fmt.Sprintf("rank %d · %s · pid %d", rk.Rank, nodeOf[rk.Rank], pids[rk.Rank])
-		if names[rk.PID] != want {
-			t.Errorf("perfetto: pid %d is %q, want %q", rk.PID, names[rk.PID], want)
+		if got := timeline.Names[uint32(rk.PID)]; got != want {
+			t.Errorf("perfetto: pid %d is %q, want %q", rk.PID, got, want)
 		}
-		if got := last[fmt.Sprintf("%d/GPU 0 memory", rk.PID)]; uint64(got) != truths[pids[rk.Rank]].Live {
+		if timeline.Sort[uint32(rk.PID)] != rk.Rank {
+			t.Errorf("perfetto: rank %d sorts at %d", rk.Rank, timeline.Sort[uint32(rk.PID)])
+		}
+		if got := timeline.Last[fmt.Sprintf("%d/GPU 0 memory", rk.PID)]; uint64(got) != truths[pids[rk.Rank]].Live {
 			t.Errorf("perfetto: rank %d ends at %v, ground truth %d", rk.Rank, got, truths[pids[rk.Rank]].Live)
 		}
 	}

@@ -1,10 +1,14 @@
 package tracetest
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/merge"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -88,4 +92,20 @@ func TwoNodes(t testing.TB) (string, string) {
 		&tracefile.Counters{Time: BootB + s(3500*time.Millisecond), Counters: map[string]uint64{"events": 4}},
 		&tracefile.End{Time: BootB + s(4*time.Second), Events: 4})
 	return a, b
+}
+
+// TwoNodesMerged is TwoNodes' traces merged (node a's first), in a file
+// whose path it returns.
+func TwoNodesMerged(t testing.TB) string {
+	t.Helper()
+	a, b := TwoNodes(t)
+	var buf bytes.Buffer
+	if _, err := merge.Write(&buf, []merge.Input{{Path: a}, {Path: b}}, "t"); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "job.trace")
+	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
