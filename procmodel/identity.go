@@ -25,7 +25,7 @@ func (c *Capture) identify(prev *Capture) {
 	case errors.Is(err, proc.ErrNoProcess):
 		// Gone: the capture says so already (Error).
 	case err != nil:
-		c.JobError = fmt.Sprintf("its environment could not be read (%v): its job and rank are unknown", err)
+		c.JobError = fmt.Sprintf("%v: its job and rank are unknown", err)
 	default:
 		c.Job = jobid.FromEnv(env)
 	}

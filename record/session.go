@@ -373,7 +373,7 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 	}
 	if c.JobError != "" && !s.warned[jobWarning] { // once: every process is the same case
 		s.warned[jobWarning] = true
-		s.warn(fmt.Errorf("pid %d: %s (and likewise for any other such process)", pid, c.JobError))
+		s.warn(fmt.Errorf("%s, as for any other process whose environment cannot be read (said once)", c.JobError))
 	}
 	s.detectPython(pid, lp, c.RootDir(), all)
 	lp.p = s.procs.Add(c)

@@ -570,3 +570,68 @@ func TestJobAgent(t *testing.T) {
 		t.Errorf("OOM dump files %v, want three named %s…", all, want)
 	}
 }
+
+// TestJobEnvironUnreadable: a tracer without CAP_SYS_PTRACE (only BPF,
+// PERFMON and KILL) cannot read another user's environment: it says so
+// once, on one line, for the two ranks, traces them on, and the report
+// says why their job and rank are unknown.
+func TestJobEnvironUnreadable(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	requireTool(t, "setpriv")
+	// The ranks run as nobody: they reach the stand-ins (the build's
+	// directory is 0700) and write their files and log in dir.
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{{buildDir, 0o755}, {filepath.Dir(dir), 0o755}, {dir, 0o777}} {
+		if err := os.Chmod(d.path, d.mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "all.trace")
+	noPtrace := []string{"setpriv", "--bounding-set", "-all,+bpf,+perfmon,+kill", "--inh-caps", "-all"}
+	rec := startRecord(t, ctx, recordOpts{Wrap: noPtrace}, "--all", "--lib", fakeLib, "-o", trace, "--duration", "8s")
+	rec.waitAttached(t, 30*time.Second)
+	ranks := exec.CommandContext(ctx, "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+		"sh", "-c", ranksScript(launchers[0], dir, []int{0, 1}, 0, 2))
+	ranks.Env = fakeEnv(log)
+	if err := ranks.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pids := waitReady(t, dir, []int{0, 1})
+	letGo(t, dir, 0, 1)
+	if err := ranks.Wait(); err != nil {
+		t.Fatalf("the ranks: %v", err)
+	}
+	rec.finish(t, 30*time.Second)
+	stderr := rec.stderr.String()
+	if n := strings.Count(stderr, "its job and rank are unknown"); n != 1 ||
+		!strings.Contains(stderr, "its environment is not shown to this process (reading another user's process takes CAP_SYS_PTRACE)") {
+		t.Errorf("%d warnings of an unreadable environment, want one:\n%s", n, stderr)
+	}
+	out := cudatrace(t, ctx, "report", trace, "--json")
+	var rep struct {
+		Processes []struct {
+			PID      int             `json:"pid"`
+			Allocs   uint64          `json:"allocs"`
+			Job      json.RawMessage `json:"job"`
+			JobError string          `json:"job_error"`
+		} `json:"processes"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, p := range rep.Processes {
+		if p.PID != pids[0] && p.PID != pids[1] {
+			continue // --all: others on the host
+		}
+		seen++
+		if p.Job != nil || !strings.Contains(p.JobError, "its job and rank are unknown") || p.Allocs != 3 {
+			t.Errorf("pid %d: job %s, job_error %q, %d allocations (want 3)", p.PID, p.Job, p.JobError, p.Allocs)
+		}
+	}
+	if seen != 2 {
+		t.Errorf("%d of the ranks in the report, want 2:\n%s", seen, out)
+	}
+}
