@@ -90,6 +90,9 @@ func Write(w io.Writer, ins []Input, tool string) (*Result, error) {
 			return nil, err // Open names the path
 		}
 		m.ins = append(m.ins, &input{i: i, in: in, r: r, meta: r.Meta(), pids: map[uint32]uint32{}})
+		if r.Meta().StartWall.IsZero() {
+			return nil, fmt.Errorf("%s: its meta has no wall-clock start: it cannot be put on a timeline with others", in.name())
+		}
 	}
 	meta := m.clock(tool)
 	tw, err := tracefile.NewWriter(w, meta)

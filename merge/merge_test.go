@@ -195,4 +195,10 @@ func TestMergeRefusesNonTrace(t *testing.T) {
 	if _, err := merge.Write(io.Discard, nil, "t"); err == nil {
 		t.Error("no input merged")
 	}
+	// A trace whose start the wall clock does not place.
+	nowhere, _ := tracetest.Write(t, tracefile.Meta{Tool: "t", StartBoot: 5})
+	if _, err := merge.Write(io.Discard, []merge.Input{{Path: a}, {Path: nowhere}}, "t"); err == nil ||
+		!strings.Contains(err.Error(), "no wall-clock start") {
+		t.Errorf("err %v", err)
+	}
 }
