@@ -220,7 +220,7 @@ and how closely, and warns where one was not.
 Every process keeps its node (its host's name) and, in report, its job and
 rank. A process whose PID a process of another node had is given a number
 of its own above 4194304 (no real PID is that high); report shows the PID
-it had on its node beside it, and --pid takes either.
+it had on its node beside it. --pid takes the merged number, --rank a rank.
 
 On the merged trace, report adds per job: each rank's peak and end memory,
 how unevenly the ranks peaked, the first allocation that failed in the job
@@ -236,7 +236,7 @@ record, and said. A URL that cannot be fetched is left out with a warning.`,
 
   # The agents' windows of the next 60 seconds, from every node at once
   cudatrace merge --token-file token -o job.trace \
-    'https://node-a:9738/trace?seconds=60' 'https://node-b:9738/trace?seconds=60'
+    'http://node-a:9738/trace?seconds=60' 'http://node-b:9738/trace?seconds=60'
 
   # One rank's memory snapshot
   cudatrace export job.trace --format memviz --rank 3 -o rank3.pickle`,
