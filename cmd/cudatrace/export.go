@@ -64,6 +64,10 @@ func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
 	if err := checkTrace(trace); err != nil {
 		return err
 	}
+	pids, err := f.selection(trace)
+	if err != nil {
+		return hint.Default(err, traceHint)
+	}
 	if err := outfile.Check(f.output); err != nil {
 		return err
 	}
@@ -71,7 +75,7 @@ func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
 	if entries == 0 {
 		entries = export.MemvizNoTrace
 	}
-	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: entries, PIDs: f.pids, Top: f.top,
+	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: entries, PIDs: pids, Top: f.top,
 		Warn: func(msg string) { cmd.PrintErrf("cudatrace: warning: %s\n", msg) }}
 	if err := writeExport(cmd.OutOrStdout(), trace, format, f.output, opts); err != nil {
 		return hint.Default(err, traceHint)
@@ -130,7 +134,9 @@ already use:
             'go tool pprof -sample_index=tensor_inuse_space' (or
             host_inuse_space, tensor_alloc_space, ...). Labels pid, comm,
             device, api, kind, level and owner (who asked for it: pytorch,
-            nccl, cublas, ... application; -tagfocus owner=nccl).
+            nccl, cublas, ... application; -tagfocus owner=nccl); job_id
+            and rank for the ranks of a distributed job, node in a merged
+            trace (-tagfocus rank=3).
             inuse_* is the live set at --at.
   memviz    a pickle that https://pytorch.org/memory_viz and
             'python -m torch.cuda._memory_viz' open, like the snapshot of
@@ -146,9 +152,11 @@ already use:
             tensors' blocks as its caching allocator cuts them. OOM
             entries carry the free memory NVML saw last; without NVML in
             the trace they leave it out, and the Allocator Settings tab
-            says so. One process: pick it with --pid.
+            says so. One process: pick it with --pid, or --rank.
   perfetto  Chrome trace JSON for https://ui.perfetto.dev: live GPU memory
-            per process and device as counter tracks (tensor memory too),
+            per process and device as counter tracks (tensor memory too;
+            a rank of a job titled "rank 3 · node-b · pid 4242", ranks in
+            order),
             failed allocations as instant events on their named threads,
             with their stacks.
   json      the full report: processes, devices, stacks, failures, the peak.

@@ -43,7 +43,11 @@ func runReport(cmd *cobra.Command, f *reportFlags, args []string) error {
 	if err := checkTrace(args[0]); err != nil {
 		return err
 	}
-	opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval, PIDs: f.pids,
+	pids, err := f.selection(args[0])
+	if err != nil {
+		return hint.Default(err, traceHint)
+	}
+	opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval, PIDs: pids,
 		NoSymbolize: f.noSymbolize, By: by}
 	rep, err := report.Load(args[0], opts)
 	if err != nil {
@@ -101,6 +105,14 @@ over the samples tell a constant overhead from a growing one; --interval
 adds the remainder per interval. NVML's device indices are not CUDA's
 ordinals, so the comparison is per process, over all its GPUs.
 
+Processes of a distributed job (torchrun, Slurm, MPI, JobSet, Ray: the job and
+rank their launcher's environment gave them) are shown with their JOB and RANK,
+grouped by job; per job, a table of its ranks' peak and end memory, how
+unevenly they peaked, and the first failed allocation in the job (rank, node,
+time, stack) with what every rank held then. --rank N reports those ranks
+only. A trace of several nodes (cudatrace merge) adds NODE, and says how well
+the nodes' clocks agreed. docs/jobs.md says more.
+
 Stacks are symbolized from the libraries and executables on this machine,
 checked against the build IDs captured while recording. A trace cut short
 (the tracer was killed) is reported up to its last complete record.`,
@@ -111,7 +123,9 @@ checked against the build IDs captured while recording. A trace cut short
   cudatrace report train.trace --by function     # used/acquired/occurrences per function (CupyMemoryProfileHook)
   cudatrace report train.trace --by line --interval 10s  # bytes added and removed per source line (MemTracker)
   cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'
-  cudatrace report train.trace --json | jq '.owners[] | {pid, peak}'   # who held the memory at the peak`,
+  cudatrace report train.trace --json | jq '.owners[] | {pid, peak}'   # who held the memory at the peak
+  cudatrace report job.trace --rank 0 --rank 3                # two ranks of a job
+  cudatrace report job.trace --json | jq '.jobs[].first_failure | {rank, node, time}'`,
 		Args: oneTrace,
 	}, (*reportFlags).bind, runReport)
 }
