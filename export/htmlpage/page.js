@@ -27,6 +27,13 @@
     if (ns >= 1e3) return (ns / 1e3).toFixed(1) + ' µs';
     return ns + ' ns';
   }
+  // niceStep is the 1, 2 or 5 times a power of ten at least v.
+  function niceStep(v) {
+    if (!(v > 0)) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 5, 10]) if (m * p >= v) return m * p;
+    return 10 * p;
+  }
   function pct(a, b) { return b > 0 ? (100 * a / b).toFixed(1) + '%' : ''; }
   function h(tag, attrs, ...kids) {
     const e = document.createElement(tag);
@@ -178,6 +185,7 @@
   // ---------- timeline ----------
   const TL = {left: 72, right: 12, top: 14, bottom: 22};
   let tl = null; // what the last draw laid out
+  let drag = null; // a range being dragged: {x0, x1}
   function setupCanvas(cv) {
     const r = window.devicePixelRatio || 1;
     const w = cv.clientWidth, hgt = Number(cv.getAttribute('height'));
@@ -239,8 +247,8 @@
       ctx.fillText(fmtBytes(Math.round(v)), TL.left - 6, yy);
     }
     ctx.textAlign = 'center'; ctx.textBaseline = 'top';
-    for (let i = 0; i <= 6; i++) {
-      const t = M.span * i / 6;
+    const step = niceStep(M.span / 7);
+    for (let t = 0; t <= M.span; t += step) {
       ctx.fillText(fmtTime(Math.round(t)), Math.min(Math.max(x(t), TL.left + 20), TL.left + pw - 20), TL.top + ph + 5);
     }
     // Range.
@@ -324,8 +332,8 @@
     const mx = x(info.t);
     ctx.strokeStyle = '#1f6feb'; ctx.lineWidth = 2;
     ctx.beginPath(); ctx.moveTo(mx, TL.top); ctx.lineTo(mx, TL.top + ph); ctx.stroke();
-    if (tl.drag) {
-      const a = Math.min(tl.drag.x0, tl.drag.x1), b = Math.max(tl.drag.x0, tl.drag.x1);
+    if (drag) {
+      const a = Math.min(drag.x0, drag.x1), b = Math.max(drag.x0, drag.x1);
       ctx.fillStyle = 'rgba(31,111,235,0.18)'; ctx.fillRect(a, TL.top, b - a, ph);
     }
     // Legend.
@@ -375,20 +383,20 @@
     const cv = $('#timeline');
     cv.addEventListener('mousedown', (ev) => {
       const px = ev.clientX - cv.getBoundingClientRect().left;
-      tl.drag = {x0: px, x1: px};
+      drag = {x0: px, x1: px};
     });
     window.addEventListener('mousemove', (ev) => {
-      if (tl && tl.drag) {
-        tl.drag.x1 = ev.clientX - cv.getBoundingClientRect().left;
+      if (drag) {
+        drag.x1 = ev.clientX - cv.getBoundingClientRect().left;
         drawTimeline();
       }
     });
     cv.addEventListener('mousemove', showTip);
     cv.addEventListener('mouseleave', () => { $('#tip').hidden = true; });
     window.addEventListener('mouseup', () => {
-      if (!tl || !tl.drag) return;
-      const {x0, x1} = tl.drag;
-      tl.drag = null;
+      if (!drag) return;
+      const {x0, x1} = drag;
+      drag = null;
       if (Math.abs(x1 - x0) < 4) {
         const near = tl.marks.find((mk) => Math.abs(mk.x - x0) < 6);
         if (near && near.kind === 'peak') st.moment = {kind: 'peak'};

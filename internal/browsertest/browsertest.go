@@ -117,6 +117,9 @@ func (b *Browser) Open(t testing.TB, url string, timeout time.Duration) time.Dur
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, timeout)
 	defer cancel()
+	b.mu.Lock()
+	b.errors, b.requests = nil, nil // this page's alone
+	b.mu.Unlock()
 	start := time.Now()
 	err := chromedp.Do(ctx, chromedp.Navigate(url))
 	if err == nil {
@@ -182,6 +185,14 @@ func (b *Browser) Click(t testing.TB, x, y float64) {
 	t.Helper()
 	if err := chromedp.Do(b.ctx, chromedp.MouseClickXY(x, y)); err != nil {
 		t.Fatalf("click at %v,%v: %v", x, y, err)
+	}
+}
+
+// Type types text into the element sel (a CSS selector), as a user does.
+func (b *Browser) Type(t testing.TB, sel, text string) {
+	t.Helper()
+	if err := chromedp.Do(b.ctx, chromedp.SendKeys(chromedp.CSS(sel), text)); err != nil {
+		t.Fatalf("type into %s: %v", sel, err)
 	}
 }
 

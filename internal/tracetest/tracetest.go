@@ -38,6 +38,8 @@ func Write(t testing.TB, meta tracefile.Meta, items ...any) (string, []int64) {
 			err = w.WriteNVML(v)
 		case *tracefile.Symbols:
 			err = w.WriteSymbols(v)
+		case *tracefile.Python:
+			err = w.WritePython(v)
 		default:
 			t.Fatalf("tracetest.Write: %T", it)
 		}
