@@ -19,7 +19,6 @@ import (
 const (
 	htmlBase = 1_000_000_000 // the recording's start, boot ns
 	ms       = 1_000_000
-
 )
 
 // htmlEv is an event of pid 7 at tm ms after the start, from a stack whose
