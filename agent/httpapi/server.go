@@ -71,6 +71,8 @@ func New(a *agent.Agent, opts Options) http.Handler {
 	mux.HandleFunc("GET /debug/pprof/cuda_memory", s.profile)
 	mux.HandleFunc("GET /snapshot", s.snapshot)
 	mux.HandleFunc("GET /trace", s.trace)
+	mux.HandleFunc("GET /ui", s.ui(false))
+	mux.HandleFunc("GET /ui/data", s.ui(true))
 	mux.HandleFunc("GET /{$}", s.index)
 	if opts.Open && opts.Token == "" {
 		return mux
@@ -125,6 +127,7 @@ const indexText = `cudatrace agent %s
 /debug/pprof/cuda_memory[?pid=N]  pprof heap profile of GPU memory: inuse_* live now, alloc_* since the last scrape
 /snapshot?pid=N                   PyTorch memory snapshot (pytorch.org/memory_viz) of one process
 /trace?pid=N&seconds=S            a trace file of the next S seconds (cudatrace report / export read it)
+/ui[?pid=N]                       the memory page, to open in a browser: memory over time, flame graphs, leaks; it refreshes
 `
 
 func (s *server) index(w http.ResponseWriter, r *http.Request) {
