@@ -42,96 +42,8 @@ func openHTML(t *testing.T, b *browsertest.Browser, path string, opts Options) s
 	took := b.Open(t, "file://"+page, time.Minute)
 	st, _ := os.Stat(page)
 	t.Logf("%s: %d bytes, ready in %v", filepath.Base(path), st.Size(), took)
-	t.Cleanup(func() { checkClean(t, b, "file://"+page) })
+	t.Cleanup(func() { b.CheckClean(t, "file://"+page) })
 	return page
-}
-
-// checkClean fails t on the page's JavaScript errors and on requests for
-// anything but url.
-func checkClean(t *testing.T, b *browsertest.Browser, url string) {
-	t.Helper()
-	if errs := b.Errors(); len(errs) > 0 {
-		t.Errorf("JavaScript errors: %q", errs)
-	}
-	for _, r := range b.Requests() {
-		if r != url {
-			t.Errorf("the page requested %s: a page must fetch nothing", r)
-		}
-	}
-}
-
-// pathRow is a row of a table of call paths: its bytes and its frames'
-// text, innermost first.
-type pathRow struct {
-	Bytes  uint64   `json:"bytes"`
-	Count  string   `json:"count"`
-	Line   string   `json:"line"`
-	Frames []string `json:"frames"`
-}
-
-// rows reads the call-path rows of the table sel (all of them, the rows
-// past the first shown too).
-func rows(t *testing.T, b *browsertest.Browser, sel string) []pathRow {
-	t.Helper()
-	var out []pathRow
-	b.Eval(t, `(() => {
-		const more = document.querySelector('`+sel+` tr.more button'); if (more) more.click();
-		return [...document.querySelectorAll('`+sel+` tr')].filter((tr) => tr.querySelector('td[data-bytes]')).map((tr) => ({
-			bytes: Number(tr.querySelector('td[data-bytes]').dataset.bytes),
-			count: (tr.querySelectorAll('td.n')[1] || {}).textContent || '',
-			line: (tr.querySelector('td.line') || {}).textContent || '',
-			frames: [...tr.querySelectorAll('td.path li')].map((li) => li.textContent)}));
-	})()`, &out)
-	return out
-}
-
-// frameText is how the page's frame lists show a report frame.
-func frameText(f report.Frame) string {
-	name := f.Function
-	if name == "" {
-		name = f.Address
-	}
-	switch {
-	case f.File != "":
-		return fmt.Sprintf("%s (%s:%d)", name, f.File, f.Line)
-	case f.Module != "":
-		return name + " " + f.Module
-	}
-	return name
-}
-
-func set(t *testing.T, b *browsertest.Browser, sel, value string) {
-	t.Helper()
-	b.Eval(t, `(() => { const e = document.querySelector('`+sel+`'); e.value = '`+value+`';
-		e.dispatchEvent(new Event('change')); return e.value; })()`, nil)
-}
-
-func text(t *testing.T, b *browsertest.Browser, sel string) string {
-	t.Helper()
-	var s string
-	b.Eval(t, `document.querySelector('`+sel+`').textContent`, &s)
-	return s
-}
-
-func dataBytes(t *testing.T, b *browsertest.Browser, sel string) uint64 {
-	t.Helper()
-	var s string
-	b.Eval(t, `document.querySelector('`+sel+`').dataset.bytes`, &s)
-	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		t.Fatalf("%s: data-bytes %q", sel, s)
-	}
-	return n
-}
-
-// dragTime selects, on the timeline, the range from t0 to t1 (ns since the
-// start) as a user drags the mouse across it.
-func dragTime(t *testing.T, b *browsertest.Browser, t0, t1 uint64) {
-	t.Helper()
-	var pos struct{ X0, X1, Y float64 }
-	b.Eval(t, fmt.Sprintf(`(() => { const r = document.getElementById('timeline').getBoundingClientRect();
-		return {x0: r.left + cudatrace.xOfT(%d), x1: r.left + cudatrace.xOfT(%d), y: r.top + r.height / 2}; })()`, t0, t1), &pos)
-	b.Drag(t, pos.X0, pos.X1, pos.Y)
 }
 
 // The flame graph and the table of call paths at the peak show report's
@@ -145,17 +57,17 @@ func TestHTMLChromiumPeak(t *testing.T) {
 	b := browsertest.Start(t)
 	openHTML(t, b, path, Options{})
 	for _, pid := range []uint32{7, 8} {
-		set(t, b, "#pid", fmt.Sprint(pid))
-		got := rows(t, b, "#paths")
-		var want []pathRow
+		b.Select(t, "#pid", fmt.Sprint(pid))
+		got := b.PathRows(t, "#paths")
+		var want []browsertest.PathRow
 		var peak uint64
 		for _, ps := range rep.PeakStacks {
 			if ps.PID != pid {
 				continue
 			}
-			r := pathRow{Bytes: ps.LiveBytes}
+			r := browsertest.PathRow{Bytes: ps.LiveBytes}
 			for _, f := range ps.Frames {
-				r.Frames = append(r.Frames, frameText(f))
+				r.Frames = append(r.Frames, browsertest.FrameText(f.Function, f.File, f.Line, f.Module, f.Address))
 			}
 			want = append(want, r)
 			peak += ps.LiveBytes
@@ -165,7 +77,7 @@ func TestHTMLChromiumPeak(t *testing.T) {
 				t.Fatalf("pid %d: report's peak %d, its stacks %d", pid, p.PeakBytes, peak)
 			}
 		}
-		key := func(r pathRow) string { return fmt.Sprint(r.Bytes, r.Frames) }
+		key := func(r browsertest.PathRow) string { return fmt.Sprint(r.Bytes, r.Frames) }
 		gotK, wantK := make([]string, len(got)), make([]string, len(want))
 		for i := range got {
 			gotK[i] = key(got[i])
@@ -178,7 +90,7 @@ func TestHTMLChromiumPeak(t *testing.T) {
 		if !slices.Equal(gotK, wantK) {
 			t.Errorf("pid %d at the peak:\n page   %q\n report %q", pid, gotK, wantK)
 		}
-		if total := dataBytes(t, b, "#moment-title"); total != peak {
+		if total := b.DataBytes(t, "#moment-title"); total != peak {
 			t.Errorf("pid %d: the page says %d bytes at the peak, report %d", pid, total, peak)
 		}
 		// The flame graph: a rectangle for each of report's call paths
@@ -222,11 +134,10 @@ func TestHTMLChromiumRange(t *testing.T) {
 	path := torchTrace(t)
 	b := browsertest.Start(t)
 	openHTML(t, b, path, Options{})
-	set(t, b, "#pid", "7")
-	set(t, b, "#level", "1") // tensors
-	dragTime(t, b, 2_000*ms, 3_000*ms)
+	b.Select(t, "#pid", "7")
+	b.Select(t, "#level", "1") // tensors
 	var rng struct{ T0, T1 uint64 }
-	b.Eval(t, `(() => { const r = cudatrace.state.range; return {t0: cudatrace.tOfJ(r.j0), t1: cudatrace.tOfJ(r.j1)}; })()`, &rng)
+	rng.T0, rng.T1 = b.DragTime(t, 2_000*ms, 3_000*ms)
 	if rng.T0 < 1_900*ms || rng.T0 > 2_100*ms || rng.T1 < 2_900*ms || rng.T1 > 3_100*ms {
 		t.Fatalf("the range dragged is %d-%d ns, want about 2-3 s", rng.T0, rng.T1)
 	}
@@ -261,10 +172,10 @@ func TestHTMLChromiumRange(t *testing.T) {
 	if want := uint64(50 * torch.leakPerStep); leaked != want {
 		t.Fatalf("the events say %d bytes leaked in the range, want 50 steps' %d", leaked, want)
 	}
-	if got := dataBytes(t, b, "#leak-total"); got != leaked {
+	if got := b.DataBytes(t, "#leak-total"); got != leaked {
 		t.Errorf("the page says %d bytes were left live, the events %d", got, leaked)
 	}
-	leaks := rows(t, b, "#leaks")
+	leaks := b.PathRows(t, "#leaks")
 	if len(leaks) != 1 || leaks[0].Bytes != leaked || leaks[0].Line != torch.leakLine || leaks[0].Count != "50" {
 		t.Errorf("leak rows %+v, want one of %d bytes in 50 at %s", leaks, leaked, torch.leakLine)
 	}
@@ -317,7 +228,7 @@ func TestHTMLChromiumFailure(t *testing.T) {
 	f := rep.Failures[0]
 	b := browsertest.Start(t)
 	openHTML(t, b, path, Options{})
-	b.Eval(t, `document.querySelector('#tabs button[data-tab=failures]').click()`, nil)
+	b.Tab(t, "failures")
 	var row []string
 	b.Eval(t, `[...document.querySelectorAll('#failures tr')[1].querySelectorAll('td')].map((td) => td.dataset.bytes || td.textContent)`, &row)
 	if len(row) < 8 || row[1] != "7" || row[2] != "cudaMalloc" || row[3] != fmt.Sprint(torch.oomSize) ||
@@ -325,10 +236,10 @@ func TestHTMLChromiumFailure(t *testing.T) {
 		t.Errorf("failure row %q, report: %+v", row, f)
 	}
 	b.Eval(t, `document.querySelector('#failures tr:nth-child(2) button').click()`, nil)
-	if got := dataBytes(t, b, "#moment-title"); got != f.LiveBytes {
+	if got := b.DataBytes(t, "#moment-title"); got != f.LiveBytes {
 		t.Errorf("the live set when it failed holds %d bytes, report says %d", got, f.LiveBytes)
 	}
-	if title := text(t, b, "#moment-title"); !strings.Contains(title, "when an allocation failed") {
+	if title := b.Text(t, "#moment-title"); !strings.Contains(title, "when an allocation failed") {
 		t.Errorf("moment title %q", title)
 	}
 }
@@ -341,11 +252,11 @@ func TestHTMLChromiumControls(t *testing.T) {
 	openHTML(t, b, path, Options{})
 	// Every process at the peak: both ranks' NCCL buffers match "nccl".
 	b.Type(t, "#search", "libnccl")
-	if got, want := text(t, b, "#search-result"), "matched 128.0 MiB"; !strings.HasPrefix(got, want) {
+	if got, want := b.Text(t, "#search-result"), "matched 128.0 MiB"; !strings.HasPrefix(got, want) {
 		t.Errorf("search: %q, want %q…", got, want)
 	}
-	set(t, b, "#dev", "1")
-	if got := text(t, b, "#summary"); !strings.Contains(got, "of every process on GPU 1: peak 1.5 GiB") {
+	b.Select(t, "#dev", "1")
+	if got := b.Text(t, "#summary"); !strings.Contains(got, "of every process on GPU 1: peak 1.5 GiB") {
 		t.Errorf("summary on GPU 1: %q", got)
 	}
 	// Zoom: click the rectangle of train.py:66's frame.
@@ -372,7 +283,7 @@ func TestHTMLChromiumTraces(t *testing.T) {
 	b := browsertest.Start(t)
 	t.Run("oom", func(t *testing.T) {
 		openHTML(t, b, htmlTrace(t), Options{NoSymbolize: true})
-		if n := text(t, b, "#failures-title"); !strings.HasPrefix(n, "1 allocations failed") {
+		if n := b.Text(t, "#failures-title"); !strings.HasPrefix(n, "1 allocations failed") {
 			t.Errorf("failures: %q", n)
 		}
 	})
@@ -392,12 +303,12 @@ func TestHTMLChromiumTraces(t *testing.T) {
 			&tracefile.End{Time: htmlBase + 5*ms})
 		openHTML(t, b, path, Options{NoSymbolize: true})
 		b.Eval(t, `document.getElementById('go-start').click()`, nil)
-		title := text(t, b, "#moment-title")
-		if got := dataBytes(t, b, "#moment-title"); got != 320*mib || !strings.Contains(title, "320.0 MiB of it live before tracing began") {
+		title := b.Text(t, "#moment-title")
+		if got := b.DataBytes(t, "#moment-title"); got != 320*mib || !strings.Contains(title, "320.0 MiB of it live before tracing began") {
 			t.Errorf("at the start: %d bytes, %q", got, title)
 		}
-		dragTime(t, b, 0, 5*ms)
-		if got := dataBytes(t, b, "#leak-total"); got != 10*mib {
+		b.DragTime(t, 0, 5*ms)
+		if got := b.DataBytes(t, "#leak-total"); got != 10*mib {
 			t.Errorf("left live by the trace: %d bytes, want only what it made (%d)", got, 10*mib)
 		}
 	})
@@ -418,7 +329,7 @@ func TestHTMLChromiumTraces(t *testing.T) {
 		}
 		// Every leak is left live at the end by the whole trace.
 		b.Eval(t, `document.getElementById('range-clear').click()`, nil)
-		if got, want := dataBytes(t, b, "#leak-total"), uint64(leaks*tracetest.BigLeakSize); got != want {
+		if got, want := b.DataBytes(t, "#leak-total"), uint64(leaks*tracetest.BigLeakSize); got != want {
 			t.Errorf("the whole trace left %d bytes live, want %d leaks' %d", got, leaks, want)
 		}
 	})

@@ -165,27 +165,13 @@ func TestUIRefreshesInChromium(t *testing.T) {
 	b := browsertest.Start(t) // root, over loopback: served without a token
 	url := srv.URL + "/ui"
 	b.Open(t, url, 30*time.Second)
-	summary := func() string {
-		var s string
-		b.Eval(t, `document.getElementById('summary').textContent`, &s)
-		return s
-	}
-	if s := summary(); !strings.Contains(s, "peak 3.0 MiB") {
+	if s := b.Text(t, "#summary"); !strings.Contains(s, "peak 3.0 MiB") {
 		t.Fatalf("/ui shows %q, want a peak of 3.0 MiB", s)
 	}
 	send(events.Event{API: events.CudaMalloc, Addr: 0x9000000, Size: 5 << 20, Device: 0, Stack: []uint64{0xa2}})
 	b.Wait(t, `cudatrace.refreshes >= 1 && document.getElementById('summary').textContent.includes('peak 8.0 MiB')`, 15*time.Second)
-	var live string
-	b.Eval(t, `document.getElementById('live').textContent`, &live)
-	if !strings.HasPrefix(live, "live: updated ") {
+	if live := b.Text(t, "#live"); !strings.HasPrefix(live, "live: updated ") {
 		t.Errorf("the page says %q of its refresh", live)
 	}
-	if errs := b.Errors(); len(errs) > 0 {
-		t.Errorf("JavaScript errors: %q", errs)
-	}
-	for _, r := range b.Requests() {
-		if r != url && r != srv.URL+"/ui/data" {
-			t.Errorf("the page requested %s", r)
-		}
-	}
+	b.CheckClean(t, url, srv.URL+"/ui/data")
 }
