@@ -606,7 +606,7 @@
       ': the driver released it; the Range tab counts it as left live.').join(' ');
     drawFlame(rows);
     const trs = rows.slice(0, 1000).map((r) => h('tr', null, num(r.bytes), h('td', {class: 'n', text: pct(r.bytes, total)}),
-      h('td', {class: 'n', text: String(r.count)}), h('td', {text: M.raw.owner_names[M.stacks.owner[r.stack]]}),
+      h('td', {class: 'n count', text: String(r.count)}), h('td', {text: M.raw.owner_names[M.stacks.owner[r.stack]]}),
       h('td', {class: 'n', text: st.pid === 0 ? String(M.stacks.pid[r.stack]) : ''}), pathCell(r.stack)));
     if (rows.length > 1000) trs.push(h('tr', null, h('td', {colspan: '6', class: 'muted', text: (rows.length - 1000) + ' more call paths, each under ' + fmtBytes(rows[999].bytes)})));
     table('#paths', ['bytes', 'share', 'allocations', 'owner', 'pid', 'call path (innermost first)'], trs);
@@ -638,7 +638,7 @@
       (leaks.some((r) => r.exit > 0) ? ' (or held when their process ended)' : '') + '.';
     $('#leak-total').dataset.bytes = String(tot);
     table('#leaks', ['bytes', 'allocations', 'line', 'call path'], leaks.slice(0, 1000).map((r) => h('tr', null, num(r.bytes),
-      h('td', {class: 'n', text: String(r.count)}), h('td', {class: 'line', text: (M.lineKeys[r.stack].map(str)[0] || '')}), pathCell(r.stack))));
+      h('td', {class: 'n count', text: String(r.count)}), h('td', {class: 'line', text: (M.lineKeys[r.stack].map(str)[0] || '')}), pathCell(r.stack))));
     // Moves in [j0, j1): buckets of the move grid.
     const b0 = Math.floor(Math.min(j0 * M.spanF, M.nb) / M.moveF), b1 = j1 >= M.endJ ? Infinity : Math.floor(Math.min(j1 * M.spanF, M.nb) / M.moveF);
     const mv = M.moves;

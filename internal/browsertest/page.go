@@ -28,7 +28,7 @@ func (b *Browser) PathRows(t testing.TB, sel string) []PathRow {
 		const more = document.querySelector('`+sel+` tr.more button'); if (more) more.click();
 		return [...document.querySelectorAll('`+sel+` tr')].filter((tr) => tr.querySelector('td[data-bytes]')).map((tr) => ({
 			bytes: Number(tr.querySelector('td[data-bytes]').dataset.bytes),
-			count: (tr.querySelectorAll('td.n')[1] || {}).textContent || '',
+			count: (tr.querySelector('td.count') || {}).textContent || '',
 			line: (tr.querySelector('td.line') || {}).textContent || '',
 			frames: [...tr.querySelectorAll('td.path li')].map((li) => li.textContent)}));
 	})()`, &out)
