@@ -93,8 +93,12 @@ func (a *Agent) livePage(pid uint32) (*export.LivePage, error) {
 	if pid != 0 && len(lp.Processes) == 1 {
 		lp.Title += fmt.Sprintf(": pid %d (%s)", pid, lp.Processes[0].Account.Comm)
 	}
-	lp.Header = fmt.Sprintf("Live from the cudatrace agent on %s, running since %s: %d processes held, %d events read, %d lost",
-		host, a.start.Format("2006-01-02 15:04:05 MST"), len(lp.Processes), a.res.Events, a.res.Lost)
+	procs := "1 process"
+	if len(lp.Processes) != 1 {
+		procs = fmt.Sprintf("%d processes", len(lp.Processes))
+	}
+	lp.Header = fmt.Sprintf("Live from the cudatrace agent on %s, running since %s: %s held, %d events read, %d lost",
+		host, a.start.Format("2006-01-02 15:04:05 MST"), procs, a.res.Events, a.res.Lost)
 	if a.res.Lost > 0 {
 		lp.Notes = append(lp.Notes, fmt.Sprintf("WARNING: %d EVENTS WERE LOST since the agent started: every figure may be off", a.res.Lost))
 	}

@@ -283,7 +283,7 @@ func TestHTMLChromiumTraces(t *testing.T) {
 	b := browsertest.Start(t)
 	t.Run("oom", func(t *testing.T) {
 		openHTML(t, b, htmlTrace(t), Options{NoSymbolize: true})
-		if n := b.Text(t, "#failures-title"); !strings.HasPrefix(n, "1 allocations failed") {
+		if n := b.Text(t, "#failures-title"); !strings.HasPrefix(n, "1 allocation failed;") {
 			t.Errorf("failures: %q", n)
 		}
 	})

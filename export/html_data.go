@@ -9,6 +9,7 @@ package export
 import (
 	"cmp"
 	"fmt"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -432,8 +433,8 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 
 // stackLabel names a stack shortly, innermost first: its two innermost
 // Python lines where it has any, else its three innermost frames outside
-// CUDA's own libraries (else its innermost frame), joined by " ← " (called
-// from).
+// CUDA's own libraries and the C library's start-up (else its innermost
+// frame), joined by " ← " (called from).
 func stackLabel(fs []report.Frame) string {
 	var py, native []string
 	for _, f := range fs {
@@ -442,7 +443,7 @@ func stackLabel(fs []report.Frame) string {
 		case s == "":
 		case f.Module == pyframes.Module:
 			py = append(py, s)
-		case !owner.IsCUDA(f.Module):
+		case !owner.IsCUDA(f.Module) && !startup(f):
 			native = append(native, s)
 		}
 	}
@@ -457,6 +458,14 @@ func stackLabel(fs []report.Frame) string {
 		return fs[0].Address
 	}
 	return "(no stack)"
+}
+
+// startup reports whether f is the C library's start of a program
+// (_start, __libc_start_main and the like): in every stack, naming none.
+func startup(f report.Frame) bool {
+	base := path.Base(f.Module)
+	return f.Function == "_start" || strings.HasPrefix(f.Function, "__libc_start") ||
+		strings.HasPrefix(base, "libc.so") || strings.HasPrefix(base, "ld-linux")
 }
 
 // spanColumns are the spans, by stack, device and moment.

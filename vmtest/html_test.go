@@ -220,6 +220,12 @@ func TestHTMLAgentUI(t *testing.T) {
 	if rows := b.PathRows(t, "#paths"); len(rows) != 1 || rows[0].Bytes != 8<<20 || rows[0].Count != "2" || !strings.HasPrefix(rows[0].Frames[0], "load_weights ") {
 		t.Errorf("the live set's call paths: %+v, want load_weights'", rows)
 	}
+	// The docs' screenshot of the live page (CUDATRACE_SCREENSHOTS=DIR).
+	if dir := os.Getenv("CUDATRACE_SCREENSHOTS"); dir != "" {
+		j.do(t, "ok", "steps %d %d", 50, 1<<20)
+		b.Wait(t, `cudatrace.refreshes >= 2`, 30*time.Second)
+		b.Screenshot(t, "", filepath.Join(dir, "html-agent.png"))
+	}
 	ag.stop(t)
 
 	tokenFile := filepath.Join(t.TempDir(), "token")

@@ -34,6 +34,13 @@
     for (const m of [1, 2, 5, 10]) if (m * p >= v) return m * p;
     return 10 * p;
   }
+  // byteStep is a power of two at least v: 256 MiB, 512 MiB, 1 GiB...
+  function byteStep(v) {
+    let s = 1;
+    while (s < v) s *= 2;
+    return s;
+  }
+  function plural(n, what) { return n === 1 ? '1 ' + what : n + ' ' + what + 's'; }
   function pct(a, b) { return b > 0 ? (100 * a / b).toFixed(1) + '%' : ''; }
   function h(tag, attrs, ...kids) {
     const e = document.createElement(tag);
@@ -240,11 +247,11 @@
     ctx.strokeStyle = '#e3e7eb';
     ctx.lineWidth = 1;
     ctx.textAlign = 'right'; ctx.textBaseline = 'middle';
-    for (let i = 0; i <= 4; i++) {
-      const v = ymax / 1.08 * i / 4;
+    const ystep = byteStep(ymax / 4.5);
+    for (let v = 0; v <= ymax; v += ystep) {
       const yy = Math.round(y(v)) + 0.5;
       ctx.beginPath(); ctx.moveTo(TL.left, yy); ctx.lineTo(TL.left + pw, yy); ctx.stroke();
-      ctx.fillText(fmtBytes(Math.round(v)), TL.left - 6, yy);
+      ctx.fillText(fmtBytes(v), TL.left - 6, yy);
     }
     ctx.textAlign = 'center'; ctx.textBaseline = 'top';
     const step = niceStep(M.span / 7);
@@ -498,7 +505,7 @@
     };
     // The root, then the zoomed node's ancestors, full width.
     const total = root.bytes;
-    box(0, 0, w, 'all: ' + fmtBytes(total) + ' in ' + root.count + ' allocations', '#d0d7de', root);
+    box(0, 0, w, 'all: ' + fmtBytes(total) + ' in ' + plural(root.count, 'allocation'), '#d0d7de', root);
     let y = ROW;
     for (const a of ancestors.slice(0, -1)) {
       box(0, y, w, str(M.frames.label[a.f]) + ' (' + fmtBytes(a.bytes) + ')', frameColor(a.f, matches(a.f)), a);
@@ -599,7 +606,7 @@
     for (const r of rows) { total += r.bytes; count += r.count; before += r.before; }
     const where = levelName(st.level) + ' of ' + procName(st.pid) + ' on ' + devName(st.dev);
     $('#moment-title').textContent = 'Live ' + info.what + ' (' + fmtTime(info.t) + (info.exact ? ', exact' : ', a bucket edge') + '): ' +
-      fmtBytes(total) + ' in ' + count + ' allocations — ' + where + (before > 0 ? '; ' + fmtBytes(before) + ' of it live before tracing began' : '');
+      fmtBytes(total) + ' in ' + plural(count, 'allocation') + ' — ' + where + (before > 0 ? '; ' + fmtBytes(before) + ' of it live before tracing began' : '');
     $('#moment-title').dataset.bytes = String(total);
     const ended = M.raw.exits.filter((e) => e.t <= info.t && e.bytes > 0 && (st.pid === 0 || e.pid === st.pid));
     $('#moment-note').textContent = ended.map((e) => 'pid ' + e.pid + ' had ended by then (at ' + fmtTime(e.t) + '), holding ' + fmtBytes(e.bytes) +
@@ -634,7 +641,7 @@
       tot += c.bytes[i]; n += c.count[i];
     }
     const leaks = [...by.values()].sort((a, b) => b.bytes - a.bytes || a.stack - b.stack);
-    $('#leak-total').textContent = fmtBytes(tot) + ' (' + tot + ' bytes) in ' + n + ' allocations made in the range were still live at its end' +
+    $('#leak-total').textContent = fmtBytes(tot) + ' (' + tot + ' bytes) in ' + plural(n, 'allocation') + ' made in the range ' + (n === 1 ? 'was' : 'were') + ' still live at its end' +
       (leaks.some((r) => r.exit > 0) ? ' (or held when their process ended)' : '') + '.';
     $('#leak-total').dataset.bytes = String(tot);
     table('#leaks', ['bytes', 'allocations', 'line', 'call path'], leaks.slice(0, 1000).map((r) => h('tr', null, num(r.bytes),
@@ -697,7 +704,7 @@
   function renderFailures() {
     const fs = M.failures;
     $('#failures-title').textContent = fs.length === 0 ? 'No allocation failed.' :
-      M.raw.failed_all + ' allocations failed' + (M.raw.failed_all > fs.length ? ' (the first ' + fs.length + ' listed)' : '') +
+      plural(M.raw.failed_all, 'allocation') + ' failed' + (M.raw.failed_all > fs.length ? ' (the first ' + fs.length + ' listed)' : '') +
       '; the first ' + M.raw.aggregation.failure_snaps + ' of each process have what was live then';
     table('#failures', ['time', 'pid', 'call', 'size', 'device', 'error', 'its device held', 'the process held', '', 'call path'],
       fs.map((f) => h('tr', null, h('td', {class: 'n', text: fmtTime(f.t)}), h('td', {class: 'n', text: String(f.pid)}),

@@ -196,14 +196,17 @@ func (b *Browser) Type(t testing.TB, sel, text string) {
 	}
 }
 
-// Screenshot writes a PNG of the element sel (the whole page for "")
-// to path.
+// Screenshot writes a PNG of the element sel to path: "" the window as
+// it shows (Width × Height), "*" the whole page.
 func (b *Browser) Screenshot(t testing.TB, sel, path string) {
 	t.Helper()
 	var act chromedp.Action[[]byte]
-	if sel == "" {
+	switch sel {
+	case "":
+		act = chromedp.CaptureScreenshot()
+	case "*":
 		act = chromedp.FullScreenshot(100)
-	} else {
+	default:
 		act = chromedp.Screenshot(chromedp.CSS(sel))
 	}
 	buf, err := chromedp.Run(b.ctx, act)
