@@ -174,13 +174,11 @@ type pageStack struct {
 }
 
 type scanSeries struct {
-	routes       map[route]bool
-	total, peak  uint64
-	peakSeq      uint64
-	ownersSeen   map[int]bool
-	stacks       []int32 // the stacks that count in it
-	stackSeen    map[int32]bool
-	pidAll, devs bool
+	routes      map[route]bool
+	total, peak uint64
+	peakSeq     uint64
+	stacks      []int32 // the stacks that count in it
+	stackSeen   map[int32]bool
 }
 
 // buildSeries is one series in pass 2.
@@ -314,7 +312,7 @@ func (b *pageBuilder) scanAlloc(pid uint32, a *ledger.Allocation, sign int) {
 		for i, k := range seriesKeys(r) {
 			ss := b.scanSer[k]
 			if ss == nil {
-				ss = &scanSeries{routes: map[route]bool{}, stackSeen: map[int32]bool{}, ownersSeen: map[int]bool{}}
+				ss = &scanSeries{routes: map[route]bool{}, stackSeen: map[int32]bool{}}
 				b.scanSer[k] = ss
 			}
 			ss.routes[r] = true

@@ -28,7 +28,6 @@ type torchFacts struct {
 	stepNS       uint64
 	oomStep      int
 	oomSize      uint64
-	segments     uint64 // rank 0's GPU memory after step 0, before the leak's segments
 	leakSegment  uint64 // a segment the leak's tensors fill, every leakSegEvery steps
 	leakSegEvery int
 }
