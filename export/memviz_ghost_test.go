@@ -104,23 +104,12 @@ func TestMemvizGhosts(t *testing.T) {
 // The agent's /snapshot: what a process held before its flight recorder's
 // history began is a ghost block; what the history made is not.
 func TestMemvizGhostsLive(t *testing.T) {
-	l := ledger.New()
-	var history []HistoryItem
-	n := uint64(0)
-	ev := func(api events.API, addr, size uint64, keep bool) {
-		n++
-		e := events.Event{Time: n * 1000, PID: 1, Comm: "job", API: api, Addr: addr, Size: size, Stack: []uint64{uint64(api)}}
-		ch := l.Apply(&e)
-		if keep {
-			it := HistoryItem{End: e.End(), API: e.API, Result: e.Result, Size: e.Size, Device: e.Device, Change: ch}
-			it.Change.Process = nil
-			history = append(history, it)
-		}
-	}
-	ev(events.CudaMalloc, 0x100000, 1<<20, false) // before the history, live
-	ev(events.CudaMalloc, 0x400000, 1<<20, false) // before the history, freed in it
-	ev(events.CudaFree, 0x400000, 0, true)
-	ev(events.CudaMalloc, 0x300000, 1<<20, true) // made in it, live
+	h := newHistoryLog()
+	h.ev(events.CudaMalloc, 0x100000, 1<<20, false) // before the history, live
+	h.ev(events.CudaMalloc, 0x400000, 1<<20, false) // before the history, freed in it
+	h.ev(events.CudaFree, 0x400000, 0, true)
+	h.ev(events.CudaMalloc, 0x300000, 1<<20, true) // made in it, live
+	l, history := h.l, h.items
 	p := l.Process(1)
 	wall := func(boot uint64) time.Time { return time.Unix(1700000000, int64(boot)) }
 	entries := HistoryEntries(history, p.LiveAllocations(), p.Mappings(), p.LiveTensors(), false, wall)
@@ -134,5 +123,28 @@ func TestMemvizGhostsLive(t *testing.T) {
 	}
 	if got, want := fmt.Sprint(s.FreedBefore), fmt.Sprint(map[string][]uint64{"0": {0x400000}}); got != want {
 		t.Errorf("blocks freed with no alloc %s, want %s", got, want)
+	}
+}
+
+// historyLog applies events of pid 1 to a ledger, keeping those asked for
+// as a flight recorder's history (HistoryItem) keeps them.
+type historyLog struct {
+	l     *ledger.Ledger
+	items []HistoryItem
+	n     uint64
+}
+
+func newHistoryLog() *historyLog { return &historyLog{l: ledger.New()} }
+
+// ev applies one event (its stack named by its API), at the next µs,
+// to the history too when keep.
+func (h *historyLog) ev(api events.API, addr, size uint64, keep bool) {
+	h.n++
+	e := events.Event{Time: h.n * 1000, PID: 1, Comm: "job", API: api, Addr: addr, Size: size, Stack: []uint64{uint64(api)}}
+	ch := h.l.Apply(&e)
+	if keep {
+		it := HistoryItem{End: e.End(), API: e.API, Result: e.Result, Size: e.Size, Device: e.Device, Change: ch}
+		it.Change.Process = nil
+		h.items = append(h.items, it)
 	}
 }

@@ -1,8 +1,9 @@
 package httpapi
 
 import (
-	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/cudatrace/cudatrace/agent"
@@ -20,35 +21,24 @@ const uiPolicy = "default-src 'none'; script-src 'unsafe-inline'; style-src 'uns
 // uiRefreshSeconds. It is built in memory, as the profiles are.
 func (s *server) ui(data bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		pid, err := pidParam(r, false)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
+		build := func(ctx context.Context, w io.Writer, pid uint32) error {
+			// Relative: the page works behind a proxy that serves the
+			// agent under a path of its own.
+			refresh := "ui/data"
+			if pid != 0 {
+				refresh += fmt.Sprintf("?pid=%d", pid)
+			}
+			return s.a.Page(ctx, w, pid, agent.PageOptions{Data: data, RefreshURL: refresh, RefreshSeconds: uiRefreshSeconds})
 		}
-		if !s.heavy.acquire(w, r) {
-			return
-		}
-		defer s.heavy.release()
-		// Relative: the page works behind a proxy that serves the agent
-		// under a path of its own.
-		refresh := "ui/data"
-		if pid != 0 {
-			refresh += fmt.Sprintf("?pid=%d", pid)
-		}
-		var buf bytes.Buffer
-		if err := s.a.Page(r.Context(), &buf, pid, agent.PageOptions{Data: data, RefreshURL: refresh,
-			RefreshSeconds: uiRefreshSeconds}); err != nil {
-			fail(w, err)
-			return
-		}
-		if data {
-			w.Header().Set("Content-Type", "application/json")
-		} else {
-			w.Header().Set("Content-Type", "text/html; charset=utf-8")
-			w.Header().Set("Content-Security-Policy", uiPolicy)
-		}
-		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.Write(buf.Bytes())
+		s.serveBuilt(w, r, false, build, func(h http.Header, _ uint32) {
+			if data {
+				h.Set("Content-Type", "application/json")
+			} else {
+				h.Set("Content-Type", "text/html; charset=utf-8")
+				h.Set("Content-Security-Policy", uiPolicy)
+			}
+			h.Set("Cache-Control", "no-store")
+			h.Set("X-Content-Type-Options", "nosniff")
+		})
 	}
 }
