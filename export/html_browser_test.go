@@ -300,6 +300,8 @@ func TestHTMLChromiumTraces(t *testing.T) {
 			htmlEv(1, events.CudaFree, 0x2000_0000, 0, 0, 0),
 			htmlEv(2, events.CudaFree, 0x6000_0000, 0, 0, 0), // made before, unseen: an unknown free
 			htmlEv(3, events.CudaMalloc, 0x3000_0000, 10*mib, 0, frameStep),
+			htmlEv(4, events.CudaMalloc, 0x4000_0000, 2*mib, events.DeviceUnknown, frameStep),
+			&tracefile.Counters{Time: htmlBase + 5*ms, Lost: 3, Counters: map[string]uint64{"ringbuf_full": 3}},
 			&tracefile.End{Time: htmlBase + 5*ms})
 		openHTML(t, b, path, Options{NoSymbolize: true})
 		b.Eval(t, `document.getElementById('go-start').click()`, nil)
@@ -308,8 +310,34 @@ func TestHTMLChromiumTraces(t *testing.T) {
 			t.Errorf("at the start: %d bytes, %q", got, title)
 		}
 		b.DragTime(t, 0, 5*ms)
-		if got := b.DataBytes(t, "#leak-total"); got != 10*mib {
-			t.Errorf("left live by the trace: %d bytes, want only what it made (%d)", got, 10*mib)
+		if got := b.DataBytes(t, "#leak-total"); got != 12*mib {
+			t.Errorf("left live by the trace: %d bytes, want only what it made (%d)", got, 12*mib)
+		}
+		// What the figures miss is said at the top, never hidden.
+		var notes []struct {
+			Warn bool
+			Text string
+		}
+		b.Eval(t, `[...document.querySelectorAll('#notes li')].map((li) => ({warn: li.className === 'warn', text: li.textContent}))`, &notes)
+		var lost, unknown bool
+		for _, n := range notes {
+			lost = lost || n.Warn && strings.HasPrefix(n.Text, "WARNING: 3 EVENTS WERE LOST (ringbuf_full 3)")
+			unknown = unknown || strings.Contains(n.Text, "held up to 2.0 MiB on an unknown device")
+		}
+		if !lost || !unknown {
+			t.Errorf("notes %+v: want the losses (a warning) and the unknown device's memory", notes)
+		}
+		b.Select(t, "#dev", "-1")
+		if got := b.Text(t, "#summary"); !strings.Contains(got, "on the unknown device: peak 2.0 MiB") {
+			t.Errorf("the unknown device's series: %q", got)
+		}
+	})
+	t.Run("empty", func(t *testing.T) {
+		path, _ := tracetest.Write(t, tracefile.Meta{Tool: "test", StartBoot: htmlBase},
+			&tracefile.Process{PID: 7, Comm: "train", Time: htmlBase}, &tracefile.End{Time: htmlBase + 5*ms})
+		openHTML(t, b, path, Options{NoSymbolize: true})
+		if got := b.Text(t, "#summary"); got != "nothing traced for every process on every device" {
+			t.Errorf("summary of an empty trace: %q", got)
 		}
 	})
 	t.Run("big", func(t *testing.T) {
