@@ -54,7 +54,7 @@ func TestHTMLChromiumPeak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := browsertest.Start(t)
+	b := browsertest.Shared(t)
 	openHTML(t, b, path, Options{})
 	for _, pid := range []uint32{7, 8} {
 		b.Select(t, "#pid", fmt.Sprint(pid))
@@ -132,7 +132,7 @@ func TestHTMLChromiumPeak(t *testing.T) {
 // against the trace's own events in the range the page snapped to.
 func TestHTMLChromiumRange(t *testing.T) {
 	path := torchTrace(t)
-	b := browsertest.Start(t)
+	b := browsertest.Shared(t)
 	openHTML(t, b, path, Options{})
 	b.Select(t, "#pid", "7")
 	b.Select(t, "#level", "1") // tensors
@@ -226,7 +226,7 @@ func TestHTMLChromiumFailure(t *testing.T) {
 		t.Fatalf("report lists %d failures", len(rep.Failures))
 	}
 	f := rep.Failures[0]
-	b := browsertest.Start(t)
+	b := browsertest.Shared(t)
 	openHTML(t, b, path, Options{})
 	b.Tab(t, "failures")
 	var row []string
@@ -248,7 +248,7 @@ func TestHTMLChromiumFailure(t *testing.T) {
 // matches, a frame zoomed to the full width.
 func TestHTMLChromiumControls(t *testing.T) {
 	path := torchTrace(t)
-	b := browsertest.Start(t)
+	b := browsertest.Shared(t)
 	openHTML(t, b, path, Options{})
 	// Every process at the peak: both ranks' NCCL buffers match "nccl".
 	b.Type(t, "#search", "libnccl")
@@ -280,7 +280,7 @@ func TestHTMLChromiumControls(t *testing.T) {
 // not named, a trace that starts with memory live before it (an agent's
 // window, frees of memory allocated before), and a large one.
 func TestHTMLChromiumTraces(t *testing.T) {
-	b := browsertest.Start(t)
+	b := browsertest.Shared(t)
 	t.Run("oom", func(t *testing.T) {
 		openHTML(t, b, htmlTrace(t), Options{NoSymbolize: true})
 		if n := b.Text(t, "#failures-title"); !strings.HasPrefix(n, "1 allocation failed;") {

@@ -26,7 +26,7 @@ func TestHTMLScreenshots(t *testing.T) {
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b := browsertest.Start(t)
+	b := browsertest.Shared(t)
 	openHTML(t, b, path, Options{})
 	shot := func(sel, name string) { b.Screenshot(t, sel, filepath.Join(dir, name)) }
 	// The page as it opens: memory over time by owner, the flame graph at

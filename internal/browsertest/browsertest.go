@@ -46,7 +46,48 @@ const (
 // where there is none); it ends with the test.
 func Start(t testing.TB) *Browser {
 	t.Helper()
+	b, stop := start(t)
+	t.Cleanup(stop)
+	return b
+}
+
+var shared struct {
+	sync.Mutex
+	b    *Browser
+	stop func()
+}
+
+// Shared returns the package's one Chromium, started by its first caller:
+// tests that open pages one after the other need not each wait for a
+// browser to start. Call Close from TestMain once the tests are done.
+func Shared(t testing.TB) *Browser {
+	t.Helper()
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.b == nil {
+		shared.b, shared.stop = start(t)
+	}
+	return shared.b
+}
+
+// Close ends the shared Chromium, if one was started.
+func Close() {
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.stop != nil {
+		shared.stop()
+		shared.b, shared.stop = nil, nil
+	}
+}
+
+// start starts Chromium, with its own empty profile; stop ends it.
+func start(t testing.TB) (b *Browser, stop func()) {
+	t.Helper()
 	path := testenv.LookPath(t, "chromium")
+	profile, err := os.MkdirTemp("", "cudatrace-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
 		chromedp.Flag("headless", true),
@@ -58,17 +99,18 @@ func Start(t testing.TB) *Browser {
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
 		chromedp.Flag("hide-scrollbars", true),
-		chromedp.UserDataDir(t.TempDir()),
+		chromedp.UserDataDir(profile),
 		chromedp.WindowSize(Width, Height),
 	)
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(alloc)
-	t.Cleanup(func() {
+	stop = func() {
 		cancel()
 		cancelAlloc()
-	})
-	b := &Browser{ctx: ctx}
-	err := chromedp.Listen(ctx, func(ev any) {
+		os.RemoveAll(profile)
+	}
+	b = &Browser{ctx: ctx}
+	err = chromedp.Listen(ctx, func(ev any) {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		switch ev := ev.(type) {
@@ -105,9 +147,10 @@ func Start(t testing.TB) *Browser {
 		_, err = chromedp.Call(ctx, runtime.Enable, cdp.Empty{})
 	}
 	if err != nil {
+		stop()
 		t.Fatalf("start chromium: %v", err)
 	}
-	return b
+	return b, stop
 }
 
 // Open loads url and waits, up to timeout, for the page's script to be
