@@ -388,3 +388,32 @@ func TestHTMLScriptSafe(t *testing.T) {
 		t.Error("the title is not escaped")
 	}
 }
+
+// Coarsened, the live sets keep the end as a moment of its own: an
+// allocation live at the end of 7 buckets stays live at the last moment
+// when every other moment goes (7 buckets: moments 0, 2, 4, 6 and the
+// end), and one freed in the last bucket does not.
+func TestHTMLCoarsenKeepsEnd(t *testing.T) {
+	b := &pageBuilder{nb: 7, spanF: 1, spans: map[spanKey]*spanVal{}}
+	b.span(0, 0, 2, b.nb+1, 0, 100) // made in bucket 2, live at the end
+	b.span(1, 0, 2, b.nb, 0, 10)    // made in bucket 2, freed in the last one
+	b.coarsenSpans()
+	if b.spanF != 2 || b.endMoment() != 4 {
+		t.Fatalf("coarsened to every %d buckets, the end at moment %d; want 2 and 4", b.spanF, b.endMoment())
+	}
+	live := func(j int32) (n uint64) {
+		for k, v := range b.spans {
+			if k.sb <= j && j < k.eb {
+				n += v.bytes
+			}
+		}
+		return n
+	}
+	// Moments 2 (bucket 4's edge) and 3 (bucket 6's) have both; the end,
+	// the live one alone.
+	for j, want := range map[int32]uint64{1: 0, 2: 110, 3: 110, 4: 100} {
+		if got := live(j); got != want {
+			t.Errorf("moment %d: %d bytes live, want %d", j, got, want)
+		}
+	}
+}
