@@ -39,12 +39,13 @@ fi
 # debootstrap: the sid root below.
 # openmpi-bin: a real mpirun launching a job's ranks (vmtest/jobs_test.go).
 # python3-appdirs ... libboost-thread1.74.0: what python3-pycuda needs besides the CUDA toolkit (below).
+# chromium, fonts-dejavu-core: the HTML page's tests run it headless (internal/browsertest), with a font to draw text.
 need=()
 for p in clang llvm gcc make binutils xz-utils bpftool bpftrace libbpf-dev systemtap-sdt-dev \
 	libcudart11.0 libcuda1 libnvidia-ml1 tmux util-linux prometheus python3.11 \
 	qemu-system-x86 busybox-static cpio python3-numba debootstrap openmpi-bin \
 	python3-appdirs python3-decorator python3-numpy python3-pytools python3-mako \
-	libboost-python1.74.0 libboost-thread1.74.0; do
+	libboost-python1.74.0 libboost-thread1.74.0 chromium fonts-dejavu-core; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

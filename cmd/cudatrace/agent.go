@@ -121,7 +121,7 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 	// Runs before the shutdown: it ends the trace streams still open, and
 	// writes the OOM dumps still queued.
 	defer a.Close()
-	fmt.Fprintf(stderr, "cudatrace agent: serving http://%s/\n", ln.Addr())
+	fmt.Fprintf(stderr, "cudatrace agent: serving http://%s/ (the memory page: http://%s/ui)\n", ln.Addr(), ln.Addr())
 
 	ctx, stop := context.WithCancel(cmd.Context())
 	defer stop()

@@ -121,7 +121,7 @@ func writeExport(stdout io.Writer, trace string, format export.Format, out strin
 func newExportCmd() *cobra.Command {
 	return verb(&cobra.Command{
 		Use:   "export TRACE --format FORMAT -o OUT",
-		Short: "Write a trace as a pprof profile, a PyTorch memory_viz snapshot, a Perfetto timeline or JSON",
+		Short: "Write a trace as a pprof profile, a PyTorch memory_viz snapshot, a Perfetto timeline, JSON or an HTML page",
 		Long: `Export converts a trace written by 'cudatrace record -o' for the tools you
 already use:
 
@@ -160,6 +160,22 @@ already use:
             failed allocations as instant events on their named threads,
             with their stacks.
   json      the full report: processes, devices, stacks, failures, the peak.
+  html      one self-contained page to open in any browser, offline (its
+            script and style are in the file; nothing is fetched): memory
+            over time per device, split by owner or by call path, with
+            the driver's (NVML) figure beside it and the peak and failures
+            marked; click a moment (the peak by default) for a flame graph
+            of what was live then, by call path (Python lines and native
+            frames, coloured by owner), with search and zoom; drag a range
+            to see what it allocated and left live (leaks), the bytes each
+            source line added and removed, each function's tensors used
+            and memory acquired, and used and peaked per interval;
+            failures with what was live; the report's processes, owners
+            and notes. Its size follows what it draws, not the events: a
+            10M-event trace makes a page of a few MB (its "About" tab says
+            what was aggregated, and how finely). The whole trace: --at
+            does not apply. 'cudatrace agent' serves the same page live
+            at /ui.
 
 Stacks are symbolized from the files on this machine, as 'cudatrace report'
 does. The trace is read as a stream: memory stays bounded by the live set.`,
@@ -170,7 +186,8 @@ does. The trace is read as a stream: memory stays bounded by the live set.`,
   cudatrace export train.trace --format pprof --at peak -o peak.pb.gz
 
   cudatrace export train.trace --format memviz -o train.pickle   # drop on pytorch.org/memory_viz
-  cudatrace export train.trace --format perfetto -o train.json   # open in ui.perfetto.dev`,
+  cudatrace export train.trace --format perfetto -o train.json   # open in ui.perfetto.dev
+  cudatrace export train.trace --format html -o train.html       # open in any browser, offline`,
 		Args: oneTrace,
 	}, (*exportFlags).bind, runExport)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -63,7 +64,18 @@ func runReport(cmd *cobra.Command, f *reportFlags, args []string) error {
 	if f.json {
 		return rep.WriteJSON(cmd.OutOrStdout())
 	}
-	return rep.WriteText(cmd.OutOrStdout())
+	if err := rep.WriteText(cmd.OutOrStdout()); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "\n%s\n", pageHint(args[0]))
+	return err
+}
+
+// pageHint says how to see a trace as the HTML page: memory over time,
+// flame graphs at any moment, a range's leaks.
+func pageHint(trace string) string {
+	return fmt.Sprintf("To look at it: cudatrace export %s --format html -o report.html, and open report.html in a browser "+
+		"(memory over time, the live set at any moment as a flame graph, leaks by time range; no network needed)", trace)
 }
 
 // newReportCmd is `cudatrace report`: its help, its flags (reportFlags.bind) and runReport.
@@ -125,7 +137,8 @@ checked against the build IDs captured while recording. A trace cut short
   cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'
   cudatrace report train.trace --json | jq '.owners[] | {pid, peak}'   # who held the memory at the peak
   cudatrace report job.trace --rank 0 --rank 3                # two ranks of a job
-  cudatrace report job.trace --json | jq '.jobs[].first_failure | {rank, node, time}'`,
+  cudatrace report job.trace --json | jq '.jobs[].first_failure | {rank, node, time}'
+  cudatrace export train.trace --format html -o train.html   # the same, as a page to look at`,
 		Args: oneTrace,
 	}, (*reportFlags).bind, runReport)
 }
