@@ -152,7 +152,7 @@ static __always_inline long thread_step(struct py_walk *w)
 {
 	if (!w->ts)
 		return 1;
-	if (read_u64(w->ts + w->idoff) == w->want) {
+	if (ct_py_id_is(read_u64(w->ts + w->idoff), w->want, w->o.minor)) {
 		w->found = 1;
 		return 1;
 	}
@@ -397,7 +397,7 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 		id = read_u64(ts + w->idoff);
 		fp = read_u64(ts + fo);
 	}
-	if (id != w->want)
+	if (!ct_py_id_is(id, w->want, w->o.minor))
 		return 0;
 	w->ts = ts;
 	w->frame = fp;
@@ -426,8 +426,8 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 // window), as their count, the frames (innermost last) and the count
 // again, and flags the record (CT_F_PYTHON | CT_F_PYHEAD); a CPython process's thread without
 // Python frames is flagged CT_F_NOPYTHON. The thread state is found by
-// native_thread_id from 3.11, by pthread_self (the thread pointer, fsbase
-// on x86-64) in 3.10. Code objects are resolved to file:line in user space
+// native_thread_id from 3.11, by pthread_self (by the thread pointer:
+// arch.h) in 3.10. Code objects are resolved to file:line in user space
 // (record/python.go): the walk only follows pointers. sp is the probe's
 // stack pointer (frames just above it are on the C stack).
 //
@@ -479,7 +479,7 @@ static __always_inline void py_stack(struct ct_event *h, __u8 *block, __u64 sp, 
 		w.idoff = o->ts_native_id;
 		if (o->minor == 10) {
 			struct task_struct *t = (void *)bpf_get_current_task();
-			w.want = BPF_CORE_READ(t, thread.fsbase);
+			w.want = ct_thread_pointer(t);
 			w.idoff = o->ts_thread_id;
 		}
 		task = (void *)bpf_get_current_task();
