@@ -35,6 +35,9 @@ if [ -f "$sources" ] && grep -q '^Components: main$' "$sources"; then
 fi
 # python3.11: Debian 12's own interpreter, built without DWARF (pystack's offset tables are tested on it).
 # qemu-system-x86, busybox-static: the kernel matrix (vmtest/kernels_test.go).
+# gcc-aarch64-linux-gnu, libc6-dev-arm64-cross: the arm64 build (make release, make generate's
+# arm64 object: linux-libc-dev-arm64-cross's <asm/ptrace.h>) and the arm64 stand-ins; qemu-system-arm:
+# the arm64 kernels of the matrix.
 # python3-numba: a real CUDA client (ctypes over libcuda.so.1) run on the stand-in driver (vmtest/numba_test.go).
 # debootstrap: the sid root below.
 # python3-appdirs ... libboost-thread1.74.0: what python3-pycuda needs besides the CUDA toolkit (below).
@@ -42,6 +45,7 @@ need=()
 for p in clang llvm gcc make binutils xz-utils bpftool bpftrace libbpf-dev systemtap-sdt-dev \
 	libcudart11.0 libcuda1 libnvidia-ml1 tmux util-linux prometheus python3.11 \
 	qemu-system-x86 busybox-static cpio python3-numba debootstrap \
+	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-system-arm \
 	python3-appdirs python3-decorator python3-numpy python3-pytools python3-mako \
 	libboost-python1.74.0 libboost-thread1.74.0; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
@@ -105,8 +109,7 @@ missing=()
 for s in "${!kernels[@]}"; do
 	[ -s "$cache/kernels/$s/vmlinuz" ] || missing+=("$s")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
+if [ ${#missing[@]} -gt 0 ]; then
 echo "scripts/deps.sh: fetching Debian kernels ${missing[*]} into $cache" >&2
 apt_dir=$cache/apt
 mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$cache/kernels"
@@ -135,3 +138,74 @@ for s in "${missing[@]}"; do
 	mv "$cache/kernels/$s/vmlinuz.tmp" "$cache/kernels/$s/vmlinuz"
 	rm -rf "$tmp"
 done
+fi
+
+# The arm64 half of the matrix: Debian's arm64 kernels (arm64/kernels/<series>/,
+# as above), and the arm64 userland its guests run, unpacked into
+# arm64/root: busybox, glibc, Debian's CPython 3.11 (without DWARF, as
+# distributions ship it) with the part of its standard library ctypes
+# needs, bpftool. They come from a private apt state for the arm64
+# architecture with its own APT_CONFIG: with -o options alone apt still
+# reads the host's apt.conf.d and runs its hooks. arm64/root/.packages
+# lists what was unpacked; another list here unpacks again.
+arm=$cache/arm64
+declare -A arm_kernels=(
+	[6.1]='^linux-image-6\.1\.0-[0-9]+-arm64-unsigned$'
+	[6.12]='^linux-image-6\.12\.[0-9]+\+deb12-arm64-unsigned$'
+)
+arm_pkgs="busybox-static libc6 libgcc-s1 python3.11-minimal libpython3.11-minimal libpython3.11-stdlib libexpat1 zlib1g libffi8 bpftool libcap2 libelf1"
+arm_missing=()
+for s in "${!arm_kernels[@]}"; do
+	[ -s "$arm/kernels/$s/vmlinuz" ] || arm_missing+=("$s")
+done
+if [ ${#arm_missing[@]} -eq 0 ] && [ "$(cat "$arm/root/.packages" 2>/dev/null)" = "$arm_pkgs" ]; then
+	exit 0
+fi
+echo "scripts/deps.sh: fetching Debian's arm64 kernels ${arm_missing[*]} and userland into $arm" >&2
+apt_arm=$cache/apt-arm64
+mkdir -p "$apt_arm/lists/partial" "$apt_arm/cache/archives/partial" "$apt_arm/none" "$arm/kernels"
+: >"$apt_arm/status"
+keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+cat >"$apt_arm/sources.list" <<SRC
+deb [signed-by=$keyring] http://deb.debian.org/debian bookworm main
+deb [signed-by=$keyring] http://deb.debian.org/debian-security bookworm-security main
+SRC
+cat >"$apt_arm/apt.conf" <<CONF
+Dir::Etc::sourcelist "$apt_arm/sources.list";
+Dir::Etc::sourceparts "$apt_arm/none";
+Dir::Etc::parts "$apt_arm/none";
+Dir::Etc::preferencesparts "$apt_arm/none";
+Dir::State::lists "$apt_arm/lists";
+Dir::State::status "$apt_arm/status";
+Dir::Cache "$apt_arm/cache";
+APT::Architecture "arm64";
+APT::Architectures { "arm64"; };
+APT::Sandbox::User "root";
+CONF
+arm_apt() { APT_CONFIG=$apt_arm/apt.conf "$@"; }
+arm_apt apt-get update -qq
+tmp=$(mktemp -d)
+for s in "${arm_missing[@]}"; do
+	pkg=$(arm_apt apt-cache pkgnames linux-image- | { grep -E "${arm_kernels[$s]}" || true; } | sort -V | tail -1)
+	if [ -z "$pkg" ]; then
+		echo "scripts/deps.sh: no Debian arm64 package for Linux $s" >&2
+		exit 1
+	fi
+	rm -rf "$tmp"/*
+	(cd "$tmp" && arm_apt apt-get download -qq "$pkg" >/dev/null)
+	dpkg -x "$tmp"/*.deb "$tmp/root"
+	mkdir -p "$arm/kernels/$s"
+	img=$(ls "$tmp"/root/boot/vmlinuz-*)
+	basename "$img" | sed 's/^vmlinuz-//' >"$arm/kernels/$s/release"
+	cp "$img" "$arm/kernels/$s/vmlinuz.tmp"
+	mv "$arm/kernels/$s/vmlinuz.tmp" "$arm/kernels/$s/vmlinuz"
+done
+rm -rf "$tmp"/* "$arm/root.new"
+# shellcheck disable=SC2086 # a list of package names
+(cd "$tmp" && arm_apt apt-get download -qq $arm_pkgs >/dev/null)
+for deb in "$tmp"/*.deb; do
+	dpkg -x "$deb" "$arm/root.new"
+done
+echo "$arm_pkgs" >"$arm/root.new/.packages"
+rm -rf "$tmp" "$arm/root"
+mv "$arm/root.new" "$arm/root"
