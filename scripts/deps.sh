@@ -97,6 +97,29 @@ if [ ! -s "$pycuda/root/usr/lib/python3/dist-packages/pycuda/driver.py" ]; then
 	mv "$pycuda.new" "$pycuda"
 fi
 
+# fetch_kernel APT SERIES PATTERN DIR: of the packages APT (a command
+# prefix that runs apt-get and apt-cache in a private apt state) knows,
+# the newest whose name matches PATTERN, its image unpacked to DIR/vmlinuz
+# and its release to DIR/release.
+fetch_kernel() {
+	local apt=$1 series=$2 pattern=$3 dir=$4 pkg tmp img
+	pkg=$($apt apt-cache pkgnames linux-image- | { grep -E "$pattern" || true; } | sort -V | tail -1)
+	if [ -z "$pkg" ]; then
+		echo "scripts/deps.sh: no Debian package for Linux $series ($pattern)" >&2
+		exit 1
+	fi
+	tmp=$(mktemp -d)
+	chmod 755 "$tmp" # apt downloads as _apt
+	(cd "$tmp" && $apt apt-get -o APT::Sandbox::User=root download -qq "$pkg" >/dev/null)
+	dpkg -x "$tmp"/*.deb "$tmp/root"
+	mkdir -p "$dir"
+	img=$(ls "$tmp"/root/boot/vmlinuz-*)
+	basename "$img" | sed 's/^vmlinuz-//' >"$dir/release"
+	cp "$img" "$dir/vmlinuz.tmp"
+	mv "$dir/vmlinuz.tmp" "$dir/vmlinuz"
+	rm -rf "$tmp"
+}
+
 # The kernels: series -> the package name's pattern. The generic amd64
 # flavour has BPF, BTF, uprobes, the 8250 console, devtmpfs and initramfs
 # support built in, so the image alone boots (no modules).
@@ -120,23 +143,14 @@ deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian
 SRC
 private=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o Dir::Etc::sourceparts=/nonexistent
 	-o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache")
-apt-get "${private[@]}" update -qq
+x86_apt() {
+	local cmd=$1
+	shift
+	"$cmd" "${private[@]}" "$@"
+}
+x86_apt apt-get update -qq
 for s in "${missing[@]}"; do
-	pkg=$(apt-cache "${private[@]}" pkgnames linux-image- | { grep -E "${kernels[$s]}" || true; } | sort -V | tail -1)
-	if [ -z "$pkg" ]; then
-		echo "scripts/deps.sh: no Debian package for Linux $s" >&2
-		exit 1
-	fi
-	tmp=$(mktemp -d)
-	chmod 755 "$tmp" # apt downloads as _apt
-	(cd "$tmp" && apt-get "${private[@]}" -o APT::Sandbox::User=root download -qq "$pkg" >/dev/null)
-	dpkg -x "$tmp"/*.deb "$tmp/root"
-	mkdir -p "$cache/kernels/$s"
-	img=$(ls "$tmp"/root/boot/vmlinuz-*)
-	basename "$img" | sed 's/^vmlinuz-//' >"$cache/kernels/$s/release"
-	cp "$img" "$cache/kernels/$s/vmlinuz.tmp"
-	mv "$cache/kernels/$s/vmlinuz.tmp" "$cache/kernels/$s/vmlinuz"
-	rm -rf "$tmp"
+	fetch_kernel x86_apt "$s" "${kernels[$s]}" "$cache/kernels/$s"
 done
 fi
 
@@ -161,7 +175,7 @@ done
 if [ ${#arm_missing[@]} -eq 0 ] && [ "$(cat "$arm/root/.packages" 2>/dev/null)" = "$arm_pkgs" ]; then
 	exit 0
 fi
-echo "scripts/deps.sh: fetching Debian's arm64 kernels ${arm_missing[*]} and userland into $arm" >&2
+echo "scripts/deps.sh: fetching Debian's arm64 userland${arm_missing[*]:+ and kernels ${arm_missing[*]}} into $arm" >&2
 apt_arm=$cache/apt-arm64
 mkdir -p "$apt_arm/lists/partial" "$apt_arm/cache/archives/partial" "$apt_arm/none" "$arm/kernels"
 : >"$apt_arm/status"
@@ -184,23 +198,11 @@ APT::Sandbox::User "root";
 CONF
 arm_apt() { APT_CONFIG=$apt_arm/apt.conf "$@"; }
 arm_apt apt-get update -qq
-tmp=$(mktemp -d)
 for s in "${arm_missing[@]}"; do
-	pkg=$(arm_apt apt-cache pkgnames linux-image- | { grep -E "${arm_kernels[$s]}" || true; } | sort -V | tail -1)
-	if [ -z "$pkg" ]; then
-		echo "scripts/deps.sh: no Debian arm64 package for Linux $s" >&2
-		exit 1
-	fi
-	rm -rf "$tmp"/*
-	(cd "$tmp" && arm_apt apt-get download -qq "$pkg" >/dev/null)
-	dpkg -x "$tmp"/*.deb "$tmp/root"
-	mkdir -p "$arm/kernels/$s"
-	img=$(ls "$tmp"/root/boot/vmlinuz-*)
-	basename "$img" | sed 's/^vmlinuz-//' >"$arm/kernels/$s/release"
-	cp "$img" "$arm/kernels/$s/vmlinuz.tmp"
-	mv "$arm/kernels/$s/vmlinuz.tmp" "$arm/kernels/$s/vmlinuz"
+	fetch_kernel arm_apt "$s" "${arm_kernels[$s]}" "$arm/kernels/$s"
 done
-rm -rf "$tmp"/* "$arm/root.new"
+tmp=$(mktemp -d)
+rm -rf "$arm/root.new"
 # shellcheck disable=SC2086 # a list of package names
 (cd "$tmp" && arm_apt apt-get download -qq $arm_pkgs >/dev/null)
 for deb in "$tmp"/*.deb; do

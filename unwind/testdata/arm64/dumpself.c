@@ -7,10 +7,7 @@
 // by argv[1]. Built as README.md says: -O2 -fomit-frame-pointer, so x29
 // holds no frame chain, and with pointer authentication, so the return
 // addresses the chain saves carry its codes.
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "../dump.h"
 
 extern int lib1_outer(int depth);
 
@@ -44,43 +41,13 @@ __asm__(".text\n"
 static const char *out;
 volatile int main_sink;
 
-static uint64_t stack_end(uint64_t sp)
-{
-	FILE *f = fopen("/proc/self/maps", "r");
-	char line[512];
-	uint64_t end = sp;
-	while (f && fgets(line, sizeof(line), f)) {
-		uint64_t lo, hi;
-		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && sp >= lo && sp < hi)
-			end = hi;
-	}
-	if (f)
-		fclose(f);
-	return end;
-}
-
 __attribute__((noinline)) int chain_leaf(int depth)
 {
 	struct snap s;
 	ct_snap(&s); // LINE:chain_leaf
-	static unsigned char win[16384];
-	uint64_t n = stack_end(s.sp) - s.sp;
-	if (n > sizeof(win))
-		n = sizeof(win);
-	memcpy(win, (void *)s.sp, n);
-	FILE *f = fopen(out, "w");
-	if (!f)
-		exit(2);
-	fprintf(f, "%lx %lx %lx %lx %lu\n", s.pc, s.sp, s.fp, s.lr, n);
-	fwrite(win, 1, n, f);
-	FILE *m = fopen("/proc/self/maps", "r");
-	char buf[4096];
-	size_t k;
-	while (m && (k = fread(buf, 1, sizeof(buf), m)) > 0)
-		fwrite(buf, 1, k, f);
-	if (m)
-		fclose(m);
-	fclose(f);
+	char regs[80];
+	snprintf(regs, sizeof(regs), "%lx %lx %lx %lx", s.pc, s.sp, s.fp, s.lr);
+	dump(out, regs, s.sp);
 	return depth;
 }
 
