@@ -94,8 +94,12 @@ func buildARM64() (arm64Build, error) {
 	}
 	// sys/sdt.h (c10stub's probes) is the same for every architecture;
 	// Debian installs it for the host's only.
+	sdt, _ := filepath.Glob("/usr/include/*-linux-gnu/sys/sdt.h")
+	if len(sdt) == 0 {
+		return b, errors.New("no sys/sdt.h (systemtap-sdt-dev) for c10stub's probes")
+	}
 	for _, h := range []string{"sdt.h", "sdt-config.h"} {
-		if err := os.Symlink("/usr/include/x86_64-linux-gnu/sys/"+h, filepath.Join(inc, "sys", h)); err != nil {
+		if err := os.Symlink(filepath.Join(filepath.Dir(sdt[0]), h), filepath.Join(inc, "sys", h)); err != nil {
 			return b, err
 		}
 	}
@@ -140,7 +144,7 @@ func buildARM64() (arm64Build, error) {
 	b.tracer = filepath.Join(dir, "cudatrace")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", "-extldflags=-Wl,-z,lazy", "-o", b.tracer,
+	cmd := exec.CommandContext(ctx, goTool(), "build", "-ldflags", "-extldflags=-Wl,-z,lazy", "-o", b.tracer,
 		"github.com/cudatrace/cudatrace/cmd/cudatrace")
 	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH=arm64", "CGO_ENABLED=1", "CC=aarch64-linux-gnu-gcc",
 		"CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
