@@ -37,14 +37,19 @@ static __always_inline void ct_ustack_extra(struct pt_regs *ctx, struct ct_event
 {
 }
 
-// Return addresses are plain addresses.
+// Return addresses are plain addresses: ct_ra_mask keeps them whole.
 static __always_inline __u64 ct_ra_mask(void)
 {
 	return ~0ULL;
 }
 
-// 3.10's thread_id is pthread_self(): the thread pointer itself.
-#define ct_py_id_is(id, want, minor) ((id) == (want))
+// ct_py_id_is says whether id, a thread state's thread id, is the one
+// wanted: 3.11's and later's native_thread_id, the thread's tid; 3.10's
+// thread_id, pthread_self(), the thread pointer itself on x86-64.
+static __always_inline int ct_py_id_is(__u64 id, __u64 want, __u32 minor)
+{
+	return id == want;
+}
 
 #elif defined(__TARGET_ARCH_arm64)
 
@@ -89,11 +94,11 @@ struct task_struct___arch {
 	struct mm_struct___arch *mm;
 } __attribute__((preserve_access_index));
 
-// What keeps of a return address saved with pointer authentication
+// ct_ra_mask keeps of a return address saved with pointer authentication
 // (-mbranch-protection=standard: Debian's and Ubuntu's arm64 userlands)
-// only its address: its PAC sits in the bits from the address space's
+// its address alone: the code sits in the bits from the address space's
 // size up to 54 (48-54 with 48-bit addresses, 52-54 with 52-bit ones),
-// bits 56-63 are the ignored top byte. An unsigned one loses nothing.
+// and bits 56-63 are the ignored top byte. An unsigned one loses nothing.
 static __always_inline __u64 ct_ra_mask(void)
 {
 	struct task_struct___arch *t = (void *)bpf_get_current_task();
@@ -101,12 +106,17 @@ static __always_inline __u64 ct_ra_mask(void)
 	return size ? size - 1 : ~0ULL;
 }
 
-// 3.10's thread_id is pthread_self(): the struct pthread right below the
-// thread pointer, whose size differs between glibc releases. Another
-// thread's lies a stack away (arm64's smallest is 128 KiB), so the one
-// within CT_PTHREAD_MAX below the thread pointer is this thread's.
-#define ct_py_id_is(id, want, minor) \
-	((minor) == 10 ? (id) < (want) && (want) - (id) <= CT_PTHREAD_MAX : (id) == (want))
+// 3.10's thread_id is pthread_self(): on arm64 the struct pthread right
+// below the thread pointer (want), whose size differs between glibc
+// releases. Another thread's lies a stack away (arm64's smallest is 128
+// KiB), so the one within CT_PTHREAD_MAX below the thread pointer is this
+// thread's.
+static __always_inline int ct_py_id_is(__u64 id, __u64 want, __u32 minor)
+{
+	if (minor == 10)
+		return id < want && want - id <= CT_PTHREAD_MAX;
+	return id == want;
+}
 
 #else
 #error "cudatrace's BPF programs are built for amd64 and arm64 (bpf2go -target)"
