@@ -16,15 +16,30 @@ DEMO_DIR  := bin/demo
 # fresh build say nothing about cudatrace.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build deps generate test test-unit bench bench-agent lint demo clean
+.PHONY: all build release deps generate test test-unit bench bench-agent lint demo clean FORCE
 
 all: build
 
+# For the host's architecture (amd64 or arm64).
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/cudatrace
 
-# Regenerates bpf/cudatrace_x86_bpfel.{go,o} with clang; CI checks the
-# committed files match.
+# Release binaries for linux/amd64 and linux/arm64, bin/cudatrace-linux-ARCH,
+# from either host: cgo (go-nvml) cross-compiles with Debian's
+# gcc-aarch64-linux-gnu (or gcc-x86-64-linux-gnu on an arm64 host); each
+# embeds its architecture's BPF object (bpf/cudatrace_*_bpfel.o).
+HOSTARCH := $(shell $(GO) env GOARCH)
+CC_amd64 ?= $(if $(filter amd64,$(HOSTARCH)),$(CC),x86_64-linux-gnu-gcc)
+CC_arm64 ?= $(if $(filter arm64,$(HOSTARCH)),$(CC),aarch64-linux-gnu-gcc)
+release: bin/cudatrace-linux-amd64 bin/cudatrace-linux-arm64
+
+bin/cudatrace-linux-%: FORCE
+	CGO_ENABLED=1 GOOS=linux GOARCH=$* CC=$(CC_$*) $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/cudatrace
+
+FORCE:
+
+# Regenerates bpf/cudatrace_{x86,arm64}_bpfel.{go,o} with clang (bpf/gen.go);
+# CI checks the committed files match.
 generate:
 	$(GO) generate ./bpf/
 

@@ -431,7 +431,7 @@ func (a *Agent) Tick(res *record.Result) {
 	// changed none of the figures it read.
 	a.res.Counters, a.res.Lost, a.res.Events = res.Counters, res.Lost-res.LostStopping, res.Events
 	// A sample is never changed once taken: sharing it is safe.
-	a.res.NVML, a.res.NVMLError = res.NVML, res.NVMLError
+	a.res.NVML, a.res.NVMLTime, a.res.NVMLError = res.NVML, res.NVMLTime, res.NVMLError
 	for {
 		select {
 		case r := <-a.reqs:

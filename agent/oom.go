@@ -8,12 +8,12 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/cudatrace/cudatrace/container"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/report"
 )
 
@@ -41,6 +41,7 @@ type oomDump struct {
 	history []export.HistoryItem
 	// names are the kubelet's names of its container, when known.
 	names kube.Names
+	first *procmodel.Capture // its first capture (its job and rank); nil if none
 }
 
 // OOMReport is the JSON file of the OOM black box: the failed call and
@@ -99,6 +100,8 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 	d.free = nvmlFree(a.res.NVML, ev.Device)
 	if c := a.model.Get(p.PID); c != nil && c.First != nil {
 		d.proc.Cmdline = c.First.Cmdline
+		d.proc.Identify(c.First)
+		d.first = c.First
 	}
 	d.history = a.hist.list(p.PID)
 	d.src = a.stacksFor(ch.Stack)
@@ -150,7 +153,7 @@ func (a *Agent) writeDump(d *oomDump) error {
 	if err := os.MkdirAll(a.opts.DumpDir, 0o700); err != nil {
 		return fmt.Errorf("create --dump-dir: %w", err)
 	}
-	base := fmt.Sprintf("oom-%d-%s", d.pid, d.time.UTC().Format("20060102T150405.000000000Z"))
+	base := d.base()
 	files := OOMFiles{Memviz: base + ".pickle", Pprof: base + ".pb.gz", Report: base + ".json"}
 
 	var snapBuf bytes.Buffer
@@ -168,7 +171,7 @@ func (a *Agent) writeDump(d *oomDump) error {
 	}
 
 	lp := &export.LiveProfile{Samples: export.Samples{}, Comm: map[uint32]string{d.pid: d.proc.Comm},
-		Labels: map[uint32]map[string]string{d.pid: profileLabels(container.Info{ID: d.proc.Container, PodUID: d.proc.PodUID}, d.names)},
+		Labels: map[uint32]map[string]string{d.pid: d.labels()},
 		Time:   d.time,
 		Comment: fmt.Sprintf("cudatrace agent: GPU memory of pid %d live when %s of %d bytes failed (%s)",
 			d.pid, d.failure.API, d.failure.Size, d.failure.API.ResultName(d.failure.Result))}
@@ -192,7 +195,7 @@ func (a *Agent) writeDump(d *oomDump) error {
 		}
 	}
 	fmt.Fprintf(a.opts.Stderr, "cudatrace agent: pid %d (%s): %s of %d bytes failed with %s; dumped %s\n",
-		d.pid, d.proc.Comm, d.failure.API, d.failure.Size, d.failure.API.ResultName(d.failure.Result),
+		d.pid, d.who(), d.failure.API, d.failure.Size, d.failure.API.ResultName(d.failure.Result),
 		filepath.Join(a.opts.DumpDir, files.Report))
 	return nil
 }

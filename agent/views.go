@@ -31,6 +31,10 @@ type ProcessStats struct {
 	// (Options.Pods; agent.namesOf says when): "" otherwise.
 	Namespace, Pod, ContainerName string
 	Exited                        bool // gone; kept until the retention passes
+	// Job and Rank are its distributed job and rank, from its environment
+	// (package jobid): "" and -1 when it is in none.
+	Job  string
+	Rank int
 
 	Allocs, Frees, Failed, AllocBytes uint64
 	UnknownFrees                      uint64
@@ -234,9 +238,10 @@ func (a *Agent) processStats(ps *procState, p *ledger.Process) ProcessStats {
 		UnknownFrees: p.UnknownFrees, ImplicitFrees: p.ImplicitFrees, ImplicitFreeBytes: p.ImplicitFreeBytes,
 		TensorAllocs: p.TensorAllocs, TensorFrees: p.TensorFrees,
 		Live: p.Live, Peak: p.Peak, HostLive: p.HostLive, HostPeak: p.HostPeak,
-		TensorLive: p.TensorLive, TensorPeak: p.TensorPeak, OOMs: ps.ooms}
+		TensorLive: p.TensorLive, TensorPeak: p.TensorPeak, OOMs: ps.ooms, Rank: -1}
 	if c := a.model.Get(p.PID); c != nil && c.First != nil {
 		out.Cmdline = c.First.Cmdline
+		out.Job, out.Rank = c.First.JobID(), c.First.Rank()
 	}
 	for _, d := range p.DeviceList() {
 		out.Devices = append(out.Devices, *d)
@@ -293,6 +298,9 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 			n = ps.names
 		}
 		lp.Labels[pid] = profileLabels(ps.container, n)
+		if c := a.model.Get(pid); c != nil {
+			export.JobLabels(lp.Labels[pid], c.First)
+		}
 		lp.Samples.AddLive(p.LiveAllocations(), p.LiveTensors())
 		for _, k := range ps.keys {
 			v := a.allocs[k]

@@ -90,12 +90,13 @@ int ct_pitch_enter(struct pt_regs *ctx)
 }
 
 // cudaMalloc3D(struct cudaPitchedPtr *out, struct cudaExtent extent): the
-// 24-byte extent is passed in memory, just above the return address.
+// 24-byte extent is passed in memory (ct_byval_arg2: above the return
+// address on x86-64, by reference on arm64).
 SEC("uprobe")
 int ct_3d_enter(struct pt_regs *ctx)
 {
 	__u64 ext[3] = {}; // width, height, depth
-	bpf_probe_read_user(ext, sizeof(ext), (void *)(PT_REGS_SP(ctx) + 8));
+	bpf_probe_read_user(ext, sizeof(ext), (void *)ct_byval_arg2(ctx));
 	return remember(ctx, CT_SHAPE_3D, PT_REGS_PARM1(ctx), ext[0], ext[1], ext[2]);
 }
 
@@ -167,10 +168,10 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 			count(CT_CNT_NO_ENTRY);
 		return 0;
 	}
-	// After `ret` the stack pointer is 8 above what it was at entry; any
-	// other value is the return of a nested call, which the outer call's
-	// return will account for.
-	if (PT_REGS_SP(ctx) != in->sp + 8)
+	// After `ret` the stack pointer is CT_RET_SP_DELTA above what it was at
+	// entry (8 on x86-64, 0 on arm64); any other value is the return of a
+	// nested call, which the outer call's return will account for.
+	if (PT_REGS_SP(ctx) != in->sp + CT_RET_SP_DELTA)
 		return 0;
 
 	__s32 result = (__s32)PT_REGS_RC(ctx);

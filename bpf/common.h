@@ -35,10 +35,7 @@ CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, counters, __u32, __u64, CT_CNT_MAX);
 
 
 // Only the fields used here; CO-RE finds them in the running kernel's BTF.
-struct thread_struct {
-	unsigned long fsbase;
-} __attribute__((preserve_access_index));
-
+// struct thread_struct, the thread pointer's, is the architecture's (arch.h).
 struct signal_struct; // exit.h reads the one field it needs
 
 struct mm_struct {

@@ -176,7 +176,7 @@ int ct_ctx_exit(struct pt_regs *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id;
 	struct ctx_call *c = bpf_map_lookup_elem(&ctx_inflight, &tid);
-	if (!c || PT_REGS_SP(ctx) != c->sp + 8)
+	if (!c || PT_REGS_SP(ctx) != c->sp + CT_RET_SP_DELTA)
 		return 0;
 	__u64 handle = 0;
 	__s32 dev = c->device;
@@ -458,7 +458,7 @@ int ct_learn_exit(struct pt_regs *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id;
 	struct ctx_call *c = bpf_map_lookup_elem(&ctx_inflight, &tid);
-	if (!c || PT_REGS_SP(ctx) != c->sp + 8)
+	if (!c || PT_REGS_SP(ctx) != c->sp + CT_RET_SP_DELTA)
 		return 0;
 	__u32 shape = c->make_current;
 	__u64 out = c->out;

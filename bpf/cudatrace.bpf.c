@@ -51,6 +51,7 @@ const volatile __u64 trace_start_ns = 0;
 #define CT_PY_BLOCK (CT_PY_MAX_FRAMES * sizeof(struct ct_pyframe) + 2 * sizeof(struct ct_pytrailer))
 
 // The programs, by concern. Order matters: each part uses the ones above it.
+#include "arch.h"     // what differs between amd64 and arm64
 #include "common.h"   // maps and helpers every program shares; ct_fork
 #include "stack.h"    // frame-pointer walk, stack window copy
 #include "python.h"   // Python frames walk

@@ -91,6 +91,9 @@ enum ct_flags {
 	// them at the end of the record still finds them there in a trace,
 	// where records are cut to what they use)
 	CT_F_PYHEAD = 1 << 8,
+	// with CT_F_WINDOW: the link register (x30 on arm64; 0 where it is not
+	// known) follows struct ct_ustack, before the window's bytes (arch.h)
+	CT_F_LR = 1 << 9,
 };
 
 // Loss and health counters, a per-CPU array indexed by these.

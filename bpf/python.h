@@ -144,7 +144,7 @@ static __always_inline long thread_step(struct py_walk *w)
 {
 	if (!w->ts)
 		return 1;
-	if (read_u64(w->ts + w->idoff) == w->want) {
+	if (ct_py_id_is(read_u64(w->ts + w->idoff), w->want, w->o.minor)) {
 		w->found = 1;
 		return 1;
 	}
@@ -349,7 +349,7 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 		id = read_u64(ts + w->idoff);
 		fp = read_u64(ts + fo);
 	}
-	if (id != w->want)
+	if (!ct_py_id_is(id, w->want, w->o.minor))
 		return 0;
 	w->ts = ts;
 	w->frame = fp;
@@ -388,8 +388,8 @@ struct py_walked {
 // copy them into the record: the walk comes before the record is
 // reserved, since a capture must precede, in the ring buffer, the record
 // that shows its code object. The thread state is found by
-// native_thread_id from 3.11, by pthread_self (the thread pointer, fsbase
-// on x86-64) in 3.10. Code objects are named in user space
+// native_thread_id from 3.11, by pthread_self (by the thread pointer:
+// arch.h) in 3.10. Code objects are named in user space
 // (record/python.go) from what py_check captured: the walk only follows
 // pointers. sp is the probe's stack pointer (frames just above it are on
 // the C stack).
@@ -443,7 +443,7 @@ static __always_inline struct py_walked py_walk(__u64 id, __u64 sp, const int us
 		w.idoff = o->ts_native_id;
 		if (o->minor == 10) {
 			struct task_struct *t = (void *)bpf_get_current_task();
-			w.want = BPF_CORE_READ(t, thread.fsbase);
+			w.want = ct_thread_pointer(t);
 			w.idoff = o->ts_thread_id;
 		}
 		task = (void *)bpf_get_current_task();

@@ -15,6 +15,7 @@
 static __always_inline __s32 user_stack(struct pt_regs *ctx, __u64 *stack, const __s32 max)
 {
 	__u64 fp = PT_REGS_FP(ctx);
+	__u64 ra = ct_ra_mask(); // arm64: the return addresses' PAC bits off
 	__s32 n = 1;
 
 	stack[0] = PT_REGS_IP(ctx);
@@ -26,7 +27,7 @@ static __always_inline __s32 user_stack(struct pt_regs *ctx, __u64 *stack, const
 			count(CT_CNT_STACK_ERR);
 			break;
 		}
-		stack[n] = frame[1];
+		stack[n] = frame[1] & ra;
 		if (frame[0] <= fp) {
 			n++;
 			break;
@@ -52,7 +53,7 @@ static __always_inline __u32 window_size(void)
 static __always_inline __u32 alloc_record_size(void)
 {
 	__u32 w = window_size();
-	return sizeof(struct ct_alloc_event) + (w ? sizeof(struct ct_ustack) + w : 0) + CT_PY_BLOCK;
+	return sizeof(struct ct_alloc_event) + (w ? sizeof(struct ct_ustack) + CT_USTACK_EXTRA + w : 0) + CT_PY_BLOCK;
 }
 
 // stack_end is where the calling thread's stack ends, when that is less
@@ -63,8 +64,8 @@ static __always_inline __u32 alloc_record_size(void)
 //     the auxiliary vector up to the mapping's end), where _start's frame
 //     begins: 8 bytes above it covers that;
 //   - a thread's stack, made by glibc (or musl), ends below its thread
-//     pointer (fsbase on x86-64): the thread descriptor, and its static
-//     TLS below it, are put at the top of the stack's block.
+//     pointer (fsbase on x86-64, tpidr_el0 on arm64: arch.h): the thread
+//     descriptor and its static TLS are put at the top of the stack's block.
 // Where a shallow main thread's window ran past the mapping's end, the
 // read of the whole window faulted, and the page-by-page read after it
 // cost as much again as the copy (docs/benchmarks.md); a thread's ran on
@@ -75,7 +76,7 @@ static __always_inline __u64 stack_end(__u64 sp, __u32 w)
 	__u64 end = BPF_CORE_READ(t, mm, start_stack) + 8;
 	if (end > sp && end - sp < w)
 		return end;
-	end = BPF_CORE_READ(t, thread.fsbase);
+	end = ct_thread_pointer(t);
 	if (end > sp && end - sp < w)
 		return end;
 	return 0;
@@ -106,13 +107,14 @@ static __always_inline void user_window(struct pt_regs *ctx, struct ct_alloc_eve
 		return;
 	__u32 n = (__u32)e->h.nframes & 127; // user_stack gives 1..CT_MAX_FRAMES
 	struct ct_ustack *u = (void *)e->stack + n * 8;
-	__u8 *data = (void *)(u + 1);
+	__u8 *data = (void *)(u + 1) + CT_USTACK_EXTRA;
 	__u64 sp = PT_REGS_SP(ctx);
 	__u32 len = 0;
 
 	u->ip = PT_REGS_IP(ctx);
 	u->sp = sp;
 	u->bp = PT_REGS_FP(ctx);
+	ct_ustack_extra(ctx, &e->h, u + 1);
 	__u64 end = stack_end(sp, w);
 	__u32 want = end ? (__u32)(end - sp) : w;
 	if (want > w) // never: but the verifier must see that it fits
@@ -156,7 +158,7 @@ static __always_inline __u32 record_used(struct ct_alloc_event *e)
 	__u32 len = *(volatile __u32 *)&((struct ct_ustack *)((void *)e->stack + n * 8))->len;
 	if (len > w) // never: but the verifier must see that what follows fits
 		len = w;
-	return used + sizeof(struct ct_ustack) + len;
+	return used + sizeof(struct ct_ustack) + CT_USTACK_EXTRA + len;
 }
 
 #endif

@@ -35,6 +35,9 @@ const (
 	offUBP     = 16
 	offULen    = 24
 	ustackSize = 32
+	// With FlagLR (arm64) the link register follows struct ct_ustack,
+	// before the window's bytes.
+	lrSize = 8
 
 	// MaxWindow is CT_MAX_WINDOW: the most stack bytes a record carries.
 	MaxWindow = 64 << 10
@@ -114,14 +117,22 @@ func Decode(raw []byte, ev *Event) error {
 		}
 		ev.Regs = Regs{IP: le.Uint64(u[offUIP:]), SP: le.Uint64(u[offUSP:]), BP: le.Uint64(u[offUBP:])}
 		wlen := le.Uint32(u[offULen:])
-		if wlen > MaxWindow || int(wlen) > len(u)-ustackSize {
+		regs := ustackSize
+		if ev.Flags&FlagLR != 0 {
+			if len(u) < ustackSize+lrSize {
+				return fmt.Errorf("decode record: link register past the end of %d bytes: %w", len(raw), ErrShortRecord)
+			}
+			ev.Regs.LR = le.Uint64(u[ustackSize:])
+			regs += lrSize
+		}
+		if wlen > MaxWindow || int(wlen) > len(u)-regs {
 			return fmt.Errorf("decode record: stack window of %d bytes in %d: %w", wlen, len(raw), ErrShortRecord)
 		}
 		// Not copied: the live reader hands over the ring buffer's memory,
 		// and 16 KiB a record was most of decoding's cost. Capped, so that an
 		// append copies rather than writes into raw.
-		ev.Window = u[ustackSize : ustackSize+int(wlen) : ustackSize+int(wlen)]
-		off += ustackSize + int(wlen)
+		ev.Window = u[regs : regs+int(wlen) : regs+int(wlen)]
+		off += regs + int(wlen)
 	}
 	return decodePy(raw, off, ev)
 }
@@ -196,11 +207,15 @@ func Encode(dst []byte, ev *Event) []byte {
 		n = 0
 	}
 	win := min(len(ev.Window), MaxWindow)
-	flags := ev.Flags &^ FlagWindow
-	tail := 0
+	flags := ev.Flags &^ (FlagWindow | FlagLR)
+	tail, regs := 0, 0
 	if ev.Flags&FlagWindow != 0 && ev.StackErr >= 0 {
-		flags |= FlagWindow
-		tail = ustackSize + win
+		flags |= ev.Flags & (FlagWindow | FlagLR)
+		regs = ustackSize
+		if ev.Flags&FlagLR != 0 {
+			regs += lrSize
+		}
+		tail = regs + win
 	}
 	py, np, head := 0, 0, 0
 	flags &^= FlagPython | FlagPyHead
@@ -244,7 +259,10 @@ func Encode(dst []byte, ev *Event) []byte {
 		le.PutUint64(u[offUSP:], ev.Regs.SP)
 		le.PutUint64(u[offUBP:], ev.Regs.BP)
 		le.PutUint32(u[offULen:], uint32(win))
-		copy(u[ustackSize:], ev.Window[:win])
+		if regs > ustackSize {
+			le.PutUint64(u[ustackSize:], ev.Regs.LR)
+		}
+		copy(u[regs:], ev.Window[:win])
 	}
 	if py > 0 {
 		p := b[off+n*8+tail:]
@@ -276,6 +294,9 @@ func RecordLen(ev *Event) int {
 	}
 	if ev.Flags&FlagWindow != 0 {
 		n += ustackSize + len(ev.Window)
+		if ev.Flags&FlagLR != 0 {
+			n += lrSize
+		}
 	}
 	if ev.Flags&FlagPython != 0 {
 		n += len(ev.Py)*pyFrameSize + pyTrailerSize

@@ -212,6 +212,53 @@ func TestWindowRoundTrip(t *testing.T) {
 	}
 }
 
+// An arm64 record's window carries the link register after struct
+// ct_ustack (FlagLR, bpf/arch.h): laid out as BPF writes it, the register
+// and the window decode, round-trip through Encode, and RecordLen counts
+// the 8 bytes. A record written without its window drops FlagLR with it.
+func TestWindowLinkRegister(t *testing.T) {
+	win := []byte("0123456789abcdef")
+	raw := make([]byte, headerSize+2*8+ustackSize+lrSize+len(win), 4096)
+	le := binary.LittleEndian
+	le.PutUint16(raw[offFlags:], FlagWindow|FlagEntryOnly|FlagLR)
+	le.PutUint32(raw[offNFrames:], 2)
+	le.PutUint64(raw[headerSize:], 0xaaaa00001000)
+	le.PutUint64(raw[headerSize+8:], 0xaaaa00002000)
+	u := raw[headerSize+2*8:]
+	le.PutUint64(u[offUIP:], 0xaaaa00001000)
+	le.PutUint64(u[offUSP:], 0xffffc0000000)
+	le.PutUint64(u[offUBP:], 0xffffc0000100)
+	le.PutUint32(u[offULen:], uint32(len(win)))
+	le.PutUint64(u[ustackSize:], 0x3d00aaaa00003000) // signed: PAC bits 48-54
+	copy(u[ustackSize+lrSize:], win)
+	var ev Event
+	if err := Decode(raw, &ev); err != nil {
+		t.Fatal(err)
+	}
+	want := Regs{IP: 0xaaaa00001000, SP: 0xffffc0000000, BP: 0xffffc0000100, LR: 0x3d00aaaa00003000}
+	if ev.Regs != want || string(ev.Window) != string(win) {
+		t.Fatalf("regs %+v, window %q; want %+v, %q", ev.Regs, ev.Window, want, win)
+	}
+	if RecordLen(&ev) != len(raw) {
+		t.Fatalf("RecordLen %d, want %d", RecordLen(&ev), len(raw))
+	}
+	if got := Encode(nil, &ev); string(got) != string(raw) {
+		t.Fatalf("Encode:\n% x\nwant\n% x", got, raw)
+	}
+	if err := Decode(raw[:headerSize+2*8+ustackSize+lrSize-1], &ev); !errors.Is(err, ErrShortRecord) {
+		t.Fatalf("cut link register: err %v", err)
+	}
+	// The window unwound and dropped (record's default): no FlagLR left.
+	if err := Decode(raw, &ev); err != nil {
+		t.Fatal(err)
+	}
+	ev.Flags &^= FlagWindow
+	var back Event
+	if err := Decode(Encode(nil, &ev), &back); err != nil || back.Flags&FlagLR != 0 || back.Regs != (Regs{}) {
+		t.Fatalf("without its window: flags %#x, regs %+v, %v", back.Flags, back.Regs, err)
+	}
+}
+
 // bpfRecord lays out an allocation record byte by byte as BPF writes it
 // (bpf/alloc.h submit_alloc): n frames, a window of w bytes (none when w
 // is 0), p Python frames right after them as count, frames (innermost

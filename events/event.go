@@ -41,9 +41,14 @@ type PyFrame struct {
 const PyEntry uint32 = 1
 
 // Regs are the user registers an unwinder starts from. At a return probe IP
-// is the return address in the caller, and SP and BP are the caller's.
+// is the return address in the caller, and SP and BP (the frame pointer:
+// rbp, arm64's x29) are the caller's. LR is arm64's link register (x30),
+// recorded at a probe inside a function (USDT), where a function that has
+// not saved it yet keeps its return address there; 0 where it is not
+// known (at a return probe, and on x86-64, which has none).
 type Regs struct {
 	IP, SP, BP uint64
+	LR         uint64
 }
 
 // Event flags, as set by the BPF programs (bpf/cudatrace.h CT_F_*).
@@ -64,6 +69,9 @@ const (
 	// there, not at the end of the room it reserves). Without it (traces
 	// written before) they end the record.
 	FlagPyHead uint16 = 1 << 8
+	// With FlagWindow: the link register (Regs.LR) follows the registers,
+	// before the window's bytes (arm64's records).
+	FlagLR uint16 = 1 << 9
 )
 
 // End is when the call's effect on memory takes hold: frees at entry (the

@@ -32,10 +32,13 @@ const (
 	FormatMemviz   Format = "memviz"
 	FormatPerfetto Format = "perfetto"
 	FormatJSON     Format = "json"
+	FormatHTML     Format = "html"
 )
 
 // Formats lists the formats, in the order --help shows them.
-func Formats() []Format { return []Format{FormatPprof, FormatMemviz, FormatPerfetto, FormatJSON} }
+func Formats() []Format {
+	return []Format{FormatPprof, FormatMemviz, FormatPerfetto, FormatJSON, FormatHTML}
+}
 
 // ParseFormat checks a --format value.
 func ParseFormat(s string) (Format, error) {
@@ -200,6 +203,8 @@ func Write(w io.Writer, path string, f Format, opts Options) error {
 		return WritePerfetto(w, path, opts)
 	case FormatJSON:
 		return WriteJSON(w, path, opts)
+	case FormatHTML:
+		return WriteHTML(w, path, opts)
 	}
 	_, err := ParseFormat(string(f))
 	return err

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/ledger"
 )
 
 // TestHistoryEntries: a history that begins in the middle of a process's
@@ -16,19 +15,8 @@ import (
 // (memviztest walks them as memory_viz does), and none is made for a
 // tensor in memory the snapshot never lists.
 func TestHistoryEntries(t *testing.T) {
-	l := ledger.New()
-	var history []HistoryItem
-	n := uint64(0)
-	ev := func(api events.API, addr, size uint64, keep bool) {
-		n++
-		e := events.Event{Time: n * 1000, PID: 1, Comm: "job", API: api, Addr: addr, Size: size, Stack: []uint64{uint64(api)}}
-		ch := l.Apply(&e)
-		if keep {
-			it := HistoryItem{End: e.End(), API: e.API, Result: e.Result, Size: e.Size, Device: e.Device, Change: ch}
-			it.Change.Process = nil
-			history = append(history, it)
-		}
-	}
+	h := newHistoryLog()
+	ev := h.ev
 	// Before the history: a segment with a tensor in it.
 	ev(events.CudaMalloc, 0x100000, 1<<20, false)
 	ev(events.TorchMalloc, 0x100000, 4096, false)
@@ -45,7 +33,7 @@ func TestHistoryEntries(t *testing.T) {
 	ev(events.CudaMalloc, 0x300000, 1<<20, true) // made in it, live
 	ev(events.TorchMalloc, 0x300000, 1000, true) //
 
-	p := l.Process(1)
+	p, history := h.l.Process(1), h.items
 	wall := func(boot uint64) time.Time { return time.Unix(1700000000, int64(boot)) }
 	entries := HistoryEntries(history, p.LiveAllocations(), p.Mappings(), p.LiveTensors(), true, wall)
 	var got []string

@@ -7,7 +7,6 @@ import (
 	"io"
 	"iter"
 	"slices"
-	"strings"
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/pickle"
@@ -114,8 +113,7 @@ func WriteMemvizTrace(w io.Writer, path string, opts Options) error {
 		}
 	}
 	if len(pids) > 1 {
-		return fmt.Errorf("a memory snapshot is one process's, and this trace has %d: choose one with --pid (%s)",
-			len(pids), joinPIDs(pids))
+		return fmt.Errorf("a memory snapshot is one process's, and this trace has %d: %s", len(pids), pickOne(t, pids))
 	}
 
 	syms := t.Symbols(!opts.NoSymbolize)
@@ -317,14 +315,6 @@ func memvizMapped(maps []*ledger.Mapping, frames func(*ledger.Stack) []MemvizFra
 		out = append(out, seg)
 	}
 	return out
-}
-
-func joinPIDs(pids []uint32) string {
-	s := make([]string, len(pids))
-	for i, p := range pids {
-		s[i] = fmt.Sprint(p)
-	}
-	return strings.Join(s, ", ")
 }
 
 // memvizSegment is allocation a as a segment of one active block. One of

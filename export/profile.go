@@ -68,7 +68,7 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 	for _, p := range t.Ledger.Processes() {
 		comm[p.PID] = p.Comm
 		if c := t.First(p.PID); c != nil {
-			labels[p.PID] = map[string]string{"container": c.Container, "pod": c.Pod}
+			labels[p.PID] = JobLabels(map[string]string{"container": c.Container, "pod": c.Pod}, c)
 		}
 	}
 	b := newPprofBuilder(replayStacks{t, syms}, comm, labels)

@@ -75,6 +75,7 @@ func WritePerfetto(w io.Writer, path string, opts Options) error {
 	if err := opts.checkReplay(t, 0); err != nil {
 		return err
 	}
+	tw.names(t)
 	syms := t.Symbols(!opts.NoSymbolize)
 	defer syms.Close()
 	for i := range tw.failures {
@@ -134,6 +135,7 @@ type timelineWriter struct {
 	// failures are the failed calls, written last with their stacks.
 	failures []timelineFailure
 	threads  map[[2]uint32]bool // (pid, tid) given a thread_name
+	order    []procName         // the processes with tracks, as first seen (jobs_timeline.go)
 }
 
 // timelineFailure is a failed allocation call and its stack.
@@ -176,15 +178,14 @@ func (tw *timelineWriter) ts(b []byte, t uint64) []byte {
 	return b
 }
 
+// process notes that p has tracks; names writes their titles once the
+// replay has read every process frame.
 func (tw *timelineWriter) process(p *ledger.Process) {
 	if tw.named[p.PID] {
 		return
 	}
 	tw.named[p.PID] = true
-	name, _ := json.Marshal(fmt.Sprintf("%s (%d)", p.Comm, p.PID))
-	b := fmt.Appendf(tw.buf[:0], `"ph":"M","name":"process_name","pid":%d,"tid":%d,"args":{"name":%s}`, p.PID, p.PID, name)
-	tw.event(b)
-	tw.buf = b
+	tw.order = append(tw.order, procName{p.PID, p.Comm})
 }
 
 // counter writes the live bytes of a's device (or of pinned host memory)

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strings"
 	"syscall"
@@ -149,19 +150,45 @@ func SearchPath(pid int) []string {
 }
 
 // SearchDirs returns the directories a system-wide search looks in, besides
-// the ld.so cache: CUDA toolkits, pip wheels (nvidia-cuda-runtime-cu12 puts
-// libcudart in site-packages/nvidia/cuda_runtime/lib) and conda
-// environments. Globs are expanded; missing directories are left out.
-func SearchDirs() []string {
+// the ld.so cache: CUDA toolkits (their targets for this machine's
+// architecture: archDirs), the distribution's library directories, pip
+// wheels (nvidia-cuda-runtime-cu12 puts libcudart in
+// site-packages/nvidia/cuda_runtime/lib) and conda environments. Globs are
+// expanded; missing directories are left out.
+func SearchDirs() []string { return searchDirs("", runtime.GOARCH) }
+
+// archDirs are where CUDA's libraries are installed on each architecture,
+// by GOARCH: the toolkit's target directory (x86_64-linux; sbsa-linux on
+// servers such as Grace Hopper and Grace Blackwell, aarch64-linux on
+// Jetson), the distribution's multiarch directory and the driver's
+// directories in it (nvidia/, Jetson's tegra/). Another architecture's
+// (a cross toolkit's targets) are left out: their libraries cannot be
+// probed here.
+var archDirs = map[string][]string{
+	"amd64": {
+		"/usr/local/cuda/targets/x86_64-linux/lib", "/usr/local/cuda-*/targets/x86_64-linux/lib",
+		"/usr/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu/nvidia",
+	},
+	"arm64": {
+		"/usr/local/cuda/targets/sbsa-linux/lib", "/usr/local/cuda-*/targets/sbsa-linux/lib",
+		"/usr/local/cuda/targets/aarch64-linux/lib", "/usr/local/cuda-*/targets/aarch64-linux/lib",
+		"/usr/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu/nvidia", "/usr/lib/aarch64-linux-gnu/tegra",
+	},
+}
+
+// searchDirs is SearchDirs for the architecture goarch, its system
+// directories under root ("" for the host's).
+func searchDirs(root, goarch string) []string {
 	home, _ := os.UserHomeDir()
-	patterns := []string{
-		"/usr/local/cuda/lib64", "/usr/local/cuda-*/lib64",
-		"/usr/local/cuda/targets/*/lib", "/usr/local/cuda-*/targets/*/lib",
-		"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
-		"/opt/conda/lib", "/opt/conda/envs/*/lib",
+	var patterns []string
+	for _, p := range append(append([]string{"/usr/local/cuda/lib64", "/usr/local/cuda-*/lib64"}, archDirs[goarch]...),
+		"/usr/lib64", "/usr/lib", "/opt/conda/lib", "/opt/conda/envs/*/lib") {
+		patterns = append(patterns, root+p)
+	}
+	patterns = append(patterns,
 		filepath.Join(home, "miniconda3/lib"), filepath.Join(home, "anaconda3/lib"),
 		filepath.Join(home, "miniconda3/envs/*/lib"),
-	}
+	)
 	for _, env := range []string{"CONDA_PREFIX", "VIRTUAL_ENV", "CUDA_HOME", "CUDA_PATH"} {
 		if v := os.Getenv(env); v != "" {
 			patterns = append(patterns, filepath.Join(v, "lib"), filepath.Join(v, "lib64"),
@@ -169,9 +196,9 @@ func SearchDirs() []string {
 		}
 	}
 	for _, sp := range []string{
-		"/usr/lib/python3*/dist-packages", "/usr/local/lib/python3*/dist-packages",
-		"/usr/lib/python3*/site-packages", "/usr/local/lib/python3*/site-packages",
-		"/opt/conda/lib/python3*/site-packages", "/opt/conda/envs/*/lib/python3*/site-packages",
+		root + "/usr/lib/python3*/dist-packages", root + "/usr/local/lib/python3*/dist-packages",
+		root + "/usr/lib/python3*/site-packages", root + "/usr/local/lib/python3*/site-packages",
+		root + "/opt/conda/lib/python3*/site-packages", root + "/opt/conda/envs/*/lib/python3*/site-packages",
 		filepath.Join(home, ".local/lib/python3*/site-packages"),
 		filepath.Join(home, ".pyenv/versions/*/lib/python3*/site-packages"),
 		filepath.Join(home, "*/lib/python3*/site-packages"), // virtualenvs kept in $HOME
@@ -193,6 +220,22 @@ func SearchDirs() []string {
 	return out
 }
 
+// hostMachine is the ELF machine of the programs this architecture runs.
+var hostMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[runtime.GOARCH]
+
+// otherMachine reports whether path is an ELF file built for another
+// architecture than this one's (a cross toolkit's library, an x86-64
+// wheel on arm64): its functions cannot be probed here. A file that is
+// not ELF, or cannot be read, is not known to be.
+func otherMachine(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return hostMachine != elf.EM_NONE && f.Machine != hostMachine
+}
+
 // FromSystem finds CUDA libraries installed on the host: in the ld.so cache
 // and in SearchDirs. It also returns where it looked, for the error a user
 // sees when nothing is found.
@@ -201,7 +244,9 @@ func FromSystem() (found, searched []string) {
 	add := func(p string) {
 		if r, err := filepath.EvalSymlinks(p); err == nil && !seen[r] {
 			seen[r] = true
-			found = append(found, r)
+			if !otherMachine(r) {
+				found = append(found, r)
+			}
 		}
 	}
 	if out, err := exec.Command("ldconfig", "-p").Output(); err == nil {

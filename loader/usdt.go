@@ -38,7 +38,7 @@ const (
 type USDTArg struct {
 	Kind   USDTArgKind
 	Size   int8   // bytes; negative when signed
-	RegOff uint16 // offset of the register in struct pt_regs (x86-64)
+	RegOff uint16 // offset of the register in the machine's struct pt_regs
 	Value  int64  // the constant, or the displacement
 }
 
@@ -102,7 +102,7 @@ func ReadUSDT(path string) ([]USDTProbe, error) {
 				return nil, fmt.Errorf("usdt: %s: %s:%s semaphore: %w", path, p.Provider, p.Name, err)
 			}
 		}
-		if p.Args, err = parseUSDTArgs(strs[2]); err != nil {
+		if p.Args, err = parseUSDTArgs(f.Machine, strs[2]); err != nil {
 			return nil, fmt.Errorf("usdt: %s: %s:%s: %w", path, p.Provider, p.Name, err)
 		}
 		out = append(out, p)
@@ -123,42 +123,22 @@ func fileOffset(f *elf.File, vaddr uint64) (uint64, error) {
 	return 0, fmt.Errorf("address %#x is in no loadable segment", vaddr)
 }
 
-// ptRegs are the offsets of x86-64's struct pt_regs fields, by every name
-// the assembler gives a register or its lower part.
-var ptRegs = func() map[string]uint16 {
-	m := map[string]uint16{}
-	add := func(off uint16, names ...string) {
-		for _, n := range names {
-			m[n] = off
-		}
+// parseUSDTArgs reads an argument string of a machine's notes:
+// space-separated SIZE@LOCATION, SIZE negative for signed, LOCATION in the
+// machine's assembler syntax (usdtLocAMD64, usdtLocARM64).
+func parseUSDTArgs(machine elf.Machine, s string) ([]USDTArg, error) {
+	var loc func(string) (USDTArg, error)
+	switch machine {
+	case elf.EM_X86_64:
+		loc = usdtLocAMD64
+	case elf.EM_AARCH64:
+		loc = usdtLocARM64
+	default:
+		return nil, fmt.Errorf("USDT arguments of %v are not read", machine)
 	}
-	add(0, "r15", "r15d", "r15w", "r15b")
-	add(8, "r14", "r14d", "r14w", "r14b")
-	add(16, "r13", "r13d", "r13w", "r13b")
-	add(24, "r12", "r12d", "r12w", "r12b")
-	add(32, "rbp", "ebp", "bp", "bpl")
-	add(40, "rbx", "ebx", "bx", "bl")
-	add(48, "r11", "r11d", "r11w", "r11b")
-	add(56, "r10", "r10d", "r10w", "r10b")
-	add(64, "r9", "r9d", "r9w", "r9b")
-	add(72, "r8", "r8d", "r8w", "r8b")
-	add(80, "rax", "eax", "ax", "al")
-	add(88, "rcx", "ecx", "cx", "cl")
-	add(96, "rdx", "edx", "dx", "dl")
-	add(104, "rsi", "esi", "si", "sil")
-	add(112, "rdi", "edi", "di", "dil")
-	add(128, "rip", "eip")
-	add(152, "rsp", "esp", "sp", "spl")
-	return m
-}()
-
-// parseUSDTArgs reads an x86-64 argument string: space-separated
-// SIZE@LOCATION, SIZE negative for signed, LOCATION one of %reg, $const,
-// disp(%reg).
-func parseUSDTArgs(s string) ([]USDTArg, error) {
 	var out []USDTArg
-	for _, field := range strings.Fields(s) {
-		sizeStr, loc, ok := strings.Cut(field, "@")
+	for _, field := range usdtFields(s) {
+		sizeStr, where, ok := strings.Cut(field, "@")
 		if !ok {
 			return nil, fmt.Errorf("argument %q: no SIZE@", field)
 		}
@@ -166,42 +146,48 @@ func parseUSDTArgs(s string) ([]USDTArg, error) {
 		if err != nil || !slices.Contains([]int64{1, 2, 4, 8}, max(size, -size)) {
 			return nil, fmt.Errorf("argument %q: bad size", field)
 		}
-		a := USDTArg{Size: int8(size)}
-		switch {
-		case strings.HasPrefix(loc, "$"):
-			a.Kind = USDTConst
-			if a.Value, err = strconv.ParseInt(loc[1:], 0, 64); err != nil {
-				return nil, fmt.Errorf("argument %q: bad constant", field)
-			}
-		case strings.HasPrefix(loc, "%"):
-			a.Kind = USDTReg
-			if a.RegOff, err = regOffset(loc[1:]); err != nil {
-				return nil, fmt.Errorf("argument %q: %w", field, err)
-			}
-		case strings.HasSuffix(loc, ")"):
-			disp, reg, ok := strings.Cut(strings.TrimSuffix(loc, ")"), "(")
-			if !ok || !strings.HasPrefix(reg, "%") || strings.Contains(reg, ",") {
-				return nil, fmt.Errorf("argument %q: unsupported memory operand", field)
-			}
-			a.Kind = USDTMem
-			if disp != "" {
-				if a.Value, err = strconv.ParseInt(disp, 0, 64); err != nil {
-					return nil, fmt.Errorf("argument %q: bad displacement", field)
-				}
-			}
-			if a.RegOff, err = regOffset(reg[1:]); err != nil {
-				return nil, fmt.Errorf("argument %q: %w", field, err)
-			}
-		default:
-			return nil, fmt.Errorf("argument %q: unsupported location", field)
+		a, err := loc(where)
+		if err != nil {
+			return nil, fmt.Errorf("argument %q: %w", field, err)
 		}
+		a.Size = int8(size)
 		out = append(out, a)
 	}
 	return out, nil
 }
 
-func regOffset(name string) (uint16, error) {
-	if off, ok := ptRegs[name]; ok {
+// usdtFields splits an argument string at the spaces between arguments:
+// not at those inside brackets (arm64's "8@[sp, 16]").
+func usdtFields(s string) []string {
+	var out []string
+	depth, start := 0, -1
+	for i, c := range s {
+		switch {
+		case c == '[':
+			depth++
+		case c == ']':
+			depth--
+		case (c == ' ' || c == '\t') && depth <= 0:
+			if start >= 0 {
+				out = append(out, s[start:i])
+				start = -1
+			}
+			continue
+		}
+		if start < 0 {
+			start = i
+		}
+	}
+	if start >= 0 {
+		out = append(out, s[start:])
+	}
+	return out
+}
+
+// regOffset is a register's offset in struct pt_regs, by the names in
+// regs.
+func regOffset(regs map[string]uint16, name string) (uint16, error) {
+	if off, ok := regs[name]; ok {
 		return off, nil
 	}
 	return 0, errors.New("unknown register " + name)

@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"debug/elf"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +12,7 @@ import (
 )
 
 func TestParseUSDTArgs(t *testing.T) {
-	got, err := parseUSDTArgs("8@%rax -1@%bpl 8@-24(%rbp) -4@$-7 4@(%rsi) 8@0x10(%r12)")
+	got, err := parseUSDTArgs(elf.EM_X86_64, "8@%rax -1@%bpl 8@-24(%rbp) -4@$-7 4@(%rsi) 8@0x10(%r12)")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,20 +28,77 @@ func TestParseUSDTArgs(t *testing.T) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
 	}
 	for _, bad := range []string{"8%rax", "3@%rax", "8@%xmm0", "8@(%rax,%rbx,8)", "8@rax", "x@%rax", "8@$zz"} {
-		if _, err := parseUSDTArgs(bad); err == nil {
+		if _, err := parseUSDTArgs(elf.EM_X86_64, bad); err == nil {
 			t.Errorf("parseUSDTArgs(%q) accepted", bad)
 		}
 	}
 }
 
+// arm64's operands, as GCC writes them for PyTorch's aarch64 wheels'
+// probes (and as TestReadUSDTARM64 finds in a library it builds): a
+// register, a constant without '$', memory at a register plus an offset,
+// and offsets into struct user_pt_regs (x0-x30 at 8 bytes each, then sp).
+func TestParseUSDTArgsARM64(t *testing.T) {
+	got, err := parseUSDTArgs(elf.EM_AARCH64, "8@x0 -1@x20 -4@-7 8@[sp, 24] -8@[x22, 24] 8@[x19] -4@[x29, -12] -4@w3 8@x30 4@0x10 8@[x1, #8]")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []USDTArg{
+		{Kind: USDTReg, Size: 8, RegOff: 0},
+		{Kind: USDTReg, Size: -1, RegOff: 160},
+		{Kind: USDTConst, Size: -4, Value: -7},
+		{Kind: USDTMem, Size: 8, RegOff: 248, Value: 24},
+		{Kind: USDTMem, Size: -8, RegOff: 176, Value: 24},
+		{Kind: USDTMem, Size: 8, RegOff: 152},
+		{Kind: USDTMem, Size: -4, RegOff: 232, Value: -12},
+		{Kind: USDTReg, Size: -4, RegOff: 24},
+		{Kind: USDTReg, Size: 8, RegOff: 240},
+		{Kind: USDTConst, Size: 4, Value: 16},
+		{Kind: USDTMem, Size: 8, RegOff: 8, Value: 8},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	for _, bad := range []string{"8@x31", "8@pc", "8@%rax", "8@-24(%rbp)", "8@[x0, y]", "8@[q1]", "3@x0", "8@v0", "8@"} {
+		if _, err := parseUSDTArgs(elf.EM_AARCH64, bad); err == nil {
+			t.Errorf("parseUSDTArgs(arm64, %q) accepted", bad)
+		}
+	}
+	if _, err := parseUSDTArgs(elf.EM_RISCV, "8@a0"); err == nil {
+		t.Error("parseUSDTArgs accepted a RISC-V note")
+	}
+}
+
 // The notes of a library built with sys/sdt.h, semaphores included, as
-// readelf -n shows them.
+// readelf -n shows them: built for x86-64, and for arm64 with Debian's
+// cross compiler (gcc-aarch64-linux-gnu), whose notes are in arm64's
+// operand syntax.
 func TestReadUSDT(t *testing.T) {
-	gcc := testenv.LookPath(t, "gcc")
-	if _, err := os.Stat("/usr/include/x86_64-linux-gnu/sys/sdt.h"); err != nil {
+	sdt := "/usr/include/x86_64-linux-gnu/sys/sdt.h"
+	if _, err := os.Stat(sdt); err != nil {
 		testenv.SkipOrFail(t, "sys/sdt.h (systemtap-sdt-dev): %v", err)
 	}
-	dir := t.TempDir()
+	for _, cc := range []string{"gcc", "aarch64-linux-gnu-gcc"} {
+		t.Run(cc, func(t *testing.T) {
+			gcc := testenv.LookPath(t, cc)
+			dir := t.TempDir()
+			// sys/sdt.h is the same for every architecture; Debian installs
+			// it for the host's only.
+			inc := filepath.Join(dir, "include")
+			if err := os.MkdirAll(filepath.Join(inc, "sys"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range []string{"sdt.h", "sdt-config.h"} {
+				if err := os.Symlink(filepath.Join(filepath.Dir(sdt), h), filepath.Join(inc, "sys", h)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			checkReadUSDT(t, gcc, "-I"+inc, dir)
+		})
+	}
+}
+
+func checkReadUSDT(t *testing.T, gcc, inc, dir string) {
 	src, lib := filepath.Join(dir, "p.c"), filepath.Join(dir, "libp.so")
 	code := `#define _SDT_HAS_SEMAPHORES 1
 #include <sys/sdt.h>
@@ -52,7 +110,7 @@ void plain(void *p) { STAP_PROBE1(pytorch, free, p); }
 	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-O2", "-o", lib, src).CombinedOutput(); err != nil {
+	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-O2", inc, "-o", lib, src).CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	probes, err := ReadUSDT(lib)
@@ -68,6 +126,19 @@ void plain(void *p) { STAP_PROBE1(pytorch, free, p); }
 	}
 	if m.Args[1] != (USDTArg{Kind: USDTConst, Size: -4, Value: 1}) || m.Args[3].Value != 7 {
 		t.Errorf("malloc's constant arguments: %+v", m.Args)
+	}
+	// p and n arrive in the first two argument registers (rdi, rsi; x0, x1).
+	e, err := elf.Open(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := ptRegsAMD64["rdi"], ptRegsAMD64["rsi"]
+	if e.Machine == elf.EM_AARCH64 {
+		first, second = ptRegsARM64["x0"], ptRegsARM64["x1"]
+	}
+	e.Close()
+	if m.Args[0] != (USDTArg{Kind: USDTReg, Size: 8, RegOff: first}) || m.Args[2] != (USDTArg{Kind: USDTReg, Size: -8, RegOff: second}) {
+		t.Errorf("malloc's register arguments: %+v, want p in the first argument register (%d), n in the second (%d)", m.Args, first, second)
 	}
 	if f.Name != "free" || f.Semaphore == 0 || f.Semaphore == m.Semaphore || len(f.Args) != 1 || f.Args[0].Kind != USDTReg {
 		t.Errorf("free: %+v", f)

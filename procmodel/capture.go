@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/cudatrace/cudatrace/container"
+	"github.com/cudatrace/cudatrace/jobid"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -48,6 +49,16 @@ type Capture struct {
 	// empty on the host.
 	Container, Pod string
 	Error          string // why the capture is incomplete (the process exited first)
+	// Job is its place in a distributed job (job and rank), read once
+	// from its environment (identity.go); nil when it is in none or its
+	// environment could not be read, JobError then saying why.
+	Job      *jobid.Identity
+	JobError string
+	// Node is the host it ran on, set in a merged trace only (a trace of
+	// one host has it in its meta); NodePID its PID there, where the
+	// merge numbered it otherwise (two nodes had the PID).
+	Node    string
+	NodePID uint32
 }
 
 // Symbol says whose files c's mappings name, for symbolize.FramesOf. A nil
@@ -55,6 +66,11 @@ type Capture struct {
 func (c *Capture) Symbol() symbolize.Proc {
 	if c == nil {
 		return symbolize.Proc{}
+	}
+	if c.Node != "" {
+		// Another host's (a merged trace's): never looked up in this
+		// host's /proc, whatever runs there now under its PID.
+		return symbolize.Proc{OwnRoot: c.OwnRoot}
 	}
 	return symbolize.Proc{PID: int(c.PID), Start: c.Start, OwnRoot: c.OwnRoot}
 }
@@ -163,10 +179,12 @@ func (c *Capture) RootDir() string {
 
 // Read captures live process pid at boot time now: its executable file
 // mappings with their build IDs (from ids), and who it is. comm names it
-// should /proc not. It also returns every mapping read (the interpreter's
-// detection needs its data mappings too). A process gone before its
-// mappings could be read gets a Capture with Error set and no Maps.
-func Read(pid uint32, comm string, now uint64, ids *BuildIDs) (*Capture, []proc.Mapping) {
+// should /proc not. prev is its capture before this one (nil the first
+// time): its job and rank, read once, are kept. It also returns every
+// mapping read (the interpreter's detection needs its data mappings too).
+// A process gone before its mappings could be read gets a Capture with
+// Error set and no Maps.
+func Read(pid uint32, comm string, now uint64, ids *BuildIDs, prev *Capture) (*Capture, []proc.Mapping) {
 	c := &Capture{PID: pid, Time: now, Comm: comm}
 	all, err := proc.ReadMaps(int(pid))
 	switch {
@@ -203,6 +221,7 @@ func Read(pid uint32, comm string, now uint64, ids *BuildIDs) (*Capture, []proc.
 	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root != "/" {
 		c.Root = root
 	}
+	c.identify(prev)
 	return c, all
 }
 

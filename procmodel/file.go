@@ -1,6 +1,7 @@
 package procmodel
 
 import (
+	"github.com/cudatrace/cudatrace/jobid"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/symbolize"
@@ -16,6 +17,7 @@ import (
 func FromFile(p *tracefile.Process) *Capture {
 	return &Capture{PID: p.PID, PPID: p.PPID, Comm: p.Comm, Cmdline: p.Cmdline, Exe: p.Exe, Time: p.Time,
 		Start: p.Start, Root: p.Root, OwnRoot: p.OwnRoot, Container: p.Container, Pod: p.Pod, Error: p.Error,
+		Job: jobFromFile(p.Job), JobError: p.JobError, Node: p.Node, NodePID: p.NodePID,
 		Maps: convert(p.Maps, func(m tracefile.Mapping) proc.Mapping { return proc.Mapping(m) })}
 }
 
@@ -23,7 +25,37 @@ func FromFile(p *tracefile.Process) *Capture {
 func (c *Capture) File() *tracefile.Process {
 	return &tracefile.Process{PID: c.PID, PPID: c.PPID, Comm: c.Comm, Cmdline: c.Cmdline, Exe: c.Exe, Time: c.Time,
 		Start: c.Start, Root: c.Root, OwnRoot: c.OwnRoot, Container: c.Container, Pod: c.Pod, Error: c.Error,
+		Job: JobFile(c.Job), JobError: c.JobError, Node: c.Node, NodePID: c.NodePID,
 		Maps: convert(c.Maps, func(m proc.Mapping) tracefile.Mapping { return tracefile.Mapping(m) })}
+}
+
+// JobFile returns the process frame's job that records id (nil: none).
+func JobFile(id *jobid.Identity) *tracefile.Job {
+	if id == nil {
+		return nil
+	}
+	opt := func(n int) *int {
+		if n < 0 {
+			return nil
+		}
+		return &n
+	}
+	return &tracefile.Job{ID: id.Job, Name: id.Name, Launcher: id.Launcher, Role: id.Role, Rank: opt(id.Rank),
+		LocalRank: opt(id.LocalRank), WorldSize: id.WorldSize, NodeRank: opt(id.NodeRank), Vars: id.Vars}
+}
+
+func jobFromFile(j *tracefile.Job) *jobid.Identity {
+	if j == nil {
+		return nil
+	}
+	val := func(p *int) int {
+		if p == nil || *p < 0 {
+			return -1
+		}
+		return *p
+	}
+	return &jobid.Identity{Job: j.ID, Name: j.Name, Launcher: j.Launcher, Role: j.Role, Rank: val(j.Rank),
+		LocalRank: val(j.LocalRank), WorldSize: max(j.WorldSize, 0), NodeRank: val(j.NodeRank), Vars: j.Vars}
 }
 
 // SymbolsFromFile returns the names a symbols frame records.

@@ -226,7 +226,7 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 			}
 			if !ok {
 				return nil, fmt.Errorf("%s: no structure offsets for this CPython 3.%d build: %v, and %v; "+
-					"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 release build "+
+					"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 or arm64 release build "+
 					"of 3.10 to 3.12, or a 3.13 or 3.14 one", path, minor, derr, terr)
 			}
 		}

@@ -126,20 +126,20 @@ func writeTables(t *testing.T, tables map[int]offsets, from []string) {
 // neither DWARF nor a table is refused saying what would do.
 func TestOffsetTablesRefused(t *testing.T) {
 	lib := pyenvLib(t, "3.11")
-	// An arm64 build without DWARF: the stripped file, its e_machine
-	// changed.
-	arm := filepath.Join(strippedLib(t, "3.11"), "libpython3.11.so.1.0")
-	b, err := os.ReadFile(arm)
+	// A RISC-V build without DWARF (arm64's are read with the tables):
+	// the stripped file, its e_machine changed.
+	riscv := filepath.Join(strippedLib(t, "3.11"), "libpython3.11.so.1.0")
+	b, err := os.ReadFile(riscv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b[18], b[19] = byte(elf.EM_AARCH64), 0
-	if err := os.WriteFile(arm, b, 0o644); err != nil {
+	b[18], b[19] = byte(elf.EM_RISCV), 0
+	if err := os.WriteFile(riscv, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	in, err := Detect("", []proc.Mapping{{Start: 0x7f0000000000, End: 0x7f0000100000, Perms: "r--p", Inode: 1, Path: arm}})
-	want := arm + ": no structure offsets for this CPython 3.11 build: no DWARF, and the built-in offsets are x86-64's, not EM_AARCH64's; " +
-		"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 release build of 3.10 to 3.12, " +
+	in, err := Detect("", []proc.Mapping{{Start: 0x7f0000000000, End: 0x7f0000100000, Perms: "r--p", Inode: 1, Path: riscv}})
+	want := riscv + ": no structure offsets for this CPython 3.11 build: no DWARF, and the built-in offsets are x86-64's and arm64's, not EM_RISCV's; " +
+		"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 or arm64 release build of 3.10 to 3.12, " +
 		"or a 3.13 or 3.14 one"
 	if in != nil || err == nil || err.Error() != want {
 		t.Errorf("Detect: %v, %v\nwant %s", in, err, want)
@@ -150,7 +150,7 @@ func TestOffsetTablesRefused(t *testing.T) {
 		syms  []elf.Symbol
 		want  string
 	}{
-		{arm, 11, nil, "the built-in offsets are x86-64's, not EM_AARCH64's"},
+		{riscv, 11, nil, "the built-in offsets are x86-64's and arm64's, not EM_RISCV's"},
 		{lib, 11, []elf.Symbol{{Name: "_Py_NegativeRefcount", Section: 14}}, "a debug build (Py_DEBUG)"},
 		{lib, 9, nil, "no built-in offsets for CPython 3.9"},
 		{lib, 13, nil, "free-threaded builds are not read"},

@@ -110,7 +110,11 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	if s.pending == nil {
 		s.pending = map[uint32]*procmodel.Capture{}
 	}
-	c, all := procmodel.Read(pid, "", at, &s.ids)
+	prev := s.pending[pid]
+	if lp := s.live[pid]; prev == nil && lp != nil && lp.p != nil {
+		prev = lp.p.Current()
+	}
+	c, all := procmodel.Read(pid, "", at, &s.ids, prev)
 	if c.Error != "" {
 		if len(objs) > 0 {
 			s.pending[pid] = procmodel.WithLoaded(s.pending[pid], pid, at, s.execs[pid], objs, &s.ids)

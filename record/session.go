@@ -27,6 +27,10 @@ const counterEvery = time.Second
 // go for good, its state must stay bounded by the living ones.
 const pruneEvery = 5 * time.Second
 
+// jobWarning keys the one warning that a process's environment, where its
+// job and rank are, could not be read.
+const jobWarning = "job"
+
 // recaptureEvery rate-limits re-reading a process's maps when its stacks
 // point outside every mapping we know (a library dlopen'ed late).
 const recaptureEvery = 200 * time.Millisecond
@@ -377,7 +381,7 @@ func (s *session) apply(ev *events.Event, lp *liveProc) ledger.Change {
 // anyone reads the trace.
 func (s *session) capture(pid uint32, lp *liveProc) {
 	lp.captured = s.ev.Time
-	c, all := procmodel.Read(pid, s.ev.Comm, BootNow(), &s.ids)
+	c, all := procmodel.Read(pid, s.ev.Comm, BootNow(), &s.ids, lp.p.Current())
 	pending := s.pending[pid]
 	delete(s.pending, pid)
 	if c.Error != "" {
@@ -390,6 +394,10 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 		case lp.p == nil:
 			s.uncaptured++
 		}
+	}
+	if c.JobError != "" && !s.warned[jobWarning] { // once: every process is the same case
+		s.warned[jobWarning] = true
+		s.warn(fmt.Errorf("%s, as for any other process whose environment cannot be read (said once)", c.JobError))
 	}
 	s.detectPython(pid, lp, c.RootDir(), all)
 	lp.p = s.procs.Add(c)

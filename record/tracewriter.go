@@ -3,10 +3,10 @@ package record
 import (
 	"io"
 	"os"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cudatrace/cudatrace/internal/clock"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -32,7 +32,13 @@ type nameKey struct {
 // (Command, PIDs, All).
 func TraceMeta(tool string) tracefile.Meta {
 	host, _ := os.Hostname()
-	meta := tracefile.Meta{Tool: tool, Host: host, StartBoot: BootNow(), StartWall: time.Now()}
+	meta := tracefile.Meta{Tool: tool, Host: host}
+	// The pair that puts this trace on a timeline with other nodes'
+	// (cudatrace merge), and how well the wall clock was kept then.
+	meta.StartWall, meta.StartBoot, meta.ClockPair = clock.Pair()
+	if s, ok := clock.ReadSync(); ok {
+		meta.Clock = &tracefile.ClockSync{Synced: s.Synced, EstError: uint64(s.EstError), MaxError: uint64(s.MaxError)}
+	}
 	var uts unix.Utsname
 	if unix.Uname(&uts) == nil {
 		meta.Kernel = unix.ByteSliceToString(uts.Release[:])

@@ -34,6 +34,9 @@ type Diff struct {
 	Stacks []StackDelta `json:"stacks"`
 	// Unchanged counts the stacks in both traces with the same figures.
 	Unchanged int `json:"unchanged_stacks"`
+	// Ranks, where both traces are of distributed jobs, are each rank's
+	// peak and end memory, matched by rank (diff_ranks.go).
+	Ranks []RankDelta `json:"ranks,omitempty"`
 }
 
 // Delta is one figure in A and B, and B less A.
@@ -160,6 +163,7 @@ func NewDiff(a, b *Report) *Diff {
 		return cmp.Or(cmp.Compare(abs(y.Peak.Delta)+abs(y.Live.Delta), abs(x.Peak.Delta)+abs(x.Live.Delta)),
 			cmp.Compare(abs(y.Alloc.Delta), abs(x.Alloc.Delta)))
 	})
+	d.Ranks = rankDeltas(a, b)
 	return d
 }
 
@@ -217,6 +221,7 @@ func (d *Diff) WriteText(w io.Writer, top int) error {
 		}
 		_ = t.write(ew)
 	}
+	d.writeRanks(ew)
 	n := min(top, len(d.Stacks))
 	if n == 0 {
 		fmt.Fprintf(ew, "\nNo stack changed (%d in both).\n", d.Unchanged)

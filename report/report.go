@@ -94,6 +94,12 @@ type Report struct {
 	NVML      *NVMLSummary      `json:"nvml,omitempty"`
 	Libraries []Library         `json:"libraries"`
 	Counters  map[string]uint64 `json:"counters"` // the BPF side's, from the last snapshot
+	// Jobs are the distributed jobs the processes belong to, each with
+	// its ranks' figures, their imbalance and its first failure (jobs.go).
+	Jobs []Job `json:"jobs,omitempty"`
+	// Nodes, for a merged trace, are the traces it was made of and how
+	// their clocks were aligned (jobs.go).
+	Nodes []Node `json:"nodes,omitempty"`
 
 	top int // Options.Top
 }
@@ -194,6 +200,15 @@ type Process struct {
 	// NVML is the driver's figure beside the traced one; nil when the
 	// trace has no NVML samples.
 	NVML *ProcessNVML `json:"nvml,omitempty"`
+	// Job is the process's place in a distributed job (job and rank), as
+	// its environment gave it; nil when it is in none. JobError says why
+	// it is unknown where its environment could not be read.
+	Job      *ProcessJob `json:"job,omitempty"`
+	JobError string      `json:"job_error,omitempty"`
+	// Node is the host it ran on, in a merged trace (cudatrace merge);
+	// NodePID its PID there, where the merge numbered it otherwise.
+	Node    string `json:"node,omitempty"`
+	NodePID uint32 `json:"node_pid,omitempty"`
 }
 
 // Mapping is a live VMM mapping: size bytes of the physical memory
@@ -407,6 +422,7 @@ func Load(path string, opts Options) (*Report, error) {
 		out := NewProcess(p, meta.WallTime)
 		if c := t.First(p.PID); c != nil {
 			out.Cmdline, out.Container, out.PodUID = c.Cmdline, c.Container, c.Pod
+			out.Identify(c)
 		}
 		if c := t.Latest(p.PID); c != nil {
 			out.CaptureError = c.Error
@@ -478,6 +494,10 @@ func Load(path string, opts Options) (*Report, error) {
 					Stack: index[a.Stack]})
 			}
 		}
+	}
+	rep.Nodes = nodes(t)
+	if rep.Jobs, err = buildJobs(t, rep, frames); err != nil {
+		return nil, err
 	}
 	if n := syms.Gone(); n > 0 {
 		rep.SymbolWarning = fmt.Sprintf("%s not named: %s", plural(n, "frame"), replay.GoneHint)

@@ -69,8 +69,16 @@ func writeProcesses(w io.Writer, rows []Process) error {
 		implicit = implicit || p.ImplicitFrees > 0
 		held = held || p.HeldAtExitAllocs > 0
 	}
-	t := table{right: []bool{true, false, true, true, true, true, true, true, true, true, true, true, true, true}}
-	head := []string{"PID", "COMM", "ALLOCS", "FREES", "FAILED", "ALLOCATED", "LIVE", "PEAK", "HOST-LIVE"}
+	// NODE (a merged trace), JOB and RANK (processes of distributed
+	// jobs, grouped by job) where some process has them (jobs_text.go).
+	ids := identityColumns(rows)
+	rows = ids.order(rows)
+	t := table{}
+	head := []string{"PID", "COMM"}
+	t.right = []bool{true, false}
+	head, t.right = ids.head(head, t.right)
+	head = append(head, "ALLOCS", "FREES", "FAILED", "ALLOCATED", "LIVE", "PEAK", "HOST-LIVE")
+	t.right = append(t.right, true, true, true, true, true, true, true)
 	if tensors {
 		head = append(head, "TENSOR-LIVE", "TENSOR-PEAK")
 	}
@@ -83,10 +91,14 @@ func writeProcesses(w io.Writer, rows []Process) error {
 	if held {
 		head = append(head, "HELD-AT-EXIT")
 	}
+	for len(t.right) < len(head) {
+		t.right = append(t.right, true)
+	}
 	t.add(head...)
 	for _, p := range rows {
-		row := []string{fmt.Sprint(p.PID), p.Comm, fmt.Sprint(p.Allocs), fmt.Sprint(p.Frees), fmt.Sprint(p.Failed),
-			units.Bytes(p.AllocBytes), units.Bytes(p.LiveBytes), units.Bytes(p.PeakBytes), units.Bytes(p.HostLiveBytes)}
+		row := ids.cells([]string{fmt.Sprint(p.PID), p.Comm}, &p)
+		row = append(row, fmt.Sprint(p.Allocs), fmt.Sprint(p.Frees), fmt.Sprint(p.Failed),
+			units.Bytes(p.AllocBytes), units.Bytes(p.LiveBytes), units.Bytes(p.PeakBytes), units.Bytes(p.HostLiveBytes))
 		if tensors {
 			row = append(row, units.Bytes(p.TensorLiveBytes), units.Bytes(p.TensorPeakBytes))
 		}
@@ -102,7 +114,8 @@ func writeProcesses(w io.Writer, rows []Process) error {
 		t.add(row...)
 		if len(p.Devices) > 1 || len(p.Devices) == 1 && p.Devices[0].Unknown {
 			for _, d := range p.Devices {
-				row := []string{"", "  gpu " + events.DeviceName(d.Device), "", "", "", "", units.Bytes(d.LiveBytes), units.Bytes(d.PeakBytes), ""}
+				row := ids.cells([]string{"", "  gpu " + events.DeviceName(d.Device)}, nil)
+				row = append(row, "", "", "", "", units.Bytes(d.LiveBytes), units.Bytes(d.PeakBytes), "")
 				if tensors {
 					row = append(row, units.Bytes(d.TensorLiveBytes), units.Bytes(d.TensorPeakBytes))
 				}
@@ -173,8 +186,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	comm := map[uint32]string{}
 	for _, p := range r.Processes {
-		comm[p.PID] = p.Comm
+		comm[p.PID] = p.label()
 	}
+	r.writeJobs(ew)
 	r.writeNVML(ew, comm)
 	r.writeOwners(ew, comm)
 	r.writeStacks(ew, comm)
@@ -212,7 +226,7 @@ func (r *Report) writeHeader(w io.Writer) {
 	if r.LostStopping > 0 {
 		lost = fmt.Sprintf("%d lost while tracing, %d while stopping", r.LostEvents-r.LostStopping, r.LostStopping)
 	}
-	fmt.Fprintf(w, "Trace %s: %son %s, %s from %s, %d events, %s\n", t.Path, what, orUnknown(t.Host),
+	fmt.Fprintf(w, "Trace %s: %son %s, %s from %s, %d events, %s\n", t.Path, what, r.where(),
 		d, start, r.Events, lost)
 	if n := r.LostEvents - r.LostStopping; n > 0 {
 		var why []string
@@ -241,6 +255,7 @@ func (r *Report) writeHeader(w io.Writer) {
 	if r.SymbolWarning != "" {
 		fmt.Fprintf(w, "Warning: %s\n", r.SymbolWarning)
 	}
+	r.writeNodes(w)
 	for _, l := range r.Libraries {
 		switch {
 		case l.LatePID != 0 && l.LoadedNS != 0:

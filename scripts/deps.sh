@@ -35,15 +35,21 @@ if [ -f "$sources" ] && grep -q '^Components: main$' "$sources"; then
 fi
 # python3.11: Debian 12's own interpreter, built without DWARF (pystack's offset tables are tested on it).
 # qemu-system-x86, busybox-static: the kernel matrix (vmtest/kernels_test.go).
+# gcc-aarch64-linux-gnu, libc6-dev-arm64-cross: the arm64 build (make release, make generate's
+# arm64 object: linux-libc-dev-arm64-cross's <asm/ptrace.h>) and the arm64 stand-ins; qemu-system-arm:
+# the arm64 kernels of the matrix.
 # python3-numba: a real CUDA client (ctypes over libcuda.so.1) run on the stand-in driver (vmtest/numba_test.go).
 # debootstrap: the sid root below.
+# openmpi-bin: a real mpirun launching a job's ranks (vmtest/jobs_test.go).
 # python3-appdirs ... libboost-thread1.74.0: what python3-pycuda needs besides the CUDA toolkit (below).
+# chromium, fonts-dejavu-core: the HTML page's tests run it headless (internal/browsertest), with a font to draw text.
 need=()
 for p in clang llvm gcc make binutils xz-utils bpftool bpftrace libbpf-dev systemtap-sdt-dev \
 	libcudart11.0 libcuda1 libnvidia-ml1 tmux util-linux prometheus python3.11 \
-	qemu-system-x86 busybox-static cpio python3-numba debootstrap \
+	qemu-system-x86 busybox-static cpio python3-numba debootstrap openmpi-bin \
+	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-system-arm \
 	python3-appdirs python3-decorator python3-numpy python3-pytools python3-mako \
-	libboost-python1.74.0 libboost-thread1.74.0; do
+	libboost-python1.74.0 libboost-thread1.74.0 chromium fonts-dejavu-core; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -93,6 +99,29 @@ if [ ! -s "$pycuda/root/usr/lib/python3/dist-packages/pycuda/driver.py" ]; then
 	mv "$pycuda.new" "$pycuda"
 fi
 
+# fetch_kernel APT SERIES PATTERN DIR: of the packages APT (a command
+# prefix that runs apt-get and apt-cache in a private apt state) knows,
+# the newest whose name matches PATTERN, its image unpacked to DIR/vmlinuz
+# and its release to DIR/release.
+fetch_kernel() {
+	local apt=$1 series=$2 pattern=$3 dir=$4 pkg tmp img
+	pkg=$($apt apt-cache pkgnames linux-image- | { grep -E "$pattern" || true; } | sort -V | tail -1)
+	if [ -z "$pkg" ]; then
+		echo "scripts/deps.sh: no Debian package for Linux $series ($pattern)" >&2
+		exit 1
+	fi
+	tmp=$(mktemp -d)
+	chmod 755 "$tmp" # apt downloads as _apt
+	(cd "$tmp" && $apt apt-get -o APT::Sandbox::User=root download -qq "$pkg" >/dev/null)
+	dpkg -x "$tmp"/*.deb "$tmp/root"
+	mkdir -p "$dir"
+	img=$(ls "$tmp"/root/boot/vmlinuz-*)
+	basename "$img" | sed 's/^vmlinuz-//' >"$dir/release"
+	cp "$img" "$dir/vmlinuz.tmp"
+	mv "$dir/vmlinuz.tmp" "$dir/vmlinuz"
+	rm -rf "$tmp"
+}
+
 # The kernels: series -> the package name's pattern. The generic amd64
 # flavour has BPF, BTF, uprobes, the 8250 console, devtmpfs and initramfs
 # support built in, so the image alone boots (no modules).
@@ -105,8 +134,7 @@ missing=()
 for s in "${!kernels[@]}"; do
 	[ -s "$cache/kernels/$s/vmlinuz" ] || missing+=("$s")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
+if [ ${#missing[@]} -gt 0 ]; then
 echo "scripts/deps.sh: fetching Debian kernels ${missing[*]} into $cache" >&2
 apt_dir=$cache/apt
 mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$cache/kernels"
@@ -117,21 +145,71 @@ deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian
 SRC
 private=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o Dir::Etc::sourceparts=/nonexistent
 	-o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache")
-apt-get "${private[@]}" update -qq
+x86_apt() {
+	local cmd=$1
+	shift
+	"$cmd" "${private[@]}" "$@"
+}
+x86_apt apt-get update -qq
 for s in "${missing[@]}"; do
-	pkg=$(apt-cache "${private[@]}" pkgnames linux-image- | { grep -E "${kernels[$s]}" || true; } | sort -V | tail -1)
-	if [ -z "$pkg" ]; then
-		echo "scripts/deps.sh: no Debian package for Linux $s" >&2
-		exit 1
-	fi
-	tmp=$(mktemp -d)
-	chmod 755 "$tmp" # apt downloads as _apt
-	(cd "$tmp" && apt-get "${private[@]}" -o APT::Sandbox::User=root download -qq "$pkg" >/dev/null)
-	dpkg -x "$tmp"/*.deb "$tmp/root"
-	mkdir -p "$cache/kernels/$s"
-	img=$(ls "$tmp"/root/boot/vmlinuz-*)
-	basename "$img" | sed 's/^vmlinuz-//' >"$cache/kernels/$s/release"
-	cp "$img" "$cache/kernels/$s/vmlinuz.tmp"
-	mv "$cache/kernels/$s/vmlinuz.tmp" "$cache/kernels/$s/vmlinuz"
-	rm -rf "$tmp"
+	fetch_kernel x86_apt "$s" "${kernels[$s]}" "$cache/kernels/$s"
 done
+fi
+
+# The arm64 half of the matrix: Debian's arm64 kernels (arm64/kernels/<series>/,
+# as above), and the arm64 userland its guests run, unpacked into
+# arm64/root: busybox, glibc, Debian's CPython 3.11 (without DWARF, as
+# distributions ship it) with the part of its standard library ctypes
+# needs, bpftool. They come from a private apt state for the arm64
+# architecture with its own APT_CONFIG: with -o options alone apt still
+# reads the host's apt.conf.d and runs its hooks. arm64/root/.packages
+# lists what was unpacked; another list here unpacks again.
+arm=$cache/arm64
+declare -A arm_kernels=(
+	[6.1]='^linux-image-6\.1\.0-[0-9]+-arm64-unsigned$'
+	[6.12]='^linux-image-6\.12\.[0-9]+\+deb12-arm64-unsigned$'
+)
+arm_pkgs="busybox-static libc6 libgcc-s1 python3.11-minimal libpython3.11-minimal libpython3.11-stdlib libexpat1 zlib1g libffi8 bpftool libcap2 libelf1"
+arm_missing=()
+for s in "${!arm_kernels[@]}"; do
+	[ -s "$arm/kernels/$s/vmlinuz" ] || arm_missing+=("$s")
+done
+if [ ${#arm_missing[@]} -eq 0 ] && [ "$(cat "$arm/root/.packages" 2>/dev/null)" = "$arm_pkgs" ]; then
+	exit 0
+fi
+echo "scripts/deps.sh: fetching Debian's arm64 userland${arm_missing[*]:+ and kernels ${arm_missing[*]}} into $arm" >&2
+apt_arm=$cache/apt-arm64
+mkdir -p "$apt_arm/lists/partial" "$apt_arm/cache/archives/partial" "$apt_arm/none" "$arm/kernels"
+: >"$apt_arm/status"
+keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+cat >"$apt_arm/sources.list" <<SRC
+deb [signed-by=$keyring] http://deb.debian.org/debian bookworm main
+deb [signed-by=$keyring] http://deb.debian.org/debian-security bookworm-security main
+SRC
+cat >"$apt_arm/apt.conf" <<CONF
+Dir::Etc::sourcelist "$apt_arm/sources.list";
+Dir::Etc::sourceparts "$apt_arm/none";
+Dir::Etc::parts "$apt_arm/none";
+Dir::Etc::preferencesparts "$apt_arm/none";
+Dir::State::lists "$apt_arm/lists";
+Dir::State::status "$apt_arm/status";
+Dir::Cache "$apt_arm/cache";
+APT::Architecture "arm64";
+APT::Architectures { "arm64"; };
+APT::Sandbox::User "root";
+CONF
+arm_apt() { APT_CONFIG=$apt_arm/apt.conf "$@"; }
+arm_apt apt-get update -qq
+for s in "${arm_missing[@]}"; do
+	fetch_kernel arm_apt "$s" "${arm_kernels[$s]}" "$arm/kernels/$s"
+done
+tmp=$(mktemp -d)
+rm -rf "$arm/root.new"
+# shellcheck disable=SC2086 # a list of package names
+(cd "$tmp" && arm_apt apt-get download -qq $arm_pkgs >/dev/null)
+for deb in "$tmp"/*.deb; do
+	dpkg -x "$deb" "$arm/root.new"
+done
+echo "$arm_pkgs" >"$arm/root.new/.packages"
+rm -rf "$tmp" "$arm/root"
+mv "$arm/root.new" "$arm/root"

@@ -108,6 +108,18 @@ type Meta struct {
 	Command   []string  `json:"command,omitempty"`
 	PIDs      []int     `json:"pids,omitempty"`
 	All       bool      `json:"all,omitempty"`
+	// ClockPair is how far apart, in ns, StartBoot was read before and
+	// after StartWall: the pairing of the two clocks is good to half of
+	// it. 0 in traces written before it was recorded.
+	ClockPair uint64 `json:"clock_pair_ns,omitempty"`
+	// Clock is the wall clock's synchronization when the trace began; nil
+	// where it was not recorded.
+	Clock *ClockSync `json:"clock,omitempty"`
+	// Nodes, in a trace merged from several (cudatrace merge), are the
+	// traces it was made of, each with its host: the other fields then
+	// describe the merge (Host empty, StartWall the earliest start,
+	// StartBoot the merged clock's reading of it).
+	Nodes []Node `json:"nodes,omitempty"`
 }
 
 // WallTime converts an event's CLOCK_BOOTTIME timestamp to wall-clock time.
@@ -140,6 +152,16 @@ type Process struct {
 	Container string `json:"container,omitempty"`
 	Pod       string `json:"pod,omitempty"`
 	Error     string `json:"error,omitempty"` // why the capture is incomplete (the process exited first)
+	// Job is the process's place in a distributed job, read once from its
+	// environment when it was first seen; nil when it is in none, or its
+	// environment could not be read (JobError says why).
+	Job      *Job   `json:"job,omitempty"`
+	JobError string `json:"job_error,omitempty"`
+	// Node is the host the process ran on, in a merged trace (the meta's
+	// host otherwise); NodePID its PID there where the merge gave it
+	// another (a PID two nodes both had).
+	Node    string `json:"node,omitempty"`
+	NodePID uint32 `json:"node_pid,omitempty"`
 }
 
 // Mapping is one executable file mapping of a Process frame: a line of
@@ -241,6 +263,9 @@ type End struct {
 	// ("SIGKILL"); ExitCode is then 128 + its number. Absent from
 	// traces written before it was added.
 	Signal string `json:"signal,omitempty"`
+	// Nodes, in a merged trace, say how each trace merged ended, in the
+	// order of the meta's Nodes.
+	Nodes []NodeEnd `json:"nodes,omitempty"`
 }
 
 // NVML is one sample of the driver's view (NVIDIA's management library,

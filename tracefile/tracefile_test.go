@@ -54,6 +54,10 @@ func testMeta() Meta {
 		Command:   []string{"python3", "train.py", "--epochs", "3"},
 		PIDs:      []int{4242, 4343},
 		All:       true,
+		ClockPair: 1463,
+		Clock:     &ClockSync{Synced: true, EstError: 250_000, MaxError: 16_000_000_000},
+		Nodes: []Node{{Host: "gpu-node-7", Kernel: "6.8.0-45-generic", Tool: "cudatrace v0.1.0-test", Trace: "a.trace",
+			StartWall: time.Date(2025, 3, 14, 15, 9, 25, 0, time.UTC), StartBoot: 5, ClockPair: 900, Offset: -7}},
 	}
 }
 
@@ -117,9 +121,13 @@ func sampleProcesses() []*Process {
 				{Start: 0x7f12_3500_0000, End: 0x7f12_3501_0000, Perms: "r-xp", Inode: 7, Path: "/tmp/no build id"},
 			},
 			Root: "/proc/4242/root",
+			Job: &Job{ID: "slurm:42.0", Name: "train", Launcher: "slurm", Rank: new(int), LocalRank: new(int), WorldSize: 8,
+				Vars: []string{"SLURM_JOB_ID=42", "SLURM_PROCID=0"}},
+			Node: "gpu-node-7", NodePID: 77,
 		},
 		{PID: 4343, Comm: "worker", Time: 1_234_568_000_000,
-			Error: "exited before its mappings could be read (no such process): its stacks are not symbolized"},
+			Error:    "exited before its mappings could be read (no such process): its stacks are not symbolized",
+			JobError: "its environment could not be read (…): its job and rank are unknown"},
 	}
 }
 
@@ -208,7 +216,8 @@ func buildSample(t testing.TB) *sample {
 		add(want{typ: TypeNVML, nvml: n}, func() error { return w.WriteNVML(n) })
 	}
 	add(want{typ: TypeCounters, counters: sampleCounters(3e12)}, func() error { return w.WriteCounters(sampleCounters(3e12)) })
-	e := &End{Time: 3_000_000_000_000, Events: uint64(len(evs)), Reason: "command exited", ExitCode: 3}
+	e := &End{Time: 3_000_000_000_000, Events: uint64(len(evs)), Reason: "command exited", ExitCode: 3,
+		Nodes: []NodeEnd{{Host: "gpu-node-7", Events: 9, Lost: 1, Warning: "truncated"}}}
 	add(want{typ: TypeEnd, end_: e}, func() error { return w.WriteEnd(e) })
 	if err := w.Close(); err != nil {
 		t.Fatal(err)

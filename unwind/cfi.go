@@ -7,13 +7,6 @@ import (
 	"io"
 )
 
-// DWARF register numbers of x86-64 that unwinding needs.
-const (
-	regRBP = 6
-	regRSP = 7
-	regRA  = 16 // the return address column; rip in expressions
-)
-
 // Pointer encodings (DW_EH_PE_*) of .eh_frame and .eh_frame_hdr.
 const (
 	peAbsptr  = 0x00
@@ -162,7 +155,7 @@ func (r *buf) ptr(enc uint8, pc, data uint64) uint64 {
 	case peDataRel:
 		v += data
 	default:
-		r.fail() // textrel, funcrel, aligned: not emitted for x86-64 user code
+		r.fail() // textrel, funcrel, aligned: not emitted for x86-64 or arm64 user code
 	}
 	// peIndir would need the loaded image; FDE addresses never use it.
 	if enc&peIndir != 0 {
@@ -173,6 +166,7 @@ func (r *buf) ptr(enc uint8, pc, data uint64) uint64 {
 
 // cie is a parsed Common Information Entry.
 type cie struct {
+	arch      *arch // the file's: which registers the rows follow
 	codeAlign uint64
 	dataAlign int64
 	raReg     uint64
@@ -197,6 +191,7 @@ type section struct {
 	size  uint64
 	addr  uint64 // virtual address (for pcrel)
 	debug bool   // .debug_frame: other CIE ids, absolute addresses
+	arch  *arch
 }
 
 const maxEntry = 1 << 20 // an FDE or CIE longer than this is taken as garbage
@@ -252,7 +247,7 @@ func (s *section) isCIE(body []byte, bodyOff uint64) (bool, uint64) {
 
 func (s *section) parseCIE(body []byte) (*cie, error) {
 	r := &buf{b: body, off: 4}
-	c := &cie{version: r.u8(), fdeEnc: peAbsptr}
+	c := &cie{arch: s.arch, version: r.u8(), fdeEnc: peAbsptr}
 	aug := r.off
 	for r.u8() != 0 && r.err == nil {
 	}
@@ -343,20 +338,22 @@ type rule struct {
 }
 
 // row is the unwinding rule at one address: how to find the CFA, and the
-// rules of the registers the unwinder follows.
+// rules of the registers the unwinder follows: the frame pointer (rbp,
+// x29) and the return address column (the CIE's: x86-64's 16, arm64's
+// x30).
 type row struct {
 	cfaReg  uint64
 	cfaOff  int64
 	cfaExpr []byte // non-nil: the CFA is what this computes
-	rbp, ra rule
+	fp, ra  rule
 }
 
-func (w *row) rule(reg uint64) *rule {
+func (w *row) rule(c *cie, reg uint64) *rule {
 	switch reg {
-	case regRBP:
-		return &w.rbp
-	case regRA:
+	case c.raReg:
 		return &w.ra
+	case c.arch.fp:
+		return &w.fp
 	}
 	return nil // a register the unwinder does not track
 }
@@ -385,16 +382,16 @@ func run(c *cie, ins []byte, w *row, init *row, loc, target uint64) (uint64, err
 		return loc > target
 	}
 	restore := func(reg uint64) {
-		if p := w.rule(reg); p != nil {
+		if p := w.rule(c, reg); p != nil {
 			if init != nil {
-				*p = *init.rule(reg)
+				*p = *init.rule(c, reg)
 			} else {
 				*p = rule{}
 			}
 		}
 	}
 	set := func(reg uint64, v rule) {
-		if p := w.rule(reg); p != nil {
+		if p := w.rule(c, reg); p != nil {
 			*p = v
 		}
 	}
@@ -487,6 +484,12 @@ func run(c *cie, ins []byte, w *row, init *row, loc, target uint64) (uint64, err
 		case 0x16: // val_expression
 			reg := r.uleb()
 			set(reg, rule{kind: ruleValExpr, expr: r.bytes(int(r.uleb()))})
+		case 0x2c, 0x2d: // AARCH64_negate_ra_state_with_pc, AARCH64_negate_ra_state (0x2d is SPARC's window_save elsewhere)
+			// The return address is signed from here on, or no longer:
+			// every arm64 return address is stripped anyway (arch.pac).
+			if !c.arch.pac {
+				return loc, fmt.Errorf("call-frame instruction %#x not understood for %s", op, c.arch.name)
+			}
 		case 0x2e: // GNU_args_size
 			r.uleb()
 		case 0x2f: // GNU_negative_offset_extended

@@ -64,6 +64,7 @@ func (u *Unwinder) table(m *proc.Mapping) (*table, error) {
 // scan of .eh_frame, once.
 type table struct {
 	f     *os.File
+	arch  *arch
 	loads []load
 
 	eh, debug *section
@@ -107,11 +108,12 @@ func openTable(path string) (*table, error) {
 		f.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	if ef.Machine != elf.EM_X86_64 {
+	a := archOf(ef.Machine)
+	if a == nil {
 		f.Close()
-		return nil, fmt.Errorf("%s: %v: only x86-64 is unwound", path, ef.Machine)
+		return nil, fmt.Errorf("%s: %v: only x86-64 and arm64 are unwound", path, ef.Machine)
 	}
-	t := &table{f: f, cies: map[uint64]*cie{}, index: map[*section][]indexEntry{},
+	t := &table{f: f, arch: a, cies: map[uint64]*cie{}, index: map[*section][]indexEntry{},
 		rows: map[uint64]*rowResult{}, scanErr: map[*section]error{}}
 	for _, p := range ef.Progs {
 		if p.Type == elf.PT_LOAD {
@@ -119,13 +121,13 @@ func openTable(path string) (*table, error) {
 		}
 	}
 	if s := ef.Section(".eh_frame"); s != nil && s.Type == elf.SHT_PROGBITS && s.Flags&elf.SHF_COMPRESSED == 0 {
-		t.eh = &section{r: s, size: s.Size, addr: s.Addr}
+		t.eh = &section{r: s, size: s.Size, addr: s.Addr, arch: a}
 	}
 	if s := ef.Section(".debug_frame"); s != nil && s.Type == elf.SHT_PROGBITS {
 		// Read whole: it may be compressed, and only files that lack
 		// .eh_frame for an address get here.
 		if data, err := s.Data(); err == nil {
-			t.debug = &section{r: bytes.NewReader(data), size: uint64(len(data)), debug: true}
+			t.debug = &section{r: bytes.NewReader(data), size: uint64(len(data)), debug: true, arch: a}
 		}
 	}
 	if s := ef.Section(".eh_frame_hdr"); s != nil && t.eh != nil && s.Type == elf.SHT_PROGBITS {

@@ -1,16 +1,20 @@
-// Package unwind walks x86-64 user stacks from call-frame information
-// (.eh_frame, .debug_frame) the way a debugger does, for code built
-// without frame pointers: CPython, libtorch, libcudart and most -O2 code.
-// It runs in user space, after the fact, on what a BPF program copied into
-// the record at the probe: three registers and a window of stack bytes. The
-// process may be gone; its mapped files are opened by path, and their
-// tables are read entry by entry and cached per file.
+// Package unwind walks x86-64 and arm64 user stacks from call-frame
+// information (.eh_frame, .debug_frame) the way a debugger does, for code
+// built without frame pointers: CPython, libtorch, libcudart and most -O2
+// code. It runs in user space, after the fact, on what a BPF program copied
+// into the record at the probe: a few registers and a window of stack
+// bytes. The process may be gone; its mapped files are opened by path, and
+// their tables are read entry by entry and cached per file. Each file's
+// architecture is its ELF header's (arch.go), so an arm64 trace unwinds on
+// an x86-64 host too; arm64 return addresses lose their pointer
+// authentication bits (Maps.vaMask).
 package unwind
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"sort"
 	"sync"
 
@@ -59,6 +63,13 @@ type Maps struct {
 	m    []proc.Mapping
 	tabs []tabSlot
 	last int // the mapping find found last: a stack's frames come in runs in one file
+	// vaMask keeps the bits of an address the process's address space
+	// uses (up to the highest mapping's end), which is what stripping a
+	// return address's pointer authentication code takes: the code sits
+	// in the bits above the address space's (48-54 or 52-54 on arm64
+	// Linux), bits 56-63 are the ignored top byte, and an address in any
+	// mapping has none of them set.
+	vaMask uint64
 
 	// memo holds recent unwinds (see Unwind), memoHits counts the unwinds
 	// it answered, and reads is the scratch an unwind notes its reads in.
@@ -78,6 +89,7 @@ const (
 // the window (where, and what it held), and what it gave.
 type memoEntry struct {
 	ip, sp, bp uint64
+	lr         uint64
 	n          int  // the window's length
 	ipReturn   bool // as Unwind was told
 	usedBP     bool // the starting rbp was used: it must match too
@@ -103,7 +115,7 @@ func (m *Maps) memoFor(regs events.Regs) *memoEntry {
 // and every word it read the same.
 func (e *memoEntry) answers(regs events.Regs, window []byte, ipReturn bool) bool {
 	if !e.set || e.ip != regs.IP || e.sp != regs.SP || e.n != len(window) || e.ipReturn != ipReturn ||
-		e.usedBP && e.bp != regs.BP {
+		e.usedBP && e.bp != regs.BP || e.lr != regs.LR {
 		return false
 	}
 	for _, r := range e.reads {
@@ -120,16 +132,23 @@ type tabSlot struct {
 	err  error
 }
 
-// NewMaps keeps the executable mappings of maps, sorted.
+// NewMaps keeps the executable mappings of maps, sorted, and the bits of
+// the address space they span.
 func NewMaps(maps []proc.Mapping) *Maps {
 	var m []proc.Mapping
+	var top uint64
 	for _, x := range maps {
 		if x.Exec() {
 			m = append(m, x)
 		}
+		top = max(top, x.End)
 	}
 	sort.Slice(m, func(i, j int) bool { return m[i].Start < m[j].Start })
-	return &Maps{m: m, tabs: make([]tabSlot, len(m))}
+	mask := ^uint64(0)
+	if n := bits.Len64(top - 1); top > 0 && n < 64 {
+		mask = 1<<n - 1
+	}
+	return &Maps{m: m, tabs: make([]tabSlot, len(m)), vaMask: mask}
 }
 
 func (m *Maps) find(pc uint64) int {
@@ -207,7 +226,7 @@ func (u *Unwinder) Unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 	maps.reads = maps.reads[:0]
 	usedBP := false
 	pcs, stop := u.unwind(maps, regs, window, ipReturn, pcs, &maps.reads, &usedBP)
-	*e = memoEntry{ip: regs.IP, sp: regs.SP, bp: regs.BP, n: len(window), ipReturn: ipReturn, usedBP: usedBP, set: true,
+	*e = memoEntry{ip: regs.IP, sp: regs.SP, bp: regs.BP, lr: regs.LR, n: len(window), ipReturn: ipReturn, usedBP: usedBP, set: true,
 		reads: append(e.reads[:0], maps.reads...), pcs: append(e.pcs[:0], pcs[first:]...), stop: stop}
 	return pcs, stop
 }
@@ -220,10 +239,15 @@ func (u *Unwinder) unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 	if ipReturn {
 		back = 1
 	}
-	// rbp is the starting register's (bpInit), known (bpOK), or saved at
-	// bpAt by a frame and read when a rule needs it (state.reg).
+	// The frame pointer is the starting register's (bpInit), known (bpOK),
+	// or saved at bpAt by a frame and read when a rule needs it
+	// (state.reg). arm64's link register is known in the first frame only,
+	// where the record has it (regs.LR): in a caller it is the return
+	// address the callee's rules gave, which no rule of the caller's may
+	// give back.
 	pc, sp, bp, bpAt := regs.IP, regs.SP, regs.BP, uint64(0)
 	bpOK, bpInit := true, true
+	lr, lrOK := regs.LR, regs.LR != 0
 	pcs = append(pcs, pc)
 	for len(pcs) < MaxFrames {
 		i := maps.find(pc)
@@ -252,7 +276,8 @@ func (u *Unwinder) unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 		if err != nil {
 			return pcs, Stop{Kind: StopNoCFI, Detail: fmt.Sprintf("%#x (%s+%#x): %v", pc, m.Path, v, err)}
 		}
-		st := state{pc: pc, sp: sp, bp: bp, bpOK: bpOK, bpAt: bpAt, bpInit: bpInit, mem: &mem, usedBP: usedBP}
+		a := t.arch
+		st := state{a: a, pc: pc, sp: sp, bp: bp, bpOK: bpOK, bpAt: bpAt, bpInit: bpInit, lr: lr, lrOK: lrOK, mem: &mem, usedBP: usedBP}
 		cfa, err := st.cfa(w)
 		if err != nil {
 			return pcs, stopFor(err, pc, m.Path, &mem)
@@ -260,37 +285,53 @@ func (u *Unwinder) unwind(maps *Maps, regs events.Regs, window []byte, ipReturn 
 		if w.ra.kind == ruleUndef {
 			return pcs, Stop{Kind: StopEnd, Detail: "end of stack"}
 		}
+		var ra uint64
 		if w.ra.kind == ruleSame {
-			return pcs, Stop{Kind: StopRule, Detail: fmt.Sprintf("at %#x (%s): no rule for the return address", pc, m.Path)}
-		}
-		ra, ok, err := st.apply(&w.ra, cfa)
-		if err != nil || !ok {
-			if err == nil {
-				err = errors.New("return address rule")
+			// Only a link register keeps the return address unsaved.
+			if !a.lrReg || !lrOK {
+				return pcs, Stop{Kind: StopRule, Detail: fmt.Sprintf("at %#x (%s): no rule for the return address", pc, m.Path)}
 			}
-			return pcs, stopFor(err, pc, m.Path, &mem)
+			ra = lr
+		} else {
+			ra, ok, err = st.apply(&w.ra, cfa)
+			if err != nil || !ok {
+				if err == nil {
+					err = errors.New("return address rule")
+				}
+				return pcs, stopFor(err, pc, m.Path, &mem)
+			}
+		}
+		if a.pac {
+			ra &= maps.vaMask
 		}
 		if ra == 0 {
 			return pcs, Stop{Kind: StopEnd, Detail: "end of stack"}
 		}
-		if cfa <= sp {
+		// The CFA climbs the stack: on x86-64 a call pushes its return
+		// address, and on arm64 a frame that saved its return address
+		// took room for it; only one whose return address is still in the
+		// link register (a leaf, with the first frame's register known)
+		// may have its CFA at the stack pointer.
+		if cfa < sp || cfa == sp && (w.ra.kind != ruleSame || !a.lrReg) {
 			return pcs, Stop{Kind: StopLoop, Detail: fmt.Sprintf("CFA %#x at or below sp %#x at %#x", cfa, sp, pc)}
 		}
-		// The caller's rbp. One saved by this frame stays in memory until a
-		// rule needs it; one that cannot be read then is unknown, as it was
-		// when read at once: only frames whose rules need it stop.
-		switch w.rbp.kind {
+		// The caller's frame pointer. One saved by this frame stays in
+		// memory until a rule needs it; one that cannot be read then is
+		// unknown, as it was when read at once: only frames whose rules
+		// need it stop.
+		switch w.fp.kind {
 		case ruleSame: // st's: reg may have read it meanwhile
 			bp, bpOK, bpAt, bpInit = st.bp, st.bpOK, st.bpAt, st.bpInit
 		case ruleUndef:
 			bp, bpOK, bpAt, bpInit = 0, false, 0, false
 		case ruleOffset:
-			bp, bpOK, bpAt, bpInit = 0, true, cfa+uint64(w.rbp.off), false
+			bp, bpOK, bpAt, bpInit = 0, true, cfa+uint64(w.fp.off), false
 		default:
-			v, ok, err := st.apply(&w.rbp, cfa)
+			v, ok, err := st.apply(&w.fp, cfa)
 			bp, bpOK, bpAt, bpInit = v, ok && err == nil, 0, false
 		}
 		pc, sp = ra, cfa
+		lr, lrOK = 0, false
 		back = 1
 		pcs = append(pcs, pc)
 	}
@@ -336,24 +377,28 @@ func (m *memory) read(addr uint64) (uint64, error) {
 	return v, nil
 }
 
-// state is one frame's registers as far as they are known. rbp is known
-// (bpOK), or saved at bpAt and read from there when first needed; bpInit
-// says it is still the starting register's value, and usedBP notes that
-// that value was used.
+// state is one frame's registers as far as they are known, for its arch
+// a. The frame pointer is known (bpOK), or saved at bpAt and read from
+// there when first needed; bpInit says it is still the starting
+// register's value, and usedBP notes that that value was used. lr is
+// arm64's link register, where known (lrOK).
 type state struct {
+	a          *arch
 	pc, sp, bp uint64
 	bpOK       bool
 	bpAt       uint64
 	bpInit     bool
+	lr         uint64
+	lrOK       bool
 	mem        *memory
 	usedBP     *bool
 }
 
 func (s *state) reg(r uint64) (uint64, error) {
 	switch r {
-	case regRSP:
+	case s.a.sp:
 		return s.sp, nil
-	case regRBP:
+	case s.a.fp:
 		if s.bpAt != 0 {
 			v, err := s.mem.read(s.bpAt)
 			s.bp, s.bpOK, s.bpAt = v, err == nil, 0
@@ -364,9 +409,15 @@ func (s *state) reg(r uint64) (uint64, error) {
 			}
 			return s.bp, nil
 		}
-		return 0, fmt.Errorf("rbp unknown in this frame: %w", errRule)
-	case regRA:
-		return s.pc, nil
+		return 0, fmt.Errorf("the frame pointer is unknown in this frame: %w", errRule)
+	case s.a.ra:
+		if !s.a.lrReg {
+			return s.pc, nil // x86-64's column 16 is rip
+		}
+		if s.lrOK {
+			return s.lr, nil
+		}
+		return 0, fmt.Errorf("the link register is unknown in this frame: %w", errRule)
 	}
 	return 0, fmt.Errorf("CFA from DWARF register %d: %w", r, errRule)
 }
@@ -381,8 +432,7 @@ func (s *state) cfa(w *row) (uint64, error) {
 
 // apply gives a register's value in the caller under rule r; ok is false
 // when the rule leaves it unknown. "Same" and "undefined" never get here:
-// unwind stops at them for the return address, and takes them itself for
-// rbp.
+// unwind takes them itself, for the return address and the frame pointer.
 func (s *state) apply(r *rule, cfa uint64) (uint64, bool, error) {
 	switch r.kind {
 	case ruleOffset:

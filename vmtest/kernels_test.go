@@ -2,10 +2,12 @@ package vmtest
 
 // The kernel matrix: cudatrace on the kernels GPU fleets run, booted under
 // QEMU (TCG: no KVM needed) from Debian's kernel packages, which
-// scripts/deps.sh fetches into a cache outside the checkout. The guest,
-// testdata/guest.sh as the initramfs's /init, records the stand-in
-// workloads and sends back what it wrote; the checks run here, with the
-// same ground-truth checkers as the tests on the host kernel.
+// scripts/deps.sh fetches into a cache outside the checkout: x86-64's, and
+// arm64's (Grace Hopper, Grace Blackwell) with the arm64 build of
+// cudatrace and stand-ins (arm64_test.go). The guest, testdata/guest.sh as
+// the initramfs's /init, records the stand-in workloads and sends back
+// what it wrote; the checks run here, with the same ground-truth checkers
+// as the tests on the host kernel.
 
 import (
 	"archive/tar"
@@ -16,12 +18,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -38,42 +43,84 @@ func kernelCache() string {
 // The CPython the guest runs (pyenv's, with DWARF).
 const guestPython = "3.11"
 
-// TestKernels boots each kernel of the matrix and checks what cudatrace
-// did there: on 6.1 (Debian 12's, Amazon Linux 2023's) and 6.12 exact
-// ledgers of the runtime mix at stack windows 0, 16 and 64 KiB, --pid, the
-// driver API with VMM, Python frames, the agent's /metrics and nothing
-// left loaded; on 6.1 also the variant for kernels without bpf_loop
-// (5.15, 5.16); on 5.10, below the floor, one line refusing it.
+// guest is what one architecture's guests run, at the paths they have
+// here: the workloads' directory, the CPython and the native function its
+// ctypes calls reach the stand-in through (the nearest named frame below
+// the Python ones).
+type guest struct {
+	arch   string // "amd64", "arm64"
+	bin    string
+	python string
+	pyCall string
+}
+
+func (g guest) workload(name string) string { return filepath.Join(g.bin, name) }
+
+// kernelRun is one boot of the matrix: its guest's initramfs, made once for
+// every kernel of its architecture (lazily: the arm64 one cross-compiles
+// while the x86-64 kernels boot), the kernel command line, and the checks
+// of what it sent back.
+type kernelRun struct {
+	arch, series, cmdline string
+	initrd                *initramfs
+	check                 func(t *testing.T, out string, g guest)
+}
+
+// TestKernels boots each kernel of the matrix, all at once, and checks
+// what cudatrace did there: on x86-64's 6.1 (Debian 12's, Amazon Linux
+// 2023's) and 6.12 exact ledgers of the runtime mix at stack windows 0, 16
+// and 64 KiB, --pid, the driver API with VMM, Python frames, the agent's
+// /metrics and nothing left loaded; on 6.1 also the variant for kernels
+// without bpf_loop (5.15, 5.16); on 5.10, below the floor, one line
+// refusing it. On arm64's 6.1 and 6.12 the same, with stand-ins that sign
+// their return addresses (-mbranch-protection=standard) and Debian's arm64
+// CPython 3.11, and besides: stacks through code without frame pointers
+// exact to function and line (unwound there, and from the window on this
+// host), and PyTorch's USDT tensor probes.
 func TestKernels(t *testing.T) {
 	needStandIns(t)
 	needTracer(t)
-	for _, tool := range []string{"qemu-system-x86_64", "busybox", "cpio", "bpftool"} {
-		requireTool(t, tool)
-	}
-	python := pyenvPython(t, guestPython)
 	work := t.TempDir()
-	initrd, err := buildInitramfs(work, python)
-	if err != nil {
-		t.Fatalf("initramfs: %v", err)
+	if os.Getenv("VMTEST_KEEP") != "" {
+		work = filepath.Join(buildDir, "kernels") // what each guest sent, kept with the build
 	}
-	cases := []struct {
-		series, cmdline string
-		check           func(t *testing.T, out string)
-	}{
-		{"6.1", "ct_mode=full ct_noloop=1", func(t *testing.T, out string) { checkFullKernel(t, out, python, true, false) }},
-		{"6.12", "ct_mode=full", func(t *testing.T, out string) { checkFullKernel(t, out, python, false, true) }},
-		{"5.10", "ct_mode=floor", checkFloorKernel},
-	}
-	for _, c := range cases {
-		t.Run(c.series, func(t *testing.T) {
-			t.Parallel()
-			k := filepath.Join(kernelCache(), "kernels", c.series, "vmlinuz")
-			if _, err := os.Stat(k); err != nil {
-				skipOrFail(t, "no Linux %s kernel (%v): scripts/deps.sh fetches it", c.series, err)
+	amd64 := &initramfs{
+		guest: func(t *testing.T) guest {
+			for _, tool := range []string{"qemu-system-x86_64", "busybox", "cpio", "bpftool"} {
+				requireTool(t, tool)
 			}
-			out := filepath.Join(work, c.series)
+			return guest{arch: "amd64", bin: binDir, python: pyenvPython(t, guestPython), pyCall: "_ctypes_callproc"}
+		},
+		make: func(g guest) (string, error) { return buildInitramfs(filepath.Join(work, "amd64"), g.python) },
+	}
+	arm64 := &initramfs{guest: arm64Guest, make: func(g guest) (string, error) {
+		return buildInitramfsARM64(filepath.Join(work, "arm64"), g)
+	}}
+	full := func(noloop, multi bool) func(t *testing.T, out string, g guest) {
+		return func(t *testing.T, out string, g guest) { checkFullKernel(t, out, g, noloop, multi) }
+	}
+	runs := []kernelRun{
+		{"amd64", "6.1", "ct_mode=full ct_noloop=1", amd64, full(true, false)},
+		{"amd64", "6.12", "ct_mode=full", amd64, full(false, true)},
+		{"amd64", "5.10", "ct_mode=floor", amd64, func(t *testing.T, out string, _ guest) { checkFloorKernel(t, out) }},
+		{"arm64", "6.1", "ct_mode=full" + arm64Dumps(), arm64, full(false, false)},
+		{"arm64", "6.12", "ct_mode=full" + arm64Dumps(), arm64, full(false, true)},
+	}
+	for _, c := range runs {
+		name := c.series
+		if c.arch != "amd64" {
+			name = c.arch + "-" + c.series
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			k := filepath.Join(kernelDir(c.arch, c.series), "vmlinuz")
+			if _, err := os.Stat(k); err != nil {
+				skipOrFail(t, "no %s Linux %s kernel (%v): scripts/deps.sh fetches it", c.arch, c.series, err)
+			}
+			initrd, g := c.initrd.get(t)
+			out := filepath.Join(work, name)
 			start := time.Now()
-			err := bootKernel(k, initrd, c.cmdline, out)
+			err := bootKernel(c.arch, k, initrd, c.cmdline, out)
 			if err != nil && strings.Contains(tail(filepath.Join(out, "console.log"), 64<<10), "Oops: int3") {
 				// The stale-int3 oops of a static branch patched under TCG
 				// (see bootKernel): logged, and booted once more. Any other
@@ -82,25 +129,55 @@ func TestKernels(t *testing.T) {
 				if rerr := os.RemoveAll(out); rerr != nil {
 					t.Fatal(rerr)
 				}
-				err = bootKernel(k, initrd, c.cmdline, out)
+				err = bootKernel(c.arch, k, initrd, c.cmdline, out)
 			}
 			if err != nil {
-				t.Fatalf("Linux %s: %v", c.series, err)
+				t.Fatalf("%s Linux %s: %v", c.arch, c.series, err)
 			}
-			t.Logf("Linux %s booted and ran its cases in %v:\n%s", c.series, time.Since(start).Round(time.Second),
+			t.Logf("%s Linux %s booted and ran its cases in %v:\n%s", c.arch, c.series, time.Since(start).Round(time.Second),
 				guestLines(filepath.Join(out, "console.log")))
-			c.check(t, filepath.Join(out, "results"))
+			c.check(t, filepath.Join(out, "results"), g)
 		})
 	}
 }
 
+// initramfs is an architecture's guest root, made the first time a run
+// asks for it; every run of its architecture gets the same one, or fails
+// as the first did.
+type initramfs struct {
+	guest func(t *testing.T) guest // the guest's paths; skips (fails in CI) without what it needs
+	make  func(g guest) (string, error)
+	once  sync.Once
+	path  string
+	err   error
+}
+
+func (i *initramfs) get(t *testing.T) (string, guest) {
+	t.Helper()
+	g := i.guest(t)
+	i.once.Do(func() { i.path, i.err = i.make(g) })
+	if i.err != nil {
+		t.Fatalf("%s initramfs: %v", g.arch, i.err)
+	}
+	return i.path, g
+}
+
+// kernelDir is where scripts/deps.sh put an architecture's kernel of a
+// series.
+func kernelDir(arch, series string) string {
+	if arch == "arm64" {
+		return filepath.Join(kernelCache(), "arm64", "kernels", series)
+	}
+	return filepath.Join(kernelCache(), "kernels", series)
+}
+
 // checkFullKernel checks a kernel that cudatrace supports; multi says
 // whether it has uprobe_multi links (6.6 on), which cudatrace then uses.
-func checkFullKernel(t *testing.T, out, python string, noloop, multi bool) {
+func checkFullKernel(t *testing.T, out string, g guest, noloop, multi bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
-	mix := workload("mix")
+	mix := g.workload("mix")
 
 	// recorded: the case exited 0, the truth of its one process, the report.
 	recorded := func(t *testing.T, c string) (*procTruth, *report) {
@@ -142,6 +219,8 @@ func checkFullKernel(t *testing.T, out, python string, noloop, multi bool) {
 		checkExited(t, ctx, filepath.Join(out, "mix16", "trace"), want.PID) // ct_proc_exit loaded and ran
 		checkLinkKinds(t, filepath.Join(out, "mix16"), multi)
 	})
+	// mix0's stacks are the frame-pointer walk's alone: on arm64, through
+	// return addresses the mix signed, which BPF strips.
 	for _, c := range []string{"mix0", "mix64"} {
 		t.Run(c, func(t *testing.T) {
 			want, rep := exact(t, c, 2, "mix")
@@ -150,7 +229,7 @@ func checkFullKernel(t *testing.T, out, python string, noloop, multi bool) {
 	}
 	t.Run("driver", func(t *testing.T) {
 		want, rep := exact(t, "driver", 2, "driver")
-		checkStacks(t, rep, want.PID, workload("driver"), "drv_alloc_device", "work", "thread1")
+		checkStacks(t, rep, want.PID, g.workload("driver"), "drv_alloc_device", "work", "thread1")
 		checkVMM(t, rep, want)
 	})
 	t.Run("attach", func(t *testing.T) {
@@ -168,7 +247,7 @@ func checkFullKernel(t *testing.T, out, python string, noloop, multi bool) {
 	})
 	t.Run("python", func(t *testing.T) {
 		truth, rep := recorded(t, "python")
-		checkPythonReport(t, guestPython, script, "_ctypes_callproc", rep, truth)
+		checkPythonReport(t, guestPython, script, g.pyCall, rep, truth)
 	})
 	t.Run("agent", func(t *testing.T) { checkGuestAgent(t, filepath.Join(out, "agent")) })
 	if noloop {
@@ -181,8 +260,11 @@ func checkFullKernel(t *testing.T, out, python string, noloop, multi bool) {
 		})
 		t.Run("noloop_python", func(t *testing.T) {
 			truth, rep := recorded(t, "noloop_python")
-			checkPythonReport(t, guestPython, script, "_ctypes_callproc", rep, truth)
+			checkPythonReport(t, guestPython, script, g.pyCall, rep, truth)
 		})
+	}
+	if g.arch == "arm64" {
+		checkARM64Cases(t, ctx, out, g)
 	}
 	t.Run("nothing left", func(t *testing.T) {
 		for _, f := range []string{"progs.txt", "links.txt"} {
@@ -285,26 +367,44 @@ func readTrim(t *testing.T, path string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// bootKernel boots vmlinuz with initrd under QEMU and unpacks what the
-// guest sends to out/results; the console goes to out/console.log.
-func bootKernel(vmlinuz, initrd, cmdline, out string) error {
+// bootKernel boots vmlinuz with initrd under QEMU for arch and unpacks
+// what the guest sends to out/results; the console goes to
+// out/console.log.
+func bootKernel(arch, vmlinuz, initrd, cmdline, out string) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
 	console, data := filepath.Join(out, "console.log"), filepath.Join(out, "data.b64")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	// -nographic with both serial ports given: ttyS0 the console, ttyS1
-	// the results. panic=-1 and -no-reboot end QEMU on a guest panic.
-	// thread=single: one host thread runs both vCPUs. With a thread per
-	// vCPU (MTTCG) a 6.12 guest once hit a stale int3 while the kernel
-	// patched a static branch (Oops: int3 in secure_tcp_seq_and_ts_off,
-	// from wget), QEMU's cross-modifying code racing the patching.
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", "-machine", "q35", "-accel", "tcg,thread=single", "-cpu", "max",
-		"-smp", "2", "-m", "2G", "-nographic", "-no-reboot", "-monitor", "none",
-		"-serial", "file:"+console, "-serial", "file:"+data,
-		"-kernel", vmlinuz, "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 loglevel=4 "+cmdline)
+	var cmd *exec.Cmd
+	switch arch {
+	case "arm64":
+		// The virt machine has one serial port: the results come over the
+		// console, which loglevel=1 keeps to the guest's own lines (the
+		// guest sends dmesg with its results). -cpu max implements pointer
+		// authentication; pauth-impdef=on keeps it with QEMU's cheaper
+		// algorithm, 3-4x faster to boot than the architected one
+		// (docs/DESIGN's measurements). One thread per vCPU.
+		data = console
+		cmd = exec.CommandContext(ctx, "qemu-system-aarch64", "-machine", "virt", "-cpu", "max,pauth-impdef=on",
+			"-smp", "2", "-m", "2G", "-nographic", "-no-reboot", "-monitor", "none",
+			"-serial", "file:"+console,
+			"-kernel", vmlinuz, "-initrd", initrd,
+			"-append", "console=ttyAMA0 panic=-1 loglevel=1 "+cmdline)
+	default:
+		// -nographic with both serial ports given: ttyS0 the console, ttyS1
+		// the results. panic=-1 and -no-reboot end QEMU on a guest panic.
+		// thread=single: one host thread runs both vCPUs. With a thread per
+		// vCPU (MTTCG) a 6.12 guest once hit a stale int3 while the kernel
+		// patched a static branch (Oops: int3 in secure_tcp_seq_and_ts_off,
+		// from wget), QEMU's cross-modifying code racing the patching.
+		cmd = exec.CommandContext(ctx, "qemu-system-x86_64", "-machine", "q35", "-accel", "tcg,thread=single", "-cpu", "max",
+			"-smp", "2", "-m", "2G", "-nographic", "-no-reboot", "-monitor", "none",
+			"-serial", "file:"+console, "-serial", "file:"+data,
+			"-kernel", vmlinuz, "-initrd", initrd,
+			"-append", "console=ttyS0 panic=-1 loglevel=4 "+cmdline)
+	}
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("%s: %v\n%s\nconsole:\n%s", cmd, err, b, tail(console, 4<<10))
 	}
@@ -378,13 +478,12 @@ func untar(tgz []byte, dir string) error {
 	}
 }
 
-// buildInitramfs makes the guest's root: busybox, guest.sh as /init,
-// cudatrace and bpftool with the libraries they link, the stand-ins and
-// workloads at the paths they have here (their build IDs and paths then
-// name the same files on both sides), pythread.so, and pyenv's CPython
-// with its standard library (less its tests and tools).
+// buildInitramfs makes the x86-64 guest's root: busybox, guest.sh as
+// /init, cudatrace and bpftool with the libraries they link, the stand-ins
+// and workloads at the paths they have here (their build IDs and paths
+// then name the same files on both sides), pythread.so, and pyenv's
+// CPython with its standard library (less its tests and tools).
 func buildInitramfs(work, python string) (string, error) {
-	root := filepath.Join(work, "root")
 	threads := filepath.Join(buildDir, "kernels", "pythread.so")
 	if err := os.MkdirAll(filepath.Dir(threads), 0o755); err != nil {
 		return "", err
@@ -400,48 +499,25 @@ func buildInitramfs(work, python string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
-	guest, _ := filepath.Abs(filepath.Join("testdata", "guest.sh"))
 	prefix := filepath.Dir(filepath.Dir(python)) // .../versions/3.11.x
-	copies := map[string]string{
-		busybox:   "/bin/busybox",
-		guest:     "/init",
-		tracerBin: "/usr/bin/cudatrace",
-		bpftool:   "/usr/sbin/bpftool",
-		script:    script,
-		threads:   threads,
-		python:    python,
-	}
-	for src, dst := range copies {
-		if err := copyFile(src, filepath.Join(root, dst)); err != nil {
-			return "", err
-		}
-	}
-	if err := os.Chmod(filepath.Join(root, "init"), 0o755); err != nil {
-		return "", err
-	}
-	for _, d := range []string{fakeLibDir, binDir} {
-		if err := copyTree(d, filepath.Join(root, d), nil); err != nil {
-			return "", err
-		}
-	}
 	pylib := filepath.Join(prefix, "lib", "python"+guestPython)
-	skip := map[string]bool{"test": true, "idlelib": true, "tkinter": true, "turtledemo": true, "ensurepip": true,
-		"lib2to3": true, "site-packages": true, "pydoc_data": true, "unittest": true}
-	if err := copyTree(pylib, filepath.Join(root, pylib), func(rel string, dir bool) bool {
-		if dir {
-			return skip[rel]
-		}
-		// Source and the plain bytecode only: no optimized .pyc.
-		return strings.Contains(rel, ".opt-")
-	}); err != nil {
-		return "", err
+	r := guestRoot{
+		files: map[string]string{
+			busybox:   "/bin/busybox",
+			tracerBin: "/usr/bin/cudatrace",
+			bpftool:   "/usr/sbin/bpftool",
+			threads:   threads,
+			python:    python,
+		},
+		trees:  map[string]string{fakeLibDir: fakeLibDir, binDir: binDir},
+		stdlib: pylib,
+		env: map[string]string{"ARCH": "amd64", "LIB": fakeLib, "DRV": fakeDriver, "BIN": binDir, "PY": python,
+			"THREADS": threads, "LIBPATH": "/lib/x86_64-linux-gnu", "RESULTS": "/dev/ttyS1"},
 	}
 	// The shared libraries every binary links, as ldd finds them here.
 	elfs := []string{tracerBin, bpftool, python}
 	dyn, _ := filepath.Glob(filepath.Join(pylib, "lib-dynload", "*.so"))
 	elfs = append(elfs, dyn...)
-	libs := map[string]bool{}
 	for _, e := range elfs {
 		out, err := exec.Command("ldd", e).Output()
 		if err != nil {
@@ -450,24 +526,79 @@ func buildInitramfs(work, python string) (string, error) {
 		for _, line := range strings.Split(string(out), "\n") {
 			for _, f := range strings.Fields(line) {
 				if strings.HasPrefix(f, "/") {
-					libs[f] = true
+					r.files[f] = f
 				}
 			}
 		}
 	}
-	for l := range libs {
-		if err := copyFile(l, filepath.Join(root, l)); err != nil {
+	return writeInitramfs(work, r)
+}
+
+// guestRoot is what a guest's root holds besides guest.sh (its /init) and
+// the Python script it runs: files and directory trees by their paths here
+// (mapped to their paths there), symbolic links (by their paths there), a
+// CPython standard library copied to the same path less its tests and
+// tools, and /vm/env's variables (CT is cudatrace's path there, SCRIPT the
+// script's).
+type guestRoot struct {
+	files  map[string]string
+	trees  map[string]string
+	links  map[string]string
+	stdlib string
+	env    map[string]string
+}
+
+// writeInitramfs makes r into work/initramfs.cpio, from work/root.
+func writeInitramfs(work string, r guestRoot) (string, error) {
+	root := filepath.Join(work, "root")
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyframes.py"))
+	guestSh, _ := filepath.Abs(filepath.Join("testdata", "guest.sh"))
+	files := map[string]string{guestSh: "/init", script: script}
+	maps.Copy(files, r.files)
+	for src, dst := range files {
+		if err := copyFile(src, filepath.Join(root, dst)); err != nil {
 			return "", err
 		}
+	}
+	if err := os.Chmod(filepath.Join(root, "init"), 0o755); err != nil {
+		return "", err
+	}
+	for src, dst := range r.trees {
+		if err := copyTree(src, filepath.Join(root, dst), nil); err != nil {
+			return "", err
+		}
+	}
+	for link, target := range r.links {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, link)), 0o755); err != nil {
+			return "", err
+		}
+		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+			return "", err
+		}
+	}
+	skip := map[string]bool{"test": true, "idlelib": true, "tkinter": true, "turtledemo": true, "ensurepip": true,
+		"lib2to3": true, "site-packages": true, "dist-packages": true, "pydoc_data": true, "unittest": true}
+	if err := copyTree(r.stdlib, filepath.Join(root, r.stdlib), func(rel string, dir bool) bool {
+		if dir {
+			return skip[rel]
+		}
+		// Source and the plain bytecode only: no optimized .pyc.
+		return strings.Contains(rel, ".opt-")
+	}); err != nil {
+		return "", err
 	}
 	for _, d := range []string{"proc", "sys", "dev", "tmp", "root", "vm", "usr/bin", "usr/sbin"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			return "", err
 		}
 	}
-	env := fmt.Sprintf("CT=/usr/bin/cudatrace\nLIB=%s\nDRV=%s\nBIN=%s\nPY=%s\nSCRIPT=%s\nTHREADS=%s\n",
-		fakeLib, fakeDriver, binDir, python, script, threads)
-	if err := os.WriteFile(filepath.Join(root, "vm", "env"), []byte(env), 0o644); err != nil {
+	env := map[string]string{"CT": "/usr/bin/cudatrace", "SCRIPT": script}
+	maps.Copy(env, r.env)
+	var lines []string
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		lines = append(lines, k+"="+env[k]+"\n")
+	}
+	if err := os.WriteFile(filepath.Join(root, "vm", "env"), []byte(strings.Join(lines, "")), 0o644); err != nil {
 		return "", err
 	}
 	initrd := filepath.Join(work, "initramfs.cpio")

@@ -92,16 +92,20 @@ func buildTracer(dir string) {
 		return
 	}
 	tracerBin = filepath.Join(dir, "cudatrace")
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goTool, "build", "-o", tracerBin, "github.com/cudatrace/cudatrace/cmd/cudatrace")
+	cmd := exec.CommandContext(ctx, goTool(), "build", "-o", tracerBin, "github.com/cudatrace/cudatrace/cmd/cudatrace")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		tracerBuildErr = fmt.Errorf("go build -o %s github.com/cudatrace/cudatrace/cmd/cudatrace: %v\n%s", tracerBin, err, out)
 	}
+}
+
+// goTool is the go command: the one in PATH, else GOROOT's.
+func goTool() string {
+	if g, err := exec.LookPath("go"); err == nil {
+		return g
+	}
+	return filepath.Join(os.Getenv("GOROOT"), "bin", "go")
 }
 
 func buildStandIns(dir string) {
@@ -233,7 +237,7 @@ func buildStandIns(dir string) {
 		src("mix.c"), rtObj); cBuildErr != nil {
 		return
 	}
-	for _, prog := range []string{"mix", "attach_later", "shortlived", "faketest", "hold", "agentload", "exitleak"} {
+	for _, prog := range []string{"mix", "attach_later", "shortlived", "faketest", "hold", "agentload", "exitleak", "rankjob"} {
 		if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall",
 			"-o", workload(prog), src(prog+".c"),
 			"-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {

@@ -22,77 +22,8 @@ func TestTensors(t *testing.T) {
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
 		"--lib", fakeLib, "--lib", c10Lib, "-o", trace, "--", workload("tensors"), "40")
 	rec.finish(t, 45*time.Second)
-
-	// The workload's own tally of its tensors.
-	var want struct{ allocs, frees, allocBytes, live, peak uint64 }
 	out := rec.stdout.String()
-	line := out[strings.Index(out, "tensors: "):]
-	if _, err := fmt.Sscanf(line, "tensors: allocs=%d frees=%d alloc_bytes=%d live=%d peak=%d",
-		&want.allocs, &want.frees, &want.allocBytes, &want.live, &want.peak); err != nil {
-		t.Fatalf("workload printed %q: %v", line, err)
-	}
-	// The segments: the runtime stand-in's ground truth, as ever.
-	seg := onlyTruth(t, log, "")
-	rep := runReport(t, ctx, trace)
-	checkProcess(t, rep, seg, 0, "tensors")
-
-	data, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		Processes []struct {
-			TensorAllocs     uint64 `json:"tensor_allocs"`
-			TensorFrees      uint64 `json:"tensor_frees"`
-			TensorAllocBytes uint64 `json:"tensor_alloc_bytes"`
-			TensorLive       uint64 `json:"tensor_live_bytes"`
-			TensorPeak       uint64 `json:"tensor_peak_bytes"`
-			LiveBytes        uint64 `json:"live_bytes"`
-			Devices          []struct {
-				Device     int    `json:"device"`
-				TensorLive uint64 `json:"tensor_live_bytes"`
-			} `json:"devices"`
-		} `json:"processes"`
-		Stacks []struct {
-			TensorAllocs uint64 `json:"tensor_allocs"`
-			Allocs       uint64 `json:"allocs"`
-			Frames       []struct {
-				Function string `json:"function"`
-			} `json:"frames"`
-		} `json:"stacks"`
-	}
-	if err := json.Unmarshal(data, &doc); err != nil {
-		t.Fatal(err)
-	}
-	if len(doc.Processes) != 1 {
-		t.Fatalf("%d processes", len(doc.Processes))
-	}
-	p := doc.Processes[0]
-	got := [5]uint64{p.TensorAllocs, p.TensorFrees, p.TensorAllocBytes, p.TensorLive, p.TensorPeak}
-	if w := [5]uint64{want.allocs, want.frees, want.allocBytes, want.live, want.peak}; got != w {
-		t.Errorf("tensor allocs, frees, alloc_bytes, live, peak = %v, want %v (the workload's tally)", got, w)
-	}
-	if p.TensorLive > p.LiveBytes {
-		t.Errorf("tensors hold %d bytes, more than the %d of segments they are cut from", p.TensorLive, p.LiveBytes)
-	}
-	var perDevice uint64
-	for _, d := range p.Devices {
-		perDevice += d.TensorLive
-	}
-	if perDevice != p.TensorLive {
-		t.Errorf("tensor live bytes per device add up to %d, not %d", perDevice, p.TensorLive)
-	}
-	// One entry per call path, both levels side by side: make_activation's
-	// path both used tensors and acquired segments.
-	found := false
-	for _, s := range doc.Stacks {
-		for _, f := range s.Frames {
-			found = found || (s.TensorAllocs > 0 && s.Allocs > 0 && f.Function == "make_activation")
-		}
-	}
-	if !found {
-		t.Errorf("no stack through make_activation with both tensors and segments")
-	}
+	p, want := checkTensorTally(t, ctx, trace, out, onlyTruth(t, log, ""))
 	checkByViews(t, ctx, trace, out)
 
 	// go tool pprof -top totals the GPU memory as the driver holds it (the
@@ -137,6 +68,92 @@ print(seg, req)
 	if segBytes != p.LiveBytes || tensorBytes != want.live {
 		t.Errorf("snapshot: segments %d bytes, tensor blocks request %d; want %d and %d", segBytes, tensorBytes, p.LiveBytes, want.live)
 	}
+}
+
+// tensorTally is the tensors workload's own tally of its tensors.
+type tensorTally struct{ allocs, frees, allocBytes, live, peak uint64 }
+
+// tensorProcess is the report's one process of a tensors trace.
+type tensorProcess struct {
+	TensorAllocs     uint64 `json:"tensor_allocs"`
+	TensorFrees      uint64 `json:"tensor_frees"`
+	TensorAllocBytes uint64 `json:"tensor_alloc_bytes"`
+	TensorLive       uint64 `json:"tensor_live_bytes"`
+	TensorPeak       uint64 `json:"tensor_peak_bytes"`
+	LiveBytes        uint64 `json:"live_bytes"`
+	Devices          []struct {
+		Device     int    `json:"device"`
+		TensorLive uint64 `json:"tensor_live_bytes"`
+	} `json:"devices"`
+}
+
+// checkTensorTally checks the trace of the tensors workload, which printed
+// out, against its own tally (the tensors, from the USDT probes) and the
+// stand-in's ground truth seg (the segments); it returns the report's
+// process and the tally.
+func checkTensorTally(t *testing.T, ctx context.Context, trace, out string, seg *procTruth) (tensorProcess, tensorTally) {
+	t.Helper()
+	var want tensorTally
+	i := strings.Index(out, "tensors: ")
+	if i < 0 {
+		t.Fatalf("the workload printed no tally: %q", out)
+	}
+	line := out[i:]
+	if _, err := fmt.Sscanf(line, "tensors: allocs=%d frees=%d alloc_bytes=%d live=%d peak=%d",
+		&want.allocs, &want.frees, &want.allocBytes, &want.live, &want.peak); err != nil {
+		t.Fatalf("workload printed %q: %v", line, err)
+	}
+	// The segments: the runtime stand-in's ground truth, as ever.
+	rep := runReport(t, ctx, trace)
+	checkProcess(t, rep, seg, 0, "tensors")
+
+	data, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Processes []tensorProcess `json:"processes"`
+		Stacks    []struct {
+			TensorAllocs uint64 `json:"tensor_allocs"`
+			Allocs       uint64 `json:"allocs"`
+			Frames       []struct {
+				Function string `json:"function"`
+			} `json:"frames"`
+		} `json:"stacks"`
+	}
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Processes) != 1 {
+		t.Fatalf("%d processes", len(doc.Processes))
+	}
+	p := doc.Processes[0]
+	got := [5]uint64{p.TensorAllocs, p.TensorFrees, p.TensorAllocBytes, p.TensorLive, p.TensorPeak}
+	if w := [5]uint64{want.allocs, want.frees, want.allocBytes, want.live, want.peak}; got != w {
+		t.Errorf("tensor allocs, frees, alloc_bytes, live, peak = %v, want %v (the workload's tally)", got, w)
+	}
+	if p.TensorLive > p.LiveBytes {
+		t.Errorf("tensors hold %d bytes, more than the %d of segments they are cut from", p.TensorLive, p.LiveBytes)
+	}
+	var perDevice uint64
+	for _, d := range p.Devices {
+		perDevice += d.TensorLive
+	}
+	if perDevice != p.TensorLive {
+		t.Errorf("tensor live bytes per device add up to %d, not %d", perDevice, p.TensorLive)
+	}
+	// One entry per call path, both levels side by side: make_activation's
+	// path both used tensors and acquired segments.
+	found := false
+	for _, s := range doc.Stacks {
+		for _, f := range s.Frames {
+			found = found || (s.TensorAllocs > 0 && s.Allocs > 0 && f.Function == "make_activation")
+		}
+	}
+	if !found {
+		t.Errorf("no stack through make_activation with both tensors and segments")
+	}
+	return p, want
 }
 
 // viewTruth is one row of the workload's own tally (tensors.c): per call

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -208,8 +209,9 @@ type recordOpts struct {
 	// Stdin is what record (and the command it launches) reads; nil:
 	// nothing.
 	Stdin io.Reader
-	// Wrap runs record under another command (argv, cudatrace's after
-	// it): setpriv, for the capabilities the agent ships with.
+	// Wrap, when set, runs record under it: its argv, then cudatrace's
+	// (unshare, to record as another host; setpriv, for the
+	// capabilities the agent ships with).
 	Wrap []string
 }
 
@@ -218,7 +220,7 @@ type recordOpts struct {
 // logged.
 func startRecord(t *testing.T, ctx context.Context, opts recordOpts, args ...string) *recording {
 	t.Helper()
-	argv := append(append(append([]string{}, opts.Wrap...), tracerBin, "record"), args...)
+	argv := append(append(slices.Clone(opts.Wrap), tracerBin, "record"), args...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = opts.Env
 	cmd.Dir = opts.Dir

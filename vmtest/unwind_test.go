@@ -1,6 +1,7 @@
 package vmtest
 
 import (
+	"context"
 	"debug/elf"
 	"fmt"
 	"io"
@@ -87,6 +88,20 @@ func omitFPChain(t *testing.T, dir, lib2 string, nested bool) string {
 	return exe
 }
 
+// omitFPFrames is the omitfp chain's stack, innermost first, as
+// "function file:line".
+func omitFPFrames(t *testing.T) []string {
+	t.Helper()
+	var want []string
+	for _, tag := range []struct{ file, fn string }{
+		{"omitfp_lib1.c", "lib1_inner"}, {"omitfp_lib2.c", "lib2_hidden"}, {"omitfp_lib2.c", "lib2_middle"},
+		{"omitfp_lib1.c", "lib1_outer"}, {"omitfp_main.c", "main"},
+	} {
+		want = append(want, frameString(tag.fn, tag.file, markedLine(t, tag.file, tag.fn)))
+	}
+	return want
+}
+
 // markedLine finds the line of testdata/file marked "// LINE:tag".
 func markedLine(t *testing.T, file, tag string) int {
 	t.Helper()
@@ -124,6 +139,20 @@ func recordOneStack(t *testing.T, exe string, libs []string, args ...string) []s
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
 		append(append([]string{"-o", trace}, args...), "--", exe)...)
 	rec.finish(t, 30*time.Second)
+	out := oneStack(t, ctx, log, trace)
+	// The window stays in the trace only when asked to.
+	keep := slices.Contains(args, "--keep-stack-windows")
+	if n := windowsInTrace(t, trace); (n == 1) != keep {
+		t.Errorf("%d records in the trace carry a stack window; want %d", n, map[bool]int{true: 1}[keep])
+	}
+	return out
+}
+
+// oneStack is the frames of the one allocation of the one process the
+// stand-in's log at log names, as the report of trace has them:
+// "function file:line" strings, innermost first.
+func oneStack(t *testing.T, ctx context.Context, log, trace string) []string {
+	t.Helper()
 	want := onlyTruth(t, log, "")
 	rep := runReport(t, ctx, trace)
 	if p := rep.process(want.PID); p == nil || p.Allocs != 1 {
@@ -141,11 +170,6 @@ func recordOneStack(t *testing.T, exe string, libs []string, args ...string) []s
 	var out []string
 	for _, f := range stacks[0].Frames {
 		out = append(out, frameString(f.Function, f.File, f.Line))
-	}
-	// The window stays in the trace only when asked to.
-	keep := slices.Contains(args, "--keep-stack-windows")
-	if n := windowsInTrace(t, trace); (n == 1) != keep {
-		t.Errorf("%d records in the trace carry a stack window; want %d", n, map[bool]int{true: 1}[keep])
 	}
 	return out
 }
@@ -220,20 +244,7 @@ func TestUnwindOmitFramePointer(t *testing.T) {
 	for _, tool := range []string{"gcc", "strip", "objcopy", "xz"} {
 		requireTool(t, tool)
 	}
-	lines := map[string]int{}
-	for _, tag := range []struct{ file, fn string }{
-		{"omitfp_lib1.c", "lib1_inner"}, {"omitfp_lib2.c", "lib2_hidden"}, {"omitfp_lib2.c", "lib2_middle"},
-		{"omitfp_lib1.c", "lib1_outer"}, {"omitfp_main.c", "main"},
-	} {
-		lines[tag.fn] = markedLine(t, tag.file, tag.fn)
-	}
-	full := []string{
-		frameString("lib1_inner", "omitfp_lib1.c", lines["lib1_inner"]),
-		frameString("lib2_hidden", "omitfp_lib2.c", lines["lib2_hidden"]),
-		frameString("lib2_middle", "omitfp_lib2.c", lines["lib2_middle"]),
-		frameString("lib1_outer", "omitfp_lib1.c", lines["lib1_outer"]),
-		frameString("main", "omitfp_main.c", lines["main"]),
-	}
+	full := omitFPFrames(t)
 	for _, c := range []struct {
 		lib2, window string
 		nested, keep bool

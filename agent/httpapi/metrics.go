@@ -35,8 +35,11 @@ type collector struct {
 }
 
 // processLabelNames label a process's series: the cgroup's IDs, then the
-// kubelet's names (package kube) spelled as DCGM exporter spells them.
-var processLabelNames = []string{"pid", "comm", "container_id", "pod_uid", "namespace", "pod", "container"}
+// kubelet's names (package kube) spelled as DCGM exporter spells them,
+// then its distributed job and rank (package jobid; not "job", which
+// Prometheus gives every target). A process has one of each, so they add
+// no series.
+var processLabelNames = []string{"pid", "comm", "container_id", "pod_uid", "namespace", "pod", "container", "job_id", "rank"}
 
 func newCollector(a *agent.Agent, version string, processLabels bool) *collector {
 	var pl []string
@@ -135,7 +138,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		running++
-		pl := []string{strconv.FormatUint(uint64(p.PID), 10), p.Comm, p.Container, p.PodUID, p.Namespace, p.Pod, p.ContainerName}
+		pl := []string{strconv.FormatUint(uint64(p.PID), 10), p.Comm, p.Container, p.PodUID, p.Namespace, p.Pod, p.ContainerName,
+			p.Job, rankLabel(p.Rank)}
 		procLabels[p.PID] = pl
 		if !c.processLabels {
 			continue
@@ -263,4 +267,12 @@ func (c *collector) ownersOfNode(s *agent.Stats, uuid map[int32]string, gauge fu
 func with(a, b []string, rest ...string) []string {
 	out := make([]string, 0, len(a)+len(b)+len(rest))
 	return append(append(append(out, a...), b...), rest...)
+}
+
+// rankLabel is a rank as a label: "" where there is none.
+func rankLabel(r int) string {
+	if r < 0 {
+		return ""
+	}
+	return strconv.Itoa(r)
 }

@@ -10,14 +10,14 @@ import (
 // owner_live_bytes: the GPU memory (segments) of each running process by
 // device and owner, or per device and owner without process labels.
 func TestMetricsOwner(t *testing.T) {
-	pid := fmt.Sprintf(`pid="%d",pod="",pod_uid=""`, os.Getpid())
+	pid := fmt.Sprintf(`pid="%d",pod="",pod_uid="",rank="3"`, os.Getpid())
 	for _, c := range []struct {
 		labels bool
 		want   []string
 	}{
 		{true, []string{
-			`cudatrace_owner_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",namespace="",owner="application",` + pid + `} 100`,
-			`cudatrace_owner_live_bytes{UUID="",comm="job",container="",container_id="",gpu="1",namespace="",owner="application",` + pid + `} 40`}},
+			`cudatrace_owner_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",job_id="slurm:42.0",namespace="",owner="application",` + pid + `} 100`,
+			`cudatrace_owner_live_bytes{UUID="",comm="job",container="",container_id="",gpu="1",job_id="slurm:42.0",namespace="",owner="application",` + pid + `} 40`}},
 		{false, []string{
 			`cudatrace_owner_live_bytes{UUID="GPU-aaaa",gpu="0",owner="application"} 100`,
 			`cudatrace_owner_live_bytes{UUID="",gpu="1",owner="application"} 40`}},

@@ -71,6 +71,8 @@ func New(a *agent.Agent, opts Options) http.Handler {
 	mux.HandleFunc("GET /debug/pprof/cuda_memory", s.profile)
 	mux.HandleFunc("GET /snapshot", s.snapshot)
 	mux.HandleFunc("GET /trace", s.trace)
+	mux.HandleFunc("GET /ui", s.ui(false))
+	mux.HandleFunc("GET /ui/data", s.ui(true))
 	mux.HandleFunc("GET /{$}", s.index)
 	if opts.Open && opts.Token == "" {
 		return mux
@@ -125,6 +127,7 @@ const indexText = `cudatrace agent %s
 /debug/pprof/cuda_memory[?pid=N]  pprof heap profile of GPU memory: inuse_* live now, alloc_* since the last scrape
 /snapshot?pid=N                   PyTorch memory snapshot (pytorch.org/memory_viz) of one process
 /trace?pid=N&seconds=S            a trace file of the next S seconds (cudatrace report / export read it)
+/ui[?pid=N]                       the memory page, to open in a browser: memory over time, flame graphs, leaks; it refreshes
 `
 
 func (s *server) index(w http.ResponseWriter, r *http.Request) {
@@ -175,6 +178,17 @@ func (s *server) snapshot(w http.ResponseWriter, r *http.Request) {
 // slots while it builds.
 func (s *server) built(w http.ResponseWriter, r *http.Request, needPID bool,
 	build func(context.Context, io.Writer, uint32) error, name func(pid uint32) string) {
+	s.serveBuilt(w, r, needPID, build, func(h http.Header, pid uint32) {
+		h.Set("Content-Type", "application/octet-stream")
+		h.Set("Content-Disposition", fmt.Sprintf(`attachment; filename=%q`, name(pid)))
+	})
+}
+
+// serveBuilt serves what build writes for the request's ?pid= (required
+// or not), built in memory in one of the heavy requests' slots, so that
+// an error still gets its status; header sets the answer's headers.
+func (s *server) serveBuilt(w http.ResponseWriter, r *http.Request, needPID bool,
+	build func(context.Context, io.Writer, uint32) error, header func(http.Header, uint32)) {
 	pid, err := pidParam(r, needPID)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -189,8 +203,7 @@ func (s *server) built(w http.ResponseWriter, r *http.Request, needPID bool,
 		fail(w, err)
 		return
 	}
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename=%q`, name(pid)))
+	header(w.Header(), pid)
 	w.Write(buf.Bytes())
 }
 

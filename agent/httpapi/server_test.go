@@ -13,6 +13,7 @@ import (
 	"github.com/cudatrace/cudatrace/agent"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/gpustat"
+	"github.com/cudatrace/cudatrace/jobid"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/record"
@@ -36,7 +37,7 @@ func serve(t *testing.T, opts Options) *httptest.Server {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		a.Process(&procmodel.Capture{PID: pid, Comm: "job"})
+		a.Process(&procmodel.Capture{PID: pid, Comm: "job", Job: &jobid.Identity{Job: "slurm:42.0", Rank: 3, LocalRank: 1, NodeRank: -1}})
 		for _, ev := range []events.Event{
 			{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x1000, Size: 100, Device: 0, Stack: []uint64{1}},
 			{PID: pid, Comm: "job", API: events.CudaMalloc, Addr: 0x2000, Size: 40, Device: 1, Stack: []uint64{2}},
@@ -87,16 +88,16 @@ func TestMetrics(t *testing.T) {
 	}
 	// The exposition sorts labels by name.
 	// Outside a pod the IDs and the kubelet's names are empty.
-	pid := fmt.Sprintf(`namespace="",pid="%d",pod="",pod_uid=""`, os.Getpid())
-	pl := `comm="job",container="",container_id="",` + pid
+	pid := fmt.Sprintf(`namespace="",pid="%d",pod="",pod_uid="",rank="3"`, os.Getpid())
+	pl := `comm="job",container="",container_id="",job_id="slurm:42.0",` + pid
 	for _, want := range []string{
 		`cudatrace_build_info{goversion="go`,
-		`cudatrace_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",level="segment",` + pid + `} 100`,
-		`cudatrace_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",level="tensor",` + pid + `} 60`,
-		`cudatrace_live_bytes{UUID="",comm="job",container="",container_id="",gpu="1",level="segment",` + pid + `} 40`,
-		`cudatrace_peak_bytes{UUID="",comm="job",container="",container_id="",gpu="1",level="segment",` + pid + `} 40`,
-		`cudatrace_allocations_total{comm="job",container="",container_id="",level="segment",` + pid + `} 2`,
-		`cudatrace_allocations_total{comm="job",container="",container_id="",level="tensor",` + pid + `} 1`,
+		`cudatrace_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",job_id="slurm:42.0",level="segment",` + pid + `} 100`,
+		`cudatrace_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",job_id="slurm:42.0",level="tensor",` + pid + `} 60`,
+		`cudatrace_live_bytes{UUID="",comm="job",container="",container_id="",gpu="1",job_id="slurm:42.0",level="segment",` + pid + `} 40`,
+		`cudatrace_peak_bytes{UUID="",comm="job",container="",container_id="",gpu="1",job_id="slurm:42.0",level="segment",` + pid + `} 40`,
+		`cudatrace_allocations_total{comm="job",container="",container_id="",job_id="slurm:42.0",level="segment",` + pid + `} 2`,
+		`cudatrace_allocations_total{comm="job",container="",container_id="",job_id="slurm:42.0",level="tensor",` + pid + `} 1`,
 		`cudatrace_allocation_failures_total{` + pl + `} 1`,
 		`cudatrace_oom_total{` + pl + `} 1`,
 		`cudatrace_allocated_bytes_total{` + pl + `} 140`,
@@ -105,11 +106,11 @@ func TestMetrics(t *testing.T) {
 		"cudatrace_processes 1",
 		`cudatrace_nvml_used_bytes{UUID="GPU-aaaa",gpu="0"} 500`,
 		`cudatrace_nvml_total_bytes{UUID="GPU-aaaa",gpu="0"} 1000`,
-		`cudatrace_nvml_process_used_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",` + pid + `} 300`,
+		`cudatrace_nvml_process_used_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",job_id="slurm:42.0",` + pid + `} 300`,
 		"cudatrace_nvml_up 1",
 		// Each stack's live segments per device; the fake stacks name no frame.
-		`cudatrace_stack_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",` + pid + `,stack="?"} 100`,
-		`cudatrace_stack_live_bytes{UUID="",comm="job",container="",container_id="",gpu="1",` + pid + `,stack="?"} 40`,
+		`cudatrace_stack_live_bytes{UUID="GPU-aaaa",comm="job",container="",container_id="",gpu="0",job_id="slurm:42.0",` + pid + `,stack="?"} 100`,
+		`cudatrace_stack_live_bytes{UUID="",comm="job",container="",container_id="",gpu="1",job_id="slurm:42.0",` + pid + `,stack="?"} 40`,
 		"# TYPE cudatrace_allocations_total counter",
 		"# TYPE cudatrace_live_bytes gauge",
 	} {
@@ -133,7 +134,7 @@ func TestMetricsWithoutProcessLabels(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	if strings.Contains(body, "pid=") {
+	if strings.Contains(body, "pid=") || strings.Contains(body, "job_id=") || strings.Contains(body, "rank=") {
 		t.Errorf("/metrics has per-process labels:\n%s", body)
 	}
 }

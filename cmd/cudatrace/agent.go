@@ -44,7 +44,7 @@ func (f *agentFlags) bind(fl *pflag.FlagSet) {
 	fl.DurationVar(&f.retention, "retention", agent.DefaultRetention, "how long an exited process's account is kept")
 	fl.StringVar(&f.dumpDir, "dump-dir", "/var/lib/cudatrace/oom", `where OOM dumps go ("" writes none)`)
 	fl.DurationVar(&f.dumpEvery, "dump-every", agent.DefaultDumpEvery, "at most one OOM dump per process this often")
-	fl.BoolVar(&f.processLabels, "process-labels", true, "label metrics with pid, comm, container_id, pod_uid and the kubelet's namespace, pod and container (off: summed per GPU)")
+	fl.BoolVar(&f.processLabels, "process-labels", true, "label metrics with pid, comm, container_id, pod_uid, the kubelet's namespace, pod and container, and the job_id and rank of distributed jobs (off: summed per GPU)")
 	f.add(fl, "leave the stacks of profiles, snapshots and OOM dumps as addresses", "export what the driver reports (NVML) beside what was traced")
 	fl.IntVar(&f.historyEvents, "history-events", agent.DefaultHistoryEvents, "latest events kept per process for /snapshot and the OOM dumps (the flight recorder; 0: none)")
 	fl.StringVar(&f.historyBudget, "history-budget", "128MiB", "memory all processes' histories may take together (the newest are kept)")
@@ -121,7 +121,7 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 	// Runs before the shutdown: it ends the trace streams still open, and
 	// writes the OOM dumps still queued.
 	defer a.Close()
-	fmt.Fprintf(stderr, "cudatrace agent: serving http://%s/\n", ln.Addr())
+	fmt.Fprintf(stderr, "cudatrace agent: serving http://%s/ (the memory page: http://%s/ui)\n", ln.Addr(), ln.Addr())
 
 	ctx, stop := context.WithCancel(cmd.Context())
 	defer stop()

@@ -64,6 +64,10 @@ func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
 	if err := checkTrace(trace); err != nil {
 		return err
 	}
+	pids, err := f.selection(trace)
+	if err != nil {
+		return hint.Default(err, traceHint)
+	}
 	if err := outfile.Check(f.output); err != nil {
 		return err
 	}
@@ -71,7 +75,7 @@ func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
 	if entries == 0 {
 		entries = export.MemvizNoTrace
 	}
-	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: entries, PIDs: f.pids, Top: f.top,
+	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: entries, PIDs: pids, Top: f.top,
 		Warn: func(msg string) { cmd.PrintErrf("cudatrace: warning: %s\n", msg) }}
 	if err := writeExport(cmd.OutOrStdout(), trace, format, f.output, opts); err != nil {
 		return hint.Default(err, traceHint)
@@ -117,7 +121,7 @@ func writeExport(stdout io.Writer, trace string, format export.Format, out strin
 func newExportCmd() *cobra.Command {
 	return verb(&cobra.Command{
 		Use:   "export TRACE --format FORMAT -o OUT",
-		Short: "Write a trace as a pprof profile, a PyTorch memory_viz snapshot, a Perfetto timeline or JSON",
+		Short: "Write a trace as a pprof profile, a PyTorch memory_viz snapshot, a Perfetto timeline, JSON or an HTML page",
 		Long: `Export converts a trace written by 'cudatrace record -o' for the tools you
 already use:
 
@@ -130,7 +134,9 @@ already use:
             'go tool pprof -sample_index=tensor_inuse_space' (or
             host_inuse_space, tensor_alloc_space, ...). Labels pid, comm,
             device, api, kind, level and owner (who asked for it: pytorch,
-            nccl, cublas, ... application; -tagfocus owner=nccl).
+            nccl, cublas, ... application; -tagfocus owner=nccl); job_id
+            and rank for the ranks of a distributed job, node in a merged
+            trace (-tagfocus rank=3).
             inuse_* is the live set at --at.
   memviz    a pickle that https://pytorch.org/memory_viz and
             'python -m torch.cuda._memory_viz' open, like the snapshot of
@@ -146,12 +152,30 @@ already use:
             tensors' blocks as its caching allocator cuts them. OOM
             entries carry the free memory NVML saw last; without NVML in
             the trace they leave it out, and the Allocator Settings tab
-            says so. One process: pick it with --pid.
+            says so. One process: pick it with --pid, or --rank.
   perfetto  Chrome trace JSON for https://ui.perfetto.dev: live GPU memory
-            per process and device as counter tracks (tensor memory too),
+            per process and device as counter tracks (tensor memory too;
+            a rank of a job titled "rank 3 · node-b · pid 4242", ranks in
+            order),
             failed allocations as instant events on their named threads,
             with their stacks.
   json      the full report: processes, devices, stacks, failures, the peak.
+  html      one self-contained page to open in any browser, offline (its
+            script and style are in the file; nothing is fetched): memory
+            over time per device, split by owner or by call path, with
+            the driver's (NVML) figure beside it and the peak and failures
+            marked; click a moment (the peak by default) for a flame graph
+            of what was live then, by call path (Python lines and native
+            frames, coloured by owner), with search and zoom; drag a range
+            to see what it allocated and left live (leaks), the bytes each
+            source line added and removed, each function's tensors used
+            and memory acquired, and used and peaked per interval;
+            failures with what was live; the report's processes, owners
+            and notes. Its size follows what it draws, not the events: a
+            10M-event trace makes a page of a few MB (its "About" tab says
+            what was aggregated, and how finely). The whole trace: --at
+            does not apply. 'cudatrace agent' serves the same page live
+            at /ui.
 
 Stacks are symbolized from the files on this machine, as 'cudatrace report'
 does. The trace is read as a stream: memory stays bounded by the live set.`,
@@ -162,7 +186,8 @@ does. The trace is read as a stream: memory stays bounded by the live set.`,
   cudatrace export train.trace --format pprof --at peak -o peak.pb.gz
 
   cudatrace export train.trace --format memviz -o train.pickle   # drop on pytorch.org/memory_viz
-  cudatrace export train.trace --format perfetto -o train.json   # open in ui.perfetto.dev`,
+  cudatrace export train.trace --format perfetto -o train.json   # open in ui.perfetto.dev
+  cudatrace export train.trace --format html -o train.html       # open in any browser, offline`,
 		Args: oneTrace,
 	}, (*exportFlags).bind, runExport)
 }

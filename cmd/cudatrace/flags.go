@@ -106,13 +106,17 @@ func (f *traceFlags) ring(window int) (uint32, error) {
 
 // readFlags are the flags of the verbs that read a trace.
 type readFlags struct {
-	pids        pidList
+	pids        tracePIDs
+	ranks       []int
+	job         string
 	noSymbolize bool
 	top         int
 }
 
 func (f *readFlags) add(fl *pflag.FlagSet, topUsage string) {
-	addPIDFlag(fl, &f.pids, "only this process (repeatable)")
+	fl.VarP(&f.pids, "pid", "p", "only this process (repeatable)")
+	fl.IntSliceVar(&f.ranks, "rank", nil, "only the process of this rank in its distributed job (repeatable)")
+	fl.StringVar(&f.job, "job", "", "with --rank, the job of the ranks, where the trace has several (its id, as report shows it)")
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, "leave stacks as addresses")
 	fl.IntVar(&f.top, "top", 20, topUsage)
 }

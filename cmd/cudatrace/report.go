@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -43,7 +44,11 @@ func runReport(cmd *cobra.Command, f *reportFlags, args []string) error {
 	if err := checkTrace(args[0]); err != nil {
 		return err
 	}
-	opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval, PIDs: f.pids,
+	pids, err := f.selection(args[0])
+	if err != nil {
+		return hint.Default(err, traceHint)
+	}
+	opts := report.Options{Top: f.top, MinAge: f.minAge, Interval: f.interval, PIDs: pids,
 		NoSymbolize: f.noSymbolize, By: by}
 	rep, err := report.Load(args[0], opts)
 	if err != nil {
@@ -59,7 +64,18 @@ func runReport(cmd *cobra.Command, f *reportFlags, args []string) error {
 	if f.json {
 		return rep.WriteJSON(cmd.OutOrStdout())
 	}
-	return rep.WriteText(cmd.OutOrStdout())
+	if err := rep.WriteText(cmd.OutOrStdout()); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "\n%s\n", pageHint(args[0]))
+	return err
+}
+
+// pageHint says how to see a trace as the HTML page: memory over time,
+// flame graphs at any moment, a range's leaks.
+func pageHint(trace string) string {
+	return fmt.Sprintf("To look at it: cudatrace export %s --format html -o report.html, and open report.html in a browser "+
+		"(memory over time, the live set at any moment as a flame graph, leaks by time range; no network needed)", trace)
 }
 
 // newReportCmd is `cudatrace report`: its help, its flags (reportFlags.bind) and runReport.
@@ -101,6 +117,14 @@ over the samples tell a constant overhead from a growing one; --interval
 adds the remainder per interval. NVML's device indices are not CUDA's
 ordinals, so the comparison is per process, over all its GPUs.
 
+Processes of a distributed job (torchrun, Slurm, MPI, JobSet, Ray: the job and
+rank their launcher's environment gave them) are shown with their JOB and RANK,
+grouped by job; per job, a table of its ranks' peak and end memory, how
+unevenly they peaked, and the first failed allocation in the job (rank, node,
+time, stack) with what every rank held then. --rank N reports those ranks
+only. A trace of several nodes (cudatrace merge) adds NODE, and says how well
+the nodes' clocks agreed. docs/jobs.md says more.
+
 Stacks are symbolized from the libraries and executables on this machine,
 checked against the build IDs captured while recording. A trace cut short
 (the tracer was killed) is reported up to its last complete record.`,
@@ -111,7 +135,10 @@ checked against the build IDs captured while recording. A trace cut short
   cudatrace report train.trace --by function     # used/acquired/occurrences per function (CupyMemoryProfileHook)
   cudatrace report train.trace --by line --interval 10s  # bytes added and removed per source line (MemTracker)
   cudatrace report train.trace --json | jq '.processes[] | {pid, live_bytes, peak_bytes}'
-  cudatrace report train.trace --json | jq '.owners[] | {pid, peak}'   # who held the memory at the peak`,
+  cudatrace report train.trace --json | jq '.owners[] | {pid, peak}'   # who held the memory at the peak
+  cudatrace report job.trace --rank 0 --rank 3                # two ranks of a job
+  cudatrace report job.trace --json | jq '.jobs[].first_failure | {rank, node, time}'
+  cudatrace export train.trace --format html -o train.html   # the same, as a page to look at`,
 		Args: oneTrace,
 	}, (*reportFlags).bind, runReport)
 }

@@ -76,7 +76,7 @@ Needs root, or CAP_BPF and CAP_PERFMON, on Linux 5.15 or later with BTF.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(flagError)
-	root.AddCommand(newRecordCmd(), newReportCmd(), newDiffCmd(), newExportCmd(), newTopCmd(), newAgentCmd(), newLaunchCmd())
+	root.AddCommand(newRecordCmd(), newReportCmd(), newDiffCmd(), newExportCmd(), newMergeCmd(), newTopCmd(), newAgentCmd(), newLaunchCmd())
 	return root
 }
 

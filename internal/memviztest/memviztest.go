@@ -7,6 +7,13 @@
 // mappings are undone as MemoryViz.js undoes them: segment_map takes its
 // range out of the segment it lies in, segment_unmap puts it back merged
 // with the segments it touches.
+//
+// It also reads the trace forwards as the timelines do
+// (process_alloc_data.js, 2026): memory live before the trace began is an
+// active_allocated block with no alloc entry left unfreed (a "ghost
+// block"), or a free_completed entry with no alloc before it (a block
+// that existed at the start and was freed); a segment with no
+// segment_alloc left unfreed existed at the start too.
 package memviztest
 
 import (
@@ -32,6 +39,18 @@ type Summary struct {
 	Live       map[string]uint64 `json:"live"`
 	Settings   map[string]any    `json:"settings"`
 	DeviceFree []int64           `json:"device_free"` // of every oom entry; -1 where it is left out (unknown)
+	// Ghosts are, per device, the addresses and sizes of the
+	// active_allocated blocks the trace never allocated (or freed after
+	// allocating): memory_viz's ghost blocks, live before it began.
+	Ghosts map[string][][2]uint64 `json:"ghosts"`
+	// FreedBefore are, per device, the addresses of the free_completed
+	// entries with no alloc before them: blocks live at the start, freed
+	// in the trace.
+	FreedBefore map[string][]uint64 `json:"freed_before"`
+	// SegmentsBefore are, per device, the addresses of the segments with
+	// no segment_alloc left standing: the segment timeline's initially
+	// allocated ones.
+	SegmentsBefore map[string][]uint64 `json:"segments_before"`
 }
 
 // script checks the snapshot at argv[1]; argv[2] is "1" when device_free
@@ -107,9 +126,39 @@ for dev, trace in enumerate(s["device_traces"]):
                 segs[dev][addr + size] = end - addr - size
         else:
             assert addr + size <= end, what + ": %#x+%d runs past its segment" % (addr, size)
+# Forwards, as process_alloc_data.js pairs entries: alloc with the
+# free_completed at its address (free, in older traces); a free with no
+# alloc open at its address stands for a block live at the start; an
+# active_allocated block of the snapshot with no alloc open at its
+# address is a ghost. Segments likewise, by segment_alloc and segment_free.
+ghosts, freed_before, segments_before = {}, {}, {}
+for dev, trace in enumerate(s["device_traces"]):
+    blocks, segs_open = set(), set()
+    for e in trace:
+        act = e["action"]
+        if act == "alloc":
+            blocks.add(e["addr"])
+        elif act in ("free", "free_completed"):
+            if e["addr"] in blocks:
+                blocks.discard(e["addr"])
+            else:
+                freed_before.setdefault(str(dev), []).append(e["addr"])
+        elif act == "segment_alloc":
+            segs_open.add(e["addr"])
+        elif act == "segment_free":
+            segs_open.discard(e["addr"])
+    for seg in s["segments"]:
+        if seg["device"] != dev:
+            continue
+        if seg["address"] not in segs_open:
+            segments_before.setdefault(str(dev), []).append(seg["address"])
+        for b in seg["blocks"]:
+            if b["state"] == "active_allocated" and b["address"] not in blocks:
+                ghosts.setdefault(str(dev), []).append([b["address"], b["requested_size"]])
 print(json.dumps({"segments": len(s["segments"]), "entries": entries,
     "live": {str(d): v for d, v in live.items()}, "settings": s.get("allocator_settings"),
-    "device_free": device_free}))
+    "device_free": device_free, "ghosts": ghosts, "freed_before": freed_before,
+    "segments_before": segments_before}))
 `
 
 // Check loads the snapshot pickle at path with python3 and checks it:

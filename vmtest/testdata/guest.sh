@@ -1,9 +1,11 @@
 #!/bin/busybox sh
 # /init of the kernel matrix's initramfs (vmtest/kernels_test.go): runs
 # cudatrace on the booted kernel and sends what it wrote, a gzipped tar in
-# base64, over the second serial port; the host test checks it against the
-# stand-in's ground truth. Paths come from /vm/env, written by the host;
-# the mode from the kernel command line (ct_mode=full|floor, ct_noloop=1).
+# base64, over $RESULTS (x86-64: the second serial port; arm64's virt
+# machine has one, the console, quiet at loglevel=1); the host test checks
+# it against the stand-in's ground truth. Paths come from /vm/env, written
+# by the host for the guest's architecture (ARCH); the mode from the
+# kernel command line (ct_mode=full|floor, ct_noloop=1, ct_dumps=1).
 /bin/busybox --install -s /bin
 export PATH=/bin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
@@ -13,19 +15,22 @@ mount -t devtmpfs dev /dev 2>/dev/null
 mkdir -p /sys/fs/bpf && mount -t bpf bpf /sys/fs/bpf
 ip link set lo up
 . /vm/env
-export HOME=/root LD_LIBRARY_PATH=/lib/x86_64-linux-gnu FAKECUDA_DEVICES=2 FAKECUDA_MEM_LIMIT=1073741824
+export HOME=/root LD_LIBRARY_PATH=$LIBPATH FAKECUDA_DEVICES=2 FAKECUDA_MEM_LIMIT=1073741824
 
 mode=full
 noloop=0
+dumps=0
 for a in $(cat /proc/cmdline); do
 	case $a in
 	ct_mode=*) mode=${a#ct_mode=} ;;
 	ct_noloop=1) noloop=1 ;;
+	ct_dumps=1) dumps=1 ;;
 	esac
 done
 O=/tmp/out
 mkdir -p $O
 uname -r >$O/uname
+cp /proc/cpuinfo $O/cpuinfo
 say() { echo "guest: $(cut -d' ' -f1 /proc/uptime)s $*" >/dev/console; }
 say "Linux $(uname -r), mode $mode"
 
@@ -106,6 +111,22 @@ else
 	wait $ag
 	echo $? >$O/agent/rc
 
+	if [ "$ARCH" = arm64 ]; then
+		# Native stacks through code without frame pointers whose return
+		# addresses are signed (-mbranch-protection=standard): unwound here,
+		# from frame pointers alone, and kept for the host to unwind (an
+		# arm64 trace read on x86-64).
+		record omitfp --lib $LIB -- $OMITFP
+		record omitfp0 --stack-window 0 --lib $LIB -- $OMITFP
+		record keep --keep-stack-windows --lib $LIB -- $OMITFP
+		# PyTorch's tensor-level USDT probes, arm64's operands.
+		record tensors --lib $LIB --lib $C10 -- $BIN/tensors 40
+		if [ $dumps = 1 ]; then
+			# The unwind package's arm64 test stacks (unwind/testdata/arm64).
+			mkdir -p $O/dumps
+			env -i /unwind/dumpself $O/dumps/dump-$(uname -r | cut -d. -f1-2)
+		fi
+	fi
 	if [ $noloop = 1 ]; then
 		export CUDATRACE_TEST_NO_BPF_LOOP=1
 		record noloop --lib $LIB -- sh -c "bpftool prog show >$O/noloop/progs.txt; exec $BIN/mix 4 40 7"
@@ -118,9 +139,10 @@ else
 	bpftool link show >$O/after/links.txt 2>&1
 fi
 
+dmesg >$O/dmesg.txt
 say "sending results"
-echo "BEGIN-RESULTS" >/dev/ttyS1
-tar -C $O -czf - . | base64 >/dev/ttyS1
-echo "END-RESULTS" >/dev/ttyS1
+echo "BEGIN-RESULTS" >$RESULTS
+tar -C $O -czf - . | base64 >$RESULTS
+echo "END-RESULTS" >$RESULTS
 sync
 poweroff -f

@@ -1,0 +1,85 @@
+package procmodel
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/cudatrace/cudatrace/jobid"
+	"github.com/cudatrace/cudatrace/proc"
+)
+
+// identify reads c's job and rank from the environment its process
+// started with (proc.Environ: process_vm_readv of the bounds stat shows,
+// ptrace access only, no /proc/PID/environ to open), once: a later
+// capture of the same process (prev) keeps what the first read, as an
+// exec keeps the job the process was started in.
+func (c *Capture) identify(prev *Capture) {
+	if prev != nil && prev.Start == c.Start {
+		c.Job, c.JobError = prev.Job, prev.JobError
+		return
+	}
+	env, err := proc.Environ(int(c.PID))
+	switch {
+	case errors.Is(err, proc.ErrNoProcess):
+		// Gone: the capture says so already (Error).
+	case err != nil:
+		c.JobError = fmt.Sprintf("%v: its job and rank are unknown", err)
+	default:
+		c.Job = jobid.FromEnv(env)
+	}
+}
+
+// Ranked reports whether c's process has a rank in a job.
+func (c *Capture) Ranked() bool { return c != nil && c.Job.Ranked() }
+
+// JobID is the job c's process belongs to ("" when none).
+func (c *Capture) JobID() string {
+	if c == nil || c.Job == nil {
+		return ""
+	}
+	return c.Job.Job
+}
+
+// Rank is c's process's rank in its job; -1 when it has none.
+func (c *Capture) Rank() int {
+	if !c.Ranked() {
+		return -1
+	}
+	return c.Job.Rank
+}
+
+// HostPID is the PID the process had on its host: NodePID in a merged
+// trace that renumbered it, PID otherwise.
+func (c *Capture) HostPID() uint32 {
+	if c.NodePID != 0 {
+		return c.NodePID
+	}
+	return c.PID
+}
+
+// Title names c's process across ranks and nodes, as the timelines title
+// it: "rank 3 · node-b · pid 4242" for a rank of a job (the node only in a
+// merged trace), "python3 · node-b · pid 4242" for another process of a
+// merged trace, and "python3 (4242)" otherwise, as before there were
+// jobs. c may be nil (a process never captured): comm and pid name it.
+func Title(c *Capture, pid uint32, comm string) string {
+	if c != nil && c.Comm != "" {
+		comm = c.Comm
+	}
+	if c == nil || !c.Ranked() && c.Node == "" {
+		return fmt.Sprintf("%s (%d)", comm, pid)
+	}
+	var parts []string
+	if c.Ranked() {
+		parts = append(parts, "rank "+strconv.Itoa(c.Job.Rank))
+	} else if comm != "" {
+		parts = append(parts, comm)
+	}
+	if c.Node != "" {
+		parts = append(parts, c.Node)
+	}
+	parts = append(parts, "pid "+strconv.FormatUint(uint64(c.HostPID()), 10))
+	return strings.Join(parts, " · ")
+}
