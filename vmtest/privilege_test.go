@@ -340,12 +340,11 @@ func (j *nobodyJob) end(t *testing.T) {
 // nobodyJobs are the two jobs every mode traces: the C hold workload and
 // the Python job of 200 call sites (pymode hold or exit).
 type nobodyJobs struct {
-	w        *nobodyWorld
-	c, py    *nobodyJob
-	cLog     string
-	pyLog    string
-	pyExits  bool
-	pyScript string
+	w       *nobodyWorld
+	c, py   *nobodyJob
+	cLog    string
+	pyLog   string
+	pyExits bool
 }
 
 func startNobodyJobs(t *testing.T, ctx context.Context, w *nobodyWorld, pymode string) *nobodyJobs {

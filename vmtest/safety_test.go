@@ -36,25 +36,6 @@ func procState(pid int) byte {
 	return b[i+2]
 }
 
-// childrenOf lists pid's child processes with their comm.
-func childrenOf(t *testing.T, pid int) map[int]string {
-	t.Helper()
-	out := map[int]string{}
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	for _, f := range tasks {
-		b, _ := os.ReadFile(f)
-		for _, s := range strings.Fields(string(b)) {
-			c, err := strconv.Atoi(s)
-			if err != nil {
-				continue
-			}
-			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c))
-			out[c] = strings.TrimSpace(string(comm))
-		}
-	}
-	return out
-}
-
 // waitFor polls cond every 5 ms until it holds or timeout passes, and
 // says how long it took.
 func waitFor(timeout time.Duration, cond func() bool) (time.Duration, bool) {
