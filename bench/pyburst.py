@@ -1,4 +1,4 @@
-# A model-loading-like burst (bench/pyhold.sh): N new code objects each
+# A model-loading-like burst (bench/pyfirst.sh): N new code objects each
 # allocating once (N new Python frames), then M allocations from one site.
 # argv: the runtime library, N, M. Prints microseconds per allocation.
 import ctypes, sys, time

@@ -203,6 +203,21 @@ type CudatraceDlScratchVal struct {
 	Seq uint64
 }
 
+type CudatraceDlWalk struct {
+	_     structs.HostLayout
+	Id    uint64
+	Lm    uint64
+	After uint64
+	Last  uint64
+	Seq   uint64
+	Past  uint32
+	N     uint32
+	Sent  uint32
+	Bad   uint32
+	Learn uint32
+	Seen  uint32
+}
+
 type CudatraceInflight struct {
 	_      structs.HostLayout
 	TsNs   uint64
@@ -313,6 +328,7 @@ const (
 	CudatraceMapCtxStacks              = "ctx_stacks"
 	CudatraceMapDlLast                 = "dl_last"
 	CudatraceMapDlScratch              = "dl_scratch"
+	CudatraceMapDlWalks                = "dl_walks"
 	CudatraceMapEvents                 = "events"
 	CudatraceMapInflight               = "inflight"
 	CudatraceMapLastFree               = "last_free"
@@ -473,6 +489,7 @@ type CudatraceMapSpecs struct {
 	CtxStacks   *ebpf.MapSpec `ebpf:"ctx_stacks"`
 	DlLast      *ebpf.MapSpec `ebpf:"dl_last"`
 	DlScratch   *ebpf.MapSpec `ebpf:"dl_scratch"`
+	DlWalks     *ebpf.MapSpec `ebpf:"dl_walks"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
@@ -543,6 +560,7 @@ type CudatraceMaps struct {
 	CtxStacks   *ebpf.Map `ebpf:"ctx_stacks"`
 	DlLast      *ebpf.Map `ebpf:"dl_last"`
 	DlScratch   *ebpf.Map `ebpf:"dl_scratch"`
+	DlWalks     *ebpf.Map `ebpf:"dl_walks"`
 	Events      *ebpf.Map `ebpf:"events"`
 	Inflight    *ebpf.Map `ebpf:"inflight"`
 	LastFree    *ebpf.Map `ebpf:"last_free"`
@@ -569,6 +587,7 @@ func (m *CudatraceMaps) Close() error {
 		m.CtxStacks,
 		m.DlLast,
 		m.DlScratch,
+		m.DlWalks,
 		m.Events,
 		m.Inflight,
 		m.LastFree,

@@ -145,7 +145,8 @@ struct dl_scratch_val {
 };
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, dl_scratch, __u32, struct dl_scratch_val, 1);
 
-// A walk of the loader's list, shared with its bpf_loop callback.
+// A walk of the loader's list, a CPU's (dl_walks), shared with its
+// bpf_loop callback.
 struct dl_walk {
 	__u64 id;
 	__u64 lm;    // the entry under examination
@@ -231,44 +232,60 @@ static long dl_loop_step(__u64 i, void *arg)
 }
 
 // Entries a note walks at most: a PyTorch process maps some 500 objects.
+// Kernels without bpf_loop (5.15, 5.16) walk at most CT_DL_WALK_NOLOOP in
+// a bounded loop, with the walk's state in a map (dl_walks): read from a
+// map, its fields are numbers the verifier does not know, and the paths of
+// one step join again at the next.
 #define CT_DL_WALK 4096
+#define CT_DL_WALK_NOLOOP 256
+CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, dl_walks, __u32, struct dl_walk, 1);
 
 // dl_report reports the objects of the process's loader's list (its head
-// at rmap) after the last reported, and says how many it did. With
-// bpf_loop only (5.17): followed entry by entry in a bounded loop, the
-// walk took the verifier past its million instructions, and kernels
-// without bpf_loop (5.15, 5.16) send a plain note instead: the reader
-// reads the process's mappings, which a process gone by then lacks.
-static __always_inline __u32 dl_report(__u64 id, __u64 rmap)
+// at rmap) after the last reported, and says how many it did.
+static __always_inline __u32 dl_report(__u64 id, __u64 rmap, const int use_loop)
 {
 	__u32 zero = 0, tgid = id >> 32;
 	struct dl_scratch_val *s = bpf_map_lookup_elem(&dl_scratch, &zero);
-	if (!s)
+	// bpf_loop's callback takes the walk on the stack; the bounded loop,
+	// from the map
+	struct dl_walk onstack;
+	struct dl_walk *w = use_loop ? &onstack : bpf_map_lookup_elem(&dl_walks, &zero);
+	if (!s || !w)
 		return 0;
 	struct task_struct *task = (void *)bpf_get_current_task();
 	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
-	struct dl_walk w = {.id = id, .lm = rmap};
+	__builtin_memset(w, 0, sizeof(*w));
+	w->id = id;
+	w->lm = rmap;
 	struct dl_last_val *last = bpf_map_lookup_elem(&dl_last, &tgid);
 	if (last && last->mm == mm)
-		w.after = last->lm;
-	w.past = !w.after;
-	w.learn = !bpf_map_lookup_elem(&py_procs, &tgid);
-	w.seq = s->seq + 1;
-	s->seq = w.seq;
+		w->after = last->lm;
+	w->past = !w->after;
+	// bpf_find_vma is as new as bpf_loop (5.17)
+	w->learn = use_loop && !bpf_map_lookup_elem(&py_procs, &tgid);
+	w->seq = s->seq + 1;
+	s->seq = w->seq;
 	for (int pass = 0; pass < 2; pass++) {
-		bpf_loop(CT_DL_WALK, dl_loop_step, &w, 0);
-		if (w.past)
+		if (use_loop) {
+			bpf_loop(CT_DL_WALK, dl_loop_step, w, 0);
+		} else {
+			for (int i = 0; i < CT_DL_WALK_NOLOOP; i++)
+				if (dl_step(w))
+					break;
+		}
+		if (w->past)
 			break;
 		// the entry last reported was unlinked (dlclose): all of them
-		w.lm = rmap;
-		w.past = 1;
+		w->lm = rmap;
+		w->past = 1;
 	}
-	dl_flush(&w, s);
-	if (w.sent) {
-		struct dl_last_val v = {.mm = mm, .lm = w.last};
+	dl_flush(w, s);
+	__u32 sent = w->sent;
+	if (sent) {
+		struct dl_last_val v = {.mm = mm, .lm = w->last};
 		bpf_map_update_elem(&dl_last, &tgid, &v, BPF_ANY);
 	}
-	return w.sent;
+	return sent;
 }
 
 // The dynamic loader's notification point, _dl_debug_state (what
@@ -296,7 +313,7 @@ static __always_inline int dl_notify(struct pt_regs *ctx, const int use_loop)
 			return 0;
 		bpf_map_update_elem(&noted, &tgid, &now, BPF_ANY);
 	}
-	if (!delta || !use_loop || !dl_report(id, read_u64(PT_REGS_IP(ctx) + delta - 16)))
+	if (!delta || !dl_report(id, read_u64(PT_REGS_IP(ctx) + delta - 16), use_loop))
 		submit_note(id, mapped_api);
 	return 0;
 }

@@ -737,6 +737,13 @@ type Handler interface {
 	Tick()
 }
 
+// Idler is a Handler told when the ring buffer has no more records for
+// now (Idle): what it put off in the hope of more of the same (record's
+// notes of one process, one after another) it does then.
+type Idler interface {
+	Idle()
+}
+
 // readBatch is how many records Run hands over between two looks at the
 // clock (Tick).
 const readBatch = 256
@@ -746,12 +753,20 @@ const readBatch = 256
 // reported through errf and reading goes on.
 func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 	last := time.Now()
+	idler, _ := h.(Idler)
+	read := func() int {
+		n := t.reader.read(h.Record, readBatch)
+		if n < readBatch && idler != nil {
+			idler.Idle()
+		}
+		return n
+	}
 	for ctx.Err() == nil {
 		// Records come in batches: BPF wakes the reader only at a
 		// process's first record, an exec or library load of one
 		// (bpf/notify.h), or past WakeupBytes unread.
 		// The clock is read once a batch, not per record.
-		if t.reader.read(h.Record, readBatch) == 0 {
+		if read() == 0 {
 			if err := t.reader.wait(t.opts.PollInterval - time.Since(last)); err != nil {
 				errf(err)
 			}
@@ -759,7 +774,7 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 			// for the poll) is handed over before Tick, which writes the
 			// samples taken meanwhile (NVML): in the file, a sample then
 			// follows the records made before it.
-			t.reader.read(h.Record, readBatch)
+			read()
 		}
 		if now := time.Now(); now.Sub(last) >= t.opts.PollInterval {
 			last = now
@@ -769,7 +784,7 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 	t.Detach()
 	// What is left in the ring buffer, without waiting for more: the
 	// probes are gone, so no record is being written.
-	for t.reader.read(h.Record, readBatch) > 0 {
+	for read() > 0 {
 	}
 	h.Tick()
 	return nil

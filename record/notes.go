@@ -45,22 +45,57 @@ type noteState struct {
 // for records of it still unread.
 const pendingAfterExit = 5 * time.Second
 
-// note takes a note record.
+// note takes a note record. A process's library loads come in runs (an
+// import maps hundreds of extension modules, each a note): a run of one
+// process's notes, one after another in the ring buffer, is taken as one
+// (openNote), when the next record is anything else or the ring buffer
+// is empty for now (Idle), so that a reader behind a run catches up at
+// once, not a read of the process's mappings a note.
 func (s *session) note(raw []byte, ev *events.Event) {
+	if ev.API == events.LibrariesMapped {
+		if s.open.pid != ev.PID || !s.open.set {
+			s.takeOpenNote()
+			s.open = openNote{pid: ev.PID, set: true}
+		}
+		objs, err := events.DecodeLoaded(raw, ev, s.open.objs)
+		if err != nil {
+			s.warn(err)
+		}
+		s.open.objs, s.open.at = objs, ev.Time
+		return
+	}
+	s.takeOpenNote()
 	switch ev.API {
 	case events.PyCode:
 		s.pycode(raw, ev)
 	case events.ProcessExec:
 		s.exec(raw, ev)
-	case events.LibrariesMapped:
-		objs, err := events.DecodeLoaded(raw, ev, s.objs[:0])
-		if err != nil {
-			s.warn(err)
-		}
-		s.objs = objs
-		s.mapped(ev.PID, ev.Time, objs)
 	}
 }
+
+// openNote is a run of one process's library-load notes not taken yet:
+// the last one's time, and the objects all of them reported.
+type openNote struct {
+	set  bool
+	pid  uint32
+	at   uint64
+	objs []events.LoadedObject
+}
+
+// takeOpenNote takes the run of notes put off, if any.
+func (s *session) takeOpenNote() {
+	if !s.open.set {
+		return
+	}
+	o := s.open
+	s.open.set = false
+	s.mapped(o.pid, o.at, o.objs)
+	s.open.objs = o.objs[:0]
+}
+
+// Idle is the loader's word that the ring buffer is empty for now
+// (loader.Idler).
+func (s *session) Idle() { s.takeOpenNote() }
 
 // exec takes a traced process's exec: the program it ran before is gone,
 // with its interpreter and code objects (BPF dropped its layout), and

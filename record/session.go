@@ -91,10 +91,10 @@ type session struct {
 	// pending: each CUDA process's capture as a note last read it, for
 	// when it is gone by the time a record asks for one (notes.go).
 	pending map[uint32]*procmodel.Capture
-	// execs: the file each process last exec'd (notes.go), and objs a
-	// note's objects, decoded.
+	// execs: the file each process last exec'd (notes.go), and open a run
+	// of one process's library-load notes not taken yet.
 	execs map[uint32]string
-	objs  []events.LoadedObject
+	open  openNote
 	// pyFiles are the interpreter files whose layout BPF has (python.go),
 	// under pyFilesMu: learnSystemPython adds to it on a goroutine of its
 	// own.
@@ -235,6 +235,7 @@ func (s *session) Record(raw []byte) {
 		s.note(raw, ev)
 		return
 	}
+	s.takeOpenNote()
 	s.events++
 	lp := s.track(ev)
 	st.done(StageDecode)
@@ -425,6 +426,7 @@ func (s *session) learner() learner {
 // session is over.
 func (s *session) Tick() {
 	s.stats.tick()
+	s.takeOpenNote()
 	s.attachLate()
 	s.takeNotes()
 	s.learn.tick(s.learner())

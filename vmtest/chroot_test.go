@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -112,21 +111,7 @@ func (c *chrootRoot) check(t *testing.T, ctx context.Context, trace, stderr stri
 	if p := rep.process(truth.PID); p != nil && p.UnresolvedPythonFrames != 0 {
 		t.Errorf("%d Python frames unresolved, want 0", p.UnresolvedPythonFrames)
 	}
-	bySize := map[uint64][]string{}
-	for _, s := range rep.Stacks {
-		if s.PID == truth.PID && s.Allocs == 1 {
-			bySize[s.AllocBytes] = pyFrameNames(s.Frames)
-		}
-	}
-	bad := 0
-	for i := range 200 {
-		want := []string{fmt.Sprintf("%s:%d:site%d", filepath.Join(c.in, "sites.py"), 4+3*i, i),
-			fmt.Sprintf("%s:%d:<module>", filepath.Join(c.in, "pynobody.py"), pyLine(t, "pynobody.py", "burst"))}
-		if got := bySize[siteBytes(i)]; !slices.Equal(got, want) && bad < 5 {
-			bad++
-			t.Errorf("site%d: Python frames %q, want %q", i, got, want)
-		}
-	}
+	checkSites(t, rep, truth.PID, filepath.Join(c.in, "sites.py"), filepath.Join(c.in, "pynobody.py"))
 }
 
 // TestChrootPython: CPython run under chroot in the tracer's mount

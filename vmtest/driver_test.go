@@ -419,23 +419,8 @@ func TestAttachBeforeCUDA(t *testing.T) {
 	ctx, dir := traceSetup(t)
 	lib := wheelCopy(t, filepath.Join(dir, "site-packages"))
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "before.trace")
-	cmd := exec.CommandContext(ctx, workload("dlopen_late"), lib, "30")
 	// Loads the library 4 s after starting: the tracer is attached by then.
-	cmd.Env = append(fakeEnv(log), "DLOPEN_LATE_DELAY_MS=4000")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	rec := startRecord(t, ctx, recordOpts{}, "--pid", fmt.Sprint(cmd.Process.Pid), "-o", trace)
-	if err := <-done; err != nil {
-		t.Fatalf("dlopen_late: %v\n%s", err, out.String())
-	}
-	if code := rec.wait(t, 30*time.Second); code != 0 {
-		t.Fatalf("record --pid exited %d, want 0:\n%s", code, rec.stderr.String())
-	}
+	cmd, rec := recordDlopenLate(t, ctx, trace, lib, append(fakeEnv(log), "DLOPEN_LATE_DELAY_MS=4000"))
 	stderr := rec.stderr.String()
 	waiting := fmt.Sprintf("cudatrace: pid %d has not loaded CUDA yet", cmd.Process.Pid)
 	if n := strings.Count(stderr, waiting); n != 1 {
@@ -480,8 +465,24 @@ func TestLateLoadSearchPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "search.trace")
-	cmd := exec.CommandContext(ctx, workload("dlopen_late"), "libcudart.so.12", "30")
-	cmd.Env = append(fakeEnv(log), "DLOPEN_LATE_DELAY_MS=3000", "DLOPEN_LATE_WAIT_MS=2", "LD_LIBRARY_PATH="+ldpath)
+	cmd, rec := recordDlopenLate(t, ctx, trace, "libcudart.so.12",
+		append(fakeEnv(log), "DLOPEN_LATE_DELAY_MS=3000", "DLOPEN_LATE_WAIT_MS=2", "LD_LIBRARY_PATH="+ldpath))
+	want := onlyTruth(t, log, "")
+	if want.PID != cmd.Process.Pid || want.Allocs != 30 {
+		t.Fatalf("ground truth: pid %d with %d allocations, want pid %d with 30", want.PID, want.Allocs, cmd.Process.Pid)
+	}
+	checkProcess(t, runReport(t, ctx, trace), want, 0, "dlopen_late")
+	if strings.Contains(rec.stderr.String(), "after tracing began") {
+		t.Errorf("record attached the library late, where it was on the search path:\n%s", rec.stderr.String())
+	}
+}
+
+// recordDlopenLate runs dlopen_late LIB 30 with env, record --pid of it
+// writing trace, and waits for both to end well.
+func recordDlopenLate(t *testing.T, ctx context.Context, trace, lib string, env []string) (*exec.Cmd, *recording) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, workload("dlopen_late"), lib, "30")
+	cmd.Env = env
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -496,12 +497,5 @@ func TestLateLoadSearchPath(t *testing.T) {
 	if code := rec.wait(t, 30*time.Second); code != 0 {
 		t.Fatalf("record --pid exited %d, want 0:\n%s", code, rec.stderr.String())
 	}
-	want := onlyTruth(t, log, "")
-	if want.PID != cmd.Process.Pid || want.Allocs != 30 {
-		t.Fatalf("ground truth: pid %d with %d allocations, want pid %d with 30", want.PID, want.Allocs, cmd.Process.Pid)
-	}
-	checkProcess(t, runReport(t, ctx, trace), want, 0, "dlopen_late")
-	if strings.Contains(rec.stderr.String(), "after tracing began") {
-		t.Errorf("record attached the library late, where it was on the search path:\n%s", rec.stderr.String())
-	}
+	return cmd, rec
 }

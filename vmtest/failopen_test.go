@@ -93,19 +93,7 @@ func TestReaderAway(t *testing.T) {
 	if p := rep.process(py.PID); p != nil && p.UnresolvedPythonFrames != 0 {
 		t.Errorf("%d Python frames unresolved, want 0", p.UnresolvedPythonFrames)
 	}
-	bySize := map[uint64][]string{}
-	for _, s := range rep.Stacks {
-		if s.PID == py.PID && s.Allocs == 1 {
-			bySize[s.AllocBytes] = pyFrameNames(s.Frames)
-		}
-	}
-	bad := 0
-	for i := range 200 {
-		if want := w.siteFrames(t, i); !slices.Equal(bySize[siteBytes(i)], want) && bad < 5 {
-			bad++
-			t.Errorf("site%d: Python frames %q, want %q", i, bySize[siteBytes(i)], want)
-		}
-	}
+	checkSites(t, rep, py.PID, w.sites, w.script)
 	want := []string{"lib1_inner", "lib2_hidden", "lib2_middle", "lib1_outer", "main"}
 	for _, s := range rep.Stacks {
 		if s.PID != c.PID {

@@ -195,10 +195,11 @@ func newNobodyWorld(t *testing.T) *nobodyWorld {
 func siteBytes(i int) uint64 { return uint64(i+1) * 4096 }
 
 // siteFrames are the Python frames of site i's allocation, innermost
-// first: the site's line, then the burst's loop in pynobody.py.
-func (w *nobodyWorld) siteFrames(t *testing.T, i int) []string {
-	return []string{fmt.Sprintf("%s:%d:site%d", w.sites, 4+3*i, i),
-		fmt.Sprintf("%s:%d:<module>", w.script, pyLine(t, "pynobody.py", "burst"))}
+// first: the site's line in sites, then the burst's loop in script
+// (pynobody.py), by the paths the process named them.
+func siteFrames(t *testing.T, sites, script string, i int) []string {
+	return []string{fmt.Sprintf("%s:%d:site%d", sites, 4+3*i, i),
+		fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pynobody.py", "burst"))}
 }
 
 // log is a ground-truth log nobody's job can write.
@@ -398,15 +399,23 @@ func (js *nobodyJobs) checkReport(t *testing.T, ctx context.Context, trace strin
 	if p := rep.process(py.PID); p != nil && p.UnresolvedPythonFrames != 0 {
 		t.Errorf("pynobody.py: %d Python frames unresolved, want 0", p.UnresolvedPythonFrames)
 	}
+	checkSites(t, rep, py.PID, js.w.sites, js.w.script)
+}
+
+// checkSites requires each of the 200 call sites' allocations of process
+// pid (pynobody.py's burst, sites.py's site0 to site199, by the paths the
+// process named them) to hold its Python frames, exact.
+func checkSites(t *testing.T, rep *report, pid int, sites, script string) {
+	t.Helper()
 	bySize := map[uint64][]string{}
 	for _, s := range rep.Stacks {
-		if s.PID == py.PID && s.Allocs == 1 {
+		if s.PID == pid && s.Allocs == 1 {
 			bySize[s.AllocBytes] = pyFrameNames(s.Frames)
 		}
 	}
 	bad := 0
 	for i := range 200 {
-		want := js.w.siteFrames(t, i)
+		want := siteFrames(t, sites, script, i)
 		if got := bySize[siteBytes(i)]; !slices.Equal(got, want) && bad < 5 {
 			bad++
 			t.Errorf("site%d's allocation (%d bytes): Python frames %q, want %q", i, siteBytes(i), got, want)
@@ -503,7 +512,7 @@ func TestShippedPrivileges(t *testing.T) {
 		}
 		bad := 0
 		for i := range 200 {
-			if want := w.siteFrames(t, i); !slices.Equal(got[int64(siteBytes(i))], want) && bad < 5 {
+			if want := siteFrames(t, w.sites, w.script, i); !slices.Equal(got[int64(siteBytes(i))], want) && bad < 5 {
 				bad++
 				t.Errorf("site%d: the agent's profile has Python frames %q, want %q", i, got[int64(siteBytes(i))], want)
 			}

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# What holding a process for its Python frames costs it, per allocation,
-# as ratios side by side in one run (never quote a lone time): a CPython
-# process allocating from N new Python frames (a model loading: each a
-# code object the tracer must read while it lives), then M times from one
+# What a code object's first sight costs a CPython process, per
+# allocation, as ratios side by side in one run (never quote a lone time):
+# a process allocating from N new Python frames (a model loading: each a
+# code object the probe captures, bpf/pycode.h), then M times from one
 # (steady state), under `record --all` of two binaries, interleaved round
 # by round with the program alone:
 #   untraced   the program alone
-#   base       $BASE record --all (e.g. a build of main: --all holds nothing)
-#   cudatrace  $CUDATRACE record --all (holds at first sight and at each
-#              new Python frame)
-# Needs root, gcc, a python3 (PYTHON). Usage: bench/pyhold.sh [N] [M] [ROUNDS]
+#   base       $BASE record --all (e.g. a build before the captures, which
+#              held a process without a terminal at each new Python frame
+#              until its reader had read the code object)
+#   cudatrace  $CUDATRACE record --all (captures at first sight in BPF;
+#              nothing waits for the reader)
+# Needs root, gcc, a python3 (PYTHON). Usage: bench/pyfirst.sh [N] [M] [ROUNDS]
 N=${1:-200}
 M=${2:-2000}
 ROUNDS=${3:-3}
@@ -19,7 +21,7 @@ PYTHON=${PYTHON:-python3}
 export FAKECUDA_LOG=/dev/null
 
 # run BIN: the program under BIN record --all ("" alone), without a
-# controlling terminal (setsid), as a job the agent would hold.
+# controlling terminal (setsid), as a job under the agent.
 run() {
 	if [ -z "$1" ]; then
 		setsid "$PYTHON" bench/pyburst.py "$LIB" "$N" "$M" </dev/null
