@@ -56,7 +56,7 @@ const (
 	FlagEntryOnly  uint16 = 1 << 0 // recorded at entry: no result, no duration
 	FlagStackTrunc uint16 = 1 << 1 // the stack filled every frame slot and may go deeper
 	FlagWindow     uint16 = 1 << 2 // registers and a window of user stack follow the frames
-	FlagHeld       uint16 = 1 << 3 // the process's first record: BPF stopped it (SIGSTOP) for the reader to read its mappings
+	FlagHeld       uint16 = 1 << 3 // in traces of versions that stopped a process for its reader, a record it was stopped at; never set since
 	FlagAux        uint16 = 1 << 4 // the first stack slot holds Aux; the frames follow
 	FlagPython     uint16 = 1 << 5 // the thread's Python frames (Py) follow the frames and window (FlagPyHead), or end the record
 	FlagNoPython   uint16 = 1 << 6 // a CPython process's thread with no Python frame

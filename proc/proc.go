@@ -228,15 +228,6 @@ func Alive(pid int) bool {
 	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
-// Stopped reports whether pid is stopped (state T: SIGSTOP, or a job
-// stopped by its shell).
-func Stopped(pid int) (bool, error) {
-	f, err := statFields(pid, 1)
-	if err != nil {
-		return false, err
-	}
-	return f[0] == "T", nil
-}
 
 // userHZ is the unit of /proc/PID/stat's times: USER_HZ, 100 on every
 // architecture Linux runs cudatrace on (the kernel reports in it whatever

@@ -117,7 +117,7 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 		s.learnExecPython(pid, file)
 	}
 	if lp := s.live[pid]; lp != nil {
-		lp.py, lp.pyTried, lp.codes, lp.renew = nil, false, nil, nil
+		lp.py, lp.pyTried, lp.codes, lp.renew, lp.execd = nil, false, nil, nil, true
 		if lp.p != nil {
 			lp.p.Py = nil // a new table, should it run CPython too
 		}

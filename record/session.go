@@ -136,6 +136,8 @@ type liveProc struct {
 	// of another code object than the frames named there (python.go).
 	codes map[uint64]pyCode
 	renew map[uint64]bool
+	// execd: it ran another program since its last capture (notes.go).
+	execd bool
 }
 
 // newState returns a session's state, with no trace file.
@@ -382,9 +384,18 @@ func (s *session) apply(ev *events.Event, lp *liveProc) ledger.Change {
 // anyone reads the trace.
 func (s *session) capture(pid uint32, lp *liveProc) {
 	lp.captured = s.ev.Time
-	c, all := procmodel.Read(pid, s.ev.Comm, BootNow(), &s.ids, lp.p.Current())
 	pending := s.pending[pid]
 	delete(s.pending, pid)
+	// The capture before this one, or the one a note read before its
+	// first: its job and rank, read from its environment once, are kept
+	// (a process about to exit may be gone by the time its environment
+	// is read again).
+	prev := lp.p.Current()
+	if prev == nil || lp.execd {
+		prev = pending // a program exec'd: its environment read anew
+	}
+	lp.execd = false
+	c, all := procmodel.Read(pid, s.ev.Comm, BootNow(), &s.ids, prev)
 	if c.Error != "" {
 		lp.exited = true
 		switch {

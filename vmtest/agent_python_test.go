@@ -399,11 +399,10 @@ func TestAgentPythonFirstBurst(t *testing.T) {
 	ag.stop(t)
 }
 
-// TestAgentBesideRecord: an agent that holds processes for their Python
-// frames, and a `record` of a launched command on the same library, both
-// holding the same CPython processes (pyexit.py run 10 times, exiting at
-// once, with os._exit and a normal exit). Each tracer's BPF stops the
-// process and each reader resumes it: record's frames are all exact or
+// TestAgentBesideRecord: an agent and a `record` of a launched command on
+// the same library, both tracing the same CPython processes (pyexit.py run
+// 10 times, exiting at once, with os._exit and a normal exit), each with
+// its own captures of their code objects: record's frames are all exact or
 // counted unresolved, and the agent stops within 20 s of SIGTERM.
 func TestAgentBesideRecord(t *testing.T) {
 	requirePrivileged(t)

@@ -248,8 +248,8 @@ func checkPythonReport(t *testing.T, v, script, call string, rep *report, truth 
 	if strings.Join(py, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("Python frames:\n%s\nwant:\n%s", strings.Join(py, "\n"), strings.Join(want, "\n"))
 	}
-	// The process's first allocation, made before the recorder knew
-	// it runs CPython, while BPF held it: its frames too, exact.
+	// The process's first allocation, made right as it started: its
+	// frames too, exact (BPF knew the interpreter's layout by its file).
 	warm, ok := bySize[1<<20]
 	if !ok {
 		t.Fatalf("no stack of the 1 MiB warm-up: %+v", bySize)
