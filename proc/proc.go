@@ -228,7 +228,6 @@ func Alive(pid int) bool {
 	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
-
 // userHZ is the unit of /proc/PID/stat's times: USER_HZ, 100 on every
 // architecture Linux runs cudatrace on (the kernel reports in it whatever
 // its own HZ).
