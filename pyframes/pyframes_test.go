@@ -128,3 +128,36 @@ func TestTable(t *testing.T) {
 		t.Errorf("nil table: %+v", f)
 	}
 }
+
+// TestTableRenew: a new code object at a freed one's address (its capture
+// says another identity) renews the address: its frames get ids of their
+// own, the old object's frames keep theirs and their names, and no frame
+// of the old object names one of the new (whatever the instruction).
+func TestTableRenew(t *testing.T) {
+	tb := NewTable(nil)
+	const code = 0x7f00dead0000
+	oldA := tb.Put(Code{Code: code, Units: 4, File: "/app/old.py", Function: "f", Line: 10})
+	oldB := tb.Put(Code{Code: code, Units: 9, File: "/app/old.py", Function: "f", Line: 12})
+	newA := tb.Put(Code{Code: code, Units: 4, File: "/app/new.py", Function: "g", Line: 30, Renew: true})
+	if newA == oldA || newA == oldB {
+		t.Fatalf("the renewed frame got an old id: %#x (old %#x %#x)", newA, oldA, oldB)
+	}
+	if f := tb.Frame(oldA); f.File != "/app/old.py" || f.Function != "f" || f.Line != 10 {
+		t.Errorf("the old object's frame is now %+v", f)
+	}
+	if f := tb.Frame(newA); f.File != "/app/new.py" || f.Function != "g" || f.Line != 30 {
+		t.Errorf("the new object's frame is %+v", f)
+	}
+	if tb.Has(code, 9) {
+		t.Error("the old object's frame at instruction 9 names the new object's")
+	}
+	ev := &events.Event{Flags: events.FlagPython, Stack: []uint64{0x1000},
+		Py: []events.PyFrame{{Code: code, Units: 4, Flags: events.PyEntry}}}
+	got, ok := tb.Stack(nil, ev)
+	if !ok || len(got) != 2 || got[1] != newA {
+		t.Errorf("a record after the renewal merges as %#x, want its frame %#x", got, newA)
+	}
+	if again := tb.Put(Code{Code: code, Units: 4, File: "/app/new.py", Function: "g", Line: 30}); again != newA {
+		t.Errorf("the new object's frame put again got %#x, want %#x", again, newA)
+	}
+}

@@ -1,6 +1,11 @@
 package pystack
 
-import "github.com/cudatrace/cudatrace/proc"
+import (
+	"encoding/binary"
+
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/proc"
+)
 
 // maxFrames bounds a Python stack read.
 const maxFrames = 128
@@ -25,4 +30,46 @@ func (in *Interp) Stack(pid, tid int) ([]Frame, error) {
 		out = append(out, fr)
 	}
 	return out, err
+}
+
+// captureOf reads the code object at code of process pid as BPF's
+// capture does (bpf/pycode.h ct_py_capture): the first bytes of the code
+// object and of its file name, (qualified) name and line table objects,
+// each as many as the capture takes, or up to its page's end where more
+// would cross into an unmapped page; tableBytes bounds the line table's
+// part (the capture's 4096, or fewer to cut it).
+func (in *Interp) captureOf(pid int, code uint64, tableBytes int) *events.PyCodeCapture {
+	m := proc.OpenMem(pid)
+	read := func(addr uint64, max int) []byte {
+		if addr == 0 {
+			return nil
+		}
+		b := make([]byte, max)
+		if m.ReadAt(b, addr) == nil {
+			return b
+		}
+		n := 4096 - int(addr&4095)
+		if n >= max {
+			return nil
+		}
+		b = b[:n]
+		if m.ReadAt(b, addr) != nil {
+			return nil
+		}
+		return b
+	}
+	c := &events.PyCodeCapture{PID: uint32(pid), Code: code, Head: read(code, 256)}
+	ptr := func(off int64) uint64 {
+		if off < 0 || int(off)+8 > len(c.Head) {
+			return 0
+		}
+		return binary.LittleEndian.Uint64(c.Head[off:])
+	}
+	name := in.off.coName
+	if in.off.coQualname >= 0 {
+		name = in.off.coQualname
+	}
+	c.File, c.Name, c.Table = ptr(in.off.coFilename), ptr(name), ptr(in.off.coLinetable)
+	c.FileBytes, c.NameBytes, c.TableBytes = read(c.File, 512), read(c.Name, 256), read(c.Table, tableBytes)
+	return c
 }

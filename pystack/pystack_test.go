@@ -3,6 +3,7 @@ package pystack
 import (
 	"bufio"
 	"debug/elf"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -276,6 +277,21 @@ func checkRawStack(t *testing.T, in *Interp, pid, tid int, want string, thread b
 		fr, err := in.Code(pid, r.Code, int64(r.Units))
 		if err != nil {
 			t.Fatal(err)
+		}
+		// Named from a capture as BPF takes it, the same frame; from one
+		// whose line table was cut short of the instruction, none: the
+		// caller reads the process then (record/python.go).
+		ci, err := in.Parse(in.captureOf(pid, r.Code, 4096))
+		if err != nil {
+			t.Fatalf("Parse of a capture of %#x: %v", r.Code, err)
+		}
+		if got, err := ci.Frame(int64(r.Units)); err != nil || got != fr {
+			t.Errorf("named from its capture: %+v, %v; from the process: %+v", got, err, fr)
+		}
+		if cut, err := in.Parse(in.captureOf(pid, r.Code, int(in.off.bytesData))); err != nil {
+			t.Errorf("Parse of a capture without its line table's bytes: %v", err)
+		} else if got, err := cut.Frame(int64(r.Units)); !errors.Is(err, ErrNotCaptured) {
+			t.Errorf("a capture without its line table's bytes named %+v, %v; want ErrNotCaptured", got, err)
 		}
 		if thread && len(st) >= 3 && filepath.Base(fr.File) == "threading.py" {
 			fr.File, fr.Line = "threading.py", 0

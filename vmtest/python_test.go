@@ -6,6 +6,7 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -405,5 +406,58 @@ func TestPythonCapturedOnce(t *testing.T) {
 		if n != 1 {
 			t.Errorf("pid %d captured %d times over %d events; want once: it mapped nothing new", pid, n, events)
 		}
+	}
+}
+
+// TestPythonRenewedCode: functions made, called and let go one after
+// another, each one's code object likely made at the address of the one
+// before (CPython's allocator hands a freed block out again): every
+// allocation is named by its own function, file and line, never by the
+// one that had its code object's address before (bpf/pycode.h checks a
+// code object's identity; record renews the frames at its address).
+func TestPythonRenewedCode(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyrenew.py"))
+	for _, v := range []string{"3.10", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			ctx := testContext(t)
+			dir := t.TempDir()
+			log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "renew.trace")
+			rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, "--lib", fakeLib, "-o", trace, "--", pyenvPython(t, v), script, fakeLib)
+			rec.finish(t, 60*time.Second)
+			var addrs []string // the script's lines, before record's summary
+			for _, f := range strings.Fields(rec.stdout.String()) {
+				if strings.HasPrefix(f, "0x") {
+					addrs = append(addrs, f)
+				}
+			}
+			reused := len(addrs) - len(slices.Compact(slices.Sorted(slices.Values(addrs))))
+			if len(addrs) != 40 {
+				t.Fatalf("pyrenew.py printed %d addresses, want 40:\n%s", len(addrs), rec.stdout.String())
+			}
+			if reused == 0 {
+				t.Fatalf("no code object was made at a freed one's address: the test proves nothing (%v)", addrs)
+			}
+			t.Logf("CPython %s: %d of 40 code objects made at an address one before had", v, reused)
+			truth := onlyTruth(t, log, "")
+			rep := runReportArgs(t, ctx, trace, "--top", "100")
+			checkProcess(t, rep, truth, 0, filepath.Base(pyenvPython(t, v)))
+			bySize := map[uint64][]string{}
+			for _, s := range rep.Stacks {
+				if s.PID == truth.PID && s.Allocs == 1 {
+					bySize[s.AllocBytes] = pyFrameNames(s.Frames)
+				}
+			}
+			for i := range 40 {
+				want := []string{fmt.Sprintf("%s:%d:alloc", script, pyLine(t, "pyrenew.py", "alloc")),
+					fmt.Sprintf("made%d.py:%d:made_%d", i, i+2, i),
+					fmt.Sprintf("%s:%d:<module>", script, pyLine(t, "pyrenew.py", "call"))}
+				if got := bySize[uint64(i+1)*4096]; !slices.Equal(got, want) {
+					t.Errorf("round %d: Python frames %q, want %q", i, got, want)
+				}
+			}
+		})
 	}
 }

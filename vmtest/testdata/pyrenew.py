@@ -1,0 +1,29 @@
+# Code objects freed and made anew where they were (vmtest/python_test.go
+# TestPythonRenewedCode): each round makes a function of its own (its own
+# file name, name and line), allocates through it, and lets it go, code
+# object and all, so that the next round's is likely made at the same
+# address. argv[1] is the stand-in. Prints each function's code object's
+# address, for the test to see the addresses repeat. LINE:tag marks the
+# line a frame must report.
+import ctypes
+import gc
+import sys
+
+lib = ctypes.CDLL(sys.argv[1])
+
+
+def alloc(n):
+    p = ctypes.c_void_p()
+    return lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(n))  # LINE:alloc
+
+
+for i in range(40):
+    ns = {"alloc": alloc}
+    src = "\n" * i + f"def made_{i}(n):\n    return alloc(n)\n"
+    exec(compile(src, f"made{i}.py", "exec"), ns)
+    f = ns[f"made_{i}"]
+    print(hex(id(f.__code__)), flush=True)
+    if f((i + 1) * 4096) != 0:  # LINE:call
+        sys.exit(3)
+    del f, ns
+    gc.collect()  # the function and its globals refer to each other
