@@ -647,28 +647,28 @@ type part struct {
 	data []byte
 }
 
-// after is how many bytes the capture holds from addr on, in the part
-// that holds addr.
+// after is how many bytes the capture holds from addr on: the most any
+// one part holds. Parts may overlap (a small line table allocated right
+// after its name lies inside the name's capture); their bytes were read
+// in the same capture, so any part that holds them will do.
 func (c captured) after(addr uint64) uint64 {
+	var most uint64
 	for _, p := range c.parts() {
 		if p.at != 0 && addr >= p.at && addr-p.at <= uint64(len(p.data)) {
-			return uint64(len(p.data)) - (addr - p.at)
+			most = max(most, uint64(len(p.data))-(addr-p.at))
 		}
 	}
-	return 0
+	return most
 }
 
 func (c captured) ReadAt(b []byte, addr uint64) error {
-	if c.after(addr) < uint64(len(b)) {
-		return fmt.Errorf("%d bytes at %#x: %w", len(b), addr, ErrNotCaptured)
-	}
 	for _, p := range c.parts() {
-		if p.at != 0 && addr >= p.at && addr-p.at <= uint64(len(p.data)) {
+		if p.at != 0 && addr >= p.at && addr-p.at <= uint64(len(p.data)) && uint64(len(p.data))-(addr-p.at) >= uint64(len(b)) {
 			copy(b, p.data[addr-p.at:])
 			return nil
 		}
 	}
-	return nil
+	return fmt.Errorf("%d bytes at %#x: %w", len(b), addr, ErrNotCaptured)
 }
 
 func readAt(m reader, addr uint64, b []byte) error {

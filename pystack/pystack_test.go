@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/proc"
 )
@@ -288,10 +289,21 @@ func checkRawStack(t *testing.T, in *Interp, pid, tid int, want string, thread b
 		if got, err := ci.Frame(int64(r.Units)); err != nil || got != fr {
 			t.Errorf("named from its capture: %+v, %v; from the process: %+v", got, err, fr)
 		}
-		if cut, err := in.Parse(in.captureOf(pid, r.Code, int(in.off.bytesData))); err != nil {
+		// The cut capture's other parts may hold the table's bytes anyway
+		// (a small table allocated right after the code's name lies in
+		// the name's 256 bytes): then the frame is named right, never
+		// wrong; where no other part holds them, it is not named.
+		c := in.captureOf(pid, r.Code, int(in.off.bytesData))
+		data := c.Table + uint64(in.off.bytesData)
+		others := captured{&events.PyCodeCapture{Code: c.Code, Head: c.Head, File: c.File, FileBytes: c.FileBytes, Name: c.Name, NameBytes: c.NameBytes}}
+		if cut, err := in.Parse(c); err != nil {
 			t.Errorf("Parse of a capture without its line table's bytes: %v", err)
-		} else if got, err := cut.Frame(int64(r.Units)); !errors.Is(err, ErrNotCaptured) {
+		} else if got, err := cut.Frame(int64(r.Units)); others.after(data) == 0 && !errors.Is(err, ErrNotCaptured) {
 			t.Errorf("a capture without its line table's bytes named %+v, %v; want ErrNotCaptured", got, err)
+		} else if err == nil && got != fr {
+			t.Errorf("a capture whose line table's bytes lie in its other parts named %+v; from the process: %+v", got, fr)
+		} else if err != nil && !errors.Is(err, ErrNotCaptured) {
+			t.Errorf("a cut capture: %v; want the frame or ErrNotCaptured", err)
 		}
 		if thread && len(st) >= 3 && filepath.Base(fr.File) == "threading.py" {
 			fr.File, fr.Line = "threading.py", 0
