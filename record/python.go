@@ -7,11 +7,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pyframes"
@@ -66,7 +69,7 @@ func (s *session) detectPython(pid uint32, lp *liveProc, root string, maps []pro
 
 // setPython finds the interpreter in a process's mappings and tells BPF
 // how to walk its threads' frames, and how to walk those of any process
-// that maps its file later (learnPythonFile); nil and no error where it
+// that maps its file later (pyFileSet.learn); nil and no error where it
 // runs none.
 func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pystack.Interp, error) {
 	in, err := pystack.DetectQuick(root, maps)
@@ -86,7 +89,7 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 		}
 		for _, m := range maps {
 			if m.Path == in.Path && m.File() {
-				if err := s.learnPythonFile(m.Dev, m.Inode, in); err != nil {
+				if err := s.pyFiles.learn(m.Dev, m.Inode, in); err != nil {
 					s.warn(err)
 				}
 				break
@@ -106,31 +109,84 @@ func pyOffsets(in *pystack.Interp) bpf.CudatraceCtPyoffsets {
 		CoFilename: l.CoFilename, CoName: l.CoName, CoLinetable: l.CoLinetable, CoFirstlineno: l.CoFirstLine}
 }
 
-// learnPythonFile tells BPF the layout of interpreter in's file (device
-// dev, as /proc/PID/maps writes it, and inode), relative to where a
-// process loads it: a process that maps the file gets its layout in BPF
-// from its loader's list (bpf/notify.h py_learn), before its first
-// allocation and whatever the reader is doing. Once per file; safe on
-// any goroutine (learnSystemPython).
-func (s *session) learnPythonFile(dev string, inode uint64, in *pystack.Interp) error {
-	k := fileID{dev, inode}
-	if s.tr == nil {
+// pyFileSet owns the interpreter files whose layout BPF has (bpf/notify.h
+// py_files): a process that maps one gets its layout in BPF from its
+// loader's list (py_learn), before its first allocation and whatever the
+// reader is doing. It is made with the tracer, before any probe attaches,
+// so that the interpreters installed here are known before the first
+// process they run can allocate (learnSystem); safe on any goroutine. A
+// nil set, or one without a tracer, learns nothing.
+type pyFileSet struct {
+	tr    *loader.Tracer
+	mu    sync.Mutex
+	known map[fileID]bool
+}
+
+// learn tells BPF the layout of interpreter in's file (device dev, as
+// /proc/PID/maps writes it, and inode), relative to where a process loads
+// it. Once per file.
+func (p *pyFileSet) learn(dev string, inode uint64, in *pystack.Interp) error {
+	if p == nil || p.tr == nil {
 		return nil
 	}
-	s.pyFilesMu.Lock()
-	known := s.pyFiles[k]
-	if s.pyFiles == nil {
-		s.pyFiles = map[fileID]bool{}
+	k := fileID{dev, inode}
+	p.mu.Lock()
+	known := p.known[k]
+	if p.known == nil {
+		p.known = map[fileID]bool{}
 	}
-	s.pyFiles[k] = true
-	s.pyFilesMu.Unlock()
+	p.known[k] = true
+	p.mu.Unlock()
 	if known {
 		return nil
 	}
 	o := pyOffsets(in)
 	o.InterpHead -= in.Base()
-	return s.tr.SetPythonFile(dev, inode, &o)
+	return p.tr.SetPythonFile(dev, inode, &o)
 }
+
+// learnFiles tells BPF the layout of each of files that is an
+// interpreter. One it cannot is left to the reader, which finds it in the
+// processes that run it.
+func (p *pyFileSet) learnFiles(files []string) {
+	if p == nil || p.tr == nil {
+		return
+	}
+	for _, f := range files {
+		in, err := pystack.DetectFile(f)
+		if in == nil || err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(f, &st) == nil {
+			p.learn(fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev)), st.Ino, in) //nolint:errcheck // see above
+		}
+	}
+}
+
+// learnSystem tells BPF, on a goroutine of its own, the layouts of the
+// interpreters installed on the host (pystack.SystemInterpreters; some
+// 15-30 ms for a dozen): started as the probes attach, it is over before
+// Run says they are (learnWait), and any process that runs one of them
+// gets its Python frames from its first allocation, however busy the
+// reader is then. done is closed when it is over.
+func (p *pyFileSet) learnSystem(noFrames bool) (done chan struct{}) {
+	done = make(chan struct{})
+	if noFrames || p == nil || p.tr == nil {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		p.learnFiles(pystack.SystemInterpreters())
+	}()
+	return done
+}
+
+// learnWait bounds how long Run waits for learnSystem before it says the
+// probes are attached: a slow file system delays a process's first
+// Python frames (absent, counted), never tracing.
+const learnWait = 2 * time.Second
 
 // fileID names a file by device (major:minor, hex, as /proc/PID/maps
 // writes it) and inode.
@@ -149,7 +205,7 @@ func (s *session) learnCommandPython(command []string) {
 		return
 	}
 	if exe, err := exec.LookPath(command[0]); err == nil {
-		s.learnFiles(pystack.InterpreterFiles("", exe, os.Getenv("LD_LIBRARY_PATH")))
+		s.pyFiles.learnFiles(pystack.InterpreterFiles("", exe, os.Getenv("LD_LIBRARY_PATH")))
 	}
 }
 
@@ -176,41 +232,7 @@ func (s *session) learnExecPython(pid uint32, file string) {
 			}
 		}
 	}
-	s.learnFiles(pystack.InterpreterFiles(root, file, ld))
-}
-
-// learnFiles tells BPF the layout of each of files that is an
-// interpreter (learnPythonFile). One it cannot is left to the reader,
-// which finds it in the processes that run it.
-func (s *session) learnFiles(files []string) {
-	for _, f := range files {
-		in, err := pystack.DetectFile(f)
-		if in == nil || err != nil {
-			continue
-		}
-		var st unix.Stat_t
-		if unix.Stat(f, &st) == nil {
-			s.learnPythonFile(fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev)), st.Ino, in) //nolint:errcheck // see above
-		}
-	}
-}
-
-// learnSystemPython tells BPF, on a goroutine of its own as tracing
-// starts, the layouts of the interpreters installed on the host
-// (pystack.SystemInterpreters): any process that runs one gets its
-// Python frames from its first allocation, however busy the reader is
-// then. done is closed when it is over.
-func (s *session) learnSystemPython() (done chan struct{}) {
-	done = make(chan struct{})
-	if s.opts.NoPythonFrames || s.tr == nil {
-		close(done)
-		return done
-	}
-	go func() {
-		defer close(done)
-		s.learnFiles(pystack.SystemInterpreters())
-	}()
-	return done
+	s.pyFiles.learnFiles(pystack.InterpreterFiles(root, file, ld))
 }
 
 // detectEarly looks for CPython in a process not captured yet (a --pid

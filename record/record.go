@@ -196,6 +196,11 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, hint.Wrap(err, "check `dmesg` and that the kernel has BTF and uprobes (CONFIG_UPROBE_EVENTS)")
 	}
 	defer tr.Close()
+	// The interpreters installed here are learned while the probes attach
+	// (the goroutine is over before tr closes: defers run last first).
+	pyFiles := &pyFileSet{tr: tr}
+	learned := pyFiles.learnSystem(opts.NoPythonFrames)
+	defer func() { <-learned }()
 	res := &Result{Ledger: ledger.New(), Output: opts.Output}
 	for _, lib := range libs {
 		ar, err := tr.Attach(lib)
@@ -220,6 +225,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, err
 	}
 	defer s.close()
+	s.pyFiles = pyFiles
 	for _, ar := range res.Attached {
 		s.writeAttach(ar, nil)
 	}
@@ -228,7 +234,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	s.attachLoaders(opts.PIDs)
 	s.learnCommandPython(opts.Command)
-	defer func(done chan struct{}) { <-done }(s.learnSystemPython())
+	select {
+	case <-learned:
+	case <-time.After(learnWait):
+	}
 	var probes int
 	for _, ar := range res.Attached {
 		probes += ar.Programs

@@ -3,7 +3,6 @@ package record
 import (
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/cudatrace/cudatrace/enrich"
@@ -95,11 +94,8 @@ type session struct {
 	// of one process's library-load notes not taken yet.
 	execs map[uint32]string
 	open  openNote
-	// pyFiles are the interpreter files whose layout BPF has (python.go),
-	// under pyFilesMu: learnSystemPython adds to it on a goroutine of its
-	// own.
-	pyFiles   map[fileID]bool
-	pyFilesMu sync.Mutex
+	// pyFiles are the interpreter files whose layout BPF has (python.go).
+	pyFiles *pyFileSet
 	// learn decides when the tracer's learning probes are on.
 	learn learning
 	// stats times the steps of Record (Options.ReaderStats); nil: not.

@@ -52,8 +52,9 @@ func TestAgentPython(t *testing.T) {
 	weights := []string{frame("cuda_malloc", "malloc"), frame("load_weights", "weights"), frame("<module>", "loop")}
 	acts := []string{frame("cuda_malloc", "malloc"), frame("alloc_activations", "activations"), frame("<module>", "loop")}
 	grow := []string{frame("cuda_malloc", "malloc"), frame("grow", "grow"), frame("<module>", "loop")}
-	// The first allocation too: the agent holds a process at its first
-	// record until it has read its Python frames, as record does.
+	// The first allocation too: the interpreters installed here are
+	// known to BPF before the agent says it attached, and BPF walks a
+	// process's frames from its first record (nothing is stopped).
 	warmup := []string{frame("cuda_malloc", "malloc"), frame("<module>", "warmup")}
 	const wBytes, aBytes = 3 << 20, 5 << 20
 
@@ -325,8 +326,8 @@ func TestTopPython(t *testing.T) {
 
 // TestAgentPythonFirstBurst: CPython 3.10 to 3.13 jobs whose first
 // allocations, a burst of 20 as they start, end in an OOM and an exit,
-// under the agent. The agent holds a process at its first record until it
-// has read its Python frames (as record does): the OOM black box names
+// under the agent. BPF walks a process's frames and captures its code
+// objects from its first record, stopping nothing: the OOM black box names
 // the failing Python line and holds the burst with its exact Python
 // frames, not the interpreter loop's native ones.
 func TestAgentPythonFirstBurst(t *testing.T) {

@@ -40,10 +40,14 @@ func TestReaderAway(t *testing.T) {
 		"--lib", fakeLib, "-o", trace, "--", "sh", "-c", script)
 	stdin.Close()
 	rec.waitAttached(t, 30*time.Second)
-	// The interpreters installed here are learned as tracing starts
-	// (record/python.go learnSystemPython), on a goroutine of their own.
-	time.Sleep(time.Second)
+	// The interpreters installed here are learned before record says it
+	// attached (record/python.go pyFileSet.learnSystem): the tracer is
+	// stopped as soon as it has launched the command, and the job's
+	// first allocation still gets its frames.
 	tracer := rec.cmd.Process.Pid
+	if _, ok := waitFor(10*time.Second, func() bool { return launched(tracer) }); !ok {
+		t.Fatal("record did not launch its command within 10 s")
+	}
 	if err := syscall.Kill(tracer, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -107,4 +111,22 @@ func TestReaderAway(t *testing.T) {
 			t.Errorf("omitfp's stack %q, want it to begin %q", got, want)
 		}
 	}
+}
+
+// launched says whether process pid has a child that runs another
+// program: record's launch helper (itself) has become the command. Go
+// forks from whichever of its threads runs the goroutine, so each
+// thread's list is read.
+func launched(pid int) bool {
+	self, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, c := range strings.Fields(string(b)) {
+			if exe, err := os.Readlink("/proc/" + c + "/exe"); err == nil && exe != self {
+				return true
+			}
+		}
+	}
+	return false
 }

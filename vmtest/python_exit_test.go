@@ -251,7 +251,8 @@ func TestPythonFramesExitAtOncePidAll(t *testing.T) {
 				exact, unresolved := checkExitTrace(t, ctx, rec, log, trace, end, valid)
 				t.Logf("%s %s: %d Python frames exact, %d unresolved in 10 runs", mode, end, exact, unresolved)
 				// --all traces the host: with other processes (another
-				// test's) the reader may fall behind, and holds none then.
+				// test's) the reader may fall behind, and a record's frames
+				// then rest on captures alone.
 				others := 0
 				for _, p := range runReport(t, ctx, trace).Processes {
 					if truths, _ := groundTruthFile(log, ""); truths[p.PID] == nil {
@@ -261,7 +262,7 @@ func TestPythonFramesExitAtOncePidAll(t *testing.T) {
 				if others > 0 {
 					t.Logf("%s %s: %d other processes traced: unresolved frames allowed", mode, end, others)
 				} else if unresolved > 0 {
-					t.Errorf("%s %s: %d Python frames unresolved, want none (the processes are held until each is read)", mode, end, unresolved)
+					t.Errorf("%s %s: %d Python frames unresolved, want none (BPF captured each code object at first sight)", mode, end, unresolved)
 				}
 			})
 		}

@@ -229,6 +229,10 @@ type procTruth struct {
 	Devices    map[int]*devTruth // devices that ever held GPU memory
 	Failures   []logCall         // the failed allocation calls, in order
 	MaxAlloc   uint64            // the largest successful GPU allocation
+	// MaxStep is, per thread, the most GPU memory one of its calls
+	// changed: an allocation, or a cuMemUnmap freeing several released
+	// handles at once.
+	MaxStep map[int]uint64
 	// Allocations freed with their context (implicit_free lines), host
 	// memory included, and their bytes; not in Frees.
 	ImplicitFrees, ImplicitFreeBytes uint64
@@ -288,7 +292,7 @@ func groundTruth(calls []logCall, marker string) (map[int]*procTruth, error) {
 	get := func(pid int) *procTruth {
 		p := procs[pid]
 		if p == nil {
-			p = &procTruth{PID: pid, Devices: map[int]*devTruth{}, Threads: map[int]bool{},
+			p = &procTruth{PID: pid, Devices: map[int]*devTruth{}, Threads: map[int]bool{}, MaxStep: map[int]uint64{},
 				APICalls: map[string]int{}, live: map[uint64]*liveAlloc{}, mappings: map[uint64]vmmMapping{},
 				reserves: map[uint64]uint64{}}
 			procs[pid] = p
@@ -349,6 +353,7 @@ func groundTruth(calls []logCall, marker string) (map[int]*procTruth, error) {
 				continue
 			}
 			p.MaxAlloc = max(p.MaxAlloc, c.Size)
+			p.MaxStep[c.TID] = max(p.MaxStep[c.TID], c.Size)
 			p.Live += c.Size
 			p.Peak = max(p.Peak, p.Live)
 			d := p.Devices[c.Dev]
@@ -482,6 +487,7 @@ func (p *procTruth) vmmRange(c logCall) error {
 		if freed != c.Size {
 			return fmt.Errorf("line %d: cuMemUnmap freed %d bytes, the log says %d", c.Line, freed, c.Size)
 		}
+		p.MaxStep[c.TID] = max(p.MaxStep[c.TID], freed)
 	}
 	return nil
 }

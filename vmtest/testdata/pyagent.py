@@ -30,9 +30,9 @@ def grow(n):
     return cuda_malloc(n)  # LINE:grow
 
 
-# The process's first record tells the agent it runs CPython: the agent
-# holds the process there until it has read its Python frames (as record
-# does), and BPF walks them from the records after it.
+# The first record's Python frames too: BPF knows the interpreter's
+# layout from the agent's start (it learns the installed ones before it
+# says it attached) and walks them from the first record, stopping nothing.
 cuda_malloc(1 << 20)  # LINE:warmup
 print("ready", flush=True)
 for line in sys.stdin:
