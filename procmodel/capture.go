@@ -225,6 +225,27 @@ func Read(pid uint32, comm string, now uint64, ids *BuildIDs, prev *Capture) (*C
 	return c, all
 }
 
+// Fill adds to c the mappings of from, an earlier capture of the same
+// program in the same process (none of an exec before it), that none of
+// c's overlaps. /proc/PID/maps read as the process exits can give part of
+// its mappings, with no error (kernel 6.18: in 98 of 300 runs of a
+// process that mapped 10 libraries, a read as it exited did; an empty
+// one is Read's Error). A mapping from
+// before that is gone now holds none of the stack's addresses, which lie
+// in what is mapped; one replaced since overlaps c's and is left out.
+func (c *Capture) Fill(from *Capture) {
+	if from == nil || from.PID != c.PID || c.Error != "" || c.Start != 0 && from.Start != 0 && c.Start != from.Start {
+		return
+	}
+	n := len(c.Maps)
+	for _, m := range from.Maps {
+		if !slices.ContainsFunc(c.Maps[:n], func(o proc.Mapping) bool { return o.Start < m.End && m.Start < o.End }) {
+			c.Maps = append(c.Maps, m)
+		}
+	}
+	c.Maps = sortedMaps(c.Maps)
+}
+
 // BuildIDs caches the build IDs of mapped files, by file: every process
 // of a host maps the same few libraries.
 type BuildIDs struct {

@@ -14,9 +14,12 @@ import (
 // started with (proc.Environ: process_vm_readv of the bounds stat shows,
 // ptrace access only, no /proc/PID/environ to open), once: a later
 // capture of the same process (prev) keeps what the first read, as an
-// exec keeps the job the process was started in.
+// exec keeps the job the process was started in. A capture that could
+// not read when its process started (it was exiting: its mappings may
+// still read while its stat no longer does) is of the same process as
+// prev, whose job it keeps: read again, its environment would be gone.
 func (c *Capture) identify(prev *Capture) {
-	if prev != nil && prev.Start == c.Start {
+	if prev != nil && (prev.Start == c.Start || c.Start == 0) {
 		c.Job, c.JobError = prev.Job, prev.JobError
 		return
 	}

@@ -56,6 +56,14 @@ func TestReadIdentity(t *testing.T) {
 	if gone.Job != nil || gone.JobError != "" || gone.Error == "" {
 		t.Errorf("a missing process: job %+v, job error %q, error %q", gone.Job, gone.JobError, gone.Error)
 	}
+	// A capture made as the process exits, when its start can no longer
+	// be read, keeps the job the first capture read.
+	cmd.Process.Kill()
+	cmd.Wait()
+	prev.Start = c.Start
+	if late, _ := Read(pid, "sleep", 4, &ids, prev); late.Job != prev.Job {
+		t.Errorf("a capture after the exit: job %+v, want the first capture's %+v", late.Job, prev.Job)
+	}
 }
 
 // The process frame keeps job and rank, rank 0 included, and node and

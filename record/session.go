@@ -392,6 +392,7 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 	}
 	lp.execd = false
 	c, all := procmodel.Read(pid, s.ev.Comm, BootNow(), &s.ids, prev)
+	c.Fill(pending) // a process exiting now may read part of its mappings
 	if c.Error != "" {
 		lp.exited = true
 		switch {
