@@ -230,9 +230,9 @@ func Read(pid uint32, comm string, now uint64, ids *BuildIDs, prev *Capture) (*C
 // c's overlaps. /proc/PID/maps read as the process exits can give part of
 // its mappings, with no error (kernel 6.18: in 98 of 300 runs of a
 // process that mapped 10 libraries, a read as it exited did; an empty
-// one is Read's Error). A mapping from
-// before that is gone now holds none of the stack's addresses, which lie
-// in what is mapped; one replaced since overlaps c's and is left out.
+// one is Read's Error). A mapping from before that is gone now holds none
+// of the stack's addresses, which lie in what is mapped; one replaced
+// since overlaps c's and is left out.
 func (c *Capture) Fill(from *Capture) {
 	if from == nil || from.PID != c.PID || c.Error != "" || c.Start != 0 && from.Start != 0 && c.Start != from.Start {
 		return

@@ -647,6 +647,15 @@ type part struct {
 	data []byte
 }
 
+// from is what the part holds from addr on, and whether addr lies in it
+// (its end included: nothing from there on).
+func (p part) from(addr uint64) ([]byte, bool) {
+	if p.at == 0 || addr < p.at || addr-p.at > uint64(len(p.data)) {
+		return nil, false
+	}
+	return p.data[addr-p.at:], true
+}
+
 // after is how many bytes the capture holds from addr on: the most any
 // one part holds. Parts may overlap (a small line table allocated right
 // after its name lies inside the name's capture); their bytes were read
@@ -654,8 +663,8 @@ type part struct {
 func (c captured) after(addr uint64) uint64 {
 	var most uint64
 	for _, p := range c.parts() {
-		if p.at != 0 && addr >= p.at && addr-p.at <= uint64(len(p.data)) {
-			most = max(most, uint64(len(p.data))-(addr-p.at))
+		if rest, ok := p.from(addr); ok {
+			most = max(most, uint64(len(rest)))
 		}
 	}
 	return most
@@ -663,8 +672,8 @@ func (c captured) after(addr uint64) uint64 {
 
 func (c captured) ReadAt(b []byte, addr uint64) error {
 	for _, p := range c.parts() {
-		if p.at != 0 && addr >= p.at && addr-p.at <= uint64(len(p.data)) && uint64(len(p.data))-(addr-p.at) >= uint64(len(b)) {
-			copy(b, p.data[addr-p.at:])
+		if rest, ok := p.from(addr); ok && len(rest) >= len(b) {
+			copy(b, rest)
 			return nil
 		}
 	}
