@@ -111,11 +111,9 @@ func CUDAPaths(pid int, maps []proc.Mapping) []string {
 // before it loads one trace its calls from the first: a uprobe sits on
 // the file, whoever maps it later.
 func SearchPath(pid int) []string {
-	root := ""
-	if own, err := proc.OwnRoot(pid); err != nil {
+	root, err := proc.RootDir(pid, nil)
+	if err != nil {
 		return nil
-	} else if own {
-		root = proc.RootPath(pid, "/")
 	}
 	var dirs []string
 	if env, err := proc.Environ(pid); err == nil {

@@ -275,6 +275,24 @@ func OwnRoot(pid int) (bool, error) {
 	return OwnRootOf(pid, maps)
 }
 
+// RootDir is where the paths process pid sees are opened from here: ""
+// where they name the tracer's own files, RootPath(pid, "/") where the
+// process has a tree of its own (OwnRootOf; maps are its mappings, nil
+// to read them now).
+func RootDir(pid int, maps []Mapping) (string, error) {
+	var own bool
+	var err error
+	if maps == nil {
+		own, err = OwnRoot(pid)
+	} else {
+		own, err = OwnRootOf(pid, maps)
+	}
+	if err != nil || !own {
+		return "", err
+	}
+	return RootPath(pid, "/"), nil
+}
+
 // OwnRootOf is OwnRoot with pid's mappings already read.
 func OwnRootOf(pid int, maps []Mapping) (bool, error) {
 	tried := 0
@@ -344,12 +362,3 @@ func sameFile(path string, m *Mapping) bool {
 	return err1 == nil && err2 == nil && uint64(unix.Major(st.Dev)) == ma && uint64(unix.Minor(st.Dev)) == mi
 }
 
-// BootNow is CLOCK_BOOTTIME in nanoseconds: the clock of the BPF side's
-// records (bpf_ktime_get_boot_ns) and of StartTime.
-func BootNow() uint64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
-		return 0
-	}
-	return uint64(ts.Nano())
-}

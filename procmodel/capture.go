@@ -198,7 +198,7 @@ func Read(pid uint32, comm string, now uint64, ids *BuildIDs, prev *Capture) (*C
 	// A container's paths name its own files: the host's file at the same
 	// path is another build, with other CFI and symbols. /proc/PID/root
 	// reads "/" after pivot_root: the mount namespace tells.
-	c.OwnRoot, _ = proc.OwnRoot(int(pid))
+	c.OwnRoot, _ = proc.OwnRootOf(int(pid), all)
 	for _, m := range all {
 		if !m.Exec() || !m.File() {
 			continue

@@ -169,7 +169,7 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	lp := s.live[pid]
 	switch {
 	case lp == nil:
-		s.detectEarly(pid, all)
+		s.detectEarly(pid, c.RootDir(), all)
 	case lp.py == nil && !lp.pyTried:
 		s.detectPython(pid, lp, c.RootDir(), all)
 	}
@@ -278,20 +278,26 @@ func (s *session) scanEvery() time.Duration {
 	return lateScanEvery
 }
 
-// attachLoaders attaches, as tracing starts, the notification points of
-// the dynamic loaders the targets use: each --pid process's, and the
-// system's (a launched command's, most of the host's processes').
+// attachLoaders looks, as tracing starts, at each --pid process's
+// mappings once: for its interpreter (detectEarly) and its dynamic
+// loader's notification point, which it attaches; then at the system's
+// loader (a launched command's, most of the host's processes').
 func (s *session) attachLoaders(pids []int) {
 	for _, pid := range pids {
-		if maps, err := proc.ReadMaps(pid); err == nil {
-			s.attachLoader(loader.LoaderIn(pid, maps))
+		maps, err := proc.ReadMaps(pid)
+		if err != nil {
+			continue // gone: its first record, if any, says so
 		}
+		root, _ := proc.RootDir(pid, maps) // gone meanwhile: its first record says so
+		s.detectEarly(uint32(pid), root, maps)
+		s.attachLoader(loader.LoaderIn(pid, maps))
 	}
-	if len(s.opts.Command) > 0 || s.opts.All {
-		s.attachLoader(loader.SystemLoader())
+	if len(s.opts.Command) == 0 && !s.opts.All {
+		return
 	}
+	s.attachLoader(loader.SystemLoader())
 	// Our own, which a dynamically linked cudatrace shares with the host.
-	if maps, err := proc.ReadMaps(os.Getpid()); err == nil && (len(s.opts.Command) > 0 || s.opts.All) {
+	if maps, err := proc.ReadMaps(os.Getpid()); err == nil {
 		s.attachLoader(loader.LoaderIn(os.Getpid(), maps))
 	}
 }

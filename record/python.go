@@ -219,11 +219,9 @@ func (s *session) learnExecPython(pid uint32, file string) {
 	if s.opts.NoPythonFrames || !filepath.IsAbs(file) {
 		return
 	}
-	root := ""
-	if own, err := proc.OwnRoot(int(pid)); err != nil {
+	root, err := proc.RootDir(int(pid), nil)
+	if err != nil {
 		return // gone
-	} else if own {
-		root = proc.RootPath(int(pid), "/")
 	}
 	ld := ""
 	if env, err := proc.Environ(int(pid)); err == nil {
@@ -241,23 +239,15 @@ func (s *session) learnExecPython(pid uint32, file string) {
 // when its loader maps libraries), so that BPF walks its first
 // allocation's frames too. What it finds waits in pyEarly for the
 // process's first capture (detectPython); a process without CPython yet
-// is looked at again at its next load.
-func (s *session) detectEarly(pid uint32, maps []proc.Mapping) {
+// is looked at again at its next load. root is where its paths are
+// opened (proc.RootDir: a container's name its own files), maps its
+// mappings.
+func (s *session) detectEarly(pid uint32, root string, maps []proc.Mapping) {
 	if s.opts.NoPythonFrames {
 		return
 	}
 	if in, known := s.pyEarly[pid]; known && in != nil {
 		return
-	}
-	if maps == nil {
-		var err error
-		if maps, err = proc.ReadMaps(int(pid)); err != nil {
-			return // gone: its first record, if any, says so
-		}
-	}
-	root := "" // a container's paths name its own files
-	if own, _ := proc.OwnRootOf(int(pid), maps); own {
-		root = proc.RootPath(int(pid), "/")
 	}
 	in, err := s.setPython(pid, root, maps)
 	if err != nil {

@@ -229,9 +229,6 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	for _, ar := range res.Attached {
 		s.writeAttach(ar, nil)
 	}
-	for _, pid := range opts.PIDs {
-		s.detectEarly(uint32(pid), nil)
-	}
 	s.attachLoaders(opts.PIDs)
 	s.learnCommandPython(opts.Command)
 	select {

@@ -7,7 +7,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/internal/clock"
-	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -100,5 +99,5 @@ func (w *TraceWriter) Finish(c tracefile.Counters, e tracefile.End) error {
 }
 
 // BootNow is the trace's clock now: CLOCK_BOOTTIME in nanoseconds, the
-// clock of the BPF side's records (proc.BootNow).
-func BootNow() uint64 { return proc.BootNow() }
+// clock of the BPF side's records (clock.Boot).
+func BootNow() uint64 { return clock.Boot() }
