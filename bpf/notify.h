@@ -57,12 +57,10 @@ int BPF_PROG(ct_exec, struct task_struct *p, int old_pid, struct linux_binprm *b
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
-	if (filter_pids) {
-		if (!bpf_map_lookup_elem(&pids, &tgid))
-			return 0;
-	} else if (!bpf_map_lookup_elem(&seen, &tgid) && !bpf_map_lookup_elem(&py_procs, &tgid)) {
+	if (!traced(tgid))
 		return 0;
-	}
+	if (!filter_pids && !bpf_map_lookup_elem(&seen, &tgid) && !bpf_map_lookup_elem(&py_procs, &tgid))
+		return 0;
 	bpf_map_delete_elem(&py_procs, &tgid);
 	bpf_map_delete_elem(&dl_last, &tgid);
 	struct ct_exec_note *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -191,7 +189,11 @@ static __always_inline void dl_flush(struct dl_walk *w, struct dl_scratch_val *s
 	w->n = 0;
 }
 
-static __always_inline long dl_step(struct dl_walk *w)
+// use_loop, a constant: only the bpf_loop variant looks for an
+// interpreter (py_learn's bpf_find_vma is as new as bpf_loop), and the
+// compiler leaves the call out of the other, whose walk state the
+// verifier cannot know (a map's).
+static __always_inline long dl_step(struct dl_walk *w, const int use_loop)
 {
 	__u32 zero = 0;
 	struct dl_scratch_val *s = bpf_map_lookup_elem(&dl_scratch, &zero);
@@ -201,7 +203,7 @@ static __always_inline long dl_step(struct dl_walk *w)
 	if (bpf_probe_read_user(&e, sizeof(e), (void *)w->lm))
 		return 1;
 	if (!w->past) {
-		if (w->learn && w->seen < CT_DL_FIRST && py_learn(w->id >> 32, e.l_ld, e.l_addr))
+		if (use_loop && w->learn && w->seen < CT_DL_FIRST && py_learn(w->id >> 32, e.l_ld, e.l_addr))
 			w->learn = 0;
 		w->seen++;
 		if (w->lm == w->after)
@@ -218,7 +220,7 @@ static __always_inline long dl_step(struct dl_walk *w)
 		bpf_probe_read_user_str(o->name, sizeof(o->name), (void *)e.l_name);
 	w->n = i + 1;
 	w->last = w->lm;
-	if (w->learn && py_learn(w->id >> 32, e.l_ld, e.l_addr))
+	if (use_loop && w->learn && py_learn(w->id >> 32, e.l_ld, e.l_addr))
 		w->learn = 0;
 	if (w->n == CT_DL_BATCH)
 		dl_flush(w, s);
@@ -228,7 +230,7 @@ static __always_inline long dl_step(struct dl_walk *w)
 
 static long dl_loop_step(__u64 i, void *arg)
 {
-	return dl_step(arg);
+	return dl_step(arg, 1);
 }
 
 // Entries a note walks at most: a PyTorch process maps some 500 objects.
@@ -270,7 +272,7 @@ static __always_inline __u32 dl_report(__u64 id, __u64 rmap, const int use_loop)
 			bpf_loop(CT_DL_WALK, dl_loop_step, w, 0);
 		} else {
 			for (int i = 0; i < CT_DL_WALK_NOLOOP; i++)
-				if (dl_step(w))
+				if (dl_step(w, 0))
 					break;
 		}
 		if (w->past)
@@ -300,7 +302,7 @@ static __always_inline int dl_notify(struct pt_regs *ctx, const int use_loop)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
-	if (filter_pids && !bpf_map_lookup_elem(&pids, &tgid))
+	if (!traced(tgid))
 		return 0;
 	__s64 delta = (__s64)bpf_get_attach_cookie(ctx);
 	int state = -1;
