@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -127,8 +128,7 @@ func SearchPath(pid int) []string {
 	if root == "" {
 		found, _ = FromSystem()
 	} else {
-		dirs = append(dirs, "/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu",
-			"/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib")
+		dirs = append(dirs, ownRootDirs(root, runtime.GOARCH)...)
 	}
 	for _, d := range dirs {
 		if !filepath.IsAbs(d) {
@@ -145,6 +145,22 @@ func SearchPath(pid int) []string {
 		}
 	}
 	return found
+}
+
+// ownRootDirs are the standard directories, under a process's own root
+// (a container's), where its loader or its frameworks find CUDA on
+// architecture goarch (archDirs): those that exist, as the process names
+// them (root left off).
+func ownRootDirs(root, goarch string) []string {
+	var out []string
+	for _, d := range slices.Concat([]string{"/usr/local/cuda/lib64"}, archDirs[goarch],
+		[]string{"/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib"}) {
+		matches, _ := filepath.Glob(filepath.Join(root, d))
+		for _, m := range matches {
+			out = append(out, strings.TrimPrefix(m, root))
+		}
+	}
+	return out
 }
 
 // SearchDirs returns the directories a system-wide search looks in, besides

@@ -157,6 +157,32 @@ func TestSearchDirsByArch(t *testing.T) {
 	}
 }
 
+// A process with a root of its own (a container) is searched in its own
+// standard directories, its architecture's among them (an arm64
+// container's toolkit under targets/sbsa-linux), as it names them.
+func TestOwnRootDirsByArch(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{
+		"usr/local/cuda/lib64", "usr/local/cuda/targets/sbsa-linux/lib", "usr/local/cuda-12.8/targets/sbsa-linux/lib",
+		"usr/local/cuda/targets/x86_64-linux/lib", "usr/lib/aarch64-linux-gnu", "usr/lib/x86_64-linux-gnu",
+		"usr/lib", "usr/local/nvidia/lib64",
+	} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for arch, want := range map[string][]string{
+		"arm64": {"/usr/local/cuda/lib64", "/usr/local/cuda/targets/sbsa-linux/lib", "/usr/local/cuda-12.8/targets/sbsa-linux/lib",
+			"/usr/lib/aarch64-linux-gnu", "/usr/lib", "/usr/local/nvidia/lib64"},
+		"amd64": {"/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu",
+			"/usr/lib", "/usr/local/nvidia/lib64"},
+	} {
+		if got := ownRootDirs(root, arch); !slices.Equal(got, want) {
+			t.Errorf("%s: searched\n  %q\nwant\n  %q", arch, got, want)
+		}
+	}
+}
+
 // A library built for another architecture (an arm64 libcudart on an
 // x86-64 host: a cross toolkit's) is not found; this one's is.
 func TestFromSystemSkipsOtherMachine(t *testing.T) {
