@@ -38,7 +38,7 @@ const rStateOffset = 24
 func LoaderIn(pid int, maps []proc.Mapping) string {
 	for _, m := range maps {
 		if m.File() && m.Exec() && IsDynamicLoader(m.Path) {
-			return proc.FilePath(pid, m)
+			return proc.FilePath(pid, m, maps)
 		}
 	}
 	return ""

@@ -97,7 +97,7 @@ func CUDAPaths(pid int, maps []proc.Mapping) []string {
 	for _, m := range maps {
 		if m.File() && IsCUDALibrary(m.Path) && !seen[m.Path] {
 			seen[m.Path] = true
-			out = append(out, proc.FilePath(pid, m))
+			out = append(out, proc.FilePath(pid, m, maps))
 		}
 	}
 	return out

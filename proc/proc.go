@@ -332,15 +332,16 @@ const ownRootTries = 8
 // FilePath returns the path by which the tracer opens the file that
 // mapping m of process pid maps: its own path where that reaches the
 // file (the tracer's files, a chroot's), else through /proc/PID/root (a
-// container's).
-func FilePath(pid int, m Mapping) string {
+// container's). maps are pid's mappings, m among them: where neither
+// path shows the file (overlayfs), they tell whose tree it is (OwnRootOf).
+func FilePath(pid int, m Mapping, maps []Mapping) string {
 	if sameFile(m.Path, &m) {
 		return m.Path
 	}
 	if in := RootPath(pid, m.Path); sameFile(in, &m) {
 		return in
 	}
-	if own, err := OwnRoot(pid); err == nil && own {
+	if own, err := OwnRootOf(pid, maps); err == nil && own {
 		return RootPath(pid, m.Path)
 	}
 	return m.Path

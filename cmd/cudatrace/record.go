@@ -45,7 +45,7 @@ func (f *recordFlags) bind(fl *pflag.FlagSet) {
 	fl.BoolVar(&f.portable, "portable", false, "name every native frame into the trace while recording, so report/export name them on another machine, without these libraries (containers' frames are always named)")
 	fl.BoolVar(&f.keepWin, "keep-stack-windows", false, "write the stack windows to the trace for report/export to unwind, instead of unwinding while recording (traces grow by the window per allocation)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
-	fl.BoolVarP(&f.verbose, "verbose", "v", false, "also print what reading the events cost: process CPU per event and time per stage (decode, unwind, ledger, write...), and how often a process was left stopped for another tracer holding it (peer holds)")
+	fl.BoolVarP(&f.verbose, "verbose", "v", false, "also print what reading the events cost: process CPU per event and time per stage (decode, unwind, ledger, write...)")
 	fl.StringArrayVar(&f.exports, "export", nil, "on stop, also write FORMAT=FILE ("+formatList()+"; repeatable)")
 	f.add(fl, "name no frame while recording, not even a container's: the trace keeps addresses and mappings, report and export name them from the files they find (and --export writes addresses)",
 		"sample the driver's per-process GPU memory (NVML) into the trace")
