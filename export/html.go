@@ -134,13 +134,17 @@ func htmlFromTrace(path string, opts *Options) (*pageData, error) {
 	meta := r.Meta()
 	r.Close()
 	b := newPageBuilder(meta.StartBoot)
+	// One step and its change, reused: a step is read at once, never
+	// kept, and an event's change would otherwise move to the heap.
 	var step pageStep
+	var change ledger.Change
 	each := func(f func(*pageStep)) func(*events.Event, ledger.Change) error {
 		return func(ev *events.Event, ch ledger.Change) error {
 			if ch.Process == nil || !opts.selected(ch.Process.PID) {
 				return nil
 			}
-			step = pageStep{t: ev.End(), pid: ch.Process.PID, ch: &ch, api: ev.API, result: ev.Result, size: ev.Size,
+			change = ch
+			step = pageStep{t: ev.End(), pid: ch.Process.PID, ch: &change, api: ev.API, result: ev.Result, size: ev.Size,
 				device: ev.Device, tid: ev.TID}
 			if ch.Alloc == nil && ch.Freed == nil && !step.failed() {
 				return nil // no memory changed hands

@@ -161,16 +161,15 @@ type pageBuilder struct {
 }
 
 type pageStack struct {
-	routes   []route       // pass 1: the routes its allocations counted in
-	st       *ledger.Stack // pass 1's
-	pid      uint32
-	level    int
-	live     uint64 // pass 1: now
-	maxLive  uint64 // pass 1: the most it held
-	owner    int    // index in pageBuilder.owners
-	topProc  int    // its slot in its process's series by path; pageTopPaths: other
-	topAll   int    // in the series of every process
-	hasAlloc bool   // an allocation came from it (not only failures)
+	routes  []route       // pass 1: the routes its allocations counted in
+	st      *ledger.Stack // pass 1's
+	pid     uint32
+	level   int
+	live    uint64 // pass 1: now
+	maxLive uint64 // pass 1: the most it held
+	owner   int    // index in pageBuilder.owners
+	topProc int    // its slot in its process's series by path; pageTopPaths: other
+	topAll  int    // in the series of every process
 }
 
 type scanSeries struct {
@@ -300,7 +299,6 @@ func (b *pageBuilder) scanAlloc(pid uint32, a *ledger.Allocation, sign int) {
 	ps := b.stacks[id]
 	r := route{pid, a.Device, level}
 	if sign > 0 {
-		ps.hasAlloc = true
 		ps.live += a.Size
 		ps.maxLive = max(ps.maxLive, ps.live)
 	} else {
@@ -909,11 +907,11 @@ func (b *pageBuilder) nvmlSample(n *tracefile.NVML, traced func(pid uint32) (uin
 	for _, d := range n.Devices {
 		dv := nv.devices[d.Index]
 		if dv == nil {
-			dv = &pageNVMLDevice{Index: d.Index, UUID: d.UUID, Name: d.Name, used: filled(nv.nb)}
+			dv = &pageNVMLDevice{Index: d.Index, UUID: d.UUID, Name: d.Name, Used: filled(nv.nb)}
 			nv.devices[d.Index] = dv
 		}
 		dv.Total = d.Total
-		dv.used[k] = max(dv.used[k], int64(d.Used))
+		dv.Used[k] = max(dv.Used[k], int64(d.Used))
 	}
 	used := map[uint32]uint64{}
 	for _, p := range n.Processes {
@@ -926,18 +924,18 @@ func (b *pageBuilder) nvmlSample(n *tracefile.NVML, traced func(pid uint32) (uin
 		}
 		pv := nv.procs[pid]
 		if pv == nil {
-			pv = &pageNVMLProcess{PID: pid, used: filled(nv.nb), traced: filled(nv.nb)}
+			pv = &pageNVMLProcess{PID: pid, Used: filled(nv.nb), Traced: filled(nv.nb)}
 			nv.procs[pid] = pv
 		}
-		if int64(u) > pv.used[k] {
-			pv.used[k], pv.traced[k] = int64(u), int64(tr)
+		if int64(u) > pv.Used[k] {
+			pv.Used[k], pv.Traced[k] = int64(u), int64(tr)
 		}
 	}
 }
 
 // filled is n -1s: no sample.
-func filled(n int) []int64 {
-	out := make([]int64, n)
+func filled(n int) deltas {
+	out := make(deltas, n)
 	for i := range out {
 		out[i] = -1
 	}

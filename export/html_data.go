@@ -228,15 +228,12 @@ type pageNVMLDevice struct {
 	Name  string `json:"name"`
 	Total uint64 `json:"total"`
 	Used  deltas `json:"used"`
-	used  []int64
 }
 
 type pageNVMLProcess struct {
 	PID    uint32 `json:"pid"`
 	Used   deltas `json:"used"`   // over all its devices
 	Traced deltas `json:"traced"` // the traced GPU bytes at the same sample
-	used   []int64
-	traced []int64
 }
 
 // deltas is a column of integers written as differences.
@@ -315,12 +312,18 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 		}
 		return i
 	}
-	frameIDs := map[string]int{}
-	addFrame := func(f symbolize.Frame) int {
-		rf := report.Frames([]symbolize.Frame{f})[0]
-		key := fmt.Sprintf("%s\x00%s\x00%d\x00%s", rf.Function, rf.File, rf.Line, rf.Module)
+	// A frame is one by what it shows: an address only where nothing
+	// else names it.
+	type frameKey struct {
+		function, file string
+		line           int
+		module, addr   string
+	}
+	frameIDs := map[frameKey]int{}
+	addFrame := func(f symbolize.Frame, rf report.Frame) int {
+		key := frameKey{rf.Function, rf.File, rf.Line, rf.Module, ""}
 		if rf.Function == "" && rf.Module == "" {
-			key += "\x00" + rf.Address
+			key.addr = rf.Address
 		}
 		if id, ok := frameIDs[key]; ok {
 			return id
@@ -342,7 +345,7 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 		case owner.IsCUDA(rf.Module):
 			kind = 2
 		}
-		if w := owner.Of(owner.FramesOf(1, func(int) (string, string) { return rf.Module, rf.File })); w.Name != owner.Application {
+		if w := owner.OfSymbolized([]symbolize.Frame{f}); w.Name != owner.Application {
 			own = frameOwner(w.Name)
 		}
 		d.Frames.Label = append(d.Frames.Label, strs.id(label))
@@ -367,8 +370,8 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 		st.Owner = append(st.Owner, ps.owner)
 		st.Label = append(st.Label, strs.id(stackLabel(rfs)))
 		st.FrameAt = append(st.FrameAt, len(st.FrameIDs))
-		for _, f := range fs {
-			st.FrameIDs = append(st.FrameIDs, int64(addFrame(f)))
+		for i, f := range fs {
+			st.FrameIDs = append(st.FrameIDs, int64(addFrame(f, rfs[i])))
 		}
 		st.LineAt = append(st.LineAt, len(st.LineKeys))
 		for _, k := range report.ViewKeys(rfs, report.ByLine) {
@@ -417,12 +420,10 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 		d.NVML = &pageNVML{Samples: nv.samples, Failed: nv.failed, Error: nv.err, Devices: []pageNVMLDevice{},
 			Processes: []pageNVMLProcess{}}
 		for _, dv := range nv.devices {
-			dv.Used = dv.used
 			d.NVML.Devices = append(d.NVML.Devices, *dv)
 		}
 		slices.SortFunc(d.NVML.Devices, func(x, y pageNVMLDevice) int { return cmp.Compare(x.Index, y.Index) })
 		for _, pv := range nv.procs {
-			pv.Used, pv.Traced = pv.used, pv.traced
 			d.NVML.Processes = append(d.NVML.Processes, *pv)
 		}
 		slices.SortFunc(d.NVML.Processes, func(x, y pageNVMLProcess) int { return cmp.Compare(x.PID, y.PID) })
