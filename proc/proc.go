@@ -362,4 +362,3 @@ func sameFile(path string, m *Mapping) bool {
 	mi, err2 := strconv.ParseUint(minor, 16, 32)
 	return err1 == nil && err2 == nil && uint64(unix.Major(st.Dev)) == ma && uint64(unix.Minor(st.Dev)) == mi
 }
-
