@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,20 +55,9 @@ func (m Mem) ReadAt(b []byte, addr uint64) error {
 // ptrace access to it), so it needs no more privilege than Mem. A process
 // whose environment cannot be read is an error saying why.
 func Environ(pid int) ([]string, error) {
-	// Fields 50 and 51 of stat; the first after ')' is field 3.
-	f, err := statFields(pid, 49)
+	lo, hi, err := envBounds(pid)
 	if err != nil {
 		return nil, err
-	}
-	lo, err1 := strconv.ParseUint(f[47], 10, 64)
-	hi, err2 := strconv.ParseUint(f[48], 10, 64)
-	if err1 != nil || err2 != nil {
-		return nil, fmt.Errorf("pid %d: malformed stat: env_start %q, env_end %q", pid, f[47], f[48])
-	}
-	if lo == 0 && hi == 0 {
-		// A kernel thread, or a reader without ptrace access: the kernel
-		// shows zeros then.
-		return nil, fmt.Errorf("pid %d: its environment is not shown to this process (reading another user's process takes CAP_SYS_PTRACE)", pid)
 	}
 	if hi < lo || hi-lo > maxEnviron {
 		return nil, fmt.Errorf("pid %d: environment of %d bytes at %#x: not read", pid, int64(hi-lo), lo)
@@ -78,6 +68,46 @@ func Environ(pid int) ([]string, error) {
 	}
 	return splitEnviron(b), nil
 }
+
+// envBounds reads env_start and env_end from pid's stat. Zeros there mean
+// one of three things, which the fields beside them tell apart: no memory
+// at all (a kernel thread, a process exiting), a reader without ptrace
+// access (the kernel then shows 1 for start_code and end_code), or a
+// process inside execve(2), whose new memory is in place (and its parent
+// told, by close-on-exec, that the exec succeeded) before the kernel has
+// laid out its stack and set the bounds. That last lasts well under a
+// millisecond, so it is waited out, briefly: a process just started is
+// what the tracer most often reads.
+func envBounds(pid int) (lo, hi uint64, err error) {
+	deadline := time.Now().Add(execWait)
+	for {
+		// Fields 23 (vsize), 26, 27 (start_code, end_code), 50 and 51
+		// (env_start, env_end); the first after ')' is field 3.
+		f, err := statFields(pid, 49)
+		if err != nil {
+			return 0, 0, err
+		}
+		lo, err1 := strconv.ParseUint(f[47], 10, 64)
+		hi, err2 := strconv.ParseUint(f[48], 10, 64)
+		if err1 != nil || err2 != nil {
+			return 0, 0, fmt.Errorf("pid %d: malformed stat: env_start %q, env_end %q", pid, f[47], f[48])
+		}
+		switch {
+		case lo != 0 || hi != 0:
+			return lo, hi, nil
+		case f[20] == "0":
+			return 0, 0, fmt.Errorf("pid %d: has no memory (a kernel thread, or exiting): no environment to read", pid)
+		case f[23] == "1" && f[24] == "1":
+			return 0, 0, fmt.Errorf("pid %d: its environment is not shown to this process (reading another user's process takes CAP_SYS_PTRACE)", pid)
+		case time.Now().After(deadline):
+			return 0, 0, fmt.Errorf("pid %d: its environment was still not laid out %v into an exec", pid, execWait)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// execWait bounds the wait for an exec to lay out its new stack.
+const execWait = 100 * time.Millisecond
 
 // maxEnviron bounds the environment read: Linux caps argv and envp
 // together at a quarter of the stack limit, a few MiB with default limits.
