@@ -76,7 +76,7 @@ func SystemLoader() string {
 func notifySite(path string) (off, cookie uint64, err error) {
 	f, err := elf.Open(path)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("read %s as an ELF file: %w", path, err)
 	}
 	defer f.Close()
 	var state, rdebug *elf.Symbol
@@ -135,19 +135,40 @@ func (t *Tracer) AttachLoader(path string) (bool, error) {
 			return false, nil
 		}
 	}
-	off, cookie, err := notifySite(path)
-	if err != nil {
+	key := [2]uint64{lib.Dev, lib.Inode}
+	if err, ok := t.refusedLoaders[key]; ok {
 		return false, err
 	}
-	ex, err := link.OpenExecutable(path)
+	added, err := t.attachLoader(path)
 	if err != nil {
+		// Every exec of a program this loader runs would try it again
+		// (under --all, the host's every exec): the file does not
+		// change, so neither would the answer.
+		if t.refusedLoaders == nil {
+			t.refusedLoaders = map[[2]uint64]error{}
+		}
+		t.refusedLoaders[key] = err
 		return false, err
-	}
-	added, err := t.attach(ex, []site{{name: "_dl_debug_state", prog: t.objs.CtDlNotify, addr: off, cookie: cookie}})
-	if err != nil {
-		return false, fmt.Errorf("attach to %s's _dl_debug_state: %w", path, err)
 	}
 	t.links = append(t.links, added...)
 	t.loaders.Add(path)
 	return true, nil
+}
+
+// attachLoader attaches ct_dl_notify to the notification point of the
+// loader at path.
+func (t *Tracer) attachLoader(path string) ([]link.Link, error) {
+	off, cookie, err := notifySite(path)
+	if err != nil {
+		return nil, err
+	}
+	ex, err := link.OpenExecutable(path)
+	if err != nil {
+		return nil, err
+	}
+	added, err := t.attach(ex, []site{{name: "_dl_debug_state", prog: t.objs.CtDlNotify, addr: off, cookie: cookie}})
+	if err != nil {
+		return nil, fmt.Errorf("attach to %s's _dl_debug_state: %w", path, err)
+	}
+	return added, nil
 }

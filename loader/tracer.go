@@ -161,6 +161,9 @@ type Tracer struct {
 	// loaders are the dynamic loaders (ld.so files, by inode) whose
 	// notification point ct_dl_notify is attached to (dlnotify.go).
 	loaders Libraries
+	// refusedLoaders are the loaders (dev, inode) that could not be
+	// attached, with why: tried once.
+	refusedLoaders map[[2]uint64]error
 
 	// The learning probes (LearnProbes): on while learning, over every
 	// library attached (exes); closing them runs in the background

@@ -228,8 +228,8 @@ func (s *session) attachMapped(pid uint32, maps []proc.Mapping, at uint64) {
 }
 
 // attachLoader attaches the notification point of the dynamic loader at
-// path (none: ""); one that cannot be is said once, and its processes'
-// loads are found by the periodic scan instead.
+// path (none: ""); one that cannot be is tried and said once, and its
+// processes' loads are found by the periodic scan instead.
 func (s *session) attachLoader(path string) {
 	if path == "" || s.tr == nil {
 		return
