@@ -213,6 +213,11 @@ func Read(pid uint32, comm string, now uint64, ids *BuildIDs, prev *Capture) (*C
 	c.PPID, _ = proc.PPID(int(pid))
 	if st, err := proc.StartTime(int(pid)); err == nil {
 		c.Start = st
+	} else if c.Error == "" && prev != nil && prev.PID == pid {
+		// Reaped between the reads (its mappings read, its stat no
+		// longer): it is prev's process, whose start says whether it
+		// ran before the trace began (the report's "before tracing").
+		c.Start = prev.Start
 	}
 	c.Exe, _ = os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if in, err := container.Of(int(pid)); err == nil {

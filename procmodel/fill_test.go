@@ -2,8 +2,11 @@ package procmodel
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
+	"github.com/cudatrace/cudatrace/jobid"
 	"github.com/cudatrace/cudatrace/proc"
 )
 
@@ -59,4 +62,39 @@ func paths(maps []proc.Mapping) string {
 		out = append(out, fmt.Sprintf("%#x %s", m.Start, m.Path))
 	}
 	return fmt.Sprint(out)
+}
+
+// TestReadStartFromPrev: a process reaped between the reads of one capture
+// (its mappings read, its stat no longer) is the process prev captured:
+// it keeps prev's start, by which the report tells whether it ran before
+// the trace began, and prev's job. A /proc of its own holds only the
+// mappings.
+func TestReadStartFromPrev(t *testing.T) {
+	root := t.TempDir()
+	const pid = 4242
+	if err := os.MkdirAll(filepath.Join(root, "4242"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	line := "7f0000000000-7f0000001000 r-xp 00001000 08:01 1234 /usr/lib/libcuda.so.1\n"
+	if err := os.WriteFile(filepath.Join(root, "4242", "maps"), []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := proc.Root
+	proc.Root = root
+	t.Cleanup(func() { proc.Root = old })
+
+	var ids BuildIDs
+	prev := &Capture{PID: pid, Start: 123_450_000_000, Job: &jobid.Identity{Job: "torchrun:job-7", Rank: 3}}
+	c, _ := Read(pid, "python3", 9, &ids, prev)
+	if c.Error != "" || len(c.Maps) != 1 || c.Maps[0].Path != "/usr/lib/libcuda.so.1" {
+		t.Fatalf("capture: error %q, maps %+v; want the one mapping", c.Error, c.Maps)
+	}
+	if c.Start != prev.Start || c.Job != prev.Job {
+		t.Errorf("start %d, job %+v; want prev's %d, %+v", c.Start, c.Job, prev.Start, prev.Job)
+	}
+	// Another PID's capture is no prev of this one.
+	other := &Capture{PID: pid + 1, Start: prev.Start}
+	if c, _ := Read(pid, "python3", 9, &ids, other); c.Start != 0 {
+		t.Errorf("start %d from another process's capture, want 0 (unknown)", c.Start)
+	}
 }

@@ -278,18 +278,24 @@ func (s *session) scanEvery() time.Duration {
 	return lateScanEvery
 }
 
-// attachLoaders looks, as tracing starts, at each --pid process's
-// mappings once: for its interpreter (detectEarly) and its dynamic
-// loader's notification point, which it attaches; then at the system's
-// loader (a launched command's, most of the host's processes').
+// attachLoaders captures, as tracing starts, each --pid process once:
+// kept (pending) for its first record, which a process that exits first
+// then still finds, named as it was running before the trace and with
+// its stacks' mappings; its mappings looked at for its interpreter
+// (detectEarly) and its dynamic loader's notification point, which it
+// attaches. Then it attaches the system's loader (a launched command's,
+// most of the host's processes').
 func (s *session) attachLoaders(pids []int) {
 	for _, pid := range pids {
-		maps, err := proc.ReadMaps(pid)
-		if err != nil {
+		c, maps := procmodel.Read(uint32(pid), "", BootNow(), &s.ids, nil)
+		if c.Error != "" {
 			continue // gone: its first record, if any, says so
 		}
-		root, _ := proc.RootDir(pid, maps) // gone meanwhile: its first record says so
-		s.detectEarly(uint32(pid), root, maps)
+		if s.pending == nil {
+			s.pending = map[uint32]*procmodel.Capture{}
+		}
+		s.pending[uint32(pid)] = c
+		s.detectEarly(uint32(pid), c.RootDir(), maps)
 		s.attachLoader(loader.LoaderIn(pid, maps))
 	}
 	if len(s.opts.Command) == 0 && !s.opts.All {

@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -194,7 +196,17 @@ func TestAgentWindowStartsLive(t *testing.T) {
 // the stand-in driver's log says it holds on each device), in JSON and in
 // text; its frees of that memory are unknown frees, and the trace's
 // memviz export lists only segments its entries refer to.
-func TestAttachHeldBefore(t *testing.T) {
+func TestAttachHeldBefore(t *testing.T) { attachHeldBefore(t, false) }
+
+// TestAttachReaderBehind: the same, with the tracer's reader behind the
+// process (here the tracer is stopped, by the test, from before phase 2
+// until the process has exited and been reaped): its records are read
+// when nothing of it is left in /proc, and its stacks are still named and
+// its memory from before the trace still counted, from what the tracer
+// read of it at the attach.
+func TestAttachReaderBehind(t *testing.T) { attachHeldBefore(t, true) }
+
+func attachHeldBefore(t *testing.T, readerBehind bool) {
 	ctx, dir := traceSetup(t)
 	log, trace, procs := filepath.Join(dir, "fake.log"), filepath.Join(dir, "before.trace"), filepath.Join(dir, "nvml.procs")
 	p := startAttachLater(t, log)
@@ -210,9 +222,19 @@ func TestAttachHeldBefore(t *testing.T) {
 		"--nvml-interval", "50ms", "-o", trace)
 	rec.waitAttached(t, 30*time.Second)
 	time.Sleep(300 * time.Millisecond) // NVML's first sample, before phase 2
+	if readerBehind {
+		if err := rec.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
 	p.proceed(t)
-	if err := p.wait(t); err != nil {
+	if err := p.wait(t); err != nil { // reaped: /proc has no pid now
 		t.Fatalf("attach_later: %v\n%s", err, p.stderr.String())
+	}
+	if readerBehind {
+		if err := rec.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
 	}
 	rec.finish(t, 20*time.Second)
 	if strings.Contains(rec.stderr.String(), "NVML unavailable") {
@@ -249,6 +271,12 @@ func TestAttachHeldBefore(t *testing.T) {
 	}
 	if want := fmt.Sprintf("Before tracing: pid %d held ", pid); !strings.Contains(string(text), want) {
 		t.Errorf("report text has no %q:\n%s", want, text)
+	}
+	// Phase 2's stacks, in main and in the thread it starts.
+	for _, fn := range []string{"main", "late_thread"} {
+		if want := regexp.MustCompile(`#0 ` + fn + ` \([^)]*/attach_later\.c:\d+\) attach_later\n`); !want.Match(text) {
+			t.Errorf("report text has no stack named %q:\n%s", want, text)
+		}
 	}
 	checkMemvizExport(t, ctx, trace, pid)
 }
