@@ -1,6 +1,7 @@
 package procmodel
 
 import (
+	"cmp"
 	"debug/elf"
 	"fmt"
 	"path/filepath"
@@ -36,14 +37,7 @@ func WithLoaded(base *Capture, pid uint32, at uint64, exe string, objs []events.
 		return c
 	}
 	for _, o := range objs {
-		path := o.Path
-		if path == "" {
-			path = c.Exe
-		}
-		if !filepath.IsAbs(path) {
-			continue
-		}
-		for _, m := range loadedMappings(path, o.Bias) {
+		for _, m := range loadedMappings(objectPath(o, c.Exe), o.Bias) {
 			m.BuildID = ids.OfFile(m)
 			c.Maps = slices.DeleteFunc(c.Maps, func(o proc.Mapping) bool { return o.Start < m.End && m.Start < o.End })
 			c.Maps = append(c.Maps, m)
@@ -52,6 +46,53 @@ func WithLoaded(base *Capture, pid uint32, at uint64, exe string, objs []events.
 	c.Maps = sortedMaps(c.Maps)
 	c.Error = ""
 	return c
+}
+
+// FillLoaded adds to c, read from a live process, the executable segments
+// of the objects its loader reported mapping (objs; exe, the program's
+// own file when c has none) where c has none of that file's and none of
+// its mappings overlaps them. Read as the process exits, /proc/PID/maps
+// can hold some of a library's mappings and not its code's (a read of
+// exiting python3's took its libraries' r--p without their r-xp in 1 of
+// 200 runs here): the frames in that code would go unnamed, and their
+// owner with them. Only files missing from c are opened, so a full read
+// costs nothing more.
+func (c *Capture) FillLoaded(objs []events.LoadedObject, exe string, ids *BuildIDs) {
+	if c.Error != "" || c.OwnRoot || len(objs) == 0 {
+		return
+	}
+	read := len(c.Maps)
+	have := map[string]bool{}
+	for _, m := range c.Maps {
+		have[m.Path] = true
+	}
+	for _, o := range objs {
+		path := objectPath(o, cmp.Or(c.Exe, exe))
+		if path == "" || have[path] {
+			continue
+		}
+		for _, m := range loadedMappings(path, o.Bias) {
+			if !slices.ContainsFunc(c.Maps[:read], func(r proc.Mapping) bool { return r.Start < m.End && m.Start < r.End }) {
+				m.BuildID = ids.OfFile(m)
+				c.Maps = append(c.Maps, m)
+			}
+		}
+	}
+	c.Maps = sortedMaps(c.Maps)
+}
+
+// objectPath is the file of a loader's object: the program's own (exe)
+// for the list's entry without a path; "" (nothing to open) when that is
+// not an absolute path.
+func objectPath(o events.LoadedObject, exe string) string {
+	path := o.Path
+	if path == "" {
+		path = exe
+	}
+	if !filepath.IsAbs(path) {
+		return ""
+	}
+	return path
 }
 
 // loadedMappings are the executable mappings of the ELF file at path,

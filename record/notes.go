@@ -151,6 +151,7 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	}
 	c, all := procmodel.Read(pid, "", at, &s.ids, prev)
 	c.Fill(s.pending[pid]) // read since its last exec (exec drops it)
+	c.FillLoaded(objs, s.execs[pid], &s.ids)
 	if c.Error != "" {
 		if len(objs) > 0 {
 			s.pending[pid] = procmodel.WithLoaded(s.pending[pid], pid, at, s.execs[pid], objs, &s.ids)
