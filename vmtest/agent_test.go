@@ -866,14 +866,21 @@ func TestAgentNVML(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := strconv.Itoa(j.pid)
+	// A sample's device and process figures are separate NVML calls, as
+	// with the real library, and the stand-in reads the file at each: one
+	// sample may take the device's before the file was written and the
+	// process's after. Both must be there.
 	var m []sample
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		m = parseMetrics(t, get(t, ctx, ag.url+"/metrics", http.StatusOK))
-		if v, ok := metric(t, m, "cudatrace_nvml_process_used_bytes", "pid", pid); ok && v == 5000000+driverOwn {
+		v, ok := metric(t, m, "cudatrace_nvml_process_used_bytes", "pid", pid)
+		dev, devOK := metric(t, m, "cudatrace_nvml_used_bytes", "gpu", "1")
+		if ok && v == 5000000+driverOwn && devOK && dev == 5000000+driverOwn {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no cudatrace_nvml_process_used_bytes for pid %s within 10s", pid)
+			t.Fatalf("no cudatrace_nvml_process_used_bytes for pid %s and cudatrace_nvml_used_bytes for gpu 1 within 10s (%v %v, %v %v)",
+				pid, v, ok, dev, devOK)
 		}
 	}
 	wantMetric(t, m, 1, "cudatrace_nvml_up")
