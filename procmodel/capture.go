@@ -244,7 +244,7 @@ func (c *Capture) Fill(from *Capture) {
 	}
 	n := len(c.Maps)
 	for _, m := range from.Maps {
-		if !slices.ContainsFunc(c.Maps[:n], func(o proc.Mapping) bool { return o.Start < m.End && m.Start < o.End }) {
+		if !overlapsAny(c.Maps[:n], m) {
 			c.Maps = append(c.Maps, m)
 		}
 	}
@@ -285,6 +285,14 @@ func (b *BuildIDs) of(m proc.Mapping, path string) string {
 	}
 	b.m[k] = id
 	return id
+}
+
+// overlaps reports whether mappings a and b share an address.
+func overlaps(a, b proc.Mapping) bool { return a.Start < b.End && b.Start < a.End }
+
+// overlapsAny reports whether any of maps shares an address with m.
+func overlapsAny(maps []proc.Mapping, m proc.Mapping) bool {
+	return slices.ContainsFunc(maps, func(o proc.Mapping) bool { return overlaps(o, m) })
 }
 
 // sortedMaps returns maps sorted by address (maps itself when it is).

@@ -39,7 +39,7 @@ func WithLoaded(base *Capture, pid uint32, at uint64, exe string, objs []events.
 	for _, o := range objs {
 		for _, m := range loadedMappings(objectPath(o, c.Exe), o.Bias) {
 			m.BuildID = ids.OfFile(m)
-			c.Maps = slices.DeleteFunc(c.Maps, func(o proc.Mapping) bool { return o.Start < m.End && m.Start < o.End })
+			c.Maps = slices.DeleteFunc(c.Maps, func(o proc.Mapping) bool { return overlaps(o, m) })
 			c.Maps = append(c.Maps, m)
 		}
 	}
@@ -72,7 +72,7 @@ func (c *Capture) FillLoaded(objs []events.LoadedObject, exe string, ids *BuildI
 			continue
 		}
 		for _, m := range loadedMappings(path, o.Bias) {
-			if !slices.ContainsFunc(c.Maps[:read], func(r proc.Mapping) bool { return r.Start < m.End && m.Start < r.End }) {
+			if !overlapsAny(c.Maps[:read], m) {
 				m.BuildID = ids.OfFile(m)
 				c.Maps = append(c.Maps, m)
 			}
