@@ -432,6 +432,7 @@ func (a *Agent) Tick(res *record.Result) {
 	a.res.Counters, a.res.Lost, a.res.Events = res.Counters, res.Lost-res.LostStopping, res.Events
 	// A sample is never changed once taken: sharing it is safe.
 	a.res.NVML, a.res.NVMLTime, a.res.NVMLError = res.NVML, res.NVMLTime, res.NVMLError
+	a.res.Maps, a.res.ExitsSwept = res.Maps, res.ExitsSwept
 	for {
 		select {
 		case r := <-a.reqs:
@@ -467,31 +468,15 @@ func (a *Agent) exited(ps *procState) {
 	}
 }
 
-// scanExits marks the processes that are gone, and forgets those gone for
-// longer than the retention. A process gone whose exit record did not come
-// (lost with a full ring buffer, or its PID reused) is ended here, through
-// the ledger as the record would: what it held is held at exit, released
-// from its figures and the node's.
+// scanExits forgets the processes ended for longer than the retention.
+// Their ends come from the session, the one owner of a process's life
+// (record's life.go): its exit record, or the session's sweep for one gone
+// without it (lost with a full ring buffer, or its PID reused), which ends
+// it through the ledger as the record would.
 func (a *Agent) scanExits() {
 	now := time.Now()
 	for pid, ps := range a.procs {
-		if ps.exitedAt.IsZero() {
-			if proc.Alive(int(pid)) {
-				st, err := proc.StartTime(int(pid))
-				if err != nil || !ps.reusedBy(st) {
-					continue
-				}
-				// Another process has the PID now: this one is gone.
-			}
-			if p := a.ledger.Process(pid); p != nil && !p.Exited {
-				ev := events.Event{Time: record.BootNow(), PID: pid, TID: pid, Comm: p.Comm, API: events.ProcessExit,
-					Device: events.DeviceUnknown, Flags: events.FlagEntryOnly}
-				a.Event(&ev, a.ledger.Apply(&ev))
-			}
-			a.exited(ps)
-			continue
-		}
-		if now.Sub(ps.exitedAt) >= a.opts.Retention {
+		if !ps.exitedAt.IsZero() && now.Sub(ps.exitedAt) >= a.opts.Retention {
 			a.forget(pid)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/report"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -96,6 +97,11 @@ type Stats struct {
 	// NVMLError says why it is missing or stale.
 	NVML      *gpustat.Sample
 	NVMLError string
+	// Maps are the BPF maps keyed by process, thread or file and their
+	// entries at the latest count; ExitsSwept the process ends the
+	// session's sweep found (record.Result).
+	Maps       []record.MapUse
+	ExitsSwept uint64
 }
 
 // Stats copies the agent's state.
@@ -203,7 +209,7 @@ func stackLabel(frames []symbolize.Frame) string {
 func (a *Agent) stats() *Stats {
 	s := &Stats{Totals: a.totals, Events: a.res.Events, Lost: a.res.Lost, Counters: map[string]uint64{},
 		Stacks: a.model.Stacks(), Start: a.start, NVML: a.res.NVML, NVMLError: a.res.NVMLError,
-		HistoryEvents: a.hist.events(), HistoryBytes: a.hist.bytes()}
+		HistoryEvents: a.hist.events(), HistoryBytes: a.hist.bytes(), Maps: a.res.Maps, ExitsSwept: a.res.ExitsSwept}
 	for k, v := range a.res.Counters {
 		s.Counters[k] = v
 	}

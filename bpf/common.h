@@ -20,6 +20,9 @@ struct {
 	__uint(max_entries, 8 << 20); // overridden from Go
 } events SEC(".maps");
 
+// The PID filter (filter_pids): the processes given (loader AddPID) and
+// their descendants (ct_fork). A process leaves it at its end (exit.h
+// ct_proc_exit), so that a later process given its PID is not traced.
 CT_MAP(BPF_MAP_TYPE_HASH, pids, __u32, __u8, 16384); // key: tgid
 
 
@@ -27,9 +30,24 @@ CT_MAP(BPF_MAP_TYPE_HASH, pids, __u32, __u8, 16384); // key: tgid
 CT_MAP(BPF_MAP_TYPE_LRU_HASH, thread_dev, __u32, __s32, 65536); // key: tid
 
 
-// Processes that already had a record: their first one wakes the reader at
-// once so it can read /proc/PID/maps before a short-lived process is gone.
-CT_MAP(BPF_MAP_TYPE_LRU_HASH, seen, __u32, __u8, 16384);
+// A process the reader has heard of, from its first record or note to its
+// end: the one entry BPF keeps of a process's own, made by proc_mark and
+// deleted by the kernel's exit (exit.h ct_proc_exit), with the process's
+// entries in every other map keyed by process or thread. An LRU: a host
+// with more processes than this that each made a record or note loses the
+// least recent's entry, and then only its note pacing, the point its
+// loader list was read to (read whole again) and its exit record (the
+// reader's sweep finds it gone: record's life.go).
+struct ct_proc {
+	__u64 note_ns; // boot ns of its last library-load note, without the PID filter (notify.h)
+	__u64 dl_mm;   // where its last note's walk of its loader's list stopped: the address space,
+	__u64 dl_lm;   // and the last entry reported (notify.h dl_report)
+	__u32 flags;   // CT_PROC_*
+	__u32 pad;
+};
+#define CT_PROC_RECORDS 1 // it made a record of its own (an allocation, a free, a context call)
+#define CT_PROC_NOTED 2   // the reader had a note of it (an exec, a library load)
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, procs, __u32, struct ct_proc, 32768); // key: tgid
 
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, counters, __u32, __u64, CT_CNT_MAX);
 
@@ -57,6 +75,27 @@ static __always_inline void count(__u32 idx)
 	__u64 *v = bpf_map_lookup_elem(&counters, &idx);
 	if (v)
 		*v += 1; // per-CPU: no atomics needed
+}
+
+// proc_mark notes that the reader heard of process tgid (flag, a
+// CT_PROC_*) and returns its entry (NULL: no room, counted).
+static __always_inline struct ct_proc *proc_mark(__u32 tgid, __u32 flag)
+{
+	struct ct_proc *p = bpf_map_lookup_elem(&procs, &tgid);
+	if (!p) {
+		struct ct_proc fresh = {.flags = flag};
+		bpf_map_update_elem(&procs, &tgid, &fresh, BPF_NOEXIST);
+		p = bpf_map_lookup_elem(&procs, &tgid);
+		if (!p)
+			count(CT_CNT_MAP_FULL);
+		return p;
+	}
+	// Not atomic (-mcpu=v1 has no atomic or): two threads of the process
+	// setting two flags at once may keep one, and the next record or note
+	// sets the other again.
+	if (!(p->flags & flag))
+		p->flags |= flag;
+	return p;
 }
 
 static __always_inline int traced(__u32 tgid)
@@ -105,10 +144,10 @@ static __always_inline __s32 current_device(__u32 tid)
 // reader, behind and awake, does not need one.
 static __always_inline __u64 wakeup_flags(struct ct_event *e, __u32 size)
 {
-	__u8 one = 1;
 	__u32 tgid = e->pid;
-	if (bpf_map_lookup_elem(&seen, &tgid) == NULL) {
-		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
+	struct ct_proc *p = bpf_map_lookup_elem(&procs, &tgid);
+	if (!p || !(p->flags & CT_PROC_RECORDS)) {
+		proc_mark(tgid, CT_PROC_RECORDS);
 		return BPF_RB_FORCE_WAKEUP;
 	}
 	// What this record added to the unread data: its size and the ring's
@@ -169,7 +208,8 @@ int BPF_PROG(ct_fork, struct task_struct *parent, struct task_struct *child)
 		return 0;
 	__u32 ctgid = BPF_CORE_READ(child, tgid);
 	__u8 one = 1;
-	bpf_map_update_elem(&pids, &ctgid, &one, BPF_ANY);
+	if (bpf_map_update_elem(&pids, &ctgid, &one, BPF_ANY))
+		count(CT_CNT_MAP_FULL); // the filter is full of living processes: this one is not traced
 	return 0;
 }
 

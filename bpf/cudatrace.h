@@ -94,6 +94,10 @@ enum ct_flags {
 	// with CT_F_WINDOW: the link register (x30 on arm64; 0 where it is not
 	// known) follows struct ct_ustack, before the window's bytes (arch.h)
 	CT_F_LR = 1 << 9,
+	// on a ProcessExit record: the process made no record of its own,
+	// only notes (an exec, library loads): the reader's state of it ends,
+	// the ledger and the trace have nothing of it
+	CT_F_NOTES_ONLY = 1 << 10,
 };
 
 // Loss and health counters, a per-CPU array indexed by these.
@@ -116,7 +120,11 @@ enum ct_counter {
 	// an exec's or a library load's record (notify.h) found no room: the
 	// reader learns of it from the next record, or its periodic look
 	CT_CNT_NOTE_FULL = 9,
-	CT_CNT_MAX = 10,
+	// a process's state found a map full of living processes' (the PID
+	// filter: a child left untraced; py_procs: its Python frames left
+	// out; procs: its exit found by the reader's sweep instead)
+	CT_CNT_MAP_FULL = 10,
+	CT_CNT_MAX = 11,
 };
 
 // USDT probes (PyTorch's pytorch:malloc / pytorch:free): each attached probe

@@ -32,7 +32,8 @@ const (
 	CudatraceCtCounterCT_CNT_PYCODE_FULL   CudatraceCtCounter = 7
 	CudatraceCtCounterCT_CNT_PY_PREEMPTED  CudatraceCtCounter = 8
 	CudatraceCtCounterCT_CNT_NOTE_FULL     CudatraceCtCounter = 9
-	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 10
+	CudatraceCtCounterCT_CNT_MAP_FULL      CudatraceCtCounter = 10
+	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 11
 )
 
 type CudatraceCtDlobj struct {
@@ -68,6 +69,15 @@ type CudatraceCtExecNote struct {
 	_        structs.HostLayout
 	H        CudatraceCtEvent
 	Filename [256]int8
+}
+
+type CudatraceCtProc struct {
+	_      structs.HostLayout
+	NoteNs uint64
+	DlMm   uint64
+	DlLm   uint64
+	Flags  uint32
+	Pad    uint32
 }
 
 type CudatraceCtPycode struct {
@@ -189,12 +199,6 @@ type CudatraceCtxStack struct {
 	Depth    uint32
 	PopDepth uint32
 	Ctx      [8]uint64
-}
-
-type CudatraceDlLastVal struct {
-	_  structs.HostLayout
-	Mm uint64
-	Lm uint64
 }
 
 type CudatraceDlScratchVal struct {
@@ -326,22 +330,20 @@ const (
 	CudatraceMapCtxInflight            = "ctx_inflight"
 	CudatraceMapCtxRefs                = "ctx_refs"
 	CudatraceMapCtxStacks              = "ctx_stacks"
-	CudatraceMapDlLast                 = "dl_last"
 	CudatraceMapDlScratch              = "dl_scratch"
 	CudatraceMapDlWalks                = "dl_walks"
 	CudatraceMapEvents                 = "events"
 	CudatraceMapInflight               = "inflight"
 	CudatraceMapLastFree               = "last_free"
-	CudatraceMapNoted                  = "noted"
 	CudatraceMapPids                   = "pids"
 	CudatraceMapPrimaries              = "primaries"
+	CudatraceMapProcs                  = "procs"
 	CudatraceMapPyChecks               = "py_checks"
 	CudatraceMapPyFiles                = "py_files"
 	CudatraceMapPyProcs                = "py_procs"
 	CudatraceMapPyScratch              = "py_scratch"
 	CudatraceMapPySeen                 = "py_seen"
 	CudatraceMapPyThreads              = "py_threads"
-	CudatraceMapSeen                   = "seen"
 	CudatraceMapThreadDev              = "thread_dev"
 	CudatraceMapUsdtSpecs              = "usdt_specs"
 	CudatraceProgCt3dEnter             = "ct_3d_enter"
@@ -487,22 +489,20 @@ type CudatraceMapSpecs struct {
 	CtxInflight *ebpf.MapSpec `ebpf:"ctx_inflight"`
 	CtxRefs     *ebpf.MapSpec `ebpf:"ctx_refs"`
 	CtxStacks   *ebpf.MapSpec `ebpf:"ctx_stacks"`
-	DlLast      *ebpf.MapSpec `ebpf:"dl_last"`
 	DlScratch   *ebpf.MapSpec `ebpf:"dl_scratch"`
 	DlWalks     *ebpf.MapSpec `ebpf:"dl_walks"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
-	Noted       *ebpf.MapSpec `ebpf:"noted"`
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
 	Primaries   *ebpf.MapSpec `ebpf:"primaries"`
+	Procs       *ebpf.MapSpec `ebpf:"procs"`
 	PyChecks    *ebpf.MapSpec `ebpf:"py_checks"`
 	PyFiles     *ebpf.MapSpec `ebpf:"py_files"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
 	PySeen      *ebpf.MapSpec `ebpf:"py_seen"`
 	PyThreads   *ebpf.MapSpec `ebpf:"py_threads"`
-	Seen        *ebpf.MapSpec `ebpf:"seen"`
 	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
 }
@@ -558,22 +558,20 @@ type CudatraceMaps struct {
 	CtxInflight *ebpf.Map `ebpf:"ctx_inflight"`
 	CtxRefs     *ebpf.Map `ebpf:"ctx_refs"`
 	CtxStacks   *ebpf.Map `ebpf:"ctx_stacks"`
-	DlLast      *ebpf.Map `ebpf:"dl_last"`
 	DlScratch   *ebpf.Map `ebpf:"dl_scratch"`
 	DlWalks     *ebpf.Map `ebpf:"dl_walks"`
 	Events      *ebpf.Map `ebpf:"events"`
 	Inflight    *ebpf.Map `ebpf:"inflight"`
 	LastFree    *ebpf.Map `ebpf:"last_free"`
-	Noted       *ebpf.Map `ebpf:"noted"`
 	Pids        *ebpf.Map `ebpf:"pids"`
 	Primaries   *ebpf.Map `ebpf:"primaries"`
+	Procs       *ebpf.Map `ebpf:"procs"`
 	PyChecks    *ebpf.Map `ebpf:"py_checks"`
 	PyFiles     *ebpf.Map `ebpf:"py_files"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
 	PySeen      *ebpf.Map `ebpf:"py_seen"`
 	PyThreads   *ebpf.Map `ebpf:"py_threads"`
-	Seen        *ebpf.Map `ebpf:"seen"`
 	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
 }
@@ -585,22 +583,20 @@ func (m *CudatraceMaps) Close() error {
 		m.CtxInflight,
 		m.CtxRefs,
 		m.CtxStacks,
-		m.DlLast,
 		m.DlScratch,
 		m.DlWalks,
 		m.Events,
 		m.Inflight,
 		m.LastFree,
-		m.Noted,
 		m.Pids,
 		m.Primaries,
+		m.Procs,
 		m.PyChecks,
 		m.PyFiles,
 		m.PyProcs,
 		m.PyScratch,
 		m.PySeen,
 		m.PyThreads,
-		m.Seen,
 		m.ThreadDev,
 		m.UsdtSpecs,
 	)

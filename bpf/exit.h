@@ -19,23 +19,71 @@ struct signal_struct___ct {
 	struct ct_atomic live;
 } __attribute__((preserve_access_index));
 
+// Devices whose primary context a process's end forgets (primaries, keyed
+// by process and device): more than a node has GPUs.
+#define CT_MAX_DEVICES 32
+
+// forget_thread drops what BPF keeps of a thread: a thread that ends
+// inside a traced call, its context stack, its device, its CPython thread
+// state. Its thread id may be any other thread's next.
+static __always_inline void forget_thread(__u32 tid)
+{
+	bpf_map_delete_elem(&inflight, &tid);
+	bpf_map_delete_elem(&ctx_inflight, &tid);
+	bpf_map_delete_elem(&thread_dev, &tid);
+	bpf_map_delete_elem(&last_free, &tid);
+	bpf_map_delete_elem(&ctx_stacks, &tid);
+	bpf_map_delete_elem(&py_threads, &tid);
+}
+
+// forget_process drops every entry BPF keeps of process tgid but its
+// procs entry (the caller's): its place in the PID filter, its Python
+// layout, its primary contexts. The reader's own copies of those follow
+// its exit record, or its sweep (loader Tracer.Forget).
+static __always_inline void forget_process(__u32 tgid, __u32 flags)
+{
+	bpf_map_delete_elem(&pids, &tgid);
+	bpf_map_delete_elem(&py_procs, &tgid);
+	if (!(flags & CT_PROC_RECORDS))
+		return; // no context call of it was ever traced
+	for (__s32 dev = 0; dev < CT_MAX_DEVICES; dev++) {
+		struct primary_key k = {.tgid = tgid, .dev = dev};
+		bpf_map_delete_elem(&primaries, &k);
+	}
+}
+
+// A process's end, the one BPF knows of: at each traced thread's exit its
+// per-thread entries go, and at the last one's the process's, in every
+// map; a process the reader heard of (procs) gets one record, after all of
+// its others, so that what it still holds is reported as held at exit and
+// released, and the reader's state of it ends with it (record's life.go).
 // do_exit decrements signal->live, the thread group's threads not yet
 // exiting, before this tracepoint: 0 is the group's last thread, past which
 // none of the process's threads runs user code, so every record the
 // process made is in the ring buffer before this one. Two threads exiting
-// at once may both read 0: deleting the process from `seen` lets only one
-// of them through, and makes a later process with the same PID new again
-// (its first record wakes the reader, and may hold it). Only processes
-// that made a record: the others have nothing to release.
+// at once may both read 0: deleting the process from procs lets only one
+// of them through. A later process with the PID is new to every map: it
+// is traced only if the filter takes it anew (a traced parent's fork).
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(ct_proc_exit, struct task_struct *task)
 {
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+	if (!traced(tgid))
+		return 0;
+	forget_thread(BPF_CORE_READ(task, pid));
 	struct signal_struct___ct *sig = (void *)BPF_CORE_READ(task, signal);
 	if (BPF_CORE_READ(sig, live.counter) != 0)
 		return 0;
-	__u32 tgid = BPF_CORE_READ(task, tgid);
-	if (bpf_map_delete_elem(&seen, &tgid))
+	struct ct_proc *p = bpf_map_lookup_elem(&procs, &tgid);
+	__u32 flags = p ? p->flags : 0;
+	if (!p || bpf_map_delete_elem(&procs, &tgid)) {
+		// Nothing sent of it, or another thread ended it first; what
+		// the reader may have put in the maps meanwhile goes too.
+		if (!p)
+			forget_process(tgid, 0);
 		return 0;
+	}
+	forget_process(tgid, flags);
 	__u64 id = bpf_get_current_pid_tgid();
 	if ((id >> 32) != tgid)
 		return 0;
@@ -44,8 +92,12 @@ int BPF_PROG(ct_proc_exit, struct task_struct *task)
 		count(CT_CNT_RB_FULL);
 		return 0;
 	}
-	fill_event(e, id, bpf_ktime_get_boot_ns(), 0, exit_api, CT_F_ENTRY_ONLY, 0, 0, CT_DEV_UNKNOWN, 0);
-	count(CT_CNT_EVENTS);
+	__u16 f = CT_F_ENTRY_ONLY;
+	if (!(flags & CT_PROC_RECORDS))
+		f |= CT_F_NOTES_ONLY;
+	fill_event(e, id, bpf_ktime_get_boot_ns(), 0, exit_api, f, 0, 0, CT_DEV_UNKNOWN, 0);
+	if (flags & CT_PROC_RECORDS)
+		count(CT_CNT_EVENTS);
 	// At once: an agent's per-process figures drop to 0 when it ends.
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;

@@ -16,13 +16,14 @@ const volatile __u16 mapped_api = 0;
 
 // Without the PID filter (--all, the agent) every process's loads reach
 // ct_dl_notify: a record for a process at most every CT_NOTE_GAP_NS (a
-// Python import maps hundreds of extension modules); the reader reads its
-// mappings once more a little after the last (record/latescan.go).
+// Python import maps hundreds of extension modules; its procs entry's
+// note_ns); the reader reads its mappings once more a little after the
+// last (record/latescan.go).
 #define CT_NOTE_GAP_NS (20 * 1000 * 1000)
-CT_MAP(BPF_MAP_TYPE_LRU_HASH, noted, __u32, __u64, 4096); // key: tgid; value: boot ns of its last record
 
 static __always_inline void submit_note(__u64 id, __u16 api)
 {
+	proc_mark(id >> 32, CT_PROC_NOTED);
 	struct ct_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count(CT_CNT_NOTE_FULL);
@@ -32,15 +33,11 @@ static __always_inline void submit_note(__u64 id, __u16 api)
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }
 
-// Where each process's walk of its loader's list stopped: the last entry
-// it reported, in which address space. The next note reports the entries
-// after it: a loader appends what it maps (dlclose unlinks, and then the
-// walk, not finding the entry, reports the whole list).
-struct dl_last_val {
-	__u64 mm;
-	__u64 lm;
-};
-CT_MAP(BPF_MAP_TYPE_LRU_HASH, dl_last, __u32, struct dl_last_val, 16384); // key: tgid
+// Where each process's walk of its loader's list stopped (its procs
+// entry's dl_mm, dl_lm): the last entry it reported, in which address
+// space. The next note reports the entries after it: a loader appends
+// what it maps (dlclose unlinks, and then the walk, not finding the
+// entry, reports the whole list).
 
 struct linux_binprm {
 	const char *filename;
@@ -59,10 +56,13 @@ int BPF_PROG(ct_exec, struct task_struct *p, int old_pid, struct linux_binprm *b
 	__u32 tgid = id >> 32;
 	if (!traced(tgid))
 		return 0;
-	if (!filter_pids && !bpf_map_lookup_elem(&seen, &tgid) && !bpf_map_lookup_elem(&py_procs, &tgid))
+	struct ct_proc *pr = bpf_map_lookup_elem(&procs, &tgid);
+	if (!filter_pids && !(pr && (pr->flags & CT_PROC_RECORDS)) && !bpf_map_lookup_elem(&py_procs, &tgid))
 		return 0;
 	bpf_map_delete_elem(&py_procs, &tgid);
-	bpf_map_delete_elem(&dl_last, &tgid);
+	pr = proc_mark(tgid, CT_PROC_NOTED);
+	if (pr)
+		pr->dl_mm = 0; // a new loader list: the next note walks it all
 	struct ct_exec_note *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count(CT_CNT_NOTE_FULL);
@@ -80,6 +80,9 @@ int BPF_PROG(ct_exec, struct task_struct *p, int old_pid, struct linux_binprm *b
 // interp_head relative to the file's load bias: a process whose loader
 // maps one gets its layout here, from its loader's list, before its first
 // allocation, whatever the reader is busy with.
+// -E2BIG: a map full (no errno.h in BPF C).
+#define CT_E2BIG 7
+
 struct py_file_key {
 	__u64 ino;
 	__u32 dev;
@@ -130,7 +133,10 @@ static __always_inline int py_learn(__u32 tgid, __u64 ld, __u64 bias)
 		return 0;
 	struct ct_pyoffsets v = *o;
 	v.interp_head += bias;
-	bpf_map_update_elem(&py_procs, &tgid, &v, BPF_NOEXIST);
+	if (bpf_map_update_elem(&py_procs, &tgid, &v, BPF_NOEXIST) == -CT_E2BIG) {
+		count(CT_CNT_MAP_FULL); // as many CPython processes alive as it holds
+		return 0;
+	}
 	return 1;
 }
 
@@ -183,6 +189,7 @@ static __always_inline void dl_flush(struct dl_walk *w, struct dl_scratch_val *s
 		return;
 	}
 	fill_event(&s->r.h, w->id, bpf_ktime_get_boot_ns(), 0, mapped_api, CT_F_ENTRY_ONLY, 0, n, CT_DEV_UNKNOWN, 0);
+	proc_mark(w->id >> 32, CT_PROC_NOTED);
 	if (bpf_ringbuf_output(&events, &s->r, sizeof(s->r.h) + n * sizeof(struct ct_dlobj), BPF_RB_FORCE_WAKEUP))
 		count(CT_CNT_NOTE_FULL);
 	w->sent += n;
@@ -259,9 +266,9 @@ static __always_inline __u32 dl_report(__u64 id, __u64 rmap, const int use_loop)
 	__builtin_memset(w, 0, sizeof(*w));
 	w->id = id;
 	w->lm = rmap;
-	struct dl_last_val *last = bpf_map_lookup_elem(&dl_last, &tgid);
-	if (last && last->mm == mm)
-		w->after = last->lm;
+	struct ct_proc *p = bpf_map_lookup_elem(&procs, &tgid);
+	if (p && p->dl_mm == mm)
+		w->after = p->dl_lm;
 	w->past = !w->after;
 	// bpf_find_vma is as new as bpf_loop (5.17)
 	w->learn = use_loop && !bpf_map_lookup_elem(&py_procs, &tgid);
@@ -283,9 +290,9 @@ static __always_inline __u32 dl_report(__u64 id, __u64 rmap, const int use_loop)
 	}
 	dl_flush(w, s);
 	__u32 sent = w->sent;
-	if (sent) {
-		struct dl_last_val v = {.mm = mm, .lm = w->last};
-		bpf_map_update_elem(&dl_last, &tgid, &v, BPF_ANY);
+	if (sent && (p = proc_mark(tgid, CT_PROC_NOTED))) {
+		p->dl_mm = mm;
+		p->dl_lm = w->last;
 	}
 	return sent;
 }
@@ -310,10 +317,11 @@ static __always_inline int dl_notify(struct pt_regs *ctx, const int use_loop)
 		return 0;
 	if (!filter_pids) {
 		__u64 now = bpf_ktime_get_boot_ns();
-		__u64 *last = bpf_map_lookup_elem(&noted, &tgid);
-		if (last && now - *last < CT_NOTE_GAP_NS)
+		struct ct_proc *p = proc_mark(tgid, CT_PROC_NOTED);
+		if (p && p->note_ns && now - p->note_ns < CT_NOTE_GAP_NS)
 			return 0;
-		bpf_map_update_elem(&noted, &tgid, &now, BPF_ANY);
+		if (p)
+			p->note_ns = now;
 	}
 	if (!delta || !dl_report(id, read_u64(PT_REGS_IP(ctx) + delta - 16), use_loop))
 		submit_note(id, mapped_api);

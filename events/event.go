@@ -72,6 +72,10 @@ const (
 	// With FlagWindow: the link register (Regs.LR) follows the registers,
 	// before the window's bytes (arm64's records).
 	FlagLR uint16 = 1 << 9
+	// FlagNotesOnly, on a ProcessExit: the process made no record of its
+	// own, only notes (an exec, library loads): the reader's state of it
+	// ends; the ledger and the trace have nothing of it (CT_F_NOTES_ONLY).
+	FlagNotesOnly uint16 = 1 << 10
 )
 
 // End is when the call's effect on memory takes hold: frees at entry (the

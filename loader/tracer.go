@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
@@ -615,9 +616,22 @@ func (t *Tracer) AddPID(pid uint32, cudaLater bool) error {
 		v = 2 // CT_PID_CUDA_LATER
 	}
 	if err := t.objs.Pids.Put(pid, v); err != nil {
-		return fmt.Errorf("trace pid %d: %w", pid, err)
+		return fmt.Errorf("trace pid %d: %w", pid, mapErr(err))
 	}
 	return nil
+}
+
+// ErrMapFull says a BPF map keyed by process was full of living
+// processes' entries: what it would have held of one more is left out
+// (and counted: the map_full counter for BPF's own updates).
+var ErrMapFull = errors.New("BPF map full of living processes")
+
+// mapErr names a full map's error (E2BIG) as ErrMapFull.
+func mapErr(err error) error {
+	if errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("%w (%v)", ErrMapFull, err)
+	}
+	return err
 }
 
 // SetPython tells the BPF programs where process pid's CPython keeps its
@@ -628,7 +642,7 @@ func (t *Tracer) SetPython(pid uint32, o *bpf.CudatraceCtPyoffsets) error {
 		return fmt.Errorf("python layout of pid %d: %w", pid, err)
 	}
 	if err := t.objs.PyProcs.Put(pid, o); err != nil {
-		return fmt.Errorf("python layout of pid %d: %w", pid, err)
+		return fmt.Errorf("python layout of pid %d: %w", pid, mapErr(err))
 	}
 	return nil
 }
@@ -712,9 +726,91 @@ func (t *Tracer) SetPythonFile(dev string, ino uint64, o *bpf.CudatraceCtPyoffse
 	return nil
 }
 
-// ForgetPython drops a process's CPython layout (it exited).
-func (t *Tracer) ForgetPython(pid uint32) {
-	_ = t.objs.PyProcs.Delete(pid) // absent: nothing to forget
+// Forget drops every entry BPF keeps of process pid by its PID: its place
+// in the PID filter, its Python layout, its procs entry. BPF does so itself
+// at the process's end (bpf/exit.h ct_proc_exit); this is for what that
+// missed: an entry the reader put in after the process ended (it read the
+// process just before), found by its sweep (Sweep).
+func (t *Tracer) Forget(pid uint32) {
+	// absent: nothing to forget
+	_ = t.objs.Pids.Delete(pid)
+	_ = t.objs.PyProcs.Delete(pid)
+	_ = t.objs.Procs.Delete(pid)
+}
+
+// Sweep forgets (Forget) every process in the maps keyed by process whose
+// PID alive says is not alive, and returns how many it forgot. The
+// kernel's exit (ct_proc_exit) ends nearly all of them; what it leaves is
+// the reader's late writes, and a process the filter or py_procs took
+// after it had ended.
+func (t *Tracer) Sweep(alive func(pid uint32) bool) int {
+	dead := map[uint32]bool{}
+	for _, m := range []*ebpf.Map{t.objs.Procs, t.objs.Pids, t.objs.PyProcs} {
+		var key, next uint32
+		var prev any // nil: the first key
+		for n := uint32(0); n <= m.MaxEntries(); n++ {
+			if m.NextKey(prev, &next) != nil {
+				break
+			}
+			if !dead[next] && !alive(next) {
+				dead[next] = true
+			}
+			key = next
+			prev = key
+		}
+	}
+	for pid := range dead {
+		t.Forget(pid)
+	}
+	return len(dead)
+}
+
+// MapUse is how full one BPF map keyed by process, thread or file is.
+type MapUse struct {
+	Name              string
+	Entries, Capacity uint32
+}
+
+// KeyedMaps are the BPF maps that hold per-process, per-thread or
+// per-file state: what must stay bounded by what is alive (MapUse).
+var KeyedMaps = []string{
+	bpf.CudatraceMapProcs, bpf.CudatraceMapPids, bpf.CudatraceMapPyProcs, bpf.CudatraceMapPyThreads,
+	bpf.CudatraceMapPySeen, bpf.CudatraceMapPyFiles, bpf.CudatraceMapThreadDev, bpf.CudatraceMapInflight,
+	bpf.CudatraceMapLastFree, bpf.CudatraceMapCtxStacks, bpf.CudatraceMapCtxInflight, bpf.CudatraceMapPrimaries,
+	bpf.CudatraceMapCtxDev, bpf.CudatraceMapCtxRefs,
+}
+
+// MapUses counts the entries of each of KeyedMaps, by walking its keys
+// (one system call a key: tens of milliseconds for a full 64K map), for
+// the sweep and the agent's metrics, never per event.
+func (t *Tracer) MapUses() ([]MapUse, error) {
+	var out []MapUse
+	for _, name := range KeyedMaps {
+		m := t.objs.maps[name]
+		if m == nil {
+			return nil, fmt.Errorf("no BPF map %s", name)
+		}
+		u := MapUse{Name: name, Capacity: m.MaxEntries()}
+		var prev any // nil: the first key
+		cur, next := make([]byte, m.KeySize()), make([]byte, m.KeySize())
+		for {
+			err := m.NextKey(prev, next)
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("count the entries of %s: %w", name, err)
+			}
+			u.Entries++
+			if u.Entries > m.MaxEntries() {
+				break // keys deleted under the walk restart it: bounded by what it holds
+			}
+			cur, next = next, cur
+			prev = cur
+		}
+		out = append(out, u)
+	}
+	return out, nil
 }
 
 // TracedPIDs lists the processes in the PID filter: those given, and their
@@ -840,6 +936,7 @@ var CounterNames = []string{
 	bpf.CudatraceCtCounterCT_CNT_PYCODE_FULL:   "pycode_ring_full",
 	bpf.CudatraceCtCounterCT_CNT_PY_PREEMPTED:  "python_preempted",
 	bpf.CudatraceCtCounterCT_CNT_NOTE_FULL:     "notes_lost",
+	bpf.CudatraceCtCounterCT_CNT_MAP_FULL:      "map_full",
 }
 
 // Counters sums the per-CPU BPF counters.

@@ -132,7 +132,7 @@ func benchRecord(b *testing.B, raws [][]byte) {
 		b.Fatal(err)
 	}
 	s.w = w
-	s.live[42] = &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42}), exited: true}
+	s.lifeOf(42).rec = &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42}), exited: true}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		s.Record(raws[i%len(raws)])

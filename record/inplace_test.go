@@ -66,7 +66,7 @@ func TestRecordKeepsNothingOfRaw(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.w = w
-	s.live[42] = &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42}), exited: true}
+	s.lifeOf(42).rec = &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42}), exited: true}
 
 	ring := make([]byte, 64<<10)
 	for i := range want {

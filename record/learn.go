@@ -72,6 +72,15 @@ func (l *learning) saw(ev *events.Event, ch ledger.Change, tr learner) {
 	}
 }
 
+// forget drops the threads of a process that ended (life.go end).
+func (l *learning) forget(pid uint32) {
+	for t := range l.pending {
+		if t.pid == pid {
+			delete(l.pending, t)
+		}
+	}
+}
+
 // tick turns the probes off once nothing is left to learn.
 func (l *learning) tick(tr learner) {
 	if tr == nil || !tr.Learning() {

@@ -32,19 +32,6 @@ import (
 // exit is what names its stacks (pending).
 const noteReadsPerTick = 8
 
-// noteState is what the session keeps of a process's notes.
-type noteState struct {
-	again bool // a note came that was not taken (over noteReadsPerTick): read at the next tick
-	// gone: boot ns when a tick found it exited. Its capture (pending)
-	// waits a while for records still in the ring buffer (its exit
-	// record, when it made any, drops it first).
-	gone uint64
-}
-
-// pendingAfterExit is how long a process's pending capture outlives it,
-// for records of it still unread.
-const pendingAfterExit = 5 * time.Second
-
 // note takes a note record. A process's library loads come in runs (an
 // import maps hundreds of extension modules, each a note): a run of one
 // process's notes, one after another in the ring buffer, is taken as one
@@ -102,21 +89,18 @@ func (s *session) Idle() { s.takeOpenNote() }
 // what it runs now is captured and looked at as a process first seen.
 func (s *session) exec(raw []byte, ev *events.Event) {
 	pid := ev.PID
-	delete(s.pyEarly, pid)
-	delete(s.pending, pid)
+	l := s.lifeOf(pid)
+	l.early, l.earlyTried, l.pending = nil, false, nil
 	if file := events.DecodeExec(raw); file != "" {
-		if s.execs == nil {
-			s.execs = map[uint32]string{}
-		}
 		if !filepath.IsAbs(file) && s.child != nil && s.child.cmd.Process.Pid == int(pid) {
 			// The launch helper's exec of the command, from the tracer's
 			// own working directory.
 			file, _ = filepath.Abs(file)
 		}
-		s.execs[pid] = file
+		l.exe = file
 		s.learnExecPython(pid, file)
 	}
-	if lp := s.live[pid]; lp != nil {
+	if lp := l.rec; lp != nil {
 		lp.py, lp.pyTried, lp.codes, lp.renew, lp.execd = nil, false, nil, nil, true
 		if lp.p != nil {
 			lp.p.Py = nil // a new table, should it run CPython too
@@ -133,28 +117,24 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 // one. A process gone meanwhile keeps, for its records still unread, what
 // its loader reported (procmodel.WithLoaded).
 func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
-	if s.notes == nil {
-		s.notes = map[uint32]noteState{}
-	}
+	l := s.lifeOf(pid)
 	if s.opts.All && s.noteReads >= noteReadsPerTick {
-		s.notes[pid] = noteState{again: true}
+		l.again = true
 		return
 	}
 	s.noteReads++
-	s.notes[pid] = noteState{}
-	if s.pending == nil {
-		s.pending = map[uint32]*procmodel.Capture{}
-	}
-	prev := s.pending[pid]
-	if lp := s.live[pid]; prev == nil && lp != nil && lp.p != nil {
+	l.again = false
+	prev := l.pending
+	if lp := l.rec; prev == nil && lp != nil && lp.p != nil {
 		prev = lp.p.Current()
 	}
 	c, all := procmodel.Read(pid, "", at, &s.ids, prev)
-	c.Fill(s.pending[pid]) // read since its last exec (exec drops it)
-	c.FillLoaded(objs, s.execs[pid], &s.ids)
+	c.Fill(l.pending) // read since its last exec (exec drops it)
+	c.FillLoaded(objs, l.exe, &s.ids)
+	l.knows(c)
 	if c.Error != "" {
 		if len(objs) > 0 {
-			s.pending[pid] = procmodel.WithLoaded(s.pending[pid], pid, at, s.execs[pid], objs, &s.ids)
+			l.pending = procmodel.WithLoaded(l.pending, pid, at, l.exe, objs, &s.ids)
 		}
 		return
 	}
@@ -165,22 +145,15 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	// process traced (--all), only those that map CUDA, which alone make
 	// records.
 	if !s.opts.All || s.mapsCUDA(all) {
-		s.pending[pid] = c
+		l.pending = c
 	}
-	lp := s.live[pid]
+	lp := l.rec
 	switch {
 	case lp == nil:
 		s.detectEarly(pid, c.RootDir(), all)
 	case lp.py == nil && !lp.pyTried:
 		s.detectPython(pid, lp, c.RootDir(), all)
 	}
-}
-
-// forgetNotes drops what notes kept of a process that ended.
-func (s *session) forgetNotes(pid uint32) {
-	delete(s.notes, pid)
-	delete(s.pending, pid)
-	delete(s.execs, pid)
 }
 
 // mapsCUDA says whether maps hold a CUDA library, or a file whose
@@ -195,21 +168,14 @@ func (s *session) mapsCUDA(maps []proc.Mapping) bool {
 }
 
 // takeNotes reads again the mappings of the processes whose notes came
-// too soon after the last read, once a tick, and forgets those gone.
+// too soon after the last read, once a tick. Those gone end at their exit
+// record, or at the sweep (life.go).
 func (s *session) takeNotes() {
 	s.noteReads = 0
 	now := BootNow()
-	for pid, ns := range s.notes {
-		switch {
-		case ns.again:
+	for pid, l := range s.lives {
+		if l.again {
 			s.mapped(pid, now, nil)
-		case ns.gone != 0:
-			if now-ns.gone > uint64(pendingAfterExit) {
-				s.forgetNotes(pid)
-			}
-		case !proc.Alive(int(pid)):
-			ns.gone = now
-			s.notes[pid] = ns
 		}
 	}
 }
@@ -292,10 +258,9 @@ func (s *session) attachLoaders(pids []int) {
 		if c.Error != "" {
 			continue // gone: its first record, if any, says so
 		}
-		if s.pending == nil {
-			s.pending = map[uint32]*procmodel.Capture{}
-		}
-		s.pending[uint32(pid)] = c
+		l := s.lifeOf(uint32(pid))
+		l.knows(c)
+		l.pending = c
 		s.detectEarly(uint32(pid), c.RootDir(), maps)
 		s.attachLoader(loader.LoaderIn(pid, maps))
 	}

@@ -45,8 +45,9 @@ func (s *session) detectPython(pid uint32, lp *liveProc, root string, maps []pro
 	if lp.py != nil || lp.pyTried || s.opts.NoPythonFrames {
 		return
 	}
-	in, known := s.pyEarly[pid]
-	delete(s.pyEarly, pid)
+	l := s.lifeOf(pid)
+	in, known := l.early, l.earlyTried
+	l.early, l.earlyTried = nil, false
 	if !known || in == nil {
 		var err error
 		if in, err = s.setPython(pid, root, maps); err != nil {
@@ -237,7 +238,7 @@ func (s *session) learnExecPython(pid uint32, file string) {
 // detectEarly looks for CPython in a process not captured yet (a --pid
 // process when tracing starts, a launched or traced process at its exec or
 // when its loader maps libraries), so that BPF walks its first
-// allocation's frames too. What it finds waits in pyEarly for the
+// allocation's frames too. What it finds waits in its life (early) for the
 // process's first capture (detectPython); a process without CPython yet
 // is looked at again at its next load. root is where its paths are
 // opened (proc.RootDir: a container's name its own files), maps its
@@ -246,7 +247,8 @@ func (s *session) detectEarly(pid uint32, root string, maps []proc.Mapping) {
 	if s.opts.NoPythonFrames {
 		return
 	}
-	if in, known := s.pyEarly[pid]; known && in != nil {
+	l := s.lifeOf(pid)
+	if l.early != nil {
 		return
 	}
 	in, err := s.setPython(pid, root, maps)
@@ -256,10 +258,7 @@ func (s *session) detectEarly(pid uint32, root string, maps []proc.Mapping) {
 	if in == nil && err == nil {
 		return
 	}
-	if s.pyEarly == nil {
-		s.pyEarly = map[uint32]*pystack.Interp{}
-	}
-	s.pyEarly[pid] = in // nil too, with an error: tried
+	l.early, l.earlyTried = in, true // nil too, with an error: tried
 }
 
 // pyCode is what a capture named of a code object: its identity then, and

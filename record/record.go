@@ -156,6 +156,15 @@ type Result struct {
 	// Uncaptured counts the processes gone before their mappings could be
 	// read at their first record: their stacks stay addresses.
 	Uncaptured uint64
+	// ExitsSwept counts the processes whose end came without an exit
+	// record (lost to a full ring buffer, or none made: BPF had no room
+	// to note them), found by the sweep (life.go), and the BPF map entries
+	// of processes gone that the sweep removed.
+	ExitsSwept uint64
+	// Maps are the BPF maps keyed by process, thread or file, with how
+	// many entries each held at the latest count (every few seconds, with
+	// an Observer; nil before the first).
+	Maps []MapUse
 	// Reader is what reading the events cost, with Options.ReaderStats.
 	Reader *ReaderStats
 }
@@ -214,10 +223,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		}
 		res.Attached = append(res.Attached, ar)
 	}
-	for _, pid := range opts.PIDs {
-		if err := tr.AddPID(uint32(pid), slices.Contains(opts.waiting, pid)); err != nil {
-			return nil, err
-		}
+	targets, err := addTargets(tr, opts.PIDs, opts.waiting)
+	if err != nil {
+		return nil, err
 	}
 
 	s, err := newSession(opts, res, tr)
@@ -226,6 +234,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	defer s.close()
 	s.pyFiles = pyFiles
+	s.targets = targets
 	for _, ar := range res.Attached {
 		s.writeAttach(ar, nil)
 	}
@@ -263,6 +272,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	// rest are the stop's own (stoplosses.go).
 	s.mark.read = tr.Counters
 	context.AfterFunc(runCtx, s.mark.mark)
+	if opts.Observer != nil {
+		s.maps = startMapCounter(tr, mapCountEvery)
+		defer s.maps.close()
+	}
 	if opts.NVML != nil {
 		s.sampler = startSampler(opts.NVML, opts.NVMLEvery)
 		defer s.sampler.close()
@@ -555,4 +568,36 @@ func LaunchMain(argv []string) error {
 		return fmt.Errorf("command %q: %w", argv[0], err)
 	}
 	return unix.Exec(path, argv, os.Environ())
+}
+
+// addTargets puts the --pid processes in the PID filter, each known by its
+// start time as well: one that ended as it was added leaves the filter
+// again (BPF took it out at its exit, maybe before it went in), so that a
+// later process given its PID is not traced, and the session ends when
+// every target has ended, whoever has their PIDs since (targetAlive).
+func addTargets(tr *loader.Tracer, pids, waiting []int) (map[int]uint64, error) {
+	starts := make(map[int]uint64, len(pids))
+	for _, pid := range pids {
+		st, err := proc.StartTime(pid)
+		if err := tr.AddPID(uint32(pid), slices.Contains(waiting, pid)); err != nil {
+			return nil, err
+		}
+		if now, err2 := proc.StartTime(pid); err != nil || err2 != nil || now != st {
+			tr.Forget(uint32(pid))
+			continue
+		}
+		starts[pid] = st
+	}
+	return starts, nil
+}
+
+// targetAlive says whether --pid process pid is still the one traced: a
+// PID taken by another process since is not.
+func (s *session) targetAlive(pid int) bool {
+	st, ok := s.targets[pid]
+	if !ok {
+		return false
+	}
+	now, err := proc.StartTime(pid)
+	return err == nil && now == st
 }

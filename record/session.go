@@ -21,11 +21,6 @@ import (
 // killed tracer's file still says what was lost up to then.
 const counterEvery = time.Second
 
-// pruneEvery is how often a session of every process (--all, the agent)
-// forgets the processes that are gone: on a host where processes come and
-// go for good, its state must stay bounded by the living ones.
-const pruneEvery = 5 * time.Second
-
 // jobWarning keys the one warning that a process's environment, where its
 // job and rank are, could not be read.
 const jobWarning = "job"
@@ -47,10 +42,10 @@ type session struct {
 	// procs is what is known of each process: its captures, its Python
 	// frames' table, the capture each stack is read against.
 	procs *procmodel.Processes
-	// live is what the session itself keeps of each process while it
-	// runs: when its mappings were read, its interpreter.
-	live map[uint32]*liveProc
-	ids  procmodel.BuildIDs
+	// lives is what the session itself keeps of each process from its
+	// birth to its end (life.go): the one owner of a process's state.
+	lives map[uint32]*life
+	ids   procmodel.BuildIDs
 
 	// en unwinds the records' stack windows as they come (unless
 	// Options.KeepStackWindows leaves that to replay) and merges their
@@ -66,14 +61,13 @@ type session struct {
 	lastCounters time.Time
 	mark         stopMark // the counters when the stop began
 	scanner      *scanner // finds libraries loaded late
-	lastPrune    time.Time
+	lastSweep    time.Time
+	lastBPFSweep time.Time
 	libs         loader.Libraries // every library attached, by inode
 	warned       map[string]bool
-	sampler      *sampler // nil without Options.NVML
-	namer        *namer   // names container processes' frames; nil until one is seen
-	// pyEarly: interpreters found in processes before their first
-	// capture (nil: tried, with an error), until then (detectPython).
-	pyEarly map[uint32]*pystack.Interp
+	sampler      *sampler    // nil without Options.NVML
+	maps         *mapCounter // nil without an Observer
+	namer        *namer      // names container processes' frames; nil until one is seen
 	// pyFrames and pyUnresolved count the Python frames named, and those
 	// that stayed unresolved; pyCaptured the code objects BPF captured,
 	// pyRead the frames named from the process's memory instead (Result).
@@ -81,19 +75,14 @@ type session struct {
 	// uncaptured counts the processes gone before their mappings could
 	// be read (Result.Uncaptured).
 	uncaptured uint64
-	// notes: the processes notes came for (notes.go), and those whose
-	// last note is still to be taken.
-	notes map[uint32]noteState
 	// noteReads counts the reads of mappings notes made since the last
 	// tick (noteReadsPerTick).
 	noteReads int
-	// pending: each CUDA process's capture as a note last read it, for
-	// when it is gone by the time a record asks for one (notes.go).
-	pending map[uint32]*procmodel.Capture
-	// execs: the file each process last exec'd (notes.go), and open a run
-	// of one process's library-load notes not taken yet.
-	execs map[uint32]string
-	open  openNote
+	// open: a run of one process's library-load notes not taken yet.
+	open openNote
+	// targets are the --pid processes, by their start times: the session
+	// ends when none of them is running (targetAlive).
+	targets map[int]uint64
 	// pyFiles are the interpreter files whose layout BPF has (python.go).
 	pyFiles *pyFileSet
 	// learn decides when the tracer's learning probes are on.
@@ -141,7 +130,7 @@ func newState(opts Options, res *Result) *session {
 	s := &session{
 		opts: opts, res: res,
 		procs:  procmodel.New(),
-		live:   make(map[uint32]*liveProc),
+		lives:  make(map[uint32]*life),
 		warned: make(map[string]bool),
 		en:     enrich.New(!opts.KeepStackWindows),
 	}
@@ -192,33 +181,6 @@ func (s *session) writeAttach(ar loader.AttachResult, late *tracefile.Attach) {
 	}
 }
 
-// prune forgets the processes that have exited, with --all only: the
-// other sessions follow a few processes and end with them. Their events
-// were read long before (the ring buffer is drained every poll). A PID
-// that another process has taken since is forgotten too: the next event
-// captures the new process.
-func (s *session) prune() {
-	if !s.opts.All || time.Since(s.lastPrune) < pruneEvery {
-		return
-	}
-	s.lastPrune = time.Now()
-	for pid, lp := range s.live {
-		start := uint64(0)
-		if c := lp.p.Current(); c != nil {
-			start = c.Start
-		}
-		st, err := proc.StartTime(int(pid))
-		if err != nil || !proc.Alive(int(pid)) || start != 0 && st != start {
-			if lp.py != nil && s.tr != nil {
-				s.tr.ForgetPython(pid)
-			}
-			delete(s.live, pid)
-			s.procs.Forget(pid)
-			s.en.Forget(pid)
-		}
-	}
-}
-
 // Record handles one ring-buffer record, in named steps (each timed with
 // Options.ReaderStats).
 func (s *session) Record(raw []byte) {
@@ -234,6 +196,9 @@ func (s *session) Record(raw []byte) {
 		return
 	}
 	s.takeOpenNote()
+	if ev.API == events.ProcessExit && !s.exitRecord(ev) {
+		return
+	}
 	s.events++
 	lp := s.track(ev)
 	st.done(StageDecode)
@@ -246,12 +211,12 @@ func (s *session) Record(raw []byte) {
 	s.write(ev, raw)
 	st.done(StageWrite)
 	ch := s.apply(ev, lp)
-	if ev.API == events.ProcessExit {
-		s.forgetNotes(ev.PID) // its records are all read
-	}
 	s.learn.saw(ev, ch, s.learner())
 	if s.opts.Observer != nil {
 		s.opts.Observer.Event(ev, ch)
+	}
+	if ev.API == events.ProcessExit {
+		s.end(ev.PID) // its records are all read
 	}
 	st.done(StageLedger)
 }
@@ -260,10 +225,11 @@ func (s *session) Record(raw []byte) {
 // first seen, and again when ev's stack points outside every mapping
 // known (refresh).
 func (s *session) track(ev *events.Event) *liveProc {
-	lp := s.live[ev.PID]
+	l := s.lifeOf(ev.PID)
+	lp := l.rec
 	if lp == nil {
 		lp = &liveProc{}
-		s.live[ev.PID] = lp
+		l.rec = lp
 		s.capture(ev.PID, lp)
 		return lp
 	}
@@ -380,8 +346,9 @@ func (s *session) apply(ev *events.Event, lp *liveProc) ledger.Change {
 // anyone reads the trace.
 func (s *session) capture(pid uint32, lp *liveProc) {
 	lp.captured = s.ev.Time
-	pending := s.pending[pid]
-	delete(s.pending, pid)
+	l := s.lifeOf(pid)
+	pending := l.pending
+	l.pending = nil
 	// The capture before this one, or the one a note read before its
 	// first: its job and rank, read from its environment once, are kept
 	// (a process about to exit may be gone by the time its environment
@@ -393,6 +360,7 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 	lp.execd = false
 	c, all := procmodel.Read(pid, s.ev.Comm, BootNow(), &s.ids, prev)
 	c.Fill(pending) // a process exiting now may read part of its mappings
+	l.knows(c)
 	if c.Error != "" {
 		lp.exited = true
 		switch {
@@ -439,7 +407,7 @@ func (s *session) Tick() {
 	s.takeNotes()
 	s.learn.tick(s.learner())
 	s.writeNamed(false)
-	s.prune()
+	s.sweep()
 	s.takeNVML()
 	if (s.w != nil || s.opts.Observer != nil) && time.Since(s.lastCounters) >= counterEvery {
 		s.lastCounters = time.Now()
@@ -452,6 +420,7 @@ func (s *session) Tick() {
 	}
 	if s.opts.Observer != nil {
 		s.res.Events = s.events
+		s.res.Maps = s.maps.uses()
 		s.opts.Observer.Tick(s.res)
 	}
 	if s.reason != "" {
@@ -464,7 +433,7 @@ func (s *session) Tick() {
 		}
 		return
 	}
-	if len(s.opts.PIDs) > 0 && !slices.ContainsFunc(s.opts.PIDs, proc.Alive) {
+	if len(s.opts.PIDs) > 0 && !slices.ContainsFunc(s.opts.PIDs, s.targetAlive) {
 		s.reason = "traced processes exited"
 		s.stop()
 	}

@@ -244,6 +244,10 @@ func buildStandIns(dir string) {
 			return
 		}
 	}
+	// pidat puts a command at a PID another process had (life_test.go).
+	if cBuildErr = gcc("-O1", "-Wall", "-o", workload("pidat"), src("pidat.c")); cBuildErr != nil {
+		return
+	}
 	// stackend without frame pointers: only the stack window unwinds it.
 	if cBuildErr = gcc("-O1", "-g", "-fomit-frame-pointer", "-pthread", "-Wall", "-o", workload("stackend"),
 		src("stackend.c"), "-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {

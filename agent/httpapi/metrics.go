@@ -32,6 +32,7 @@ type collector struct {
 	historyEvents, historyBytes                                                *prometheus.Desc
 	ownerLive                                                                  *prometheus.Desc // owner.go's label set: bounded by owner.Names()
 	stackLive                                                                  *prometheus.Desc
+	mapEntries, mapCapacity, mapFull, exitsSwept                               *prometheus.Desc
 }
 
 // processLabelNames label a process's series: the cgroup's IDs, then the
@@ -83,6 +84,13 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 		up:            d("nvml_up", "1 when the last read of the driver (NVML) succeeded."),
 		historyEvents: d("history_events", "Events the flight recorder holds (every process's latest, for /snapshot and the OOM black box)."),
 		historyBytes:  d("history_bytes", "Bytes the flight recorder's histories account for (at most --history-budget)."),
+		mapEntries: d("bpf_map_entries", "Entries of a BPF map keyed by process, thread or file at the latest count (every 5 s): "+
+			"bounded by what is alive, since a process's end removes its entries (map_full_total counts what a full one left out).", "map"),
+		mapCapacity: d("bpf_map_capacity", "The most entries a BPF map keyed by process, thread or file holds.", "map"),
+		mapFull: d("bpf_map_full_total", "Updates of a BPF map keyed by process that found it full of living processes' entries: "+
+			"a child left untraced, a process's Python frames left out."),
+		exitsSwept: d("process_exits_swept_total", "Process ends found by the periodic sweep (gone, or their PID another process's) "+
+			"rather than by the kernel's exit record, and BPF map entries of processes gone that it removed."),
 		ownerLive: d("owner_live_bytes", "GPU memory live now (segments, as live_bytes{level=\"segment\"}) by owner: the component whose frame is innermost "+
 			"in the allocating stack (pytorch, nccl, cublas, cudnn, xla, cupy, numba, tensorflow, tensorrt, else application); per running traced process (summed per GPU with --process-labels=false).",
 			append(append(append([]string{}, pl...), "gpu", "UUID"), "owner")...),
@@ -94,7 +102,8 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.buildInfo, c.live, c.peak, c.hostLive, c.allocs, c.allocBytes, c.frees,
 		c.implicitFrees, c.implicitFreeBytes, c.failures, c.ooms, c.events, c.lost, c.dumps, c.dumpErrors, c.dumpsSkipped, c.processes, c.exited, c.dropped,
-		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up, c.historyEvents, c.historyBytes, c.ownerLive, c.stackLive} {
+		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up, c.historyEvents, c.historyBytes, c.ownerLive, c.stackLive,
+		c.mapEntries, c.mapCapacity, c.mapFull, c.exitsSwept} {
 		ch <- d
 	}
 }
@@ -218,6 +227,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.stacks, uint64(s.Stacks))
 	gauge(c.historyEvents, uint64(s.HistoryEvents))
 	gauge(c.historyBytes, uint64(s.HistoryBytes))
+	for _, m := range s.Maps {
+		gauge(c.mapEntries, uint64(m.Entries), m.Name)
+		gauge(c.mapCapacity, uint64(m.Capacity), m.Name)
+	}
+	counter(c.mapFull, s.Counters["map_full"])
+	counter(c.exitsSwept, s.ExitsSwept)
 	if s.NVML != nil {
 		for _, d := range s.NVML.Devices {
 			gpu := []string{strconv.Itoa(d.Index), d.UUID}
