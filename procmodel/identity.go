@@ -103,3 +103,18 @@ func Title(c *Capture, pid uint32, comm string) string {
 	parts = append(parts, "pid "+strconv.FormatUint(uint64(c.HostPID()), 10))
 	return strings.Join(parts, " · ")
 }
+
+// Identity is c less what a capture reads of its process's memory
+// mappings: who the process is (its PID, start, program, command line,
+// container, job and rank), to be passed as prev to a later Read, which
+// keeps them. It is what a reader keeps of a process read as it started
+// that it need not capture (it maps no CUDA yet), at a few hundred bytes
+// a process: its identity as it started, should it rename itself
+// (setproctitle) before it does.
+func (c *Capture) Identity() *Capture {
+	if c == nil {
+		return nil
+	}
+	return &Capture{PID: c.PID, PPID: c.PPID, Comm: c.Comm, Cmdline: c.Cmdline, Exe: c.Exe, Time: c.Time, Start: c.Start,
+		Container: c.Container, Pod: c.Pod, Job: c.Job, JobError: c.JobError}
+}

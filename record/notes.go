@@ -39,7 +39,17 @@ type noteState struct {
 	// waits a while for records still in the ring buffer (its exit
 	// record, when it made any, drops it first).
 	gone uint64
+	// born: who it was (procmodel.Capture.Identity) at its first note
+	// since its exec, with every process traced (--all), where it mapped
+	// no CUDA then and its capture was not kept: the command line, job
+	// and rank it started with, which a later read keeps should it
+	// rename itself (setproctitle) before its first CUDA call.
+	born *procmodel.Capture
 }
+
+// born is who process pid was at its first note, when only that was kept
+// of it (noteState.born); nil otherwise.
+func (s *session) born(pid uint32) *procmodel.Capture { return s.notes[pid].born }
 
 // pendingAfterExit is how long a process's pending capture outlives it,
 // for records of it still unread.
@@ -104,6 +114,10 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 	pid := ev.PID
 	delete(s.pyEarly, pid)
 	delete(s.pending, pid)
+	if ns, ok := s.notes[pid]; ok {
+		ns.born = nil // another program's command line
+		s.notes[pid] = ns
+	}
 	if file := events.DecodeExec(raw); file != "" {
 		if s.execs == nil {
 			s.execs = map[uint32]string{}
@@ -136,18 +150,22 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	if s.notes == nil {
 		s.notes = map[uint32]noteState{}
 	}
+	born := s.born(pid)
 	if s.opts.All && s.noteReads >= noteReadsPerTick {
-		s.notes[pid] = noteState{again: true}
+		s.notes[pid] = noteState{again: true, born: born}
 		return
 	}
 	s.noteReads++
-	s.notes[pid] = noteState{}
+	s.notes[pid] = noteState{born: born}
 	if s.pending == nil {
 		s.pending = map[uint32]*procmodel.Capture{}
 	}
 	prev := s.pending[pid]
 	if lp := s.live[pid]; prev == nil && lp != nil && lp.p != nil {
 		prev = lp.p.Current()
+	}
+	if prev == nil {
+		prev = born
 	}
 	c, all := procmodel.Read(pid, "", at, &s.ids, prev)
 	c.Fill(s.pending[pid]) // read since its last exec (exec drops it)
@@ -163,9 +181,11 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	// first record (or the next after a load): a process that exits
 	// right after allocating still has its stacks named. With every
 	// process traced (--all), only those that map CUDA, which alone make
-	// records.
+	// records; of the others, who they are (born).
 	if !s.opts.All || s.mapsCUDA(all) {
 		s.pending[pid] = c
+	} else {
+		s.notes[pid] = noteState{born: c.Identity()}
 	}
 	lp := s.live[pid]
 	switch {
