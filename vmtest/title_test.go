@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -48,13 +49,27 @@ func startTitled(t *testing.T, ctx context.Context, log string) (*job, []string)
 }
 
 // TestTitleAgent: under the agent, the renamed worker's metrics carry its
-// job and rank.
+// job and rank, and a trace window of it its command line as it started
+// (the agent read the worker at its loader's first note, as it started).
 func TestTitleAgent(t *testing.T) {
 	ctx, dir := traceSetup(t)
 	a := startAgent(t, ctx)
-	log := filepath.Join(dir, "fake.log")
-	j, _ := startTitled(t, ctx, log)
-	j.do(t, "ok", "%d", 3<<20)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "window.trace")
+	j, args := startTitled(t, ctx, log)
+	j.do(t, "ok", "%d", 1<<20)
+	traceWindow(t, a.url, j.pid, 2, trace, func() { j.do(t, "ok", "%d", 2<<20) })
+	var rep struct {
+		Processes []struct {
+			PID     int      `json:"pid"`
+			Cmdline []string `json:"cmdline"`
+		} `json:"processes"`
+	}
+	if err := json.Unmarshal(cudatrace(t, ctx, "report", trace, "--json"), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Processes) != 1 || rep.Processes[0].PID != j.pid || !slices.Equal(rep.Processes[0].Cmdline, args) {
+		t.Errorf("the trace window's processes %+v, want pid %d with its command line %q", rep.Processes, j.pid, args)
+	}
 	pid := strconv.Itoa(j.pid)
 	var samples []sample
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
