@@ -53,6 +53,10 @@ func (m Mem) ReadAt(b []byte, addr uint64) error {
 // place of it), as NAME=value strings, read from its memory between the
 // bounds /proc/PID/stat gives (env_start, env_end: shown to whoever has
 // ptrace access to it), so it needs no more privilege than Mem. A process
+// that wrote over that area since (setproctitle: libcenv.go) has its
+// environment read from the copies its C library's environ points at:
+// the strings it started with, unless it changed them itself since
+// (setenv), which the area, were it intact, would not show. A process
 // whose environment cannot be read is an error saying why.
 func Environ(pid int) ([]string, error) {
 	lo, hi, err := envBounds(pid)
@@ -66,7 +70,17 @@ func Environ(pid int) ([]string, error) {
 	if err := OpenMem(pid).ReadAt(b, lo); err != nil {
 		return nil, err
 	}
-	return splitEnviron(b), nil
+	if !clobbered(b) {
+		return splitEnviron(b), nil
+	}
+	env, err := libcEnviron(pid)
+	if err != nil {
+		if errors.Is(err, ErrNoProcess) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("pid %d wrote over its environment's memory (setproctitle), and its C library's copy could not be read: %w", pid, err)
+	}
+	return env, nil
 }
 
 // envBounds reads env_start and env_end from pid's stat. Zeros there mean

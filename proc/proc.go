@@ -144,13 +144,19 @@ func Comm(pid int) (string, error) {
 	return strings.TrimSuffix(string(b), "\n"), nil
 }
 
-// Cmdline returns the process's arguments (/proc/PID/cmdline).
+// Cmdline returns the process's arguments (/proc/PID/cmdline). A process
+// that wrote a title over its arguments (setproctitle: libcenv.go) shows
+// the title, padded with NULs to the length of the arguments: the padding
+// is dropped (and with it empty arguments at the end of a command line
+// left as it started, which nothing tells apart from padding). What it
+// started with is not in its memory any more: procmodel keeps the first
+// command line it read of a process.
 func Cmdline(pid int) ([]string, error) {
 	b, err := os.ReadFile(path(pid, "cmdline"))
 	if err != nil {
 		return nil, wrapNotExist(pid, err)
 	}
-	b = bytes.TrimSuffix(b, []byte{0})
+	b = bytes.TrimRight(b, "\x00")
 	if len(b) == 0 {
 		return nil, nil
 	}

@@ -47,9 +47,22 @@ func TestReadIdentity(t *testing.T) {
 	if again, _ := Read(pid, "sleep", 2, &ids, prev); again.Job != prev.Job {
 		t.Errorf("recapture read %+v, want the first capture's %+v", again.Job, prev.Job)
 	}
+	// So are its command line and container, which a process that
+	// renames itself (setproctitle) rewrites, while it runs the same
+	// program; an exec's capture before it is another program's.
+	prev.Exe, prev.Cmdline, prev.Container, prev.Pod = c.Exe, []string{"sleep", "as", "started"}, "ctr", "pod"
+	if again, _ := Read(pid, "sleep", 2, &ids, prev); !reflect.DeepEqual(again.Cmdline, prev.Cmdline) ||
+		again.Container != "ctr" || again.Pod != "pod" {
+		t.Errorf("recapture: command line %q, container %q, pod %q; want the first capture's", again.Cmdline, again.Container, again.Pod)
+	}
+	prev.Exe = "/usr/bin/python3"
+	if after, _ := Read(pid, "sleep", 2, &ids, prev); !reflect.DeepEqual(after.Cmdline, []string{"sleep", "30"}) || after.Container == "ctr" {
+		t.Errorf("a capture after an exec: command line %q, container %q; want its own", after.Cmdline, after.Container)
+	}
+	prev.Exe = c.Exe
 	prev.Start++
-	if other, _ := Read(pid, "sleep", 2, &ids, prev); other.JobID() != "torchrun:job-7" {
-		t.Errorf("another process's capture kept %+v", other.Job)
+	if other, _ := Read(pid, "sleep", 2, &ids, prev); other.JobID() != "torchrun:job-7" || !reflect.DeepEqual(other.Cmdline, []string{"sleep", "30"}) {
+		t.Errorf("another process's capture kept %+v, %q", other.Job, other.Cmdline)
 	}
 	// A process gone is no identity error: its capture says it exited.
 	gone, _ := Read(1<<22+1, "x", 3, &ids, nil)

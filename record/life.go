@@ -51,6 +51,12 @@ type life struct {
 	// file it last exec'd.
 	pending *procmodel.Capture
 	exe     string
+	// born: who it was (procmodel.Capture.Identity) at its first note
+	// since its exec, with every process traced (--all), where it mapped
+	// no CUDA then and its capture was not kept: the command line, job
+	// and rank it started with, which a later read keeps should it
+	// rename itself (setproctitle) before its first CUDA call.
+	born *procmodel.Capture
 	// again: a note came that was not taken (over noteReadsPerTick):
 	// its mappings are read at the next tick.
 	again bool

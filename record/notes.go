@@ -90,7 +90,7 @@ func (s *session) Idle() { s.takeOpenNote() }
 func (s *session) exec(raw []byte, ev *events.Event) {
 	pid := ev.PID
 	l := s.lifeOf(pid)
-	l.early, l.earlyTried, l.pending = nil, false, nil
+	l.early, l.earlyTried, l.pending, l.born = nil, false, nil, nil // another program's, and its command line
 	if file := events.DecodeExec(raw); file != "" {
 		if !filepath.IsAbs(file) && s.child != nil && s.child.cmd.Process.Pid == int(pid) {
 			// The launch helper's exec of the command, from the tracer's
@@ -128,6 +128,9 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	if lp := l.rec; prev == nil && lp != nil && lp.p != nil {
 		prev = lp.p.Current()
 	}
+	if prev == nil {
+		prev = l.born
+	}
 	c, all := procmodel.Read(pid, "", at, &s.ids, prev)
 	c.Fill(l.pending) // read since its last exec (exec drops it)
 	c.FillLoaded(objs, l.exe, &s.ids)
@@ -143,9 +146,11 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	// first record (or the next after a load): a process that exits
 	// right after allocating still has its stacks named. With every
 	// process traced (--all), only those that map CUDA, which alone make
-	// records.
+	// records; of the others, who they are (born).
 	if !s.opts.All || s.mapsCUDA(all) {
 		l.pending = c
+	} else {
+		l.born = c.Identity()
 	}
 	lp := l.rec
 	switch {

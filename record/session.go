@@ -357,6 +357,9 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 	if prev == nil || lp.execd {
 		prev = pending // a program exec'd: its environment read anew
 	}
+	if prev == nil {
+		prev = l.born // who it was as it started, with --all (notes.go)
+	}
 	lp.execd = false
 	c, all := procmodel.Read(pid, s.ev.Comm, BootNow(), &s.ids, prev)
 	c.Fill(pending) // a process exiting now may read part of its mappings

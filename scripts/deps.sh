@@ -41,12 +41,13 @@ fi
 # python3-numba: a real CUDA client (ctypes over libcuda.so.1) run on the stand-in driver (vmtest/numba_test.go).
 # debootstrap: the sid root below.
 # openmpi-bin: a real mpirun launching a job's ranks (vmtest/jobs_test.go).
+# python3-setproctitle: a worker that renames itself as Ray's do, on Debian's python3.11 (proc/libcenv_test.go, vmtest/title_test.go).
 # python3-appdirs ... libboost-thread1.74.0: what python3-pycuda needs besides the CUDA toolkit (below).
 # chromium, fonts-dejavu-core: the HTML page's tests run it headless (internal/browsertest), with a font to draw text.
 need=()
 for p in clang llvm gcc make binutils xz-utils bpftool bpftrace libbpf-dev systemtap-sdt-dev \
 	libcudart11.0 libcuda1 libnvidia-ml1 tmux util-linux prometheus python3.11 \
-	qemu-system-x86 busybox-static cpio python3-numba debootstrap openmpi-bin \
+	qemu-system-x86 busybox-static cpio python3-numba python3-setproctitle debootstrap openmpi-bin \
 	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-system-arm \
 	python3-appdirs python3-decorator python3-numpy python3-pytools python3-mako \
 	libboost-python1.74.0 libboost-thread1.74.0 chromium fonts-dejavu-core; do
