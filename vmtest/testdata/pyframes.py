@@ -12,9 +12,9 @@ size = ctypes.c_size_t
 
 
 def warmup():
-    # The first record of a launched command stops it (SIGSTOP) until its
-    # mappings are read: its Python frames are read from user space then,
-    # the records after it get theirs from BPF.
+    # The first record: BPF walks its Python frames too, since the
+    # interpreter's layout is taught to BPF before the command runs
+    # (nothing is stopped for it).
     p = ctypes.c_void_p()
     return lib.cudaMalloc(ctypes.byref(p), size(1 << 20))  # LINE:warmup
 
