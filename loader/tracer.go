@@ -721,7 +721,7 @@ func (t *Tracer) SetPythonFile(dev string, ino uint64, o *bpf.CudatraceCtPyoffse
 		return fmt.Errorf("device %q: %w", dev, err)
 	}
 	if err := t.objs.PyFiles.Put(pyFileKey{Ino: ino, Dev: major<<20 | minor}, o); err != nil {
-		return fmt.Errorf("python layout of inode %d: %w", ino, err)
+		return fmt.Errorf("python layout of inode %d: %w", ino, mapErr(err))
 	}
 	return nil
 }
@@ -811,6 +811,16 @@ func (t *Tracer) MapUses() ([]MapUse, error) {
 		out = append(out, u)
 	}
 	return out, nil
+}
+
+// ForgetPythonFile drops the layout of an interpreter file (SetPythonFile)
+// whose inode may now be another file's.
+func (t *Tracer) ForgetPythonFile(dev string, ino uint64) {
+	var major, minor uint32
+	if _, err := fmt.Sscanf(dev, "%x:%x", &major, &minor); err != nil {
+		return
+	}
+	_ = t.objs.PyFiles.Delete(pyFileKey{Ino: ino, Dev: major<<20 | minor}) // absent: nothing to forget
 }
 
 // TracedPIDs lists the processes in the PID filter: those given, and their

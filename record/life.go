@@ -151,6 +151,7 @@ func (s *session) sweep() {
 	}
 	if s.tr != nil && time.Since(s.lastBPFSweep) >= sweepBPFEvery {
 		s.lastBPFSweep = time.Now()
+		s.pyFiles.sweep()
 		s.res.ExitsSwept += uint64(s.tr.Sweep(func(pid uint32) bool {
 			return s.lives[pid] != nil || proc.Alive(int(pid))
 		}))

@@ -90,7 +90,11 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 		}
 		for _, m := range maps {
 			if m.Path == in.Path && m.File() {
-				if err := s.pyFiles.learn(m.Dev, m.Inode, in); err != nil {
+				check := ""
+				if root == "" || root == "/" {
+					check = in.Path // a host file: the sweep checks it is still this file
+				}
+				if err := s.pyFiles.learn(m.Dev, m.Inode, in, check); err != nil {
 					s.warn(err)
 				}
 				break
@@ -118,25 +122,29 @@ func pyOffsets(in *pystack.Interp) bpf.CudatraceCtPyoffsets {
 // process they run can allocate (learnSystem); safe on any goroutine. A
 // nil set, or one without a tracer, learns nothing.
 type pyFileSet struct {
-	tr    *loader.Tracer
-	mu    sync.Mutex
-	known map[fileID]bool
+	tr *loader.Tracer
+	mu sync.Mutex
+	// known are the files learned, each with a path of the host's that
+	// names it ("" for one of a container's, named through a process's
+	// root), which sweep checks.
+	known map[fileID]string
 }
 
 // learn tells BPF the layout of interpreter in's file (device dev, as
 // /proc/PID/maps writes it, and inode), relative to where a process loads
-// it. Once per file.
-func (p *pyFileSet) learn(dev string, inode uint64, in *pystack.Interp) error {
+// it. Once per file. check is a host path of the file ("": none), for
+// sweep.
+func (p *pyFileSet) learn(dev string, inode uint64, in *pystack.Interp, check string) error {
 	if p == nil || p.tr == nil {
 		return nil
 	}
 	k := fileID{dev, inode}
 	p.mu.Lock()
-	known := p.known[k]
+	_, known := p.known[k]
 	if p.known == nil {
-		p.known = map[fileID]bool{}
+		p.known = map[fileID]string{}
 	}
-	p.known[k] = true
+	p.known[k] = check
 	p.mu.Unlock()
 	if known {
 		return nil
@@ -160,8 +168,40 @@ func (p *pyFileSet) learnFiles(files []string) {
 		}
 		var st unix.Stat_t
 		if unix.Stat(f, &st) == nil {
-			p.learn(fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev)), st.Ino, in) //nolint:errcheck // see above
+			check := f
+			if strings.HasPrefix(f, proc.Root+"/") {
+				check = "" // through a process's root: gone with it, not with the file
+			}
+			p.learn(devName(st.Dev), st.Ino, in, check) //nolint:errcheck // see above
 		}
+	}
+}
+
+// devName writes a device number as /proc/PID/maps does (major:minor, hex).
+func devName(dev uint64) string {
+	return fmt.Sprintf("%02x:%02x", unix.Major(dev), unix.Minor(dev))
+}
+
+// sweep forgets, in BPF too, the files learned whose host path no longer
+// names them (removed: a virtual environment deleted, a package upgraded):
+// their inode may be given to another file, which must not get their
+// layout.
+func (p *pyFileSet) sweep() {
+	if p == nil || p.tr == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, path := range p.known {
+		if path == "" {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(path, &st) == nil && devName(st.Dev) == k.dev && st.Ino == k.inode {
+			continue
+		}
+		p.tr.ForgetPythonFile(k.dev, k.inode)
+		delete(p.known, k)
 	}
 }
 

@@ -1,0 +1,72 @@
+package record
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cudatrace/cudatrace/internal/testenv"
+	"github.com/cudatrace/cudatrace/loader"
+)
+
+// An interpreter file BPF was taught (py_files, keyed by device and
+// inode) is forgotten, in BPF too, once its path no longer names it: its
+// inode may be given to another file, which must not take its layout.
+func TestPyFilesSweep(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
+	}
+	src := "/usr/bin/python3.11"
+	if _, err := os.Stat(src); err != nil {
+		testenv.SkipOrFail(t, "Debian's python3.11 is needed: %v", err)
+	}
+	tr, err := loader.New(loader.Options{FilterPIDs: true, StackWindow: -1})
+	if err != nil {
+		testenv.SkipOrFail(t, "load BPF: %v", err)
+	}
+	defer tr.Close()
+	copied := filepath.Join(t.TempDir(), "python3.11")
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(copied, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	entries := func() uint32 {
+		uses, err := tr.MapUses()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range uses {
+			if u.Name == "py_files" {
+				return u.Entries
+			}
+		}
+		t.Fatal("no py_files in MapUses")
+		return 0
+	}
+	p := &pyFileSet{tr: tr}
+	p.learnFiles([]string{copied})
+	if n := entries(); n != 1 || len(p.known) != 1 {
+		t.Fatalf("after learning %s: %d entries in py_files, %d known; want 1, 1", copied, n, len(p.known))
+	}
+	p.sweep()
+	if n := entries(); n != 1 {
+		t.Errorf("the sweep forgot a file still there: %d entries", n)
+	}
+	if err := os.Remove(copied); err != nil {
+		t.Fatal(err)
+	}
+	p.sweep()
+	if n := entries(); n != 0 || len(p.known) != 0 {
+		t.Errorf("after its removal: %d entries in py_files, %d known; want 0, 0", n, len(p.known))
+	}
+}
