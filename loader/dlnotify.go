@@ -48,7 +48,7 @@ func LoaderIn(pid int, maps []proc.Mapping) string {
 // /bin/sh names (PT_INTERP), what the host's dynamically linked programs
 // run under; "" when it cannot be told.
 func SystemLoader() string {
-	f, err := elf.Open("/bin/sh")
+	f, err := proc.OpenELF("/bin/sh", nil)
 	if err != nil {
 		return ""
 	}
@@ -74,11 +74,16 @@ func SystemLoader() string {
 // ct_dl_notify reads r_state with: the byte offset from it to
 // _r_debug.r_state (0 where the file names no _r_debug: musl's).
 func notifySite(path string) (off, cookie uint64, err error) {
-	f, err := elf.Open(path)
+	f, err := proc.OpenELF(path, nil)
 	if err != nil {
 		return 0, 0, fmt.Errorf("read %s as an ELF file: %w", path, err)
 	}
 	defer f.Close()
+	return notifySiteOf(f.File, path)
+}
+
+// notifySiteOf is notifySite of the ELF file f, at path.
+func notifySiteOf(f *elf.File, path string) (off, cookie uint64, err error) {
 	var state, rdebug *elf.Symbol
 	for _, get := range []func() ([]elf.Symbol, error){f.DynamicSymbols, f.Symbols} {
 		syms, _ := get()
@@ -139,7 +144,7 @@ func (t *Tracer) AttachLoader(path string) (bool, error) {
 	if err, ok := t.refusedLoaders[key]; ok {
 		return false, err
 	}
-	added, err := t.attachLoader(path)
+	added, err := t.attachLoader(lib)
 	if err != nil {
 		// Every exec of a program this loader runs would try it again
 		// (under --all, the host's every exec): the file does not
@@ -156,19 +161,27 @@ func (t *Tracer) AttachLoader(path string) (bool, error) {
 }
 
 // attachLoader attaches ct_dl_notify to the notification point of the
-// loader at path.
-func (t *Tracer) attachLoader(path string) ([]link.Link, error) {
-	off, cookie, err := notifySite(path)
+// loader lib. Its file is opened once, through proc.Open, and only if it
+// is still the one Libraries.Add saw: read and attached through that
+// descriptor (/proc/self/fd/N), never through its path again (a
+// process's loader is its file: another user's may be anything by now).
+func (t *Tracer) attachLoader(lib Library) ([]link.Link, error) {
+	f, err := proc.OpenELF(lib.Path, &proc.FileID{Dev: lib.Dev, Ino: lib.Inode})
+	if err != nil {
+		return nil, fmt.Errorf("read %s as an ELF file: %w", lib.Path, err)
+	}
+	defer f.Close()
+	off, cookie, err := notifySiteOf(f.File, lib.Path)
 	if err != nil {
 		return nil, err
 	}
-	ex, err := link.OpenExecutable(path)
+	ex, err := link.OpenExecutable(proc.FDPath(f.OS()))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open %s: %w", lib.Path, err)
 	}
 	added, err := t.attach(ex, []site{{name: "_dl_debug_state", prog: t.objs.CtDlNotify, addr: off, cookie: cookie}})
 	if err != nil {
-		return nil, fmt.Errorf("attach to %s's _dl_debug_state: %w", path, err)
+		return nil, fmt.Errorf("attach to %s's _dl_debug_state: %w", lib.Path, err)
 	}
 	return added, nil
 }

@@ -42,14 +42,19 @@ type Libraries struct {
 }
 
 // Add records path if it is a file not seen before; it reports whether it
-// was new.
+// was new. The file is found as proc.Open finds it (only a regular file;
+// under /proc/PID/root, inside that root), and Attach opens only that
+// file (its device and inode) later.
 func (ls *Libraries) Add(path string) (bool, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
+	f, err := proc.Open(path, nil)
+	if err != nil {
 		return false, fmt.Errorf("library %s: %w", path, err)
 	}
-	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return false, fmt.Errorf("library %s: not a regular file", path)
+	var st syscall.Stat_t
+	err = syscall.Fstat(int(f.Fd()), &st)
+	f.Close()
+	if err != nil {
+		return false, fmt.Errorf("library %s: %w", path, err)
 	}
 	key := [2]uint64{st.Dev, st.Ino}
 	if ls.seen == nil {
@@ -242,7 +247,7 @@ var hostMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM
 // wheel on arm64): its functions cannot be probed here. A file that is
 // not ELF, or cannot be read, is not known to be.
 func otherMachine(path string) bool {
-	f, err := elf.Open(path)
+	f, err := proc.OpenELF(path, nil)
 	if err != nil {
 		return false
 	}
@@ -312,9 +317,10 @@ func ExportsCUDA(path string) bool {
 // ProbedFunctions returns the file offset of each function of the attach
 // tables the ELF file at path defines (in .symtab or .dynsym), what a
 // uprobe attaches to. A function only imported (undefined: a runtime calls
-// the driver) is not defined there.
+// the driver) is not defined there. The file is opened through
+// proc.OpenELF: never blocking, only a regular file.
 func ProbedFunctions(path string) (map[string]uint64, error) {
-	f, err := elf.Open(path)
+	f, err := proc.OpenELF(path, nil)
 	if err != nil {
 		return nil, err
 	}

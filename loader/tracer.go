@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/proc"
 )
 
 // Options tune the BPF side. Zero values pick the defaults.
@@ -176,10 +178,13 @@ type Tracer struct {
 }
 
 // attached is a library the tracer probes, with its functions' offsets:
-// what the learning probes attach to when they are turned on.
+// what the learning probes attach to when they are turned on. ex is
+// f's /proc/self/fd path (proc.FDPath): f stays open while ex may
+// attach.
 type attached struct {
 	ex  *link.Executable
 	fns map[string]uint64
+	f   *os.File
 }
 
 // New loads the BPF programs. It attaches nothing yet.
@@ -281,9 +286,27 @@ type AttachResult struct {
 // exports no known symbol, or lacks a required one of a table it uses, is an
 // error; optional symbols it lacks are listed in the result. On error
 // nothing stays attached from this library.
-func (t *Tracer) Attach(lib Library) (AttachResult, error) {
-	res := AttachResult{Library: lib}
-	fns, err := ProbedFunctions(lib.Path)
+//
+// The file is opened once, through proc.Open (never blocking, only a
+// regular file, a container's path resolved inside its root) and only
+// if it is still the file Libraries.Add saw (device and inode); its
+// symbols are read and its probes attached through that descriptor
+// (/proc/self/fd/N, which the kernel resolves to exactly that inode),
+// never through the path again.
+func (t *Tracer) Attach(lib Library) (res AttachResult, err error) {
+	res = AttachResult{Library: lib}
+	f, err := proc.Open(lib.Path, &proc.FileID{Dev: lib.Dev, Ino: lib.Inode})
+	if err != nil {
+		return res, fmt.Errorf("open %s: %w", lib.Path, err)
+	}
+	kept := false
+	defer func() {
+		if !kept {
+			f.Close()
+		}
+	}()
+	fdPath := proc.FDPath(f)
+	fns, err := ProbedFunctions(fdPath)
 	if err != nil {
 		return res, fmt.Errorf("read %s: %w", lib.Path, err)
 	}
@@ -323,9 +346,9 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 		res.Symbols = append(res.Symbols, tableSyms...)
 		res.Missing = append(res.Missing, tableMissing...)
 	}
-	usdt, err := t.usdtSites(lib.Path)
+	usdt, err := t.usdtSites(fdPath)
 	if err != nil {
-		return res, err
+		return res, fmt.Errorf("%s: %w", lib.Path, err)
 	}
 	sites = append(sites, usdt...)
 	for _, u := range usdt {
@@ -335,7 +358,7 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 		return res, fmt.Errorf("%s exports none of the CUDA allocation functions cudatrace probes (cudaMalloc, cuMemAlloc_v2, ...): %w",
 			lib.Path, ErrNotCUDA)
 	}
-	ex, err := link.OpenExecutable(lib.Path)
+	ex, err := link.OpenExecutable(fdPath)
 	if err != nil {
 		return res, fmt.Errorf("open %s: %w", lib.Path, err)
 	}
@@ -350,7 +373,8 @@ func (t *Tracer) Attach(lib Library) (AttachResult, error) {
 	}
 	t.links = append(t.links, added...)
 	res.Programs = len(sites)
-	t.exes = append(t.exes, attached{ex, fns})
+	t.exes = append(t.exes, attached{ex, fns, f})
+	kept = true
 	if t.learning {
 		t.learn = append(t.learn, t.attachLearn(t.exes[len(t.exes)-1])...)
 	}
@@ -1010,6 +1034,10 @@ func sizeName(b uint64) string {
 // Close detaches and frees everything; it returns the first error.
 func (t *Tracer) Close() error {
 	first := t.Detach()
+	for _, a := range t.exes {
+		a.f.Close()
+	}
+	t.exes = nil
 	if t.reader != nil {
 		if err := t.reader.Close(); err != nil && first == nil {
 			first = fmt.Errorf("close ring buffer: %w", err)

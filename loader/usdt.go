@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/cudatrace/cudatrace/proc"
 )
 
 // USDTProbe is one statically defined tracepoint site (sys/sdt.h), read
@@ -44,8 +46,10 @@ type USDTArg struct {
 
 // ReadUSDT lists the USDT probes of the ELF file at path; a file without
 // notes has none.
+//
+// It is opened through proc.OpenELF: never blocking, only a regular file.
 func ReadUSDT(path string) ([]USDTProbe, error) {
-	f, err := elf.Open(path)
+	f, err := proc.OpenELF(path, nil)
 	if err != nil {
 		return nil, fmt.Errorf("usdt: %w", err)
 	}
@@ -94,11 +98,11 @@ func ReadUSDT(path string) ([]USDTProbe, error) {
 			}
 		}
 		p := USDTProbe{Provider: strs[0], Name: strs[1]}
-		if p.Offset, err = fileOffset(f, pc); err != nil {
+		if p.Offset, err = fileOffset(f.File, pc); err != nil {
 			return nil, fmt.Errorf("usdt: %s: %s:%s: %w", path, p.Provider, p.Name, err)
 		}
 		if sem != 0 {
-			if p.Semaphore, err = fileOffset(f, sem); err != nil {
+			if p.Semaphore, err = fileOffset(f.File, sem); err != nil {
 				return nil, fmt.Errorf("usdt: %s: %s:%s semaphore: %w", path, p.Provider, p.Name, err)
 			}
 		}

@@ -216,7 +216,7 @@ const maxDynsym = 32 << 20
 // that the object mapping m maps (maps: all the process's mappings)
 // defines as a dynamic symbol: its value moved by the object's load bias.
 func symbolAddr(pid int, m Mapping, maps []Mapping, names []string) (uint64, error) {
-	f, err := openMapped(pid, m)
+	f, err := OpenMapping(pid, m) // the one way a traced process's files are opened (open.go)
 	if err != nil {
 		return 0, err
 	}
@@ -275,58 +275,3 @@ func loadBias(ef *elf.File, pid int, m Mapping, maps []Mapping) (uint64, bool) {
 	return 0, false
 }
 
-// openMapped opens for reading the file mapping m of process pid maps,
-// such that nothing a process can do to its files makes the tracer block
-// or read another file: the path is resolved inside the process's own
-// root (openat2's RESOLVE_IN_ROOT from /proc/PID/root: an absolute
-// symlink there cannot lead into the tracer's tree), else, for a chroot
-// whose mappings name paths in the tracer's tree, from the tracer's root;
-// O_NONBLOCK, so a FIFO left at the path does not wait for a writer; and
-// what was opened must be a regular file with the mapping's inode (not
-// its device: overlayfs shows a layer's in the mappings). Small and
-// self-contained on purpose, to be switched over to the common safe
-// opener.
-func openMapped(pid int, m Mapping) (*os.File, error) {
-	how := unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY,
-		Resolve: unix.RESOLVE_NO_MAGICLINKS,
-	}
-	var errs []error
-	if root, err := unix.Open(RootPath(pid, "/"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
-		errs = append(errs, wrapNotExist(pid, err))
-	} else {
-		in := how
-		in.Resolve |= unix.RESOLVE_IN_ROOT
-		fd, err := unix.Openat2(root, m.Path, &in)
-		unix.Close(root)
-		if f, err := checkMapped(fd, err, m); err == nil {
-			return f, nil
-		} else {
-			errs = append(errs, err)
-		}
-	}
-	fd, err := unix.Openat2(unix.AT_FDCWD, m.Path, &how)
-	f, err := checkMapped(fd, err, m)
-	if err == nil {
-		return f, nil
-	}
-	return nil, errors.Join(append(errs, err)...)
-}
-
-// checkMapped keeps descriptor fd, opened for mapping m, if it is a
-// regular file with m's inode; else it closes it.
-func checkMapped(fd int, err error, m Mapping) (*os.File, error) {
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", m.Path, err)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("stat %s: %w", m.Path, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Ino != m.Inode {
-		unix.Close(fd)
-		return nil, fmt.Errorf("%s: not the regular file the process maps (inode %d)", m.Path, m.Inode)
-	}
-	return os.NewFile(uintptr(fd), m.Path), nil
-}

@@ -179,9 +179,9 @@ func TestOpenMapped(t *testing.T) {
 			break
 		}
 	}
-	f, err := openMapped(os.Getpid(), m)
+	f, err := OpenMapping(os.Getpid(), m)
 	if err != nil {
-		t.Fatalf("openMapped(%s): %v", m.Path, err)
+		t.Fatalf("OpenMapping(%s): %v", m.Path, err)
 	}
 	f.Close()
 	dir := t.TempDir()
@@ -195,9 +195,14 @@ func TestOpenMapped(t *testing.T) {
 	for _, p := range []string{fifo, other} {
 		mm := m
 		mm.Path = p
-		if f, err := openMapped(os.Getpid(), mm); err == nil {
+		// Refused, or (root: through /proc/PID/map_files) the very file
+		// the mapping maps, never what stands at the path.
+		if f, err := OpenMapping(os.Getpid(), mm); err == nil {
+			var st unix.Stat_t
+			if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Ino != m.Inode {
+				t.Errorf("OpenMapping of %s as %s's mapping opened inode %d, want %d or an error", p, m.Path, st.Ino, m.Inode)
+			}
 			f.Close()
-			t.Errorf("openMapped of %s as %s's mapping: no error", p, m.Path)
 		}
 	}
 }

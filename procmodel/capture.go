@@ -142,13 +142,25 @@ func (c *Capture) SameFiles(all []proc.Mapping) bool {
 }
 
 // UnwindFiles returns c's mappings with the paths of the files that hold
-// their call-frame information. A process that sees the tracer's files has
-// them at their paths. One with its own root (a container) has its own:
-// through /proc/PID/root while it lives; once it is gone, only host files
-// with the build ID it mapped (another build's CFI would unwind wrong).
+// their call-frame information, each opened later through proc.Open. A
+// process that sees the tracer's files has them at their paths; a live
+// one chrooted in the tracer's namespace (Root) has them inside its root
+// (through /proc/PID/root, so that a symlink it made there resolves in
+// it). One with its own root (a container) has its own: through
+// /proc/PID/root while it lives; once it is gone, only host files with
+// the build ID it mapped (another build's CFI would unwind wrong).
 func (c *Capture) UnwindFiles() []proc.Mapping {
 	if !c.OwnRoot {
-		return c.Maps
+		if c.Root == "" || !c.Symbol().Live() {
+			return c.Maps
+		}
+		out := slices.Clone(c.Maps)
+		for i, m := range out {
+			if rel, ok := strings.CutPrefix(m.Path, strings.TrimSuffix(c.Root, "/")+"/"); ok {
+				out[i].Path = proc.RootPath(int(c.PID), "/"+rel)
+			}
+		}
+		return out
 	}
 	live := c.Symbol().Live()
 	var out []proc.Mapping
@@ -252,7 +264,9 @@ func (c *Capture) Fill(from *Capture) {
 }
 
 // BuildIDs caches the build IDs of mapped files, by file: every process
-// of a host maps the same few libraries.
+// of a host maps the same few libraries. Only what was read is kept: a
+// file that could not be opened (its process gone, its path replaced) is
+// asked again the next time, maybe from another path.
 type BuildIDs struct {
 	m map[fileKey]string
 }
@@ -263,23 +277,47 @@ type fileKey struct {
 }
 
 // Of returns the build ID of the file m of process pid maps ("" when it
-// has none), read through the process's root.
+// has none or it could not be read): read as the process sees it, while
+// it lives (proc.OpenMapping), else at its path here; either way only
+// that very file (m's device and inode) is read.
 func (b *BuildIDs) Of(pid int, m proc.Mapping) string {
-	return b.of(m, proc.RootPath(pid, m.Path))
+	return b.of(m, func() (*os.File, error) {
+		f, err := proc.OpenMapping(pid, m)
+		if id, ok := m.ID(); err != nil && ok {
+			f, err = proc.Open(m.Path, &id)
+		}
+		return f, err
+	})
 }
 
 // OfFile returns the build ID of the file mapping m names, read at its
-// path in the tracer's own tree ("" when it has none).
-func (b *BuildIDs) OfFile(m proc.Mapping) string { return b.of(m, m.Path) }
+// path in the tracer's own tree, only if it is that file (m's device
+// and inode) ("" when it has none or it could not be read).
+func (b *BuildIDs) OfFile(m proc.Mapping) string {
+	return b.of(m, func() (*os.File, error) {
+		id, ok := m.ID()
+		if !ok {
+			return nil, fmt.Errorf("%s: no device and inode", m.Path)
+		}
+		return proc.Open(m.Path, &id)
+	})
+}
 
-// of reads m's file at path once: the device too names it, since a
-// container's file system numbers its inodes on its own.
-func (b *BuildIDs) of(m proc.Mapping, path string) string {
+// of reads m's file, which open opens, once: the device too names it,
+// since a container's file system numbers its inodes on its own. A file
+// that could not be opened is not remembered.
+func (b *BuildIDs) of(m proc.Mapping, open func() (*os.File, error)) string {
 	k := fileKey{m.Path, m.Dev, m.Inode}
 	if id, ok := b.m[k]; ok {
 		return id
 	}
-	id, _ := symbolize.BuildID(path)
+	f, err := open()
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	// A file that is no ELF, or a malformed one, stays so: remembered.
+	id, _ := symbolize.BuildIDFile(f)
 	if b.m == nil {
 		b.m = map[fileKey]string{}
 	}

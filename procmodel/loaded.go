@@ -98,16 +98,18 @@ func objectPath(o events.LoadedObject, exe string) string {
 // loadedMappings are the executable mappings of the ELF file at path,
 // loaded with bias: one per PT_LOAD segment with PF_X, page-aligned as
 // the loader maps them.
+// The path is what the process's memory says: it is opened through
+// proc.Open, which never blocks and opens only a regular file.
 func loadedMappings(path string, bias uint64) []proc.Mapping {
-	var st unix.Stat_t
-	if unix.Stat(path, &st) != nil {
-		return nil
-	}
-	f, err := elf.Open(path)
+	f, err := proc.OpenELF(path, nil)
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
+	var st unix.Stat_t
+	if unix.Fstat(int(f.OS().Fd()), &st) != nil {
+		return nil
+	}
 	const page = 4096
 	var out []proc.Mapping
 	for _, p := range f.Progs {

@@ -59,8 +59,9 @@ type Interp struct {
 	// Eval are the address ranges of the interpreter loop in the process
 	// (interpreterLoop).
 	Eval [][2]uint64
-	base uint64 // the load bias of the file the interpreter is in
-	file string // where it is read from, until Finish read its full symbol table
+	base uint64       // the load bias of the file the interpreter is in
+	file string       // where it is read from, until Finish read its full symbol table
+	want *proc.FileID // the file it must be there, when its mapping said
 }
 
 // offsets are the byte offsets the walk needs; -1 where the version has
@@ -166,8 +167,19 @@ func scanSymbols(syms []elf.Symbol) symbolFacts {
 	return sf
 }
 
+// open reads the interpreter at path, under root; with maps, only the very
+// file they map there (device and inode) is read. It is opened through
+// proc.Open: never blocking, only a regular file, a path under
+// /proc/PID/root resolved inside that root.
 func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
-	f, err := elf.Open(root + path)
+	var want *proc.FileID
+	for _, m := range maps {
+		if id, ok := m.ID(); ok && m.Path == path {
+			want = &id
+			break
+		}
+	}
+	f, err := proc.OpenELF(root+path, want)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +198,7 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	}
 	base, ok := uint64(0), true // a file, not mapped anywhere (DetectFile)
 	if maps != nil {
-		if base, ok = loadBias(f, path, maps); !ok {
+		if base, ok = loadBias(f.File, path, maps); !ok {
 			return nil, fmt.Errorf("%s: not mapped as its headers say", path)
 		}
 	}
@@ -198,14 +210,14 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	// which a process just started makes its first allocations with no
 	// walk in BPF yet (record/python.go). Other builds (debug builds,
 	// pre-releases, other architectures) take their DWARF's.
-	off, freeThreaded, ok := debugOffsets(f, runtime, minor)
+	off, freeThreaded, ok := debugOffsets(f.File, runtime, minor)
 	if freeThreaded {
 		return nil, fmt.Errorf("%s: CPython 3.%d built free-threaded (--disable-gil), whose frames cudatrace does not read: "+
 			"run the program on a build with the GIL for its Python frames", path, minor)
 	}
 	if !ok {
 		var terr error
-		if off, terr = tableOffsets(f, syms, minor); terr == nil {
+		if off, terr = tableOffsets(f.File, syms, minor); terr == nil {
 			ok = true
 		} else {
 			derr := errors.New("no DWARF")
@@ -234,7 +246,7 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 	}
 	in := &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off, types: types, Eval: eval, base: base}
 	if !full {
-		in.file = root + path
+		in.file, in.want = root+path, want
 	}
 	return in, nil
 }
@@ -248,7 +260,7 @@ func (in *Interp) Finish() {
 	}
 	path := in.file
 	in.file = ""
-	f, err := elf.Open(path)
+	f, err := proc.OpenELF(path, in.want)
 	if err != nil {
 		return
 	}
@@ -564,7 +576,7 @@ func DetectFile(path string) (*Interp, error) {
 // caller to leave out.
 func InterpreterFiles(root, exe, ldLibraryPath string) []string {
 	exe = filepath.Join(root, exe)
-	f, err := elf.Open(exe)
+	f, err := proc.OpenELF(exe, nil)
 	if err != nil {
 		return nil
 	}
@@ -604,9 +616,15 @@ func InterpreterFiles(root, exe, ldLibraryPath string) []string {
 	return out
 }
 
+// fileExists reports whether p reaches a regular file, as proc.Open
+// resolves it (under /proc/PID/root, inside that root).
 func fileExists(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && fi.Mode().IsRegular()
+	f, err := proc.Open(p, nil)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	return true
 }
 
 // Layout returns the interpreter's layout for a walk in BPF.

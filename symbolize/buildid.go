@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
 )
 
 // maxNote bounds what is read of a note section or segment: real ones are a
@@ -33,6 +34,26 @@ func BuildID(path string) (id string, err error) {
 	id, err = buildIDOf(f.File)
 	if err != nil {
 		return "", fmt.Errorf("read build ID of %s: %w", path, err)
+	}
+	return id, nil
+}
+
+// BuildIDFile is BuildID of a file already open (proc.OpenMapping): "" with
+// a nil error when it has none. It does not close f.
+func BuildIDFile(f *os.File) (id string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			notePanic(r)
+			id, err = "", fmt.Errorf("read build ID of %s: malformed ELF: %v", f.Name(), r)
+		}
+	}()
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return "", fmt.Errorf("read build ID of %s: %w", f.Name(), err)
+	}
+	id, err = buildIDOf(ef)
+	if err != nil {
+		return "", fmt.Errorf("read build ID of %s: %w", f.Name(), err)
 	}
 	return id, nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cudatrace/cudatrace/proc"
+	"golang.org/x/sys/unix"
 )
 
 // fakeContainer makes a /proc under a temporary directory in which pid
@@ -56,9 +57,13 @@ func TestFramesOfContainer(t *testing.T) {
 	proc.Root = procDir
 	t.Cleanup(func() { proc.Root = old })
 	const pid, ticks = 4242, 777
+	// Each container's maps show its own copy's device and inode: the
+	// file a live one's mapping is read from must be that very file.
+	own := map[int][]proc.Mapping{}
 	for _, p := range []int{pid, pid + 1} {
 		root := fakeContainer(t, procDir, p, ticks)
 		install(t, fx.lib, filepath.Join(root, path))
+		own[p] = asFile(t, ctrMaps, filepath.Join(root, path))
 	}
 	start := uint64(ticks) * 1e7 // 100 ticks a second
 	if st, err := proc.StartTime(pid); err != nil || st != start {
@@ -77,11 +82,15 @@ func TestFramesOfContainer(t *testing.T) {
 	if f := s.FramesOf(Proc{}, ctrMaps, in)[0]; f.Function != "" {
 		t.Errorf("the mappings read as the host's: %+v, want no function (no such host file)", f)
 	}
-	if f := s.FramesOf(live, ctrMaps, in)[0]; !named(f) {
+	if f := s.FramesOf(live, own[pid], in)[0]; !named(f) {
 		t.Errorf("live container process: %+v, want lib_alloc from its own root", f)
 	}
+	// Another file at the path than the one mapped is not read.
+	if f := New().FramesOf(live, own[pid+1], in)[0]; f.Function != "" {
+		t.Errorf("live container process, another file at its path than it maps: %+v, want no function", f)
+	}
 	// Another container with the same binary shares the parse.
-	s.FramesOf(Proc{PID: pid + 1, Start: start, OwnRoot: true}, ctrMaps, in)
+	s.FramesOf(Proc{PID: pid + 1, Start: start, OwnRoot: true}, own[pid+1], in)
 	if n := len(s.byBuildID); n != 1 {
 		t.Errorf("%d parses cached by build ID for one binary in two containers, want 1", n)
 	}
@@ -104,12 +113,12 @@ func TestFramesOfContainer(t *testing.T) {
 	// Without a build ID nothing tells the host's file from the
 	// container's: not even an identical one names the frame once it is gone.
 	copyFile(t, fx.lib, path)
-	noID := append([]proc.Mapping(nil), ctrMaps...)
+	noID := append([]proc.Mapping(nil), own[pid]...)
 	for i := range noID {
 		noID[i].BuildID = ""
 	}
 	s = New()
-	if f := s.FramesOf(gone, noID, in)[0]; f.Function != "" || s.Gone() != 1 {
+	if f := s.FramesOf(gone, asFile(t, noID, path), in)[0]; f.Function != "" || s.Gone() != 1 {
 		t.Errorf("gone, no build ID: %+v (gone count %d), want no function and 1", f, s.Gone())
 	}
 	if f := s.FramesOf(live, noID, in)[0]; f.Function != "lib_alloc" {
@@ -152,6 +161,22 @@ func TestFramesOfContainer(t *testing.T) {
 	if f := s.FramesOf(gone, ctrMaps, in)[0]; !named(f) {
 		t.Errorf("gone, host file with its build ID and a recorded name: %+v", f)
 	}
+}
+
+// asFile returns maps as they would read were their file the one at
+// path: its device and inode.
+func asFile(t *testing.T, maps []proc.Mapping, path string) []proc.Mapping {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	out := append([]proc.Mapping(nil), maps...)
+	for i := range out {
+		out[i].Dev = fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev))
+		out[i].Inode = st.Ino
+	}
+	return out
 }
 
 // install copies from to to, making to's directory.

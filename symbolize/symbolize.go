@@ -9,8 +9,10 @@ package symbolize
 
 import (
 	"debug/elf"
+	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -19,6 +21,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cudatrace/cudatrace/proc"
+	"golang.org/x/sys/unix"
 )
 
 // Frame is one symbolized stack frame.
@@ -63,9 +66,8 @@ type knownKey struct {
 }
 
 type fileKey struct {
-	path  string
-	size  int64
-	mtime int64
+	dev, ino    uint64
+	size, mtime int64
 }
 
 type entry struct {
@@ -151,12 +153,13 @@ func (s *Symbolizer) FramesOf(p Proc, maps []proc.Mapping, addrs []uint64) []Fra
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Start < sorted[j].Start })
 
 	r := resolver{s: s, mods: map[string]*module{}}
-	if p.OwnRoot {
-		r.gone = !p.Live()
-		if !r.gone {
-			r.pid = p.PID
-		}
+	// A live process's files are opened as it sees them; one with its
+	// own root, gone, has none here.
+	live := p.Live()
+	if live {
+		r.pid, r.own = p.PID, p.OwnRoot
 	}
+	r.gone = p.OwnRoot && !live
 	out := make([]Frame, len(addrs))
 	for i, addr := range addrs {
 		out[i] = r.frame(sorted, addr)
@@ -179,12 +182,16 @@ type resolver struct {
 	// Stat each path once per call, not once per address: stacks hit
 	// the same few modules over and over.
 	mods map[string]*module
-	pid  int  // >0: open files through /proc/pid/root
+	pid  int  // >0: live, its files opened as it sees them (proc.OpenMapping)
+	own  bool // its paths name files of its own root
 	gone bool // a process with its own root, gone: its paths name nothing here
 }
 
 // module returns the parsed file m maps, nil when none is found that
-// holds what the process ran.
+// holds what the process ran. A live process's file is opened as the
+// process sees it (proc.OpenMapping: inside its root, only the very file
+// it maps); a gone one's, which sees the tracer's files, at its path
+// here (its build ID says whether that is still what it ran).
 func (r *resolver) module(m *proc.Mapping) *module {
 	if mod, ok := r.mods[m.Path]; ok {
 		return mod
@@ -192,11 +199,19 @@ func (r *resolver) module(m *proc.Mapping) *module {
 	var mod *module
 	switch {
 	case r.pid > 0:
-		mod = r.s.module(proc.RootPath(r.pid, m.Path))
+		mod = r.s.module(proc.RootPath(r.pid, m.Path), func() (*os.File, error) {
+			f, err := proc.OpenMapping(r.pid, *m)
+			if id, ok := m.ID(); err != nil && !r.own && ok {
+				// Gone since: the tracer's file at its path, if it
+				// is the very file it mapped.
+				f, err = proc.Open(m.Path, &id)
+			}
+			return f, err
+		})
 	case r.gone && m.BuildID == "":
 		// Nothing tells a host file at the same path from another.
 	default:
-		mod = r.s.module(m.Path)
+		mod = r.s.module(m.Path, func() (*os.File, error) { return proc.Open(m.Path, nil) })
 	}
 	if m.BuildID != "" && (mod == nil || !strings.EqualFold(m.BuildID, mod.buildID)) {
 		if byID := r.s.byID(strings.ToLower(m.BuildID)); byID != nil {
@@ -217,7 +232,8 @@ func (s *Symbolizer) byID(id string) *module {
 	if mod != nil || s.DebugDir == "" || len(id) < 3 {
 		return mod
 	}
-	mod = s.module(filepath.Join(s.DebugDir, ".build-id", id[:2], id[2:]+".debug"))
+	path := filepath.Join(s.DebugDir, ".build-id", id[:2], id[2:]+".debug")
+	mod = s.module(path, func() (*os.File, error) { return proc.Open(path, nil) })
 	if mod == nil || mod.buildID != id {
 		return nil
 	}
@@ -289,15 +305,24 @@ func (r *resolver) frame(maps []proc.Mapping, addr uint64) (f Frame) {
 	return f
 }
 
-// module returns the parsed file at path, or nil if it cannot be parsed.
-func (s *Symbolizer) module(path string) *module {
-	st, err := os.Stat(path)
-	// Only regular files: a mapped device such as /dev/nvidiactl must not be
-	// opened, let alone read.
-	if err != nil || !st.Mode().IsRegular() {
+// module returns the parsed file that open opens (path names it), or nil
+// if it cannot be opened or parsed. open never blocks and opens only
+// regular files (package proc): a mapped device such as /dev/nvidiactl,
+// or a FIFO left at a path, is not opened, let alone read. A file that
+// could not be opened is not remembered: the next call tries again. One
+// that was is remembered by what it is (device, inode, size, time), not
+// by the path that reached it.
+func (s *Symbolizer) module(path string, open func() (*os.File, error)) *module {
+	f, err := open()
+	if err != nil {
 		return nil
 	}
-	key := fileKey{path: path, size: st.Size(), mtime: st.ModTime().UnixNano()}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil
+	}
+	key := fileKey{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano()}
 	s.mu.Lock()
 	e := s.byFile[key]
 	if e == nil {
@@ -307,27 +332,26 @@ func (s *Symbolizer) module(path string) *module {
 	s.mu.Unlock()
 	// Parsing happens outside s.mu so one large library does not stall
 	// lookups in others; once makes concurrent callers share the parse.
-	e.once.Do(func() { e.mod, _ = s.load(path) })
+	e.once.Do(func() { e.mod, _ = s.load(f, path) })
 	return e.mod
 }
 
-// load parses the file at path. The module it returns may be partial (no
-// symbols, no lines) when only parts of the file are readable; the error
-// says what was lost.
-func (s *Symbolizer) load(path string) (mod *module, err error) {
+// load parses the open file fd, at path. The module it returns may be
+// partial (no symbols, no lines) when only parts of the file are
+// readable; the error says what was lost.
+func (s *Symbolizer) load(fd *os.File, path string) (mod *module, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			notePanic(r)
 			mod, err = nil, fmt.Errorf("parse %s: panic: %v", path, r)
 		}
 	}()
-	f, err := openELF(path)
+	f, err := elf.NewFile(fd)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read %s as ELF: %w", path, err)
 	}
-	defer f.Close()
 
-	id, _ := buildIDOf(f.File)
+	id, _ := buildIDOf(f)
 	if id != "" {
 		s.mu.Lock()
 		cached := s.byBuildID[id]
@@ -337,7 +361,7 @@ func (s *Symbolizer) load(path string) (mod *module, err error) {
 		}
 	}
 
-	mod, err = parseModule(f.File, path)
+	mod, err = parseModule(f, path)
 	mod.buildID = id
 	if !mod.hasLines || len(mod.syms) == 0 {
 		if derr := s.addDebugFile(mod, path); derr != nil && err == nil {
@@ -369,8 +393,7 @@ func (s *Symbolizer) addDebugFile(mod *module, path string) error {
 		}
 	}
 	for _, cand := range cands {
-		st, err := os.Stat(cand)
-		if err != nil || !st.Mode().IsRegular() || cand == path {
+		if cand == path {
 			continue
 		}
 		ok, err := s.takeDebugFile(mod, cand)
@@ -385,17 +408,20 @@ func (s *Symbolizer) addDebugFile(mod *module, path string) error {
 // belongs to mod: the same build ID, or for a file without one the CRC its
 // .gnu_debuglink names.
 func (s *Symbolizer) takeDebugFile(mod *module, path string) (bool, error) {
-	if mod.buildID == "" {
-		b, err := os.ReadFile(path)
-		if err != nil || crc32.ChecksumIEEE(b) != mod.debuglinkCRC {
-			return false, nil
-		}
-	}
 	f, err := openELF(path)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, proc.ErrNotRegular) {
+		return false, nil // not installed
+	}
 	if err != nil {
 		return false, err
 	}
 	defer f.Close()
+	if mod.buildID == "" {
+		h := crc32.NewIEEE()
+		if _, err := io.Copy(h, io.NewSectionReader(f.OS(), 0, 1<<62)); err != nil || h.Sum32() != mod.debuglinkCRC {
+			return false, nil
+		}
+	}
 	if id, _ := buildIDOf(f.File); id != mod.buildID {
 		return false, nil
 	}
@@ -411,31 +437,9 @@ func (s *Symbolizer) takeDebugFile(mod *module, path string) (bool, error) {
 	return true, err
 }
 
-type elfFile struct {
-	*elf.File
-	os *os.File
-}
-
-func (f *elfFile) Close() error { return f.os.Close() }
-
-func openELF(path string) (*elfFile, error) {
-	fd, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	// Checked again on the open file: the path may have been swapped for a
-	// device or FIFO since the caller's stat.
-	if st, err := fd.Stat(); err != nil || !st.Mode().IsRegular() {
-		fd.Close()
-		return nil, fmt.Errorf("open %s: not a regular file", path)
-	}
-	f, err := elf.NewFile(fd)
-	if err != nil {
-		fd.Close()
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	return &elfFile{File: f, os: fd}, nil
-}
+// openELF opens the ELF file at path through proc.Open: never blocking,
+// only a regular file, a path under /proc/PID/root resolved inside it.
+func openELF(path string) (*proc.ELF, error) { return proc.OpenELF(path, nil) }
 
 // panicHook lets tests see panics that the exported functions recover from.
 var panicHook func(any)

@@ -10,15 +10,16 @@ import (
 	"sort"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cudatrace/cudatrace/proc"
 )
 
-// fileKey and tableEntry cache a file's table in an Unwinder: by path,
-// size and time of change, and by build ID.
+// fileKey and tableEntry cache a file's table in an Unwinder: by the
+// file opened (device, inode, size and time of change), and by build ID.
 type fileKey struct {
-	path  string
-	size  int64
-	mtime int64
+	dev, ino    uint64
+	size, mtime int64
 }
 
 type tableEntry struct {
@@ -28,16 +29,20 @@ type tableEntry struct {
 }
 
 // table returns m's file's table, opened once per file (Unwinder.byFile,
-// byID).
+// byID). The file is opened through proc.Open: never blocking, only a
+// regular file, a path under /proc/PID/root resolved inside that root. A
+// file that could not be opened is not remembered.
 func (u *Unwinder) table(m *proc.Mapping) (*table, error) {
-	st, err := os.Stat(m.Path)
+	f, err := proc.Open(m.Path, nil)
 	if err != nil {
 		return nil, err
 	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file")
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stat %s: %w", m.Path, err)
 	}
-	key := fileKey{m.Path, st.Size(), st.ModTime().UnixNano()}
+	key := fileKey{st.Dev, st.Ino, st.Size, st.Mtim.Nano()}
 	u.mu.Lock()
 	e := u.byFile[key]
 	if e == nil {
@@ -53,7 +58,11 @@ func (u *Unwinder) table(m *proc.Mapping) (*table, error) {
 		u.byFile[key] = e
 	}
 	u.mu.Unlock()
-	e.once.Do(func() { e.t, e.err = openTable(m.Path) })
+	used := false
+	e.once.Do(func() { e.t, e.err = openTable(f, m.Path); used = true })
+	if !used {
+		f.Close()
+	}
 	return e.t, e.err
 }
 
@@ -94,15 +103,9 @@ type rowResult struct {
 
 const maxRows = 1 << 16 // cached rows per file; beyond it, rows are recomputed
 
-func openTable(path string) (*table, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("open %s: not a regular file", path)
-	}
+// openTable reads the open file f, at path; the table keeps f, which is
+// closed here where there is no table.
+func openTable(f *os.File, path string) (*table, error) {
 	ef, err := elf.NewFile(f)
 	if err != nil {
 		f.Close()

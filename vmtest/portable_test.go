@@ -1,6 +1,8 @@
 package vmtest
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,6 +69,55 @@ func TestPortableTrace(t *testing.T) {
 	for _, f := range got[:len(want)] {
 		if f != "" && !strings.HasPrefix(f, "0x") {
 			t.Errorf("without --portable, files gone: frame %q is named, want the trace to hold no names (stack %q)", f, got)
+		}
+	}
+}
+
+// TestPortableExiting: record --portable of processes that exit right
+// after allocating, run again and again: each one's libraries are read
+// while it exits, and a read that fails then (the process gone from
+// /proc) must not stand for its file's build ID later. In every run,
+// every process's stack is named from the trace alone (the files moved
+// away before report runs).
+func TestPortableExiting(t *testing.T) {
+	requirePrivileged(t)
+	needStandIns(t)
+	needTracer(t)
+	requireTool(t, "gcc")
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	app, _ := buildContainer(t, dir)
+	want := []string{
+		frameString("host_alloc", "ctr_work.c", markedLine(t, "ctr_work.c", "host_alloc")),
+		frameString("work", "ctr_work.c", markedLine(t, "ctr_work.c", "work")),
+		frameString("main", "ctr_main.c", markedLine(t, "ctr_main.c", "main")),
+	}
+	const runs, procs = 10, 3
+	for run := range runs {
+		log, trace := filepath.Join(dir, fmt.Sprintf("%d.log", run)), filepath.Join(dir, fmt.Sprintf("%d.trace", run))
+		loop := fmt.Sprintf("for i in $(seq %d); do printf 'go\\nbye\\n' | %s; done", procs, filepath.Join(app, "ctrmain"))
+		rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, "--lib", fakeLib, "-o", trace, "--portable", "--", "sh", "-c", loop)
+		rec.finish(t, 30*time.Second)
+		truths, err := groundTruthFile(log, "")
+		if err != nil || len(truths) != procs {
+			t.Fatalf("run %d: ground truth of %d processes (%v), want %d", run, len(truths), err, procs)
+		}
+		if err := os.Rename(app, app+".elsewhere"); err != nil {
+			t.Fatal(err)
+		}
+		rep := runReport(t, ctx, trace)
+		if err := os.Rename(app+".elsewhere", app); err != nil {
+			t.Fatal(err)
+		}
+		for pid := range truths {
+			got, module := pidStack(t, rep, pid)
+			if len(got) < len(want) || strings.Join(got[:len(want)], "\n") != strings.Join(want, "\n") {
+				t.Errorf("run %d, pid %d (files gone): stack %q, want %q first", run, pid, got, want)
+			}
+			if lib := filepath.Join(app, "libwork.so"); module != lib {
+				t.Errorf("run %d, pid %d: innermost module %q, want %q", run, pid, module, lib)
+			}
 		}
 	}
 }

@@ -233,10 +233,17 @@ type nobodyJob struct {
 // for its "ready".
 func startNobody(t *testing.T, ctx context.Context, w *nobodyWorld, name, log string, argv ...string) *nobodyJob {
 	t.Helper()
-	args := append([]string{fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups", "--"}, argv...)
-	cmd := exec.CommandContext(ctx, "setpriv", args...)
+	args := append([]string{"setpriv", fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups", "--"}, argv...)
 	// The copies in the world's directory: the build's are root's alone.
-	cmd.Env = fakeEnv(log, "LD_LIBRARY_PATH="+w.dir)
+	return startUntrusted(t, ctx, name, fakeEnv(log, "LD_LIBRARY_PATH="+w.dir), args...)
+}
+
+// startUntrusted is startNobody of argv as it is (which drops to nobody
+// itself), in environment env.
+func startUntrusted(t *testing.T, ctx context.Context, name string, env []string, argv ...string) *nobodyJob {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = env
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	j := &nobodyJob{name: name, cmd: cmd, lines: make(chan string, 8), done: make(chan error, 1)}
