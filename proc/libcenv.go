@@ -274,4 +274,3 @@ func loadBias(ef *elf.File, pid int, m Mapping, maps []Mapping) (uint64, bool) {
 	}
 	return 0, false
 }
-
