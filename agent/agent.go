@@ -432,7 +432,7 @@ func (a *Agent) Tick(res *record.Result) {
 	a.res.Counters, a.res.Lost, a.res.Events = res.Counters, res.Lost-res.LostStopping, res.Events
 	// A sample is never changed once taken: sharing it is safe.
 	a.res.NVML, a.res.NVMLTime, a.res.NVMLError = res.NVML, res.NVMLTime, res.NVMLError
-	a.res.Maps, a.res.ExitsSwept = res.Maps, res.ExitsSwept
+	a.res.Maps, a.res.ExitsSwept, a.res.MapsFull = res.Maps, res.ExitsSwept, res.MapsFull
 	for {
 		select {
 		case r := <-a.reqs:

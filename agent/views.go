@@ -102,6 +102,7 @@ type Stats struct {
 	// session's sweep found (record.Result).
 	Maps       []record.MapUse
 	ExitsSwept uint64
+	MapsFull   uint64 // the reader's own updates that found a map full (BPF's: Counters["map_full"])
 }
 
 // Stats copies the agent's state.
@@ -209,7 +210,8 @@ func stackLabel(frames []symbolize.Frame) string {
 func (a *Agent) stats() *Stats {
 	s := &Stats{Totals: a.totals, Events: a.res.Events, Lost: a.res.Lost, Counters: map[string]uint64{},
 		Stacks: a.model.Stacks(), Start: a.start, NVML: a.res.NVML, NVMLError: a.res.NVMLError,
-		HistoryEvents: a.hist.events(), HistoryBytes: a.hist.bytes(), Maps: a.res.Maps, ExitsSwept: a.res.ExitsSwept}
+		HistoryEvents: a.hist.events(), HistoryBytes: a.hist.bytes(), Maps: a.res.Maps, ExitsSwept: a.res.ExitsSwept,
+		MapsFull: a.res.MapsFull}
 	for k, v := range a.res.Counters {
 		s.Counters[k] = v
 	}

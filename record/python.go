@@ -85,7 +85,11 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 	defer in.Finish()
 	if s.tr != nil {
 		o := pyOffsets(in)
-		if err := s.tr.SetPython(pid, &o); err != nil {
+		if err := s.tr.SetPython(pid, &o); errors.Is(err, loader.ErrMapFull) {
+			// Said once, whichever process: the summary counts them.
+			s.res.MapsFull++
+			return nil, errPyProcsFull
+		} else if err != nil {
 			return nil, err
 		}
 		for _, m := range maps {
@@ -103,6 +107,10 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 	}
 	return in, nil
 }
+
+// errPyProcsFull says BPF's table of CPython processes is full of living
+// ones: one more process's Python frames are left out (counted).
+var errPyProcsFull = errors.New("Python frames left out of a process: BPF's table of CPython processes is full of living ones (counted in the summary and the agent's cudatrace_bpf_map_full_total)")
 
 // pyOffsets is an interpreter's layout as BPF takes it.
 func pyOffsets(in *pystack.Interp) bpf.CudatraceCtPyoffsets {

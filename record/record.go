@@ -161,6 +161,10 @@ type Result struct {
 	// to note them), found by the sweep (life.go), and the BPF map entries
 	// of processes gone that the sweep removed.
 	ExitsSwept uint64
+	// MapsFull counts the reader's own updates of BPF maps kept per
+	// process that found them full (loader.ErrMapFull: a Python layout, a
+	// --pid target); BPF's own are the map_full counter.
+	MapsFull uint64
 	// Maps are the BPF maps keyed by process, thread or file, with how
 	// many entries each held at the latest count (every few seconds, with
 	// an Observer; nil before the first).

@@ -231,7 +231,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.mapEntries, uint64(m.Entries), m.Name)
 		gauge(c.mapCapacity, uint64(m.Capacity), m.Name)
 	}
-	counter(c.mapFull, s.Counters["map_full"])
+	counter(c.mapFull, s.Counters["map_full"]+s.MapsFull)
 	counter(c.exitsSwept, s.ExitsSwept)
 	if s.NVML != nil {
 		for _, d := range s.NVML.Devices {

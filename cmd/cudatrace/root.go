@@ -109,6 +109,12 @@ func writePythonLosses(w io.Writer, who string, res *record.Result) {
 	if n := res.Counters["python_preempted"]; n > 0 {
 		fmt.Fprintf(w, "%s: %d allocations have no Python frames: a thread that preempted the probe on its CPU took the scratch they were built in\n", who, n)
 	}
+	if n := res.Counters["map_full"] + res.MapsFull; n > 0 {
+		fmt.Fprintf(w, "%s: %d times a BPF map kept per process was full of living processes' entries: those processes' Python frames (or a child's tracing) were left out\n", who, n)
+	}
+	if res.ExitsSwept > 0 {
+		fmt.Fprintf(w, "%s: %d process ends (or their BPF entries) were found by the sweep, not by the kernel's exit record (lost with a full ring buffer): what they held is counted as held at exit from then\n", who, res.ExitsSwept)
+	}
 	switch {
 	case res.Uncaptured == 1:
 		fmt.Fprintf(w, "%s: 1 process exited before its mappings could be read: its native frames stay addresses\n", who)
