@@ -50,7 +50,7 @@ for p in clang llvm gcc make binutils xz-utils bpftool bpftrace libbpf-dev syste
 	qemu-system-x86 busybox-static cpio python3-numba python3-setproctitle debootstrap openmpi-bin \
 	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-system-arm \
 	python3-appdirs python3-decorator python3-numpy python3-pytools python3-mako \
-	libboost-python1.74.0 libboost-thread1.74.0 chromium fonts-dejavu-core; do
+	libboost-python1.74.0 libboost-thread1.74.0 chromium fonts-dejavu-core debuginfod; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -98,6 +98,30 @@ if [ ! -s "$pycuda/root/usr/lib/python3/dist-packages/pycuda/driver.py" ]; then
 	rm -f "$pycuda.new"/python3-pycuda_*.deb
 	rm -rf "$pycuda"
 	mv "$pycuda.new" "$pycuda"
+fi
+
+# A stripped interpreter and its debug files, for naming frames through a
+# real debuginfod server (elfutils', installed above; vmtest/debuginfod_test.go):
+# Debian's python3.11 with the extension modules of libpython3.11-stdlib,
+# and python3.11-dbg, whose debug files carry the build IDs of the same
+# version's files, all at python3.11-dbg's version and unpacked into
+# $cache/debuginfod/root, away from /usr/lib/debug (where the symbolizer
+# would find them without a server) and from the host's own python3.11.
+dbgpy=$cache/debuginfod
+if [ ! -s "$dbgpy/root/usr/bin/python3.11" ] || [ ! -d "$dbgpy/root/usr/lib/debug/.build-id" ]; then
+	echo "scripts/deps.sh: unpacking Debian's python3.11 and python3.11-dbg into $dbgpy" >&2
+	rm -rf "$dbgpy.new"
+	mkdir -p "$dbgpy.new"
+	chmod 755 "$dbgpy.new" # apt downloads as _apt
+	dbgv() { apt-cache show python3.11-dbg 2>/dev/null | awk '/^Version:/ { print $2; exit }'; }
+	v=$(dbgv)
+	[ -n "$v" ] || { apt_get update -qq; v=$(dbgv); }
+	(cd "$dbgpy.new" && apt_get -o APT::Sandbox::User=root download -qq "python3.11-dbg=$v" "python3.11-minimal=$v" \
+		"libpython3.11-minimal=$v" "libpython3.11-stdlib=$v" >/dev/null)
+	for d in "$dbgpy.new"/*.deb; do dpkg -x "$d" "$dbgpy.new/root"; done
+	rm -f "$dbgpy.new"/*.deb
+	rm -rf "$dbgpy"
+	mv "$dbgpy.new" "$dbgpy"
 fi
 
 # fetch_kernel APT SERIES PATTERN DIR: of the packages APT (a command

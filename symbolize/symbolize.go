@@ -8,6 +8,7 @@
 package symbolize
 
 import (
+	"context"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/cudatrace/cudatrace/debuginfod"
 	"github.com/cudatrace/cudatrace/proc"
 	"golang.org/x/sys/unix"
 )
@@ -43,6 +45,13 @@ type Symbolizer struct {
 	// packages install, for files shipped without DWARF. Empty disables it.
 	// Set it before the first call to Frames.
 	DebugDir string
+	// Debuginfod fetches, by build ID, the debug files of files that
+	// have neither DWARF nor symbols nor a local debug file (after
+	// DebugDir): Debian's and Ubuntu's stripped interpreters and
+	// libraries. nil: none (New takes debuginfod.Default, which
+	// DEBUGINFOD_URLS turns on). Callers are never the ring buffer's
+	// reader: a fetch is bounded by the client's timeout, not instant.
+	Debuginfod *debuginfod.Client
 
 	// gone counts frames of processes with their own root, gone by the
 	// time they were symbolized, that no file with their build ID named.
@@ -78,10 +87,11 @@ type entry struct {
 // New returns a Symbolizer with empty caches.
 func New() *Symbolizer {
 	return &Symbolizer{
-		DebugDir:  "/usr/lib/debug",
-		byFile:    map[fileKey]*entry{},
-		byBuildID: map[string]*module{},
-		known:     map[knownKey]Frame{},
+		DebugDir:   "/usr/lib/debug",
+		Debuginfod: debuginfod.Default(),
+		byFile:     map[fileKey]*entry{},
+		byBuildID:  map[string]*module{},
+		known:      map[knownKey]Frame{},
 	}
 }
 
@@ -233,6 +243,15 @@ func (s *Symbolizer) byID(id string) *module {
 		return mod
 	}
 	path := filepath.Join(s.DebugDir, ".build-id", id[:2], id[2:]+".debug")
+	mod = s.module(path, func() (*os.File, error) { return proc.Open(path, nil) })
+	if mod != nil && mod.buildID == id {
+		return mod
+	}
+	// A file gone (a container's, a trace read on another machine) whose
+	// debug file a debuginfod server has.
+	if path = s.fetchDebugFile(id); path == "" {
+		return nil
+	}
 	mod = s.module(path, func() (*os.File, error) { return proc.Open(path, nil) })
 	if mod == nil || mod.buildID != id {
 		return nil
@@ -401,7 +420,24 @@ func (s *Symbolizer) addDebugFile(mod *module, path string) error {
 			return err
 		}
 	}
+	if cand := s.fetchDebugFile(mod.buildID); cand != "" && cand != path {
+		_, err := s.takeDebugFile(mod, cand)
+		return err
+	}
 	return nil
+}
+
+// fetchDebugFile is the path of the debug file with build ID id that a
+// debuginfod server gave (cached), or "".
+func (s *Symbolizer) fetchDebugFile(id string) string {
+	if s.Debuginfod == nil || id == "" {
+		return ""
+	}
+	path, err := s.Debuginfod.Debuginfo(context.Background(), id)
+	if err != nil {
+		return ""
+	}
+	return path
 }
 
 // takeDebugFile takes symbols and lines from the debug file at path when it
