@@ -82,19 +82,30 @@ func checkNotTraced(t *testing.T, ctx context.Context, trace string, pid int, tr
 	}
 }
 
-// A launched job's rank ends, and an unrelated process (not a descendant
-// of the command) is given its PID and allocates: record -- CMD traces the
-// rank and not the other.
-func TestPIDReuseLaunched(t *testing.T) {
+// reuseWorld is a PID-reuse test's files: the traced ranks' and the
+// unrelated process's ready/go directories and stand-in logs, the trace.
+type reuseWorld struct{ dir, ranks, others, log, otherLog, trace string }
+
+func reuseSetup(t *testing.T) (context.Context, reuseWorld) {
+	t.Helper()
 	ctx, dir := traceSetup(t)
-	ranks, others := filepath.Join(dir, "ranks"), filepath.Join(dir, "others")
-	for _, d := range []string{ranks, others} {
+	w := reuseWorld{dir: dir, ranks: filepath.Join(dir, "ranks"), others: filepath.Join(dir, "others"),
+		log: filepath.Join(dir, "fake.log"), otherLog: filepath.Join(dir, "other.log"), trace: filepath.Join(dir, "job.trace")}
+	for _, d := range []string{w.ranks, w.others} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	log, otherLog, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "other.log"), filepath.Join(dir, "job.trace")
-	end := filepath.Join(dir, "end")
+	return ctx, w
+}
+
+// A launched job's rank ends, and an unrelated process (not a descendant
+// of the command) is given its PID and allocates: record -- CMD traces the
+// rank and not the other.
+func TestPIDReuseLaunched(t *testing.T) {
+	ctx, w := reuseSetup(t)
+	ranks, others, log, otherLog, trace := w.ranks, w.others, w.log, w.otherLog, w.trace
+	end := filepath.Join(w.dir, "end")
 	script := fmt.Sprintf("RANK=5 WORLD_SIZE=8 TORCHELASTIC_RUN_ID=traced %s %s; while [ ! -e %s ]; do sleep 0.05; done",
 		workload("rankjob"), ranks, end)
 	rec := exec.CommandContext(ctx, tracerBin, "record", "--lib", fakeLib, "-o", trace, "--", "sh", "-c", script)
@@ -130,14 +141,8 @@ func TestPIDReuseLaunched(t *testing.T) {
 // is not traced, and the recording ends when both ranks have ended,
 // though a process with the first one's PID is still running.
 func TestPIDReuseAttached(t *testing.T) {
-	ctx, dir := traceSetup(t)
-	ranks, others := filepath.Join(dir, "ranks"), filepath.Join(dir, "others")
-	for _, d := range []string{ranks, others} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	log, otherLog, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "other.log"), filepath.Join(dir, "job.trace")
+	ctx, w := reuseSetup(t)
+	ranks, others, log, otherLog, trace := w.ranks, w.others, w.log, w.otherLog, w.trace
 	for _, r := range []int{5, 6} {
 		cmd := exec.CommandContext(ctx, workload("rankjob"), ranks)
 		cmd.Env = fakeEnv(log, fmt.Sprintf("RANK=%d", r), "WORLD_SIZE=8", "TORCHELASTIC_RUN_ID=traced")
