@@ -38,14 +38,17 @@ static __always_inline void forget_thread(__u32 tid)
 
 // forget_process drops every entry BPF keeps of process tgid but its
 // procs entry (the caller's): its place in the PID filter, its Python
-// layout, its primary contexts. The reader's own copies of those follow
-// its exit record, or its sweep (loader Tracer.Forget).
-static __always_inline void forget_process(__u32 tgid, __u32 flags)
+// layout, and, for a process the reader heard of (known: a CUDA process
+// has, from its loader's note of libcuda at least), its primary contexts,
+// whose retain counts a later process with its PID must not inherit. The
+// reader's own copies of those follow its exit record, or its sweep
+// (loader Tracer.Forget).
+static __always_inline void forget_process(__u32 tgid, int known)
 {
 	bpf_map_delete_elem(&pids, &tgid);
 	bpf_map_delete_elem(&py_procs, &tgid);
-	if (!(flags & CT_PROC_RECORDS))
-		return; // no context call of it was ever traced
+	if (!known)
+		return;
 	for (__s32 dev = 0; dev < CT_MAX_DEVICES; dev++) {
 		struct primary_key k = {.tgid = tgid, .dev = dev};
 		bpf_map_delete_elem(&primaries, &k);
@@ -83,7 +86,7 @@ int BPF_PROG(ct_proc_exit, struct task_struct *task)
 			forget_process(tgid, 0);
 		return 0;
 	}
-	forget_process(tgid, flags);
+	forget_process(tgid, 1);
 	__u64 id = bpf_get_current_pid_tgid();
 	if ((id >> 32) != tgid)
 		return 0;
