@@ -60,6 +60,10 @@ type life struct {
 	// again: a note came that was not taken (over noteReadsPerTick):
 	// its mappings are read at the next tick.
 	again bool
+	// layout: the reader gave BPF its CPython layout (py_procs), which
+	// its end deletes again should the write have come after BPF's
+	// own delete at its exit.
+	layout bool
 	// gone: boot ns when the sweep first found it gone, unseen by an
 	// exit record: ended at a later sweep, pendingAfterExit on, after its
 	// records still in the ring buffer.
@@ -89,17 +93,19 @@ func (l *life) knows(c *procmodel.Capture) {
 
 // end ends pid's life, the one way: its state in the session, in the
 // tracer's learning and in BPF goes (BPF has dropped what it keeps itself
-// at the exit; Forget covers a write of the reader's after it). With every
+// at the exit; Forget covers a layout the reader wrote after it, and is
+// not paid for the host's every other process). With every
 // process traced (--all, the agent) its model goes too: a node's state
 // stays bounded by its living processes. The other sessions follow a few
 // processes and keep their models to the end of the recording.
 func (s *session) end(pid uint32) {
-	if _, ok := s.lives[pid]; !ok {
+	l, ok := s.lives[pid]
+	if !ok {
 		return
 	}
 	delete(s.lives, pid)
 	s.learn.forget(pid)
-	if s.tr != nil {
+	if s.tr != nil && l.layout {
 		s.tr.Forget(pid)
 	}
 	if s.opts.All {

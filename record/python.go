@@ -92,6 +92,7 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 		} else if err != nil {
 			return nil, err
 		}
+		s.lifeOf(pid).layout = true
 		for _, m := range maps {
 			if m.Path == in.Path && m.File() {
 				check := ""
