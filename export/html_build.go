@@ -165,11 +165,12 @@ type pageStack struct {
 	st      *ledger.Stack // pass 1's
 	pid     uint32
 	level   int
-	live    uint64 // pass 1: now
-	maxLive uint64 // pass 1: the most it held
-	owner   int    // index in pageBuilder.owners
-	topProc int    // its slot in its process's series by path; pageTopPaths: other
-	topAll  int    // in the series of every process
+	live    uint64     // pass 1: now
+	maxLive uint64     // pass 1: the most it held
+	api     events.API // the call its allocations (or failures) made: one call site, one API
+	owner   int        // index in pageBuilder.owners
+	topProc int        // its slot in its process's series by path; pageTopPaths: other
+	topAll  int        // in the series of every process
 }
 
 type scanSeries struct {
@@ -280,7 +281,9 @@ func (b *pageBuilder) scan(s *pageStep) {
 	b.last = b.time(s.t)
 	ch := s.ch
 	if s.failed() {
-		b.stackID(ch.Stack, s.pid)
+		if ps := b.stacks[b.stackID(ch.Stack, s.pid)]; ps.api == 0 {
+			ps.api = s.api
+		}
 	}
 	for a := range ch.AllFreed() {
 		b.scanAlloc(s.pid, a, -1)
@@ -297,6 +300,9 @@ func (b *pageBuilder) scanAlloc(pid uint32, a *ledger.Allocation, sign int) {
 	}
 	id := b.stackID(a.Stack, pid)
 	ps := b.stacks[id]
+	if ps.api == 0 {
+		ps.api = a.API
+	}
 	r := route{pid, a.Device, level}
 	if sign > 0 {
 		ps.live += a.Size
@@ -958,4 +964,65 @@ func b2i(v bool) int {
 		return 1
 	}
 	return 0
+}
+
+// recanon renumbers every stack the page's rows name by canon (the
+// builder's stacks to the page's, html_data.go): rows that come to name
+// the same stack merge.
+func (b *pageBuilder) recanon(canon []int32) {
+	for i := range b.failures {
+		b.failures[i].Stack = canon[b.failures[i].Stack]
+	}
+	for i := range b.snaps {
+		for j, id := range b.snaps[i].Stack {
+			b.snaps[i].Stack[j] = int64(canon[id])
+		}
+	}
+	spans := make(map[spanKey]*spanVal, len(b.spans))
+	for k, v := range b.spans {
+		k.stack = canon[k.stack]
+		if o := spans[k]; o != nil {
+			o.bytes += v.bytes
+			o.count += v.count
+		} else {
+			spans[k] = v
+		}
+	}
+	b.spans = spans
+	for i := range b.moveRow {
+		b.moveRow[i].stack = canon[b.moveRow[i].stack]
+	}
+	slices.SortStableFunc(b.moveRow, func(x, y moveRow) int {
+		return cmp.Or(cmp.Compare(x.stack, y.stack), cmp.Compare(x.dev, y.dev), cmp.Compare(x.b, y.b))
+	})
+	rows := b.moveRow[:0]
+	for _, r := range b.moveRow {
+		if n := len(rows); n > 0 && rows[n-1].moveKey == r.moveKey {
+			p := &rows[n-1]
+			p.added += r.added
+			p.removed += r.removed
+			p.nAdded += r.nAdded
+			p.nRemoved += r.nRemoved
+			continue
+		}
+		rows = append(rows, r)
+	}
+	b.moveRow = rows
+	for _, bs := range b.series {
+		var paths []int32
+		vals := bs.vals[:bs.nOwn:bs.nOwn]
+		for j, id := range bs.paths {
+			c := canon[id]
+			if at := slices.Index(paths, c); at >= 0 {
+				for k, v := range bs.vals[bs.nOwn+j] {
+					vals[bs.nOwn+at][k] += v
+				}
+				continue
+			}
+			paths = append(paths, c)
+			vals = append(vals, bs.vals[bs.nOwn+j])
+		}
+		bs.vals = append(vals, bs.vals[bs.nOwn+len(bs.paths)])
+		bs.paths = paths
+	}
 }

@@ -256,7 +256,8 @@ type Frame struct {
 
 // Short names f in a few words, the same in every process that runs the
 // same files: "function (file:line)", the function alone, or the module's
-// base name and offset; "" for a frame with none of them. The agent's
+// base name and offset (its address where the offset is not known: this
+// process's only); "" for a frame with none of them. The agent's
 // stack label and record's budget lines use it.
 func (f Frame) Short() string {
 	switch {
@@ -264,8 +265,12 @@ func (f Frame) Short() string {
 		return fmt.Sprintf("%s (%s:%d)", f.Function, path.Base(f.File), f.Line)
 	case f.Function != "":
 		return f.Function
-	case f.Module != "":
+	case f.Module != "" && f.Offset != 0:
 		return fmt.Sprintf("%s+%#x", path.Base(f.Module), f.Offset)
+	case f.Module != "":
+		// Its file's headers were not read: its address, never "+0x0",
+		// which every such frame of the module would read.
+		return fmt.Sprintf("%s@%s", path.Base(f.Module), f.Address)
 	}
 	return ""
 }
