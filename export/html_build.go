@@ -25,6 +25,7 @@ package export
 
 import (
 	"cmp"
+	"maps"
 	"math"
 	"slices"
 
@@ -53,9 +54,13 @@ const (
 
 // maxPageSpans, maxPageMoves bound the rows of the live sets and of the
 // per-bucket allocations and frees (variables for the tests).
+// maxPageEvents bounds the allocations and frees the page keeps one by
+// one, for zooming in time: a source with more keeps none (its chart, its
+// buckets).
 var (
-	maxPageSpans = 250_000
-	maxPageMoves = 250_000
+	maxPageSpans  = 250_000
+	maxPageMoves  = 250_000
+	maxPageEvents = 100_000
 )
 
 // Levels of memory, as the page shows them.
@@ -158,6 +163,16 @@ type pageBuilder struct {
 	failCount uint64
 	exits     []pageExit
 	nvml      *pageNVMLBuild
+	// Every allocation and free, while there are at most maxPageEvents
+	// (events nil past it): time, stack, device, bytes (negative: freed).
+	events   *pageEvents
+	failHist map[failHistKey]*[2]uint64 // failures per process, device and bucket: all, out of memory
+}
+
+type failHistKey struct {
+	pid uint32
+	dev int32
+	b   int32
 }
 
 type pageStack struct {
@@ -241,7 +256,8 @@ type moveRow struct {
 // first step's).
 func newPageBuilder(start uint64) *pageBuilder {
 	return &pageBuilder{start: start, canon: func(st *ledger.Stack) *ledger.Stack { return st },
-		ids: map[*ledger.Stack]int32{}, scanSer: map[serKey]*scanSeries{}, scanRoute: map[route]*[4]*scanSeries{}}
+		ids: map[*ledger.Stack]int32{}, scanSer: map[serKey]*scanSeries{}, scanRoute: map[route]*[4]*scanSeries{},
+		events: &pageEvents{T: deltas{}, Stack: deltas{}, Dev: deltas{}, Bytes: deltas{}}}
 }
 
 // time returns s's time made monotonic: events reach a trace in
@@ -622,6 +638,7 @@ func (b *pageBuilder) alloc(k int, pid uint32, a *ledger.Allocation, before bool
 	}
 	c.bytes += a.Size
 	c.count++
+	b.event(id, a.Device, int64(a.Size))
 	if before {
 		b.alive[a] = -1
 		return
@@ -653,6 +670,7 @@ func (b *pageBuilder) free(k int, pid uint32, a *ledger.Allocation, exit bool) {
 			delete(b.cells, cellKey{id, a.Device})
 		}
 	}
+	b.event(id, a.Device, -int64(a.Size))
 	var flags uint8
 	if exit {
 		flags |= spanExit
@@ -835,6 +853,19 @@ func (b *pageBuilder) snapshot(kind string, t uint64, pid uint32, bs *buildSerie
 
 func (b *pageBuilder) failure(s *pageStep, t uint64) {
 	b.failCount++
+	if b.failHist == nil {
+		b.failHist = map[failHistKey]*[2]uint64{}
+	}
+	fk := failHistKey{s.pid, s.device, int32(b.bucket(t))}
+	fh := b.failHist[fk]
+	if fh == nil {
+		fh = new([2]uint64)
+		b.failHist[fk] = fh
+	}
+	fh[0]++
+	if events.IsOOM(s.result) {
+		fh[1]++
+	}
 	if len(b.failures) >= maxPageFailures {
 		return
 	}
@@ -973,6 +1004,11 @@ func (b *pageBuilder) recanon(canon []int32) {
 	for i := range b.failures {
 		b.failures[i].Stack = canon[b.failures[i].Stack]
 	}
+	if e := b.events; e != nil {
+		for i, id := range e.Stack {
+			e.Stack[i] = int64(canon[id])
+		}
+	}
 	for i := range b.snaps {
 		for j, id := range b.snaps[i].Stack {
 			b.snaps[i].Stack[j] = int64(canon[id])
@@ -1025,4 +1061,38 @@ func (b *pageBuilder) recanon(canon []int32) {
 		bs.vals = append(vals, bs.vals[bs.nOwn+len(bs.paths)])
 		bs.paths = paths
 	}
+}
+
+// event keeps one allocation (bytes > 0) or free, at the step's time,
+// while there are at most maxPageEvents.
+func (b *pageBuilder) event(id, dev int32, bytes int64) {
+	e := b.events
+	if e == nil {
+		return
+	}
+	if len(e.T) >= maxPageEvents {
+		b.events = nil
+		return
+	}
+	e.T = append(e.T, int64(b.clamp-b.start))
+	e.Stack = append(e.Stack, int64(id))
+	e.Dev = append(e.Dev, int64(dev))
+	e.Bytes = append(e.Bytes, bytes)
+}
+
+// failColumns are the failures per process, device and bucket.
+func (b *pageBuilder) failColumns() pageFailHist {
+	keys := slices.SortedFunc(maps.Keys(b.failHist), func(x, y failHistKey) int {
+		return cmp.Or(cmp.Compare(x.pid, y.pid), cmp.Compare(x.dev, y.dev), cmp.Compare(x.b, y.b))
+	})
+	c := pageFailHist{PID: deltas{}, Dev: deltas{}, B: deltas{}, N: deltas{}, OOM: deltas{}}
+	for _, k := range keys {
+		v := b.failHist[k]
+		c.PID = append(c.PID, int64(k.pid))
+		c.Dev = append(c.Dev, int64(k.dev))
+		c.B = append(c.B, int64(k.b))
+		c.N = append(c.N, int64(v[0]))
+		c.OOM = append(c.OOM, int64(v[1]))
+	}
+	return c
 }

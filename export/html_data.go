@@ -63,6 +63,32 @@ type pageData struct {
 	// then (released as they ended).
 	Exits []pageExit `json:"exits"`
 	NVML  *pageNVML  `json:"nvml,omitempty"`
+	// FailHist counts every failure, listed or not, per bucket: the chart
+	// draws them all.
+	FailHist pageFailHist `json:"fail_hist"`
+	// Events are every allocation and free one by one, for zooming in
+	// time; nil where the source had more than the page keeps.
+	Steps *pageEvents `json:"steps"`
+}
+
+// pageFailHist: N failures (OOM of them out of memory) of process PID on
+// device Dev in bucket B.
+type pageFailHist struct {
+	PID deltas `json:"pid"`
+	Dev deltas `json:"dev"`
+	B   deltas `json:"b"`
+	N   deltas `json:"n"`
+	OOM deltas `json:"oom"`
+}
+
+// pageEvents: at T (ns since the page's time 0, the order they took
+// effect in), stack Stack's allocation of Bytes on device Dev, or its free
+// (Bytes negative).
+type pageEvents struct {
+	T     deltas `json:"t"`
+	Stack deltas `json:"stack"`
+	Dev   deltas `json:"dev"`
+	Bytes deltas `json:"bytes"`
 }
 
 // pageLive is how a live page refreshes.
@@ -452,6 +478,8 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 		d.Series = []pageSeries{}
 	}
 	d.Spans = b.spanColumns()
+	d.FailHist = b.failColumns()
+	d.Steps = b.events
 	d.Moves = b.moveColumns()
 	if nv := b.nvml; nv != nil && nv.samples+nv.failed > 0 {
 		d.NVML = &pageNVML{Samples: nv.samples, Failed: nv.failed, Error: nv.err, Devices: []pageNVMLDevice{},

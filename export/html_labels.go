@@ -121,6 +121,20 @@ func systemLibrary(module string) bool {
 	return false
 }
 
+// bareName is a function's name without its C++ namespaces and classes
+// (c10::cuda::…::alloc_block is alloc_block) or Python's classes: enough to
+// tell two paths apart, the whole of it on hover.
+func bareName(name string) string {
+	head, rest, _ := strings.Cut(name, " (")
+	if i := strings.LastIndex(head, "::"); i >= 0 && !strings.ContainsAny(head[i:], "<>()") {
+		head = head[i+2:]
+	}
+	if rest != "" {
+		return head + " (" + rest
+	}
+	return head
+}
+
 // distinctAt returns, for each list, the first index at which its prefix
 // is no other distinct list's (of the same group): what tells it apart;
 // the last index where none does (it is all of another list, or another
@@ -200,7 +214,7 @@ func pathLabels(paths []pathInfo) (labels, lines []string) {
 			}
 			labels[i] = strings.Join(parts, " ← ")
 			if d > 0 {
-				labels[i] += " · via " + c[0].name
+				labels[i] += " · via " + bareName(c[0].name)
 			}
 		}
 	}
@@ -240,7 +254,7 @@ func pathLabels(paths []pathInfo) (labels, lines []string) {
 					}
 				}
 				if differs {
-					labels[i] += " · at " + f.short
+					labels[i] += " · at " + bareName(f.short)
 					break
 				}
 			}
