@@ -20,7 +20,7 @@ func TestMergeCLI(t *testing.T) {
 	a, b := tracetest.TwoNodes(t)
 	out := filepath.Join(t.TempDir(), "job.trace")
 	code, _, stderr := runCLI("merge", a, b, "-o", out)
-	if code != 0 || !strings.Contains(stderr, "cudatrace: merged 2 traces (node-a, node-b), 8 events, into "+out+"; 1 processes numbered anew") ||
+	if code != 0 || !strings.Contains(stderr, "cudatrace: merged 2 traces (node-a, node-b), 8 events, into "+out+"; 1 process numbered anew") ||
 		!strings.Contains(stderr, "clocks: node-a synchronized (estimated error 1ms); node-b synchronized (estimated error 1ms)") {
 		t.Fatalf("merge: exit %d\n%s", code, stderr)
 	}
