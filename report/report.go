@@ -386,6 +386,12 @@ func Load(path string, opts Options) (*Report, error) {
 			return fol.onEvent(ev, ch)
 		}
 	}
+	last := map[uint32]uint64{} // each process's latest event: where a cut-short node's trace ends
+	follow := onEvent
+	onEvent = func(ev *events.Event, ch ledger.Change) error {
+		last[ev.PID] = max(last[ev.PID], ev.End())
+		return follow(ev, ch)
+	}
 	t, err := replay.Read(path, replay.Options{OnEvent: onEvent, OnNVML: nv.onNVML})
 	if err != nil {
 		return nil, err
@@ -501,7 +507,7 @@ func Load(path string, opts Options) (*Report, error) {
 		}
 	}
 	rep.Nodes = nodes(t)
-	if rep.Jobs, err = buildJobs(t, rep, frames); err != nil {
+	if rep.Jobs, err = buildJobs(t, rep, frames, last); err != nil {
 		return nil, err
 	}
 	if n := syms.Gone(); n > 0 {
