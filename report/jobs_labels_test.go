@@ -152,3 +152,23 @@ func TestJobsApart(t *testing.T) {
 		t.Errorf("text:\n%s", text)
 	}
 }
+
+// --min-age's leak candidates say which are pinned host memory, which
+// LIVE does not count.
+func TestLeaksSayHost(t *testing.T) {
+	const base = uint64(100 * time.Second)
+	s := uint64(time.Second)
+	host := jobAlloc(base+s, 7, 4<<20, 0)
+	host.API, host.Addr = events.CudaHostAlloc, 0x9000
+	path, _ := tracetest.Write(t, tracefile.Meta{Tool: "t", Host: "h", StartBoot: base, StartWall: tracetest.Wall},
+		&tracefile.Process{PID: 7, Comm: "train", Time: base}, jobAlloc(base+s, 7, 1<<20, 0), host,
+		&tracefile.End{Time: base + 10*s})
+	rep, text := textOf(t, path, Options{MinAge: time.Second})
+	if len(rep.Leaks) != 2 || rep.Leaks[0].Host != true || rep.Leaks[1].Host {
+		t.Errorf("leaks %+v", rep.Leaks)
+	}
+	if !strings.Contains(text, "[1] 4.0 MiB of pinned host memory in 1 allocation") || !strings.Contains(text, "[2] 1.0 MiB in 1 allocation") ||
+		!strings.Contains(text, "not GPU memory: the process table's LIVE leaves it out") {
+		t.Errorf("text:\n%s", text)
+	}
+}

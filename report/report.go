@@ -311,11 +311,14 @@ type StackShare struct {
 
 // Leak is a group of old allocations still live at the end, from one stack.
 type Leak struct {
-	PID         uint32  `json:"pid"`
-	LiveBytes   uint64  `json:"live_bytes"`
-	LiveCount   uint64  `json:"live_count"`
-	OldestAgeNS uint64  `json:"oldest_age_ns"` // before the end of the trace
-	Frames      []Frame `json:"frames"`
+	PID         uint32 `json:"pid"`
+	LiveBytes   uint64 `json:"live_bytes"`
+	LiveCount   uint64 `json:"live_count"`
+	OldestAgeNS uint64 `json:"oldest_age_ns"` // before the end of the trace
+	// Host: pinned host memory (cudaHostAlloc and the like), not GPU
+	// memory, which LIVE does not count; a stack with both is two.
+	Host   bool    `json:"host,omitempty"`
+	Frames []Frame `json:"frames"`
 }
 
 // Interval is one process's use of one device over one interval: the
@@ -528,24 +531,30 @@ func nonNil[T any](s []T) []T {
 func leaks(t *replay.Trace, opts *Options, frames func(*ledger.Stack) []Frame) []Leak {
 	type group struct {
 		st           *ledger.Stack
+		host         bool
 		bytes, count uint64
 		oldest       uint64 // time of the oldest allocation
+	}
+	type key struct {
+		st   *ledger.Stack
+		host bool
 	}
 	var groups []*group
 	for _, p := range t.Ledger.Processes() {
 		if !opts.selected(p.PID) {
 			continue
 		}
-		by := map[*ledger.Stack]*group{}
+		by := map[key]*group{}
 		segs, _ := p.AtEnd() // an ended process: what it held at exit
 		for _, a := range segs {
 			if a.Time > t.Last || t.Last-a.Time < uint64(opts.MinAge) {
 				continue
 			}
-			g := by[a.Stack]
+			k := key{a.Stack, a.API.Info().Kind == events.KindHost}
+			g := by[k]
 			if g == nil {
-				g = &group{st: a.Stack, oldest: a.Time}
-				by[a.Stack] = g
+				g = &group{st: a.Stack, host: k.host, oldest: a.Time}
+				by[k] = g
 				groups = append(groups, g)
 			}
 			g.bytes += a.Size
@@ -555,12 +564,19 @@ func leaks(t *replay.Trace, opts *Options, frames func(*ledger.Stack) []Frame) [
 	}
 	slices.SortFunc(groups, func(a, b *group) int {
 		return cmp.Or(cmp.Compare(b.bytes, a.bytes), cmp.Compare(b.count, a.count), cmp.Compare(a.st.PID, b.st.PID),
-			slices.Compare(a.st.Frames, b.st.Frames))
+			slices.Compare(a.st.Frames, b.st.Frames), cmp.Compare(b2int(a.host), b2int(b.host)))
 	})
 	out := []Leak{}
 	for _, g := range groups {
 		out = append(out, Leak{PID: g.st.PID, LiveBytes: g.bytes, LiveCount: g.count, OldestAgeNS: t.Last - g.oldest,
-			Frames: frames(g.st)})
+			Host: g.host, Frames: frames(g.st)})
 	}
 	return out
+}
+
+func b2int(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
 }
