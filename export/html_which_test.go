@@ -155,4 +155,3 @@ func TestHTMLChromiumWhichOne(t *testing.T) {
 		}
 	})
 }
-

@@ -378,6 +378,14 @@
     }
     ctx.save();
     ctx.beginPath(); ctx.rect(TL.left, 0, pw, ht); ctx.clip();
+    // The moment shown, behind the memory: a one-bucket spike at it (the
+    // peak's) stays in sight.
+    const info = momentInfo();
+    if (info.t >= v.t0 && info.t <= v.t1) {
+      const mx = x(info.t);
+      ctx.strokeStyle = '#1f6feb'; ctx.lineWidth = 2;
+      ctx.beginPath(); ctx.moveTo(mx, TL.top); ctx.lineTo(mx, TL.top + ph); ctx.stroke();
+    }
     // Range.
     if (st.range && st.view === null) {
       const a = x(tOfJ(st.range.j0)), b = x(tOfJ(st.range.j1));
@@ -483,13 +491,6 @@
       ctx.textAlign = xx > TL.left + pw - 120 ? 'right' : 'left';
       ctx.fillText('peak ' + fmtBytes(s.peak), xx + (ctx.textAlign === 'left' ? 8 : -8), Math.max(yy - 2, TL.top + 12));
       tl.marks.push({x: xx, kind: 'peak'});
-    }
-    // The moment shown.
-    const info = momentInfo();
-    if (info.t >= v.t0 && info.t <= v.t1) {
-      const mx = x(info.t);
-      ctx.strokeStyle = '#1f6feb'; ctx.lineWidth = 2;
-      ctx.beginPath(); ctx.moveTo(mx, TL.top); ctx.lineTo(mx, TL.top + ph); ctx.stroke();
     }
     if (drag) {
       const a = Math.min(drag.x0, drag.x1), b = Math.max(drag.x0, drag.x1);
@@ -828,7 +829,8 @@
     let total = 0, count = 0, before = 0;
     for (const r of rows) { total += r.bytes; count += r.count; before += r.before; }
     const where = levelName(st.level) + ' of ' + procName(st.pid) + ' on ' + devName(st.dev);
-    $('#moment-title').textContent = 'Live ' + info.what + ' (' + fmtTime(info.t) + (info.exact ? ', exact' : ', a bucket edge') + '): ' +
+    const when = info.what === 'at ' + fmtTime(info.t) ? '' : fmtTime(info.t) + ', ';
+    $('#moment-title').textContent = 'Live ' + info.what + ' (' + when + (info.exact ? 'exact' : 'a bucket edge') + '): ' +
       fmtBytes(total) + ' in ' + plural(count, 'allocation') + ' — ' + where + (before > 0 ? '; ' + fmtBytes(before) + ' of it live before tracing began' : '');
     $('#moment-title').dataset.bytes = String(total);
     const ended = M.raw.exits.filter((e) => e.t <= info.t && e.bytes > 0 && (st.pid === 0 || e.pid === st.pid));
