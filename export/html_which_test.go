@@ -2,6 +2,7 @@ package export
 
 import (
 	"bytes"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/browsertest"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
+	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -102,6 +104,14 @@ func TestHTMLChromiumWhichOne(t *testing.T) {
 		if got := b.DataBytes(t, "#moment-title"); got != want || want != 100*mib+11*mib {
 			t.Errorf("the live set at %d ns: page %d bytes, export --at %d (want %d)", at, got, want, 100*mib+11*mib)
 		}
+		// The tooltip at the chart's right edge stays inside the page.
+		var wide struct{ Scroll, Client float64 }
+		b.Eval(t, `(() => { const c = document.getElementById('timeline'), r = c.getBoundingClientRect();
+			c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.right - 3, clientY: r.top + 60, bubbles: true}));
+			return {scroll: document.documentElement.scrollWidth, client: document.documentElement.clientWidth}; })()`, &wide)
+		if wide.Scroll > wide.Client {
+			t.Errorf("the tooltip widens the page: %v > %v", wide.Scroll, wide.Client)
+		}
 		b.Eval(t, `document.getElementById('zoom-out').click()`, nil)
 		b.Eval(t, `cudatrace.view()`, &v)
 		if v.T0 != 0 || v.T1 < 9990*ms {
@@ -145,6 +155,33 @@ func TestHTMLChromiumWhichOne(t *testing.T) {
 			if lines[l] != want {
 				t.Errorf("the Range tab's line of %q is %q, want %q (%q)", l, lines[l], want, lines)
 			}
+		}
+		// Sizes as report writes them (half to even), times never "1000.0 ms".
+		for n, want := range map[uint64]string{5 << 28: units.Bytes(5 << 28), 1<<30 + 1<<26: units.Bytes(1<<30 + 1<<26), 3 << 19: units.Bytes(3 << 19)} {
+			var got string
+			b.Eval(t, fmt.Sprintf(`cudatrace.fmt.bytes(%d)`, n), &got)
+			if got != want {
+				t.Errorf("the page writes %d bytes %q, report %q", n, got, want)
+			}
+		}
+		for ns, want := range map[float64]string{999.96e6: "1.000 s", 999.96e3: "1.000 ms", 59.99e9: "60.0 s"} {
+			var got string
+			b.Eval(t, fmt.Sprintf(`cudatrace.fmt.time(%v)`, ns), &got)
+			if got != want {
+				t.Errorf("the page writes %v ns %q, want %q", ns, got, want)
+			}
+		}
+		// The flame graph zoomed to worker_b's frame: the table lists the
+		// paths through it only.
+		b.Tab(t, "moment")
+		b.Eval(t, `(() => { cudatrace.state.zoom = [];
+			const r = cudatrace.flameRects().find((r) => r.frame === 'worker_b (app.c:30)');
+			const c = document.getElementById('flame').getBoundingClientRect();
+			document.getElementById('flame').dispatchEvent(new MouseEvent('click', {clientX: c.left + r.x + 2, clientY: c.top + r.y + 9, bubbles: true}));
+			cudatrace.render(); })()`, nil)
+		b.Eval(t, `[...document.querySelectorAll('#paths td.path summary')].map((s) => s.textContent)`, &rows)
+		if len(rows) != 2 || !strings.HasPrefix(rows[0], "worker_b") || !strings.HasPrefix(rows[1], "worker_b") {
+			t.Errorf("zoomed to worker_b, the table lists %q", rows)
 		}
 		// Figures under their headings, in every tab.
 		for _, tab := range []string{"moment", "range", "failures", "processes"} {

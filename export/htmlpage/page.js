@@ -1109,7 +1109,7 @@
       state: st, model: () => M, render,
       xOfT: (t) => tl.x(t), tOfJ, endJ: () => M.endJ, zoomTo, view: () => view(),
       steps: () => tl.steps ? tl.steps.map((p) => ({t: p.t, bytes: p.bytes, stack: p.stack})) : null,
-      failureMarks: () => tl.failureMarks, labels: () => M.labels.slice(),
+      failureMarks: () => tl.failureMarks, labels: () => M.labels.slice(), fmt: {bytes: fmtBytes, time: fmtTime},
       colors: () => Object.fromEntries(cats(series()).map((c) => [c.name, c.color])),
       flameRects: () => flame.rects.map((r) => ({x: r.x, y: r.y, w: r.w, bytes: r.node.bytes, count: r.node.count,
         frame: r.node.f >= 0 ? str(M.frames.label[r.node.f]) : null,
