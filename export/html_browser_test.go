@@ -56,6 +56,7 @@ func TestHTMLChromiumPeak(t *testing.T) {
 	}
 	b := browsertest.Shared(t)
 	openHTML(t, b, path, Options{})
+	b.Select(t, "#frames", "all") // every frame, as report has them
 	for _, pid := range []uint32{7, 8} {
 		b.Select(t, "#pid", fmt.Sprint(pid))
 		got := b.PathRows(t, "#paths")
@@ -231,7 +232,7 @@ func TestHTMLChromiumFailure(t *testing.T) {
 	b.Tab(t, "failures")
 	var row []string
 	b.Eval(t, `[...document.querySelectorAll('#failures tr')[1].querySelectorAll('td')].map((td) => td.dataset.bytes || td.textContent)`, &row)
-	if len(row) < 8 || row[1] != "7" || row[2] != "cudaMalloc" || row[3] != fmt.Sprint(torch.oomSize) ||
+	if len(row) < 8 || row[1] != "pid 7" || row[2] != "cudaMalloc" || row[3] != fmt.Sprint(torch.oomSize) ||
 		row[5] != "cudaErrorMemoryAllocation (2)" || row[6] != fmt.Sprint(f.DeviceLiveBytes) || row[7] != fmt.Sprint(f.LiveBytes) {
 		t.Errorf("failure row %q, report: %+v", row, f)
 	}

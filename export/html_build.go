@@ -25,6 +25,7 @@ package export
 
 import (
 	"cmp"
+	"maps"
 	"math"
 	"slices"
 
@@ -53,9 +54,13 @@ const (
 
 // maxPageSpans, maxPageMoves bound the rows of the live sets and of the
 // per-bucket allocations and frees (variables for the tests).
+// maxPageEvents bounds the allocations and frees the page keeps one by
+// one, for zooming in time: a source with more keeps none (its chart, its
+// buckets).
 var (
-	maxPageSpans = 250_000
-	maxPageMoves = 250_000
+	maxPageSpans  = 250_000
+	maxPageMoves  = 250_000
+	maxPageEvents = 100_000
 )
 
 // Levels of memory, as the page shows them.
@@ -158,6 +163,16 @@ type pageBuilder struct {
 	failCount uint64
 	exits     []pageExit
 	nvml      *pageNVMLBuild
+	// Every allocation and free, while there are at most maxPageEvents
+	// (events nil past it): time, stack, device, bytes (negative: freed).
+	events   *pageEvents
+	failHist map[failHistKey]*[2]uint64 // failures per process, device and bucket: all, out of memory
+}
+
+type failHistKey struct {
+	pid uint32
+	dev int32
+	b   int32
 }
 
 type pageStack struct {
@@ -165,11 +180,12 @@ type pageStack struct {
 	st      *ledger.Stack // pass 1's
 	pid     uint32
 	level   int
-	live    uint64 // pass 1: now
-	maxLive uint64 // pass 1: the most it held
-	owner   int    // index in pageBuilder.owners
-	topProc int    // its slot in its process's series by path; pageTopPaths: other
-	topAll  int    // in the series of every process
+	live    uint64     // pass 1: now
+	maxLive uint64     // pass 1: the most it held
+	api     events.API // the call its allocations (or failures) made: one call site, one API
+	owner   int        // index in pageBuilder.owners
+	topProc int        // its slot in its process's series by path; pageTopPaths: other
+	topAll  int        // in the series of every process
 }
 
 type scanSeries struct {
@@ -240,7 +256,8 @@ type moveRow struct {
 // first step's).
 func newPageBuilder(start uint64) *pageBuilder {
 	return &pageBuilder{start: start, canon: func(st *ledger.Stack) *ledger.Stack { return st },
-		ids: map[*ledger.Stack]int32{}, scanSer: map[serKey]*scanSeries{}, scanRoute: map[route]*[4]*scanSeries{}}
+		ids: map[*ledger.Stack]int32{}, scanSer: map[serKey]*scanSeries{}, scanRoute: map[route]*[4]*scanSeries{},
+		events: &pageEvents{T: deltas{}, Stack: deltas{}, Dev: deltas{}, Bytes: deltas{}}}
 }
 
 // time returns s's time made monotonic: events reach a trace in
@@ -280,7 +297,9 @@ func (b *pageBuilder) scan(s *pageStep) {
 	b.last = b.time(s.t)
 	ch := s.ch
 	if s.failed() {
-		b.stackID(ch.Stack, s.pid)
+		if ps := b.stacks[b.stackID(ch.Stack, s.pid)]; ps.api == 0 {
+			ps.api = s.api
+		}
 	}
 	for a := range ch.AllFreed() {
 		b.scanAlloc(s.pid, a, -1)
@@ -297,6 +316,9 @@ func (b *pageBuilder) scanAlloc(pid uint32, a *ledger.Allocation, sign int) {
 	}
 	id := b.stackID(a.Stack, pid)
 	ps := b.stacks[id]
+	if ps.api == 0 {
+		ps.api = a.API
+	}
 	r := route{pid, a.Device, level}
 	if sign > 0 {
 		ps.live += a.Size
@@ -616,6 +638,7 @@ func (b *pageBuilder) alloc(k int, pid uint32, a *ledger.Allocation, before bool
 	}
 	c.bytes += a.Size
 	c.count++
+	b.event(id, a.Device, int64(a.Size))
 	if before {
 		b.alive[a] = -1
 		return
@@ -647,6 +670,7 @@ func (b *pageBuilder) free(k int, pid uint32, a *ledger.Allocation, exit bool) {
 			delete(b.cells, cellKey{id, a.Device})
 		}
 	}
+	b.event(id, a.Device, -int64(a.Size))
 	var flags uint8
 	if exit {
 		flags |= spanExit
@@ -829,6 +853,19 @@ func (b *pageBuilder) snapshot(kind string, t uint64, pid uint32, bs *buildSerie
 
 func (b *pageBuilder) failure(s *pageStep, t uint64) {
 	b.failCount++
+	if b.failHist == nil {
+		b.failHist = map[failHistKey]*[2]uint64{}
+	}
+	fk := failHistKey{s.pid, s.device, int32(b.bucket(t))}
+	fh := b.failHist[fk]
+	if fh == nil {
+		fh = new([2]uint64)
+		b.failHist[fk] = fh
+	}
+	fh[0]++
+	if events.IsOOM(s.result) {
+		fh[1]++
+	}
 	if len(b.failures) >= maxPageFailures {
 		return
 	}
@@ -958,4 +995,104 @@ func b2i(v bool) int {
 		return 1
 	}
 	return 0
+}
+
+// recanon renumbers every stack the page's rows name by canon (the
+// builder's stacks to the page's, html_data.go): rows that come to name
+// the same stack merge.
+func (b *pageBuilder) recanon(canon []int32) {
+	for i := range b.failures {
+		b.failures[i].Stack = canon[b.failures[i].Stack]
+	}
+	if e := b.events; e != nil {
+		for i, id := range e.Stack {
+			e.Stack[i] = int64(canon[id])
+		}
+	}
+	for i := range b.snaps {
+		for j, id := range b.snaps[i].Stack {
+			b.snaps[i].Stack[j] = int64(canon[id])
+		}
+	}
+	spans := make(map[spanKey]*spanVal, len(b.spans))
+	for k, v := range b.spans {
+		k.stack = canon[k.stack]
+		if o := spans[k]; o != nil {
+			o.bytes += v.bytes
+			o.count += v.count
+		} else {
+			spans[k] = v
+		}
+	}
+	b.spans = spans
+	for i := range b.moveRow {
+		b.moveRow[i].stack = canon[b.moveRow[i].stack]
+	}
+	slices.SortStableFunc(b.moveRow, func(x, y moveRow) int {
+		return cmp.Or(cmp.Compare(x.stack, y.stack), cmp.Compare(x.dev, y.dev), cmp.Compare(x.b, y.b))
+	})
+	rows := b.moveRow[:0]
+	for _, r := range b.moveRow {
+		if n := len(rows); n > 0 && rows[n-1].moveKey == r.moveKey {
+			p := &rows[n-1]
+			p.added += r.added
+			p.removed += r.removed
+			p.nAdded += r.nAdded
+			p.nRemoved += r.nRemoved
+			continue
+		}
+		rows = append(rows, r)
+	}
+	b.moveRow = rows
+	for _, bs := range b.series {
+		var paths []int32
+		vals := bs.vals[:bs.nOwn:bs.nOwn]
+		for j, id := range bs.paths {
+			c := canon[id]
+			if at := slices.Index(paths, c); at >= 0 {
+				for k, v := range bs.vals[bs.nOwn+j] {
+					vals[bs.nOwn+at][k] += v
+				}
+				continue
+			}
+			paths = append(paths, c)
+			vals = append(vals, bs.vals[bs.nOwn+j])
+		}
+		bs.vals = append(vals, bs.vals[bs.nOwn+len(bs.paths)])
+		bs.paths = paths
+	}
+}
+
+// event keeps one allocation (bytes > 0) or free, at the step's time,
+// while there are at most maxPageEvents.
+func (b *pageBuilder) event(id, dev int32, bytes int64) {
+	e := b.events
+	if e == nil {
+		return
+	}
+	if len(e.T) >= maxPageEvents {
+		b.events = nil
+		return
+	}
+	e.T = append(e.T, int64(b.clamp-b.start))
+	e.Stack = append(e.Stack, int64(id))
+	e.Dev = append(e.Dev, int64(dev))
+	e.Bytes = append(e.Bytes, bytes)
+}
+
+// failColumns are the failures per process, device and bucket.
+func (b *pageBuilder) failColumns() pageFailHist {
+	keys := slices.SortedFunc(maps.Keys(b.failHist), func(x, y failHistKey) int {
+		return cmp.Or(cmp.Compare(x.pid, y.pid), cmp.Compare(x.dev, y.dev), cmp.Compare(x.b, y.b))
+	})
+	c := pageFailHist{PID: deltas{}, Dev: deltas{}, B: deltas{}, N: deltas{}, OOM: deltas{}}
+	for _, k := range keys {
+		v := b.failHist[k]
+		c.PID = append(c.PID, int64(k.pid))
+		c.Dev = append(c.Dev, int64(k.dev))
+		c.B = append(c.B, int64(k.b))
+		c.N = append(c.N, int64(v[0]))
+		c.OOM = append(c.OOM, int64(v[1]))
+	}
+	return c
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/owner"
 	"github.com/cudatrace/cudatrace/pyframes"
@@ -62,6 +63,32 @@ type pageData struct {
 	// then (released as they ended).
 	Exits []pageExit `json:"exits"`
 	NVML  *pageNVML  `json:"nvml,omitempty"`
+	// FailHist counts every failure, listed or not, per bucket: the chart
+	// draws them all.
+	FailHist pageFailHist `json:"fail_hist"`
+	// Events are every allocation and free one by one, for zooming in
+	// time; nil where the source had more than the page keeps.
+	Steps *pageEvents `json:"steps"`
+}
+
+// pageFailHist: N failures (OOM of them out of memory) of process PID on
+// device Dev in bucket B.
+type pageFailHist struct {
+	PID deltas `json:"pid"`
+	Dev deltas `json:"dev"`
+	B   deltas `json:"b"`
+	N   deltas `json:"n"`
+	OOM deltas `json:"oom"`
+}
+
+// pageEvents: at T (ns since the page's time 0, the order they took
+// effect in), stack Stack's allocation of Bytes on device Dev, or its free
+// (Bytes negative).
+type pageEvents struct {
+	T     deltas `json:"t"`
+	Stack deltas `json:"stack"`
+	Dev   deltas `json:"dev"`
+	Bytes deltas `json:"bytes"`
 }
 
 // pageLive is how a live page refreshes.
@@ -102,7 +129,12 @@ type pageStacks struct {
 	PID   []int64 `json:"pid"`
 	Level []int   `json:"level"` // 0 GPU memory (segments), 1 tensors
 	Owner []int   `json:"owner"` // who asked for it (report's owners), in OwnerNames
-	Label []int   `json:"label"` // a short name: its innermost Python line, else its innermost frame outside CUDA
+	// Label: a short name, distinct for distinct paths (html_labels.go);
+	// UserLine: the innermost line of the user's own code, past a shared
+	// helper (the Range tab's "line"); API: the call it made.
+	Label    []int `json:"label"`
+	UserLine []int `json:"user_line"`
+	API      []int `json:"api"`
 	// Frames, innermost first: FrameIDs[FrameAt[i]:FrameAt[i+1]].
 	FrameAt  []int  `json:"frame_at"`
 	FrameIDs deltas `json:"frame_ids"`
@@ -312,8 +344,10 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 		}
 		return i
 	}
-	// A frame is one by what it shows: an address only where nothing
-	// else names it.
+	// A frame is one by what it shows: an unnamed one by its offset in its
+	// module (the same in every process mapping it), or its address where
+	// no module is known; never by its module alone, which made every
+	// unnamed frame of a module the first one seen.
 	type frameKey struct {
 		function, file string
 		line           int
@@ -322,7 +356,11 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 	frameIDs := map[frameKey]int{}
 	addFrame := func(f symbolize.Frame, rf report.Frame) int {
 		key := frameKey{rf.Function, rf.File, rf.Line, rf.Module, ""}
-		if rf.Function == "" && rf.Module == "" {
+		switch {
+		case rf.Function != "":
+		case rf.Module != "" && rf.Offset != 0:
+			key.addr = strconv.FormatUint(rf.Offset, 16)
+		default:
 			key.addr = rf.Address
 		}
 		if id, ok := frameIDs[key]; ok {
@@ -359,16 +397,35 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 	}
 	// Every column a list, never null, however empty.
 	d.Frames = pageFrames{Label: []int{}, Name: []int{}, File: []int{}, Line: []int{}, Module: []int{}, Kind: []int{}, Owner: []int{}}
-	d.Stacks = pageStacks{PID: []int64{}, Level: []int{}, Owner: []int{}, Label: []int{}, FrameIDs: deltas{},
+	d.Stacks = pageStacks{PID: []int64{}, Level: []int{}, Owner: []int{}, Label: []int{}, UserLine: []int{}, API: []int{}, FrameIDs: deltas{},
 		LineKeys: []int{}, FuncKeys: []int{}}
 	st := &d.Stacks
-	for _, ps := range b.stacks {
+	// One page stack per call path as report has it (per level and call):
+	// two calls of one line, or from one native function, are one path
+	// there and here. canon maps the builder's stacks to the page's.
+	type pathID struct {
+		key   string
+		level int
+		api   events.API
+	}
+	canon := make([]int32, len(b.stacks))
+	seen := map[pathID]int32{}
+	var paths []pathInfo
+	for i, ps := range b.stacks {
 		fs := src.Frames(ps.st)
 		rfs := report.Frames(fs)
+		k := pathID{report.PathKey(ps.pid, rfs), ps.level, ps.api}
+		if id, ok := seen[k]; ok {
+			canon[i] = id
+			continue
+		}
+		id := int32(len(paths))
+		seen[k], canon[i] = id, id
+		paths = append(paths, pathInfo{frames: rfs, api: ps.api.String(), level: ps.level})
 		st.PID = append(st.PID, int64(ps.pid))
 		st.Level = append(st.Level, ps.level)
 		st.Owner = append(st.Owner, ps.owner)
-		st.Label = append(st.Label, strs.id(stackLabel(rfs)))
+		st.API = append(st.API, strs.id(ps.api.String()))
 		st.FrameAt = append(st.FrameAt, len(st.FrameIDs))
 		for i, f := range fs {
 			st.FrameIDs = append(st.FrameIDs, int64(addFrame(f, rfs[i])))
@@ -382,6 +439,12 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 			st.FuncKeys = append(st.FuncKeys, strs.id(k))
 		}
 	}
+	labels, lines := pathLabels(paths)
+	for i := range paths {
+		st.Label = append(st.Label, strs.id(labels[i]))
+		st.UserLine = append(st.UserLine, strs.id(lines[i]))
+	}
+	b.recanon(canon)
 	st.FrameAt = append(st.FrameAt, len(st.FrameIDs))
 	st.LineAt = append(st.LineAt, len(st.LineKeys))
 	st.FuncAt = append(st.FuncAt, len(st.FuncKeys))
@@ -415,6 +478,8 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 		d.Series = []pageSeries{}
 	}
 	d.Spans = b.spanColumns()
+	d.FailHist = b.failColumns()
+	d.Steps = b.events
 	d.Moves = b.moveColumns()
 	if nv := b.nvml; nv != nil && nv.samples+nv.failed > 0 {
 		d.NVML = &pageNVML{Samples: nv.samples, Failed: nv.failed, Error: nv.err, Devices: []pageNVMLDevice{},
@@ -430,35 +495,6 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 	}
 	d.Strings = strs.list
 	return d
-}
-
-// stackLabel names a stack shortly, innermost first: its two innermost
-// Python lines where it has any, else its three innermost frames outside
-// CUDA's own libraries and the C library's start-up (else its innermost
-// frame), joined by " ← " (called from).
-func stackLabel(fs []report.Frame) string {
-	var py, native []string
-	for _, f := range fs {
-		s := f.Short()
-		switch {
-		case s == "":
-		case f.Module == pyframes.Module:
-			py = append(py, s)
-		case !owner.IsCUDA(f.Module) && !startup(f):
-			native = append(native, s)
-		}
-	}
-	switch {
-	case len(py) > 0:
-		return strings.Join(py[:min(len(py), 2)], " ← ")
-	case len(native) > 0:
-		return strings.Join(native[:min(len(native), 3)], " ← ")
-	case len(fs) > 0 && fs[0].Short() != "":
-		return fs[0].Short()
-	case len(fs) > 0:
-		return fs[0].Address
-	}
-	return "(no stack)"
 }
 
 // startup reports whether f is the C library's start of a program

@@ -83,7 +83,9 @@ func (lp *LivePage) Build() *Page {
 		})
 	}
 	b.finish()
+	owners := lp.owners(b)
 	d := b.data(lp.Stacks)
+	d.Owners = owners
 	d.Title, d.Source, d.Header = lp.Title, lp.Source, lp.Header
 	d.Notes = append(slices.Clone(lp.Notes), d.Notes...)
 	for _, p := range lp.Processes {
@@ -139,5 +141,42 @@ func (lp *LivePage) steps() []pageStep {
 		}
 	}
 	slices.SortStableFunc(out, func(a, b pageStep) int { return cmp.Compare(a.t, b.t) })
+	return out
+}
+
+// owners is where each process's GPU memory went, as the exported page
+// has it (report's owners): what it holds now, and its live set at the
+// peak the page shows (b's, before data renumbers its stacks).
+func (lp *LivePage) owners(b *pageBuilder) []report.ProcessOwners {
+	of := map[*ledger.Stack]owner.Owner{}
+	ownerOf := func(st *ledger.Stack) owner.Owner {
+		w, ok := of[st]
+		if !ok {
+			w = owner.OfMapped(lp.Stacks.Maps(st), lp.Stacks.Frames(st))
+			of[st] = w
+		}
+		return w
+	}
+	var out []report.ProcessOwners
+	for _, p := range lp.Processes {
+		pid := p.Account.PID
+		var end, peak []report.OwnerLive
+		for _, a := range p.Live {
+			if levelOf(a) == levelGPU && a.Stack != nil {
+				end = append(end, report.OwnerLive{Stack: a.Stack, Device: a.Device, Bytes: a.Size, Count: 1})
+			}
+		}
+		for _, bs := range b.series {
+			if bs.pid != pid || bs.dev != allDevices || bs.level != levelGPU || bs.snap < 0 {
+				continue
+			}
+			sn := b.snaps[bs.snap]
+			for i, id := range sn.Stack {
+				peak = append(peak, report.OwnerLive{Stack: b.stacks[id].st, Device: int32(sn.DevCol[i]),
+					Bytes: uint64(sn.Bytes[i]), Count: uint64(sn.Count[i])})
+			}
+		}
+		out = append(out, report.LiveOwners(pid, end, peak, ownerOf))
+	}
 	return out
 }

@@ -37,11 +37,18 @@ func TestHTMLScreenshots(t *testing.T) {
 	b.Select(t, "#split", "path")
 	b.Type(t, "#search", "train.py:66")
 	shot("", "html-paths-search.png")
-	// A range over steps 100 to 150, tensors: what it left live, per line.
+	// Zoomed to three steps, tensors: each allocation and free, and the
+	// live set at a click between two of them.
 	b.Select(t, "#level", "1")
 	b.Eval(t, `document.getElementById('search').value = ''; document.getElementById('search').dispatchEvent(new Event('input'))`, nil)
+	b.DragTime(t, 2_010*ms, 2_070*ms)
+	b.ClickTime(t, 2_032*ms)
+	b.Eval(t, `document.getElementById('tip').hidden = true`, nil)
+	shot("", "html-zoom.png")
+	// A range over steps 100 to 150: what it left live, per line.
 	b.DragTime(t, 2_000*ms, 3_000*ms)
-	b.Eval(t, `window.scrollTo(0, document.getElementById('tabs').offsetTop - 8)`, nil)
+	b.Tab(t, "range")
+	b.Eval(t, `document.getElementById('tip').hidden = true; window.scrollTo(0, document.getElementById('tabs').offsetTop - 8)`, nil)
 	shot("", "html-range.png")
 	b.Eval(t, `window.scrollTo(0, 0)`, nil)
 	b.Select(t, "#level", "0")

@@ -89,6 +89,9 @@ func pageOf(t *testing.T, path string, opts Options) (*pageData, []byte) {
 			Level    []int   `json:"level"`
 			FrameAt  []int   `json:"frame_at"`
 			FrameIDs []int64 `json:"frame_ids"`
+			Label    []int   `json:"label"`
+			UserLine []int   `json:"user_line"`
+			API      []int   `json:"api"`
 		} `json:"stacks"`
 	}
 	if err := json.Unmarshal(m[1], &raw); err != nil {
@@ -100,6 +103,7 @@ func pageOf(t *testing.T, path string, opts Options) (*pageData, []byte) {
 		Flags: undelta(raw.Spans["flags"])}
 	d.Stacks.PID, d.Stacks.Level, d.Stacks.FrameAt = raw.Stacks.PID, raw.Stacks.Level, raw.Stacks.FrameAt
 	d.Stacks.FrameIDs = undelta(raw.Stacks.FrameIDs)
+	d.Stacks.Label, d.Stacks.UserLine, d.Stacks.API = raw.Stacks.Label, raw.Stacks.UserLine, raw.Stacks.API
 	for i := range d.Snapshots {
 		sn := &d.Snapshots[i]
 		sn.Stack, sn.DevCol, sn.Bytes, sn.Count = undelta(sn.Stack), undelta(sn.DevCol), undelta(sn.Bytes), undelta(sn.Count)

@@ -2,6 +2,9 @@ package export
 
 import (
 	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -71,5 +74,44 @@ func TestMemvizPicksRank(t *testing.T) {
 	}
 	if err := WriteMemvizTrace(&bytes.Buffer{}, tracetest.TwoNodesMerged(t), Options{PIDs: []uint32{merge.FirstRenumbered}}); err != nil {
 		t.Errorf("rank 0's snapshot: %v", err)
+	}
+}
+
+// The documented filter, go tool pprof -tagfocus rank=3, selects rank 3's
+// samples and no other's; rank 0 is a rank like any other.
+func TestPprofTagfocusRank(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to run go tool pprof")
+	}
+	file := filepath.Join(t.TempDir(), "job.pb.gz")
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WritePprof(f, tracetest.TwoNodesMerged(t), Options{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	for _, rank := range []string{"3", "0"} {
+		out, err := exec.Command(gobin, "tool", "pprof", "-tagfocus", "rank="+rank, "-sample_index=alloc_space", "-traces", file).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go tool pprof: %v\n%s", err, out)
+		}
+		n := 0
+		for _, tr := range strings.Split(string(out), "-----------+-------------------------------------------------------")[1:] {
+			if !strings.Contains(tr, "job_id:") {
+				continue
+			}
+			n++
+			for _, l := range strings.Split(tr, "\n") {
+				if f := strings.Fields(l); len(f) == 2 && f[0] == "rank:" && f[1] != rank {
+					t.Errorf("-tagfocus rank=%s kept a sample of rank %s:\n%s", rank, f[1], tr)
+				}
+			}
+		}
+		if n == 0 {
+			t.Errorf("-tagfocus rank=%s kept no sample:\n%s", rank, out)
+		}
 	}
 }

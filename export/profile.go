@@ -3,6 +3,7 @@ package export
 import (
 	"fmt"
 	"io"
+	"strconv"
 
 	"github.com/google/pprof/profile"
 
@@ -200,11 +201,25 @@ func (b *pprofBuilder) sample(k SampleKey, v *Values) {
 	// names it.
 	locs := b.stack(k.Stack)
 	labels["owner"] = []string{b.owners[k.Stack]}
+	num := map[string][]int64{"pid": {int64(k.Stack.PID)}}
+	var numUnit map[string][]string
+	// The rank is also a number: pprof reads -tagfocus rank=3 as a
+	// numeric range, which matches numeric labels only (the string label
+	// is for Pyroscope and Parca, and -tagfocus 'rank=^3$'). Its unit
+	// keeps rank 0, which pprof's decoder drops from a unitless numeric
+	// label of 0, and matches a filter without one.
+	if rl := labels["rank"]; len(rl) == 1 {
+		if r, err := strconv.Atoi(rl[0]); err == nil {
+			num["rank"] = []int64{int64(r)}
+			numUnit = map[string][]string{"pid": {""}, "rank": {"rank"}}
+		}
+	}
 	b.p.Sample = append(b.p.Sample, &profile.Sample{
 		Location: locs,
 		Value:    v[:],
 		Label:    labels,
-		NumLabel: map[string][]int64{"pid": {int64(k.Stack.PID)}},
+		NumLabel: num,
+		NumUnit:  numUnit,
 	})
 }
 

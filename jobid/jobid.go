@@ -10,7 +10,9 @@
 //   - PyTorch's torchrun (torch.distributed.elastic) sets, in each worker,
 //     RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the node's
 //     rank), MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID (the
-//     rendezvous ID; "none" by default with static rendezvous). Kubeflow's
+//     rendezvous ID; "none" by default with static rendezvous) and
+//     TORCHELASTIC_RESTART_COUNT (how often the agent restarted the
+//     workers: an elastic job's attempt; see Attempt). Kubeflow's
 //     PyTorchJob sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT itself
 //     (and PET_NODE_RANK, PET_NNODES for torchrun in the pod).
 //   - Slurm sets SLURM_JOB_ID, SLURM_STEP_ID, SLURM_PROCID (the task's
@@ -67,6 +69,23 @@ type Identity struct {
 	Vars []string
 }
 
+// Attempt is the attempt of an elastic job the process belongs to (0 the
+// first; torchrun's TORCHELASTIC_RESTART_COUNT, kept in Vars: a trace
+// read back has it), -1 where nothing says.
+func (id *Identity) Attempt() int {
+	if id == nil {
+		return -1
+	}
+	for _, v := range id.Vars {
+		if n, ok := strings.CutPrefix(v, "TORCHELASTIC_RESTART_COUNT="); ok {
+			if a, err := strconv.Atoi(n); err == nil && a >= 0 {
+				return a
+			}
+		}
+	}
+	return -1
+}
+
 // Known reports whether id says anything: a nil Identity says nothing.
 func (id *Identity) Known() bool { return id != nil && (id.Job != "" || id.Rank >= 0) }
 
@@ -100,7 +119,8 @@ func (id *Identity) String() string {
 // Names lists every variable FromEnv reads, for a caller that copies an
 // environment's relevant part.
 var Names = []string{
-	"RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
+	"RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+	"MASTER_ADDR", "MASTER_PORT",
 	"PET_NODE_RANK",
 	"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
 	"SLURM_STEP_NUM_TASKS", "SLURM_JOB_NAME",

@@ -44,6 +44,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -84,15 +85,38 @@ func Write(w io.Writer, ins []Input, tool string) (*Result, error) {
 	m := &merger{res: &Result{}, used: map[uint32]bool{}, next: FirstRenumbered,
 		libs: map[string]bool{}, procs: map[procKey]int{}}
 	defer m.close()
-	for i, in := range ins {
+	type start struct {
+		host       string
+		boot, wall int64
+	}
+	seen := map[start]string{}
+	for _, in := range ins {
 		r, err := tracefile.Open(in.Path)
-		if err != nil {
+		switch {
+		case err != nil && len(ins) > 1 && cutBeforeMeta(err):
+			// A node whose recording stopped before it wrote its
+			// meta (killed at its start): left out, as a window that
+			// could not be fetched is, the others merged.
+			m.warnf("%s left out: %v (its recording stopped before it began)", in.name(), errors.Unwrap(err))
+			continue
+		case err != nil:
 			return nil, err // Open names the path
 		}
-		m.ins = append(m.ins, &input{i: i, in: in, r: r, meta: r.Meta(), pids: map[uint32]uint32{}})
-		if r.Meta().StartWall.IsZero() {
+		meta := r.Meta()
+		k := start{meta.Host, int64(meta.StartBoot), meta.StartWall.UnixNano()}
+		if other, ok := seen[k]; ok {
+			r.Close()
+			return nil, fmt.Errorf("%s and %s are the same trace (%s, started at %s): merged twice, each of its processes would be two",
+				other, in.name(), orUnknown(meta.Host), meta.StartWall.UTC().Format(time.RFC3339Nano))
+		}
+		seen[k] = in.name()
+		m.ins = append(m.ins, &input{i: len(m.ins), in: in, r: r, meta: meta, pids: map[uint32]uint32{}})
+		if meta.StartWall.IsZero() {
 			return nil, fmt.Errorf("%s: its meta has no wall-clock start: it cannot be put on a timeline with others", in.name())
 		}
+	}
+	if len(m.ins) == 0 {
+		return nil, errors.New("no trace to merge: " + strings.Join(m.res.Warnings, "; "))
 	}
 	meta := m.clock(tool)
 	tw, err := tracefile.NewWriter(w, meta)
@@ -405,7 +429,7 @@ func (m *merger) finish() error {
 		return err
 	}
 	end := &tracefile.End{Time: m.last, Events: m.res.Events, Nodes: m.res.Ends,
-		Reason: fmt.Sprintf("merged %d traces", len(m.ins))}
+		Reason: "merged " + traces(len(m.ins))}
 	if err := m.w.WriteEnd(end); err != nil {
 		return err
 	}
@@ -414,6 +438,20 @@ func (m *merger) finish() error {
 
 func (m *merger) warnf(format string, args ...any) {
 	m.res.Warnings = append(m.res.Warnings, fmt.Sprintf(format, args...))
+}
+
+// traces counts traces in words: "1 trace", "2 traces".
+func traces(n int) string {
+	if n == 1 {
+		return "1 trace"
+	}
+	return fmt.Sprintf("%d traces", n)
+}
+
+// cutBeforeMeta reports whether err is a trace's that ends before its
+// meta: an empty file, or one cut in its header or first frame.
+func cutBeforeMeta(err error) bool {
+	return errors.Is(err, tracefile.ErrTruncated) || strings.Contains(err.Error(), "empty file")
 }
 
 func orUnknown(host string) string { return cmp.Or(host, "an unknown host") }

@@ -2,6 +2,7 @@ package merge_test
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -200,5 +201,49 @@ func TestMergeRefusesNonTrace(t *testing.T) {
 	if _, err := merge.Write(io.Discard, []merge.Input{{Path: a}, {Path: nowhere}}, "t"); err == nil ||
 		!strings.Contains(err.Error(), "no wall-clock start") {
 		t.Errorf("err %v", err)
+	}
+}
+
+// The same trace given twice is refused: merged, each of its processes
+// would be two, and a job twice its ranks.
+func TestMergeRefusesTwice(t *testing.T) {
+	a, b := tracetest.TwoNodes(t)
+	copyA := filepath.Join(t.TempDir(), "copy.trace")
+	data, err := os.ReadFile(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(copyA, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, ins := range [][]merge.Input{{{Path: a}, {Path: b}, {Path: a}}, {{Path: a}, {Path: copyA}}} {
+		if _, err := merge.Write(io.Discard, ins, "t"); err == nil || !strings.Contains(err.Error(), "are the same trace") {
+			t.Errorf("merging %v: err %v, want the same trace refused", ins, err)
+		}
+	}
+}
+
+// A node's trace that stops before its meta (its recording killed at its
+// start) is left out with a warning, the others merged, as a window that
+// could not be fetched is.
+func TestMergeLeavesOutHeaderOnly(t *testing.T) {
+	a, b := tracetest.TwoNodes(t)
+	data, err := os.ReadFile(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, n := range []int{0, 8, 64} {
+		cut := filepath.Join(dir, fmt.Sprintf("b-%d.trace", n))
+		if err := os.WriteFile(cut, data[:n], 0o600); err != nil {
+			t.Fatal(err)
+		}
+		path, res := mergeFiles(t, a, cut)
+		if len(res.Nodes) != 1 || len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], cut+" left out") {
+			t.Errorf("%d bytes: nodes %d, warnings %q", n, len(res.Nodes), res.Warnings)
+		}
+		if _, err := replay.Read(path, replay.Options{}); err != nil {
+			t.Errorf("%d bytes: the merged trace: %v", n, err)
+		}
 	}
 }

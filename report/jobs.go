@@ -11,6 +11,7 @@ package report
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -34,7 +35,8 @@ type ProcessJob struct {
 	LocalRank *int     `json:"local_rank,omitempty"`
 	WorldSize int      `json:"world_size,omitempty"`
 	NodeRank  *int     `json:"node_rank,omitempty"`
-	Vars      []string `json:"vars,omitempty"` // the environment variables it was read from
+	Attempt   *int     `json:"attempt,omitempty"` // an elastic job's (torchrun's restart count)
+	Vars      []string `json:"vars,omitempty"`    // the environment variables it was read from
 }
 
 // Identify fills p's job, rank and node from its capture (the agent's OOM
@@ -52,7 +54,7 @@ func (p *Process) Identify(c *procmodel.Capture) {
 		return &n
 	}
 	p.Job = &ProcessJob{ID: id.Job, Name: id.Name, Launcher: id.Launcher, Role: id.Role, Rank: opt(id.Rank),
-		LocalRank: opt(id.LocalRank), WorldSize: id.WorldSize, NodeRank: opt(id.NodeRank), Vars: id.Vars}
+		LocalRank: opt(id.LocalRank), WorldSize: id.WorldSize, NodeRank: opt(id.NodeRank), Attempt: opt(id.Attempt()), Vars: id.Vars}
 }
 
 // Job is one distributed job's processes, ranks side by side.
@@ -69,12 +71,30 @@ type Job struct {
 	Missing      int   `json:"missing,omitempty"`
 	// Unranked are the job's processes without a rank (a Ray driver).
 	Unranked []uint32 `json:"unranked_pids,omitempty"`
+	// Attempt is an elastic job's attempt (torchrun's restart count: each
+	// restart of the workers is a job of its own here); Unnamed numbers
+	// the jobs nothing names (1, 2…: the same launcher's ranks seen again).
+	Attempt *int `json:"attempt,omitempty"`
+	Unnamed int  `json:"unnamed,omitempty"`
+	// TracedRanks counts the ranks the trace has of the job, listed in
+	// Ranks or left out by --rank or --pid.
+	TracedRanks int `json:"traced_ranks"`
+	// Duplicates are ranks more than one process of the job had: started
+	// twice (a batch script running its tasks without srun gives each
+	// SLURM_PROCID 0), or a job the environment does not tell apart.
+	Duplicates []DuplicateRank `json:"duplicate_ranks,omitempty"`
 	// Peak and Live are the ranks' peak and end GPU memory side by side.
 	Peak Spread `json:"peak"`
 	Live Spread `json:"live"`
 	// FirstFailure is the job's first failed allocation, in time across
 	// its ranks and nodes; nil when none failed.
 	FirstFailure *JobFailure `json:"first_failure,omitempty"`
+}
+
+// DuplicateRank is a rank several processes had.
+type DuplicateRank struct {
+	Rank int      `json:"rank"`
+	PIDs []uint32 `json:"pids"`
 }
 
 // Rank is one rank's figures.
@@ -116,14 +136,34 @@ type JobFailure struct {
 	// Held is every process of the job at the failure's moment, by rank:
 	// the GPU memory it held (the failing one's included).
 	Held []Held `json:"held"`
+	// CutShort are the job's nodes whose traces stopped short before the
+	// failure: a failure there after their end is not seen, so this is the
+	// first failure seen, not surely the job's first.
+	CutShort []CutNode `json:"cut_short,omitempty"`
+	// RunningBefore are the job's processes that ran before tracing began
+	// (an attach): memory they made before it is in no traced figure.
+	RunningBefore []uint32 `json:"running_before,omitempty"`
+}
+
+// CutNode is a node whose trace stopped short, and where (its last event,
+// since the start of the trace).
+type CutNode struct {
+	Host    string `json:"host"`
+	Warning string `json:"warning,omitempty"`
+	EndNS   uint64 `json:"end_ns"`
 }
 
 // Held is what one process of a job held at a moment.
 type Held struct {
 	Rank      *int   `json:"rank,omitempty"`
 	PID       uint32 `json:"pid"`
+	NodePID   uint32 `json:"node_pid,omitempty"`
 	Node      string `json:"node"`
 	LiveBytes uint64 `json:"live_bytes"`
+	// BeforeBytes is what the driver (NVML) charged a process that ran
+	// before tracing began beyond its traced memory, at its first sample:
+	// its memory made before the trace, its context included.
+	BeforeBytes uint64 `json:"before_bytes,omitempty"`
 	// NotStarted: it had made no traced call yet; Exited: it had
 	// already ended (what it held was released then).
 	NotStarted bool `json:"not_started,omitempty"`
@@ -194,32 +234,112 @@ func Alignment(ns []Node) (bound time.Duration, ok bool) {
 	return time.Duration(worst[0] + worst[1]), ok
 }
 
-// buildJobs groups the report's processes by job, and finds each job's
-// first failure and what its processes held then (another pass over the
-// trace, up to that moment).
-func buildJobs(t *replay.Trace, rep *Report, frames func(*ledger.Stack) []Frame) ([]Job, error) {
-	byID := map[string]*Job{}
-	var jobs []*Job
-	members := map[string][]*Process{}
+// jobMember is a process of the trace in a job, selected for the report
+// or not: a job's ranks traced are the trace's, whatever --rank chose.
+type jobMember struct {
+	pid      uint32
+	job      *ProcessJob
+	start    uint64
+	selected *Process // nil: left out by --pid or --rank
+}
+
+// jobKey is a job of the report: its ID and, for an elastic job, its
+// attempt (torchrun restarts its workers with the same run ID); jobs
+// without an ID are told apart by their launcher and world size, and a
+// rank seen again begins another (unnamed numbers them).
+type jobKey struct {
+	id       string
+	attempt  int
+	launcher string
+	world    int
+	unnamed  int
+}
+
+// buildJobs groups the trace's processes by job, lists the selected ones
+// as its ranks, and finds each job's first failure and what its processes
+// held then (another pass over the trace, up to that moment). last is each
+// process's latest event (a cut-short node's end).
+func buildJobs(t *replay.Trace, rep *Report, frames func(*ledger.Stack) []Frame, last map[uint32]uint64) ([]Job, error) {
+	selected := map[uint32]*Process{}
 	for i := range rep.Processes {
-		p := &rep.Processes[i]
-		if p.Job == nil {
+		selected[rep.Processes[i].PID] = &rep.Processes[i]
+	}
+	var all []jobMember
+	for _, lp := range t.Ledger.Processes() {
+		c := t.First(lp.PID)
+		if c == nil || !c.Job.Known() {
 			continue
 		}
-		j := byID[p.Job.ID]
-		if j == nil {
-			j = &Job{ID: p.Job.ID, Ranks: []Rank{}}
-			byID[p.Job.ID] = j
-			jobs = append(jobs, j)
+		var tmp Process
+		tmp.Identify(c)
+		if sp := selected[lp.PID]; sp != nil {
+			tmp = *sp
 		}
-		j.Name = cmp.Or(j.Name, p.Job.Name)
-		j.Launcher = cmp.Or(j.Launcher, p.Job.Launcher)
-		j.WorldSize = max(j.WorldSize, p.Job.WorldSize)
+		all = append(all, jobMember{pid: lp.PID, job: tmp.Job, start: c.Start, selected: selected[lp.PID]})
+	}
+	slices.SortStableFunc(all, func(a, b jobMember) int { return cmp.Or(cmp.Compare(a.start, b.start), cmp.Compare(a.pid, b.pid)) })
+	byKey := map[jobKey]*Job{}
+	var keys []jobKey
+	type unnamedGroup struct {
+		key   jobKey
+		ranks map[int]bool
+	}
+	var unnamed []*unnamedGroup
+	members := map[jobKey][]*Process{}
+	traced := map[jobKey]map[int][]uint32{} // rank -> its processes, in the whole trace
+	for _, m := range all {
+		k := jobKey{id: m.job.ID, attempt: -1}
+		if m.job.Attempt != nil {
+			k.attempt = *m.job.Attempt
+		}
+		if k.id == "" {
+			// Nothing names the job (Hydra's PMI_RANK alone): by
+			// launcher and world size, a rank seen again is another job.
+			k.launcher, k.world = m.job.Launcher, m.job.WorldSize
+			var g *unnamedGroup
+			for _, u := range unnamed {
+				if u.key.launcher == k.launcher && u.key.world == k.world && u.key.attempt == k.attempt &&
+					(m.job.Rank == nil || !u.ranks[*m.job.Rank]) {
+					g = u
+					break
+				}
+			}
+			if g == nil {
+				k.unnamed = len(unnamed) + 1
+				g = &unnamedGroup{key: k, ranks: map[int]bool{}}
+				unnamed = append(unnamed, g)
+			}
+			k = g.key
+			if m.job.Rank != nil {
+				g.ranks[*m.job.Rank] = true
+			}
+		}
+		j := byKey[k]
+		if j == nil {
+			j = &Job{ID: k.id, Ranks: []Rank{}, Unnamed: k.unnamed}
+			if k.attempt >= 0 {
+				a := k.attempt
+				j.Attempt = &a
+			}
+			byKey[k] = j
+			keys = append(keys, k)
+			traced[k] = map[int][]uint32{}
+		}
+		j.Name = cmp.Or(j.Name, m.job.Name)
+		j.Launcher = cmp.Or(j.Launcher, m.job.Launcher)
+		j.WorldSize = max(j.WorldSize, m.job.WorldSize)
+		if m.job.Rank != nil {
+			traced[k][*m.job.Rank] = append(traced[k][*m.job.Rank], m.pid)
+		}
+		p := m.selected
+		if p == nil {
+			continue
+		}
 		node := cmp.Or(p.Node, t.Meta.Host)
 		if !slices.Contains(j.Nodes, node) && node != "" {
 			j.Nodes = append(j.Nodes, node)
 		}
-		members[j.ID] = append(members[j.ID], p)
+		members[k] = append(members[k], p)
 		if p.Job.Rank == nil {
 			j.Unranked = append(j.Unranked, p.PID)
 			continue
@@ -228,35 +348,52 @@ func buildJobs(t *replay.Trace, rep *Report, frames func(*ledger.Stack) []Frame)
 			Node: node, Comm: p.Comm, LiveBytes: p.LiveBytes, PeakBytes: p.PeakBytes, PeakTime: p.PeakTime,
 			Failed: p.Failed, Exited: p.Exited})
 	}
-	out := make([]Job, 0, len(jobs))
-	for _, j := range jobs {
+	out := make([]Job, 0, len(keys))
+	for _, k := range keys {
+		j := byKey[k]
+		if len(members[k]) == 0 {
+			continue // every process of it left out by --pid or --rank
+		}
 		slices.Sort(j.Nodes)
 		slices.SortFunc(j.Ranks, func(a, b Rank) int { return cmp.Or(cmp.Compare(a.Rank, b.Rank), cmp.Compare(a.PID, b.PID)) })
-		j.missing()
+		j.TracedRanks = len(traced[k])
+		for _, r := range slices.Sorted(maps.Keys(traced[k])) {
+			if pids := traced[k][r]; len(pids) > 1 {
+				j.Duplicates = append(j.Duplicates, DuplicateRank{Rank: r, PIDs: pids})
+			}
+		}
+		j.missing(traced[k])
 		j.Peak = spread(j.Ranks, func(r Rank) uint64 { return r.PeakBytes })
 		j.Live = spread(j.Ranks, func(r Rank) uint64 { return r.LiveBytes })
-		if err := j.firstFailure(t, members[j.ID], frames); err != nil {
+		if err := j.firstFailure(t, rep, members[k], frames, last); err != nil {
 			return nil, err
 		}
 		out = append(out, *j)
 	}
-	slices.SortFunc(out, func(a, b Job) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b Job) int {
+		return cmp.Or(cmp.Compare(a.ID, b.ID), cmp.Compare(a.Unnamed, b.Unnamed), cmp.Compare(attemptOr(a.Attempt), attemptOr(b.Attempt)))
+	})
 	return out, nil
+}
+
+func attemptOr(a *int) int {
+	if a == nil {
+		return -1
+	}
+	return *a
 }
 
 // maxMissing bounds the missing ranks listed.
 const maxMissing = 64
 
-func (j *Job) missing() {
+// missing lists the ranks below the world size that no process of the
+// trace had (traced: the trace's ranks, selected or not).
+func (j *Job) missing(traced map[int][]uint32) {
 	if j.WorldSize <= 0 || j.WorldSize > 1<<20 {
 		return
 	}
-	have := map[int]bool{}
-	for _, r := range j.Ranks {
-		have[r.Rank] = true
-	}
 	for r := range j.WorldSize {
-		if !have[r] {
+		if len(traced[r]) == 0 {
 			j.Missing++
 			if len(j.MissingRanks) < maxMissing {
 				j.MissingRanks = append(j.MissingRanks, r)
@@ -291,7 +428,7 @@ func spread(ranks []Rank, v func(Rank) uint64) Spread {
 
 // firstFailure finds the earliest failed call of the job's processes,
 // and replays the trace up to it for what each of them held then.
-func (j *Job) firstFailure(t *replay.Trace, procs []*Process, frames func(*ledger.Stack) []Frame) error {
+func (j *Job) firstFailure(t *replay.Trace, rep *Report, procs []*Process, frames func(*ledger.Stack) []Frame, last map[uint32]uint64) error {
 	var first *ledger.Failure
 	var who *Process
 	for _, p := range procs {
@@ -316,12 +453,39 @@ func (j *Job) firstFailure(t *replay.Trace, procs []*Process, frames func(*ledge
 	if first.Time > t.Meta.StartBoot {
 		jf.AfterNS = first.Time - t.Meta.StartBoot
 	}
+	// A node whose trace was cut short before this moment may have had
+	// an earlier failure no one saw: this is the first seen, not surely
+	// the job's first.
+	for _, n := range rep.Nodes {
+		if n.Complete {
+			continue
+		}
+		var end uint64
+		for _, p := range procs {
+			if p.Node == n.Host {
+				end = max(end, last[p.PID])
+			}
+		}
+		if end < first.Time {
+			jf.CutShort = append(jf.CutShort, CutNode{Host: n.Host, Warning: n.Warning, EndNS: end - min(end, t.Meta.StartBoot)})
+		}
+	}
+	// Processes that ran before tracing began (an attach): what they
+	// made before it is in no figure.
+	for _, p := range procs {
+		if c := t.First(p.PID); c != nil && runningBefore(&t.Meta, c.Start) {
+			jf.RunningBefore = append(jf.RunningBefore, p.PID)
+		}
+	}
 	then, err := replay.Read(t.Path, replay.Options{Until: first.Time, FramePointersOnly: true})
 	if err != nil {
 		return fmt.Errorf("the ledger at the job's first failure: %w", err)
 	}
 	for _, p := range procs {
-		h := Held{Rank: p.Job.Rank, PID: p.PID, Node: cmp.Or(p.Node, t.Meta.Host)}
+		h := Held{Rank: p.Job.Rank, PID: p.PID, NodePID: p.NodePID, Node: cmp.Or(p.Node, t.Meta.Host)}
+		if p.NVML != nil && p.NVML.HeldBeforeBytes > 0 {
+			h.BeforeBytes = uint64(p.NVML.HeldBeforeBytes)
+		}
 		switch lp := then.Ledger.Process(p.PID); {
 		case lp == nil:
 			h.NotStarted = true

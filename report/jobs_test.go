@@ -83,9 +83,9 @@ func TestJobReport(t *testing.T) {
 		"Job slurm:42.0 (train): 4 ranks of 4 on 2 nodes (node-a, node-b)",
 		"Peak per rank: 1.0 MiB (rank 0) to 10.0 MiB (rank 1), mean 4.5 MiB: the highest is 2.22× the mean",
 		"First failure in the job: rank 2 (pid 100) on node-b, 3s into the trace at 12:00:02.000000 UTC: cudaMalloc of 64.0 GiB on gpu 0 failed: cudaErrorMemoryAllocation (2)",
-		"   0  node-a  100 (4194305)   1.0 MiB   1.0 MiB       0",
-		"   1  node-a            101  10.0 MiB  10.0 MiB       1",
-		"   2  node-b      100   3.0 MiB  failed",
+		"   0  node-a  node-a:100   1.0 MiB   1.0 MiB       0",
+		"   1  node-a         101  10.0 MiB  10.0 MiB       1",
+		"   2  node-b         100   3.0 MiB  failed",
 	} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text lacks %q:\n%s", want, text.String())

@@ -18,8 +18,8 @@ import (
 )
 
 // label names a process in the report's lines after its PID:
-// "python3, rank 3, node-b" ("…, node-b pid 4242" where the merge
-// renumbered it).
+// "python3, rank 3, node-b" ("…, node-b:4242" where the merge renumbered
+// it, as everywhere: pidText).
 func (p *Process) label() string {
 	parts := []string{p.Comm}
 	if p.Job != nil && p.Job.Rank != nil {
@@ -27,11 +27,21 @@ func (p *Process) label() string {
 	}
 	switch {
 	case p.Node != "" && p.NodePID != 0:
-		parts = append(parts, fmt.Sprintf("%s pid %d", p.Node, p.NodePID))
+		parts = append(parts, pidText(p.PID, p.Node, p.NodePID))
 	case p.Node != "":
 		parts = append(parts, p.Node)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// pidText is how a job's text names a process: its PID, or, where the
+// merge renumbered it (another node had its PID), NODE:PID as its node
+// knew it, which --pid takes as well as the merged number.
+func pidText(pid uint32, node string, nodePID uint32) string {
+	if nodePID != 0 {
+		return node + ":" + strconv.FormatUint(uint64(nodePID), 10)
+	}
+	return strconv.FormatUint(uint64(pid), 10)
 }
 
 // idColumns are the process table's identity columns present.
@@ -161,9 +171,26 @@ func (r *Report) writeNodes(w io.Writer) {
 // the job's first failure with what every rank held then.
 func (r *Report) writeJobs(w io.Writer) {
 	for _, j := range r.Jobs {
-		name := cmp.Or(j.ID, "a job no variable names")
+		name := j.ID
+		if j.ID == "" {
+			// Nothing in the environment names it (MPICH's and Intel
+			// MPI's Hydra set PMI_RANK alone).
+			name = "without an ID"
+			if j.Launcher != "" {
+				name += " (" + j.Launcher + " ranks: their launcher sets none)"
+			}
+			if j.Unnamed > 1 || slices.ContainsFunc(r.Jobs, func(o Job) bool { return o.ID == "" && o.Unnamed > 1 }) {
+				name = fmt.Sprintf("#%d %s", j.Unnamed, name)
+			}
+		}
 		if j.Name != "" && !strings.HasSuffix(j.ID, ":"+j.Name) {
 			name += " (" + j.Name + ")"
+		}
+		if j.Attempt != nil {
+			name += fmt.Sprintf(", attempt %d", *j.Attempt)
+			if *j.Attempt > 0 {
+				name += fmt.Sprintf(" (restarted %s by torchrun)", times(*j.Attempt))
+			}
 		}
 		of := ""
 		if j.WorldSize > 0 {
@@ -173,9 +200,22 @@ func (r *Report) writeJobs(w io.Writer) {
 		if len(j.Nodes) > 0 {
 			on = fmt.Sprintf(" on %s (%s)", plural(uint64(len(j.Nodes)), "node"), strings.Join(j.Nodes, ", "))
 		}
-		fmt.Fprintf(w, "\nJob %s: %d ranks%s%s\n", name, len(j.Ranks), of, on)
+		shown := plural(uint64(len(j.Ranks)), "rank") + of
+		if ranked := len(j.Ranks); ranked < j.TracedRanks {
+			shown = fmt.Sprintf("%s shown of the %d traced%s (the others left out by --rank or --pid)", plural(uint64(ranked), "rank"),
+				j.TracedRanks, strings.Replace(of, " of", ", world size", 1))
+		}
+		fmt.Fprintf(w, "\nJob %s: %s%s\n", name, shown, on)
 		if j.Missing > 0 {
-			fmt.Fprintf(w, "Note: %s traced: %s\n", plural(uint64(j.Missing), "rank was not"), intList(j.MissingRanks, j.Missing))
+			fmt.Fprintf(w, "Note: %s not traced: %s\n", wasWere(j.Missing, "rank"), intList(j.MissingRanks, j.Missing))
+		}
+		for _, d := range j.Duplicates {
+			pids := make([]string, len(d.PIDs))
+			for i, p := range d.PIDs {
+				pids[i] = strconv.FormatUint(uint64(p), 10)
+			}
+			fmt.Fprintf(w, "WARNING: rank %d is %d processes' (pids %s): started twice (a batch script that runs its tasks without srun gives each SLURM_PROCID 0), or two jobs nothing tells apart; each is listed\n",
+				d.Rank, len(d.PIDs), strings.Join(pids, ", "))
 		}
 		if len(j.Ranks) == 0 {
 			continue
@@ -184,11 +224,7 @@ func (r *Report) writeJobs(w io.Writer) {
 		t := table{right: []bool{true, false, true, true, true, true}}
 		t.add("RANK", "NODE", "PID", "PEAK", "LIVE", "FAILED")
 		for _, rk := range j.Ranks {
-			pid := fmt.Sprint(rk.PID)
-			if rk.NodePID != 0 {
-				pid = fmt.Sprintf("%d (%d)", rk.NodePID, rk.PID)
-			}
-			t.add(strconv.Itoa(rk.Rank), rk.Node, pid, units.Bytes(rk.PeakBytes), units.Bytes(rk.LiveBytes), fmt.Sprint(rk.Failed))
+			t.add(strconv.Itoa(rk.Rank), rk.Node, pidText(rk.PID, rk.Node, rk.NodePID), units.Bytes(rk.PeakBytes), units.Bytes(rk.LiveBytes), fmt.Sprint(rk.Failed))
 		}
 		if err := t.write(w); err != nil {
 			fmt.Fprintf(w, "%v", err)
@@ -199,21 +235,34 @@ func (r *Report) writeJobs(w io.Writer) {
 				units.Bytes(p.MinBytes), p.MinRank, units.Bytes(p.MaxBytes), p.MaxRank, units.Bytes(p.MeanBytes), p.Imbalance)
 		}
 		if f := j.FirstFailure; f != nil {
-			who := fmt.Sprintf("pid %d", f.PID)
+			who := "pid " + pidText(f.PID, f.Node, f.NodePID)
 			if f.Rank != nil {
-				who = fmt.Sprintf("rank %d (pid %d)", *f.Rank, cmp.Or(f.NodePID, f.PID))
+				who = fmt.Sprintf("rank %d (pid %s)", *f.Rank, pidText(f.PID, f.Node, f.NodePID))
 			}
 			at := ""
 			if when, err := time.Parse(time.RFC3339Nano, f.Time); err == nil {
 				at = " at " + when.Format("15:04:05.000000 MST")
 			}
-			fmt.Fprintf(w, "\nFirst failure in the job: %s on %s, %s into the trace%s: %s of %s on gpu %s failed: %s (%d)\n",
-				who, orUnknown(f.Node), roundAge(time.Duration(f.AfterNS)), at, f.API, units.Bytes(f.Size),
+			first := "First failure in the job"
+			if len(f.CutShort) > 0 {
+				first = "First failure seen in the job"
+			}
+			fmt.Fprintf(w, "\n%s: %s on %s, %s into the trace%s: %s of %s on gpu %s failed: %s (%d)\n",
+				first, who, orUnknown(f.Node), roundAge(time.Duration(f.AfterNS)), at, f.API, units.Bytes(f.Size),
 				events.DeviceName(f.Device), f.Error, f.Result)
+			for _, c := range f.CutShort {
+				fmt.Fprintf(w, "WARNING: the trace of %s stops %s into the trace, before this failure (%s): a failure of its ranks after that is not seen, so this may not be the job's first\n",
+					orUnknown(c.Host), roundAge(time.Duration(c.EndNS)), cmp.Or(c.Warning, "cut short"))
+			}
 			writeFrames(w, f.Frames)
 			fmt.Fprintln(w, "What each of the job's processes held then:")
-			t := table{right: []bool{true, false, true, true, false}}
-			t.add("RANK", "NODE", "PID", "LIVE", "")
+			before := slices.ContainsFunc(f.Held, func(h Held) bool { return h.BeforeBytes > 0 })
+			t := table{right: []bool{true, false, true, true, before, false}}
+			if before {
+				t.add("RANK", "NODE", "PID", "LIVE", "BEFORE TRACING", "")
+			} else {
+				t.add("RANK", "NODE", "PID", "LIVE", "")
+			}
 			for _, h := range f.Held {
 				rank, note := "-", ""
 				if h.Rank != nil {
@@ -227,13 +276,52 @@ func (r *Report) writeJobs(w io.Writer) {
 				case h.Exited:
 					note = "had exited"
 				}
-				t.add(rank, h.Node, fmt.Sprint(h.PID), units.Bytes(h.LiveBytes), note)
+				if before {
+					b := ""
+					if h.BeforeBytes > 0 {
+						b = units.Bytes(h.BeforeBytes)
+					}
+					t.add(rank, h.Node, pidText(h.PID, h.Node, h.NodePID), units.Bytes(h.LiveBytes), b, note)
+				} else {
+					t.add(rank, h.Node, pidText(h.PID, h.Node, h.NodePID), units.Bytes(h.LiveBytes), note)
+				}
 			}
 			if err := t.write(w); err != nil {
 				fmt.Fprintf(w, "%v", err)
 			}
+			if n := len(f.RunningBefore); n > 0 {
+				what := "their processes were"
+				if n == 1 {
+					what = "one of its processes was"
+				}
+				extra := ""
+				if before {
+					extra = "; BEFORE TRACING is what the driver (NVML) charged beyond the traced memory at its first sample, the CUDA context included"
+				}
+				fmt.Fprintf(w, "Note: tracing began while %s running (%d of %d: attached): LIVE is what each made since; memory made before is not in it%s\n",
+					what, n, len(f.Held), extra)
+			}
 		}
 	}
+}
+
+// wasWere says n things were: "rank 3 was", "3 ranks were".
+func wasWere(n int, what string) string {
+	if n == 1 {
+		return "1 " + what + " was"
+	}
+	return fmt.Sprintf("%d %ss were", n, what)
+}
+
+// times writes a count of times: once, twice, 3 times.
+func times(n int) string {
+	switch n {
+	case 1:
+		return "once"
+	case 2:
+		return "twice"
+	}
+	return fmt.Sprintf("%d times", n)
 }
 
 // intList writes the first of n numbers, and how many more.

@@ -51,6 +51,28 @@ type liveAt struct {
 	Stack  *ledger.Stack
 	Device int32
 	Size   uint64
+	Count  uint64 // allocations of Size bytes in all; 0 is one
+}
+
+// OwnerLive is GPU memory a live view holds: Count allocations of Bytes in
+// all, made from Stack on Device.
+type OwnerLive struct {
+	Stack        *ledger.Stack
+	Device       int32
+	Bytes, Count uint64
+}
+
+// LiveOwners is where process pid's GPU memory went, as a live view (the
+// agent's page) holds it: end, what it holds now, and peak, its live set
+// at its peak; ownerOf names each stack's owner.
+func LiveOwners(pid uint32, end, peak []OwnerLive, ownerOf func(*ledger.Stack) owner.Owner) ProcessOwners {
+	at := func(rows []OwnerLive) func(int) liveAt {
+		return func(i int) liveAt {
+			r := rows[i]
+			return liveAt{Stack: r.Stack, Device: r.Device, Size: r.Bytes, Count: r.Count}
+		}
+	}
+	return ProcessOwners{PID: pid, End: shares(len(end), at(end), ownerOf), Peak: shares(len(peak), at(peak), ownerOf)}
 }
 
 // owners caches the owner of each stack of one trace.
@@ -94,7 +116,7 @@ func shares(n int, at func(i int) liveAt, ownerOf func(*ledger.Stack) owner.Owne
 			by[k] = s
 		}
 		s.LiveBytes += a.Size
-		s.LiveCount++
+		s.LiveCount += max(a.Count, 1)
 	}
 	out := make([]OwnerShare, 0, len(by))
 	for _, s := range by {

@@ -20,3 +20,7 @@ func (r *Report) WriteHeader(w io.Writer) error {
 // stack of these frames (innermost first) counts in, each once: its Python
 // lines (or functions) where it has any, else its native ones.
 func ViewKeys(frames []Frame, by By) []string { return viewKeys(frames, by) }
+
+// PathKey is what makes two stacks of a process one call path in the
+// report (its stacks' entries): the page merges the same ones.
+func PathKey(pid uint32, frames []Frame) string { return pathKey(pid, frames) }

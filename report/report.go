@@ -256,7 +256,8 @@ type Frame struct {
 
 // Short names f in a few words, the same in every process that runs the
 // same files: "function (file:line)", the function alone, or the module's
-// base name and offset; "" for a frame with none of them. The agent's
+// base name and offset (its address where the offset is not known: this
+// process's only); "" for a frame with none of them. The agent's
 // stack label and record's budget lines use it.
 func (f Frame) Short() string {
 	switch {
@@ -264,8 +265,12 @@ func (f Frame) Short() string {
 		return fmt.Sprintf("%s (%s:%d)", f.Function, path.Base(f.File), f.Line)
 	case f.Function != "":
 		return f.Function
-	case f.Module != "":
+	case f.Module != "" && f.Offset != 0:
 		return fmt.Sprintf("%s+%#x", path.Base(f.Module), f.Offset)
+	case f.Module != "":
+		// Its file's headers were not read: its address, never "+0x0",
+		// which every such frame of the module would read.
+		return fmt.Sprintf("%s@%s", path.Base(f.Module), f.Address)
 	}
 	return ""
 }
@@ -306,11 +311,14 @@ type StackShare struct {
 
 // Leak is a group of old allocations still live at the end, from one stack.
 type Leak struct {
-	PID         uint32  `json:"pid"`
-	LiveBytes   uint64  `json:"live_bytes"`
-	LiveCount   uint64  `json:"live_count"`
-	OldestAgeNS uint64  `json:"oldest_age_ns"` // before the end of the trace
-	Frames      []Frame `json:"frames"`
+	PID         uint32 `json:"pid"`
+	LiveBytes   uint64 `json:"live_bytes"`
+	LiveCount   uint64 `json:"live_count"`
+	OldestAgeNS uint64 `json:"oldest_age_ns"` // before the end of the trace
+	// Host: pinned host memory (cudaHostAlloc and the like), not GPU
+	// memory, which LIVE does not count; a stack with both is two.
+	Host   bool    `json:"host,omitempty"`
+	Frames []Frame `json:"frames"`
 }
 
 // Interval is one process's use of one device over one interval: the
@@ -380,6 +388,12 @@ func Load(path string, opts Options) (*Report, error) {
 			vf.onEvent(ev, ch)
 			return fol.onEvent(ev, ch)
 		}
+	}
+	last := map[uint32]uint64{} // each process's latest event: where a cut-short node's trace ends
+	follow := onEvent
+	onEvent = func(ev *events.Event, ch ledger.Change) error {
+		last[ev.PID] = max(last[ev.PID], ev.End())
+		return follow(ev, ch)
 	}
 	t, err := replay.Read(path, replay.Options{OnEvent: onEvent, OnNVML: nv.onNVML})
 	if err != nil {
@@ -496,7 +510,7 @@ func Load(path string, opts Options) (*Report, error) {
 		}
 	}
 	rep.Nodes = nodes(t)
-	if rep.Jobs, err = buildJobs(t, rep, frames); err != nil {
+	if rep.Jobs, err = buildJobs(t, rep, frames, last); err != nil {
 		return nil, err
 	}
 	if n := syms.Gone(); n > 0 {
@@ -517,24 +531,30 @@ func nonNil[T any](s []T) []T {
 func leaks(t *replay.Trace, opts *Options, frames func(*ledger.Stack) []Frame) []Leak {
 	type group struct {
 		st           *ledger.Stack
+		host         bool
 		bytes, count uint64
 		oldest       uint64 // time of the oldest allocation
+	}
+	type key struct {
+		st   *ledger.Stack
+		host bool
 	}
 	var groups []*group
 	for _, p := range t.Ledger.Processes() {
 		if !opts.selected(p.PID) {
 			continue
 		}
-		by := map[*ledger.Stack]*group{}
+		by := map[key]*group{}
 		segs, _ := p.AtEnd() // an ended process: what it held at exit
 		for _, a := range segs {
 			if a.Time > t.Last || t.Last-a.Time < uint64(opts.MinAge) {
 				continue
 			}
-			g := by[a.Stack]
+			k := key{a.Stack, a.API.Info().Kind == events.KindHost}
+			g := by[k]
 			if g == nil {
-				g = &group{st: a.Stack, oldest: a.Time}
-				by[a.Stack] = g
+				g = &group{st: a.Stack, host: k.host, oldest: a.Time}
+				by[k] = g
 				groups = append(groups, g)
 			}
 			g.bytes += a.Size
@@ -544,12 +564,19 @@ func leaks(t *replay.Trace, opts *Options, frames func(*ledger.Stack) []Frame) [
 	}
 	slices.SortFunc(groups, func(a, b *group) int {
 		return cmp.Or(cmp.Compare(b.bytes, a.bytes), cmp.Compare(b.count, a.count), cmp.Compare(a.st.PID, b.st.PID),
-			slices.Compare(a.st.Frames, b.st.Frames))
+			slices.Compare(a.st.Frames, b.st.Frames), cmp.Compare(b2int(a.host), b2int(b.host)))
 	})
 	out := []Leak{}
 	for _, g := range groups {
 		out = append(out, Leak{PID: g.st.PID, LiveBytes: g.bytes, LiveCount: g.count, OldestAgeNS: t.Last - g.oldest,
-			Frames: frames(g.st)})
+			Host: g.host, Frames: frames(g.st)})
 	}
 	return out
+}
+
+func b2int(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
 }

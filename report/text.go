@@ -405,10 +405,18 @@ func (r *Report) writeLeaks(w io.Writer, comm map[uint32]string) {
 	}
 	n := min(len(r.Leaks), r.topN())
 	fmt.Fprintf(w, "\nLeak candidates, live at the end and older than %s (%d of %d stacks):\n", age, n, len(r.Leaks))
+	host := false
 	for i, l := range r.Leaks[:n] {
-		fmt.Fprintf(w, "\n[%d] %s in %s, the oldest %s old; pid %d (%s)\n", i+1, units.Bytes(l.LiveBytes),
+		what := ""
+		if l.Host {
+			what, host = " of pinned host memory", true
+		}
+		fmt.Fprintf(w, "\n[%d] %s%s in %s, the oldest %s old; pid %d (%s)\n", i+1, units.Bytes(l.LiveBytes), what,
 			plural(l.LiveCount, "allocation"), roundAge(time.Duration(l.OldestAgeNS)), l.PID, comm[l.PID])
 		writeFrames(w, l.Frames)
+	}
+	if host {
+		fmt.Fprintln(w, "\nPinned host memory (cudaHostAlloc and the like) is host memory the driver keeps page-locked, not GPU memory: the process table's LIVE leaves it out (HOST-LIVE has it).")
 	}
 }
 

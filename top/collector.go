@@ -40,8 +40,13 @@ type Snapshot struct {
 
 // Process is one traced process at a refresh.
 type Process struct {
-	PID        uint32
-	Comm       string
+	PID  uint32
+	Comm string
+	// Job and Rank are its place in a distributed job (its environment as
+	// it started); Ranked says whether it has a rank.
+	Job        string
+	Rank       int
+	Ranked     bool
 	Live, Peak uint64 // GPU memory, as the report counts it
 	LiveCount  int    // live allocations of GPU memory
 	// TensorLive is the bytes of live tensors (PyTorch's blocks, inside
@@ -227,6 +232,12 @@ func (c *Collector) snapshot(res *record.Result, sel uint32, now time.Time) *Sna
 	for _, p := range res.Ledger.Processes() {
 		row := Process{PID: p.PID, Comm: p.Comm, Live: p.Live, Peak: p.Peak, LiveCount: c.gpuLive[p.PID], TensorLive: p.TensorLive,
 			Allocs: p.Allocs, AllocBytes: p.AllocBytes}
+		if pr := c.procs.Get(p.PID); pr != nil && pr.First != nil {
+			row.Job = pr.First.JobID()
+			if pr.First.Ranked() {
+				row.Rank, row.Ranked = pr.First.Rank(), true
+			}
+		}
 		if res.NVML != nil {
 			row.NVMLUsed, row.Listed = res.NVML.Used(p.PID)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -57,8 +58,15 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		out = append(out, t.lines()...)
 		add("")
 	}
+	// JOB and RANK where some process has them (as report's columns).
+	ranked := slices.ContainsFunc(s.Processes, func(p Process) bool { return p.Job != "" || p.Ranked })
 	t := &table{right: []bool{false, true, false, true, true, true, true, true, true, true, false}}
-	t.add(" ", "PID", "COMM", "LIVE", "PEAK", "TENSORS", "NVML-USED", "REMAINDER", "ALLOCS/S", "BYTES/S", "MOST BY")
+	head := []string{" ", "PID", "COMM", "LIVE", "PEAK", "TENSORS", "NVML-USED", "REMAINDER", "ALLOCS/S", "BYTES/S", "MOST BY"}
+	if ranked {
+		t.right = slices.Insert(t.right, 3, false, true)
+		head = slices.Insert(head, 3, "JOB", "RANK")
+	}
+	t.add(head...)
 	var sel *Process
 	for i := range s.Processes {
 		p := &s.Processes[i]
@@ -78,8 +86,16 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 		if len(p.Owners) > 0 {
 			most = p.Owners[0].Owner
 		}
-		t.add(mark, fmt.Sprint(p.PID), p.Comm, units.Bytes(p.Live), units.Bytes(p.Peak), tensors, used, rem,
-			fmt.Sprintf("%.1f", p.AllocRate), units.Bytes(uint64(p.ByteRate)), most)
+		row := []string{mark, fmt.Sprint(p.PID), p.Comm, units.Bytes(p.Live), units.Bytes(p.Peak), tensors, used, rem,
+			fmt.Sprintf("%.1f", p.AllocRate), units.Bytes(uint64(p.ByteRate)), most}
+		if ranked {
+			rank := ""
+			if p.Ranked {
+				rank = fmt.Sprint(p.Rank)
+			}
+			row = slices.Insert(row, 3, p.Job, rank)
+		}
+		t.add(row...)
 	}
 	out = append(out, t.lines()...)
 	if len(s.Processes) == 0 {
@@ -88,11 +104,11 @@ func Screen(s *Snapshot, v View, frames Frames) []string {
 	if sel != nil && sel.Allocs == 0 && sel.Listed {
 		add("")
 		add("pid %d (%s): no allocation traced; NVML charges it %s: it allocated before tracing began, or through a library not probed (--lib)",
-			sel.PID, sel.Comm, units.Bytes(sel.NVMLUsed))
+			sel.PID, sel.who(), units.Bytes(sel.NVMLUsed))
 	} else if sel != nil {
 		add("")
 		add("pid %d (%s): %s of GPU memory live in %d allocations, peak %s; %d allocations, %s, since tracing began",
-			sel.PID, sel.Comm, units.Bytes(sel.Live), sel.LiveCount, units.Bytes(sel.Peak), sel.Allocs, units.Bytes(sel.AllocBytes))
+			sel.PID, sel.who(), units.Bytes(sel.Live), sel.LiveCount, units.Bytes(sel.Peak), sel.Allocs, units.Bytes(sel.AllocBytes))
 		if len(sel.Owners) > 0 {
 			by := make([]string, len(sel.Owners))
 			for i, o := range sel.Owners {
@@ -242,4 +258,18 @@ func plural(n uint64) string {
 		return ""
 	}
 	return "s"
+}
+
+// who names p after its PID: its command, and its rank and job where it
+// has them.
+func (p *Process) who() string {
+	switch {
+	case p.Ranked && p.Job != "":
+		return fmt.Sprintf("%s, rank %d of %s", p.Comm, p.Rank, p.Job)
+	case p.Ranked:
+		return fmt.Sprintf("%s, rank %d", p.Comm, p.Rank)
+	case p.Job != "":
+		return p.Comm + ", of " + p.Job
+	}
+	return p.Comm
 }

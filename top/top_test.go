@@ -191,6 +191,20 @@ func TestScreen(t *testing.T) {
 	if want := "pid 9 (jax): no allocation traced; NVML charges it 4.0 KiB: it allocated before tracing began, or through a library not probed (--lib)"; !contains(lines, want) {
 		t.Errorf("no line %q in\n%s", want, strings.Join(lines, "\n"))
 	}
+	// Ranks of a job: JOB and RANK columns, and the selected one named by
+	// them.
+	s = testSnapshot()
+	s.Processes[0].Job, s.Processes[0].Rank, s.Processes[0].Ranked = "slurm:42.0", 3, true
+	lines = Screen(s, View{Selected: 4242, Width: 200, Height: 30}, frames)
+	for _, want := range []string{
+		"    PID  COMM     JOB         RANK     LIVE     PEAK  TENSORS  NVML-USED   REMAINDER  ALLOCS/S  BYTES/S  MOST BY",
+		">  4242  python3  slurm:42.0     3  2.0 GiB  2.5 GiB  1.0 GiB    2.3 GiB  +300.0 MiB       2.5  1.0 MiB  pytorch",
+		"pid 4242 (python3, rank 3 of slurm:42.0): 2.0 GiB of GPU memory live in 3 allocations, peak 2.5 GiB; 10 allocations, 3.0 GiB, since tracing began",
+	} {
+		if !contains(lines, want) {
+			t.Errorf("no line %q in\n%s", want, strings.Join(lines, "\n"))
+		}
+	}
 	// A small terminal: clipped to its size.
 	small := Screen(testSnapshot(), View{Selected: 77, Width: 20, Height: 5}, frames)
 	if len(small) != 5 || small[4] != "  1    512 B    512 " || len([]rune(small[0])) != 20 {

@@ -173,5 +173,23 @@ func TestUIRefreshesInChromium(t *testing.T) {
 	if live := b.Text(t, "#live"); !strings.HasPrefix(live, "live: updated ") {
 		t.Errorf("the page says %q of its refresh", live)
 	}
+	// By call path, each path keeps its colour across refreshes, though a
+	// larger one comes first; the owners table is filled, as exported.
+	b.Select(t, "#split", "path")
+	var before, after map[string]string
+	b.Eval(t, `cudatrace.colors()`, &before)
+	send(events.Event{API: events.CudaMalloc, Addr: 0x20000000, Size: 9 << 20, Device: 0, Stack: []uint64{0xa3}})
+	b.Wait(t, `cudatrace.refreshes >= 2 && document.getElementById('summary').textContent.includes('peak 17.0 MiB')`, 15*time.Second)
+	b.Eval(t, `cudatrace.colors()`, &after)
+	for name, c := range before {
+		if after[name] != c {
+			t.Errorf("path %q was %s, %s after a refresh (%v, then %v)", name, c, after[name], before, after)
+		}
+	}
+	var owners int
+	b.Eval(t, `document.querySelectorAll('#owners tr').length - 1`, &owners)
+	if owners < 1 {
+		t.Errorf("the live page's table by owner is empty")
+	}
 	b.CheckClean(t, url, srv.URL+"/ui/data")
 }

@@ -136,7 +136,8 @@ already use:
             device, api, kind, level and owner (who asked for it: pytorch,
             nccl, cublas, ... application; -tagfocus owner=nccl); job_id
             and rank for the ranks of a distributed job, node in a merged
-            trace (-tagfocus rank=3).
+            trace (-tagfocus rank=3; rank is also a number
+            label, so rank=3:5 keeps ranks 3 to 5).
             inuse_* is the live set at --at.
   memviz    a pickle that https://pytorch.org/memory_viz and
             'python -m torch.cuda._memory_viz' open, like the snapshot of

@@ -59,7 +59,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"report", good, "--interval", "-5s"}, "--interval -5s: must not be negative", "e.g. --interval 30s"},
 		{[]string{"report", good, "--interval", "soon"}, `--interval "soon": want a duration such as 30s or 5m`, "see `cudatrace report --help`"},
 		{[]string{"report", good, "--pid", "999"}, "pid 999 is not in the trace", "the trace has pid 7"},
-		{[]string{"report", good, "--pid", "-1"}, `--pid "-1": not a process ID (want a whole number from 1 to 4294967295)`, "see `cudatrace report --help`"},
+		{[]string{"report", good, "--pid", "-1"}, `--pid "-1": not a process ID (want a whole number from 1 to 4294967295, or NODE:PID in a merged trace)`, "see `cudatrace report --help`"},
 		{[]string{"report", good, "--rank", "0"}, "--rank: no process of the trace has a rank", "choose processes with --pid"},
 		{[]string{"report", good, "--job", "slurm:1"}, "--job chooses the job of --rank", "add --rank N"},
 		{[]string{"export", good, "-f", "memviz", "--rank", "x", "-o", out}, `--rank "x": want a whole number`, "see `cudatrace export --help`"},

@@ -102,11 +102,18 @@ func runMerge(cmd *cobra.Command, f *mergeFlags, args []string) error {
 		hosts = append(hosts, n.Host)
 	}
 	renumbered := ""
-	if res.Renumbered > 0 {
-		renumbered = fmt.Sprintf("; %d processes numbered anew (their PID was another node's: node_pid keeps theirs)", res.Renumbered)
+	count := func(n int, what string) string {
+		if n == 1 {
+			return "1 " + what
+		}
+		return fmt.Sprintf("%d %ss", n, what)
 	}
-	cmd.PrintErrf("cudatrace: merged %d traces (%s), %d events, into %s%s\n", len(res.Nodes), strings.Join(hosts, ", "),
-		res.Events, f.output, renumbered)
+	if res.Renumbered > 0 {
+		renumbered = fmt.Sprintf("; %s numbered anew (their PID was another node's: node_pid keeps theirs)",
+			strings.Replace(count(res.Renumbered, "process"), "processs", "processes", 1))
+	}
+	cmd.PrintErrf("cudatrace: merged %s (%s), %s, into %s%s\n", count(len(res.Nodes), "trace"), strings.Join(hosts, ", "),
+		count(int(res.Events), "event"), f.output, renumbered)
 	cmd.PrintErrf("cudatrace: clocks: %s\n", clocks(res.Nodes))
 	return nil
 }

@@ -20,7 +20,7 @@ func TestMergeCLI(t *testing.T) {
 	a, b := tracetest.TwoNodes(t)
 	out := filepath.Join(t.TempDir(), "job.trace")
 	code, _, stderr := runCLI("merge", a, b, "-o", out)
-	if code != 0 || !strings.Contains(stderr, "cudatrace: merged 2 traces (node-a, node-b), 8 events, into "+out+"; 1 processes numbered anew") ||
+	if code != 0 || !strings.Contains(stderr, "cudatrace: merged 2 traces (node-a, node-b), 8 events, into "+out+"; 1 process numbered anew") ||
 		!strings.Contains(stderr, "clocks: node-a synchronized (estimated error 1ms); node-b synchronized (estimated error 1ms)") {
 		t.Fatalf("merge: exit %d\n%s", code, stderr)
 	}
@@ -54,6 +54,19 @@ func TestMergeCLI(t *testing.T) {
 	}
 	if got := ranks("--pid", "4194305"); !reflect.DeepEqual(got, map[int]string{0: "node-a"}) {
 		t.Errorf("--pid %d: %v", merge.FirstRenumbered, got)
+	}
+	// A renumbered process as report shows it, NODE:PID; and one that kept
+	// its PID, by its node.
+	if got := ranks("--pid", "node-a:100"); !reflect.DeepEqual(got, map[int]string{0: "node-a"}) {
+		t.Errorf("--pid node-a:100: %v", got)
+	}
+	if got := ranks("--pid", "node-b:100"); !reflect.DeepEqual(got, map[int]string{2: "node-b"}) {
+		t.Errorf("--pid node-b:100: %v", got)
+	}
+	// A job the trace lacks is said to be lacking, not a rank.
+	code, _, stderr = runCLI("report", out, "--rank", "1", "--job", "nope")
+	if code != 1 || !strings.Contains(stderr, "cudatrace: --job nope: no such job in the trace") || strings.Contains(stderr, "rank 1 is not") {
+		t.Errorf("--job nope: exit %d\n%s", code, stderr)
 	}
 	code, _, stderr = runCLI("report", out, "--rank", "7")
 	if code != 1 || !strings.Contains(stderr, "cudatrace: rank 7 is not in the trace") ||

@@ -21,13 +21,33 @@ import (
 // tracePIDs is --pid of the verbs that read a trace: a process ID, or
 // one of the numbers above 4194304 (the kernel's PID_MAX_LIMIT) a merged
 // trace gives the processes whose PID another node had.
-type tracePIDs struct{ pidList }
+//
+// NODE:PID names a merged trace's process as its node knew it (how report
+// shows one the merge renumbered): selection finds its number.
+type tracePIDs struct {
+	pidList
+	onNode []nodePID
+}
+
+type nodePID struct {
+	node string
+	pid  uint32
+}
 
 func (p *tracePIDs) Set(s string) error {
 	for _, f := range strings.Split(s, ",") {
-		v, err := strconv.ParseUint(strings.TrimSpace(f), 10, 32)
-		if err != nil || v == 0 {
-			return fmt.Errorf("not a process ID (want a whole number from 1 to %d)", uint32(math.MaxUint32))
+		f = strings.TrimSpace(f)
+		node, num, onNode := strings.Cut(f, ":")
+		if !onNode {
+			num = f
+		}
+		v, err := strconv.ParseUint(num, 10, 32)
+		if err != nil || v == 0 || onNode && node == "" {
+			return fmt.Errorf("not a process ID (want a whole number from 1 to %d, or NODE:PID in a merged trace)", uint32(math.MaxUint32))
+		}
+		if onNode {
+			p.onNode = append(p.onNode, nodePID{node, uint32(v)})
+			continue
 		}
 		p.pidList = append(p.pidList, uint32(v))
 	}
@@ -38,7 +58,7 @@ func (p *tracePIDs) Set(s string) error {
 // processes of the --rank ranks (of --job). Empty: every process.
 func (f *readFlags) selection(trace string) ([]uint32, error) {
 	pids := slices.Clone(f.pids.pidList)
-	if len(f.ranks) == 0 {
+	if len(f.ranks) == 0 && len(f.pids.onNode) == 0 {
 		if f.job != "" {
 			return nil, hint.Wrap(errors.New("--job chooses the job of --rank"), "add --rank N")
 		}
@@ -47,6 +67,23 @@ func (f *readFlags) selection(trace string) ([]uint32, error) {
 	procs, err := replay.Processes(trace)
 	if err != nil {
 		return nil, err
+	}
+	for _, np := range f.pids.onNode {
+		found := false
+		for pid, c := range procs {
+			if c.Node == np.node && (c.NodePID == np.pid || c.NodePID == 0 && pid == np.pid) {
+				pids, found = append(pids, pid), true
+			}
+		}
+		if !found {
+			return nil, hint.Wrap(fmt.Errorf("--pid %s:%d: no such process in the trace", np.node, np.pid), "report lists its processes, with their node")
+		}
+	}
+	if len(f.ranks) == 0 {
+		if f.job != "" {
+			return nil, hint.Wrap(errors.New("--job chooses the job of --rank"), "add --rank N")
+		}
+		return pids, nil
 	}
 	jobs := map[string]bool{}
 	have := map[string][]int{} // what the trace has: each job's ranks
@@ -68,6 +105,13 @@ func (f *readFlags) selection(trace string) ([]uint32, error) {
 	}
 	if len(have) == 0 {
 		return nil, hint.Wrap(errors.New("--rank: no process of the trace has a rank"), "choose processes with --pid")
+	}
+	if _, ok := have[f.job]; f.job != "" && !ok {
+		var says []string
+		for _, job := range slices.Sorted(maps.Keys(have)) {
+			says = append(says, jobName(job))
+		}
+		return nil, hint.Wrap(fmt.Errorf("--job %s: no such job in the trace", f.job), "its jobs: "+strings.Join(says, ", "))
 	}
 	if len(jobs) > 1 {
 		return nil, hint.Wrap(fmt.Errorf("--rank: the trace has %d jobs", len(jobs)), "say which with --job ("+

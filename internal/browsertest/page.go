@@ -74,11 +74,14 @@ func (b *Browser) Tab(t testing.TB, tab string) {
 func (b *Browser) DragTime(t testing.TB, t0, t1 uint64) (from, to uint64) {
 	t.Helper()
 	var pos struct{ X0, X1, Y float64 }
-	b.Eval(t, fmt.Sprintf(`(() => { const r = document.getElementById('timeline').getBoundingClientRect();
+	// From the whole trace: a drag zooms the chart to the window, and the
+	// Range tab follows it (the whole trace: no range).
+	b.Eval(t, fmt.Sprintf(`(() => { const z = document.getElementById('zoom-all'); if (z && !z.disabled) z.click();
+		const r = document.getElementById('timeline').getBoundingClientRect();
 		return {x0: r.left + cudatrace.xOfT(%d), x1: r.left + cudatrace.xOfT(%d), y: r.top + r.height / 2}; })()`, t0, t1), &pos)
 	b.Drag(t, pos.X0, pos.X1, pos.Y)
 	var rng struct{ T0, T1 uint64 }
-	b.Eval(t, `(() => { const r = cudatrace.state.range; return r ? {t0: cudatrace.tOfJ(r.j0), t1: cudatrace.tOfJ(r.j1)} : {t0: 0, t1: 0}; })()`, &rng)
+	b.Eval(t, `(() => { const r = cudatrace.state.range; return r ? {t0: cudatrace.tOfJ(r.j0), t1: cudatrace.tOfJ(r.j1)} : {t0: 0, t1: cudatrace.tOfJ(cudatrace.endJ())}; })()`, &rng)
 	if rng.T1 == 0 {
 		t.Fatalf("dragging from %d to %d ns selected no range", t0, t1)
 	}
@@ -117,4 +120,49 @@ func FrameText(function, file string, line int, module, address string) string {
 		return name + " " + module
 	}
 	return name
+}
+
+// ClickTime clicks the chart at t ns (in the window it shows), and
+// returns the moment the page chose: its time in ns.
+func (b *Browser) ClickTime(t testing.TB, tm uint64) uint64 {
+	t.Helper()
+	var pos struct{ X, Y float64 }
+	b.Eval(t, fmt.Sprintf(`(() => { const r = document.getElementById('timeline').getBoundingClientRect();
+		return {x: r.left + cudatrace.xOfT(%d), y: r.top + r.height / 2}; })()`, tm), &pos)
+	b.Click(t, pos.X, pos.Y)
+	var m struct{ Kind string }
+	var at uint64
+	b.Eval(t, `cudatrace.state.moment`, &m)
+	if m.Kind != "t" {
+		t.Fatalf("clicking at %d ns chose a moment of kind %q, not an exact time", tm, m.Kind)
+	}
+	b.Eval(t, `cudatrace.state.moment.t`, &at)
+	return at
+}
+
+// Misaligned lists the cells of the tables under sel whose figures do not
+// sit under their heading: a right-aligned figure's right edge against
+// its heading's text's, a left-aligned one's left edge likewise (within
+// two pixels), as "table: heading: cell".
+func (b *Browser) Misaligned(t testing.TB, sel string) []string {
+	t.Helper()
+	var out []string
+	b.Eval(t, fmt.Sprintf(`(() => {
+		const edge = (el) => { const r = document.createRange(); r.selectNodeContents(el); const b = r.getBoundingClientRect(); return [b.left, b.right]; };
+		const out = [];
+		for (const tb of document.querySelectorAll(%q)) {
+			const head = [...tb.querySelectorAll('tr:first-child th')];
+			for (const tr of [...tb.querySelectorAll('tr')].slice(1, 6)) {
+				const tds = [...tr.children];
+				if (tds.length !== head.length) continue;
+				tds.forEach((td, i) => {
+					if (td.textContent === '' || head[i].textContent === '' || td.offsetParent === null) return;
+					const [hl, hr] = edge(head[i]), [dl, dr] = edge(td);
+					const right = getComputedStyle(td).textAlign === 'right';
+					if (right ? Math.abs(hr - dr) > 2 : Math.abs(hl - dl) > 2) out.push(tb.id + ': ' + head[i].textContent + ': ' + td.textContent);
+				});
+			}
+		}
+		return out; })()`, sel), &out)
+	return out
 }
