@@ -29,6 +29,7 @@ import (
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/otlp"
 	"github.com/cudatrace/cudatrace/owner"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
@@ -64,8 +65,14 @@ type Options struct {
 	// pass over the live set (the metrics without process labels have
 	// no use for them).
 	NoTopStacks bool
-	Version     string
-	Stderr      io.Writer // warnings
+	// OTLP, when set, receives the live profile every OTLPInterval
+	// (otlp.go); OTLPResource are resource attributes of every process
+	// pushed (host.name, k8s.node.name, service.name).
+	OTLP         *otlp.Exporter
+	OTLPInterval time.Duration
+	OTLPResource map[string]string
+	Version      string
+	Stderr       io.Writer // warnings
 }
 
 // Defaults.
@@ -109,6 +116,7 @@ type Agent struct {
 	stopped chan struct{} // closed by Close
 	dumps   chan *oomDump
 	dumper  chan struct{} // closed when the dump goroutine is done
+	pusher  chan struct{} // closed when the OTLP push goroutine is done (nil: none)
 
 	// Owned by the reader goroutine.
 	ledger     *ledger.Ledger
@@ -117,6 +125,8 @@ type Agent struct {
 	allocs     map[export.SampleKey]*[2]int64 // cumulative allocations per sample
 	scraped    map[export.SampleKey][2]int64  // allocs at the last profile scrape
 	lastScrape time.Time
+	pushed     map[export.SampleKey][2]int64 // allocs at the last OTLP push (otlp.go)
+	lastPush   time.Time
 	node       map[devLevel]*nodeUse
 	totals     Totals
 	res        record.Result // counters and the NVML sample as of the last Tick
@@ -236,14 +246,19 @@ func New(opts Options) *Agent {
 		model:   procmodel.New(),
 		allocs:  map[export.SampleKey]*[2]int64{},
 		scraped: map[export.SampleKey][2]int64{},
+		pushed:  map[export.SampleKey][2]int64{},
 		node:    map[devLevel]*nodeUse{},
 		hist:    newRecorder(opts.HistoryEvents, opts.HistoryBudget),
 	}
-	a.lastScrape = a.start
+	a.lastScrape, a.lastPush = a.start, a.start
 	if !opts.NoSymbolize {
 		a.syms = symbolize.New()
 	}
 	go a.dumpLoop()
+	if opts.OTLP != nil {
+		a.pusher = make(chan struct{})
+		go a.pushLoop()
+	}
 	return a
 }
 
@@ -258,6 +273,9 @@ func (a *Agent) Close() {
 	close(a.stopped)
 	close(a.dumps)
 	<-a.dumper
+	if a.pusher != nil {
+		<-a.pusher
+	}
 	for _, s := range a.subs {
 		s.end()
 	}
@@ -558,6 +576,7 @@ func (a *Agent) forget(pid uint32) {
 	for _, k := range ps.keys {
 		delete(a.allocs, k)
 		delete(a.scraped, k)
+		delete(a.pushed, k)
 	}
 	delete(a.procs, pid)
 	a.hist.forget(pid)
