@@ -35,11 +35,12 @@ func (a *Agent) pushLoop() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), every)
-		if err := a.Push(ctx); err != nil && err != ErrStopped {
+		// No deadline: a copy given up on after the reader goroutine made
+		// it would lose its allocations (the baseline moved). A slow
+		// reader delays the next push (the ticker drops what it missed).
+		if err := a.Push(context.Background()); err != nil && err != ErrStopped {
 			a.warn("OTLP push: %v", err)
 		}
-		cancel()
 	}
 }
 

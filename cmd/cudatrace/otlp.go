@@ -109,11 +109,12 @@ func (f *otlpFlags) resource() (map[string]string, error) {
 
 // exporter starts an exporter of the flags' options, its queue queue
 // bytes ("" for the default).
-func (f *otlpFlags) exporter(stderr io.Writer, queue string) (*otlp.Exporter, error) {
+func (f *otlpFlags) exporter(stderr io.Writer, queue string, retries time.Duration) (*otlp.Exporter, error) {
 	o, err := f.options(stderr)
 	if err != nil {
 		return nil, err
 	}
+	o.MaxElapsed = retries
 	if queue != "" {
 		q, err := parseBytes(queue)
 		if err != nil || q < 1<<10 || q > 1<<34 {
@@ -131,6 +132,10 @@ func (f *otlpFlags) exporter(stderr io.Writer, queue string) (*otlp.Exporter, er
 	return e, nil
 }
 
+// exportRetries bounds the retries of `export --format otlp`: someone
+// waits for it.
+const exportRetries = 15 * time.Second
+
 // sendOTLP sends the trace's profile to --otlp-endpoint, with the
 // exporter's retries, and says what was sent.
 func sendOTLP(cmd *cobra.Command, f *otlpFlags, trace string, opts export.Options) error {
@@ -138,7 +143,7 @@ func sendOTLP(cmd *cobra.Command, f *otlpFlags, trace string, opts export.Option
 	if err != nil {
 		return err
 	}
-	e, err := f.exporter(cmd.ErrOrStderr(), "")
+	e, err := f.exporter(cmd.ErrOrStderr(), "", exportRetries)
 	if err != nil {
 		return err
 	}
