@@ -61,6 +61,10 @@ type Options struct {
 	// Pods names the Kubernetes pod, namespace and container of a
 	// process in a pod, from the kubelet's pod-resources API; nil: none.
 	Pods *kube.Lister
+	// Runtime names a process in a pod from its container's labels, over
+	// the container runtime's CRI, by the container ID of its cgroup (exact
+	// on any GPU sharing); nil: none.
+	Runtime *kube.CRI
 	// NoTopStacks leaves Stats.TopStacks empty, sparing each Stats its
 	// pass over the live set (the metrics without process labels have
 	// no use for them).
@@ -146,6 +150,7 @@ type procState struct {
 	seen      time.Time  // when the agent first saw it
 	names     kube.Names // its container's, once known (namesOf)
 	named     bool
+	exact     bool      // named by the container runtime (CRI), not by GPU
 	exitedAt  time.Time // zero while it runs
 	lastDump  time.Time
 	ooms      uint64
@@ -325,6 +330,9 @@ func (a *Agent) Process(c *procmodel.Capture) {
 			// A process in a pod: the kubelet's list may not have its
 			// container yet (namesOf wants one taken after it was seen).
 			a.opts.Pods.Refresh()
+			// Asked of the runtime now, so its names are there by the
+			// time a scrape or an OOM dump wants them.
+			a.opts.Runtime.Names(c.Container)
 		}
 		ps.container = container.Info{ID: c.Container, PodUID: c.Pod}
 	}
@@ -507,14 +515,29 @@ func (a *Agent) scanExits() {
 // its GPU to a pod that had it before). Only a process in a pod (its
 // cgroup names one) is named: a host process on a pod's GPU is not the
 // pod's. Once named, a process keeps its names.
+//
+// The container runtime's answer (Options.Runtime, over the CRI: the
+// kubelet's labels on the process's own container, by the container ID of
+// its cgroup) comes first and is exact whatever the GPU sharing; the join
+// by GPU is for where the runtime's socket is not reachable.
 func (a *Agent) namesOf(pid uint32, ps *procState) kube.Names {
-	if ps.named || ps.container.PodUID == "" || a.opts.Pods == nil {
+	if ps.exact || ps.container.PodUID == "" {
+		return ps.names
+	}
+	if p, ok := a.opts.Runtime.Names(ps.container.ID); ok {
+		// A pod UID that disagrees with the cgroup's is not this pod's.
+		if p.UID == "" || p.UID == ps.container.PodUID {
+			ps.names, ps.named, ps.exact = p.Names, true, true
+			return ps.names
+		}
+	}
+	if ps.named || a.opts.Pods == nil {
 		return ps.names
 	}
 	if ps.container.ID != "" {
 		for _, o := range a.procs {
 			if o.named && o.container == ps.container {
-				ps.names, ps.named = o.names, true
+				ps.names, ps.named, ps.exact = o.names, true, o.exact
 				return ps.names
 			}
 		}
@@ -559,7 +582,9 @@ func (a *Agent) podNames(pids []uint32) map[uint32]kube.Names {
 		out[pid] = n
 	}
 	for pid, n := range out {
-		if clash[[2]string{n.Namespace, n.Pod}] {
+		// The runtime's names are the process's own container's: only
+		// a join by GPU can give another pod's.
+		if clash[[2]string{n.Namespace, n.Pod}] && !a.procs[pid].exact {
 			delete(out, pid)
 		}
 	}

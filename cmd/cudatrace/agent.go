@@ -53,6 +53,7 @@ func (f *agentFlags) bind(fl *pflag.FlagSet) {
 	fl.IntVar(&f.historyEvents, "history-events", agent.DefaultHistoryEvents, "latest events kept per process for /snapshot and the OOM dumps (the flight recorder; 0: none)")
 	fl.StringVar(&f.historyBudget, "history-budget", "128MiB", "memory all processes' histories may take together (the newest are kept)")
 	fl.StringVar(&f.podResources, "pod-resources-socket", kube.DefaultSocket, `the kubelet's pod-resources socket, for the pod, namespace and container labels ("" reads none; absent: no names)`)
+	fl.StringVar(&f.criSocket, "cri-socket", "auto", `the container runtime's CRI socket (containerd's, CRI-O's), for the names of every process in a pod by its own container; auto: the first of `+strings.Join(kube.CRISockets, ", ")+` that exists; "" asks none`)
 	f.otlpFlags.bind(fl)
 	fl.DurationVar(&f.otlpInterval, "otlp-interval", agent.DefaultOTLPInterval, "with --otlp-endpoint: how often the profiles are pushed (inuse_* the live set then, alloc_* the allocations since the last push)")
 	fl.StringVar(&f.otlpQueue, "otlp-queue-size", "32MiB", "with --otlp-endpoint: the most encoded pushes kept while the receiver is down or slow (the oldest are dropped past it, and counted)")
@@ -106,11 +107,20 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 		pods = kube.Start(kube.Options{Socket: f.podResources, Stderr: stderr})
 		defer pods.Close()
 	}
-	aopts := agent.Options{Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
+	var runtime *kube.CRI
+	if f.criSocket != "" {
+		sock := f.criSocket
+		if sock == "auto" {
+			sock = ""
+		}
+		runtime = kube.StartCRI(kube.CRIOptions{Socket: sock, Stderr: stderr})
+		defer runtime.Close()
+	}
+	aopts := agent.Options{Runtime: runtime, Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
 		HistoryEvents: historyEvents, HistoryBudget: int64(budget),
 		NoSymbolize: f.noSymbolize, Pods: pods, NoTopStacks: !f.processLabels, Version: version, Stderr: stderr}
 	if f.endpoint != "" {
-		exp, err := f.exporter(stderr, f.otlpQueue)
+		exp, err := f.exporter(stderr, f.otlpQueue, 0)
 		if err != nil {
 			return err
 		}
