@@ -150,8 +150,9 @@ type procState struct {
 	seen      time.Time  // when the agent first saw it
 	names     kube.Names // its container's, once known (namesOf)
 	named     bool
-	exact     bool      // named by the container runtime (CRI), not by GPU
-	exitedAt  time.Time // zero while it runs
+	exact     bool            // named by the container runtime (CRI), not by GPU
+	acct      *ledger.Process // its account in the session's ledger, from its latest event
+	exitedAt  time.Time       // zero while it runs
 	lastDump  time.Time
 	ooms      uint64
 	keys      []export.SampleKey
@@ -372,6 +373,7 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 		ps = &procState{}
 		a.procs[p.PID] = ps
 	}
+	ps.acct = p
 	if ch.Stack != nil {
 		a.model.Bind(p.PID, ch.Stack)
 	}
