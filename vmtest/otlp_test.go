@@ -416,7 +416,7 @@ func TestAgentOTLP(t *testing.T) {
 	// Back: the pushes arrive again, with the live set of now.
 	os.Remove(col.out)
 	col.start(t)
-	latest, _ = settled(t, 2)
+	settled(t, 2) // the pushes arrive again
 	time.Sleep(time.Second)
 	latest, _ = settled(t, len(col.received(t))+1)
 	p = fetchProfile(t, ctx, ag.url+"/debug/pprof/cuda_memory")
