@@ -29,6 +29,7 @@ import (
 	"github.com/cudatrace/cudatrace/export"
 	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/otlp"
 	"github.com/cudatrace/cudatrace/owner"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
@@ -60,12 +61,22 @@ type Options struct {
 	// Pods names the Kubernetes pod, namespace and container of a
 	// process in a pod, from the kubelet's pod-resources API; nil: none.
 	Pods *kube.Lister
+	// Runtime names a process in a pod from its container's labels, over
+	// the container runtime's CRI, by the container ID of its cgroup (exact
+	// on any GPU sharing); nil: none.
+	Runtime *kube.CRI
 	// NoTopStacks leaves Stats.TopStacks empty, sparing each Stats its
 	// pass over the live set (the metrics without process labels have
 	// no use for them).
 	NoTopStacks bool
-	Version     string
-	Stderr      io.Writer // warnings
+	// OTLP, when set, receives the live profile every OTLPInterval
+	// (otlp.go); OTLPResource are resource attributes of every process
+	// pushed (host.name, k8s.node.name, service.name).
+	OTLP         *otlp.Exporter
+	OTLPInterval time.Duration
+	OTLPResource map[string]string
+	Version      string
+	Stderr       io.Writer // warnings
 }
 
 // Defaults.
@@ -109,6 +120,7 @@ type Agent struct {
 	stopped chan struct{} // closed by Close
 	dumps   chan *oomDump
 	dumper  chan struct{} // closed when the dump goroutine is done
+	pusher  chan struct{} // closed when the OTLP push goroutine is done (nil: none)
 
 	// Owned by the reader goroutine.
 	ledger     *ledger.Ledger
@@ -117,6 +129,8 @@ type Agent struct {
 	allocs     map[export.SampleKey]*[2]int64 // cumulative allocations per sample
 	scraped    map[export.SampleKey][2]int64  // allocs at the last profile scrape
 	lastScrape time.Time
+	pushed     map[export.SampleKey][2]int64 // allocs at the last OTLP push (otlp.go)
+	lastPush   time.Time
 	node       map[devLevel]*nodeUse
 	totals     Totals
 	res        record.Result // counters and the NVML sample as of the last Tick
@@ -136,7 +150,9 @@ type procState struct {
 	seen      time.Time  // when the agent first saw it
 	names     kube.Names // its container's, once known (namesOf)
 	named     bool
-	exitedAt  time.Time // zero while it runs
+	exact     bool            // named by the container runtime (CRI), not by GPU
+	acct      *ledger.Process // its account in the session's ledger, from its latest event
+	exitedAt  time.Time       // zero while it runs
 	lastDump  time.Time
 	ooms      uint64
 	keys      []export.SampleKey
@@ -236,14 +252,19 @@ func New(opts Options) *Agent {
 		model:   procmodel.New(),
 		allocs:  map[export.SampleKey]*[2]int64{},
 		scraped: map[export.SampleKey][2]int64{},
+		pushed:  map[export.SampleKey][2]int64{},
 		node:    map[devLevel]*nodeUse{},
 		hist:    newRecorder(opts.HistoryEvents, opts.HistoryBudget),
 	}
-	a.lastScrape = a.start
+	a.lastScrape, a.lastPush = a.start, a.start
 	if !opts.NoSymbolize {
 		a.syms = symbolize.New()
 	}
 	go a.dumpLoop()
+	if opts.OTLP != nil {
+		a.pusher = make(chan struct{})
+		go a.pushLoop()
+	}
 	return a
 }
 
@@ -258,6 +279,9 @@ func (a *Agent) Close() {
 	close(a.stopped)
 	close(a.dumps)
 	<-a.dumper
+	if a.pusher != nil {
+		<-a.pusher
+	}
 	for _, s := range a.subs {
 		s.end()
 	}
@@ -307,6 +331,9 @@ func (a *Agent) Process(c *procmodel.Capture) {
 			// A process in a pod: the kubelet's list may not have its
 			// container yet (namesOf wants one taken after it was seen).
 			a.opts.Pods.Refresh()
+			// Asked of the runtime now, so its names are there by the
+			// time a scrape or an OOM dump wants them.
+			a.opts.Runtime.Names(c.Container)
 		}
 		ps.container = container.Info{ID: c.Container, PodUID: c.Pod}
 	}
@@ -346,6 +373,7 @@ func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 		ps = &procState{}
 		a.procs[p.PID] = ps
 	}
+	ps.acct = p
 	if ch.Stack != nil {
 		a.model.Bind(p.PID, ch.Stack)
 	}
@@ -489,14 +517,29 @@ func (a *Agent) scanExits() {
 // its GPU to a pod that had it before). Only a process in a pod (its
 // cgroup names one) is named: a host process on a pod's GPU is not the
 // pod's. Once named, a process keeps its names.
+//
+// The container runtime's answer (Options.Runtime, over the CRI: the
+// kubelet's labels on the process's own container, by the container ID of
+// its cgroup) comes first and is exact whatever the GPU sharing; the join
+// by GPU is for where the runtime's socket is not reachable.
 func (a *Agent) namesOf(pid uint32, ps *procState) kube.Names {
-	if ps.named || ps.container.PodUID == "" || a.opts.Pods == nil {
+	if ps.exact || ps.container.PodUID == "" {
+		return ps.names
+	}
+	if p, ok := a.opts.Runtime.Names(ps.container.ID); ok {
+		// A pod UID that disagrees with the cgroup's is not this pod's.
+		if p.UID == "" || p.UID == ps.container.PodUID {
+			ps.names, ps.named, ps.exact = p.Names, true, true
+			return ps.names
+		}
+	}
+	if ps.named || a.opts.Pods == nil {
 		return ps.names
 	}
 	if ps.container.ID != "" {
 		for _, o := range a.procs {
 			if o.named && o.container == ps.container {
-				ps.names, ps.named = o.names, true
+				ps.names, ps.named, ps.exact = o.names, true, o.exact
 				return ps.names
 			}
 		}
@@ -541,7 +584,9 @@ func (a *Agent) podNames(pids []uint32) map[uint32]kube.Names {
 		out[pid] = n
 	}
 	for pid, n := range out {
-		if clash[[2]string{n.Namespace, n.Pod}] {
+		// The runtime's names are the process's own container's: only
+		// a join by GPU can give another pod's.
+		if clash[[2]string{n.Namespace, n.Pod}] && !a.procs[pid].exact {
 			delete(out, pid)
 		}
 	}
@@ -558,6 +603,7 @@ func (a *Agent) forget(pid uint32) {
 	for _, k := range ps.keys {
 		delete(a.allocs, k)
 		delete(a.scraped, k)
+		delete(a.pushed, k)
 	}
 	delete(a.procs, pid)
 	a.hist.forget(pid)

@@ -47,7 +47,7 @@ func BenchmarkScrape(b *testing.B) {
 	// goroutine, for comparison.
 	b.Run("profile", func(b *testing.B) {
 		for b.Loop() {
-			if _, _, err := a.profile(0); err != nil {
+			if _, _, err := a.profile(0, a.scraped, &a.lastScrape); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -42,6 +42,10 @@ type oomDump struct {
 	// names are the kubelet's names of its container, when known.
 	names kube.Names
 	first *procmodel.Capture // its first capture (its job and rank); nil if none
+	// The node then: every other running traced process (oom_node.go),
+	// and the node's traced memory by device.
+	node     []nodeProc
+	nodeDevs []OOMNodeDevice
 }
 
 // OOMReport is the JSON file of the OOM black box: the failed call and
@@ -62,7 +66,11 @@ type OOMReport struct {
 	// History says what of the process's latest events the memviz file's
 	// device_traces hold (the flight recorder's), the failure the last.
 	History OOMHistory `json:"history"`
-	Files   OOMFiles   `json:"files"`
+	// Node is what every other traced process on the node held at that
+	// moment, by device, with its job and rank, and the live sets of the
+	// same job's ranks.
+	Node  *OOMNode `json:"node"`
+	Files OOMFiles `json:"files"`
 }
 
 // OOMHistory is the span of events an OOM dump carries.
@@ -96,7 +104,8 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 		ctx:  report.ContextOf(p, ev.Device, oomStacks),
 		segs: p.LiveAllocations(), maps: p.Mappings(), tensors: p.LiveTensors(), level: p.TensorAllocs > 0}
 	d.proc.Container, d.proc.PodUID = ps.container.ID, ps.container.PodUID
-	d.names = a.podNames(a.pids())[p.PID]
+	names := a.podNames(a.pids())
+	d.names = names[p.PID]
 	d.free = nvmlFree(a.res.NVML, ev.Device)
 	if c := a.model.Get(p.PID); c != nil && c.First != nil {
 		d.proc.Cmdline = c.First.Cmdline
@@ -112,6 +121,7 @@ func (a *Agent) oom(ev *events.Event, ch ledger.Change, ps *procState) {
 		d.src.add(a, al.Stack)
 	}
 	d.src.addHistory(a, d.history)
+	a.oomNode(p.PID, d.first, ev.Device, names, d)
 	select {
 	case a.dumps <- d:
 	default:
@@ -207,7 +217,7 @@ func (a *Agent) oomReport(d *oomDump, files OOMFiles) *OOMReport {
 		Container: p.Container, PodUID: p.PodUID, Files: files,
 		Namespace: d.names.Namespace, Pod: d.names.Pod, ContainerName: d.names.Container,
 		Failure: report.NewFailure(d.pid, &d.failure, &d.ctx, a.wall, frames), Process: *p,
-		History: OOMHistory{Events: len(d.history)}}
+		History: OOMHistory{Events: len(d.history)}, Node: d.nodeReport()}
 	if len(d.history) > 0 {
 		r.History.Since = a.wall(d.history[0].End).Format(time.RFC3339Nano)
 	}

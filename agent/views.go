@@ -16,6 +16,7 @@ import (
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/otlp"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/report"
 	"github.com/cudatrace/cudatrace/symbolize"
@@ -103,6 +104,8 @@ type Stats struct {
 	Maps       []record.MapUse
 	ExitsSwept uint64
 	MapsFull   uint64 // the reader's own updates that found a map full (BPF's: Counters["map_full"])
+	// OTLP is the OTLP exporter's counters; nil without one.
+	OTLP *otlp.Stats
 }
 
 // Stats copies the agent's state.
@@ -215,6 +218,10 @@ func (a *Agent) stats() *Stats {
 	for k, v := range a.res.Counters {
 		s.Counters[k] = v
 	}
+	if a.opts.OTLP != nil {
+		o := a.opts.OTLP.Stats()
+		s.OTLP = &o
+	}
 	pids := a.pids()
 	names := a.podNames(pids)
 	for _, pid := range pids {
@@ -268,7 +275,7 @@ func (a *Agent) Profile(ctx context.Context, w io.Writer, pid uint32) error {
 		src *liveStacks
 		err error
 	)
-	if rerr := a.do(ctx, func() { lp, src, err = a.profile(pid) }); rerr != nil {
+	if rerr := a.do(ctx, func() { lp, src, err = a.profile(pid, a.scraped, &a.lastScrape) }); rerr != nil {
 		return rerr
 	}
 	if err != nil {
@@ -277,7 +284,10 @@ func (a *Agent) Profile(ctx context.Context, w io.Writer, pid uint32) error {
 	return export.WriteLivePprof(w, lp, src)
 }
 
-func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
+// profile copies the live set of pid (0: every process) and the
+// allocations since the baseline's (the pprof scrapes' or the OTLP pushes'),
+// which it moves to now (a whole profile only: since *last).
+func (a *Agent) profile(pid uint32, baseline map[export.SampleKey][2]int64, last *time.Time) (*export.LiveProfile, *liveStacks, error) {
 	pids := a.pids()
 	if pid != 0 {
 		if a.ledger.Process(pid) == nil {
@@ -287,11 +297,11 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 	}
 	now := time.Now()
 	lp := &export.LiveProfile{Samples: export.Samples{}, Comm: map[uint32]string{}, Labels: map[uint32]map[string]string{}, Time: now,
-		Duration: now.Sub(a.lastScrape),
+		Duration: now.Sub(*last),
 		Comment: fmt.Sprintf("cudatrace agent: GPU memory; inuse_* is the live set at %s, alloc_* the allocations since %s",
-			now.Format(time.RFC3339), a.lastScrape.Format(time.RFC3339))}
+			now.Format(time.RFC3339), last.Format(time.RFC3339))}
 	if pid == 0 {
-		a.lastScrape = now
+		*last = now
 	}
 	names := a.podNames(a.pids())
 	for _, pid := range pids {
@@ -312,11 +322,11 @@ func (a *Agent) profile(pid uint32) (*export.LiveProfile, *liveStacks, error) {
 		lp.Samples.AddLive(p.LiveAllocations(), p.LiveTensors())
 		for _, k := range ps.keys {
 			v := a.allocs[k]
-			old := a.scraped[k]
+			old := baseline[k]
 			if d0, d1 := v[0]-old[0], v[1]-old[1]; d0 != 0 || d1 != 0 {
 				lp.Samples.AddAlloc(k, d0, d1)
 			}
-			a.scraped[k] = *v
+			baseline[k] = *v
 		}
 	}
 	src := a.stacksFor()

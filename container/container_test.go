@@ -24,6 +24,15 @@ func TestFromPath(t *testing.T) {
 			id, "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"},
 		{"/kubepods.slice/kubepods-pod7c5a1f2e_3b4d_4e5f_8a9b_0c1d2e3f4a5b.slice/crio-" + id + ".scope",
 			id, "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"},
+		// Docker (cri-dockerd) under the kubelet's systemd driver.
+		{"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod7c5a1f2e_3b4d_4e5f_8a9b_0c1d2e3f4a5b.slice/docker-" + id + ".scope",
+			id, "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"},
+		// CRI-O under the cgroupfs driver.
+		{"/kubepods/burstable/pod7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b/crio-" + id, id, "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"},
+		// Read from a cgroup namespace of its own (the agent's pod's, on
+		// cgroup v2): the path is relative to the reader's root.
+		{"/../../kubepods-burstable-pod7c5a1f2e_3b4d_4e5f_8a9b_0c1d2e3f4a5b.slice/cri-containerd-" + id + ".scope",
+			id, "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"},
 		// The pause container's pod, no container below it yet.
 		{"/kubepods/besteffort/pod7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b", "", "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"},
 		// 63 hex digits is no container ID.
@@ -47,6 +56,15 @@ func TestParse(t *testing.T) {
 	in, err := Parse(strings.NewReader(v1))
 	if err != nil || in.ID != id || in.PodUID != "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b" {
 		t.Errorf("v1: %+v %v", in, err)
+	}
+	// cgroup v1 with the systemd driver: containerd's and CRI-O's scopes.
+	for _, scope := range []string{"cri-containerd-", "crio-"} {
+		v1 = "11:memory:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7c5a1f2e_3b4d_4e5f_8a9b_0c1d2e3f4a5b.slice/" + scope + id + ".scope\n" +
+			"1:name=systemd:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7c5a1f2e_3b4d_4e5f_8a9b_0c1d2e3f4a5b.slice/" + scope + id + ".scope\n"
+		in, err = Parse(strings.NewReader(v1))
+		if err != nil || in.ID != id || in.PodUID != "7c5a1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b" {
+			t.Errorf("v1, systemd driver, %s: %+v %v", scope, in, err)
+		}
 	}
 	in, err = Parse(strings.NewReader("0::/system.slice/docker-" + id + ".scope\n"))
 	if err != nil || in.ID != id || in.PodUID != "" || in.Cgroup != "/system.slice/docker-"+id+".scope" {

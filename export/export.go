@@ -33,11 +33,14 @@ const (
 	FormatPerfetto Format = "perfetto"
 	FormatJSON     Format = "json"
 	FormatHTML     Format = "html"
+	// FormatOTLP is OpenTelemetry's profiles signal: an export request,
+	// protobuf-encoded (otlp.go).
+	FormatOTLP Format = "otlp"
 )
 
 // Formats lists the formats, in the order --help shows them.
 func Formats() []Format {
-	return []Format{FormatPprof, FormatMemviz, FormatPerfetto, FormatJSON, FormatHTML}
+	return []Format{FormatPprof, FormatMemviz, FormatPerfetto, FormatJSON, FormatHTML, FormatOTLP}
 }
 
 // ParseFormat checks a --format value.
@@ -103,6 +106,9 @@ type Options struct {
 	// Warn, when set, hears what the output could not say: frames of
 	// container processes nothing could name.
 	Warn func(msg string)
+	// OTLP is what the OTLP export adds to the profile (resource
+	// attributes).
+	OTLP OTLPOptions
 }
 
 // warnGone tells opts.Warn how many frames syms could not name.
@@ -205,6 +211,8 @@ func Write(w io.Writer, path string, f Format, opts Options) error {
 		return WriteJSON(w, path, opts)
 	case FormatHTML:
 		return WriteHTML(w, path, opts)
+	case FormatOTLP:
+		return WriteOTLP(w, path, opts, opts.OTLP)
 	}
 	_, err := ParseFormat(string(f))
 	return err

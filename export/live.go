@@ -9,6 +9,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/google/pprof/profile"
+
 	"github.com/cudatrace/cudatrace/ledger"
 )
 
@@ -31,6 +33,11 @@ type LiveProfile struct {
 // profile's shape, with the labels of WritePprof's (and those of
 // lp.Labels), symbolized through src.
 func WriteLivePprof(w io.Writer, lp *LiveProfile, src Stacks) error {
+	return writeGzipped(w, livePprof(lp, src))
+}
+
+// livePprof builds WriteLivePprof's profile (LiveOTLP's too).
+func livePprof(lp *LiveProfile, src Stacks) *profile.Profile {
 	comm := lp.Comm
 	if comm == nil {
 		comm = map[uint32]string{}
@@ -41,7 +48,7 @@ func WriteLivePprof(w io.Writer, lp *LiveProfile, src Stacks) error {
 	if lp.Comment != "" {
 		p.Comments = []string{lp.Comment}
 	}
-	return writeGzipped(w, p)
+	return p
 }
 
 // LiveEntry is one entry of a live snapshot's device trace.

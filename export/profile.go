@@ -39,9 +39,18 @@ func sampleTypes(classes ...string) []*profile.ValueType {
 // counts the successful allocations from the start up to the same moment,
 // as a Go heap profile taken then would.
 func WritePprof(w io.Writer, path string, opts Options) error {
-	end, err := until(path, opts.At, &opts)
+	p, err := tracePprof(path, opts)
 	if err != nil {
 		return err
+	}
+	return writeGzipped(w, p)
+}
+
+// tracePprof builds WritePprof's profile (the OTLP export's too).
+func tracePprof(path string, opts Options) (*profile.Profile, error) {
+	end, err := until(path, opts.At, &opts)
+	if err != nil {
+		return nil, err
 	}
 	samples := Samples{}
 	t, err := replay.Read(path, replay.Options{Until: end, OnEvent: func(ev *events.Event, ch ledger.Change) error {
@@ -51,10 +60,10 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 		return nil
 	}})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := opts.checkReplay(t, end); err != nil {
-		return err
+		return nil, err
 	}
 	for _, p := range t.Ledger.Processes() {
 		if opts.selected(p.PID) {
@@ -81,11 +90,8 @@ func WritePprof(w io.Writer, path string, opts Options) error {
 		p.DurationNanos = int64(t.DurationNS())
 	}
 	p.Comments = []string{fmt.Sprintf("cudatrace: GPU memory allocations of %s; inuse_* is the live set at %s", path, opts.At)}
-	if err := writeGzipped(w, p); err != nil {
-		return err
-	}
 	opts.warnGone(syms)
-	return nil
+	return p, nil
 }
 
 // writeGzipped checks p and writes it gzipped.

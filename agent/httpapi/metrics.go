@@ -25,14 +25,15 @@ type collector struct {
 	version       string
 	processLabels bool
 
-	buildInfo, live, peak, hostLive, allocs, allocBytes, frees, failures, ooms *prometheus.Desc
-	implicitFrees, implicitFreeBytes                                           *prometheus.Desc
-	events, lost, dumps, dumpErrors, dumpsSkipped, processes, exited, dropped  *prometheus.Desc
-	stacks, nvmlUsed, nvmlTotal, nvmlProc, up                                  *prometheus.Desc
-	historyEvents, historyBytes                                                *prometheus.Desc
-	ownerLive                                                                  *prometheus.Desc // owner.go's label set: bounded by owner.Names()
-	stackLive                                                                  *prometheus.Desc
-	mapEntries, mapCapacity, mapFull, exitsSwept                               *prometheus.Desc
+	buildInfo, live, peak, hostLive, allocs, allocBytes, frees, failures, ooms                        *prometheus.Desc
+	implicitFrees, implicitFreeBytes                                                                  *prometheus.Desc
+	events, lost, dumps, dumpErrors, dumpsSkipped, processes, exited, dropped                         *prometheus.Desc
+	stacks, nvmlUsed, nvmlTotal, nvmlProc, up                                                         *prometheus.Desc
+	historyEvents, historyBytes                                                                       *prometheus.Desc
+	ownerLive                                                                                         *prometheus.Desc // owner.go's label set: bounded by owner.Names()
+	stackLive                                                                                         *prometheus.Desc
+	mapEntries, mapCapacity, mapFull, exitsSwept                                                      *prometheus.Desc
+	otlpSent, otlpSentSamples, otlpDropped, otlpDroppedSamples, otlpRejected, otlpFailures, otlpQueue *prometheus.Desc
 }
 
 // processLabelNames label a process's series: the cgroup's IDs, then the
@@ -91,6 +92,14 @@ func newCollector(a *agent.Agent, version string, processLabels bool) *collector
 			"a child left untraced, a process's Python frames left out."),
 		exitsSwept: d("process_exits_swept_total", "Process ends found by the periodic sweep (gone, or their PID another process's) "+
 			"rather than by the kernel's exit record, and BPF map entries of processes gone that it removed."),
+		otlpSent:        d("otlp_sent_total", "OTLP profile pushes the Collector took (--otlp-endpoint)."),
+		otlpSentSamples: d("otlp_sent_samples_total", "Samples of the OTLP pushes the Collector took."),
+		otlpDropped: d("otlp_dropped_total", "OTLP profile pushes given up on: the queue (--otlp-queue-size) was full while the Collector was "+
+			"down or slow, the retries ran out, or the Collector refused them."),
+		otlpDroppedSamples: d("otlp_dropped_samples_total", "Samples of the OTLP pushes otlp_dropped_total counts."),
+		otlpRejected:       d("otlp_rejected_samples_total", "Samples the Collector said it rejected (OTLP partial success)."),
+		otlpFailures:       d("otlp_failures_total", "OTLP push attempts that failed (each retried while it may be)."),
+		otlpQueue:          d("otlp_queue_bytes", "Encoded OTLP pushes waiting to be sent (at most --otlp-queue-size)."),
 		ownerLive: d("owner_live_bytes", "GPU memory live now (segments, as live_bytes{level=\"segment\"}) by owner: the component whose frame is innermost "+
 			"in the allocating stack (pytorch, nccl, cublas, cudnn, xla, cupy, numba, tensorflow, tensorrt, else application); per running traced process (summed per GPU with --process-labels=false).",
 			append(append(append([]string{}, pl...), "gpu", "UUID"), "owner")...),
@@ -103,7 +112,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.buildInfo, c.live, c.peak, c.hostLive, c.allocs, c.allocBytes, c.frees,
 		c.implicitFrees, c.implicitFreeBytes, c.failures, c.ooms, c.events, c.lost, c.dumps, c.dumpErrors, c.dumpsSkipped, c.processes, c.exited, c.dropped,
 		c.stacks, c.nvmlUsed, c.nvmlTotal, c.nvmlProc, c.up, c.historyEvents, c.historyBytes, c.ownerLive, c.stackLive,
-		c.mapEntries, c.mapCapacity, c.mapFull, c.exitsSwept} {
+		c.mapEntries, c.mapCapacity, c.mapFull, c.exitsSwept, c.otlpSent, c.otlpSentSamples, c.otlpDropped, c.otlpDroppedSamples,
+		c.otlpRejected, c.otlpFailures, c.otlpQueue} {
 		ch <- d
 	}
 }
@@ -233,6 +243,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(c.mapFull, s.Counters["map_full"]+s.MapsFull)
 	counter(c.exitsSwept, s.ExitsSwept)
+	if o := s.OTLP; o != nil {
+		counter(c.otlpSent, o.Sent)
+		counter(c.otlpSentSamples, o.SentSamples)
+		counter(c.otlpDropped, o.Dropped)
+		counter(c.otlpDroppedSamples, o.DroppedSamples)
+		counter(c.otlpRejected, o.Rejected)
+		counter(c.otlpFailures, o.Failures)
+		gauge(c.otlpQueue, uint64(o.QueueBytes))
+	}
 	if s.NVML != nil {
 		for _, d := range s.NVML.Devices {
 			gpu := []string{strconv.Itoa(d.Index), d.UUID}

@@ -35,6 +35,10 @@ type agentFlags struct {
 	historyEvents int
 	historyBudget string
 	podResources  string
+	criSocket     string
+	otlpFlags
+	otlpInterval time.Duration
+	otlpQueue    string
 }
 
 func (f *agentFlags) bind(fl *pflag.FlagSet) {
@@ -49,6 +53,10 @@ func (f *agentFlags) bind(fl *pflag.FlagSet) {
 	fl.IntVar(&f.historyEvents, "history-events", agent.DefaultHistoryEvents, "latest events kept per process for /snapshot and the OOM dumps (the flight recorder; 0: none)")
 	fl.StringVar(&f.historyBudget, "history-budget", "128MiB", "memory all processes' histories may take together (the newest are kept)")
 	fl.StringVar(&f.podResources, "pod-resources-socket", kube.DefaultSocket, `the kubelet's pod-resources socket, for the pod, namespace and container labels ("" reads none; absent: no names)`)
+	fl.StringVar(&f.criSocket, "cri-socket", "auto", `the container runtime's CRI socket (containerd's, CRI-O's), for the names of every process in a pod by its own container; auto: the first of `+strings.Join(kube.CRISockets, ", ")+` that exists; "" asks none`)
+	f.otlpFlags.bind(fl)
+	fl.DurationVar(&f.otlpInterval, "otlp-interval", agent.DefaultOTLPInterval, "with --otlp-endpoint: how often the profiles are pushed (inuse_* the live set then, alloc_* the allocations since the last push)")
+	fl.StringVar(&f.otlpQueue, "otlp-queue-size", "32MiB", "with --otlp-endpoint: the most encoded pushes kept while the receiver is down or slow (the oldest are dropped past it, and counted)")
 	fl.IntVar(&f.maxWindows, "max-trace-windows", httpapi.DefaultMaxTraceWindows, "most /trace windows open at once (429 past it); each holds at most 4MiB of records for its client")
 }
 
@@ -99,9 +107,39 @@ func runAgent(cmd *cobra.Command, f *agentFlags, _ []string) error {
 		pods = kube.Start(kube.Options{Socket: f.podResources, Stderr: stderr})
 		defer pods.Close()
 	}
-	a := agent.New(agent.Options{Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
+	var runtime *kube.CRI
+	if f.criSocket != "" {
+		sock := f.criSocket
+		if sock == "auto" {
+			sock = ""
+		}
+		runtime = kube.StartCRI(kube.CRIOptions{Socket: sock, Stderr: stderr})
+		defer runtime.Close()
+	}
+	aopts := agent.Options{Runtime: runtime, Retention: f.retention, DumpDir: f.dumpDir, DumpEvery: f.dumpEvery,
 		HistoryEvents: historyEvents, HistoryBudget: int64(budget),
-		NoSymbolize: f.noSymbolize, Pods: pods, NoTopStacks: !f.processLabels, Version: version, Stderr: stderr})
+		NoSymbolize: f.noSymbolize, Pods: pods, NoTopStacks: !f.processLabels, Version: version, Stderr: stderr}
+	if f.endpoint != "" {
+		exp, err := f.exporter(stderr, f.otlpQueue, 0)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			// What is still queued gets a few seconds to go.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			exp.Close(ctx)
+		}()
+		if f.otlpInterval <= 0 {
+			return hint.Wrap(fmt.Errorf("--otlp-interval %v: must be positive", f.otlpInterval), "e.g. --otlp-interval 15s")
+		}
+		if aopts.OTLPResource, err = f.resource(); err != nil {
+			return err
+		}
+		aopts.OTLP, aopts.OTLPInterval = exp, f.otlpInterval
+		fmt.Fprintf(stderr, "cudatrace agent: pushing OpenTelemetry profiles to %s (%s) every %v\n", f.endpoint, f.protocol, f.otlpInterval)
+	}
+	a := agent.New(aopts)
 	srv := &http.Server{
 		Handler: httpapi.New(a, httpapi.Options{Version: version, Token: token, Open: f.noToken,
 			ProcessLabels: f.processLabels, MaxTraceWindows: f.maxWindows}),

@@ -21,6 +21,7 @@ type exportFlags struct {
 	output  string
 	at      string
 	entries int
+	otlpFlags
 }
 
 func (f *exportFlags) bind(fl *pflag.FlagSet) {
@@ -29,6 +30,7 @@ func (f *exportFlags) bind(fl *pflag.FlagSet) {
 	fl.StringVar(&f.at, "at", "end", "the moment whose live set pprof and memviz show: end, peak, or a time since the start (90s)")
 	f.add(fl, "json: how many stacks per process at the peak")
 	fl.IntVar(&f.entries, "memviz-entries", export.DefaultMemvizEntries, "memviz: keep each device's latest N trace entries (0: none, the segments alone; -1: all)")
+	f.otlpFlags.bind(fl)
 }
 
 func formatList() string {
@@ -48,8 +50,12 @@ func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
 	if err != nil {
 		return hint.Wrap(err, "see `cudatrace export --help`")
 	}
-	if f.output == "" {
-		return hint.Wrap(errors.New("say where to write the output with -o FILE"), "-o - writes to standard output")
+	send := format == export.FormatOTLP && f.endpoint != ""
+	if f.endpoint != "" && format != export.FormatOTLP {
+		return hint.Wrap(fmt.Errorf("--otlp-endpoint is for --format otlp, not %s", format), "--format otlp --otlp-endpoint HOST:PORT")
+	}
+	if f.output == "" && !send {
+		return hint.Wrap(errors.New("say where to write the output with -o FILE"), "-o - writes to standard output; --format otlp sends to --otlp-endpoint")
 	}
 	if err := f.check(); err != nil {
 		return err
@@ -68,8 +74,10 @@ func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
 	if err != nil {
 		return hint.Default(err, traceHint)
 	}
-	if err := outfile.Check(f.output); err != nil {
-		return err
+	if f.output != "" {
+		if err := outfile.Check(f.output); err != nil {
+			return err
+		}
 	}
 	entries := f.entries
 	if entries == 0 {
@@ -77,6 +85,23 @@ func runExport(cmd *cobra.Command, f *exportFlags, args []string) error {
 	}
 	opts := export.Options{NoSymbolize: f.noSymbolize, At: at, MemvizEntries: entries, PIDs: pids, Top: f.top,
 		Warn: func(msg string) { cmd.PrintErrf("cudatrace: warning: %s\n", msg) }}
+	if format == export.FormatOTLP {
+		res, err := f.resource()
+		if err != nil {
+			return err
+		}
+		delete(res, "host.name") // the trace's host is not this one
+		delete(res, "k8s.node.name")
+		opts.OTLP = export.OTLPOptions{Resource: res, Version: version}
+	}
+	if send {
+		if err := sendOTLP(cmd, &f.otlpFlags, trace, opts); err != nil {
+			return hint.Default(err, traceHint)
+		}
+		if f.output == "" {
+			return nil
+		}
+	}
 	if err := writeExport(cmd.OutOrStdout(), trace, format, f.output, opts); err != nil {
 		return hint.Default(err, traceHint)
 	}
