@@ -1,4 +1,4 @@
-// Package pystack reads a CPython 3.10 to 3.14 thread's Python stack (file,
+// Package pystack reads a CPython 3.10 to 3.15 thread's Python stack (file,
 // function, line) from outside the process: the user-space half of Python
 // frames in cudatrace stacks. A code object is named from what BPF
 // captured of it at its first sight (Captured: bpf/pycode.h), else read
@@ -12,7 +12,7 @@
 //
 // The same walk runs in BPF at each allocation (Layout gives it the
 // offsets; bpf/python.h py_stack), and Code resolves what it
-// recorded. 3.13 and 3.14 take their offsets from _Py_DebugOffsets (free-threaded
+// recorded. 3.13 to 3.15 take their offsets from _Py_DebugOffsets (free-threaded
 // builds are not read); 3.10 to 3.12's from the build's DWARF where it has
 // some, else, for x86-64 release builds (distributions', conda's,
 // python-build-standalone's), from the table of its minor version
@@ -48,7 +48,7 @@ type Frame struct {
 // Interp is one process's interpreter: where its runtime state is and how
 // its structures are laid out.
 type Interp struct {
-	Minor   int    // 10 to 13: CPython 3.Minor
+	Minor   int    // 10 to 15: CPython 3.Minor
 	Path    string // libpython or the python executable
 	runtime uint64 // address of _PyRuntime in the process
 	off     offsets
@@ -99,7 +99,7 @@ type objTypes struct{ code, str, bytes uint64 }
 
 var libRe = regexp.MustCompile(`(?:^|/)(?:libpython|python)3\.(\d+)(t?)(?:\.so[.0-9]*|d?)$`)
 
-// DetectQuick finds CPython 3.10 to 3.14 in a process's mappings. It
+// DetectQuick finds CPython 3.10 to 3.15 in a process's mappings. It
 // returns nil and no error when the process runs no such interpreter.
 // root is where the process's paths are opened under: "" for a process
 // that sees the caller's files, /proc/PID/root (proc.RootPath) for a
@@ -118,8 +118,8 @@ func DetectQuick(root string, maps []proc.Mapping) (*Interp, error) {
 			continue
 		}
 		minor, _ := strconv.Atoi(sm[1])
-		if minor < 10 || minor > 14 {
-			return nil, fmt.Errorf("%s: CPython 3.%d: only 3.10 to 3.14 are read", m.Path, minor)
+		if minor < 10 || minor > newestMinor {
+			return nil, fmt.Errorf("%s: CPython 3.%d: only 3.10 to 3.%d are read", m.Path, minor, newestMinor)
 		}
 		if sm[2] == "t" {
 			return nil, fmt.Errorf("%s: CPython 3.%dt is a free-threaded build, whose frames cudatrace does not read: "+
@@ -135,6 +135,11 @@ func DetectQuick(root string, maps []proc.Mapping) (*Interp, error) {
 }
 
 var errNoRuntime = errors.New("no _PyRuntime symbol")
+
+// newestMinor is the newest CPython read: 3.newestMinor. A newer one is
+// refused by name (DetectQuick) until its layout is added (debugSections)
+// and checked against it (TestLayoutProbe).
+const newestMinor = 15
 
 // symbolFacts are what the interpreter's symbols say.
 type symbolFacts struct {
@@ -202,7 +207,7 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 			return nil, fmt.Errorf("%s: not mapped as its headers say", path)
 		}
 	}
-	// 3.13 describes its own layout in _Py_DebugOffsets, at the start of
+	// 3.13 on describe their own layout in _Py_DebugOffsets, at the start of
 	// _PyRuntime. Release builds of 3.10 to 3.12 for x86-64 take the
 	// table of their minor version (table.go), with or without DWARF: it
 	// is what their DWARF says (TestOffsetTables), and it is ready at
@@ -231,7 +236,7 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 			if !ok {
 				return nil, fmt.Errorf("%s: no structure offsets for this CPython 3.%d build: %v, and %v; "+
 					"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 or arm64 release build "+
-					"of 3.10 to 3.12, or a 3.13 or 3.14 one", path, minor, derr, terr)
+					"of 3.10 to 3.12, or a 3.13 to 3.%d one", path, minor, derr, terr, newestMinor)
 			}
 		}
 	}
@@ -294,18 +299,14 @@ func loadBias(f *elf.File, path string, maps []proc.Mapping) (uint64, bool) {
 // first member in the file's data: the "xdebugpy" cookie, the version,
 // whether the build is free-threaded, then sections of u64 offsets, each
 // led by the structure's size. ok is false where the build has none
-// (before 3.13) or it is not the layout of its version read here; a
-// free-threaded build is ok, with freeThreaded set (its frames are not
-// read: open refuses it).
-//
-// 3.14 added members to three sections: interpreter_state (threads_main
-// after threads_head; code_object_generation and tlbc_generation at its
-// end), interpreter_frame (stackpointer, tlbc_index) and code_object
-// (co_tlbc), moving the sections after them; its thread state, frame and
-// code members the walk reads kept their meaning.
+// (before 3.13) or it is not the layout of its version read here
+// (debugSections; its sections' sizes and fixed members are checked, so a
+// release that moved them is refused, not misread); a free-threaded build
+// is ok, with freeThreaded set (its frames are not read: open refuses it).
 func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThreaded, ok bool) {
-	const words = 82 // through 3.14's unicode_object.asciiobject_size (3.13: gc.collecting)
-	if minor != 13 && minor != 14 {
+	const words = 93 // through 3.15's unicode_object.asciiobject_size
+	d, known := debugSections[minor]
+	if !known {
 		return o, false, false
 	}
 	var raw [words * 8]byte
@@ -327,26 +328,61 @@ func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThread
 	if w(2) != 0 {
 		return o, true, true
 	}
-	// One layout, the sections of 3.14 further down: 3.13's thread state
-	// and interpreter frame sit 3 words earlier, its code object 5, its
-	// bytes and unicode 10. 3.14: runtime_state 3-5, interpreter_state
-	// 6-21, thread_state 22-30, interpreter_frame 31-38, code_object
-	// 39-49, pyobject 50-51, type_object 52-55, tuple 56-58, list 59-61,
-	// set 62-65, dict 66-68, float 69-70, long 71-73, bytes 74-76,
-	// unicode 77-80.
-	ts, co, obj := 3, 5, 10
-	if minor == 13 {
-		ts, co, obj = 0, 0, 0
-	}
 	o = offsets{
 		interpHead: w(5), mainThread: -1, interpThreads: w(9),
-		tsNext: w(21 + ts), tsNativeID: w(25 + ts), tsThreadID: w(24 + ts), tsFrame: w(23 + ts), tsCFrame: -1, cfCurrent: -1,
-		frPrevious: w(29 + ts), frCode: w(30 + ts), frInstr: w(31 + ts), frOwner: w(33 + ts), frEntry: -1,
-		coFilename: w(35 + co), coName: w(36 + co), coQualname: w(37 + co), coLinetable: w(38 + co), coFirstLine: w(39 + co),
-		coCodeAdaptive: w(43 + co), bytesData: w(66 + obj), strState: w(68 + obj), strLength: w(69 + obj), asciiSize: w(70 + obj),
-		frameOwnedCStack: 3, // FRAME_OWNED_BY_INTERPRETER: the entry frame of each C call of the loop
+		tsNext: w(d.ts + 2), tsNativeID: w(d.ts + d.tsNativeID), tsThreadID: w(d.ts + d.tsThreadID), tsFrame: w(d.ts + 4),
+		tsCFrame: -1, cfCurrent: -1,
+		frPrevious: w(d.frame + 1), frCode: w(d.frame + 2), frInstr: w(d.frame + 3), frOwner: w(d.frame + 5), frEntry: -1,
+		coFilename: w(d.code + 1), coName: w(d.code + 2), coQualname: w(d.code + 3), coLinetable: w(d.code + 4),
+		coFirstLine: w(d.code + 5), coCodeAdaptive: w(d.code + 9),
+		bytesData: w(d.bytes + 2), strState: w(d.unicode + 1), strLength: w(d.unicode + 2), asciiSize: w(d.unicode + 3),
+		frameOwnedCStack: 3, // FRAME_OWNED_BY_INTERPRETER (3.14; _CSTACK before): the entry frame of each C call of the loop
+	}
+	// Each section's members lie within its structure's size; the object
+	// sections' fixed members are where every 64-bit build has them.
+	within := func(size int64, offs ...int64) bool {
+		for _, v := range offs {
+			if v < 0 || v >= size {
+				return false
+			}
+		}
+		return size > 0 && size < 1<<16
+	}
+	if !within(w(d.ts), o.tsNext, o.tsNativeID, o.tsThreadID, o.tsFrame) ||
+		!within(w(d.frame), o.frPrevious, o.frCode, o.frInstr, o.frOwner) ||
+		!within(w(d.code), o.coFilename, o.coName, o.coQualname, o.coLinetable, o.coFirstLine, o.coCodeAdaptive) ||
+		w(d.pyobject) != 16 || w(d.pyobject+1) != 8 || w(d.bytes+1) != 16 || w(d.unicode+2) != 16 ||
+		!within(w(d.bytes), o.bytesData) || !within(w(d.unicode), o.strState, o.strLength, o.asciiSize) {
+		return o, false, false
 	}
 	return o, false, true
+}
+
+// debugSection says where a version's _Py_DebugOffsets sections start, in
+// words from its start (each section's first word is its structure's
+// size), and where in the thread_state section its thread ids are. The
+// members the walk reads keep their place within each section: thread
+// state next (+2) and current_frame (+4); interpreter frame previous (+1),
+// executable (+2), instr_ptr (+3), owner (+5); code object filename (+1)
+// to firstlineno (+5), co_code_adaptive (+9); bytes ob_sval (+2); unicode
+// state (+1), length (+2), asciiobject_size (+3).
+type debugSection struct {
+	ts, frame, code, pyobject, bytes, unicode int
+	tsThreadID, tsNativeID                    int
+}
+
+// debugSections are the layouts of 3.13, 3.14 and 3.15 (TestLayoutProbe
+// checks each against its interpreter). 3.14 added members to three
+// sections: interpreter_state (threads_main after threads_head;
+// code_object_generation and tlbc_generation at its end), interpreter_frame
+// (stackpointer, tlbc_index) and code_object (co_tlbc). 3.15 added eight
+// members to thread_state, three of them between current_frame and
+// thread_id (which moved from +5 to +8), and four words between type_object
+// and tuple; its frame, code, bytes and unicode members are 3.14's.
+var debugSections = map[int]debugSection{
+	13: {ts: 19, frame: 28, code: 34, pyobject: 44, bytes: 64, unicode: 67, tsThreadID: 5, tsNativeID: 6},
+	14: {ts: 22, frame: 31, code: 39, pyobject: 50, bytes: 74, unicode: 77, tsThreadID: 5, tsNativeID: 6},
+	15: {ts: 22, frame: 39, code: 47, pyobject: 58, bytes: 86, unicode: 89, tsThreadID: 8, tsNativeID: 9},
 }
 
 // interpreterLoop says whether the function named name is part of the
@@ -466,7 +502,7 @@ func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 		o.interpThreads = field(is, "threads.head")
 		fr := s["_PyInterpreterFrame"]
 		o.frPrevious = field(fr, "previous")
-		if minor == 13 {
+		if minor >= 13 {
 			o.tsFrame = field(ts, "current_frame")
 			o.frCode, o.frInstr = field(fr, "f_executable"), field(fr, "instr_ptr")
 		} else {
@@ -544,7 +580,7 @@ func SystemInterpreters() []string {
 	return out
 }
 
-// DetectFile reads CPython 3.10 to 3.14 from an interpreter file (a
+// DetectFile reads CPython 3.10 to 3.15 from an interpreter file (a
 // python executable with the runtime linked in, or a libpython) not mapped
 // by any process yet: its layout with the file's own addresses (Base 0),
 // without the interpreter loop's ranges only a full symbol table gives
@@ -556,7 +592,7 @@ func DetectFile(path string) (*Interp, error) {
 		return nil, nil
 	}
 	minor, _ := strconv.Atoi(sm[1])
-	if minor < 10 || minor > 14 {
+	if minor < 10 || minor > newestMinor {
 		return nil, nil
 	}
 	in, err := open("", path, minor, nil)

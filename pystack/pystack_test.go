@@ -52,12 +52,12 @@ func TestStackCPython(t *testing.T) {
 	}
 }
 
-// CPython 3.14 (Debian sid's, without DWARF: its _Py_DebugOffsets), run
+// CPython 3.15 and 3.14 (Debian sid's, without DWARF: their _Py_DebugOffsets), run
 // as a container of its own in the sid root scripts/deps.sh makes, and sid's newest 3.13
 // where the root has one: the same stacks, read through the process's
 // own root.
 func TestStackSid(t *testing.T) {
-	for _, v := range []string{"3.14", "3.13"} {
+	for _, v := range []string{"3.15", "3.14", "3.13"} {
 		t.Run(v, func(t *testing.T) {
 			if os.Getuid() != 0 {
 				testenv.SkipOrFail(t, "chroot needs root")

@@ -140,7 +140,7 @@ func TestOffsetTablesRefused(t *testing.T) {
 	in, err := Detect("", []proc.Mapping{{Start: 0x7f0000000000, End: 0x7f0000100000, Perms: "r--p", Inode: 1, Path: riscv}})
 	want := riscv + ": no structure offsets for this CPython 3.11 build: no DWARF, and the built-in offsets are x86-64's and arm64's, not EM_RISCV's; " +
 		"Python frames need a build with DWARF (pyenv's, or one built with -g), an x86-64 or arm64 release build of 3.10 to 3.12, " +
-		"or a 3.13 or 3.14 one"
+		"or a 3.13 to 3.15 one"
 	if in != nil || err == nil || err.Error() != want {
 		t.Errorf("Detect: %v, %v\nwant %s", in, err, want)
 	}

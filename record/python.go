@@ -38,7 +38,7 @@ import (
 // moment the reader takes) has no Python frames: absent, not wrong.
 
 // detectPython gives a process first seen (capture) the interpreter found
-// for it before (early), or looks for CPython 3.10 to 3.14 in its
+// for it before (early), or looks for CPython 3.10 to 3.15 in its
 // mappings now and tells BPF how to walk its threads' frames. It writes
 // what it found to the trace.
 func (s *session) detectPython(pid uint32, lp *liveProc, root string, maps []proc.Mapping) {

@@ -59,21 +59,31 @@ if [ ${#need[@]} -gt 0 ]; then
 	apt_get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# The sid root: Debian sid's CPython 3.14 and its newest 3.13, whose libc is
-# newer than Debian 12's, so the Python tests run them in a container of
-# their own with this as its root (internal/testenv SidPython). Made once,
-# outside the checkout, from the mirror apt already uses.
+# The sid root: Debian sid's CPython 3.15, 3.14 and its newest 3.13, whose
+# libc is newer than Debian 12's, so the Python tests run them in a
+# container of their own with this as its root (internal/testenv
+# SidPython). Made once, outside the checkout, from the mirror apt already
+# uses; a root made before lacks a version added since, which apt in the
+# root installs (its lists refreshed first: they are older than the
+# version, and sid's Release files may be past their Valid-Until).
 sid=${CUDATRACE_SID_ROOT:-/var/cache/cudatrace-sid/root}
-if [ ! -x "$sid/usr/bin/python3.14" ] || [ ! -x "$sid/usr/bin/python3.13" ]; then
+sidpy=(python3.15 python3.14 python3.13)
+sidneed=()
+for p in "${sidpy[@]}"; do
+	[ -x "$sid/usr/bin/$p" ] || sidneed+=("$p")
+done
+if [ ${#sidneed[@]} -gt 0 ]; then
 	mirror=$(awk '$1 == "URIs:" { print $2; exit }' "$sources" 2>/dev/null || true)
 	mirror=${mirror:-http://deb.debian.org/debian}
-	echo "scripts/deps.sh: making a Debian sid root with python3.14 and python3.13 in $sid (from $mirror)" >&2
 	if [ -x "$sid/usr/bin/apt-get" ]; then
-		chroot "$sid" apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends python3.14 python3.13 >/dev/null
+		echo "scripts/deps.sh: installing ${sidneed[*]} in the Debian sid root $sid" >&2
+		chroot "$sid" apt-get -o DPkg::Lock::Timeout=600 -o Acquire::Check-Valid-Until=false update -qq >/dev/null
+		chroot "$sid" apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${sidneed[@]}" >/dev/null
 	else
+		echo "scripts/deps.sh: making a Debian sid root with ${sidpy[*]} in $sid (from $mirror)" >&2
 		rm -rf "$sid.new"
 		mkdir -p "$(dirname "$sid")"
-		debootstrap --variant=minbase --include=python3.14,python3.13 sid "$sid.new" "$mirror" >/dev/null
+		debootstrap --variant=minbase --include="$(IFS=,; echo "${sidpy[*]}")" sid "$sid.new" "$mirror" >/dev/null
 		rm -rf "$sid"
 		mv "$sid.new" "$sid"
 	fi

@@ -115,7 +115,7 @@ func (c *chrootRoot) check(t *testing.T, ctx context.Context, trace, stderr stri
 }
 
 // TestChrootPython: CPython run under chroot in the tracer's mount
-// namespace (the sid root's 3.14, and Debian's 3.11 in a root of its
+// namespace (the sid root's 3.15 and 3.14, and Debian's 3.11 in a root of its
 // own), launched (record -- chroot ...) and attached to (--pid): every
 // one of its 200 allocations with its Python lines, none left out.
 func TestChrootPython(t *testing.T) {
@@ -123,7 +123,7 @@ func TestChrootPython(t *testing.T) {
 	needStandIns(t)
 	needTracer(t)
 	requireTool(t, "chroot")
-	for _, v := range []string{"sid-3.14", "3.11"} {
+	for _, v := range []string{"sid-3.15", "sid-3.14", "3.11"} {
 		t.Run(v, func(t *testing.T) {
 			var c *chrootRoot
 			if sv, ok := strings.CutPrefix(v, "sid-"); ok {

@@ -109,9 +109,10 @@ func TestPythonFramesWithoutDWARF(t *testing.T) {
 	})
 }
 
-// TestPythonFramesShapes: CPython 3.10 to 3.13 allocating from frames the
-// BPF walk finds in different places (testdata/pyshapes.py): a generator's
-// frame, resumed from C; ten frames deep of 3 KiB frames, which span
+// TestPythonFramesShapes: CPython 3.10 to 3.13 (pyenv's) and Debian sid's
+// 3.14 and 3.15 (in a root of their own) allocating from frames the BPF
+// walk finds in different places (testdata/pyshapes.py): a generator's
+// frame and a coroutine's, resumed from C; ten frames deep of 3 KiB frames, which span
 // pages and more than one data stack chunk; a call back from C (sorted's
 // key); a second Python thread, twice (the second time from what the walk
 // keeps of the thread). Each allocation's Python frames are exact, in
@@ -120,11 +121,12 @@ func TestPythonFramesShapes(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
 	needTracer(t)
-	script, _ := filepath.Abs(filepath.Join("testdata", "pyshapes.py"))
-	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13", "sid-3.14", "sid-3.15"} {
 		t.Run(v, func(t *testing.T) {
-			truth, rep := recordPython(t, pyenvPython(t, v), nil, script, fakeLib)
-			checkPythonShapes(t, v, script, rep, truth)
+			py := newPyRunner(t, v)
+			script := py.script(t, "pyshapes.py")
+			truth, rep := recordArgv(t, nil, py.argv(script, fakeLib)...)
+			checkPythonShapes(t, py.minor(), script, rep, truth)
 		})
 	}
 }
@@ -147,6 +149,7 @@ func checkPythonShapes(t *testing.T, v, script string, rep *report, truth *procT
 		7 << 20:  {at("alloc", "alloc"), at("gen", "gen"), at("<module>", "main-gen")},
 		9 << 20:  {at("alloc", "alloc"), at("big", "big0")},
 		11 << 20: {at("alloc", "alloc"), at("<module>", "main-sorted")},
+		17 << 20: {at("alloc", "alloc"), at("coro", "coro"), at("run_coro", "run-coro"), at("<module>", "main-coro")},
 		13 << 20: {at("alloc", "alloc"), at("worker", "worker1")},
 		15 << 20: {at("alloc", "alloc"), at("worker", "worker2")},
 	}
@@ -206,11 +209,18 @@ func checkPythonFrames(t *testing.T, v, python string, env []string, script, thr
 // report.
 func recordPython(t *testing.T, python string, env []string, args ...string) (*procTruth, *report) {
 	t.Helper()
+	return recordArgv(t, env, append([]string{python}, args...)...)
+}
+
+// recordArgv records the command argv (one Python process), with env
+// added to the environment: the truth of its one process and the report.
+func recordArgv(t *testing.T, env []string, argv ...string) (*procTruth, *report) {
+	t.Helper()
 	ctx := testContext(t)
 	dir := t.TempDir()
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, env...)},
-		append([]string{"--lib", fakeLib, "-o", trace, "--", python}, args...)...)
+		append([]string{"--lib", fakeLib, "-o", trace, "--"}, argv...)...)
 	rec.finish(t, 60*time.Second)
 	return onlyTruth(t, log, ""), runReport(t, ctx, trace)
 }
@@ -419,13 +429,14 @@ func TestPythonRenewedCode(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
 	needTracer(t)
-	script, _ := filepath.Abs(filepath.Join("testdata", "pyrenew.py"))
 	for _, v := range []string{"3.10", "3.12", "3.13"} {
 		t.Run(v, func(t *testing.T) {
+			py := newPyRunner(t, v)
+			script := py.script(t, "pyrenew.py")
 			ctx := testContext(t)
 			dir := t.TempDir()
 			log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "renew.trace")
-			rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, "--lib", fakeLib, "-o", trace, "--", pyenvPython(t, v), script, fakeLib)
+			rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, append([]string{"--lib", fakeLib, "-o", trace, "--"}, py.argv(script, fakeLib)...)...)
 			rec.finish(t, 60*time.Second)
 			var addrs []string // the script's lines, before record's summary
 			for _, f := range strings.Fields(rec.stdout.String()) {
@@ -443,7 +454,7 @@ func TestPythonRenewedCode(t *testing.T) {
 			t.Logf("CPython %s: %d of 40 code objects made at an address one before had", v, reused)
 			truth := onlyTruth(t, log, "")
 			rep := runReportArgs(t, ctx, trace, "--top", "100")
-			checkProcess(t, rep, truth, 0, filepath.Base(pyenvPython(t, v)))
+			checkProcess(t, rep, truth, 0, py.base())
 			bySize := map[uint64][]string{}
 			for _, s := range rep.Stacks {
 				if s.PID == truth.PID && s.Allocs == 1 {

@@ -110,7 +110,7 @@ library workspaces, anything not traced), and the allocation rate since the
 last refresh, and the owner holding most of its memory (MOST BY: pytorch,
 nccl, cublas, ... application, as 'cudatrace report' says them; the selected
 process's owners are listed under the table). Under the table, the selected process's call stacks holding
-the most live memory, symbolized; a CPython (3.10 to 3.14) process's with its
+the most live memory, symbolized; a CPython (3.10 to 3.15) process's with its
 Python frames (file:line) in place of the interpreter loop's.
 
 Keys: q or Ctrl-C quits; j/k or the arrow keys select a process.

@@ -1,9 +1,9 @@
 # Allocations from Python frames where the BPF walk finds them in
 # different places (vmtest/python_test.go TestPythonFramesShapes): a
-# generator's frame (its own object, not the data stack), frames too large
-# for one page or one data stack chunk, a call back from C (a shim frame
-# between two runs of the interpreter loop), and a second Python thread,
-# twice. argv[1] is the runtime stand-in. LINE:tag marks the line a frame
+# generator's and a coroutine's frame (their own objects, not the data
+# stack), frames too large for one page or one data stack chunk, a call
+# back from C (a shim frame between two runs of the interpreter loop), and
+# a second Python thread, twice. argv[1] is the runtime stand-in. LINE:tag marks the line a frame
 # must report.
 import ctypes
 import sys
@@ -20,6 +20,18 @@ def alloc(mib):
 
 def gen():
     yield alloc(7)  # LINE:gen
+
+
+async def coro():
+    return alloc(17)  # LINE:coro
+
+
+def run_coro():
+    c = coro()
+    try:
+        c.send(None)  # LINE:run-coro
+    except StopIteration as e:
+        return e.value
 
 
 def big(k):
@@ -40,6 +52,7 @@ rc = alloc(1)  # LINE:warmup
 rc = rc or sum(gen())  # LINE:main-gen
 rc = rc or big(7)  # LINE:main-big
 rc = rc or sorted([11], key=alloc)[0] - 11  # LINE:main-sorted
+rc = rc or run_coro()  # LINE:main-coro
 t = threading.Thread(target=worker)
 t.start()  # LINE:main-thread
 t.join()
