@@ -138,8 +138,7 @@ func (s *session) sweep() {
 	s.lastSweep = time.Now()
 	now := BootNow()
 	for pid, l := range s.lives {
-		st, err := proc.StartTime(int(pid))
-		if err == nil && (l.start == 0 || st == l.start) {
+		if running(int(pid), l.start) {
 			l.gone = 0
 			continue
 		}

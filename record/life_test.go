@@ -3,6 +3,7 @@ package record
 import (
 	"io"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -102,5 +103,43 @@ func TestSweepEndsUnseen(t *testing.T) {
 	}
 	if n := len(log.got); n != 2 || log.got[1].API != events.ProcessExit || log.got[1].PID != gonePID {
 		t.Errorf("the observer saw %d events (%v), want the allocation and gone's exit", n, log.got)
+	}
+}
+
+// A process that has exited but is not reaped yet (a zombie: its stat
+// reads on, with its start time) is gone: a --pid target that is one ends
+// the recording, and the sweep ends its life.
+func TestZombieIsGone(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	defer cmd.Wait() //nolint:errcheck // reaped at the end only
+	start, err := proc.StartTime(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); proc.Alive(pid); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("true did not exit within 10s")
+		}
+	}
+	if st, err := proc.StartTime(pid); err != nil || st != start {
+		t.Fatalf("the zombie's stat: %d, %v; want its start %d", st, err, start)
+	}
+	var log eventLog
+	s := lifeSession(&log)
+	s.targets = map[int]uint64{pid: start}
+	if s.targetAlive(pid) {
+		t.Error("a zombie --pid target is taken as running")
+	}
+	s.lifeOf(uint32(pid)).start = start
+	s.sweep()
+	s.lives[uint32(pid)].gone -= uint64(pendingAfterExit)
+	s.lastSweep = time.Time{}
+	s.sweep()
+	if _, ok := s.lives[uint32(pid)]; ok {
+		t.Error("the sweep kept a zombie's life")
 	}
 }
