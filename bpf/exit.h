@@ -38,12 +38,14 @@ static __always_inline void forget_thread(__u32 tid)
 
 // forget_process drops every entry BPF keeps of process tgid but its
 // procs entry (the caller's): its place in the PID filter, its Python
-// layout, its primary contexts. The reader's own copies of those follow
-// its exit record, or its sweep (loader Tracer.Forget).
+// layout, its mappings with unwind rules, its primary contexts. The
+// reader's own copies of those follow its exit record, or its sweep
+// (loader Tracer.Forget).
 static __always_inline void forget_process(__u32 tgid, __u32 flags)
 {
 	bpf_map_delete_elem(&pids, &tgid);
 	bpf_map_delete_elem(&py_procs, &tgid);
+	bpf_map_delete_elem(&uw_procs, &tgid);
 	if (!(flags & CT_PROC_RECORDS))
 		return; // no context call of it was ever traced
 	for (__s32 dev = 0; dev < CT_MAX_DEVICES; dev++) {

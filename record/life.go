@@ -99,6 +99,7 @@ func (s *session) end(pid uint32) {
 	}
 	delete(s.lives, pid)
 	s.learn.forget(pid)
+	s.uw.forget(pid)
 	if s.tr != nil {
 		s.tr.Forget(pid)
 	}

@@ -197,6 +197,12 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	// learn them from their own calls (see loader.LearnProbes).
 	topts.TraceStart = BootNow()
 	topts.Learn = len(opts.PIDs) > 0 || opts.All
+	switch {
+	case opts.KeepStackWindows || unwindCheck:
+		topts.Unwind = loader.UnwindBoth // the window too, the reference
+	case os.Getenv("CUDATRACE_TEST_UNWIND") == "window":
+		topts.Unwind = loader.UnwindOff // every stack from its window (tests of the window)
+	}
 	tr, err := loader.New(topts)
 	if err != nil {
 		if hint.Of(err) != "" { // the loader's own (a verifier's rejection, memlock)
@@ -321,6 +327,11 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	res.LostStopping, res.CountersAtStop = s.mark.stopping(res.Counters), s.mark.counters
 	res.Events = s.events
 	res.StacksCut = s.en.Stats.Cut
+	if unwindCheck {
+		st := s.en.Stats
+		fmt.Fprintf(opts.Stderr, "cudatrace: unwind check: %d stacks unwound in BPF, %d the same as the window's, %d differ, %d not checked; fell back: %d without rules, %d by a rule; %s\n",
+			st.BPF, st.BPFSame, st.BPFDiffer, st.BPFUnchecked, res.Counters["unwind_fallback_no_rules"], res.Counters["unwind_fallback_rule"], st.FirstDiffer)
+	}
 	res.PythonFrames, res.UnresolvedPython = s.pyFrames, s.pyUnresolved
 	res.PythonCaptured, res.PythonRead, res.Uncaptured = s.pyCaptured, s.pyRead, s.uncaptured
 	if s.opts.Observer != nil {
