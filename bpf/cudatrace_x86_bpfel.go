@@ -369,6 +369,15 @@ type CudatracePyThread struct {
 	Start uint64
 }
 
+type CudatraceUwScratch struct {
+	_    structs.HostLayout
+	Seq  uint64
+	Base uint64
+	Len  uint32
+	Pad  uint32
+	Buf  [4096]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -396,6 +405,7 @@ const (
 	CudatraceMapUsdtSpecs              = "usdt_specs"
 	CudatraceMapUwProcs                = "uw_procs"
 	CudatraceMapUwRows                 = "uw_rows"
+	CudatraceMapUwScratch              = "uw_scratch"
 	CudatraceProgCt3dEnter             = "ct_3d_enter"
 	CudatraceProgCtAllocEnter          = "ct_alloc_enter"
 	CudatraceProgCtCtxExit             = "ct_ctx_exit"
@@ -562,6 +572,7 @@ type CudatraceMapSpecs struct {
 	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
 	UwProcs     *ebpf.MapSpec `ebpf:"uw_procs"`
 	UwRows      *ebpf.MapSpec `ebpf:"uw_rows"`
+	UwScratch   *ebpf.MapSpec `ebpf:"uw_scratch"`
 }
 
 // CudatraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -638,6 +649,7 @@ type CudatraceMaps struct {
 	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
 	UwProcs     *ebpf.Map `ebpf:"uw_procs"`
 	UwRows      *ebpf.Map `ebpf:"uw_rows"`
+	UwScratch   *ebpf.Map `ebpf:"uw_scratch"`
 }
 
 func (m *CudatraceMaps) Close() error {
@@ -665,6 +677,7 @@ func (m *CudatraceMaps) Close() error {
 		m.UsdtSpecs,
 		m.UwProcs,
 		m.UwRows,
+		m.UwScratch,
 	)
 }
 

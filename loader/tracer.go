@@ -149,11 +149,8 @@ func (o *Options) defaults() {
 	if o.StackWindow == 0 {
 		o.StackWindow = DefaultStackWindow
 	}
-	if o.Unwind == UnwindDefault {
-		o.Unwind = UnwindBPF
-	}
-	if o.StackWindow < 0 {
-		o.Unwind = UnwindOff // frame pointers only
+	if o.Unwind == UnwindDefault || o.StackWindow < 0 {
+		o.Unwind = UnwindOff // the window (or, without one, frame pointers only)
 	}
 	if o.UnwindRows == 0 {
 		o.UnwindRows = DefaultUnwindRows

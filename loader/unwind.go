@@ -19,7 +19,7 @@ import (
 type UnwindMode uint8
 
 const (
-	// UnwindDefault: UnwindBPF with a stack window, else UnwindOff.
+	// UnwindDefault: UnwindOff (record chooses: CUDATRACE_UNWIND=bpf).
 	UnwindDefault UnwindMode = iota
 	// UnwindBPF unwinds in BPF; a record whose unwind falls back carries
 	// the frame-pointer walk and the window for user space.

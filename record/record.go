@@ -197,11 +197,19 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	// learn them from their own calls (see loader.LearnProbes).
 	topts.TraceStart = BootNow()
 	topts.Learn = len(opts.PIDs) > 0 || opts.All
+	// Stacks are unwound from the window in user space unless
+	// CUDATRACE_UNWIND=bpf: unwinding in BPF is right (TestUnwindInBPF)
+	// but, on the VMs it was measured on, costs more than the window's
+	// copy past a few frames (docs/benchmarks.md, issue 41).
 	switch {
-	case opts.KeepStackWindows || unwindCheck:
+	case unwindCheck:
 		topts.Unwind = loader.UnwindBoth // the window too, the reference
-	case os.Getenv("CUDATRACE_TEST_UNWIND") == "window":
-		topts.Unwind = loader.UnwindOff // every stack from its window (tests of the window)
+	case os.Getenv("CUDATRACE_UNWIND") == "bpf" && opts.KeepStackWindows:
+		topts.Unwind = loader.UnwindBoth
+	case os.Getenv("CUDATRACE_UNWIND") == "bpf":
+		topts.Unwind = loader.UnwindBPF
+	default:
+		topts.Unwind = loader.UnwindOff
 	}
 	tr, err := loader.New(topts)
 	if err != nil {

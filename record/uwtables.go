@@ -253,8 +253,8 @@ func (u *uwTables) make(j uwJob) ([]loader.UnwindRow, *unwind.Compact) {
 	return rows, c
 }
 
-// unwindCheck (CUDATRACE_TEST_UNWIND_CHECK=1, for tests) has BPF copy the
-// window beside the frames it unwinds, and the session unwind the window
-// too and compare (enrich.Stats' BPFSame, BPFDiffer), keeping the
+// unwindCheck (CUDATRACE_TEST_UNWIND_CHECK=1, for tests) has BPF unwind
+// and copy the window beside the frames it unwinds, and the session
+// unwind the window too and compare (enrich.Stats' BPFSame, BPFDiffer), keeping the
 // unwinder's stack: the two must be the same frame for frame.
 var unwindCheck = os.Getenv("CUDATRACE_TEST_UNWIND_CHECK") == "1"
