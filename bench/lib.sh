@@ -39,7 +39,13 @@ ns_per_pair() { sed -n 's/.*ns_per_pair=\([0-9]*\).*/\1/p' "$1"; }
 # build_loop: bench/loop.c against $LIB, as $W/loop (64 KiB of stack above
 # the loop) and $W/loop-shallow (none).
 build_loop() {
-	gcc -O2 -fno-omit-frame-pointer -I vmtest/testdata -o "$W/loop" bench/loop.c -L"$W" -lcudart -Wl,-rpath,"$W"
+	if [ -n "${DEPTH:-}" ]; then
+		# DEPTH frames more, without frame pointers (the common case:
+		# distributions build -O2 without them)
+		gcc -O2 -fomit-frame-pointer -DDEPTH="$DEPTH" -I vmtest/testdata -o "$W/loop" bench/loop.c -L"$W" -lcudart -Wl,-rpath,"$W"
+	else
+		gcc -O2 -fno-omit-frame-pointer -I vmtest/testdata -o "$W/loop" bench/loop.c -L"$W" -lcudart -Wl,-rpath,"$W"
+	fi
 	gcc -O2 -fno-omit-frame-pointer -DPAD_KIB=0 -I vmtest/testdata -o "$W/loop-shallow" bench/loop.c -L"$W" -lcudart -Wl,-rpath,"$W"
 }
 

@@ -17,6 +17,12 @@
 #ifndef PAD_KIB
 #define PAD_KIB 64
 #endif
+/* DEPTH: calls the loop makes each pair through descend before step, so
+ * that a stack is that much deeper (bench/progcost.sh's DEPTH, built
+ * without frame pointers). */
+#ifndef DEPTH
+#define DEPTH 0
+#endif
 
 __attribute__((noinline)) static int step(void)
 {
@@ -25,6 +31,17 @@ __attribute__((noinline)) static int step(void)
 	if (cudaMalloc(&p, 1 << 20) != 0)
 		return -1;
 	return cudaFree(p);
+}
+
+/* descend calls itself d times, then step: a frame each, not a loop (the
+ * asm after the call keeps it from being a tail call). */
+__attribute__((noinline)) static int descend(int d)
+{
+	if (d <= 0)
+		return step();
+	int r = descend(d - 1);
+	__asm__ volatile("" ::: "memory");
+	return r;
 }
 
 int main(int argc, char **argv)
@@ -44,7 +61,7 @@ int main(int argc, char **argv)
 			usleep(10000);
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	for (long i = 0; i < n; i++)
-		if (step() != 0)
+		if (descend(DEPTH) != 0)
 			return 1;
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	double ns = (b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec);

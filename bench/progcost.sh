@@ -13,6 +13,8 @@
 # after a run began count. Turns kernel.bpf_stats_enabled on for the run
 # and restores it after.
 # With BASELINE=/path/to/cudatrace, that build's default is measured too.
+# DEPTH=N builds the loop without frame pointers, N calls deeper (its
+# stacks then N+5 frames or so: the loop's, libc's start).
 # Needs root, gcc, bpftrace, bpftool, jq. Usage: bench/progcost.sh [PAIRS] [ROUNDS]
 PAIRS=${1:-50000}
 ROUNDS=${2:-3}

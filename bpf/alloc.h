@@ -129,13 +129,17 @@ int ct_setdev_enter(struct pt_regs *ctx)
 }
 
 
-// submit_alloc finishes an allocation record whose header is filled: the
-// stack from the frame pointers, the stack window, the Python frames
-// py_walk found (pw); and submits it.
+// submit_alloc finishes an allocation record reserved at
+// alloc_record_size() whose header is filled: the stack (unwound here with
+// --keep-stack-windows, else from the frame pointers), the stack window,
+// the Python frames py_walk found (pw); and submits it.
 static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw)
 {
-	e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
-	if (e->h.nframes == CT_MAX_FRAMES)
+	if (uw_mode == CT_UW_BOTH && window_size() && uw_stack(ctx, e, e->h.flags & CT_F_ENTRY_ONLY))
+		e->h.flags |= CT_F_UNWOUND;
+	else
+		e->h.nframes = user_stack(ctx, e->stack, CT_MAX_FRAMES);
+	if (*(volatile __s32 *)&e->h.nframes == CT_MAX_FRAMES)
 		e->h.flags |= CT_F_STACK_TRUNC;
 	// The Python frames right after what the record uses, not at the end
 	// of the room reserved: the ring's memory is cold, and every cache line
@@ -144,6 +148,67 @@ static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_ev
 	py_put(&e->h, (__u8 *)e + record_used(e), pw);
 	count(CT_CNT_EVENTS);
 	bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size()));
+}
+
+// uw_small says that allocation records are reserved at
+// small_record_size() first: unwound here (uw_mode CT_UW_ON), with a
+// window to fall back on.
+static __always_inline int uw_small(void)
+{
+	return uw_mode == CT_UW_ON && window_size();
+}
+
+// small_record_size is a record of frames alone, and its Python frames.
+static __always_inline __u32 small_record_size(void)
+{
+	return sizeof(struct ct_alloc_event) + CT_PY_BLOCK;
+}
+
+// submit_small finishes an allocation record reserved at
+// small_record_size() whose header is filled: its stack unwound here, its
+// Python frames; and submits it. Where the unwind falls back, the record
+// is made again at alloc_record_size() with the frame-pointer walk and
+// the window (submit_alloc), and this one is discarded.
+static __always_inline void submit_small(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw)
+{
+	if (uw_stack(ctx, e, e->h.flags & CT_F_ENTRY_ONLY)) {
+		e->h.flags |= CT_F_UNWOUND;
+		__u32 n = *(volatile __u32 *)&e->h.nframes;
+		if (n == CT_MAX_FRAMES)
+			e->h.flags |= CT_F_STACK_TRUNC;
+		__u32 used = sizeof(struct ct_event) + (n & 127) * 8;
+		py_put(&e->h, (__u8 *)e + used, pw);
+		count(CT_CNT_EVENTS);
+		bpf_ringbuf_submit(e, wakeup_flags(&e->h, small_record_size()));
+		return;
+	}
+	struct ct_alloc_event *b = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
+	if (!b) {
+		count(CT_CNT_RB_FULL);
+		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+		return;
+	}
+	b->h = e->h;
+	bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+	submit_alloc(ctx, b, pw);
+}
+
+// reserve_alloc reserves an allocation record: small where it is unwound
+// here first (uw_small), else with room for the window.
+static __always_inline struct ct_alloc_event *reserve_alloc(void)
+{
+	if (uw_small())
+		return bpf_ringbuf_reserve(&events, small_record_size(), 0);
+	return bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
+}
+
+// finish_alloc finishes a record reserve_alloc made.
+static __always_inline void finish_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw)
+{
+	if (uw_small())
+		submit_small(ctx, e, pw);
+	else
+		submit_alloc(ctx, e, pw);
 }
 
 // walk_python walks the calling thread's Python frames and captures the
@@ -187,7 +252,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	struct py_walked pw = {};
 	if (in->shape != CT_SHAPE_VMM_MAP)
 		pw = walk_python(ctx, id, use_loop);
-	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
+	struct ct_alloc_event *e = reserve_alloc();
 	if (!e) {
 		count(CT_CNT_RB_FULL);
 		bpf_map_delete_elem(&inflight, &tid);
@@ -207,7 +272,8 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		if (e->h.nframes == CT_MAX_FRAMES - 1)
 			e->h.flags |= CT_F_STACK_TRUNC;
 		count(CT_CNT_EVENTS);
-		bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size())); // no stack window: its frames sit one slot on
+		// no stack window: its frames sit one slot on
+		bpf_ringbuf_submit(e, wakeup_flags(&e->h, uw_small() ? small_record_size() : alloc_record_size()));
 		return 0;
 	}
 
@@ -241,7 +307,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
-	submit_alloc(ctx, e, pw);
+	finish_alloc(ctx, e, pw);
 	// Forgotten in place (a lookup costs less than a delete), the entry
 	// kept for the thread's next free.
 	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);

@@ -43,6 +43,14 @@ static __always_inline __u64 ct_ra_mask(void)
 	return ~0ULL;
 }
 
+// ct_uw_lr gives an unwind's first frame the link register: x86-64 has
+// none.
+static __always_inline void ct_uw_lr(struct pt_regs *ctx, int entry, __u64 *lr, __u32 *ok)
+{
+	*lr = 0;
+	*ok = 0;
+}
+
 // ct_py_id_is says whether id, a thread state's thread id, is the one
 // wanted: 3.11's and later's native_thread_id, the thread's tid; 3.10's
 // thread_id, pthread_self(), the thread pointer itself on x86-64.
@@ -104,6 +112,16 @@ static __always_inline __u64 ct_ra_mask(void)
 	struct task_struct___arch *t = (void *)bpf_get_current_task();
 	__u64 size = BPF_CORE_READ(t, mm, task_size);
 	return size ? size - 1 : ~0ULL;
+}
+
+// ct_uw_lr gives an unwind's first frame the link register, where it is
+// the frame's return address until the function saves it: at a probe
+// inside a function (USDT, entry); at a return probe it holds the
+// uretprobe trampoline's address, unknown (as ct_ustack_extra writes it).
+static __always_inline void ct_uw_lr(struct pt_regs *ctx, int entry, __u64 *lr, __u32 *ok)
+{
+	*lr = entry ? PT_REGS_RET(ctx) : 0;
+	*ok = *lr != 0;
 }
 
 // 3.10's thread_id is pthread_self(): on arm64 the struct pthread right

@@ -29,10 +29,14 @@ const struct ct_pyframe *unused_ct_pyframe __attribute__((unused));
 const struct ct_pytrailer *unused_ct_pytrailer __attribute__((unused));
 const struct ct_pycode *unused_ct_pycode __attribute__((unused));
 const struct ct_dlobjs *unused_ct_dlobjs __attribute__((unused));
+const struct ct_uw_row *unused_ct_uw_row __attribute__((unused));
+const struct ct_uw_proc *unused_ct_uw_proc __attribute__((unused));
 const struct ct_exec_note *unused_ct_exec_note __attribute__((unused));
 // And the enums Go uses, for their generated Go constants.
 const enum ct_shape *unused_ct_shape __attribute__((unused));
 const enum ct_counter *unused_ct_counter __attribute__((unused));
+const enum ct_uw_cfa *unused_ct_uw_cfa __attribute__((unused));
+const enum ct_uw_reg *unused_ct_uw_reg __attribute__((unused));
 
 // Set from Go before load (spec.Variables).
 const volatile __u8 filter_pids = 0;         // 1: only processes in `pids`
@@ -54,6 +58,7 @@ const volatile __u64 trace_start_ns = 0;
 #include "arch.h"     // what differs between amd64 and arm64
 #include "common.h"   // maps and helpers every program shares; ct_fork
 #include "stack.h"    // frame-pointer walk, stack window copy
+#include "unwind.h"   // unwinding from call-frame rules
 #include "python.h"   // Python frames walk
 #include "pycode.h"   // Python code objects captured at first sight
 #include "alloc.h"    // allocation and free programs

@@ -98,6 +98,11 @@ enum ct_flags {
 	// only notes (an exec, library loads): the reader's state of it ends,
 	// the ledger and the trace have nothing of it
 	CT_F_NOTES_ONLY = 1 << 10,
+	// the frames were unwound in BPF from the call-frame rules the reader
+	// loaded (bpf/unwind.h): the whole stack, to its end, not a
+	// frame-pointer walk; with CT_F_WINDOW too (--keep-stack-windows) the
+	// window is there to unwind it again in user space, the reference
+	CT_F_UNWOUND = 1 << 11,
 };
 
 // Loss and health counters, a per-CPU array indexed by these.
@@ -124,7 +129,15 @@ enum ct_counter {
 	// filter: a child left untraced; py_procs: its Python frames left
 	// out; procs: its exit found by the reader's sweep instead)
 	CT_CNT_MAP_FULL = 10,
-	CT_CNT_MAX = 11,
+	// stacks unwound in BPF to their end (bpf/unwind.h), and those that
+	// fell back to the window copy: a return address in no mapping with
+	// rules loaded (no table yet for a library just mapped, JIT code, the
+	// vDSO, a process not known yet), or a rule BPF does not follow (a
+	// signal frame, a DWARF expression, memory that cannot be read)
+	CT_CNT_UW_BPF = 11,
+	CT_CNT_UW_NOMAP = 12,
+	CT_CNT_UW_RULE = 13,
+	CT_CNT_MAX = 14,
 };
 
 // USDT probes (PyTorch's pytorch:malloc / pytorch:free): each attached probe
@@ -293,6 +306,52 @@ struct ct_dlobj {
 struct ct_dlobjs {
 	struct ct_event h; // api: events.LibrariesMapped; size: objects that follow (0: none known, read the mappings)
 	struct ct_dlobj obj[CT_DL_BATCH];
+};
+
+// Call-frame rules for unwinding in BPF (bpf/unwind.h), made in user space
+// from each file's .eh_frame or .debug_frame (unwind.Compact): one row per
+// address range of a file where the rules change, sorted by address within
+// the file, all files' rows in one array (uw_rows), each file's a range of
+// it. A row holds from its pc to the next row's.
+enum ct_uw_cfa {
+	CT_UW_CFA_NONE = 0, // no rule BPF follows here (no FDE, an expression, another register): fall back
+	CT_UW_CFA_SP = 1,   // CFA = sp + cfa_off
+	CT_UW_CFA_FP = 2,   // CFA = fp + cfa_off (rbp, x29)
+};
+enum ct_uw_reg {
+	CT_UW_REG_SAME = 0,   // the frame pointer: unchanged (for the return address, CT_UW_CFA_NONE)
+	CT_UW_REG_OFFSET = 1, // saved at CFA + off
+	CT_UW_REG_UNDEF = 2,  // the frame pointer: unknown; the return address: none, the stack's end
+	CT_UW_REG_LR = 3,     // the return address: still in the link register (arm64)
+};
+
+struct ct_uw_row {
+	__u32 pc;      // file virtual address where the row starts
+	__u8 cfa;      // enum ct_uw_cfa
+	__u8 fp;       // enum ct_uw_reg
+	__u8 ra;       // enum ct_uw_reg
+	__u8 pad;
+	__s32 cfa_off;
+	__s16 fp_off;
+	__s16 ra_off;
+};
+
+// A traced process's executable mappings whose file has rows loaded,
+// sorted by start (uw_procs, keyed by process): an address a in
+// [start, end) is file virtual address a - bias, whose row is the last of
+// rows [first, first + nrows) of uw_rows at or below it.
+#define CT_UW_MAPS 512 // a power of two: BPF masks indexes with it
+struct ct_uw_map {
+	__u64 start;
+	__u64 end;
+	__u64 bias;
+	__u32 first;
+	__u32 nrows;
+};
+struct ct_uw_proc {
+	__u32 n; // mappings in use
+	__u32 pad;
+	struct ct_uw_map maps[CT_UW_MAPS];
 };
 
 // An exec's note (ct_exec): the file the process runs now, as exec was

@@ -33,7 +33,10 @@ const (
 	CudatraceCtCounterCT_CNT_PY_PREEMPTED  CudatraceCtCounter = 8
 	CudatraceCtCounterCT_CNT_NOTE_FULL     CudatraceCtCounter = 9
 	CudatraceCtCounterCT_CNT_MAP_FULL      CudatraceCtCounter = 10
-	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 11
+	CudatraceCtCounterCT_CNT_UW_BPF        CudatraceCtCounter = 11
+	CudatraceCtCounterCT_CNT_UW_NOMAP      CudatraceCtCounter = 12
+	CudatraceCtCounterCT_CNT_UW_RULE       CudatraceCtCounter = 13
+	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 14
 )
 
 type CudatraceCtDlobj struct {
@@ -186,6 +189,51 @@ type CudatraceCtUstack struct {
 	Pad uint32
 }
 
+type CudatraceCtUwCfa uint32
+
+const (
+	CudatraceCtUwCfaCT_UW_CFA_NONE CudatraceCtUwCfa = 0
+	CudatraceCtUwCfaCT_UW_CFA_SP   CudatraceCtUwCfa = 1
+	CudatraceCtUwCfaCT_UW_CFA_FP   CudatraceCtUwCfa = 2
+)
+
+type CudatraceCtUwMap struct {
+	_     structs.HostLayout
+	Start uint64
+	End   uint64
+	Bias  uint64
+	First uint32
+	Nrows uint32
+}
+
+type CudatraceCtUwProc struct {
+	_    structs.HostLayout
+	N    uint32
+	Pad  uint32
+	Maps [512]CudatraceCtUwMap
+}
+
+type CudatraceCtUwReg uint32
+
+const (
+	CudatraceCtUwRegCT_UW_REG_SAME   CudatraceCtUwReg = 0
+	CudatraceCtUwRegCT_UW_REG_OFFSET CudatraceCtUwReg = 1
+	CudatraceCtUwRegCT_UW_REG_UNDEF  CudatraceCtUwReg = 2
+	CudatraceCtUwRegCT_UW_REG_LR     CudatraceCtUwReg = 3
+)
+
+type CudatraceCtUwRow struct {
+	_      structs.HostLayout
+	Pc     uint32
+	Cfa    uint8
+	Fp     uint8
+	Ra     uint8
+	Pad    uint8
+	CfaOff int32
+	FpOff  int16
+	RaOff  int16
+}
+
 type CudatraceCtxCall struct {
 	_           structs.HostLayout
 	Out         uint64
@@ -321,6 +369,15 @@ type CudatracePyThread struct {
 	Start uint64
 }
 
+type CudatraceUwScratch struct {
+	_    structs.HostLayout
+	Seq  uint64
+	Base uint64
+	Len  uint32
+	Pad  uint32
+	Buf  [4096]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -346,6 +403,9 @@ const (
 	CudatraceMapPyThreads              = "py_threads"
 	CudatraceMapThreadDev              = "thread_dev"
 	CudatraceMapUsdtSpecs              = "usdt_specs"
+	CudatraceMapUwProcs                = "uw_procs"
+	CudatraceMapUwRows                 = "uw_rows"
+	CudatraceMapUwScratch              = "uw_scratch"
 	CudatraceProgCt3dEnter             = "ct_3d_enter"
 	CudatraceProgCtAllocEnter          = "ct_alloc_enter"
 	CudatraceProgCtCtxExit             = "ct_ctx_exit"
@@ -399,6 +459,11 @@ const (
 	CudatraceVarUnusedCtShape          = "unused_ct_shape"
 	CudatraceVarUnusedCtUsdtSpec       = "unused_ct_usdt_spec"
 	CudatraceVarUnusedCtUstack         = "unused_ct_ustack"
+	CudatraceVarUnusedCtUwCfa          = "unused_ct_uw_cfa"
+	CudatraceVarUnusedCtUwProc         = "unused_ct_uw_proc"
+	CudatraceVarUnusedCtUwReg          = "unused_ct_uw_reg"
+	CudatraceVarUnusedCtUwRow          = "unused_ct_uw_row"
+	CudatraceVarUwMode                 = "uw_mode"
 	CudatraceVarWakeupBytes            = "wakeup_bytes"
 )
 
@@ -505,6 +570,9 @@ type CudatraceMapSpecs struct {
 	PyThreads   *ebpf.MapSpec `ebpf:"py_threads"`
 	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
+	UwProcs     *ebpf.MapSpec `ebpf:"uw_procs"`
+	UwRows      *ebpf.MapSpec `ebpf:"uw_rows"`
+	UwScratch   *ebpf.MapSpec `ebpf:"uw_scratch"`
 }
 
 // CudatraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -530,6 +598,11 @@ type CudatraceVariableSpecs struct {
 	UnusedCtShape      *ebpf.VariableSpec `ebpf:"unused_ct_shape"`
 	UnusedCtUsdtSpec   *ebpf.VariableSpec `ebpf:"unused_ct_usdt_spec"`
 	UnusedCtUstack     *ebpf.VariableSpec `ebpf:"unused_ct_ustack"`
+	UnusedCtUwCfa      *ebpf.VariableSpec `ebpf:"unused_ct_uw_cfa"`
+	UnusedCtUwProc     *ebpf.VariableSpec `ebpf:"unused_ct_uw_proc"`
+	UnusedCtUwReg      *ebpf.VariableSpec `ebpf:"unused_ct_uw_reg"`
+	UnusedCtUwRow      *ebpf.VariableSpec `ebpf:"unused_ct_uw_row"`
+	UwMode             *ebpf.VariableSpec `ebpf:"uw_mode"`
 	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
@@ -574,6 +647,9 @@ type CudatraceMaps struct {
 	PyThreads   *ebpf.Map `ebpf:"py_threads"`
 	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
+	UwProcs     *ebpf.Map `ebpf:"uw_procs"`
+	UwRows      *ebpf.Map `ebpf:"uw_rows"`
+	UwScratch   *ebpf.Map `ebpf:"uw_scratch"`
 }
 
 func (m *CudatraceMaps) Close() error {
@@ -599,6 +675,9 @@ func (m *CudatraceMaps) Close() error {
 		m.PyThreads,
 		m.ThreadDev,
 		m.UsdtSpecs,
+		m.UwProcs,
+		m.UwRows,
+		m.UwScratch,
 	)
 }
 
@@ -625,6 +704,11 @@ type CudatraceVariables struct {
 	UnusedCtShape      *ebpf.Variable `ebpf:"unused_ct_shape"`
 	UnusedCtUsdtSpec   *ebpf.Variable `ebpf:"unused_ct_usdt_spec"`
 	UnusedCtUstack     *ebpf.Variable `ebpf:"unused_ct_ustack"`
+	UnusedCtUwCfa      *ebpf.Variable `ebpf:"unused_ct_uw_cfa"`
+	UnusedCtUwProc     *ebpf.Variable `ebpf:"unused_ct_uw_proc"`
+	UnusedCtUwReg      *ebpf.Variable `ebpf:"unused_ct_uw_reg"`
+	UnusedCtUwRow      *ebpf.Variable `ebpf:"unused_ct_uw_row"`
+	UwMode             *ebpf.Variable `ebpf:"uw_mode"`
 	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 

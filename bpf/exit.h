@@ -38,15 +38,16 @@ static __always_inline void forget_thread(__u32 tid)
 
 // forget_process drops every entry BPF keeps of process tgid but its
 // procs entry (the caller's): its place in the PID filter, its Python
-// layout, and, for a process the reader heard of (known: a CUDA process
-// has, from its loader's note of libcuda at least), its primary contexts,
-// whose retain counts a later process with its PID must not inherit. The
-// reader's own copies of those follow its exit record, or its sweep
-// (loader Tracer.Forget).
+// layout, its mappings with unwind rules, and, for a process the reader
+// heard of (known: a CUDA process has, from its loader's note of libcuda
+// at least), its primary contexts, whose retain counts a later process
+// with its PID must not inherit. The reader's own copies of those follow
+// its exit record, or its sweep (loader Tracer.Forget).
 static __always_inline void forget_process(__u32 tgid, int known)
 {
 	bpf_map_delete_elem(&pids, &tgid);
 	bpf_map_delete_elem(&py_procs, &tgid);
+	bpf_map_delete_elem(&uw_procs, &tgid);
 	if (!known)
 		return;
 	for (__s32 dev = 0; dev < CT_MAX_DEVICES; dev++) {

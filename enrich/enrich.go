@@ -11,6 +11,9 @@
 package enrich
 
 import (
+	"fmt"
+	"slices"
+
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/procmodel"
@@ -44,9 +47,16 @@ type Stats struct {
 	Deeper uint64 // whose stack the call-frame unwind made deeper than the frame-pointer walk
 	// Cut counts stacks unwound to the end of their window and no
 	// further: a larger window reaches deeper.
-	Cut      uint64
-	Stops    map[unwind.StopKind]uint64
-	LastStop map[unwind.StopKind]unwind.Stop // an example of each kind of stop, for a warning (String)
+	Cut uint64
+	// BPF counts records whose stack BPF unwound (events.FlagUnwound).
+	// Of those that carry a window too (--keep-stack-windows), BPFSame
+	// were unwound here to the same frames, BPFDiffer to others (the
+	// first in FirstDiffer), and BPFUnchecked not to the stack's end
+	// (their window ended first).
+	BPF, BPFSame, BPFDiffer, BPFUnchecked uint64
+	FirstDiffer                           string
+	Stops                                 map[unwind.StopKind]uint64
+	LastStop                              map[unwind.StopKind]unwind.Stop // an example of each kind of stop, for a warning (String)
 }
 
 // New returns an Enricher; with cfi false it leaves stacks as the frame
@@ -81,6 +91,9 @@ func (e *Enricher) Forget(pid uint32) { delete(e.maps, pid) }
 // current now. The files are opened as c says (Capture.UnwindFiles): a
 // container's own while it lives. ev keeps its window.
 func (e *Enricher) Unwind(ev *events.Event, c *procmodel.Capture) {
+	if ev.Flags&events.FlagUnwound != 0 {
+		e.Stats.BPF++
+	}
 	if e.uw == nil || ev.Flags&events.FlagWindow == 0 {
 		return
 	}
@@ -104,6 +117,9 @@ func (e *Enricher) Unwind(ev *events.Event, c *procmodel.Capture) {
 	}
 	e.Stats.Stops[stop.Kind]++
 	e.Stats.LastStop[stop.Kind] = stop
+	if ev.Flags&events.FlagUnwound != 0 {
+		e.check(ev, stop)
+	}
 	merged := unwind.Merge(ev.Stack, e.pcs, stop)
 	if len(merged) > len(ev.Stack) {
 		e.Stats.Deeper++
@@ -112,6 +128,25 @@ func (e *Enricher) Unwind(ev *events.Event, c *procmodel.Capture) {
 		e.Stats.Cut++
 	}
 	ev.Stack = append(ev.Stack[:0], merged...)
+}
+
+// check compares the stack BPF unwound (ev.Stack, with its window: the
+// unwind check) with the window's unwound here (e.pcs, stopped by stop),
+// the reference: where this one reached the stack's end (or the most
+// frames), they must be the same frame for frame.
+func (e *Enricher) check(ev *events.Event, stop unwind.Stop) {
+	if stop.Kind != unwind.StopEnd && stop.Kind != unwind.StopMax {
+		e.Stats.BPFUnchecked++
+		return
+	}
+	if slices.Equal(ev.Stack, e.pcs) {
+		e.Stats.BPFSame++
+		return
+	}
+	e.Stats.BPFDiffer++
+	if e.Stats.FirstDiffer == "" {
+		e.Stats.FirstDiffer = fmt.Sprintf("pid %d: BPF unwound %x, the window %x (%s)", ev.PID, ev.Stack, e.pcs, stop)
+	}
 }
 
 // Apply hands ev to ledger l with its Python frames merged into its stack

@@ -76,6 +76,11 @@ const (
 	// own, only notes (an exec, library loads): the reader's state of it
 	// ends; the ledger and the trace have nothing of it (CT_F_NOTES_ONLY).
 	FlagNotesOnly uint16 = 1 << 10
+	// FlagUnwound: the frames were unwound in BPF from call-frame rules
+	// (bpf/unwind.h), to the stack's end: the stack, not a frame-pointer
+	// walk. With FlagWindow too (--keep-stack-windows) the window is
+	// there for user space to unwind as the reference (CT_F_UNWOUND).
+	FlagUnwound uint16 = 1 << 11
 )
 
 // End is when the call's effect on memory takes hold: frees at entry (the

@@ -58,6 +58,10 @@ type Options struct {
 	// unseen, and its records say events.DeviceUnknown until it shows
 	// which (Learn). 0: every thread is taken as started after.
 	TraceStart uint64
+	// Unwind says where stacks are unwound (unwind.go); UnwindRows is
+	// how many rows of call-frame rules BPF holds (0: DefaultUnwindRows).
+	Unwind     UnwindMode
+	UnwindRows uint32
 }
 
 const (
@@ -145,6 +149,12 @@ func (o *Options) defaults() {
 	if o.StackWindow == 0 {
 		o.StackWindow = DefaultStackWindow
 	}
+	if o.Unwind == UnwindDefault || o.StackWindow < 0 {
+		o.Unwind = UnwindOff // the window (or, without one, frame pointers only)
+	}
+	if o.UnwindRows == 0 {
+		o.UnwindRows = DefaultUnwindRows
+	}
 }
 
 // Tracer owns the BPF objects, the links that attach them and the ring
@@ -175,6 +185,12 @@ type Tracer struct {
 	learn    []link.Link
 	exes     []attached
 	closing  sync.WaitGroup
+
+	// Unwinding in BPF (unwind.go): the mode, uw_rows' memory mapping,
+	// the value SetUnwindMaps writes.
+	uwMode UnwindMode
+	uwMem  *ebpf.Memory
+	uwProc *bpf.CudatraceCtUwProc
 }
 
 // attached is a library the tracer probes, with its functions' offsets:
@@ -218,6 +234,7 @@ func New(opts Options) (*Tracer, error) {
 		bpf.CudatraceVarPycodeApi:    uint16(events.PyCode),
 		bpf.CudatraceVarExecApi:      uint16(events.ProcessExec),
 		bpf.CudatraceVarMappedApi:    uint16(events.LibrariesMapped),
+		bpf.CudatraceVarUwMode:       uwModes[opts.Unwind],
 	}
 	for name, v := range set {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -226,8 +243,9 @@ func New(opts Options) (*Tracer, error) {
 	}
 	spec.Maps[bpf.CudatraceMapEvents].MaxEntries = opts.RingBytes
 	spec.Maps[bpf.CudatraceMapInflight].MaxEntries = opts.MaxInflight
+	spec.Maps[bpf.CudatraceMapUwRows].MaxEntries = opts.UnwindRows
 
-	t := &Tracer{opts: opts, kernel: k, learning: opts.Learn}
+	t := &Tracer{opts: opts, kernel: k, learning: opts.Learn, uwMode: opts.Unwind}
 	// ct_usdt (with its Python walk, one of the costliest to verify) only
 	// once a library has PyTorch's USDT probes: most runs never need it,
 	// and libc10_cuda is mostly found after start-up.
@@ -759,6 +777,7 @@ func (t *Tracer) Forget(pid uint32) {
 	// absent: nothing to forget
 	_ = t.objs.Pids.Delete(pid)
 	_ = t.objs.PyProcs.Delete(pid)
+	_ = t.objs.UwProcs.Delete(pid)
 	_ = t.objs.Procs.Delete(pid)
 }
 
@@ -769,7 +788,7 @@ func (t *Tracer) Forget(pid uint32) {
 // after it had ended.
 func (t *Tracer) Sweep(alive func(pid uint32) bool) int {
 	dead := map[uint32]bool{}
-	for _, m := range []*ebpf.Map{t.objs.Procs, t.objs.Pids, t.objs.PyProcs} {
+	for _, m := range []*ebpf.Map{t.objs.Procs, t.objs.Pids, t.objs.PyProcs, t.objs.UwProcs} {
 		var key, next uint32
 		var prev any // nil: the first key
 		for n := uint32(0); n <= m.MaxEntries(); n++ {
@@ -801,7 +820,7 @@ var KeyedMaps = []string{
 	bpf.CudatraceMapProcs, bpf.CudatraceMapPids, bpf.CudatraceMapPyProcs, bpf.CudatraceMapPyThreads,
 	bpf.CudatraceMapPySeen, bpf.CudatraceMapPyFiles, bpf.CudatraceMapThreadDev, bpf.CudatraceMapInflight,
 	bpf.CudatraceMapLastFree, bpf.CudatraceMapCtxStacks, bpf.CudatraceMapCtxInflight, bpf.CudatraceMapPrimaries,
-	bpf.CudatraceMapCtxDev, bpf.CudatraceMapCtxRefs,
+	bpf.CudatraceMapCtxDev, bpf.CudatraceMapCtxRefs, bpf.CudatraceMapUwProcs,
 }
 
 // MapUses counts the entries of each of KeyedMaps, by walking its keys
@@ -971,6 +990,9 @@ var CounterNames = []string{
 	bpf.CudatraceCtCounterCT_CNT_PY_PREEMPTED:  "python_preempted",
 	bpf.CudatraceCtCounterCT_CNT_NOTE_FULL:     "notes_lost",
 	bpf.CudatraceCtCounterCT_CNT_MAP_FULL:      "map_full",
+	bpf.CudatraceCtCounterCT_CNT_UW_BPF:        "unwound_in_bpf",
+	bpf.CudatraceCtCounterCT_CNT_UW_NOMAP:      "unwind_fallback_no_rules",
+	bpf.CudatraceCtCounterCT_CNT_UW_RULE:       "unwind_fallback_rule",
 }
 
 // Counters sums the per-CPU BPF counters.

@@ -105,7 +105,8 @@ func (s *session) end(pid uint32) {
 	}
 	delete(s.lives, pid)
 	s.learn.forget(pid)
-	if s.tr != nil && l.layout {
+	s.uw.forget(pid)
+	if s.tr != nil && (l.layout || s.uw != nil) {
 		s.tr.Forget(pid)
 	}
 	if s.opts.All {

@@ -149,6 +149,7 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	// records; of the others, who they are (born).
 	if !s.opts.All || s.mapsCUDA(all) {
 		l.pending = c
+		s.uw.update(pid, all)
 	} else {
 		l.born = c.Identity()
 	}
@@ -266,6 +267,7 @@ func (s *session) attachLoaders(pids []int) {
 		l := s.lifeOf(uint32(pid))
 		l.knows(c)
 		l.pending = c
+		s.uw.update(uint32(pid), maps)
 		s.detectEarly(uint32(pid), c.RootDir(), maps)
 		s.attachLoader(loader.LoaderIn(pid, maps))
 	}

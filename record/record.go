@@ -201,6 +201,20 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	// learn them from their own calls (see loader.LearnProbes).
 	topts.TraceStart = BootNow()
 	topts.Learn = len(opts.PIDs) > 0 || opts.All
+	// Stacks are unwound from the window in user space unless
+	// CUDATRACE_UNWIND=bpf: unwinding in BPF is right (TestUnwindInBPF)
+	// but, on the VMs it was measured on, costs more than the window's
+	// copy past a few frames (docs/benchmarks.md, issue 41).
+	switch {
+	case unwindCheck:
+		topts.Unwind = loader.UnwindBoth // the window too, the reference
+	case os.Getenv("CUDATRACE_UNWIND") == "bpf" && opts.KeepStackWindows:
+		topts.Unwind = loader.UnwindBoth
+	case os.Getenv("CUDATRACE_UNWIND") == "bpf":
+		topts.Unwind = loader.UnwindBPF
+	default:
+		topts.Unwind = loader.UnwindOff
+	}
 	tr, err := loader.New(topts)
 	if err != nil {
 		if hint.Of(err) != "" { // the loader's own (a verifier's rejection, memlock)
@@ -325,6 +339,11 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	res.LostStopping, res.CountersAtStop = s.mark.stopping(res.Counters), s.mark.counters
 	res.Events = s.events
 	res.StacksCut = s.en.Stats.Cut
+	if unwindCheck {
+		st := s.en.Stats
+		fmt.Fprintf(opts.Stderr, "cudatrace: unwind check: %d stacks unwound in BPF, %d the same as the window's, %d differ, %d not checked; fell back: %d without rules, %d by a rule; %s\n",
+			st.BPF, st.BPFSame, st.BPFDiffer, st.BPFUnchecked, res.Counters["unwind_fallback_no_rules"], res.Counters["unwind_fallback_rule"], st.FirstDiffer)
+	}
 	res.PythonFrames, res.UnresolvedPython = s.pyFrames, s.pyUnresolved
 	res.PythonCaptured, res.PythonRead, res.Uncaptured = s.pyCaptured, s.pyRead, s.uncaptured
 	if s.opts.Observer != nil {

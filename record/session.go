@@ -35,6 +35,7 @@ type session struct {
 	opts   Options
 	res    *Result
 	tr     *loader.Tracer
+	uw     *uwTables    // the rows BPF unwinds with (nil: none)
 	w      *TraceWriter // nil without -o
 	ev     events.Event
 	events uint64
@@ -132,7 +133,7 @@ func newState(opts Options, res *Result) *session {
 		procs:  procmodel.New(),
 		lives:  make(map[uint32]*life),
 		warned: make(map[string]bool),
-		en:     enrich.New(!opts.KeepStackWindows),
+		en:     enrich.New(!opts.KeepStackWindows || unwindCheck),
 	}
 	if opts.ReaderStats {
 		s.stats = &ReaderStats{}
@@ -143,6 +144,9 @@ func newState(opts Options, res *Result) *session {
 func newSession(opts Options, res *Result, tr *loader.Tracer) (*session, error) {
 	s := newState(opts, res)
 	s.tr = tr
+	if tr.Unwinds() {
+		s.uw = newUWTables(tr)
+	}
 	if opts.Output == "" {
 		return s, nil
 	}
@@ -379,6 +383,9 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 		s.warned[jobWarning] = true
 		s.warn(fmt.Errorf("%s, as for any other process whose environment cannot be read (said once)", c.JobError))
 	}
+	if c.Error == "" {
+		s.uw.update(pid, all)
+	}
 	s.detectPython(pid, lp, c.RootDir(), all)
 	lp.p = s.procs.Add(c)
 	if s.opts.Observer != nil {
@@ -477,6 +484,8 @@ func (s *session) close() {
 		s.namer.stop()
 	}
 	s.en.Close()
+	s.uw.close()
+	s.uw = nil
 	if s.w != nil {
 		s.w.Close()
 		s.w = nil

@@ -362,11 +362,11 @@ func (w *row) rule(c *cie, reg uint64) *rule {
 // virtual address inside the FDE) and returns the row in effect there.
 func rowAt(f *fde, target uint64) (row, error) {
 	var init row
-	if _, err := run(f.cie, f.cie.initial, &init, nil, f.begin, ^uint64(0)); err != nil {
+	if _, err := run(f.cie, f.cie.initial, &init, nil, f.begin, ^uint64(0), nil); err != nil {
 		return row{}, fmt.Errorf("CIE instructions: %w", err)
 	}
 	cur := init
-	if _, err := run(f.cie, f.instructions, &cur, &init, f.begin, target); err != nil {
+	if _, err := run(f.cie, f.instructions, &cur, &init, f.begin, target, nil); err != nil {
 		return row{}, fmt.Errorf("FDE instructions: %w", err)
 	}
 	return cur, nil
@@ -374,10 +374,16 @@ func rowAt(f *fde, target uint64) (row, error) {
 
 // run executes call-frame instructions into w, from location loc, until an
 // advance would pass target. init is the CIE's row, for DW_CFA_restore.
-func run(c *cie, ins []byte, w *row, init *row, loc, target uint64) (uint64, error) {
+// emit, if not nil, is given each row in effect before the location
+// advances past it, with the location it starts at (rowsOf: every row of
+// an FDE).
+func run(c *cie, ins []byte, w *row, init *row, loc, target uint64, emit func(loc uint64, w *row)) (uint64, error) {
 	r := &buf{b: ins}
 	var saved []row
 	advance := func(delta uint64) bool {
+		if emit != nil && delta != 0 {
+			emit(loc, w)
+		}
 		loc += delta * c.codeAlign
 		return loc > target
 	}
@@ -414,6 +420,9 @@ func run(c *cie, ins []byte, w *row, init *row, loc, target uint64) (uint64, err
 		case 0x00: // nop
 		case 0x01: // set_loc
 			nl := r.ptr(c.fdeEnc&0x0f, 0, 0)
+			if emit != nil && nl != loc {
+				emit(loc, w)
+			}
 			if nl > target {
 				return loc, nil
 			}

@@ -377,7 +377,9 @@ func TestUnwindWindowSize(t *testing.T) {
 		cut    bool
 	}{{"16KiB", true}, {"64KiB", false}} {
 		log, trace := filepath.Join(dir, c.window+".log"), filepath.Join(dir, c.window+".trace")
-		rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+		// Every stack from its window (BPF's unwind, with
+		// CUDATRACE_UNWIND=bpf, goes past it).
+		rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, "CUDATRACE_UNWIND=window")},
 			"--lib", fakeLib, "--stack-window", c.window, "-o", trace, "--", exe)
 		rec.finish(t, 30*time.Second)
 		truth := onlyTruth(t, log, "")

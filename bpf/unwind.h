@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// Unwinding in BPF: an allocation's native stack from the call-frame rules
+// user space reduced each mapped file's .eh_frame (or .debug_frame) to
+// (unwind.Compact, loaded by loader/unwind.go), reading of the process's
+// memory only the words each frame needs (its return address and, where
+// saved, its frame pointer) instead of copying a window of its stack.
+// Where the rules run out (an address in no mapping with rules loaded: a
+// library mapped a moment ago whose table is still being made, JIT code,
+// the vDSO; a rule not followed here: a signal frame, a DWARF
+// expression; memory that cannot be read; a frame that does not climb the
+// stack) the record falls back to the frame-pointer walk and the window
+// copy for user space to unwind (stack.h), counted by why. A stack is
+// thus the user-space unwinder's, frame for frame, either way: each step
+// here is unwind.Unwinder's step (unwind/unwind.go) on the same rules.
+// Part of cudatrace.bpf.c, the one program file, which includes it.
+#ifndef CT_UNWIND_H
+#define CT_UNWIND_H
+
+// uw_mode, set from Go before load: CT_UW_OFF copies the window as before;
+// CT_UW_ON unwinds here and copies the window only where that falls back;
+// CT_UW_BOTH unwinds here and copies the window as well
+// (--keep-stack-windows, and the check that both give the same stacks).
+#define CT_UW_OFF 0
+#define CT_UW_ON 1
+#define CT_UW_BOTH 2
+const volatile __u8 uw_mode = 0;
+
+// Every file's rows, a range each (struct ct_uw_map's first, nrows); its
+// size is set from Go, which writes the rows through a memory mapping of
+// it.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1); // overridden from Go
+	__type(key, __u32);
+	__type(value, struct ct_uw_row);
+} uw_rows SEC(".maps");
+
+// Each traced process's mappings with rules, written whole by the reader
+// when it learns of a mapping or a table (an update replaces the entry at
+// once: a program sees the old or the new). Dropped at the process's end
+// (exit.h forget_process, and loader Tracer.Forget). Allocated as used.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096); // overridden from Go
+	__type(key, __u32);        // tgid
+	__type(value, struct ct_uw_proc);
+} uw_procs SEC(".maps");
+
+// What one step of an unwind knows of the frame it is in: the registers
+// the rules use, as unwind.Unwinder's state does. back is 1 where pc is a
+// return address (the call it returns from is the byte before: that
+// byte's row holds while the callee runs), 0 at a probe inside a function.
+struct uw_state {
+	__u64 pc;
+	__u64 sp;
+	__u64 fp;
+	__u64 lr;
+	__u64 ra_mask; // arm64: the return addresses' PAC bits off (arch.h)
+	__u32 fp_ok;
+	__u32 lr_ok;
+	__u32 back;
+	__u32 pad;
+};
+
+// The stack's words an unwind reads, a page at a time: from the first word
+// it wants up to the end of that word's page (a read that ends at a page's
+// end never faults where the word's page is mapped), one read of the
+// process's memory for all the frames that page holds, where one read a
+// word cost about as much as the window's copy (bpf_probe_read_user of 8
+// bytes ~110 ns on the VMs here, of 4 KiB ~160 ns). A CPU's, numbered
+// (seq) by each unwind, so that one preempted by another on the CPU (6.0
+// on) sees it and falls back rather than take another's words.
+struct uw_scratch {
+	__u64 seq;
+	__u64 base; // the address of buf[0]
+	__u32 len;  // bytes of buf read
+	__u32 pad;
+	__u8 buf[CT_PAGE];
+};
+CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, uw_scratch, __u32, struct uw_scratch, 1);
+
+// uw_read reads the word at addr of the stack into out through s, and
+// says whether it could.
+static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
+{
+	__u64 off = addr - s->base;
+	if (addr < s->base || off + 8 > s->len) {
+		__u32 n = CT_PAGE - (__u32)(addr & (CT_PAGE - 1)); // to the page's end: 1..CT_PAGE
+		if (n < 8)
+			return bpf_probe_read_user(out, 8, (void *)addr) == 0;
+		s->len = 0;
+		if (bpf_probe_read_user(s->buf, n, (void *)addr))
+			return 0;
+		s->base = addr;
+		s->len = n;
+		off = 0;
+	}
+	if (off > CT_PAGE - 8)
+		return 0;
+	*out = *(__u64 *)(s->buf + off);
+	return 1;
+}
+
+// ct_uw_step's answers.
+#define CT_UW_FRAME 0  // st is the caller's frame now: st->pc its return address
+#define CT_UW_END 1    // the stack ends in this frame
+#define CT_UW_NOMAP 2  // st->pc is in no mapping with rules: fall back
+#define CT_UW_RULE 3   // a rule not followed, or memory not read: fall back
+
+// Search steps: a process's mappings (CT_UW_MAPS), a file's rows (up to
+// 2^22 a file).
+#define CT_UW_MAP_STEPS 10
+#define CT_UW_ROW_STEPS 23
+#define CT_UW_MAX_ROWS (1u << 22)
+
+// ct_uw_step unwinds one frame: st is the frame's state, pm the process's
+// mappings. A global function: the verifier checks it once, not at each
+// of a stack's frames.
+__noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_scratch *s)
+{
+	if (!st || !pm || !s)
+		return CT_UW_NOMAP;
+	__u64 pc = st->pc;
+	// The mapping: the last starting at or below pc. The bounds stay
+	// numbers the verifier knows only a range of (never clamped to a
+	// constant): with constants it follows every path of the search
+	// apart, and with ranges it finds them the same.
+	__u32 lo = 0, hi = pm->n;
+	if (hi > CT_UW_MAPS)
+		return CT_UW_NOMAP;
+	for (int i = 0; i < CT_UW_MAP_STEPS && lo < hi; i++) {
+		__u32 mid = (lo + hi) / 2;
+		if (pm->maps[mid & (CT_UW_MAPS - 1)].start <= pc)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0 || lo != hi || lo > CT_UW_MAPS)
+		return CT_UW_NOMAP;
+	struct ct_uw_map *m = &pm->maps[(lo - 1) & (CT_UW_MAPS - 1)];
+	if (pc >= m->end || !m->nrows || m->nrows > CT_UW_MAX_ROWS)
+		return CT_UW_NOMAP;
+	__u64 v = pc - m->bias - st->back;
+	if (v >> 32)
+		return CT_UW_NOMAP;
+	// The row: the last of the file's at or below v.
+	__u32 first = m->first;
+	lo = first;
+	hi = first + m->nrows;
+	for (int i = 0; i < CT_UW_ROW_STEPS && lo < hi; i++) {
+		__u32 mid = lo + (hi - lo) / 2;
+		struct ct_uw_row *r = bpf_map_lookup_elem(&uw_rows, &mid);
+		if (!r)
+			return CT_UW_RULE;
+		if (r->pc <= (__u32)v)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == first || lo != hi)
+		return CT_UW_NOMAP;
+	__u32 at = lo - 1;
+	struct ct_uw_row *r = bpf_map_lookup_elem(&uw_rows, &at);
+	if (!r)
+		return CT_UW_RULE;
+
+	__u64 cfa;
+	switch (r->cfa) {
+	case CT_UW_CFA_SP:
+		cfa = st->sp + (__s64)r->cfa_off;
+		break;
+	case CT_UW_CFA_FP:
+		if (!st->fp_ok)
+			return CT_UW_RULE;
+		cfa = st->fp + (__s64)r->cfa_off;
+		break;
+	default:
+		return CT_UW_RULE;
+	}
+	if (r->ra == CT_UW_REG_UNDEF)
+		return CT_UW_END;
+
+	// The return address, and the frame pointer where this frame saved
+	// it.
+	__u64 ra = 0, fp = st->fp;
+	__u32 fp_ok = st->fp_ok;
+	if (r->ra == CT_UW_REG_OFFSET) {
+		if (!uw_read(s, cfa + (__s64)r->ra_off, &ra))
+			return CT_UW_RULE;
+	} else if (r->ra == CT_UW_REG_LR) {
+		if (!st->lr_ok)
+			return CT_UW_RULE;
+		ra = st->lr;
+	} else {
+		return CT_UW_RULE;
+	}
+	ra &= st->ra_mask;
+	if (ra == 0)
+		return CT_UW_END;
+	// The CFA climbs the stack; only a frame whose return address is
+	// still in the link register may have it at the stack pointer.
+	if (cfa < st->sp || (cfa == st->sp && r->ra != CT_UW_REG_LR))
+		return CT_UW_RULE;
+	switch (r->fp) {
+	case CT_UW_REG_SAME:
+		break;
+	case CT_UW_REG_UNDEF:
+		fp_ok = 0;
+		break;
+	case CT_UW_REG_OFFSET:
+		fp_ok = uw_read(s, cfa + (__s64)r->fp_off, &fp);
+		break;
+	default:
+		return CT_UW_RULE;
+	}
+	st->pc = ra;
+	st->sp = cfa;
+	st->fp = fp;
+	st->fp_ok = fp_ok;
+	st->lr_ok = 0;
+	st->back = 1;
+	return CT_UW_FRAME;
+}
+
+// uw_stack unwinds the calling thread's stack into e's frames (the
+// interrupted instruction first) and their count, and says whether it
+// did; where it fell back (counted), the record takes the frame-pointer
+// walk and the window instead. entry says the probe sits inside a
+// function (USDT: recorded at entry), whose instruction pointer is no
+// return address and whose link register (arm64) still holds its own.
+// The count goes to the record, not back in a register: the verifier
+// walks the loop frame by frame, and the code after it once per count
+// it could leave with took it past its million instructions; read back
+// from the record (a number it does not know), the paths join.
+static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *e, int entry)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct ct_uw_proc *pm = bpf_map_lookup_elem(&uw_procs, &tgid);
+	if (!pm) {
+		count(CT_CNT_UW_NOMAP);
+		return 0;
+	}
+	__u32 zero = 0;
+	struct uw_scratch *s = bpf_map_lookup_elem(&uw_scratch, &zero);
+	if (!s)
+		return 0;
+	__u64 seq = s->seq + 1;
+	s->seq = seq;
+	s->len = 0;
+	struct uw_state st = {
+		.pc = PT_REGS_IP(ctx),
+		.sp = PT_REGS_SP(ctx),
+		.fp = PT_REGS_FP(ctx),
+		.fp_ok = 1,
+		.back = entry ? 0 : 1,
+		.ra_mask = ct_ra_mask(),
+	};
+	ct_uw_lr(ctx, entry, &st.lr, &st.lr_ok);
+	e->stack[0] = st.pc;
+	__s32 n = 1;
+	for (; n < CT_MAX_FRAMES; n++) {
+		int r = ct_uw_step(&st, pm, s);
+		if (r == CT_UW_END)
+			break;
+		if (r != CT_UW_FRAME) {
+			count(r == CT_UW_NOMAP ? CT_CNT_UW_NOMAP : CT_CNT_UW_RULE);
+			return 0;
+		}
+		e->stack[n] = st.pc;
+	}
+	// Checked after: an unwind that preempted this one counted seq up.
+	barrier();
+	if (*(volatile __u64 *)&s->seq != seq) {
+		count(CT_CNT_UW_RULE);
+		return 0;
+	}
+	e->h.nframes = n;
+	count(CT_CNT_UW_BPF);
+	return 1;
+}
+
+#endif

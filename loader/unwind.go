@@ -1,0 +1,106 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/cudatrace/cudatrace/bpf"
+)
+
+// Unwinding in BPF (bpf/unwind.h): the loader holds the maps, the reader
+// (record) decides what goes in them: each file's rows (UnwindRows, a
+// range of uw_rows each), each process's mappings with rows
+// (SetUnwindMaps), dropped at its end (Forget, and BPF's own at the exit).
+
+// UnwindMode says where allocation stacks are unwound.
+type UnwindMode uint8
+
+const (
+	// UnwindDefault: UnwindOff (record chooses: CUDATRACE_UNWIND=bpf).
+	UnwindDefault UnwindMode = iota
+	// UnwindBPF unwinds in BPF; a record whose unwind falls back carries
+	// the frame-pointer walk and the window for user space.
+	UnwindBPF
+	// UnwindBoth unwinds in BPF and copies the window too, for user
+	// space to unwind as the reference (--keep-stack-windows).
+	UnwindBoth
+	// UnwindOff copies the window into every record (the way before).
+	UnwindOff
+)
+
+// uwModes maps a mode to bpf/unwind.h's uw_mode.
+var uwModes = map[UnwindMode]uint8{UnwindBPF: 1, UnwindBoth: 2, UnwindOff: 0}
+
+// DefaultUnwindRows is how many rows uw_rows holds (16 bytes each): the
+// rows of libcudart, libc, ld.so and CPython take some 60000 between them;
+// a file whose rows do not fit is unwound from the window, counted.
+const DefaultUnwindRows = 1 << 20
+
+// MaxUnwindMaps is CT_UW_MAPS: the executable mappings with rows a
+// process may have; past it, the rest fall back.
+const MaxUnwindMaps = 512
+
+// UnwindRow and UnwindMap are struct ct_uw_row and struct ct_uw_map.
+type (
+	UnwindRow = bpf.CudatraceCtUwRow
+	UnwindMap = bpf.CudatraceCtUwMap
+)
+
+// Unwinds says whether the tracer unwinds stacks in BPF, and so wants
+// rows and mappings.
+func (t *Tracer) Unwinds() bool { return t.uwMode == UnwindBPF || t.uwMode == UnwindBoth }
+
+// UnwindRowCap is how many rows uw_rows holds.
+func (t *Tracer) UnwindRowCap() uint32 { return t.objs.UwRows.MaxEntries() }
+
+// WriteUnwindRows writes rows at index first of uw_rows, through its
+// memory mapping (one copy, no system call per row). The caller owns the
+// range: no mapping of a process points at it until SetUnwindMaps says.
+func (t *Tracer) WriteUnwindRows(first uint32, rows []UnwindRow) error {
+	if uint64(first)+uint64(len(rows)) > uint64(t.UnwindRowCap()) {
+		return fmt.Errorf("unwind rows %d to %d: beyond the %d uw_rows holds", first, int(first)+len(rows), t.UnwindRowCap())
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	if t.uwMem == nil {
+		mem, err := t.objs.UwRows.Memory()
+		if err != nil {
+			return fmt.Errorf("map uw_rows: %w", err)
+		}
+		t.uwMem = mem
+	}
+	size := int(unsafe.Sizeof(UnwindRow{}))
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&rows[0])), len(rows)*size)
+	_, err := t.uwMem.WriteAt(b, int64(first)*int64(size))
+	return err
+}
+
+// SetUnwindMaps gives process pid its executable mappings with rows,
+// sorted by start (at most MaxUnwindMaps; none: its entry goes).
+func (t *Tracer) SetUnwindMaps(pid uint32, maps []UnwindMap) error {
+	if len(maps) == 0 {
+		if err := t.objs.UwProcs.Delete(pid); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+		return nil
+	}
+	if len(maps) > MaxUnwindMaps {
+		maps = maps[:MaxUnwindMaps]
+	}
+	v := t.uwProc
+	if v == nil {
+		v = new(bpf.CudatraceCtUwProc)
+		t.uwProc = v
+	}
+	v.N = uint32(len(maps))
+	copy(v.Maps[:], maps)
+	clear(v.Maps[len(maps):])
+	if err := t.objs.UwProcs.Put(pid, v); err != nil {
+		return mapErr(fmt.Errorf("set pid %d's unwind mappings: %w", pid, err))
+	}
+	return nil
+}
