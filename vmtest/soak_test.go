@@ -3,9 +3,9 @@ package vmtest
 // The soak: a node daemon must stay right for months (issue 37). The agent
 // runs as the DaemonSet runs it (root with only CAP_BPF, CAP_PERFMON and
 // CAP_SYS_PTRACE) in a QEMU guest whose pid_max is set low, so that PIDs
-// wrap every 212 processes, through a churn of over a thousand processes
-// of another user (each costs some 0.15 s of the guest under TCG with the
-// agent beside it: tens of thousands would take an hour): dynamically linked programs that never
+// wrap every 212 processes, through a churn of 712 processes of another
+// user (each costs 0.1 to 1 s of the guest under TCG with today's agent
+// beside it, more as PIDs go round: tens of thousands would take hours): dynamically linked programs that never
 // touch CUDA (the loader's notification probe sees every one), Python
 // programs that never touch CUDA, native CUDA jobs that exit holding
 // memory, jobs that exit in the middle of an allocation, workers that
@@ -44,7 +44,7 @@ type soakPlan struct {
 
 // The default plan, sized for QEMU's TCG (docs/benchmarks.md has what it
 // costs). VMTEST_SOAK=NOP,CUDA,MID,RENAMED,PY replaces the counts.
-var defaultSoak = soakPlan{nop: 1000, cuda: 40, mid: 40, renamed: 24, py: 12, conc: 4, samples: 12}
+var defaultSoak = soakPlan{nop: 640, cuda: 24, mid: 24, renamed: 16, py: 8, conc: 4, samples: 12}
 
 // soakChurnLimit bounds the churn in the guest, in seconds: past it the
 // churn is killed and the test fails with what was read.

@@ -92,7 +92,7 @@ soak() {
 	mkdir -p $S/base
 	read nop cuda mid ren py conc samples churnlimit <$S/plan
 	say "soak: without the agent"
-	timeout 120 $SOAKBIN/soakchurn run $S/base 0 65534 $conc 1 200 4 4 4 4 $SOAKBIN/soaknop $SOAKBIN/soakjob $PY $SOAKPY >$S/base.stdout 2>$S/base.stderr
+	timeout 120 $SOAKBIN/soakchurn run $S/base 0 65534 $conc 1 100 2 2 2 2 $SOAKBIN/soaknop $SOAKBIN/soakjob $PY $SOAKPY >$S/base.stdout 2>$S/base.stderr
 	say "soak: agent"
 	# util-linux's setpriv ($SETPRIV; busybox's has no --bounding-set).
 	$SETPRIV --bounding-set $caps --inh-caps -all -- $CT agent --lib $LIB --listen 127.0.0.1:9738 --dump-dir "" \
