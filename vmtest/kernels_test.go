@@ -91,7 +91,7 @@ func TestKernels(t *testing.T) {
 			}
 			return guest{arch: "amd64", bin: binDir, python: pyenvPython(t, guestPython), pyCall: "_ctypes_callproc"}
 		},
-		make: func(g guest) (string, error) { return buildInitramfs(filepath.Join(work, "amd64"), g.python) },
+		make: func(g guest) (string, error) { return buildInitramfs(filepath.Join(work, "amd64"), g.python, nil, nil) },
 	}
 	arm64 := &initramfs{guest: arm64Guest, make: func(g guest) (string, error) {
 		return buildInitramfsARM64(filepath.Join(work, "arm64"), g)
@@ -482,8 +482,10 @@ func untar(tgz []byte, dir string) error {
 // /init, cudatrace and bpftool with the libraries they link, the stand-ins
 // and workloads at the paths they have here (their build IDs and paths
 // then name the same files on both sides), pythread.so, and pyenv's
-// CPython with its standard library (less its tests and tools).
-func buildInitramfs(work, python string) (string, error) {
+// CPython with its standard library (less its tests and tools); and extra,
+// more files at their paths here (programs with the libraries they link),
+// with env added to /vm/env (the soak's, soak_test.go).
+func buildInitramfs(work, python string, extra []string, env map[string]string) (string, error) {
 	threads := filepath.Join(buildDir, "kernels", "pythread.so")
 	if err := os.MkdirAll(filepath.Dir(threads), 0o755); err != nil {
 		return "", err
@@ -514,8 +516,12 @@ func buildInitramfs(work, python string) (string, error) {
 		env: map[string]string{"ARCH": "amd64", "LIB": fakeLib, "DRV": fakeDriver, "BIN": binDir, "PY": python,
 			"THREADS": threads, "LIBPATH": "/lib/x86_64-linux-gnu", "RESULTS": "/dev/ttyS1"},
 	}
+	maps.Copy(r.env, env)
+	for _, f := range extra {
+		r.files[f] = f
+	}
 	// The shared libraries every binary links, as ldd finds them here.
-	elfs := []string{tracerBin, bpftool, python}
+	elfs := append([]string{tracerBin, bpftool, python}, extra...)
 	dyn, _ := filepath.Glob(filepath.Join(pylib, "lib-dynload", "*.so"))
 	elfs = append(elfs, dyn...)
 	for _, e := range elfs {
@@ -631,7 +637,13 @@ func copyFile(src, dst string) error {
 		out.Close()
 		return err
 	}
-	return out.Close()
+	if err := out.Close(); err != nil {
+		return err
+	}
+	// The modification time too, which the initramfs keeps: CPython's
+	// cached bytecode is valid only beside sources of the time it records
+	// (else each import compiles its module again, seconds under TCG).
+	return os.Chtimes(dst, fi.ModTime(), fi.ModTime())
 }
 
 // copyTree copies regular files and symlinks under src to dst; skip says
