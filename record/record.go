@@ -165,6 +165,10 @@ type Result struct {
 	// process that found them full (loader.ErrMapFull: a Python layout, a
 	// --pid target); BPF's own are the map_full counter.
 	MapsFull uint64
+	// Captured is a process's latest capture (its command line, job,
+	// rank, container), nil where none is kept (a process never read, or
+	// one --all forgot at its end); for the summary, once Run returned.
+	Captured func(pid uint32) *procmodel.Capture `json:"-"`
 	// Maps are the BPF maps keyed by process, thread or file, with how
 	// many entries each held at the latest count (every few seconds, with
 	// an Observer; nil before the first).
@@ -346,6 +350,12 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	res.PythonFrames, res.UnresolvedPython = s.pyFrames, s.pyUnresolved
 	res.PythonCaptured, res.PythonRead, res.Uncaptured = s.pyCaptured, s.pyRead, s.uncaptured
+	res.Captured = func(pid uint32) *procmodel.Capture {
+		if p := s.procs.Get(pid); p != nil {
+			return p.Current()
+		}
+		return nil
+	}
 	if s.opts.Observer != nil {
 		// The final figures, the split of the losses with them: what the
 		// agent serves until it shuts down agrees with its exit line.

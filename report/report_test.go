@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/internal/tracetest"
+	"github.com/cudatrace/cudatrace/jobid"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
@@ -583,7 +585,8 @@ func TestWriteSummary(t *testing.T) {
 	l.Apply(&events.Event{Time: 2, PID: 42, Comm: "python3", API: events.CudaMallocHost, Addr: 2, Size: 1 << 20})
 	l.Apply(&events.Event{Time: 3, PID: 42, Comm: "python3", API: events.CudaFree, Addr: 1})
 	var buf bytes.Buffer
-	if err := WriteSummary(&buf, l, 7); err != nil {
+	none := func(uint32) *procmodel.Capture { return nil }
+	if err := WriteSummary(&buf, l, 7, none); err != nil {
 		t.Fatal(err)
 	}
 	want := "" +
@@ -593,8 +596,21 @@ func TestWriteSummary(t *testing.T) {
 	if buf.String() != want {
 		t.Errorf("summary\n%s\nwant\n%s", buf.String(), want)
 	}
+	// A rank of a job: record's summary names it as report does.
 	buf.Reset()
-	if err := WriteSummary(&buf, ledger.New(), 0); err != nil {
+	ranked := func(pid uint32) *procmodel.Capture {
+		return &procmodel.Capture{PID: pid, Job: &jobid.Identity{Job: "torchrun:abc", Launcher: "torchrun", Rank: 3, WorldSize: 4,
+			LocalRank: -1, NodeRank: -1}}
+	}
+	if err := WriteSummary(&buf, l, 0, ranked); err != nil {
+		t.Fatal(err)
+	}
+	if got := buf.String(); !strings.Contains(got, "JOB") || !strings.Contains(got, "RANK") || !strings.Contains(got, "torchrun:abc") ||
+		!regexp.MustCompile(`(?m)^ *42 +python3 +\S*torchrun:abc\S* +3 `).MatchString(got) {
+		t.Errorf("summary of rank 3 of torchrun:abc:\n%s", got)
+	}
+	buf.Reset()
+	if err := WriteSummary(&buf, ledger.New(), 0, none); err != nil {
 		t.Fatal(err)
 	}
 	if buf.String() != "No CUDA allocation traced.\n" {

@@ -13,6 +13,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/procmodel"
 )
 
 // WriteJSON writes the report as indented JSON.
@@ -31,10 +32,17 @@ func writeJSON(w io.Writer, v any, what string) error {
 // WriteSummary prints the per-process table of a ledger: what `record`
 // prints when it stops. lost is the count of events the BPF side dropped
 // while tracing (those lost while stopping change none of its figures).
-func WriteSummary(w io.Writer, l *ledger.Ledger, lost uint64) error {
+//
+// captured gives each process's capture (nil: none, or none known), whose
+// job, rank and node the rows show, as report's do.
+func WriteSummary(w io.Writer, l *ledger.Ledger, lost uint64, captured func(pid uint32) *procmodel.Capture) error {
 	var rows []Process
 	for _, p := range l.Processes() {
-		rows = append(rows, NewProcess(p, nil))
+		row := NewProcess(p, nil)
+		if c := captured(p.PID); c != nil {
+			row.Identify(c)
+		}
+		rows = append(rows, row)
 	}
 	if err := writeProcesses(w, rows); err != nil {
 		return err

@@ -148,7 +148,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 			"it is readable up to the last record written: free space and `cudatrace report` it"))
 	}
 	if !f.quiet {
-		if err := report.WriteSummary(cmd.OutOrStdout(), res.Ledger, res.Lost-res.LostStopping); err != nil {
+		if err := report.WriteSummary(cmd.OutOrStdout(), res.Ledger, res.Lost-res.LostStopping, res.Captured); err != nil {
 			printError(w, fmt.Errorf("summary: %w", err))
 		}
 	}
