@@ -111,7 +111,7 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 
 // errPyProcsFull says BPF's table of CPython processes is full of living
 // ones: one more process's Python frames are left out (counted).
-var errPyProcsFull = errors.New("Python frames left out of a process: BPF's table of CPython processes is full of living ones (counted in the summary and the agent's cudatrace_bpf_map_full_total)")
+var errPyProcsFull = errors.New("a process's Python frames left out: BPF's table of CPython processes is full of living ones (counted in the summary and the agent's cudatrace_bpf_map_full_total)")
 
 // pyOffsets is an interpreter's layout as BPF takes it.
 func pyOffsets(in *pystack.Interp) bpf.CudatraceCtPyoffsets {

@@ -60,8 +60,8 @@ func CompactFile(f *os.File, path string) (*Compact, error) {
 // begins, the later of two beginning at the same address winning, as the
 // search of .eh_frame_hdr's table does.
 type fdeRef struct {
-	begin, end uint64
-	off        uint64
+	begin uint64
+	off   uint64
 }
 
 func (t *table) compact() (*Compact, error) {
