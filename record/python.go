@@ -75,7 +75,9 @@ func (s *session) detectPython(pid uint32, lp *liveProc, root string, maps []pro
 func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pystack.Interp, error) {
 	in, err := pystack.DetectQuick(root, maps)
 	if err != nil {
-		return nil, fmt.Errorf("pid %d: Python frames left out: %w", pid, err)
+		// Without the PID: said once per interpreter (warn keeps one of
+		// each text), not once for each of a node's processes running it.
+		return nil, fmt.Errorf("interpreter not read, Python frames left out of the processes that run it: %w", err)
 	}
 	if in == nil {
 		return nil, nil
