@@ -800,19 +800,7 @@ func (b *pageBuilder) mergeMoves() {
 		}
 		return cmp.Compare(x.b, y.b)
 	})
-	out := b.moveRow[:0]
-	for _, r := range b.moveRow {
-		if n := len(out); n > 0 && out[n-1].moveKey == r.moveKey {
-			o := &out[n-1]
-			o.added += r.added
-			o.removed += r.removed
-			o.nAdded += r.nAdded
-			o.nRemoved += r.nRemoved
-			continue
-		}
-		out = append(out, r)
-	}
-	b.moveRow = out
+	b.moveRow = sumMoveRows(b.moveRow)
 }
 
 // snapshot is the live set of series bs (or, nil, of process pid) now.
@@ -1031,19 +1019,7 @@ func (b *pageBuilder) recanon(canon []int32) {
 	slices.SortStableFunc(b.moveRow, func(x, y moveRow) int {
 		return cmp.Or(cmp.Compare(x.stack, y.stack), cmp.Compare(x.dev, y.dev), cmp.Compare(x.b, y.b))
 	})
-	rows := b.moveRow[:0]
-	for _, r := range b.moveRow {
-		if n := len(rows); n > 0 && rows[n-1].moveKey == r.moveKey {
-			p := &rows[n-1]
-			p.added += r.added
-			p.removed += r.removed
-			p.nAdded += r.nAdded
-			p.nRemoved += r.nRemoved
-			continue
-		}
-		rows = append(rows, r)
-	}
-	b.moveRow = rows
+	b.moveRow = sumMoveRows(b.moveRow)
 	for _, bs := range b.series {
 		var paths []int32
 		vals := bs.vals[:bs.nOwn:bs.nOwn]
@@ -1095,4 +1071,22 @@ func (b *pageBuilder) failColumns() pageFailHist {
 		c.OOM = append(c.OOM, int64(v[1]))
 	}
 	return c
+}
+
+// sumMoveRows adds up, in place, the rows of rows (sorted) that share a
+// moveKey: one row per stack, device and bucket.
+func sumMoveRows(rows []moveRow) []moveRow {
+	out := rows[:0]
+	for _, r := range rows {
+		if n := len(out); n > 0 && out[n-1].moveKey == r.moveKey {
+			o := &out[n-1]
+			o.added += r.added
+			o.removed += r.removed
+			o.nAdded += r.nAdded
+			o.nRemoved += r.nRemoved
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
