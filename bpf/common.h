@@ -58,6 +58,8 @@ struct signal_struct; // exit.h reads the one field it needs
 
 struct mm_struct {
 	unsigned long start_stack; // the stack pointer at the program's entry: argc
+	unsigned long env_start;   // the environment exec laid out (notify.h ct_exec)
+	unsigned long env_end;
 } __attribute__((preserve_access_index));
 
 struct task_struct {

@@ -355,11 +355,19 @@ struct ct_uw_proc {
 };
 
 // An exec's note (ct_exec): the file the process runs now, as exec was
-// given it (bprm->filename).
+// given it (bprm->filename), and the environment it starts with, its first
+// CT_EXEC_ENV bytes (NAME=value strings, each ended by a NUL), copied as
+// the process is born: its job and rank as it started, whatever it does
+// to that memory after (setproctitle) and however soon it exits, before
+// the reader gets to it.
 #define CT_EXEC_NAME 256
+#define CT_EXEC_ENV 16384
 struct ct_exec_note {
-	struct ct_event h; // api: events.ProcessExec
+	struct ct_event h; // api: events.ProcessExec; addr: the task's start_boottime (ns)
 	char filename[CT_EXEC_NAME];
+	__u32 env_len; // bytes of env read (0: none could be)
+	__u32 pad;
+	char env[CT_EXEC_ENV];
 };
 
 #endif

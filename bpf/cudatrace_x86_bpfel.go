@@ -72,6 +72,9 @@ type CudatraceCtExecNote struct {
 	_        structs.HostLayout
 	H        CudatraceCtEvent
 	Filename [256]int8
+	EnvLen   uint32
+	Pad      uint32
+	Env      [16384]int8
 }
 
 type CudatraceCtProc struct {

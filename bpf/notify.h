@@ -71,6 +71,18 @@ int BPF_PROG(ct_exec, struct task_struct *p, int old_pid, struct linux_binprm *b
 	fill_event(&e->h, id, bpf_ktime_get_boot_ns(), 0, exec_api, CT_F_ENTRY_ONLY, 0, 0, CT_DEV_UNKNOWN, 0);
 	e->filename[0] = 0;
 	bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), BPF_CORE_READ(bprm, filename));
+	// The environment, where exec has just laid it out (its pages are
+	// the new stack's, present): read before the process runs a line.
+	struct task_struct *task = (void *)bpf_get_current_task();
+	struct mm_struct *mm = BPF_CORE_READ(task, mm);
+	__u64 lo = BPF_CORE_READ(mm, env_start), hi = BPF_CORE_READ(mm, env_end);
+	__u64 n = hi > lo ? hi - lo : 0;
+	if (n > CT_EXEC_ENV)
+		n = CT_EXEC_ENV;
+	e->env_len = 0;
+	if (n && !bpf_probe_read_user(e->env, n, (void *)lo))
+		e->env_len = n;
+	e->h.addr = BPF_CORE_READ(task, start_boottime);
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;
 }

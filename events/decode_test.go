@@ -66,7 +66,9 @@ func TestLayoutMatchesBPF(t *testing.T) {
 		{"CT_DL_BATCH", uintptr(len(dl.Obj)), dlBatch},
 		{"sizeof(ct_dlobjs)", unsafe.Sizeof(dl), loadedMaxLen},
 		{"ct_exec_note.filename", unsafe.Offsetof(ex.Filename), headerSize},
-		{"sizeof(ct_exec_note)", unsafe.Sizeof(ex), ExecNoteLen},
+		{"ct_exec_note.env_len", unsafe.Offsetof(ex.EnvLen), ExecNoteLen},
+		{"ct_exec_note.env", unsafe.Offsetof(ex.Env), execEnvAt},
+		{"sizeof(ct_exec_note)", unsafe.Sizeof(ex), execEnvAt + execEnvLen},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -520,5 +522,28 @@ func TestDecodeLoaded(t *testing.T) {
 	}
 	if got := DecodeExec(exec[:headerSize]); got != "" {
 		t.Errorf("DecodeExec of a plain note = %q", got)
+	}
+	// The environment BPF copied at the exec: whole strings only (the
+	// last, cut at CT_EXEC_ENV, left out), and the start time.
+	if env, _, _ := DecodeExecEnv(exec); env != nil {
+		t.Errorf("DecodeExecEnv of a note without one = %q", env)
+	}
+	full := make([]byte, execEnvAt+execEnvLen)
+	copy(full, exec)
+	le.PutUint64(full[offAddr:], 123456789)
+	text := "RANK=3\x00WORLD_SIZE=4\x00\x00CUT=xy"
+	le.PutUint32(full[ExecNoteLen:], uint32(len(text)))
+	copy(full[execEnvAt:], text)
+	env, start, whole := DecodeExecEnv(full)
+	if !slices.Equal(env, []string{"RANK=3", "WORLD_SIZE=4"}) || start != 123456789 || !whole {
+		t.Errorf("DecodeExecEnv = %q, %d, %v", env, start, whole)
+	}
+	le.PutUint32(full[ExecNoteLen:], execEnvLen)
+	if _, _, whole := DecodeExecEnv(full); whole {
+		t.Error("DecodeExecEnv of a copy as long as CT_EXEC_ENV: whole")
+	}
+	le.PutUint32(full[ExecNoteLen:], execEnvLen+1)
+	if env, _, _ := DecodeExecEnv(full); env != nil {
+		t.Errorf("DecodeExecEnv of a length past CT_EXEC_ENV = %q", env)
 	}
 }

@@ -24,6 +24,8 @@ const (
 	dlBatch      = 16
 	execNameLen  = 256
 	ExecNoteLen  = headerSize + execNameLen
+	execEnvLen   = 16384
+	execEnvAt    = ExecNoteLen + 8 // after env_len and pad
 	loadedMaxLen = headerSize + dlBatch*dlObjSize
 )
 
@@ -52,6 +54,37 @@ func DecodeExec(raw []byte) string {
 		return ""
 	}
 	return cString(raw[headerSize:ExecNoteLen])
+}
+
+// DecodeExecEnv returns the environment an exec note's process started
+// with, as BPF copied it at the exec (NAME=value strings; the first
+// CT_EXEC_ENV bytes: a last one cut short is left out), and its start
+// time (task start_boottime, ns); nil where the note has none (a note of
+// an older layout, or an environment BPF could not read). whole says the
+// copy held all of it (an environment of CT_EXEC_ENV bytes or more was
+// cut). The strings are copies: raw is the ring buffer's.
+func DecodeExecEnv(raw []byte) (env []string, start uint64, whole bool) {
+	if len(raw) < execEnvAt {
+		return nil, 0, false
+	}
+	start = binary.LittleEndian.Uint64(raw[offAddr:])
+	n := int(binary.LittleEndian.Uint32(raw[ExecNoteLen:]))
+	if n > execEnvLen || execEnvAt+n > len(raw) {
+		return nil, start, false
+	}
+	whole = n < execEnvLen
+	b := raw[execEnvAt : execEnvAt+n]
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, 0)
+		if i < 0 {
+			break // cut at CT_EXEC_ENV: not a whole string
+		}
+		if i > 0 {
+			env = append(env, string(b[:i]))
+		}
+		b = b[i+1:]
+	}
+	return env, start, whole
 }
 
 func cString(b []byte) string {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/jobid"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
@@ -100,6 +101,16 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 		l.exe = file
 		s.learnExecPython(pid, file)
 	}
+	// Who it is, from the environment BPF copied as it was born: its job
+	// and rank as it started, whatever it does to that memory later and
+	// however soon it exits (a rank gone before the reader read it kept no
+	// job). A copy that was cut and names no job leaves it to a read.
+	if env, start, whole := events.DecodeExecEnv(raw); env != nil {
+		if job := jobid.FromEnv(env); job != nil || whole {
+			l.born = &procmodel.Capture{PID: pid, Time: ev.Time, Exe: l.exe, Job: job,
+				Start: start - start%uint64(proc.StartTimeTick)}
+		}
+	}
 	if lp := l.rec; lp != nil {
 		lp.py, lp.pyTried, lp.codes, lp.renew, lp.execd = nil, false, nil, nil, true
 		if lp.p != nil {
@@ -137,7 +148,11 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	l.knows(c)
 	if c.Error != "" {
 		if len(objs) > 0 {
-			l.pending = procmodel.WithLoaded(l.pending, pid, at, l.exe, objs, &s.ids)
+			base := l.pending
+			if base == nil {
+				base = l.born // gone before any read: who it was as it was born
+			}
+			l.pending = procmodel.WithLoaded(base, pid, at, l.exe, objs, &s.ids)
 		}
 		return
 	}
