@@ -3,6 +3,7 @@ package loader
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -789,18 +790,11 @@ func (t *Tracer) Forget(pid uint32) {
 func (t *Tracer) Sweep(alive func(pid uint32) bool) int {
 	dead := map[uint32]bool{}
 	for _, m := range []*ebpf.Map{t.objs.Procs, t.objs.Pids, t.objs.PyProcs, t.objs.UwProcs} {
-		var key, next uint32
-		var prev any // nil: the first key
-		for n := uint32(0); n <= m.MaxEntries(); n++ {
-			if m.NextKey(prev, &next) != nil {
-				break
+		_ = walkKeys(m, func(key []byte) { // a walk cut short: the next sweep's
+			if pid := binary.LittleEndian.Uint32(key); !dead[pid] && !alive(pid) {
+				dead[pid] = true
 			}
-			if !dead[next] && !alive(next) {
-				dead[next] = true
-			}
-			key = next
-			prev = key
-		}
+		})
 	}
 	for pid := range dead {
 		t.Forget(pid)
@@ -834,26 +828,33 @@ func (t *Tracer) MapUses() ([]MapUse, error) {
 			return nil, fmt.Errorf("no BPF map %s", name)
 		}
 		u := MapUse{Name: name, Capacity: m.MaxEntries()}
-		var prev any // nil: the first key
-		cur, next := make([]byte, m.KeySize()), make([]byte, m.KeySize())
-		for {
-			err := m.NextKey(prev, next)
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				break
-			}
-			if err != nil {
-				return nil, fmt.Errorf("count the entries of %s: %w", name, err)
-			}
-			u.Entries++
-			if u.Entries > m.MaxEntries() {
-				break // keys deleted under the walk restart it: bounded by what it holds
-			}
-			cur, next = next, cur
-			prev = cur
+		if err := walkKeys(m, func([]byte) { u.Entries++ }); err != nil {
+			return nil, fmt.Errorf("count the entries of %s: %w", name, err)
 		}
 		out = append(out, u)
 	}
 	return out, nil
+}
+
+// walkKeys calls each with every key of m (its bytes, valid during the
+// call; one system call a key), at most MaxEntries of them: keys deleted
+// under the walk restart it, and it stays bounded by what the map holds.
+func walkKeys(m *ebpf.Map, each func(key []byte)) error {
+	var prev any // nil: the first key
+	cur, next := make([]byte, m.KeySize()), make([]byte, m.KeySize())
+	for n := uint32(0); n < m.MaxEntries(); n++ {
+		err := m.NextKey(prev, next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		each(next)
+		cur, next = next, cur
+		prev = cur
+	}
+	return nil
 }
 
 // ForgetPythonFile drops the layout of an interpreter file (SetPythonFile)

@@ -248,16 +248,37 @@ const StartTimeTick = time.Second / userHZ
 // USER_HZ precision (10 ms), from /proc/PID/stat. A PID and its start time
 // name a process for good: PIDs are reused, the pair is not.
 func StartTime(pid int) (uint64, error) {
-	// Field 22 of stat; the first after ')' is field 3.
 	f, err := statFields(pid, 20)
 	if err != nil {
 		return 0, err
 	}
+	return startOf(pid, f)
+}
+
+// startOf is StartTime from pid's stat fields (after the comm).
+func startOf(pid int, f []string) (uint64, error) {
+	// Field 22 of stat; the first after ')' is field 3.
 	ticks, err := strconv.ParseUint(f[19], 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("pid %d: malformed stat: starttime %q", pid, f[19])
 	}
 	return ticks * (1e9 / userHZ), nil
+}
+
+// Running says whether pid runs as the process that started at start
+// (StartTime's ns; 0: whichever): not gone, not a zombie (exited, its
+// stat reading on with its start until its parent reaps it), and not
+// another process given the PID since. One read of its stat.
+func Running(pid int, start uint64) bool {
+	f, err := statFields(pid, 20)
+	if err != nil || f[0] == "Z" || f[0] == "X" {
+		return false
+	}
+	if start == 0 {
+		return true
+	}
+	st, err := startOf(pid, f)
+	return err == nil && st == start
 }
 
 // OwnRoot reports whether pid's mappings name files of a tree of its own:

@@ -151,3 +151,22 @@ func TestFind(t *testing.T) {
 		t.Errorf("Find in no mappings = %d, want -1", got)
 	}
 }
+
+// Running: this process, by its start time or any; not with another
+// start (its PID given to another process), not a PID no process has.
+func TestRunning(t *testing.T) {
+	self := os.Getpid()
+	st, err := StartTime(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !Running(self, st) || !Running(self, 0) {
+		t.Errorf("Running(self, %d) or (self, 0) false", st)
+	}
+	if Running(self, st+uint64(StartTimeTick)) {
+		t.Error("Running with another start time: true")
+	}
+	if Running(1<<22+7, 0) {
+		t.Error("Running of a PID above pid_max's largest: true")
+	}
+}

@@ -115,17 +115,6 @@ func (s *session) end(pid uint32) {
 	}
 }
 
-// exitRecord takes a process's exit record: its end. A process that made
-// no record of its own (BPF says so: events.FlagNotesOnly) has nothing in
-// the ledger or the trace.
-func (s *session) exitRecord(ev *events.Event) (applied bool) {
-	if ev.Flags&events.FlagNotesOnly != 0 {
-		s.end(ev.PID)
-		return false
-	}
-	return true
-}
-
 // sweep ends the lives of the processes gone without an exit record, and
 // every sweepBPFEvery, the BPF maps' entries of processes gone. A process
 // whose PID another process has now (its start time differs) is gone too.
@@ -139,7 +128,7 @@ func (s *session) sweep() {
 	s.lastSweep = time.Now()
 	now := BootNow()
 	for pid, l := range s.lives {
-		if running(int(pid), l.start) {
+		if proc.Running(int(pid), l.start) {
 			l.gone = 0
 			continue
 		}

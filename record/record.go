@@ -631,16 +631,5 @@ func (s *session) targetAlive(pid int) bool {
 	if !ok {
 		return false
 	}
-	return running(pid, st)
-}
-
-// running says whether the process started at start (proc.StartTime's
-// ns; 0: any) still runs as pid: not a zombie, its parent yet to reap it
-// (its stat reads on, with its start), nor another process given the PID.
-func running(pid int, start uint64) bool {
-	if !proc.Alive(pid) {
-		return false
-	}
-	now, err := proc.StartTime(pid)
-	return err == nil && (start == 0 || now == start)
+	return proc.Running(pid, st)
 }

@@ -200,7 +200,11 @@ func (s *session) Record(raw []byte) {
 		return
 	}
 	s.takeOpenNote()
-	if ev.API == events.ProcessExit && !s.exitRecord(ev) {
+	if ev.API == events.ProcessExit && ev.Flags&events.FlagNotesOnly != 0 {
+		// A process that made no record of its own, only notes: its
+		// end is the session's alone, nothing of it in the ledger or
+		// the trace.
+		s.end(ev.PID)
 		return
 	}
 	s.events++
