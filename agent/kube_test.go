@@ -70,6 +70,10 @@ func TestPodNames(t *testing.T) {
 	trainer := kube.Names{Namespace: "ml", Pod: "train-0", Container: "trainer"}
 	server := kube.Names{Namespace: "serving", Pod: "infer-7", Container: "server"}
 
+	// The lister's first list, taken at its start, must come before the
+	// processes are seen: on a loaded machine it could come after them,
+	// and the first check would then see names.
+	fresh()
 	capture(1, "c1", "uid-1") // trainer's, on its GPU
 	capture(2, "c1", "uid-1") // the same container, on no GPU
 	capture(3, "c3", "uid-3") // server's
