@@ -4,14 +4,32 @@
 #ifndef CT_CONTEXTS_H
 #define CT_CONTEXTS_H
 
+// A context, by process and handle: a CUcontext is a pointer into its
+// process, and two processes can hold the same value (ranks of one program
+// with address randomization off; a driver that hands out handles from a
+// fixed arena), each for its own device and usage count.
+struct ctx_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 handle;
+};
+
 // The driver's contexts, each to the device it was made for: a thread that
 // makes a context current (cuCtxSetCurrent, as JAX and the runtime itself
-// do) allocates on that device from then on.
-CT_MAP(BPF_MAP_TYPE_LRU_HASH, ctx_dev, __u64, __s32, 4096); // key: CUcontext
+// do) allocates on that device from then on. A process's entries outlive
+// it until the reader's sweep (loader Tracer.Sweep) or the LRU takes them:
+// a later process with its PID makes its contexts before it uses them.
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, ctx_dev, struct ctx_key, __s32, 4096);
 
 // Created contexts' usage counts (cuCtxCreate: 1, cuCtxAttach: one more,
 // cuCtxDetach: one less; at 0 the context dies).
-CT_MAP(BPF_MAP_TYPE_LRU_HASH, ctx_refs, __u64, __s32, 4096); // key: CUcontext
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, ctx_refs, struct ctx_key, __s32, 4096);
+
+static __always_inline struct ctx_key ctx_key_of(__u64 id, __u64 handle)
+{
+	struct ctx_key k = {.tgid = id >> 32, .handle = handle};
+	return k;
+}
 
 // Primary contexts per process and device: the handle and the retain count
 // (cuDevicePrimaryCtxRetain adds one, Release takes one away; at 0, or at
@@ -77,9 +95,10 @@ static __always_inline __u64 ctx_top(struct ctx_stack *st)
 	return st->ctx[(d - 1) & (CT_CTX_STACK - 1)];
 }
 
-static __always_inline __s32 ctx_device(__u64 handle)
+static __always_inline __s32 ctx_device(__u64 id, __u64 handle)
 {
-	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &handle);
+	struct ctx_key k = ctx_key_of(id, handle);
+	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &k);
 	return dev ? *dev : -1;
 }
 
@@ -92,7 +111,8 @@ static __always_inline void follow_top(__u32 tid, struct ctx_stack *st)
 	__u64 top = ctx_top(st);
 	if (!top)
 		return;
-	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &top);
+	struct ctx_key k = ctx_key_of(bpf_get_current_pid_tgid(), top);
+	__s32 *dev = bpf_map_lookup_elem(&ctx_dev, &k);
 	__s32 d;
 	if (dev)
 		d = *dev;
@@ -186,7 +206,8 @@ int ct_ctx_exit(struct pt_regs *ctx)
 	bpf_map_delete_elem(&ctx_inflight, &tid);
 	if (!ok)
 		return 0;
-	bpf_map_update_elem(&ctx_dev, &handle, &dev, BPF_ANY);
+	struct ctx_key ck = ctx_key_of(id, handle);
+	bpf_map_update_elem(&ctx_dev, &ck, &dev, BPF_ANY);
 	if (!create) {
 		struct primary_key k = {.tgid = id >> 32, .dev = dev};
 		struct primary_val *p = bpf_map_lookup_elem(&primaries, &k);
@@ -202,7 +223,7 @@ int ct_ctx_exit(struct pt_regs *ctx)
 		return 0;
 	}
 	__s32 one = 1;
-	bpf_map_update_elem(&ctx_refs, &handle, &one, BPF_ANY);
+	bpf_map_update_elem(&ctx_refs, &ck, &one, BPF_ANY);
 	struct ctx_stack *st = ctx_stack_of(tid);
 	if (!st)
 		return 0;
@@ -235,7 +256,7 @@ static __always_inline int ctx_change(struct pt_regs *ctx, const int push)
 	}
 	__u64 top = ctx_top(st);
 	__u64 named = push ? handle : top;
-	ctx_record(ctx, id, named, ctx_device(named), top);
+	ctx_record(ctx, id, named, ctx_device(id, named), top);
 	return 0;
 }
 
@@ -264,7 +285,7 @@ int ct_ctxpop_enter(struct pt_regs *ctx)
 	__u32 tid = (__u32)id;
 	ctx_pop(tid, st);
 	__u64 top = ctx_top(st);
-	ctx_record(ctx, id, top, ctx_device(top), top);
+	ctx_record(ctx, id, top, ctx_device(id, top), top);
 	return 0;
 }
 
@@ -276,8 +297,8 @@ int ct_ctxattach_enter(struct pt_regs *ctx)
 	struct ctx_stack *st = traced_ctx_stack(&id, 0);
 	if (!st)
 		return 0;
-	__u64 top = ctx_top(st);
-	__s32 *refs = bpf_map_lookup_elem(&ctx_refs, &top);
+	struct ctx_key k = ctx_key_of(id, ctx_top(st));
+	__s32 *refs = bpf_map_lookup_elem(&ctx_refs, &k);
 	if (refs)
 		__sync_fetch_and_add(refs, 1);
 	return 0;
@@ -289,8 +310,9 @@ int ct_ctxattach_enter(struct pt_regs *ctx)
 static __always_inline int ctx_dies(struct pt_regs *ctx, __u64 id, __u64 handle)
 {
 	__u32 tid = (__u32)id;
-	__s32 dev = ctx_device(handle);
-	bpf_map_delete_elem(&ctx_refs, &handle);
+	__s32 dev = ctx_device(id, handle);
+	struct ctx_key k = ctx_key_of(id, handle);
+	bpf_map_delete_elem(&ctx_refs, &k);
 	struct ctx_stack *st = bpf_map_lookup_elem(&ctx_stacks, &tid);
 	__u64 top = 0;
 	if (st) {
@@ -331,7 +353,8 @@ int ct_ctxdetach_enter(struct pt_regs *ctx)
 	__u64 handle = ending_ctx(ctx, &id);
 	if (!handle)
 		return 0;
-	__s32 *refs = bpf_map_lookup_elem(&ctx_refs, &handle);
+	struct ctx_key k = ctx_key_of(id, handle);
+	__s32 *refs = bpf_map_lookup_elem(&ctx_refs, &k);
 	if (refs) {
 		// Not atomic (the v1 instruction set has no fetch-and-add with a
 		// result): two threads detaching one context at once may miscount.
@@ -487,15 +510,18 @@ int ct_learn_exit(struct pt_regs *ctx)
 			st->depth = 1;
 		if (st->depth <= CT_CTX_STACK)
 			st->ctx[(st->depth - 1) & (CT_CTX_STACK - 1)] = val;
-		__s32 *known = bpf_map_lookup_elem(&ctx_dev, &val);
+		struct ctx_key vk = ctx_key_of(id, val);
+		__s32 *known = bpf_map_lookup_elem(&ctx_dev, &vk);
 		if (known) {
 			dev = *known;
 			bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
 		}
 		break;
 	case CT_SHAPE_LEARN_CTXDEV:
-		if (top_before)
-			bpf_map_update_elem(&ctx_dev, &top_before, &dev, BPF_ANY);
+		if (top_before) {
+			struct ctx_key tk = ctx_key_of(id, top_before);
+			bpf_map_update_elem(&ctx_dev, &tk, &dev, BPF_ANY);
+		}
 		bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
 		break;
 	default: // CT_SHAPE_LEARN_RTDEV

@@ -245,6 +245,13 @@ type CudatraceCtxCall struct {
 	MakeCurrent uint32
 }
 
+type CudatraceCtxKey struct {
+	_      structs.HostLayout
+	Tgid   uint32
+	Pad    uint32
+	Handle uint64
+}
+
 type CudatraceCtxStack struct {
 	_        structs.HostLayout
 	Depth    uint32

@@ -789,17 +789,41 @@ func (t *Tracer) Forget(pid uint32) {
 // after it had ended.
 func (t *Tracer) Sweep(alive func(pid uint32) bool) int {
 	dead := map[uint32]bool{}
+	isDead := func(pid uint32) bool {
+		if d, ok := dead[pid]; ok {
+			return d
+		}
+		dead[pid] = !alive(pid)
+		return dead[pid]
+	}
 	for _, m := range []*ebpf.Map{t.objs.Procs, t.objs.Pids, t.objs.PyProcs, t.objs.UwProcs} {
 		_ = walkKeys(m, func(key []byte) { // a walk cut short: the next sweep's
-			if pid := binary.LittleEndian.Uint32(key); !dead[pid] && !alive(pid) {
-				dead[pid] = true
-			}
+			isDead(binary.LittleEndian.Uint32(key))
 		})
 	}
-	for pid := range dead {
-		t.Forget(pid)
+	n := 0
+	for pid, d := range dead {
+		if d {
+			t.Forget(pid)
+			n++
+		}
 	}
-	return len(dead)
+	// Contexts are keyed by process and handle (bpf/contexts.h ctx_key):
+	// BPF cannot list a process's handles at its exit, so its entries go
+	// here, a key at a time, collected first (deleting under a walk
+	// restarts it).
+	for _, m := range []*ebpf.Map{t.objs.CtxDev, t.objs.CtxRefs} {
+		var gone [][]byte
+		_ = walkKeys(m, func(key []byte) {
+			if isDead(binary.LittleEndian.Uint32(key)) {
+				gone = append(gone, slices.Clone(key))
+			}
+		})
+		for _, k := range gone {
+			_ = m.Delete(k) // gone already (LRU): nothing to forget
+		}
+	}
+	return n
 }
 
 // MapUse is how full one BPF map keyed by process, thread or file is.

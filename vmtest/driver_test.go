@@ -412,6 +412,48 @@ func TestContextStack(t *testing.T) {
 	}
 }
 
+// TestContextHandleShared: two processes hold the same context handle for
+// contexts on different devices (ctxshare.c). Each one's allocations are
+// on its own context's device, and one's destroy does not end the other's
+// context: the child's 1 MiB stays live on device 1 at its exit, the
+// parent's 2 MiB on device 0 is freed with its context; as the stand-in
+// counts them.
+func TestContextHandleShared(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "share.trace")
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+		"--lib", fakeDriver, "-o", trace, "--", workload("ctxshare"))
+	rec.finish(t, 45*time.Second)
+
+	truths, err := groundTruthFile(log, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(truths) != 2 {
+		t.Fatalf("ground truth has pids %v, want two", keys(truths))
+	}
+	const mib = 1 << 20
+	var parent, child *procTruth
+	for _, p := range truths {
+		switch {
+		case p.Live == mib && p.ImplicitFrees == 0 && p.Devices[1] != nil && p.Devices[0] == nil:
+			child = p
+		case p.Live == 0 && p.ImplicitFrees == 1 && p.Devices[0].ImplicitFreeBytes == 2*mib && p.Devices[1] == nil:
+			parent = p
+		}
+	}
+	if parent == nil || child == nil {
+		t.Fatalf("ground truth: %v, want a parent that freed 2 MiB on device 0 with its context and a child with 1 MiB live on device 1", truths)
+	}
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	checkProcess(t, rep, parent, 0, "ctxshare")
+	checkProcess(t, rep, child, 0, "ctxshare")
+	checkNoOtherProcesses(t, rep, truths)
+}
+
 // TestAttachBeforeCUDA: `record --pid` on a process that has not loaded
 // CUDA yet waits for it, saying so once, and traces what the process does
 // once it dlopen()s a runtime, exactly (issue 17).

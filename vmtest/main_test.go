@@ -163,6 +163,11 @@ func buildStandIns(dir string) {
 		src("ctxstack.c"), fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return
 	}
+	// Two processes holding the same context handle (ctxshare.c).
+	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", workload("ctxshare"),
+		src("ctxshare.c"), fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
 	// Threads that chose their devices before a tracer attached
 	// (attach_ctx.c): each process uses one of the two libraries.
 	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall", "-o", workload("attach_ctx"),
