@@ -24,18 +24,9 @@
 #include <unistd.h>
 
 #include "cuda_decls.h"
+#include "cuda_check.h"
 
 #define MiB (1ULL << 20)
-static int bad;
-
-#define CHECK(call)                                                                           \
-	do {                                                                                  \
-		CUresult r_ = (call);                                                         \
-		if (r_ != CUDA_SUCCESS) {                                                     \
-			fprintf(stderr, "ctxstack: %s = %d at line %d\n", #call, r_, __LINE__); \
-			bad++;                                                                \
-		}                                                                             \
-	} while (0)
 
 __attribute__((noinline)) static CUdeviceptr ctx_alloc(size_t n)
 {

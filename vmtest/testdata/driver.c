@@ -24,19 +24,10 @@
 #include <unistd.h>
 
 #include "cuda_decls.h"
+#include "cuda_check.h"
 
 static int iters = 20;
 static CUcontext primary0;
-static int bad;
-
-#define CHECK(call)                                                                          \
-	do {                                                                                 \
-		CUresult r_ = (call);                                                        \
-		if (r_ != CUDA_SUCCESS) {                                                    \
-			fprintf(stderr, "driver: %s = %d at line %d\n", #call, r_, __LINE__); \
-			__atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);                       \
-		}                                                                            \
-	} while (0)
 
 __attribute__((noinline)) static CUdeviceptr drv_alloc_device(int i)
 {
