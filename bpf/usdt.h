@@ -54,7 +54,8 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 		return 0;
 	}
 	struct py_walked pw = walk_python(ctx, id, use_loop);
-	struct ct_alloc_event *e = reserve_alloc();
+	int nowindow = 0;
+	struct ct_alloc_event *e = reserve_alloc(&nowindow);
 	if (!e) {
 		count(CT_CNT_RB_FULL);
 		return 0;
@@ -63,7 +64,7 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 		   usdt_arg(ctx, &spec->args[2]), (__s32)usdt_arg(ctx, &spec->args[1]), 0);
 	// The probe sits in the allocator's function body, past its prologue:
 	// the frame-pointer chain starts at its caller's frame.
-	finish_alloc(ctx, e, pw);
+	finish_alloc(ctx, e, pw, nowindow);
 	return 0;
 }
 
