@@ -152,6 +152,12 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 			if base == nil {
 				base = l.born // gone before any read: who it was as it was born
 			}
+			if base == nil && c.Start != 0 {
+				// Running, its mappings not shown to this process (another
+				// user's, without CAP_SYS_PTRACE): who it is as this read
+				// says, the reason its job is unknown with it.
+				base = c.Identity()
+			}
 			l.pending = procmodel.WithLoaded(base, pid, at, l.exe, objs, &s.ids)
 		}
 		return
