@@ -3,7 +3,7 @@ package procmodel
 import (
 	"github.com/cudatrace/cudatrace/jobid"
 	"github.com/cudatrace/cudatrace/proc"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -75,8 +75,8 @@ func SymbolsFile(syms []Symbol) *tracefile.Symbols {
 }
 
 // PyCodesFile returns the codes of a python frame that records cs.
-func PyCodesFile(cs []pyframes.Code) []tracefile.PyCode {
-	return convert(cs, func(c pyframes.Code) tracefile.PyCode { return tracefile.PyCode(c) })
+func PyCodesFile(cs []pystack.Code) []tracefile.PyCode {
+	return convert(cs, func(c pystack.Code) tracefile.PyCode { return tracefile.PyCode(c) })
 }
 
 // convert converts each element of in with f. A nil slice stays nil and

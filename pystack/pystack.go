@@ -392,7 +392,7 @@ var debugSections = map[int]debugSection{
 // instruction and label is there (_TAIL_CALL_LOAD_FAST,
 // _TAIL_CALL_start_frame, their .cold parts), which the loop enters and
 // leaves by tail calls: one handler frame stands above the loop's entry
-// frame (pyframes.Merge takes the two as one).
+// frame (Merge takes the two as one).
 func interpreterLoop(name string) bool {
 	return name == "_PyEval_EvalFrameDefault" || name == "_PyEval_EvalFrameDefault.cold" ||
 		strings.HasPrefix(name, "_TAIL_CALL_")

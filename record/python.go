@@ -17,7 +17,6 @@ import (
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -324,7 +323,7 @@ type pyCode struct {
 // pycode takes a code object's capture (bpf/pycode.h), made before the
 // record that showed it. A capture at an address whose last capture had
 // another identity is a new code object where a freed one was: its frames
-// are renewed in the process's table (pyframes.Code.Renew).
+// are renewed in the process's table (pystack.Code.Renew).
 func (s *session) pycode(raw []byte, ev *events.Event) {
 	lp := s.track(ev)
 	if lp.py == nil {
@@ -361,20 +360,20 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	}
 	table := lp.p.Py
 	if table == nil {
-		table = pyframes.NewTable(lp.py.Eval)
+		table = pystack.NewTable(lp.py.Eval)
 		table.Minor = lp.py.Minor
 		lp.p.Py = table
 		if s.opts.Observer != nil {
 			s.opts.Observer.Python(ev.PID, table)
 		}
 	}
-	var out []pyframes.Code
+	var out []pystack.Code
 	for _, f := range ev.Py {
 		renew := lp.renew[f.Code]
 		if !renew && table.Has(f.Code, f.Units) {
 			continue
 		}
-		c := pyframes.Code{Code: f.Code, Units: f.Units, Renew: renew}
+		c := pystack.Code{Code: f.Code, Units: f.Units, Renew: renew}
 		if renew {
 			delete(lp.renew, f.Code)
 		}
@@ -416,7 +415,7 @@ func (s *session) nameCode(pid uint32, lp *liveProc, f events.PyFrame) (pystack.
 
 // countPython counts a Python frame named, and whether it stayed
 // unresolved (Result.UnresolvedPython).
-func (s *session) countPython(c pyframes.Code) {
+func (s *session) countPython(c pystack.Code) {
 	s.pyFrames++
 	if c.Error != "" {
 		s.pyUnresolved++

@@ -11,7 +11,6 @@ import (
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -341,7 +340,7 @@ func (s *session) write(ev *events.Event, raw []byte) {
 // replay does (enrich.Enricher.Apply), so that the live views' stacks are
 // those report shows.
 func (s *session) apply(ev *events.Event, lp *liveProc) ledger.Change {
-	var py *pyframes.Table
+	var py *pystack.Table
 	if lp.p != nil {
 		py = lp.p.Py
 	}
