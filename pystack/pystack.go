@@ -10,7 +10,7 @@
 // each (code object, instruction) into file:line with the code object's
 // line table.
 //
-// The same walk runs in BPF at each allocation (Layout gives it the
+// The same walk runs in BPF at each allocation (BPF gives it the
 // offsets; bpf/python.h py_stack), and Code resolves what it
 // recorded. 3.13 to 3.15 take their offsets from _Py_DebugOffsets (free-threaded
 // builds are not read); 3.10 to 3.12's from the build's DWARF where it has
@@ -532,26 +532,6 @@ func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 	return o, nil
 }
 
-// Layout is what a walk of a thread's frames in BPF needs (struct
-// ct_pyoffsets in bpf/cudatrace.h): the address of the interpreter list's
-// head in the process and the structure offsets, -1 where the version has
-// no such field.
-type Layout struct {
-	InterpHead                                            uint64
-	InterpThreads, TsNext, TsNativeID, TsThreadID         int64
-	TsFrame, TsCFrame, CFCurrent                          int64
-	FrPrevious, FrCode, FrInstr, FrOwner, FrEntry, CodeAt int64 // CodeAt: co_code_adaptive
-	Minor                                                 uint32
-	// What names a code object, for its capture in BPF: co_filename,
-	// co_qualname (co_name before 3.11), co_linetable, co_firstlineno.
-	CoFilename, CoName, CoLinetable, CoFirstLine int64
-}
-
-// Base is the load bias of the file the interpreter is in (0 for one
-// from DetectFile): Layout's InterpHead less it holds in every process
-// that maps the file.
-func (in *Interp) Base() uint64 { return in.base }
-
 // SystemInterpreters are the interpreter files installed where Pythons
 // usually are (the system's, /usr/local's, conda's, pyenv's, a virtual
 // environment's base), for DetectFile: candidates by name, each once.
@@ -661,17 +641,6 @@ func fileExists(p string) bool {
 	}
 	f.Close()
 	return true
-}
-
-// Layout returns the interpreter's layout for a walk in BPF.
-func (in *Interp) Layout() Layout {
-	o := &in.off
-	return Layout{InterpHead: in.runtime + uint64(o.interpHead), InterpThreads: o.interpThreads, TsNext: o.tsNext,
-		TsNativeID: o.tsNativeID, TsThreadID: o.tsThreadID, TsFrame: o.tsFrame, TsCFrame: o.tsCFrame,
-		CFCurrent: o.cfCurrent, FrPrevious: o.frPrevious, FrCode: o.frCode, FrInstr: o.frInstr,
-		FrOwner: o.frOwner, FrEntry: o.frEntry, CodeAt: o.coCodeAdaptive, Minor: uint32(in.Minor),
-		CoFilename: o.coFilename, CoName: cmp.Or(max(o.coQualname, 0), o.coName), CoLinetable: o.coLinetable,
-		CoFirstLine: o.coFirstLine}
 }
 
 // reader is where a code object's bytes are read: the live process

@@ -12,7 +12,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
@@ -85,7 +84,10 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 	// frames into native stacks needs besides comes after.
 	defer in.Finish()
 	if s.tr != nil {
-		o := pyOffsets(in)
+		o, err := in.BPF()
+		if err != nil {
+			return nil, fmt.Errorf("python layout of pid %d: %w", pid, err)
+		}
 		if err := s.tr.SetPython(pid, &o); errors.Is(err, loader.ErrMapFull) {
 			// Said once, whichever process: the summary counts them.
 			s.res.MapsFull++
@@ -113,16 +115,6 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 // errPyProcsFull says BPF's table of CPython processes is full of living
 // ones: one more process's Python frames are left out (counted).
 var errPyProcsFull = errors.New("a process's Python frames left out: BPF's table of CPython processes is full of living ones (counted in the summary and the agent's cudatrace_bpf_map_full_total)")
-
-// pyOffsets is an interpreter's layout as BPF takes it.
-func pyOffsets(in *pystack.Interp) bpf.CudatraceCtPyoffsets {
-	l := in.Layout()
-	return bpf.CudatraceCtPyoffsets{InterpHead: l.InterpHead, InterpThreads: l.InterpThreads, TsNext: l.TsNext,
-		TsNativeId: l.TsNativeID, TsThreadId: l.TsThreadID, TsFrame: l.TsFrame, TsCframe: l.TsCFrame,
-		CfCurrent: l.CFCurrent, FrPrevious: l.FrPrevious, FrCode: l.FrCode, FrInstr: l.FrInstr,
-		FrOwner: l.FrOwner, FrEntry: l.FrEntry, CoCodeAdaptive: l.CodeAt, Minor: l.Minor,
-		CoFilename: l.CoFilename, CoName: l.CoName, CoLinetable: l.CoLinetable, CoFirstlineno: l.CoFirstLine}
-}
 
 // pyFileSet owns the interpreter files whose layout BPF has (bpf/notify.h
 // py_files): a process that maps one gets its layout in BPF from its
@@ -159,8 +151,10 @@ func (p *pyFileSet) learn(dev string, inode uint64, in *pystack.Interp, check st
 	if known {
 		return nil
 	}
-	o := pyOffsets(in)
-	o.InterpHead -= in.Base()
+	o, err := in.BPFFile()
+	if err != nil {
+		return fmt.Errorf("python layout of inode %d: %w", inode, err)
+	}
 	return p.tr.SetPythonFile(dev, inode, &o)
 }
 
