@@ -305,19 +305,10 @@ func (s *session) detectEarly(pid uint32, root string, maps []proc.Mapping) {
 	l.early, l.earlyTried = in, true // nil too, with an error: tried
 }
 
-// pyCode is what a capture named of a code object: its identity then, and
-// the names (info) or why it could not be named from the capture (err:
-// the process is read instead).
-type pyCode struct {
-	ident uint64
-	info  *pystack.CodeInfo
-	err   error
-}
-
 // pycode takes a code object's capture (bpf/pycode.h), made before the
-// record that showed it. A capture at an address whose last capture had
-// another identity is a new code object where a freed one was: its frames
-// are renewed in the process's table (pystack.Code.Renew).
+// record that showed it, into the process's captures (pystack.Captures:
+// one at an address whose last capture had another identity renews its
+// frames in the process's table).
 func (s *session) pycode(raw []byte, ev *events.Event) {
 	lp := s.track(ev)
 	if lp.py == nil {
@@ -328,18 +319,7 @@ func (s *session) pycode(raw []byte, ev *events.Event) {
 		s.warn(err)
 		return
 	}
-	pc := pyCode{ident: c.Ident}
-	pc.info, pc.err = lp.py.Parse(&c)
-	if lp.codes == nil {
-		lp.codes = map[uint64]pyCode{}
-	}
-	if old, ok := lp.codes[c.Code]; ok && old.ident != c.Ident {
-		if lp.renew == nil {
-			lp.renew = map[uint64]bool{}
-		}
-		lp.renew[c.Code] = true
-	}
-	lp.codes[c.Code] = pc
+	lp.codes.Put(lp.py, &c)
 	s.pyCaptured++
 }
 
@@ -363,19 +343,13 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	}
 	var out []pystack.Code
 	for _, f := range ev.Py {
-		renew := lp.renew[f.Code]
-		if !renew && table.Has(f.Code, f.Units) {
+		if !lp.codes.Renewed(f.Code) && table.Has(f.Code, f.Units) {
 			continue
 		}
-		c := pystack.Code{Code: f.Code, Units: f.Units, Renew: renew}
-		if renew {
-			delete(lp.renew, f.Code)
+		c, read := lp.codes.Name(lp.py, int(ev.PID), f)
+		if read {
+			s.pyRead++
 		}
-		fr, err := s.nameCode(ev.PID, lp, f)
-		if err != nil {
-			c.Error = err.Error()
-		}
-		c.File, c.Function, c.Line = fr.File, fr.Function, fr.Line
 		s.countPython(c)
 		table.Put(c)
 		out = append(out, c)
@@ -386,25 +360,6 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	if err := s.w.WritePython(&tracefile.Python{PID: ev.PID, Codes: procmodel.PyCodesFile(out)}); err != nil {
 		s.warn(err)
 	}
-}
-
-// nameCode names frame f of process pid from its code object's capture,
-// else from the process's memory (while the code object lives).
-func (s *session) nameCode(pid uint32, lp *liveProc, f events.PyFrame) (pystack.Frame, error) {
-	pc, ok := lp.codes[f.Code]
-	if ok && pc.info != nil {
-		fr, err := pc.info.Frame(int64(f.Units))
-		if !errors.Is(err, pystack.ErrNotCaptured) {
-			return fr, err
-		}
-	}
-	s.pyRead++
-	fr, err := lp.py.Code(int(pid), f.Code, int64(f.Units))
-	if err != nil && ok && pc.err != nil && !errors.Is(pc.err, pystack.ErrNotCaptured) {
-		// What the capture showed says more than a read after the fact.
-		return fr, pc.err
-	}
-	return fr, err
 }
 
 // countPython counts a Python frame named, and whether it stayed

@@ -116,11 +116,8 @@ type liveProc struct {
 	quiet   int
 	py      *pystack.Interp // nil: no CPython found (yet)
 	pyTried bool
-	// codes are the process's code objects BPF captured, by address
-	// (the latest at each); renew, the addresses whose latest capture is
-	// of another code object than the frames named there (python.go).
-	codes map[uint64]pyCode
-	renew map[uint64]bool
+	// codes are the process's code objects BPF captured (python.go).
+	codes pystack.Captures
 	// execd: it ran another program since its last capture (notes.go).
 	execd bool
 }
