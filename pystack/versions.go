@@ -1,6 +1,7 @@
 package pystack
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 )
@@ -104,3 +105,6 @@ type debugSection struct {
 // 3.oldestMinor to 3.newestMinor, each in versions. Another is refused by
 // name (DetectQuick).
 var oldestMinor, newestMinor = slices.Min(slices.Collect(maps.Keys(versions))), slices.Max(slices.Collect(maps.Keys(versions)))
+
+// Versions names the CPython versions read, for users: "3.10 to 3.15".
+func Versions() string { return fmt.Sprintf("3.%d to 3.%d", oldestMinor, newestMinor) }
