@@ -33,7 +33,7 @@ import (
 	"github.com/cudatrace/cudatrace/owner"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -345,7 +345,7 @@ func (a *Agent) Process(c *procmodel.Capture) {
 
 // Python is record.Observer's: the table that names a CPython process's
 // Python frames.
-func (a *Agent) Python(pid uint32, t *pyframes.Table) {
+func (a *Agent) Python(pid uint32, t *pystack.Table) {
 	if a.procs[pid] != nil {
 		a.model.SetPython(pid, t)
 	}
@@ -354,7 +354,7 @@ func (a *Agent) Python(pid uint32, t *pyframes.Table) {
 // Event is record.Observer's: one event, after the ledger applied it.
 func (a *Agent) Event(ev *events.Event, ch ledger.Change) {
 	if len(a.subs) > 0 {
-		var py *pyframes.Table
+		var py *pystack.Table
 		if a.procs[ev.PID] != nil && ev.Flags&(events.FlagPython|events.FlagNoPython) != 0 {
 			py = a.model.Python(ev.PID)
 		}

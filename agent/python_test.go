@@ -15,7 +15,7 @@ import (
 	"github.com/google/pprof/profile"
 
 	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -23,7 +23,7 @@ import (
 // pyEvent applies ev as record's session does for a CPython process: the
 // ledger gets the stack with t's Python frames merged in, the observer the
 // record as captured.
-func (s *session) pyEvent(t *pyframes.Table, ev events.Event) {
+func (s *session) pyEvent(t *pystack.Table, ev events.Event) {
 	s.run(func() {
 		native := ev.Stack
 		if st, ok := t.Stack(nil, &ev); ok {
@@ -43,7 +43,7 @@ func TestPythonFrames(t *testing.T) {
 	s := newSession(t, Options{DumpDir: dir})
 	pid := uint32(os.Getpid())
 	s.process(pid, "python3")
-	tb := pyframes.NewTable([][2]uint64{{0x5000, 0x6000}})
+	tb := pystack.NewTable([][2]uint64{{0x5000, 0x6000}})
 	tb.Minor = 12
 	const file = "/app/train.py"
 	lines := map[int32]int{4: 12, 9: 14, 20: 31} // units -> line
@@ -51,7 +51,7 @@ func TestPythonFrames(t *testing.T) {
 	s.run(func() {
 		s.a.Python(pid, tb)
 		for _, u := range []int32{4, 9} { // 20 is resolved as the session would, later
-			tb.Put(pyframes.Code{Code: 0xc0de, Units: u, File: file, Function: fn[u], Line: lines[u]})
+			tb.Put(pystack.Code{Code: 0xc0de, Units: u, File: file, Function: fn[u], Line: lines[u]})
 		}
 	})
 	ev := func(units int32, addr, size uint64, result int32) events.Event {
@@ -70,7 +70,7 @@ func TestPythonFrames(t *testing.T) {
 	go func() { errc <- s.a.Trace(ctx(t), &trace, pid, 500*time.Millisecond) }()
 	time.Sleep(200 * time.Millisecond) // subscribed
 	s.run(func() {
-		tb.Put(pyframes.Code{Code: 0xc0de, Units: 20, File: file, Function: fn[20], Line: lines[20]})
+		tb.Put(pystack.Code{Code: 0xc0de, Units: 20, File: file, Function: fn[20], Line: lines[20]})
 	})
 	s.pyEvent(tb, ev(20, 0, 1<<40, 2))
 	s.pyEvent(tb, ev(9, 0x40000, 8, 0))
@@ -122,7 +122,7 @@ func TestPythonFrames(t *testing.T) {
 			}
 			fr := rep.Failure.Frames
 			if len(fr) != 3 || fr[1].Function != "grow" || fr[1].File != file || fr[1].Line != 31 ||
-				fr[1].Module != pyframes.Module || fr[0].Address != "0x1000" {
+				fr[1].Module != pystack.Module || fr[0].Address != "0x1000" {
 				t.Errorf("failing stack %+v, want grow at %s:31 second", fr, file)
 			}
 			if ls := rep.Failure.LiveStacks; len(ls) != 2 || ls[0].LiveBytes != 1100 || ls[0].Frames[1].Line != 12 ||

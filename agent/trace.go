@@ -12,7 +12,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -32,7 +32,7 @@ type traceSub struct {
 	closed  bool
 	// pyDone counts the frames of each Python table written so far (on
 	// the reader goroutine).
-	pyDone map[*pyframes.Table]int
+	pyDone map[*pystack.Table]int
 }
 
 type traceItem struct {
@@ -69,7 +69,7 @@ func traceQueue(d time.Duration) int {
 // python queues what replay needs to name the Python frames of pid's
 // next event: its interpreter loop's ranges the first time, then the
 // frames the session resolved since the last.
-func (s *traceSub) python(pid uint32, t *pyframes.Table, tot *Totals) {
+func (s *traceSub) python(pid uint32, t *pystack.Table, tot *Totals) {
 	if t == nil || !s.wants(pid) {
 		return
 	}
@@ -78,7 +78,7 @@ func (s *traceSub) python(pid uint32, t *pyframes.Table, tot *Totals) {
 		return
 	}
 	if s.pyDone == nil {
-		s.pyDone = map[*pyframes.Table]int{}
+		s.pyDone = map[*pystack.Table]int{}
 	}
 	var recs []*tracefile.Python
 	if !seen {
@@ -258,7 +258,7 @@ func (a *Agent) liveAtStart(sub *traceSub) []traceItem {
 			out = append(out, traceItem{py: &tracefile.Python{PID: pid, Minor: t.Minor, Eval: t.Eval,
 				Codes: procmodel.PyCodesFile(t.Codes(0))}})
 			if sub.pyDone == nil {
-				sub.pyDone = map[*pyframes.Table]int{}
+				sub.pyDone = map[*pystack.Table]int{}
 			}
 			sub.pyDone[t] = t.Len()
 		}

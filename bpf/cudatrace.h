@@ -218,7 +218,7 @@ struct ct_ustack {
 #define CT_PY_MAX_THREADS 32
 // The walk reads the first CT_PY_FRAME_READ bytes of an interpreter frame
 // at once: every field it needs lies there in 3.10-3.14 (at most 104), and
-// the loader refuses a layout where one does not (loader.PyFrameRead).
+// Go refuses a layout where one does not (pystack's checkBPF).
 #define CT_PY_FRAME_READ 128
 
 struct ct_pyoffsets {

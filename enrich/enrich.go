@@ -2,7 +2,7 @@
 // ledger keeps: the stack unwound from the record's stack window with
 // call-frame information (package unwind) where that goes deeper than the
 // frame-pointer walk, and the CPython frames merged in where the
-// interpreter loop stands (package pyframes). The live session (record)
+// interpreter loop stands (package pystack). The live session (record)
 // and the replay of a trace (replay) both call it, against the process
 // model's capture (procmodel), so a stack comes out the same either way.
 // Naming the frames is procmodel.Frames.
@@ -17,7 +17,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/unwind"
 )
 
@@ -153,9 +153,9 @@ func (e *Enricher) check(ev *events.Event, stop unwind.Stop) {
 // from py (the process's table; nil: none), so that stacks that differ
 // only in their Python frames stay apart and name their Python lines. A
 // thread of a CPython process without Python frames ends with
-// pyframes.NoPythonAddr. ev keeps its native stack: the trace and the
+// pystack.NoPythonAddr. ev keeps its native stack: the trace and the
 // observers get the record as captured.
-func (e *Enricher) Apply(l *ledger.Ledger, ev *events.Event, py *pyframes.Table) ledger.Change {
+func (e *Enricher) Apply(l *ledger.Ledger, ev *events.Event, py *pystack.Table) ledger.Change {
 	if py == nil || ev.Flags&(events.FlagPython|events.FlagNoPython) == 0 {
 		return l.Apply(ev)
 	}

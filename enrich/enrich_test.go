@@ -7,7 +7,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 )
 
 // The ledger keeps the stack with the Python frames in place of the
@@ -18,8 +18,8 @@ func TestApplyPython(t *testing.T) {
 	e := New(false)
 	defer e.Close()
 	l := ledger.New()
-	tb := pyframes.NewTable([][2]uint64{{0x5000, 0x6000}})
-	addr := tb.Put(pyframes.Code{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "step", Line: 3})
+	tb := pystack.NewTable([][2]uint64{{0x5000, 0x6000}})
+	addr := tb.Put(pystack.Code{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "step", Line: 3})
 	native := []uint64{0x1000, 0x5010, 0x3000}
 	ev := &events.Event{PID: 7, API: events.CudaMalloc, Addr: 0x10000, Size: 10, Flags: events.FlagPython,
 		Stack: slices.Clone(native), Py: []events.PyFrame{{Code: 0xc0de, Units: 4, Flags: events.PyEntry}}}
@@ -31,7 +31,7 @@ func TestApplyPython(t *testing.T) {
 		t.Errorf("event stack %x, want the native %x", ev.Stack, native)
 	}
 	ev2 := &events.Event{PID: 7, API: events.CudaMalloc, Addr: 0x20000, Size: 10, Flags: events.FlagNoPython, Stack: slices.Clone(native)}
-	if ch := e.Apply(l, ev2, tb); !slices.Equal(ch.Stack.Frames, append(slices.Clone(native), pyframes.NoPythonAddr)) {
+	if ch := e.Apply(l, ev2, tb); !slices.Equal(ch.Stack.Frames, append(slices.Clone(native), pystack.NoPythonAddr)) {
 		t.Errorf("no-Python stack %x", ch.Stack.Frames)
 	}
 	ev3 := &events.Event{PID: 8, API: events.CudaMalloc, Addr: 0x30000, Size: 10, Flags: events.FlagPython, Stack: slices.Clone(native)}

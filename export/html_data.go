@@ -18,7 +18,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/owner"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/report"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -378,7 +378,7 @@ func (b *pageBuilder) data(src Stacks) *pageData {
 		}
 		kind, own := 0, -1
 		switch {
-		case rf.Module == pyframes.Module:
+		case rf.Module == pystack.Module:
 			kind = 1
 		case owner.IsCUDA(rf.Module):
 			kind = 2

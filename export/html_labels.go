@@ -18,7 +18,7 @@ import (
 	"strings"
 
 	"github.com/cudatrace/cudatrace/owner"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/report"
 )
 
@@ -58,7 +58,7 @@ func candidates(fs []report.Frame) []labelFrame {
 	var py, native []labelFrame
 	for _, f := range fs {
 		switch {
-		case f.Module == pyframes.Module:
+		case f.Module == pystack.Module:
 			py = append(py, toLabelFrame(f))
 		case f.Short() == "" || owner.IsCUDA(f.Module) || startup(f):
 		default:
@@ -81,9 +81,9 @@ func userFrames(fs []report.Frame) []labelFrame {
 	var py, pyLib, native, named []labelFrame
 	for _, f := range fs {
 		switch {
-		case f.Module == pyframes.Module && libraryPython(f.File):
+		case f.Module == pystack.Module && libraryPython(f.File):
 			pyLib = append(pyLib, toLabelFrame(f))
-		case f.Module == pyframes.Module:
+		case f.Module == pystack.Module:
 			py = append(py, toLabelFrame(f))
 		case owner.IsCUDA(f.Module) || startup(f) || systemLibrary(f.Module):
 		case f.File != "":

@@ -18,7 +18,7 @@ import (
 	"github.com/cudatrace/cudatrace/internal/tracetest"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -185,7 +185,7 @@ func (pyStacks) Frames(st *ledger.Stack) []symbolize.Frame {
 	names := map[uint64]string{0xa: "_ctypes_callproc", 1<<63 | 1: "<listcomp>", 1<<63 | 2: "<module>", 1<<63 | 3: "Model.<lambda>"}
 	out := make([]symbolize.Frame, len(st.Frames))
 	for i, pc := range st.Frames {
-		out[i] = symbolize.Frame{Addr: pc, Function: names[pc], File: "/srv/train.py", Line: 10 + i, Module: pyframes.Module}
+		out[i] = symbolize.Frame{Addr: pc, Function: names[pc], File: "/srv/train.py", Line: 10 + i, Module: pystack.Module}
 		if pc == 0xa {
 			out[i].File, out[i].Module = "callproc.c", "/bin/w"
 		}

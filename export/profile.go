@@ -11,7 +11,7 @@ import (
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/owner"
 	"github.com/cudatrace/cudatrace/proc"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/replay"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
@@ -256,7 +256,7 @@ func (b *pprofBuilder) location(pid uint32, maps []proc.Mapping, f symbolize.Fra
 	}
 	loc := &profile.Location{ID: uint64(len(b.p.Location) + 1), Mapping: m, Address: f.Addr}
 	if f.Function != "" {
-		fn := b.function(f.Function, f.File, f.Module == pyframes.Module)
+		fn := b.function(f.Function, f.File, f.Module == pystack.Module)
 		loc.Line = []profile.Line{{Function: fn, Line: int64(f.Line)}}
 		if m != nil {
 			m.HasFunctions = true

@@ -678,70 +678,15 @@ func mapErr(err error) error {
 }
 
 // SetPython tells the BPF programs where process pid's CPython keeps its
-// thread states and how they are laid out: its allocation records carry
-// the allocating thread's Python frames from then on.
+// thread states and how they are laid out (pystack.Interp.BPF, which
+// checks it is one the walk takes): its allocation records carry the
+// allocating thread's Python frames from then on.
 func (t *Tracer) SetPython(pid uint32, o *bpf.CudatraceCtPyoffsets) error {
-	if err := checkPyOffsets(o); err != nil {
-		return fmt.Errorf("python layout of pid %d: %w", pid, err)
-	}
 	if err := t.objs.PyProcs.Put(pid, o); err != nil {
 		return fmt.Errorf("python layout of pid %d: %w", pid, mapErr(err))
 	}
 	return nil
 }
-
-// checkPyOffsets refuses a layout the BPF walk cannot take: a frame field
-// past the bytes it reads of a frame, or an 8-byte field (a pointer, the
-// thread's id, 3.10's f_lasti) at an offset that is not a multiple of 8,
-// which the walk takes with one aligned load (bpf/python.h, buf_u64).
-func checkPyOffsets(o *bpf.CudatraceCtPyoffsets) error {
-	for _, f := range []struct {
-		name      string
-		off, size int64
-	}{{"previous", o.FrPrevious, 8}, {"code", o.FrCode, 8}, {"instruction", o.FrInstr, 8}, {"owner", o.FrOwner, 1}, {"is_entry", o.FrEntry, 1}} {
-		if f.off >= 0 && f.off+f.size > PyFrameRead || f.off < -1 || f.off == -1 && f.size == 8 {
-			return fmt.Errorf("frame field %s at %d lies past the %d bytes the walk reads of a frame", f.name, f.off, PyFrameRead)
-		}
-	}
-	// The code object's fields its capture takes (bpf/pycode.h): in the
-	// bytes it reads of the object, and those of its identity within the
-	// bytes it reads of them at once. A layout without them is walked,
-	// its code objects read from the process instead (ct_py_capture
-	// captures none).
-	if o.CoFilename >= 0 && o.CoName >= 0 && o.CoLinetable >= 0 && o.CoFirstlineno >= 0 {
-		lo := min(o.CoFilename, o.CoName, o.CoLinetable, o.CoFirstlineno) &^ 7
-		for _, f := range []struct {
-			name      string
-			off, size int64
-		}{{"co_filename", o.CoFilename, 8}, {"co_name", o.CoName, 8}, {"co_linetable", o.CoLinetable, 8}, {"co_firstlineno", o.CoFirstlineno, 4}} {
-			if f.off+f.size > PyCodeHead || f.off-lo+f.size > PyIdentRead || f.off%f.size != 0 {
-				return fmt.Errorf("code object field %s at %d lies past the bytes its capture reads, or is not aligned", f.name, f.off)
-			}
-		}
-	}
-	for _, f := range []struct {
-		name string
-		off  int64
-	}{{"frame previous", o.FrPrevious}, {"frame code", o.FrCode}, {"frame instruction", o.FrInstr},
-		{"thread state native_thread_id", o.TsNativeId}, {"thread state thread_id", o.TsThreadId},
-		{"thread state frame", o.TsFrame}, {"thread state cframe", o.TsCframe}, {"cframe current_frame", o.CfCurrent}} {
-		if f.off >= 0 && f.off%8 != 0 {
-			return fmt.Errorf("%s at %d is not 8-byte aligned", f.name, f.off)
-		}
-	}
-	return nil
-}
-
-// PyFrameRead is CT_PY_FRAME_READ (bpf/cudatrace.h): the bytes of an
-// interpreter frame the BPF walk reads at once, where each field it takes
-// must lie (SetPython checks). PyCodeHead is CT_PYCODE_HEAD, the bytes of
-// a code object its capture reads, and PyIdentRead CT_PY_IDENT_READ, those
-// its identity's fields lie in (bpf/pycode.h).
-const (
-	PyFrameRead = 128
-	PyCodeHead  = 256
-	PyIdentRead = 128
-)
 
 // pyFileKey is struct py_file_key (bpf/notify.h).
 type pyFileKey struct {
@@ -752,13 +697,11 @@ type pyFileKey struct {
 
 // SetPythonFile tells the BPF programs the layout of an interpreter file
 // (the file of a mapping: its major:minor as /proc/PID/maps writes it,
-// and inode), with o.InterpHead relative to the file's load bias: a
-// process whose dynamic loader maps that file gets its layout from BPF
-// itself (bpf/notify.h py_learn), before its first allocation.
+// and inode), with o.InterpHead relative to the file's load bias
+// (pystack.Interp.BPFFile): a process whose dynamic loader maps that file
+// gets its layout from BPF itself (bpf/notify.h py_learn), before its
+// first allocation.
 func (t *Tracer) SetPythonFile(dev string, ino uint64, o *bpf.CudatraceCtPyoffsets) error {
-	if err := checkPyOffsets(o); err != nil {
-		return fmt.Errorf("python layout of inode %d: %w", ino, err)
-	}
 	var major, minor uint32
 	if _, err := fmt.Sscanf(dev, "%x:%x", &major, &minor); err != nil {
 		return fmt.Errorf("device %q: %w", dev, err)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
 
@@ -131,12 +131,12 @@ func OfSymbolized(fs []symbolize.Frame) Owner {
 }
 
 // FramesOf makes the rules' frames from n frames given as their module
-// (a mapping's path, or pyframes.Module for a Python frame) and file.
+// (a mapping's path, or pystack.Module for a Python frame) and file.
 func FramesOf(n int, at func(i int) (module, file string)) []Frame {
 	out := make([]Frame, n)
 	for i := range out {
 		mod, file := at(i)
-		if mod == pyframes.Module {
+		if mod == pystack.Module {
 			out[i] = Frame{Path: file, Python: true}
 			continue
 		}
@@ -162,7 +162,7 @@ func (r *Rule) matches(p, base string) bool {
 }
 
 // OfStack is the owner of addrs, a stack of the process captured in c
-// (innermost first, Python frames merged in as package pyframes does),
+// (innermost first, Python frames merged in as package pystack does),
 // named by files only, without symbolizing: the live views (top, the
 // agent) ask it once per stack on the reader's goroutine. py names the
 // Python frames (nil: none named).
@@ -174,7 +174,7 @@ func OfStack(c *procmodel.Capture, py procmodel.PythonNames, addrs []uint64) Own
 	if py != nil {
 		py.Fill(fs)
 	} else {
-		(*pyframes.Table)(nil).Fill(fs)
+		(*pystack.Table)(nil).Fill(fs)
 	}
 	return OfMapped(c.Mappings(), fs)
 }
@@ -185,7 +185,7 @@ func OfStack(c *procmodel.Capture, py procmodel.PythonNames, addrs []uint64) Own
 func OfMapped(maps []proc.Mapping, fs []symbolize.Frame) Owner {
 	return Of(FramesOf(len(fs), func(i int) (string, string) {
 		f := fs[i]
-		if f.Module == "" && f.Addr != 0 && !pyframes.IsPython(f.Addr) {
+		if f.Module == "" && f.Addr != 0 && !pystack.IsPython(f.Addr) {
 			// A return address: the call is the byte before it, in the
 			// caller's mapping even where the call ends one.
 			if m := procmodel.MappingOf(maps, f.Addr-1); m != nil {

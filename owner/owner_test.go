@@ -5,7 +5,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
 
@@ -55,7 +55,7 @@ func TestOf(t *testing.T) {
 
 func TestOfSymbolized(t *testing.T) {
 	fs := []symbolize.Frame{{Module: "/usr/lib/libcudart.so.12"}, {Module: "[anon]"},
-		{Module: pyframes.Module, File: "/site-packages/numba/cuda/cudadrv/driver.py"}}
+		{Module: pystack.Module, File: "/site-packages/numba/cuda/cudadrv/driver.py"}}
 	if got := OfSymbolized(fs); got != (Owner{Numba, "driver.py"}) {
 		t.Errorf("OfSymbolized = %+v", got)
 	}

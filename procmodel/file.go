@@ -3,7 +3,7 @@ package procmodel
 import (
 	"github.com/cudatrace/cudatrace/jobid"
 	"github.com/cudatrace/cudatrace/proc"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -74,9 +74,28 @@ func SymbolsFile(syms []Symbol) *tracefile.Symbols {
 	})}
 }
 
+// PythonFromFile keeps a python frame's facts in its process's table of
+// Python frames (package pystack): a new table at the process's first
+// such frame, or where its PID was taken by another (the frame gives the
+// interpreter loop again); each code the file's tracefile.PyCode
+// converted.
+func (m *Processes) PythonFromFile(p *tracefile.Python) {
+	pt := m.Python(p.PID)
+	if pt == nil || len(p.Eval) > 0 && p.Codes == nil {
+		pt = pystack.NewTable(p.Eval)
+		m.SetPython(p.PID, pt)
+	}
+	if len(p.Eval) > 0 {
+		pt.Eval = p.Eval
+	}
+	for _, c := range p.Codes {
+		pt.Put(pystack.Code(c))
+	}
+}
+
 // PyCodesFile returns the codes of a python frame that records cs.
-func PyCodesFile(cs []pyframes.Code) []tracefile.PyCode {
-	return convert(cs, func(c pyframes.Code) tracefile.PyCode { return tracefile.PyCode(c) })
+func PyCodesFile(cs []pystack.Code) []tracefile.PyCode {
+	return convert(cs, func(c pystack.Code) tracefile.PyCode { return tracefile.PyCode(c) })
 }
 
 // convert converts each element of in with f. A nil slice stays nil and

@@ -2,7 +2,7 @@ package procmodel
 
 import (
 	"github.com/cudatrace/cudatrace/ledger"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 )
 
@@ -17,8 +17,8 @@ type Process struct {
 	// its mappings, so it does not replace the ones read before.
 	current *Capture
 	// Py names the Python frames of the process's stacks (a CPython
-	// process's, package pyframes); nil when it runs none.
-	Py     *pyframes.Table
+	// process's, package pystack); nil when it runs none.
+	Py     *pystack.Table
 	stacks []*ledger.Stack // bound to a capture, to forget with it
 }
 
@@ -84,10 +84,10 @@ func (m *Processes) Add(c *Capture) *Process {
 
 // SetPython gives pid the table that names its Python frames (a new one
 // when another process took the PID).
-func (m *Processes) SetPython(pid uint32, t *pyframes.Table) { m.get(pid).Py = t }
+func (m *Processes) SetPython(pid uint32, t *pystack.Table) { m.get(pid).Py = t }
 
 // Python returns the table naming pid's Python frames; nil when none.
-func (m *Processes) Python(pid uint32) *pyframes.Table {
+func (m *Processes) Python(pid uint32) *pystack.Table {
 	if p := m.procs[pid]; p != nil {
 		return p.Py
 	}
@@ -138,14 +138,14 @@ func (m *Processes) Frames(sym *symbolize.Symbolizer, st *ledger.Stack) []symbol
 }
 
 // PythonNames is what names a merged stack's Python frames: a process's
-// *pyframes.Table on its goroutine, or a copy of some of its names
-// (pyframes.Names) on another. Both may be nil.
+// *pystack.Table on its goroutine, or a copy of some of its names
+// (pystack.Names) on another. Both may be nil.
 type PythonNames interface {
 	Fill(f []symbolize.Frame)
 }
 
 // Frames names addrs, a stack (innermost first, Python frames merged in as
-// package pyframes does) of the process captured in c: its native frames
+// package pystack does) of the process captured in c: its native frames
 // from c's mappings and the files they name (a container's own while it
 // lives, symbolize.FramesOf), its Python frames from py. sym nil leaves
 // native frames as addresses.
@@ -154,7 +154,7 @@ func Frames(sym *symbolize.Symbolizer, c *Capture, py PythonNames, addrs []uint6
 	if py != nil {
 		py.Fill(f)
 	} else {
-		(*pyframes.Table)(nil).Fill(f)
+		(*pystack.Table)(nil).Fill(f)
 	}
 	return f
 }
@@ -164,12 +164,12 @@ func Frames(sym *symbolize.Symbolizer, c *Capture, py PythonNames, addrs []uint6
 // (never changed once made) and their Python frames' names.
 type View struct {
 	caps map[*ledger.Stack]*Capture
-	py   map[uint32]pyframes.Names
+	py   map[uint32]pystack.Names
 }
 
 // NewView returns an empty View.
 func NewView() *View {
-	return &View{caps: map[*ledger.Stack]*Capture{}, py: map[uint32]pyframes.Names{}}
+	return &View{caps: map[*ledger.Stack]*Capture{}, py: map[uint32]pystack.Names{}}
 }
 
 // Add copies what naming st needs from m (on m's goroutine). st nil is

@@ -9,7 +9,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/proc"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -68,18 +68,18 @@ func TestViewFrames(t *testing.T) {
 	m := New()
 	c := &Capture{PID: 2, Maps: maps("/lib")}
 	m.Add(c)
-	tb := pyframes.NewTable(nil)
-	addr := tb.Put(pyframes.Code{Code: 1, Units: 2, File: "/app/train.py", Function: "step", Line: 7})
+	tb := pystack.NewTable(nil)
+	addr := tb.Put(pystack.Code{Code: 1, Units: 2, File: "/app/train.py", Function: "step", Line: 7})
 	m.SetPython(2, tb)
-	st := &ledger.Stack{PID: 2, Frames: []uint64{addr, 0x1010, pyframes.NoPythonAddr}}
+	st := &ledger.Stack{PID: 2, Frames: []uint64{addr, 0x1010, pystack.NoPythonAddr}}
 	m.Bind(2, st)
 	v := NewView()
 	v.Add(m, st)
 	v.Add(m, nil)
-	tb.Put(pyframes.Code{Code: 1, Units: 2, File: "/app/other.py", Function: "later", Line: 1}) // after the copy
+	tb.Put(pystack.Code{Code: 1, Units: 2, File: "/app/other.py", Function: "later", Line: 1}) // after the copy
 	got := v.Frames(nil, st)
 	if len(got) != 3 || got[0].Function != "step" || got[0].File != "/app/train.py" || got[0].Line != 7 ||
-		got[1] != (symbolize.Frame{Addr: 0x1010}) || got[2].Function != pyframes.NoPythonFunction {
+		got[1] != (symbolize.Frame{Addr: 0x1010}) || got[2].Function != pystack.NoPythonFunction {
 		t.Errorf("view frames %+v", got)
 	}
 	if v.CaptureOf(st) != c || len(v.Frames(nil, nil)) != 0 {

@@ -3,6 +3,8 @@ package pystack
 import (
 	"bytes"
 	"errors"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/cudatrace/cudatrace/events"
@@ -38,5 +40,41 @@ func TestCapturedOverlap(t *testing.T) {
 	}
 	if got := c.after(0x2000); got != 0 {
 		t.Errorf("after(outside) = %d", got)
+	}
+}
+
+// Captures: a frame is named from its code object's capture, the error a
+// capture showed wins over a later read's, and a capture of another code
+// object at an address renews its frames once.
+func TestCaptures(t *testing.T) {
+	in := &Interp{Minor: 12, off: offsets312, types: objTypes{code: 0x1234}}
+	head := make([]byte, 64)
+	head[8] = 0x99 // ob_type: not PyCode_Type
+	capture := func(ident uint64) *events.PyCodeCapture {
+		return &events.PyCodeCapture{Code: 0x1000, Ident: ident, Head: head}
+	}
+	var cs Captures
+	cs.Put(in, capture(1))
+	if cs.Renewed(0x1000) {
+		t.Errorf("first capture: renewed")
+	}
+	f := events.PyFrame{Code: 0x1000, Units: 3}
+	c, read := cs.Name(in, os.Getpid(), f)
+	if !read || c.Renew || c.Code != 0x1000 || c.Units != 3 || !strings.Contains(c.Error, "no longer a code object") {
+		t.Errorf("named %+v (read %v), want the capture's error after a read", c, read)
+	}
+	cs.Put(in, capture(1))
+	if cs.Renewed(0x1000) {
+		t.Errorf("the same code object captured again: renewed")
+	}
+	cs.Put(in, capture(2))
+	if !cs.Renewed(0x1000) {
+		t.Fatalf("another code object at the address: not renewed")
+	}
+	if c, _ := cs.Name(in, os.Getpid(), f); !c.Renew {
+		t.Errorf("first frame named after the renewal: %+v, want Renew", c)
+	}
+	if c, _ := cs.Name(in, os.Getpid(), f); c.Renew || cs.Renewed(0x1000) {
+		t.Errorf("second frame named after the renewal: %+v, want no Renew", c)
 	}
 }

@@ -20,29 +20,91 @@ import (
 // for the host's tree, else run chrooted into root).
 type probeTarget struct{ name, root, python string }
 
-// probeTargets are the supported interpreters installed here: pyenv's 3.10
-// to 3.13 (with DWARF), Debian 12's python3.11 (no DWARF: the built-in
-// table), and sid's 3.13, 3.14 and 3.15 (_Py_DebugOffsets), each a subtest
-// that skips (fails under CI=true) where its interpreter is absent.
+// probeVersions are the interpreters TestLayoutProbe runs its probe
+// under, one line a case: pyenv's builds (with DWARF), Debian 12's
+// python3.11 (no DWARF: the built-in table), and sid's, run chrooted into
+// its tree (_Py_DebugOffsets). Each version in versions has one at least
+// (TestVersions): a new version is one line here.
+var probeVersions = []struct {
+	from    probeFrom
+	version string
+}{
+	{pyenv, "3.10"},
+	{pyenv, "3.11"},
+	{pyenv, "3.12"},
+	{pyenv, "3.13"},
+	{debian, "3.11"},
+	{sid, "3.13"},
+	{sid, "3.14"},
+	{sid, "3.15"},
+}
+
+// probeFrom is where an interpreter of probeVersions is installed.
+type probeFrom int
+
+const (
+	pyenv  probeFrom = iota // /root/.pyenv/versions (testenv.Python)
+	debian                  // the host's /usr/bin/python3.M
+	sid                     // a Debian sid tree (testenv.SidPython)
+)
+
+// probeTargets runs run for each of probeVersions, each a subtest that
+// skips (fails under CI=true) where its interpreter is absent.
 func probeTargets(t *testing.T, run func(t *testing.T, pt probeTarget)) {
-	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
-		t.Run(v, func(t *testing.T) { run(t, probeTarget{v, "", testenv.Python(t, v)}) })
-	}
-	t.Run("debian-3.11", func(t *testing.T) {
-		const python = "/usr/bin/python3.11"
-		if _, err := os.Stat(python); err != nil {
-			testenv.SkipOrFail(t, "%v", err)
+	for _, pv := range probeVersions {
+		v := pv.version
+		switch pv.from {
+		case pyenv:
+			t.Run(v, func(t *testing.T) { run(t, probeTarget{v, "", testenv.Python(t, v)}) })
+		case debian:
+			t.Run("debian-"+v, func(t *testing.T) {
+				python := "/usr/bin/python" + v
+				if _, err := os.Stat(python); err != nil {
+					testenv.SkipOrFail(t, "%v", err)
+				}
+				run(t, probeTarget{"debian-" + v, "", python})
+			})
+		case sid:
+			t.Run("sid-"+v, func(t *testing.T) {
+				if os.Getuid() != 0 {
+					testenv.SkipOrFail(t, "chroot needs root")
+				}
+				root, python := testenv.SidPython(t, v)
+				run(t, probeTarget{"sid-" + v, root, python})
+			})
 		}
-		run(t, probeTarget{"debian-3.11", "", python})
-	})
-	for _, v := range []string{"3.13", "3.14", "3.15"} {
-		t.Run("sid-"+v, func(t *testing.T) {
-			if os.Getuid() != 0 {
-				testenv.SkipOrFail(t, "chroot needs root")
-			}
-			root, python := testenv.SidPython(t, v)
-			run(t, probeTarget{"sid-" + v, root, python})
-		})
+	}
+}
+
+// TestVersions: each version read is probed (probeVersions), the
+// versions are one run, oldest to newest, and each entry's facts agree
+// with one another.
+func TestVersions(t *testing.T) {
+	probed := map[int]bool{}
+	for _, pv := range probeVersions {
+		var minor int
+		if _, err := fmt.Sscanf(pv.version, "3.%d", &minor); err != nil {
+			t.Fatalf("probeVersions: %q: %v", pv.version, err)
+		}
+		if _, ok := versions[minor]; !ok {
+			t.Errorf("probeVersions: %s is not in versions", pv.version)
+		}
+		probed[minor] = true
+	}
+	for minor := oldestMinor; minor <= newestMinor; minor++ {
+		v, ok := versions[minor]
+		switch {
+		case !ok:
+			t.Errorf("3.%d: not in versions, between 3.%d and 3.%d", minor, oldestMinor, newestMinor)
+		case !probed[minor]:
+			t.Errorf("3.%d: no interpreter in probeVersions: TestLayoutProbe does not check it", minor)
+		case v.debug != nil && v.table != nil:
+			t.Errorf("3.%d: both _Py_DebugOffsets and a table", minor)
+		case v.frames >= frameOwner && v.entryOwner == 0:
+			t.Errorf("3.%d: its frames have owners, but no entry frame's owner", minor)
+		case v.frames >= frameEntry && !v.locations:
+			t.Errorf("3.%d: _PyInterpreterFrame without 3.11's location table", minor)
+		}
 	}
 }
 
@@ -184,7 +246,7 @@ func probeLayout(t *testing.T, pt probeTarget, in *Interp, off offsets) []string
 		"cf_current": off.cfCurrent, "fr_previous": off.frPrevious, "fr_code": off.frCode, "fr_instr": off.frInstr,
 		"fr_owner": off.frOwner, "fr_entry": off.frEntry, "co_code_adaptive": off.coCodeAdaptive,
 		"co_filename": off.coFilename, "co_name": off.coName, "co_qualname": off.coQualname,
-		"co_firstlineno": off.coFirstLine, "co_linetable": off.coLinetable, "owned_cstack": off.frameOwnedCStack}
+		"co_firstlineno": off.coFirstLine, "co_linetable": off.coLinetable, "owned_cstack": versions[in.Minor].entryOwner}
 	arg, _ := json.Marshal(l)
 	argv := []string{pt.python, "-c", string(script), string(arg)}
 	if pt.root != "" {

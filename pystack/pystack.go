@@ -1,22 +1,3 @@
-// Package pystack reads a CPython 3.10 to 3.15 thread's Python stack (file,
-// function, line) from outside the process: the user-space half of Python
-// frames in cudatrace stacks. A code object is named from what BPF
-// captured of it at its first sight (Captured: bpf/pycode.h), else read
-// from the process with process_vm_readv (proc.Mem: ptrace access only,
-// the process never stopped). It finds the
-// interpreter (libpython or a static python executable) in the process's
-// mappings, takes the structure offsets of its build, finds the thread's
-// state by its native thread id and walks the interpreter frames, turning
-// each (code object, instruction) into file:line with the code object's
-// line table.
-//
-// The same walk runs in BPF at each allocation (Layout gives it the
-// offsets; bpf/python.h py_stack), and Code resolves what it
-// recorded. 3.13 to 3.15 take their offsets from _Py_DebugOffsets (free-threaded
-// builds are not read); 3.10 to 3.12's from the build's DWARF where it has
-// some, else, for x86-64 release builds (distributions', conda's,
-// python-build-standalone's), from the table of its minor version
-// (table.go, tables.go).
 package pystack
 
 import (
@@ -67,31 +48,30 @@ type Interp struct {
 // offsets are the byte offsets the walk needs; -1 where the version has
 // no such field.
 type offsets struct {
-	interpHead       int64 // _PyRuntime.interpreters.head
-	mainThread       int64 // _PyRuntime.main_thread (3.10: tells the main thread's state)
-	interpThreads    int64 // PyInterpreterState.tstate_head (3.10) / threads.head
-	tsNext           int64
-	tsNativeID       int64 // native_thread_id (3.11+)
-	tsThreadID       int64 // thread_id (pthread_t)
-	tsFrame          int64 // 3.10: frame; 3.13: current_frame
-	tsCFrame         int64 // 3.11, 3.12: cframe
-	cfCurrent        int64 // _PyCFrame.current_frame
-	frPrevious       int64 // f_back (3.10) / previous
-	frCode           int64 // f_code / f_executable
-	frInstr          int64 // f_lasti (3.10, an int) / prev_instr / instr_ptr
-	frOwner          int64 // 3.12+
-	frEntry          int64 // 3.11: is_entry
-	coFilename       int64
-	coName           int64
-	coQualname       int64
-	coFirstLine      int64
-	coLinetable      int64
-	coCodeAdaptive   int64
-	bytesData        int64 // PyBytesObject.ob_sval
-	strLength        int64 // PyASCIIObject.length
-	strState         int64
-	asciiSize        int64 // sizeof(PyASCIIObject): where compact ASCII data starts
-	frameOwnedCStack uint8
+	interpHead     int64 // _PyRuntime.interpreters.head
+	mainThread     int64 // _PyRuntime.main_thread (3.10: tells the main thread's state)
+	interpThreads  int64 // PyInterpreterState.tstate_head (3.10) / threads.head
+	tsNext         int64
+	tsNativeID     int64 // native_thread_id (3.11+)
+	tsThreadID     int64 // thread_id (pthread_t)
+	tsFrame        int64 // 3.10: frame; 3.13: current_frame
+	tsCFrame       int64 // 3.11, 3.12: cframe
+	cfCurrent      int64 // _PyCFrame.current_frame
+	frPrevious     int64 // f_back (3.10) / previous
+	frCode         int64 // f_code / f_executable
+	frInstr        int64 // f_lasti (3.10, an int) / prev_instr / instr_ptr
+	frOwner        int64 // 3.12+
+	frEntry        int64 // 3.11: is_entry
+	coFilename     int64
+	coName         int64
+	coQualname     int64
+	coFirstLine    int64
+	coLinetable    int64
+	coCodeAdaptive int64
+	bytesData      int64 // PyBytesObject.ob_sval
+	strLength      int64 // PyASCIIObject.length
+	strState       int64
+	asciiSize      int64 // sizeof(PyASCIIObject): where compact ASCII data starts
 }
 
 // objTypes are the type objects a code object and its parts must have.
@@ -118,8 +98,8 @@ func DetectQuick(root string, maps []proc.Mapping) (*Interp, error) {
 			continue
 		}
 		minor, _ := strconv.Atoi(sm[1])
-		if minor < 10 || minor > newestMinor {
-			return nil, fmt.Errorf("%s: CPython 3.%d: only 3.10 to 3.%d are read", m.Path, minor, newestMinor)
+		if _, ok := versions[minor]; !ok {
+			return nil, fmt.Errorf("%s: CPython 3.%d: only 3.%d to 3.%d are read", m.Path, minor, oldestMinor, newestMinor)
 		}
 		if sm[2] == "t" {
 			return nil, fmt.Errorf("%s: CPython 3.%dt is a free-threaded build, whose frames cudatrace does not read: "+
@@ -135,11 +115,6 @@ func DetectQuick(root string, maps []proc.Mapping) (*Interp, error) {
 }
 
 var errNoRuntime = errors.New("no _PyRuntime symbol")
-
-// newestMinor is the newest CPython read: 3.newestMinor. A newer one is
-// refused by name (DetectQuick) until its layout is added (debugSections)
-// and checked against it (TestLayoutProbe).
-const newestMinor = 15
 
 // symbolFacts are what the interpreter's symbols say.
 type symbolFacts struct {
@@ -300,13 +275,13 @@ func loadBias(f *elf.File, path string, maps []proc.Mapping) (uint64, bool) {
 // whether the build is free-threaded, then sections of u64 offsets, each
 // led by the structure's size. ok is false where the build has none
 // (before 3.13) or it is not the layout of its version read here
-// (debugSections; its sections' sizes and fixed members are checked, so a
+// (versions; its sections' sizes and fixed members are checked, so a
 // release that moved them is refused, not misread); a free-threaded build
 // is ok, with freeThreaded set (its frames are not read: open refuses it).
 func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThreaded, ok bool) {
 	const words = 93 // through 3.15's unicode_object.asciiobject_size
-	d, known := debugSections[minor]
-	if !known {
+	d := versions[minor].debug
+	if d == nil {
 		return o, false, false
 	}
 	var raw [words * 8]byte
@@ -336,7 +311,6 @@ func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThread
 		coFilename: w(d.code + 1), coName: w(d.code + 2), coQualname: w(d.code + 3), coLinetable: w(d.code + 4),
 		coFirstLine: w(d.code + 5), coCodeAdaptive: w(d.code + 9),
 		bytesData: w(d.bytes + 2), strState: w(d.unicode + 1), strLength: w(d.unicode + 2), asciiSize: w(d.unicode + 3),
-		frameOwnedCStack: 3, // FRAME_OWNED_BY_INTERPRETER (3.14; _CSTACK before): the entry frame of each C call of the loop
 	}
 	// Each section's members lie within its structure's size; the object
 	// sections' fixed members are where every 64-bit build has them.
@@ -358,33 +332,6 @@ func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThread
 	return o, false, true
 }
 
-// debugSection says where a version's _Py_DebugOffsets sections start, in
-// words from its start (each section's first word is its structure's
-// size), and where in the thread_state section its thread ids are. The
-// members the walk reads keep their place within each section: thread
-// state next (+2) and current_frame (+4); interpreter frame previous (+1),
-// executable (+2), instr_ptr (+3), owner (+5); code object filename (+1)
-// to firstlineno (+5), co_code_adaptive (+9); bytes ob_sval (+2); unicode
-// state (+1), length (+2), asciiobject_size (+3).
-type debugSection struct {
-	ts, frame, code, pyobject, bytes, unicode int
-	tsThreadID, tsNativeID                    int
-}
-
-// debugSections are the layouts of 3.13, 3.14 and 3.15 (TestLayoutProbe
-// checks each against its interpreter). 3.14 added members to three
-// sections: interpreter_state (threads_main after threads_head;
-// code_object_generation and tlbc_generation at its end), interpreter_frame
-// (stackpointer, tlbc_index) and code_object (co_tlbc). 3.15 added eight
-// members to thread_state, three of them between current_frame and
-// thread_id (which moved from +5 to +8), and four words between type_object
-// and tuple; its frame, code, bytes and unicode members are 3.14's.
-var debugSections = map[int]debugSection{
-	13: {ts: 19, frame: 28, code: 34, pyobject: 44, bytes: 64, unicode: 67, tsThreadID: 5, tsNativeID: 6},
-	14: {ts: 22, frame: 31, code: 39, pyobject: 50, bytes: 74, unicode: 77, tsThreadID: 5, tsNativeID: 6},
-	15: {ts: 22, frame: 39, code: 47, pyobject: 58, bytes: 86, unicode: 89, tsThreadID: 8, tsNativeID: 9},
-}
-
 // interpreterLoop says whether the function named name is part of the
 // interpreter loop: _PyEval_EvalFrameDefault and its compiler-split .cold
 // part, and, in CPython 3.14 built with the tail-calling interpreter
@@ -392,7 +339,7 @@ var debugSections = map[int]debugSection{
 // instruction and label is there (_TAIL_CALL_LOAD_FAST,
 // _TAIL_CALL_start_frame, their .cold parts), which the loop enters and
 // leaves by tail calls: one handler frame stands above the loop's entry
-// frame (pyframes.Merge takes the two as one).
+// frame (Merge takes the two as one).
 func interpreterLoop(name string) bool {
 	return name == "_PyEval_EvalFrameDefault" || name == "_PyEval_EvalFrameDefault.cold" ||
 		strings.HasPrefix(name, "_TAIL_CALL_")
@@ -472,7 +419,7 @@ func field(st *dwarf.StructType, path string) int64 {
 func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 	s := structs(d, map[string]bool{"pyruntimestate": true, "_is": true, "_ts": true, "_frame": true,
 		"_PyInterpreterFrame": true, "_PyCFrame": true, "PyCodeObject": true, "PyBytesObject": true, "PyASCIIObject": true})
-	o := offsets{frameOwnedCStack: 3}
+	var o offsets
 	rt, is, ts, code := s["pyruntimestate"], s["_is"], s["_ts"], s["PyCodeObject"]
 	o.interpHead = field(rt, "interpreters.head")
 	o.mainThread = field(rt, "main_thread")
@@ -492,8 +439,9 @@ func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 	if a := s["PyASCIIObject"]; a != nil {
 		o.asciiSize = a.ByteSize
 	}
-	switch minor {
-	case 10:
+	frames := versions[minor].frames
+	switch frames {
+	case frameObjects:
 		o.interpThreads = field(is, "tstate_head")
 		o.tsFrame = field(ts, "frame")
 		fr := s["_frame"]
@@ -502,7 +450,7 @@ func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 		o.interpThreads = field(is, "threads.head")
 		fr := s["_PyInterpreterFrame"]
 		o.frPrevious = field(fr, "previous")
-		if minor >= 13 {
+		if frames >= frameCurrent {
 			o.tsFrame = field(ts, "current_frame")
 			o.frCode, o.frInstr = field(fr, "f_executable"), field(fr, "instr_ptr")
 		} else {
@@ -510,10 +458,10 @@ func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 			o.cfCurrent = field(s["_PyCFrame"], "current_frame")
 			o.frCode, o.frInstr = field(fr, "f_code"), field(fr, "prev_instr")
 		}
-		if minor == 11 {
+		if frames == frameEntry {
 			o.frEntry = field(fr, "is_entry")
 		}
-		if minor >= 12 {
+		if frames >= frameOwner {
 			o.frOwner = field(fr, "owner")
 		}
 	}
@@ -521,7 +469,7 @@ func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 		"frame previous": o.frPrevious, "frame code": o.frCode, "frame instruction": o.frInstr,
 		"co_filename": o.coFilename, "co_name": o.coName, "co_firstlineno": o.coFirstLine, "co_linetable": o.coLinetable,
 		"ob_sval": o.bytesData, "PyASCIIObject.state": o.strState}
-	if minor >= 11 {
+	if frames != frameObjects {
 		need["native_thread_id"], need["co_code_adaptive"] = o.tsNativeID, o.coCodeAdaptive
 	}
 	for name, v := range need {
@@ -531,26 +479,6 @@ func dwarfOffsets(d *dwarf.Data, minor int) (offsets, error) {
 	}
 	return o, nil
 }
-
-// Layout is what a walk of a thread's frames in BPF needs (struct
-// ct_pyoffsets in bpf/cudatrace.h): the address of the interpreter list's
-// head in the process and the structure offsets, -1 where the version has
-// no such field.
-type Layout struct {
-	InterpHead                                            uint64
-	InterpThreads, TsNext, TsNativeID, TsThreadID         int64
-	TsFrame, TsCFrame, CFCurrent                          int64
-	FrPrevious, FrCode, FrInstr, FrOwner, FrEntry, CodeAt int64 // CodeAt: co_code_adaptive
-	Minor                                                 uint32
-	// What names a code object, for its capture in BPF: co_filename,
-	// co_qualname (co_name before 3.11), co_linetable, co_firstlineno.
-	CoFilename, CoName, CoLinetable, CoFirstLine int64
-}
-
-// Base is the load bias of the file the interpreter is in (0 for one
-// from DetectFile): Layout's InterpHead less it holds in every process
-// that maps the file.
-func (in *Interp) Base() uint64 { return in.base }
 
 // SystemInterpreters are the interpreter files installed where Pythons
 // usually are (the system's, /usr/local's, conda's, pyenv's, a virtual
@@ -592,7 +520,7 @@ func DetectFile(path string) (*Interp, error) {
 		return nil, nil
 	}
 	minor, _ := strconv.Atoi(sm[1])
-	if minor < 10 || minor > newestMinor {
+	if _, ok := versions[minor]; !ok {
 		return nil, nil
 	}
 	in, err := open("", path, minor, nil)
@@ -661,17 +589,6 @@ func fileExists(p string) bool {
 	}
 	f.Close()
 	return true
-}
-
-// Layout returns the interpreter's layout for a walk in BPF.
-func (in *Interp) Layout() Layout {
-	o := &in.off
-	return Layout{InterpHead: in.runtime + uint64(o.interpHead), InterpThreads: o.interpThreads, TsNext: o.tsNext,
-		TsNativeID: o.tsNativeID, TsThreadID: o.tsThreadID, TsFrame: o.tsFrame, TsCFrame: o.tsCFrame,
-		CFCurrent: o.cfCurrent, FrPrevious: o.frPrevious, FrCode: o.frCode, FrInstr: o.frInstr,
-		FrOwner: o.frOwner, FrEntry: o.frEntry, CodeAt: o.coCodeAdaptive, Minor: uint32(in.Minor),
-		CoFilename: o.coFilename, CoName: cmp.Or(max(o.coQualname, 0), o.coName), CoLinetable: o.coLinetable,
-		CoFirstLine: o.coFirstLine}
 }
 
 // reader is where a code object's bytes are read: the live process
@@ -750,8 +667,8 @@ type CodeInfo struct {
 	// cut: table is the first part of the line table, all a capture took
 	// (bpf/pycode.h CT_PYCODE_TABLE): an instruction past what it covers
 	// is ErrNotCaptured.
-	cut   bool
-	minor int
+	cut       bool
+	locations bool // versions' locations
 }
 
 // ErrNotCaptured says a capture of a code object lacks what naming a frame
@@ -789,10 +706,10 @@ func (ci *CodeInfo) Frame(units int64) (Frame, error) {
 	}
 	var line int
 	var found bool
-	if ci.minor == 10 {
-		line, found = line310(ci.table, ci.FirstLine, units*2)
-	} else {
+	if ci.locations {
 		line, found = line311(ci.table, ci.FirstLine, units)
+	} else {
+		line, found = line310(ci.table, ci.FirstLine, units*2)
 	}
 	if !found && ci.cut {
 		return Frame{}, fmt.Errorf("instruction %d: its line lies past the %d bytes of line table captured: %w", units, len(ci.table), ErrNotCaptured)
@@ -831,8 +748,8 @@ func (in *Interp) codeInfo(m reader, code uint64) (*CodeInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	ci := &CodeInfo{minor: in.Minor}
-	if in.Minor >= 11 {
+	ci := &CodeInfo{locations: versions[in.Minor].locations}
+	if ci.locations {
 		// Py_SIZE of a code object is its number of code units.
 		n, err := u64(m, code+16)
 		if err != nil {

@@ -11,9 +11,9 @@ import (
 
 // Builds of 3.10 to 3.12 without DWARF (Debian's and Ubuntu's system
 // pythons, NVIDIA's PyTorch containers, conda, python-build-standalone)
-// take their offsets from offsetTables (tables.go): one table per minor
-// version, as py-spy keeps one binding per minor for all its patch
-// releases. The structures the walks read are not part of the stable ABI,
+// take their offsets from their version's table (versions; the figures
+// in tables.go, generated): one table per minor version, as py-spy keeps
+// one binding per minor for all its patch releases. The structures the walks read are not part of the stable ABI,
 // but CPython leaves them alone within a minor version once it is
 // released. Evidence, for the fields read here:
 //
@@ -48,13 +48,16 @@ import (
 // tableOffsets are the offsets of a build without DWARF from its minor
 // version's table, or why there is none for it.
 func tableOffsets(f *elf.File, syms []elf.Symbol, minor int) (offsets, error) {
-	o, ok := offsetTables[minor]
+	var o offsets
+	v := versions[minor]
 	switch {
-	case minor >= 13:
+	case v.debug != nil:
 		return o, errors.New("its _Py_DebugOffsets are not the layout read here (free-threaded builds are not read)")
-	case !ok:
+	case v.table == nil:
 		return o, fmt.Errorf("no built-in offsets for CPython 3.%d", minor)
-	case f.Machine != elf.EM_X86_64 && f.Machine != elf.EM_AARCH64 || f.Class != elf.ELFCLASS64:
+	}
+	o = *v.table
+	if f.Machine != elf.EM_X86_64 && f.Machine != elf.EM_AARCH64 || f.Class != elf.ELFCLASS64 {
 		return o, fmt.Errorf("the built-in offsets are x86-64's and arm64's, not %v's", f.Machine)
 	}
 	for _, s := range syms {

@@ -126,7 +126,7 @@ func (in *Interp) walk(m reader, ts uint64, max, steps int) ([]RawFrame, error) 
 			if err := readAt(m, cur+uint64(o.frOwner), owner[:]); err != nil {
 				return out, err
 			}
-			if owner[0] == o.frameOwnedCStack { // a C call's shim frame
+			if owner[0] == versions[in.Minor].entryOwner { // a C call's shim frame
 				if len(out) > 0 {
 					out[len(out)-1].Entry = true
 				}

@@ -8,7 +8,6 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 )
 
@@ -45,11 +44,11 @@ func BenchmarkApplyPython(b *testing.B) {
 			ps := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 42})}
 			if python {
 				ps.py = &pystack.Interp{Eval: eval}
-				ps.p.Py = pyframes.NewTable(eval)
+				ps.p.Py = pystack.NewTable(eval)
 				for _, ev := range evs {
 					for _, f := range ev.Py {
 						if !ps.p.Py.Has(f.Code, f.Units) {
-							ps.p.Py.Put(pyframes.Code{Code: f.Code, Units: f.Units, File: "/app/train.py", Function: "f", Line: 1})
+							ps.p.Py.Put(pystack.Code{Code: f.Code, Units: f.Units, File: "/app/train.py", Function: "f", Line: 1})
 						}
 					}
 				}

@@ -11,7 +11,7 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -19,9 +19,9 @@ import (
 // view does.
 type eventLog struct{ got []events.Event }
 
-func (l *eventLog) Process(*procmodel.Capture)     {}
-func (l *eventLog) Python(uint32, *pyframes.Table) {}
-func (l *eventLog) Tick(*Result)                   {}
+func (l *eventLog) Process(*procmodel.Capture)    {}
+func (l *eventLog) Python(uint32, *pystack.Table) {}
+func (l *eventLog) Tick(*Result)                  {}
 func (l *eventLog) Event(ev *events.Event, _ ledger.Change) {
 	c := *ev
 	c.Stack, c.Py, c.Window = slices.Clone(ev.Stack), slices.Clone(ev.Py), nil

@@ -11,6 +11,7 @@ import (
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
 
@@ -112,7 +113,7 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 		}
 	}
 	if lp := l.rec; lp != nil {
-		lp.py, lp.pyTried, lp.codes, lp.renew, lp.execd = nil, false, nil, nil, true
+		lp.py, lp.pyTried, lp.codes, lp.execd = nil, false, pystack.Captures{}, true
 		if lp.p != nil {
 			lp.p.Py = nil // a new table, should it run CPython too
 		}

@@ -12,12 +12,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/tracefile"
 )
@@ -86,7 +84,10 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 	// frames into native stacks needs besides comes after.
 	defer in.Finish()
 	if s.tr != nil {
-		o := pyOffsets(in)
+		o, err := in.BPF()
+		if err != nil {
+			return nil, fmt.Errorf("python layout of pid %d: %w", pid, err)
+		}
 		if err := s.tr.SetPython(pid, &o); errors.Is(err, loader.ErrMapFull) {
 			// Said once, whichever process: the summary counts them.
 			s.res.MapsFull++
@@ -114,16 +115,6 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 // errPyProcsFull says BPF's table of CPython processes is full of living
 // ones: one more process's Python frames are left out (counted).
 var errPyProcsFull = errors.New("a process's Python frames left out: BPF's table of CPython processes is full of living ones (counted in the summary and the agent's cudatrace_bpf_map_full_total)")
-
-// pyOffsets is an interpreter's layout as BPF takes it.
-func pyOffsets(in *pystack.Interp) bpf.CudatraceCtPyoffsets {
-	l := in.Layout()
-	return bpf.CudatraceCtPyoffsets{InterpHead: l.InterpHead, InterpThreads: l.InterpThreads, TsNext: l.TsNext,
-		TsNativeId: l.TsNativeID, TsThreadId: l.TsThreadID, TsFrame: l.TsFrame, TsCframe: l.TsCFrame,
-		CfCurrent: l.CFCurrent, FrPrevious: l.FrPrevious, FrCode: l.FrCode, FrInstr: l.FrInstr,
-		FrOwner: l.FrOwner, FrEntry: l.FrEntry, CoCodeAdaptive: l.CodeAt, Minor: l.Minor,
-		CoFilename: l.CoFilename, CoName: l.CoName, CoLinetable: l.CoLinetable, CoFirstlineno: l.CoFirstLine}
-}
 
 // pyFileSet owns the interpreter files whose layout BPF has (bpf/notify.h
 // py_files): a process that maps one gets its layout in BPF from its
@@ -160,8 +151,10 @@ func (p *pyFileSet) learn(dev string, inode uint64, in *pystack.Interp, check st
 	if known {
 		return nil
 	}
-	o := pyOffsets(in)
-	o.InterpHead -= in.Base()
+	o, err := in.BPFFile()
+	if err != nil {
+		return fmt.Errorf("python layout of inode %d: %w", inode, err)
+	}
 	return p.tr.SetPythonFile(dev, inode, &o)
 }
 
@@ -312,19 +305,10 @@ func (s *session) detectEarly(pid uint32, root string, maps []proc.Mapping) {
 	l.early, l.earlyTried = in, true // nil too, with an error: tried
 }
 
-// pyCode is what a capture named of a code object: its identity then, and
-// the names (info) or why it could not be named from the capture (err:
-// the process is read instead).
-type pyCode struct {
-	ident uint64
-	info  *pystack.CodeInfo
-	err   error
-}
-
 // pycode takes a code object's capture (bpf/pycode.h), made before the
-// record that showed it. A capture at an address whose last capture had
-// another identity is a new code object where a freed one was: its frames
-// are renewed in the process's table (pyframes.Code.Renew).
+// record that showed it, into the process's captures (pystack.Captures:
+// one at an address whose last capture had another identity renews its
+// frames in the process's table).
 func (s *session) pycode(raw []byte, ev *events.Event) {
 	lp := s.track(ev)
 	if lp.py == nil {
@@ -335,18 +319,7 @@ func (s *session) pycode(raw []byte, ev *events.Event) {
 		s.warn(err)
 		return
 	}
-	pc := pyCode{ident: c.Ident}
-	pc.info, pc.err = lp.py.Parse(&c)
-	if lp.codes == nil {
-		lp.codes = map[uint64]pyCode{}
-	}
-	if old, ok := lp.codes[c.Code]; ok && old.ident != c.Ident {
-		if lp.renew == nil {
-			lp.renew = map[uint64]bool{}
-		}
-		lp.renew[c.Code] = true
-	}
-	lp.codes[c.Code] = pc
+	lp.codes.Put(lp.py, &c)
 	s.pyCaptured++
 }
 
@@ -361,28 +334,22 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	}
 	table := lp.p.Py
 	if table == nil {
-		table = pyframes.NewTable(lp.py.Eval)
+		table = pystack.NewTable(lp.py.Eval)
 		table.Minor = lp.py.Minor
 		lp.p.Py = table
 		if s.opts.Observer != nil {
 			s.opts.Observer.Python(ev.PID, table)
 		}
 	}
-	var out []pyframes.Code
+	var out []pystack.Code
 	for _, f := range ev.Py {
-		renew := lp.renew[f.Code]
-		if !renew && table.Has(f.Code, f.Units) {
+		if !lp.codes.Renewed(f.Code) && table.Has(f.Code, f.Units) {
 			continue
 		}
-		c := pyframes.Code{Code: f.Code, Units: f.Units, Renew: renew}
-		if renew {
-			delete(lp.renew, f.Code)
+		c, read := lp.codes.Name(lp.py, int(ev.PID), f)
+		if read {
+			s.pyRead++
 		}
-		fr, err := s.nameCode(ev.PID, lp, f)
-		if err != nil {
-			c.Error = err.Error()
-		}
-		c.File, c.Function, c.Line = fr.File, fr.Function, fr.Line
 		s.countPython(c)
 		table.Put(c)
 		out = append(out, c)
@@ -395,28 +362,9 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	}
 }
 
-// nameCode names frame f of process pid from its code object's capture,
-// else from the process's memory (while the code object lives).
-func (s *session) nameCode(pid uint32, lp *liveProc, f events.PyFrame) (pystack.Frame, error) {
-	pc, ok := lp.codes[f.Code]
-	if ok && pc.info != nil {
-		fr, err := pc.info.Frame(int64(f.Units))
-		if !errors.Is(err, pystack.ErrNotCaptured) {
-			return fr, err
-		}
-	}
-	s.pyRead++
-	fr, err := lp.py.Code(int(pid), f.Code, int64(f.Units))
-	if err != nil && ok && pc.err != nil && !errors.Is(pc.err, pystack.ErrNotCaptured) {
-		// What the capture showed says more than a read after the fact.
-		return fr, pc.err
-	}
-	return fr, err
-}
-
 // countPython counts a Python frame named, and whether it stayed
 // unresolved (Result.UnresolvedPython).
-func (s *session) countPython(c pyframes.Code) {
+func (s *session) countPython(c pystack.Code) {
 	s.pyFrames++
 	if c.Error != "" {
 		s.pyUnresolved++

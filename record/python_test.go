@@ -9,19 +9,18 @@ import (
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 )
 
 // pyObserver records what the session hands an observer.
 type pyObserver struct {
-	tables []*pyframes.Table
+	tables []*pystack.Table
 	stacks [][]uint64 // ev.Stack as each Event got it
 }
 
-func (o *pyObserver) Process(*procmodel.Capture)         {}
-func (o *pyObserver) Tick(*Result)                       {}
-func (o *pyObserver) Python(_ uint32, t *pyframes.Table) { o.tables = append(o.tables, t) }
+func (o *pyObserver) Process(*procmodel.Capture)        {}
+func (o *pyObserver) Tick(*Result)                      {}
+func (o *pyObserver) Python(_ uint32, t *pystack.Table) { o.tables = append(o.tables, t) }
 func (o *pyObserver) Event(ev *events.Event, _ ledger.Change) {
 	o.stacks = append(o.stacks, slices.Clone(ev.Stack))
 }
@@ -54,8 +53,8 @@ func TestPythonLive(t *testing.T) {
 		t.Fatalf("observer got tables %v, want the process's", obs.tables)
 	}
 	tb := ps.p.Py
-	tb.Put(pyframes.Code{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "forward", Line: 12})
-	tb.Put(pyframes.Code{Code: 0xc0de, Units: 9, File: "/app/train.py", Function: "forward", Line: 14})
+	tb.Put(pystack.Code{Code: 0xc0de, Units: 4, File: "/app/train.py", Function: "forward", Line: 12})
+	tb.Put(pystack.Code{Code: 0xc0de, Units: 9, File: "/app/train.py", Function: "forward", Line: 14})
 	a := record(0xc0de, 4, 100)
 	b := record(0xc0de, 9, 50)
 	a2 := record(0xc0de, 4, 10)

@@ -27,7 +27,7 @@ import (
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 )
 
 // Options describe a session.
@@ -100,10 +100,10 @@ type Observer interface {
 	// first event with Python facts (events.FlagPython or FlagNoPython),
 	// and again with a new table when another process takes the PID.
 	// The ledger's stacks of the process (ch.Stack in Event) have its
-	// Python frames merged in as synthetic addresses (pyframes.IsPython)
+	// Python frames merged in as synthetic addresses (pystack.IsPython)
 	// that t names. The session adds to t on the reader's goroutine, as
-	// the events come: read it there (pyframes.Table.Names copies).
-	Python(pid uint32, t *pyframes.Table)
+	// the events come: read it there (pystack.Table.Names copies).
+	Python(pid uint32, t *pystack.Table)
 	// Event is called for every event, after the ledger applied it. ev
 	// is the record as captured, its Stack native only; ch.Stack is the
 	// ledger's, Python frames merged in. ev is valid during the call

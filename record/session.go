@@ -11,7 +11,6 @@ import (
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
 	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/symbolize"
 	"github.com/cudatrace/cudatrace/tracefile"
@@ -117,11 +116,8 @@ type liveProc struct {
 	quiet   int
 	py      *pystack.Interp // nil: no CPython found (yet)
 	pyTried bool
-	// codes are the process's code objects BPF captured, by address
-	// (the latest at each); renew, the addresses whose latest capture is
-	// of another code object than the frames named there (python.go).
-	codes map[uint64]pyCode
-	renew map[uint64]bool
+	// codes are the process's code objects BPF captured (python.go).
+	codes pystack.Captures
 	// execd: it ran another program since its last capture (notes.go).
 	execd bool
 }
@@ -341,7 +337,7 @@ func (s *session) write(ev *events.Event, raw []byte) {
 // replay does (enrich.Enricher.Apply), so that the live views' stacks are
 // those report shows.
 func (s *session) apply(ev *events.Event, lp *liveProc) ledger.Change {
-	var py *pyframes.Table
+	var py *pystack.Table
 	if lp.p != nil {
 		py = lp.p.Py
 	}

@@ -174,7 +174,7 @@ func Read(path string, opts Options) (*Trace, error) {
 			t.Procs.Add(procmodel.FromFile(rec.Process))
 			t.Last = max(t.Last, rec.Process.Time)
 		case tracefile.TypePython:
-			t.python(rec.Python)
+			t.Procs.PythonFromFile(rec.Python)
 		case tracefile.TypeSymbols:
 			t.symbols = append(t.symbols, procmodel.SymbolsFromFile(rec.Symbols.Frames)...)
 		case tracefile.TypeAttach:

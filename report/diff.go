@@ -15,7 +15,7 @@ import (
 	"strings"
 
 	"github.com/cudatrace/cudatrace/internal/units"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 )
 
 // Diff is what changed from trace A to trace B. Figures are summed over
@@ -185,7 +185,7 @@ func frameKey(frames []Frame) string {
 	var b strings.Builder
 	for _, f := range frames {
 		switch {
-		case f.Module == pyframes.Module:
+		case f.Module == pystack.Module:
 			fmt.Fprintf(&b, "py %s:%d %s\x00", f.File, f.Line, f.Function)
 		case f.Function != "":
 			fmt.Fprintf(&b, "%s %s\x00", filepath.Base(f.Module), f.Function)

@@ -16,7 +16,7 @@ import (
 	"strings"
 
 	"github.com/cudatrace/cudatrace/ledger"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 )
 
 // Stack is what one call path of one process allocated, at both levels.
@@ -49,7 +49,7 @@ func pathKey(pid uint32, frames []Frame) string {
 	fmt.Fprintf(&b, "%d", pid)
 	for _, f := range frames {
 		switch {
-		case f.Module == pyframes.Module:
+		case f.Module == pystack.Module:
 			fmt.Fprintf(&b, "\x00py %s:%d %s", f.File, f.Line, f.Function)
 		case f.Function != "":
 			fmt.Fprintf(&b, "\x00%s %s", f.Module, f.Function)

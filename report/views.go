@@ -17,7 +17,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 )
 
 // By is what --by groups the view by.
@@ -135,10 +135,10 @@ func (v *viewFollower) onEvent(ev *events.Event, ch ledger.Change) {
 // viewKeys are the rows a stack counts in, each once: its Python lines
 // (or functions) where it has any, else its native ones.
 func viewKeys(frames []Frame, by By) []string {
-	python := slices.ContainsFunc(frames, func(f Frame) bool { return f.Module == pyframes.Module })
+	python := slices.ContainsFunc(frames, func(f Frame) bool { return f.Module == pystack.Module })
 	var keys []string
 	for _, f := range frames {
-		if python && f.Module != pyframes.Module {
+		if python && f.Module != pystack.Module {
 			continue
 		}
 		var key string

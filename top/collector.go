@@ -18,7 +18,7 @@ import (
 	"github.com/cudatrace/cudatrace/owner"
 	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/record"
 )
 
@@ -92,11 +92,11 @@ type Stack struct {
 	Live      uint64
 	LiveCount uint64
 	Tensor    bool
-	Frames    []uint64 // Python frames merged in (pyframes.IsPython)
+	Frames    []uint64 // Python frames merged in (pystack.IsPython)
 	// Capture is the process's capture Frames are read against: the one
 	// current when the stack was first seen (procmodel.Processes.Bind).
 	Capture *procmodel.Capture
-	Python  pyframes.Names // the names of Frames' Python frames
+	Python  pystack.Names // the names of Frames' Python frames
 }
 
 // Collector is a record.Observer that publishes snapshots.
@@ -148,7 +148,7 @@ var _ record.Observer = (*Collector)(nil)
 func (c *Collector) Process(p *procmodel.Capture) { c.procs.Add(p) }
 
 // Python keeps the table that names a CPython process's Python frames.
-func (c *Collector) Python(pid uint32, t *pyframes.Table) { c.procs.SetPython(pid, t) }
+func (c *Collector) Python(pid uint32, t *pystack.Table) { c.procs.SetPython(pid, t) }
 
 // Event binds each new stack to its process's capture, and counts each
 // process's live allocations of GPU memory (what Live counts): the ledger

@@ -7,7 +7,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/record"
 )
 
@@ -16,10 +16,10 @@ import (
 func TestPythonStacks(t *testing.T) {
 	c := NewCollector(time.Second, 5, nil)
 	l := ledger.New()
-	tb := pyframes.NewTable([][2]uint64{{0x5000, 0x6000}})
+	tb := pystack.NewTable([][2]uint64{{0x5000, 0x6000}})
 	c.Python(100, tb)
 	for i, line := range []int{12, 14} {
-		tb.Put(pyframes.Code{Code: 0xc0de, Units: int32(i), File: "/app/train.py", Function: "Model.forward", Line: line})
+		tb.Put(pystack.Code{Code: 0xc0de, Units: int32(i), File: "/app/train.py", Function: "Model.forward", Line: line})
 	}
 	for i, size := range []uint64{3000, 1000} {
 		ev := &events.Event{PID: 100, Comm: "python3", API: events.CudaMalloc, Addr: 0x1000 * uint64(i+1), Size: size,
@@ -31,7 +31,7 @@ func TestPythonStacks(t *testing.T) {
 	c.Tick(&record.Result{Ledger: l})
 	s := c.Snapshot()
 	// The table changes after the snapshot: the snapshot keeps its names.
-	tb.Put(pyframes.Code{Code: 0xc0de, Units: 0, File: "/elsewhere.py", Function: "changed", Line: 1})
+	tb.Put(pystack.Code{Code: 0xc0de, Units: 0, File: "/elsewhere.py", Function: "changed", Line: 1})
 	got := Screen(s, View{Selected: 100, Width: 200, Height: 30}, framer(nil))
 	want := []string{
 		"[1] 2.9 KiB live in 1 allocation",

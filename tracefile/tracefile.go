@@ -217,7 +217,7 @@ type PyCode struct {
 	Line     int    `json:"line"`
 	Error    string `json:"error,omitempty"` // why it could not be read (the code object was freed)
 	// Renew: a new code object at the address of a freed one; the codes
-	// before at that address name none of its frames (pyframes.Code).
+	// before at that address name none of its frames (pystack.Code).
 	Renew bool `json:"renew,omitempty"`
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/kube"
 	"github.com/cudatrace/cudatrace/loader"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/record"
 )
 
@@ -247,7 +248,7 @@ memory_viz's timeline, as torch.cuda.memory._record_memory_history would in
 the process, for every CUDA process, without code changes, and after the
 process died (kept as long as its account, --retention).
 
-The stacks of CPython 3.10 to 3.15 processes show their Python frames
+The stacks of CPython ` + pystack.Versions() + ` processes show their Python frames
 (file:line:function) in place of the interpreter loop's, as 'cudatrace
 report' does: the Python line that allocated, or failed to.
 

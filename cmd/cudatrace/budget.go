@@ -17,7 +17,7 @@ import (
 	"github.com/cudatrace/cudatrace/internal/units"
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/owner"
-	"github.com/cudatrace/cudatrace/pyframes"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/report"
 )
 
@@ -145,7 +145,7 @@ func orNone(held []string) string {
 func stackName(frames []report.Frame) string {
 	var parts []string
 	for _, f := range frames {
-		if f.Module != pyframes.Module && owner.IsCUDA(f.Module) {
+		if f.Module != pystack.Module && owner.IsCUDA(f.Module) {
 			continue
 		}
 		s := cmp.Or(f.Short(), f.Address)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/loader"
+	"github.com/cudatrace/cudatrace/pystack"
 )
 
 // verb is the shape every verb's command shares: its texts in c, its
@@ -88,7 +89,7 @@ func (f *traceFlags) add(fl *pflag.FlagSet, symbolizeUsage, nvmlUsage string) {
 	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
 	fl.StringVar(&f.ringSize, "ring-size", "", "BPF ring buffer size, a power of two holding at least 8 allocation records of the stack window (256KiB for 16KiB); raise it if events are lost (default 16MiB"+ringScales+")")
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, symbolizeUsage)
-	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython 3.10-3.15 processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
+	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython "+pystack.Versions()+" processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
 	fl.BoolVar(&f.nvml, "nvml", true, nvmlUsage)
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/cudatrace/cudatrace/gpustat"
 	"github.com/cudatrace/cudatrace/internal/hint"
 	"github.com/cudatrace/cudatrace/loader"
+	"github.com/cudatrace/cudatrace/pystack"
 	"github.com/cudatrace/cudatrace/record"
 	"github.com/cudatrace/cudatrace/top"
 )
@@ -110,7 +111,7 @@ library workspaces, anything not traced), and the allocation rate since the
 last refresh, and the owner holding most of its memory (MOST BY: pytorch,
 nccl, cublas, ... application, as 'cudatrace report' says them; the selected
 process's owners are listed under the table). Under the table, the selected process's call stacks holding
-the most live memory, symbolized; a CPython (3.10 to 3.15) process's with its
+the most live memory, symbolized; a CPython (` + pystack.Versions() + `) process's with its
 Python frames (file:line) in place of the interpreter loop's.
 
 Keys: q or Ctrl-C quits; j/k or the arrow keys select a process.

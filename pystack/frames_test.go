@@ -1,4 +1,4 @@
-package pyframes
+package pystack
 
 import (
 	"slices"

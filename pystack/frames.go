@@ -1,5 +1,12 @@
-// Package pyframes puts a CPython process's Python frames into its native
-// stacks, as py-spy --native does, and names them again: one table per
+package pystack
+
+import (
+	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/symbolize"
+)
+
+// Merged stacks: a CPython process's Python frames are put into its
+// native stacks, as py-spy --native does, and named again: one table per
 // process, shared by the replay of a trace (report, export) and the live
 // views (agent, top), so that both show the same merged stacks.
 //
@@ -8,12 +15,6 @@
 // process's table. A ledger (ledger.Ledger) then tells apart stacks that
 // differ only in their Python frames as it does by their native ones, and
 // the table turns the addresses back into file:line:function.
-package pyframes
-
-import (
-	"github.com/cudatrace/cudatrace/events"
-	"github.com/cudatrace/cudatrace/symbolize"
-)
 
 const (
 	addrBit = uint64(1) << 63
