@@ -344,11 +344,13 @@ type CudatracePyScratchVal struct {
 		F [32]CudatraceCtPyframe
 		T CudatraceCtPytrailer
 	}
-	LastTgid uint32
-	Diff     uint32
-	LastMm   uint64
-	Seq      uint64
-	Cur      struct {
+	Ident     [32]uint64
+	LastIdent [32]uint64
+	LastTgid  uint32
+	Pad       uint32
+	LastMm    uint64
+	Seq       uint64
+	Cur       struct {
 		_     structs.HostLayout
 		Id    uint64
 		Task  uint64

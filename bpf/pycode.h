@@ -144,10 +144,15 @@ struct py_check_val {
 
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, py_checks, __u32, struct py_check_val, 1);
 
-// check_step checks the j-th frame from the outermost of the CPU's block:
-// a code object at the same place in the CPU's last block of the process
-// was checked then; one that py_seen has, captured in this address space
-// with the identity it still has, was captured; any other is captured now.
+// check_step checks the j-th frame from the outermost of the CPU's block,
+// by the identity its code object has now (py_ident_at; 0: unreadable): a
+// code object at the same place in the CPU's last block of the process,
+// with the identity it had then, was checked then; one that py_seen has,
+// captured in this address space with the identity it still has, was
+// captured; any other is captured now. The identity is read each time,
+// the same place too: a code object freed and made anew at its address
+// between two records (CPython's allocator hands the block out again,
+// 3.14 at once) is another code object at the same place.
 static __always_inline long check_step(__u32 j)
 {
 	__u32 zero = 0;
@@ -160,18 +165,20 @@ static __always_inline long check_step(__u32 j)
 		return 1;
 	__u32 i = (CT_PY_MAX_FRAMES - n + j) & (CT_PY_MAX_FRAMES - 1);
 	__u64 code = s->b.f[i].code;
+	__u64 ident = 0;
+	if (py_ident_at(s, &s->cur.o, code, &ident))
+		ident = 0;
+	s->ident[i] = ident;
 	__u32 lastn = c->lastn;
-	if (j < lastn && lastn <= CT_PY_MAX_FRAMES &&
-	    s->last.f[(CT_PY_MAX_FRAMES - lastn + j) & (CT_PY_MAX_FRAMES - 1)].code == code)
-		return 0;
-	struct py_seen_key k = {.tgid = c->id >> 32, .code = code};
-	struct py_seen_val *v = bpf_map_lookup_elem(&py_seen, &k);
-	if (v && v->mm == c->mm) {
-		__u64 ident = 0;
-		int err = py_ident_at(s, &s->cur.o, code, &ident);
-		if (err ? v->ident == 0 : v->ident == ident)
+	if (j < lastn && lastn <= CT_PY_MAX_FRAMES) {
+		__u32 li = (CT_PY_MAX_FRAMES - lastn + j) & (CT_PY_MAX_FRAMES - 1);
+		if (s->last.f[li].code == code && s->last_ident[li] == ident)
 			return 0;
 	}
+	struct py_seen_key k = {.tgid = c->id >> 32, .code = code};
+	struct py_seen_val *v = bpf_map_lookup_elem(&py_seen, &k);
+	if (v && v->mm == c->mm && v->ident == ident)
+		return 0;
 	if (c->left == 0) {
 		c->missed++;
 		return 0;
@@ -189,12 +196,12 @@ static long py_check_step(__u64 j, void *arg)
 
 // py_check captures the code objects of the block py_walk made (pw) that
 // the process's records have not shown before, or that are no longer the
-// ones captured at their addresses, up to CT_PY_MAX_FRAMES a record. The
-// CPU's last block of the process needs no look: a block with the same
-// code objects at the same places (a loop allocating from one line) costs
-// nothing more, and in one that differs, each frame the same from the
-// outermost on costs nothing either. Once every frame is known captured,
-// the block becomes the CPU's last.
+// ones captured at their addresses, up to CT_PY_MAX_FRAMES a record. Each
+// frame's identity is one read of its code object; a frame with the same
+// code object at the same place in the CPU's last block of the process,
+// with the same identity, needs no map lookup (a loop allocating from one
+// line). Once every frame is known captured, the block becomes the CPU's
+// last, with its identities.
 static __always_inline void py_check(struct py_walked pw, __u64 id, const int use_loop)
 {
 	__u32 zero = 0;
@@ -206,7 +213,7 @@ static __always_inline void py_check(struct py_walked pw, __u64 id, const int us
 		return;
 	__u32 n = s->b.t.n, tgid = id >> 32;
 	int same = s->last_tgid == tgid && s->last_mm == pw.mm;
-	if (!n || (same && !s->diff && s->last.t.n == n))
+	if (!n)
 		return;
 	c->n = n;
 	c->lastn = same ? s->last.t.n : 0;
@@ -229,6 +236,7 @@ static __always_inline void py_check(struct py_walked pw, __u64 id, const int us
 		return;
 	}
 	__builtin_memcpy(&s->last, &s->b, sizeof(s->last));
+	__builtin_memcpy(s->last_ident, s->ident, sizeof(s->last_ident));
 	s->last_tgid = tgid;
 	s->last_mm = pw.mm;
 }

@@ -75,8 +75,9 @@ struct py_cpu_thread {
 // state read alone (CT_PY_BUF_*; masked offsets into it may reach 8 bytes
 // past what is read); the block of the CPU's last record with Python
 // frames whose code objects were all checked (py_check), with its
-// process (last_tgid, last_mm); diff, set by the walk when a frame's code
-// object differs from the one at its place in that block; seq, counted up
+// process (last_tgid, last_mm) and each frame's code object's identity
+// then (last_ident; ident, the block being checked's, by the same
+// places); seq, counted up
 // by each walk, which tells the record a walk built the block for whether
 // another program (a thread that preempted it on this CPU) walked since;
 // and the CPU's last Python thread.
@@ -84,8 +85,10 @@ struct py_scratch_val {
 	struct py_block b;
 	__u8 buf[2 * CT_PY_WINDOW + 8] __attribute__((aligned(8)));
 	struct py_block last;
+	__u64 ident[CT_PY_MAX_FRAMES];
+	__u64 last_ident[CT_PY_MAX_FRAMES];
 	__u32 last_tgid;
-	__u32 diff;
+	__u32 pad;
 	__u64 last_mm;
 	__u64 seq;
 	struct py_cpu_thread cur;
@@ -184,10 +187,6 @@ static __always_inline void frame_take(struct py_walk *w, struct py_scratch_val 
 	f->code = code;
 	f->units = units;
 	f->flags = flags;
-	// What py_check needs to know: whether a frame's code object differs
-	// from the one at its place in the CPU's last block.
-	if (s->last.f[i].code != code)
-		s->diff = 1;
 }
 
 static __always_inline long frame_step(struct py_walk *w, const int use_loop)
@@ -289,8 +288,6 @@ static __always_inline void frame_run(struct py_walk *w, struct py_scratch_val *
 		f->code = code;
 		f->units = units;
 		f->flags = 0;
-		if (s->last.f[i].code != code)
-			s->diff = 1;
 		n++;
 		frame = buf_u64(s, base + prev);
 	}
@@ -491,7 +488,6 @@ static __always_inline struct py_walked py_walk(__u64 id, __u64 sp, const int us
 	// the same scratch.
 	out.seq = s->seq + 1;
 	s->seq = out.seq;
-	s->diff = 0;
 	b->t.n = 0;
 	if (w.found) {
 		// shim frames take turns too

@@ -385,6 +385,14 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 	}
 	if c.Error == "" {
 		s.uw.update(pid, all)
+		// Its loader too, where no probe covers it yet: a container's
+		// own (a root of its own), whose processes no note told of
+		// before (with every process traced, a process that neither
+		// recorded nor ran CPython makes no exec note), so that the
+		// next processes of that root are told of as their loaders map
+		// libraries, and get their interpreter's layout in BPF before
+		// their first allocation (py_learn).
+		s.attachLoader(loader.LoaderIn(int(pid), all))
 	}
 	s.detectPython(pid, lp, c.RootDir(), all)
 	lp.p = s.procs.Add(c)

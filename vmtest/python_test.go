@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -425,28 +426,50 @@ func TestPythonCapturedOnce(t *testing.T) {
 // allocation is named by its own function, file and line, never by the
 // one that had its code object's address before (bpf/pycode.h checks a
 // code object's identity; record renews the frames at its address).
+// pyenv's 3.10 to 3.13, and Debian sid's 3.14 and 3.15 in a root of their
+// own (pivot_root), launched and under --all.
 func TestPythonRenewedCode(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
 	needTracer(t)
-	for _, v := range []string{"3.10", "3.12", "3.13"} {
+	for _, v := range []string{"3.10", "3.12", "3.13", "sid-3.14", "sid-3.15", "all/sid-3.14", "all/sid-3.15"} {
 		t.Run(v, func(t *testing.T) {
-			py := newPyRunner(t, v)
+			all := strings.HasPrefix(v, "all/")
+			py := newPyRunner(t, strings.TrimPrefix(v, "all/"))
 			script := py.script(t, "pyrenew.py")
 			ctx := testContext(t)
 			dir := t.TempDir()
 			log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "renew.trace")
-			rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, append([]string{"--lib", fakeLib, "-o", trace, "--"}, py.argv(script, fakeLib)...)...)
-			rec.finish(t, 60*time.Second)
-			var addrs []string // the script's lines, before record's summary
-			for _, f := range strings.Fields(rec.stdout.String()) {
+			var out string // the script's lines (and, launched, record's summary)
+			if all {
+				rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeLib, "-o", trace, "--all")
+				rec.waitAttached(t, 60*time.Second)
+				py.warm(t, ctx)
+				argv := py.argv(script, fakeLib)
+				cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+				cmd.Env = fakeEnv(log)
+				b, err := cmd.Output()
+				if err != nil {
+					t.Fatalf("pyrenew.py: %v\n%s", err, b)
+				}
+				out = string(b)
+				time.Sleep(time.Second) // read: then stopped
+				rec.cmd.Process.Signal(syscall.SIGINT)
+				rec.finish(t, 60*time.Second)
+			} else {
+				rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)}, append([]string{"--lib", fakeLib, "-o", trace, "--"}, py.argv(script, fakeLib)...)...)
+				rec.finish(t, 60*time.Second)
+				out = rec.stdout.String()
+			}
+			var addrs []string
+			for _, f := range strings.Fields(out) {
 				if strings.HasPrefix(f, "0x") {
 					addrs = append(addrs, f)
 				}
 			}
 			reused := len(addrs) - len(slices.Compact(slices.Sorted(slices.Values(addrs))))
 			if len(addrs) != 40 {
-				t.Fatalf("pyrenew.py printed %d addresses, want 40:\n%s", len(addrs), rec.stdout.String())
+				t.Fatalf("pyrenew.py printed %d addresses, want 40:\n%s", len(addrs), out)
 			}
 			if reused == 0 {
 				t.Fatalf("no code object was made at a freed one's address: the test proves nothing (%v)", addrs)
