@@ -329,7 +329,17 @@ func (s *session) pycode(raw []byte, ev *events.Event) {
 // them to the trace before the event itself, with or without a trace file
 // (the live views name them from the table).
 func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
-	if lp.py == nil || ev.Flags&(events.FlagPython|events.FlagNoPython) == 0 {
+	if ev.Flags&(events.FlagPython|events.FlagNoPython) == 0 {
+		return
+	}
+	if lp.py == nil {
+		// BPF walked its frames (it had the interpreter file's layout),
+		// but the reader never read the process's interpreter (gone
+		// before it could): the frames cannot be named, and are left out,
+		// counted.
+		if len(ev.Py) > 0 {
+			s.pyNoInterp++
+		}
 		return
 	}
 	table := lp.p.Py

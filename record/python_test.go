@@ -82,3 +82,20 @@ func TestPythonLive(t *testing.T) {
 		}
 	}
 }
+
+// A record with Python frames from a process whose interpreter the reader
+// never read (gone first) has them left out, and counted; one without
+// frames, or of a process the reader knows, is not counted.
+func TestPythonNoInterpreter(t *testing.T) {
+	s := newState(Options{}, &Result{Ledger: ledger.New()})
+	pid := uint32(os.Getpid())
+	gone := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: pid})}
+	py := []events.PyFrame{{Code: 0xc0de, Units: 4, Flags: events.PyEntry}}
+	s.resolvePython(&events.Event{PID: pid, Flags: events.FlagPython, Py: py}, gone)
+	s.resolvePython(&events.Event{PID: pid, Flags: events.FlagPython, Py: py}, gone)
+	s.resolvePython(&events.Event{PID: pid, Flags: events.FlagNoPython}, gone)
+	s.resolvePython(&events.Event{PID: pid}, gone)
+	if s.pyNoInterp != 2 || gone.p.Py != nil {
+		t.Errorf("counted %d records without an interpreter (table %v), want 2 and no table", s.pyNoInterp, gone.p.Py)
+	}
+}

@@ -149,6 +149,10 @@ type Result struct {
 	// whose code object could not be read (freed before it was): their
 	// stacks show "[unresolved Python frame: why]" there.
 	PythonFrames, UnresolvedPython uint64
+	// PythonNoInterp counts the allocation records whose Python frames
+	// were left out: BPF walked them, but their process ended before the
+	// reader could read its interpreter, without which they have no names.
+	PythonNoInterp uint64
 	// PythonCaptured counts the code objects BPF captured at their first
 	// sight (bpf/pycode.h); PythonRead the frames named from the process's
 	// memory instead (a capture that lacked a part, or none).
@@ -348,7 +352,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		fmt.Fprintf(opts.Stderr, "cudatrace: unwind check: %d stacks unwound in BPF, %d the same as the window's, %d differ, %d not checked; fell back: %d without rules, %d by a rule; %s\n",
 			st.BPF, st.BPFSame, st.BPFDiffer, st.BPFUnchecked, res.Counters["unwind_fallback_no_rules"], res.Counters["unwind_fallback_rule"], st.FirstDiffer)
 	}
-	res.PythonFrames, res.UnresolvedPython = s.pyFrames, s.pyUnresolved
+	res.PythonFrames, res.UnresolvedPython, res.PythonNoInterp = s.pyFrames, s.pyUnresolved, s.pyNoInterp
 	res.PythonCaptured, res.PythonRead, res.Uncaptured = s.pyCaptured, s.pyRead, s.uncaptured
 	res.Captured = func(pid uint32) *procmodel.Capture {
 		if p := s.procs.Get(pid); p != nil {

@@ -72,6 +72,9 @@ type session struct {
 	// that stayed unresolved; pyCaptured the code objects BPF captured,
 	// pyRead the frames named from the process's memory instead (Result).
 	pyFrames, pyUnresolved, pyCaptured, pyRead uint64
+	// pyNoInterp counts the records whose Python frames were left out:
+	// their process's interpreter was never read (Result.PythonNoInterp).
+	pyNoInterp uint64
 	// uncaptured counts the processes gone before their mappings could
 	// be read (Result.Uncaptured).
 	uncaptured uint64

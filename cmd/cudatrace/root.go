@@ -109,6 +109,9 @@ func writePythonLosses(w io.Writer, who string, res *record.Result) {
 		fmt.Fprintf(w, "%s: %d of %d Python frames stayed unresolved (their code objects were neither captured at first sight nor readable after): shown as [unresolved Python frame]\n",
 			who, res.UnresolvedPython, res.PythonFrames)
 	}
+	if res.PythonNoInterp > 0 {
+		fmt.Fprintf(w, "%s: %d allocations have no Python frames: their processes ended before their interpreter could be read, and their frames cannot be named without it\n", who, res.PythonNoInterp)
+	}
 	if n := res.Counters["python_preempted"]; n > 0 {
 		fmt.Fprintf(w, "%s: %d allocations have no Python frames: a thread that preempted the probe on its CPU took the scratch they were built in\n", who, n)
 	}
