@@ -19,6 +19,11 @@
 # script that sets the environment measures another mode of a build).
 # DEPTH=N builds the loop without frame pointers, N calls deeper (its
 # stacks then N+5 frames or so: the loop's, libc's start).
+# GATE=S holds the loop S seconds after it starts before its first pair
+# (bench/loop.c's start file): a tracer that unwinds in BPF has the rows
+# of its files loaded by then, and every record is unwound there, where
+# without it the first records, made before, fall back to the window
+# copy (and fill the ring) in proportions that vary from run to run.
 # Needs root, gcc, bpftrace, bpftool, jq. Usage: bench/progcost.sh [PAIRS] [ROUNDS]
 PAIRS=${1:-50000}
 ROUNDS=${2:-3}
@@ -63,7 +68,13 @@ one() {
 		[ "$1" = baseline ] && bin=$BASELINE
 		[ "$1" = baseline2 ] && bin=$BASELINE2
 		[ "$1" = ct-nowin ] && extra=(--stack-window 0)
-		"$bin" record -q "${extra[@]}" --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" >"$W/o" 2>"$W/err" &
+		local gate=()
+		if [ -n "${GATE:-}" ]; then
+			rm -f "$W/go"
+			gate=("$W/go")
+			(sleep "$GATE" && touch "$W/go") &
+		fi
+		"$bin" record -q "${extra[@]}" --lib "$LIB" -o "$W/t.trace" -- "$W/loop" "$PAIRS" "${gate[@]}" >"$W/o" 2>"$W/err" &
 		local rec=$!
 		# sampled until the recording's programs are gone: the last
 		# sample has (nearly) every run
@@ -120,4 +131,4 @@ for m in "${MODES[@]}"; do
 	s=$(echo "${prog[$m/sum]}" | median)
 	printf '%-10s %14s %16s %22s\n' "$m" "$s" "$((s - fsum))" "$(awk -v d="$((s - fsum))" -v p="$fpair" 'BEGIN { printf "%.1f", 100 * d / p }')"
 done
-echo "(CUDATRACE=$CUDATRACE${BASELINE:+ BASELINE=$BASELINE}${BASELINE2:+ BASELINE2=$BASELINE2} bench/progcost.sh $PAIRS $ROUNDS: medians of $ROUNDS interleaved rounds; a floor pair ${fpair} ns; $(nproc) CPUs, $(uname -r))"
+echo "(CUDATRACE=$CUDATRACE${BASELINE:+ BASELINE=$BASELINE}${BASELINE2:+ BASELINE2=$BASELINE2}${GATE:+ GATE=$GATE} bench/progcost.sh $PAIRS $ROUNDS: medians of $ROUNDS interleaved rounds; a floor pair ${fpair} ns; $(nproc) CPUs, $(uname -r))"

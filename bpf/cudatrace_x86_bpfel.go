@@ -388,7 +388,7 @@ type CudatraceUwScratch struct {
 	Base uint64
 	Len  uint32
 	Pad  uint32
-	Buf  [4096]uint8
+	Buf  [4104]uint8
 }
 
 // Names of all BPF objects in the ELF.

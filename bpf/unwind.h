@@ -91,7 +91,7 @@ struct uw_scratch {
 	__u64 base; // the address of buf[0]
 	__u32 len;  // bytes of buf read
 	__u32 pad;
-	__u8 buf[CT_PAGE];
+	__u8 buf[CT_PAGE + 8]; // 8 more: uw_read's masked offset, up to CT_PAGE - 1, and its word
 };
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, uw_scratch, __u32, struct uw_scratch, 1);
 
@@ -113,7 +113,12 @@ static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
 	}
 	if (off > CT_PAGE - 8)
 		return 0;
-	*out = *(__u64 *)(s->buf + off);
+	// Masked too (a no-op here), where the pointer is made: the
+	// compiler may keep off on the stack between the check and its use,
+	// and 6.1's verifier loses the check's bound there ("math between
+	// mem pointer and register with unbounded min value").
+	barrier_var(off);
+	*out = *(__u64 *)(s->buf + (off & (CT_PAGE - 1)));
 	return 1;
 }
 
