@@ -30,6 +30,9 @@ bpftrace_start() {
 
 bpftrace_stop() {
 	kill -INT "$BT_PID"
+	# on a loaded machine bpftrace has hung in its exit for minutes
+	for _ in $(seq 100); do kill -0 "$BT_PID" 2>/dev/null || break; sleep 0.1; done
+	kill -KILL "$BT_PID" 2>/dev/null || true
 	wait "$BT_PID" || true
 }
 

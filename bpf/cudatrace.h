@@ -344,7 +344,21 @@ struct ct_uw_row {
 // A traced process's executable mappings whose file has rows loaded,
 // sorted by start (uw_procs, keyed by process): an address a in
 // [start, end) is file virtual address a - bias, whose row is the last of
-// rows [first, first + nrows) of uw_rows at or below it.
+// rows [first, first + nrows) of uw_rows at or below it. The file's
+// index (unwind.RowIndex) narrows the search to a bucket's rows: v at or
+// above base is in bucket b = (v - base) >> shift, its rows those of
+// uw_index[first + b] for b below nbuckets, the last row above; the index
+// has the file's room in uw_index that its rows have in uw_rows (nrows + 2
+// at most).
+// A bucket of a file's index: its row is one of lo to hi (relative to
+// the file's first), the rows holding at its start and at the next's. A
+// pair, 8 bytes: an array's elements are 8 apart in its memory mapping
+// whatever their size.
+struct ct_uw_bucket {
+	__u32 lo;
+	__u32 hi;
+};
+
 #define CT_UW_MAPS 512 // a power of two: BPF masks indexes with it
 struct ct_uw_map {
 	__u64 start;
@@ -352,6 +366,10 @@ struct ct_uw_map {
 	__u64 bias;
 	__u32 first;
 	__u32 nrows;
+	__u32 base;     // the first row's pc
+	__u32 nbuckets; // of 1 << shift bytes each
+	__u8 shift;
+	__u8 pad[7];
 };
 struct ct_uw_proc {
 	__u32 n; // mappings in use

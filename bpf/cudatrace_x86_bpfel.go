@@ -193,6 +193,12 @@ type CudatraceCtUstack struct {
 	Pad uint32
 }
 
+type CudatraceCtUwBucket struct {
+	_  structs.HostLayout
+	Lo uint32
+	Hi uint32
+}
+
 type CudatraceCtUwCfa uint32
 
 const (
@@ -202,12 +208,16 @@ const (
 )
 
 type CudatraceCtUwMap struct {
-	_     structs.HostLayout
-	Start uint64
-	End   uint64
-	Bias  uint64
-	First uint32
-	Nrows uint32
+	_        structs.HostLayout
+	Start    uint64
+	End      uint64
+	Bias     uint64
+	First    uint32
+	Nrows    uint32
+	Base     uint32
+	Nbuckets uint32
+	Shift    uint8
+	Pad      [7]uint8
 }
 
 type CudatraceCtUwProc struct {
@@ -388,7 +398,7 @@ type CudatraceUwScratch struct {
 	Base uint64
 	Len  uint32
 	Pad  uint32
-	Buf  [4096]uint8
+	Buf  [4104]uint8
 }
 
 // Names of all BPF objects in the ELF.
@@ -416,6 +426,7 @@ const (
 	CudatraceMapPyThreads              = "py_threads"
 	CudatraceMapThreadDev              = "thread_dev"
 	CudatraceMapUsdtSpecs              = "usdt_specs"
+	CudatraceMapUwIndex                = "uw_index"
 	CudatraceMapUwProcs                = "uw_procs"
 	CudatraceMapUwRows                 = "uw_rows"
 	CudatraceMapUwScratch              = "uw_scratch"
@@ -583,6 +594,7 @@ type CudatraceMapSpecs struct {
 	PyThreads   *ebpf.MapSpec `ebpf:"py_threads"`
 	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
+	UwIndex     *ebpf.MapSpec `ebpf:"uw_index"`
 	UwProcs     *ebpf.MapSpec `ebpf:"uw_procs"`
 	UwRows      *ebpf.MapSpec `ebpf:"uw_rows"`
 	UwScratch   *ebpf.MapSpec `ebpf:"uw_scratch"`
@@ -660,6 +672,7 @@ type CudatraceMaps struct {
 	PyThreads   *ebpf.Map `ebpf:"py_threads"`
 	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
 	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
+	UwIndex     *ebpf.Map `ebpf:"uw_index"`
 	UwProcs     *ebpf.Map `ebpf:"uw_procs"`
 	UwRows      *ebpf.Map `ebpf:"uw_rows"`
 	UwScratch   *ebpf.Map `ebpf:"uw_scratch"`
@@ -688,6 +701,7 @@ func (m *CudatraceMaps) Close() error {
 		m.PyThreads,
 		m.ThreadDev,
 		m.UsdtSpecs,
+		m.UwIndex,
 		m.UwProcs,
 		m.UwRows,
 		m.UwScratch,

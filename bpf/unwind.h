@@ -36,6 +36,17 @@ struct {
 	__type(value, struct ct_uw_row);
 } uw_rows SEC(".maps");
 
+// Every file's index of its rows (unwind.RowIndex, struct ct_uw_map): a
+// file's room here is its rows' in uw_rows, the same size; written from
+// Go through a memory mapping, as the rows.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1); // overridden from Go: uw_rows' size
+	__type(key, __u32);
+	__type(value, struct ct_uw_bucket);
+} uw_index SEC(".maps");
+
 // Each traced process's mappings with rules, written whole by the reader
 // when it learns of a mapping or a table (an update replaces the entry at
 // once: a program sees the old or the new). Dropped at the process's end
@@ -52,6 +63,9 @@ struct {
 // the rules use, as unwind.Unwinder's state does. back is 1 where pc is a
 // return address (the call it returns from is the byte before: that
 // byte's row holds while the callee runs), 0 at a probe inside a function.
+// map is the mapping the last frame was found in, plus one (0: none yet):
+// the next frame is mostly in the same file, and the search of the
+// process's mappings is skipped where it is.
 struct uw_state {
 	__u64 pc;
 	__u64 sp;
@@ -61,7 +75,7 @@ struct uw_state {
 	__u32 fp_ok;
 	__u32 lr_ok;
 	__u32 back;
-	__u32 pad;
+	__u32 map;
 };
 
 // The stack's words an unwind reads, a page at a time: from the first word
@@ -77,7 +91,7 @@ struct uw_scratch {
 	__u64 base; // the address of buf[0]
 	__u32 len;  // bytes of buf read
 	__u32 pad;
-	__u8 buf[CT_PAGE];
+	__u8 buf[CT_PAGE + 8]; // 8 more: uw_read's masked offset, up to CT_PAGE - 1, and its word
 };
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, uw_scratch, __u32, struct uw_scratch, 1);
 
@@ -99,7 +113,12 @@ static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
 	}
 	if (off > CT_PAGE - 8)
 		return 0;
-	*out = *(__u64 *)(s->buf + off);
+	// Masked too (a no-op here), where the pointer is made: the
+	// compiler may keep off on the stack between the check and its use,
+	// and 6.1's verifier loses the check's bound there ("math between
+	// mem pointer and register with unbounded min value").
+	barrier_var(off);
+	*out = *(__u64 *)(s->buf + (off & (CT_PAGE - 1)));
 	return 1;
 }
 
@@ -109,59 +128,80 @@ static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
 #define CT_UW_NOMAP 2  // st->pc is in no mapping with rules: fall back
 #define CT_UW_RULE 3   // a rule not followed, or memory not read: fall back
 
-// Search steps: a process's mappings (CT_UW_MAPS), a file's rows (up to
-// 2^22 a file).
+// Search steps: a process's mappings (CT_UW_MAPS), a bucket's rows (up
+// to a file's 2^22).
 #define CT_UW_MAP_STEPS 10
 #define CT_UW_ROW_STEPS 23
 #define CT_UW_MAX_ROWS (1u << 22)
 
 // ct_uw_step unwinds one frame: st is the frame's state, pm the process's
 // mappings. A global function: the verifier checks it once, not at each
-// of a stack's frames.
+// of a stack's frames. What a frame costs is mostly finding its row: the
+// mapping (the last frame's where pc is still in it), the bucket of the
+// file's index, the row among the bucket's few.
 __noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_scratch *s)
 {
 	if (!st || !pm || !s)
 		return CT_UW_NOMAP;
 	__u64 pc = st->pc;
-	// The mapping: the last starting at or below pc. The bounds stay
-	// numbers the verifier knows only a range of (never clamped to a
-	// constant): with constants it follows every path of the search
-	// apart, and with ranges it finds them the same.
-	__u32 lo = 0, hi = pm->n;
-	if (hi > CT_UW_MAPS)
-		return CT_UW_NOMAP;
-	for (int i = 0; i < CT_UW_MAP_STEPS && lo < hi; i++) {
-		__u32 mid = (lo + hi) / 2;
-		if (pm->maps[mid & (CT_UW_MAPS - 1)].start <= pc)
-			lo = mid + 1;
-		else
-			hi = mid;
+	struct ct_uw_map *m = &pm->maps[(st->map - 1) & (CT_UW_MAPS - 1)];
+	if (!st->map || pc < m->start || pc >= m->end) {
+		// The mapping: the last starting at or below pc. The bounds
+		// stay numbers the verifier knows only a range of (never
+		// clamped to a constant): with constants it follows every
+		// path of the search apart, and with ranges it finds them
+		// the same.
+		__u32 lo = 0, hi = pm->n;
+		if (hi > CT_UW_MAPS)
+			return CT_UW_NOMAP;
+		for (int i = 0; i < CT_UW_MAP_STEPS && lo < hi; i++) {
+			__u32 mid = (lo + hi) / 2;
+			if (pm->maps[mid & (CT_UW_MAPS - 1)].start <= pc)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (lo == 0 || lo != hi || lo > CT_UW_MAPS)
+			return CT_UW_NOMAP;
+		m = &pm->maps[(lo - 1) & (CT_UW_MAPS - 1)];
+		if (pc >= m->end)
+			return CT_UW_NOMAP;
+		st->map = lo;
 	}
-	if (lo == 0 || lo != hi || lo > CT_UW_MAPS)
-		return CT_UW_NOMAP;
-	struct ct_uw_map *m = &pm->maps[(lo - 1) & (CT_UW_MAPS - 1)];
-	if (pc >= m->end || !m->nrows || m->nrows > CT_UW_MAX_ROWS)
+	__u32 first = m->first, nrows = m->nrows;
+	if (!nrows || nrows > CT_UW_MAX_ROWS)
 		return CT_UW_NOMAP;
 	__u64 v = pc - m->bias - st->back;
-	if (v >> 32)
+	if (v >> 32 || (__u32)v < m->base)
 		return CT_UW_NOMAP;
-	// The row: the last of the file's at or below v.
-	__u32 first = m->first;
-	lo = first;
-	hi = first + m->nrows;
-	for (int i = 0; i < CT_UW_ROW_STEPS && lo < hi; i++) {
-		__u32 mid = lo + (hi - lo) / 2;
-		struct ct_uw_row *r = bpf_map_lookup_elem(&uw_rows, &mid);
-		if (!r)
+	// The row: the last of the file's at or below v, one of its
+	// bucket's (past the last bucket, the file's last).
+	__u32 at = first + nrows - 1;
+	__u32 b = ((__u32)v - m->base) >> (m->shift & 31);
+	if (b < m->nbuckets) {
+		__u32 k = first + b;
+		struct ct_uw_bucket *x = bpf_map_lookup_elem(&uw_index, &k);
+		if (!x)
 			return CT_UW_RULE;
-		if (r->pc <= (__u32)v)
-			lo = mid + 1;
-		else
-			hi = mid;
+		// The first above v of the rows after the one holding at
+		// the bucket's start, up to the one holding at the next's.
+		__u32 lo = first + x->lo + 1, hi = first + x->hi + 1;
+		if (lo > hi || hi > first + nrows)
+			return CT_UW_RULE;
+		for (int i = 0; i < CT_UW_ROW_STEPS && lo < hi; i++) {
+			__u32 mid = lo + (hi - lo) / 2;
+			struct ct_uw_row *r = bpf_map_lookup_elem(&uw_rows, &mid);
+			if (!r)
+				return CT_UW_RULE;
+			if (r->pc <= (__u32)v)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (lo != hi)
+			return CT_UW_RULE;
+		at = lo - 1;
 	}
-	if (lo == first || lo != hi)
-		return CT_UW_NOMAP;
-	__u32 at = lo - 1;
 	struct ct_uw_row *r = bpf_map_lookup_elem(&uw_rows, &at);
 	if (!r)
 		return CT_UW_RULE;

@@ -189,9 +189,10 @@ type Tracer struct {
 
 	// Unwinding in BPF (unwind.go): the mode, uw_rows' memory mapping,
 	// the value SetUnwindMaps writes.
-	uwMode UnwindMode
-	uwMem  *ebpf.Memory
-	uwProc *bpf.CudatraceCtUwProc
+	uwMode     UnwindMode
+	uwMem      *ebpf.Memory
+	uwIndexMem *ebpf.Memory // uw_index's
+	uwProc     *bpf.CudatraceCtUwProc
 }
 
 // attached is a library the tracer probes, with its functions' offsets:
@@ -245,6 +246,7 @@ func New(opts Options) (*Tracer, error) {
 	spec.Maps[bpf.CudatraceMapEvents].MaxEntries = opts.RingBytes
 	spec.Maps[bpf.CudatraceMapInflight].MaxEntries = opts.MaxInflight
 	spec.Maps[bpf.CudatraceMapUwRows].MaxEntries = opts.UnwindRows
+	spec.Maps[bpf.CudatraceMapUwIndex].MaxEntries = opts.UnwindRows
 
 	t := &Tracer{opts: opts, kernel: k, learning: opts.Learn, uwMode: opts.Unwind}
 	// ct_usdt (with its Python walk, one of the costliest to verify) only

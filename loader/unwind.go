@@ -34,7 +34,8 @@ const (
 // uwModes maps a mode to bpf/unwind.h's uw_mode.
 var uwModes = map[UnwindMode]uint8{UnwindBPF: 1, UnwindBoth: 2, UnwindOff: 0}
 
-// DefaultUnwindRows is how many rows uw_rows holds (16 bytes each): the
+// DefaultUnwindRows is how many rows uw_rows holds (16 bytes each, and
+// 4 bytes each of uw_index, the rows' index, its room the rows'): the
 // rows of libcudart, libc, ld.so and CPython take some 60000 between them;
 // a file whose rows do not fit is unwound from the window, counted.
 const DefaultUnwindRows = 1 << 20
@@ -43,10 +44,12 @@ const DefaultUnwindRows = 1 << 20
 // process may have; past it, the rest fall back.
 const MaxUnwindMaps = 512
 
-// UnwindRow and UnwindMap are struct ct_uw_row and struct ct_uw_map.
+// UnwindRow, UnwindBucket and UnwindMap are struct ct_uw_row, struct
+// ct_uw_bucket and struct ct_uw_map.
 type (
-	UnwindRow = bpf.CudatraceCtUwRow
-	UnwindMap = bpf.CudatraceCtUwMap
+	UnwindRow    = bpf.CudatraceCtUwRow
+	UnwindBucket = bpf.CudatraceCtUwBucket
+	UnwindMap    = bpf.CudatraceCtUwMap
 )
 
 // Unwinds says whether the tracer unwinds stacks in BPF, and so wants
@@ -56,26 +59,44 @@ func (t *Tracer) Unwinds() bool { return t.uwMode == UnwindBPF || t.uwMode == Un
 // UnwindRowCap is how many rows uw_rows holds.
 func (t *Tracer) UnwindRowCap() uint32 { return t.objs.UwRows.MaxEntries() }
 
-// WriteUnwindRows writes rows at index first of uw_rows, through its
-// memory mapping (one copy, no system call per row). The caller owns the
-// range: no mapping of a process points at it until SetUnwindMaps says.
-func (t *Tracer) WriteUnwindRows(first uint32, rows []UnwindRow) error {
-	if uint64(first)+uint64(len(rows)) > uint64(t.UnwindRowCap()) {
-		return fmt.Errorf("unwind rows %d to %d: beyond the %d uw_rows holds", first, int(first)+len(rows), t.UnwindRowCap())
+// WriteUnwindRows writes rows at index first of uw_rows, and the rows'
+// index (unwind.RowIndex's buckets, at most len(rows) + 1) at index first
+// of uw_index, through their memory mappings (one copy, no system call
+// per row). The caller owns the range: no mapping of a process
+// points at it until SetUnwindMaps says.
+func (t *Tracer) WriteUnwindRows(first uint32, rows []UnwindRow, index []UnwindBucket) error {
+	if uint64(first)+uint64(max(len(rows), len(index))) > uint64(t.UnwindRowCap()) {
+		return fmt.Errorf("unwind rows %d to %d: beyond the %d uw_rows holds", first, int(first)+max(len(rows), len(index)), t.UnwindRowCap())
 	}
 	if len(rows) == 0 {
 		return nil
 	}
-	if t.uwMem == nil {
-		mem, err := t.objs.UwRows.Memory()
-		if err != nil {
-			return fmt.Errorf("map uw_rows: %w", err)
-		}
-		t.uwMem = mem
+	if err := writeMem(&t.uwMem, t.objs.UwRows, int64(first), rows); err != nil {
+		return fmt.Errorf("map uw_rows: %w", err)
 	}
-	size := int(unsafe.Sizeof(UnwindRow{}))
-	b := unsafe.Slice((*byte)(unsafe.Pointer(&rows[0])), len(rows)*size)
-	_, err := t.uwMem.WriteAt(b, int64(first)*int64(size))
+	if len(index) == 0 {
+		return nil
+	}
+	if err := writeMem(&t.uwIndexMem, t.objs.UwIndex, int64(first), index); err != nil {
+		return fmt.Errorf("map uw_index: %w", err)
+	}
+	return nil
+}
+
+// writeMem writes vs at element at of array map m through its memory
+// mapping, *mem, mapped at the first write. T's size is a multiple of 8:
+// the kernel lays an array's elements out 8 bytes apart at least.
+func writeMem[T any](mem **ebpf.Memory, m *ebpf.Map, at int64, vs []T) error {
+	if *mem == nil {
+		mm, err := m.Memory()
+		if err != nil {
+			return err
+		}
+		*mem = mm
+	}
+	size := int(unsafe.Sizeof(vs[0]))
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&vs[0])), len(vs)*size)
+	_, err := (*mem).WriteAt(b, at*int64(size))
 	return err
 }
 

@@ -211,8 +211,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	topts.Learn = len(opts.PIDs) > 0 || opts.All
 	// Stacks are unwound from the window in user space unless
 	// CUDATRACE_UNWIND=bpf: unwinding in BPF is right (TestUnwindInBPF)
-	// but, on the VMs it was measured on, costs more than the window's
-	// copy past a few frames (docs/benchmarks.md, issue 41).
+	// but, on the VMs it was measured on, costs about 50 ns a frame, more
+	// than the window's copy past some 40 frames, and at 25 takes a
+	// pair's BPF time to 0.9x of the copy's, not the half issue 41 asks
+	// (docs/benchmarks.md, 2026-11-29, the cost of a frame).
 	switch {
 	case unwindCheck:
 		topts.Unwind = loader.UnwindBoth // the window too, the reference

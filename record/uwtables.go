@@ -29,7 +29,7 @@ type uwTables struct {
 	work chan uwJob
 	done chan struct{}
 	// Stats: files whose rows are loaded, that could not be made (or
-	// found no room), rows in use.
+	// found no room), rows' room in use (a file's rows and two).
 	loaded, failed int
 	rows           uint32
 }
@@ -37,7 +37,8 @@ type uwTables struct {
 type uwFile struct {
 	ready, failed bool
 	c             *unwind.Compact
-	span          uwSpan
+	index         unwind.RowIndex
+	span          uwSpan // its rows' and its index's room
 	users         map[uint32]bool
 }
 
@@ -189,7 +190,8 @@ func (u *uwTables) write(pid uint32) {
 			continue
 		}
 		for _, cm := range f.c.Mappings(m) {
-			out = append(out, loader.UnwindMap{Start: cm.Start, End: cm.End, Bias: cm.Bias, First: f.span.first, Nrows: f.span.n})
+			out = append(out, loader.UnwindMap{Start: cm.Start, End: cm.End, Bias: cm.Bias, First: f.span.first,
+				Nrows: uint32(len(f.c.Rows)), Base: f.index.Base, Nbuckets: uint32(len(f.index.Start) - 1), Shift: f.index.Shift})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Start < out[j].Start })
@@ -202,6 +204,15 @@ func (u *uwTables) run() {
 	defer close(u.done)
 	for j := range u.work {
 		rows, c := u.make(j)
+		var index unwind.RowIndex
+		var buckets []loader.UnwindBucket
+		if c != nil {
+			index = c.Index()
+			buckets = make([]loader.UnwindBucket, len(index.Start)-1)
+			for b := range buckets {
+				buckets[b] = loader.UnwindBucket{Lo: index.Start[b], Hi: index.Start[b+1]}
+			}
+		}
 		u.mu.Lock()
 		f := u.file[j.id]
 		if f == nil { // dropped meanwhile
@@ -210,9 +221,9 @@ func (u *uwTables) run() {
 		}
 		span, ok := uwSpan{}, false
 		if c != nil {
-			span, ok = u.alloc(uint32(len(rows)))
+			span, ok = u.alloc(uint32(unwind.IndexLen(len(rows))))
 		}
-		if ok && u.tr.WriteUnwindRows(span.first, rows) != nil {
+		if ok && u.tr.WriteUnwindRows(span.first, rows, buckets) != nil {
 			u.free = append(u.free, span)
 			ok = false
 		}
@@ -220,7 +231,7 @@ func (u *uwTables) run() {
 			f.failed = true
 			u.failed++
 		} else {
-			f.ready, f.c, f.span = true, c, span
+			f.ready, f.c, f.index, f.span = true, c, index, span
 			u.loaded++
 			u.rows += span.n
 		}

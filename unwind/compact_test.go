@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"sync"
 	"testing"
 
 	"github.com/cudatrace/cudatrace/events"
@@ -14,14 +15,30 @@ import (
 )
 
 // lookup is the row BPF finds for file virtual address v (bpf/unwind.h:
-// the last at or below it), and whether there is one.
+// the last at or below it, through the file's RowIndex), and whether
+// there is one. It checks the index's answer against a search of all
+// the rows.
 func (c *Compact) lookup(v uint64) (CompactRow, bool) {
 	i := sort.Search(len(c.Rows), func(i int) bool { return uint64(c.Rows[i].PC) > v }) - 1
+	x, _ := indexes.Load(c)
+	if x == nil {
+		x, _ = indexes.LoadOrStore(c, c.Index())
+	}
+	j, ok := x.(RowIndex).Find(c.Rows, v)
 	if i < 0 || v>>32 != 0 {
+		if ok {
+			panic(fmt.Sprintf("%#x: the index finds row %d, below the first", v, j))
+		}
 		return CompactRow{}, false
+	}
+	if !ok || j != i {
+		panic(fmt.Sprintf("%#x: the index finds row %d (%v), the search %d", v, j, ok, i))
 	}
 	return c.Rows[i], true
 }
+
+// indexes holds each Compact's RowIndex for lookup.
+var indexes sync.Map
 
 // compactFiles reduces the files of maps' executable mappings.
 func compactFiles(t testing.TB, maps []proc.Mapping) map[string]*Compact {
