@@ -164,23 +164,6 @@ static __always_inline __u32 small_record_size(void)
 	return sizeof(struct ct_alloc_event) + CT_PY_BLOCK;
 }
 
-// submit_nowindow finishes a record reserved at small_record_size() that
-// has no room for its window: the frame-pointer walk's frames and the
-// Python frames (no CT_F_WINDOW: user space takes the frames as they
-// are, as with --stack-window 0).
-static __always_inline void submit_nowindow(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw)
-{
-	__s32 n = user_stack(ctx, e->stack, CT_MAX_FRAMES);
-	e->h.nframes = n;
-	if (n == CT_MAX_FRAMES)
-		e->h.flags |= CT_F_STACK_TRUNC;
-	__u32 used = sizeof(struct ct_event) + ((__u32)n & 127) * 8;
-	py_put(&e->h, (__u8 *)e + used, pw);
-	count(CT_CNT_RB_NOWINDOW);
-	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(&e->h, small_record_size()));
-}
-
 // submit_small finishes an allocation record reserved at
 // small_record_size() whose header is filled: its stack unwound here, its
 // Python frames; and submits it. Where the unwind falls back, the record
@@ -201,7 +184,8 @@ static __always_inline void submit_small(struct pt_regs *ctx, struct ct_alloc_ev
 	}
 	struct ct_alloc_event *b = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
 	if (!b) {
-		submit_nowindow(ctx, e, pw); // no room for the window: this record, as it is
+		count(CT_CNT_RB_FULL);
+		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
 		return;
 	}
 	b->h = e->h;
@@ -210,29 +194,18 @@ static __always_inline void submit_small(struct pt_regs *ctx, struct ct_alloc_ev
 }
 
 // reserve_alloc reserves an allocation record: small where it is unwound
-// here first (uw_small), else with room for the window. Where the ring
-// buffer has no room for a window, it reserves a small one (*nowindow
-// set): an event kept with a shallower stack is worth more than an event
-// lost, whose absence would leave the ledger wrong.
-static __always_inline struct ct_alloc_event *reserve_alloc(int *nowindow)
+// here first (uw_small), else with room for the window.
+static __always_inline struct ct_alloc_event *reserve_alloc(void)
 {
 	if (uw_small())
 		return bpf_ringbuf_reserve(&events, small_record_size(), 0);
-	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
-	if (e || !window_size())
-		return e;
-	e = bpf_ringbuf_reserve(&events, small_record_size(), 0);
-	*nowindow = e != NULL;
-	return e;
+	return bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
 }
 
 // finish_alloc finishes a record reserve_alloc made.
-static __always_inline void finish_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw,
-					 int nowindow)
+static __always_inline void finish_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw)
 {
-	if (nowindow)
-		submit_nowindow(ctx, e, pw);
-	else if (uw_small())
+	if (uw_small())
 		submit_small(ctx, e, pw);
 	else
 		submit_alloc(ctx, e, pw);
@@ -279,8 +252,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	struct py_walked pw = {};
 	if (in->shape != CT_SHAPE_VMM_MAP)
 		pw = walk_python(ctx, id, use_loop);
-	int nowindow = 0;
-	struct ct_alloc_event *e = reserve_alloc(&nowindow);
+	struct ct_alloc_event *e = reserve_alloc();
 	if (!e) {
 		count(CT_CNT_RB_FULL);
 		bpf_map_delete_elem(&inflight, &tid);
@@ -301,7 +273,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 			e->h.flags |= CT_F_STACK_TRUNC;
 		count(CT_CNT_EVENTS);
 		// no stack window: its frames sit one slot on
-		bpf_ringbuf_submit(e, wakeup_flags(&e->h, uw_small() || nowindow ? small_record_size() : alloc_record_size()));
+		bpf_ringbuf_submit(e, wakeup_flags(&e->h, uw_small() ? small_record_size() : alloc_record_size()));
 		return 0;
 	}
 
@@ -335,7 +307,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
-	finish_alloc(ctx, e, pw, nowindow);
+	finish_alloc(ctx, e, pw);
 	// Forgotten in place (a lookup costs less than a delete), the entry
 	// kept for the thread's next free.
 	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);

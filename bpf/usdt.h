@@ -54,8 +54,7 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 		return 0;
 	}
 	struct py_walked pw = walk_python(ctx, id, use_loop);
-	int nowindow = 0;
-	struct ct_alloc_event *e = reserve_alloc(&nowindow);
+	struct ct_alloc_event *e = reserve_alloc();
 	if (!e) {
 		count(CT_CNT_RB_FULL);
 		return 0;
@@ -64,7 +63,7 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 		   usdt_arg(ctx, &spec->args[2]), (__s32)usdt_arg(ctx, &spec->args[1]), 0);
 	// The probe sits in the allocator's function body, past its prologue:
 	// the frame-pointer chain starts at its caller's frame.
-	finish_alloc(ctx, e, pw, nowindow);
+	finish_alloc(ctx, e, pw);
 	return 0;
 }
 
