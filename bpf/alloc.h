@@ -17,6 +17,11 @@ struct inflight {
 	__s32 device;
 };
 
+// A thread's entry is made at its first traced call and kept, written in
+// place, until the thread ends (exit.h forget_thread): a call between
+// entry and return has sp set, a finished one sp 0. An update and a
+// delete a call (a bucket lock and the free list each) cost more than the
+// lookup that finds the entry.
 CT_MAP(BPF_MAP_TYPE_HASH, inflight, __u32, struct inflight, 16384); // key: tid
 
 
@@ -51,7 +56,7 @@ static __always_inline int remember(struct pt_regs *ctx, __u16 shape, __u64 out,
 
 	__u64 sp = PT_REGS_SP(ctx);
 	struct inflight *cur = bpf_map_lookup_elem(&inflight, &tid);
-	if (cur) {
+	if (cur && cur->sp) {
 		if (sp < cur->sp) { // deeper in the same thread's stack: nested
 			count(CT_CNT_NESTED);
 			return 0;
@@ -71,9 +76,17 @@ static __always_inline int remember(struct pt_regs *ctx, __u16 shape, __u64 out,
 		// cuMemCreate says its device; every other call uses the thread's.
 		.device = shape == CT_SHAPE_VMM_CREATE ? (__s32)aux1 : current_device(tid),
 	};
-	if (bpf_map_update_elem(&inflight, &tid, &in, BPF_ANY))
+	if (cur)
+		*cur = in; // only this thread writes or reads its entry
+	else if (bpf_map_update_elem(&inflight, &tid, &in, BPF_ANY))
 		count(CT_CNT_INFLIGHT_FULL);
 	return 0;
+}
+
+// call_done ends a thread's call in its inflight entry, kept for its next.
+static __always_inline void call_done(struct inflight *in)
+{
+	in->sp = 0;
 }
 
 SEC("uprobe")
@@ -226,7 +239,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id;
 	struct inflight *in = bpf_map_lookup_elem(&inflight, &tid);
-	if (!in) {
+	if (!in || !in->sp) {
 		// Only a traced process's: another process calling the same
 		// library file runs this probe too.
 		if (traced(id >> 32))
@@ -245,7 +258,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 			__s32 dev = (__s32)in->aux1;
 			bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
 		}
-		bpf_map_delete_elem(&inflight, &tid);
+		call_done(in);
 		return 0;
 	}
 
@@ -255,7 +268,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	struct ct_alloc_event *e = reserve_alloc();
 	if (!e) {
 		count(CT_CNT_RB_FULL);
-		bpf_map_delete_elem(&inflight, &tid);
+		call_done(in);
 		return 0;
 	}
 	// A device unknown at entry may have been learned inside the call
@@ -267,7 +280,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		e->h.addr = in->aux1;
 		e->h.flags = CT_F_AUX;
 		e->stack[0] = in->aux2;
-		bpf_map_delete_elem(&inflight, &tid);
+		call_done(in);
 		e->h.nframes = user_stack(ctx, &e->stack[1], CT_MAX_FRAMES - 1);
 		if (e->h.nframes == CT_MAX_FRAMES - 1)
 			e->h.flags |= CT_F_STACK_TRUNC;
@@ -303,7 +316,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	} else if (in->shape == CT_SHAPE_PITCH) {
 		e->h.size = in->size * in->aux2;
 	}
-	bpf_map_delete_elem(&inflight, &tid);
+	call_done(in);
 
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
