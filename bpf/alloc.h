@@ -73,8 +73,11 @@ static __always_inline int remember(struct pt_regs *ctx, __u16 shape, __u64 out,
 		.aux2 = aux2,
 		.api = (__u16)bpf_get_attach_cookie(ctx),
 		.shape = shape,
-		// cuMemCreate says its device; every other call uses the thread's.
-		.device = shape == CT_SHAPE_VMM_CREATE ? (__s32)aux1 : current_device(tid),
+		// cuMemCreate says its device; every other call uses the thread's,
+		// looked up at the return (alloc_exit): a call cannot change its
+		// thread's device, only show it (the runtime's own context calls,
+		// ct_learn_exit), and one lookup a call costs less than two.
+		.device = shape == CT_SHAPE_VMM_CREATE ? (__s32)aux1 : CT_DEV_UNKNOWN,
 	};
 	if (cur)
 		*cur = in; // only this thread writes or reads its entry
@@ -271,8 +274,9 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		call_done(in);
 		return 0;
 	}
-	// A device unknown at entry may have been learned inside the call
-	// (the runtime asks the driver for its context: ct_learn_exit).
+	// The thread's device now: unknown at entry, it may have been learned
+	// inside the call (the runtime asks the driver for its context:
+	// ct_learn_exit).
 	__s32 dev = in->device == CT_DEV_UNKNOWN ? current_device(tid) : in->device;
 	fill_event(&e->h, id, in->ts_ns, bpf_ktime_get_boot_ns() - in->ts_ns, in->api, 0, 0, in->size, dev, result);
 
