@@ -325,21 +325,26 @@ func pythonFrames(t *testing.T, s reportStack) (py, native []string, first, last
 	return py, native, first, last
 }
 
-// TestPythonFramesAttach: a CPython 3.10 to 3.13 process traced with
+// TestPythonFramesAttach: a CPython 3.10 to 3.15 process traced with
 // --pid gets the Python frames of its first allocation: the recorder
 // looks for the interpreter when tracing starts, before any record.
+// Debian sid's 3.14 and 3.15 run in a root of their own: the interpreter
+// is read through the process's root, not the tracer's.
 func TestPythonFramesAttach(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
 	needTracer(t)
-	script, _ := filepath.Abs(filepath.Join("testdata", "pyattach.py"))
-	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13", "sid-3.14", "sid-3.15"} {
 		t.Run(v, func(t *testing.T) {
-			python := pyenvPython(t, v)
+			py := newPyRunner(t, v)
+			script := py.script(t, "pyattach.py")
 			ctx := testContext(t)
 			dir := t.TempDir()
 			log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "attach.trace")
-			j := startPyJob(t, ctx, python, script, log) // it has said "ready"
+			argv := py.argv(script, fakeLib)
+			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+			cmd.Env = fakeEnv(log)
+			j := startCmdJob(t, "pyattach.py", cmd) // it has said "ready"
 			pid := j.pid
 			rec := startRecord(t, ctx, recordOpts{}, "--lib", fakeLib, "--pid", strconv.Itoa(pid), "-o", trace)
 			rec.waitAttached(t, 30*time.Second)
