@@ -236,8 +236,18 @@ struct ct_pyoffsets {
 	__s64 fr_owner;   // 3.12+: a byte; 3 is a shim frame of a C call into the interpreter
 	__s64 fr_entry;   // 3.11: is_entry, a byte
 	__s64 co_code_adaptive;
-	__u32 minor;
-	__u32 pad;
+	__u16 minor;
+	// 3.14 on (-1 before): the thread state's interpreter
+	// (PyThreadState.interp) and that interpreter's count of code objects
+	// freed (PyInterpreterState._code_object_generation, a u64 that
+	// code_dealloc counts up before it frees one). While it stands still,
+	// a code object that a thread's frames held is still the object at
+	// its address: py_check takes its identity from the CPU's last block
+	// instead of reading it again (bpf/pycode.h). Narrow, where the
+	// struct had room: the walk keeps a copy on ct_exit's stack, which
+	// with ct_py_capture's is at Linux 6.1's 512 bytes.
+	__s16 ts_interp;
+	__s32 interp_code_gen;
 	// What a code object is named by (the capture, bpf/pycode.h): its
 	// file name and (qualified) name, str objects; its line table, a
 	// bytes object; its first line, an int. The identity of a code object

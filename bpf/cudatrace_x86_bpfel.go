@@ -126,8 +126,9 @@ type CudatraceCtPyoffsets struct {
 	FrOwner        int64
 	FrEntry        int64
 	CoCodeAdaptive int64
-	Minor          uint32
-	Pad            uint32
+	Minor          uint16
+	TsInterp       int16
+	InterpCodeGen  int32
 	CoFilename     int64
 	CoName         int64
 	CoLinetable    int64
@@ -330,6 +331,8 @@ type CudatracePyCheckVal struct {
 	Lastn  uint32
 	Left   uint32
 	Missed uint32
+	Kept   uint32
+	Pad    uint32
 	Id     uint64
 	Mm     uint64
 }
@@ -354,13 +357,17 @@ type CudatracePyScratchVal struct {
 		F [32]CudatraceCtPyframe
 		T CudatraceCtPytrailer
 	}
-	Ident     [32]uint64
-	LastIdent [32]uint64
-	LastTgid  uint32
-	Pad       uint32
-	LastMm    uint64
-	Seq       uint64
-	Cur       struct {
+	Ident      [32]uint64
+	LastIdent  [32]uint64
+	LastTgid   uint32
+	Pad        uint32
+	LastMm     uint64
+	LastInterp uint64
+	LastGen    uint64
+	B_interp   uint64
+	B_gen      uint64
+	Seq        uint64
+	Cur        struct {
 		_     structs.HostLayout
 		Id    uint64
 		Task  uint64

@@ -138,6 +138,8 @@ struct py_check_val {
 	__u32 lastn;  // frames in the CPU's last block, 0 when it is not this process's
 	__u32 left;   // captures the record may still make
 	__u32 missed; // frames not known captured: a capture failed, or none was left
+	__u32 kept;   // no code object freed in the interpreter since the CPU's last block was checked
+	__u32 pad;
 	__u64 id;
 	__u64 mm;
 };
@@ -152,7 +154,11 @@ CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, py_checks, __u32, struct py_check_val, 1);
 // captured; any other is captured now. The identity is read each time,
 // the same place too: a code object freed and made anew at its address
 // between two records (CPython's allocator hands the block out again,
-// 3.14 at once) is another code object at the same place.
+// 3.14 at once) is another code object at the same place. Not read is the
+// identity of a code object at the same place in the CPU's last block
+// when the interpreter has freed no code object since (c->kept, 3.14 on:
+// see py_check): it is the object checked there, whose identity the block
+// keeps.
 static __always_inline long check_step(__u32 j)
 {
 	__u32 zero = 0;
@@ -165,16 +171,23 @@ static __always_inline long check_step(__u32 j)
 		return 1;
 	__u32 i = (CT_PY_MAX_FRAMES - n + j) & (CT_PY_MAX_FRAMES - 1);
 	__u64 code = s->b.f[i].code;
+	__u32 lastn = c->lastn, li = 0;
+	int inlast = j < lastn && lastn <= CT_PY_MAX_FRAMES;
+	if (inlast) {
+		li = (CT_PY_MAX_FRAMES - lastn + j) & (CT_PY_MAX_FRAMES - 1);
+		// No code object freed since: the one at this address is the
+		// one checked there.
+		if (c->kept && s->last.f[li].code == code) {
+			s->ident[i] = s->last_ident[li];
+			return 0;
+		}
+	}
 	__u64 ident = 0;
 	if (py_ident_at(s, &s->cur.o, code, &ident))
 		ident = 0;
 	s->ident[i] = ident;
-	__u32 lastn = c->lastn;
-	if (j < lastn && lastn <= CT_PY_MAX_FRAMES) {
-		__u32 li = (CT_PY_MAX_FRAMES - lastn + j) & (CT_PY_MAX_FRAMES - 1);
-		if (s->last.f[li].code == code && s->last_ident[li] == ident)
-			return 0;
-	}
+	if (inlast && s->last.f[li].code == code && s->last_ident[li] == ident)
+		return 0;
 	struct py_seen_key k = {.tgid = c->id >> 32, .code = code};
 	struct py_seen_val *v = bpf_map_lookup_elem(&py_seen, &k);
 	if (v && v->mm == c->mm && v->ident == ident)
@@ -201,7 +214,21 @@ static long py_check_step(__u64 j, void *arg)
 // code object at the same place in the CPU's last block of the process,
 // with the same identity, needs no map lookup (a loop allocating from one
 // line). Once every frame is known captured, the block becomes the CPU's
-// last, with its identities.
+// last, with its identities and its interpreter's count of code objects
+// freed (s->b_gen, read by ts_take).
+//
+// From 3.14 that count spares the identities' reads (c->kept): CPython's
+// code_dealloc (Objects/codeobject.c) counts the freeing thread's
+// interpreter's _code_object_generation up before it frees a code object,
+// and a frame holds a strong reference to its code object
+// (_PyFrame_Initialize: f_executable). A code object in the last block was
+// held by the walked thread's frames while the count was read then; for
+// another to be made at its address it must be freed first, which moves
+// the count (a u64: it never wraps). Read the same, in the same
+// interpreter, the address still holds the object checked there. What this
+// takes from CPython beyond that: that a thread of another interpreter
+// does not free this one's code objects (objects are not shared between
+// interpreters).
 static __always_inline void py_check(struct py_walked pw, __u64 id, const int use_loop)
 {
 	__u32 zero = 0;
@@ -217,6 +244,7 @@ static __always_inline void py_check(struct py_walked pw, __u64 id, const int us
 		return;
 	c->n = n;
 	c->lastn = same ? s->last.t.n : 0;
+	c->kept = same && s->b_interp && s->last_interp == s->b_interp && s->last_gen == s->b_gen;
 	c->left = CT_PY_MAX_FRAMES;
 	c->missed = 0;
 	c->id = id;
@@ -239,6 +267,14 @@ static __always_inline void py_check(struct py_walked pw, __u64 id, const int us
 	__builtin_memcpy(s->last_ident, s->ident, sizeof(s->last_ident));
 	s->last_tgid = tgid;
 	s->last_mm = pw.mm;
+	s->last_interp = s->b_interp;
+	s->last_gen = s->b_gen;
+	// A walk that preempted this program while it wrote the last block
+	// wrote one of its own: what is there now may be part each's, which
+	// the next record must not take as checked.
+	barrier();
+	if (*(volatile __u64 *)&s->seq != pw.seq)
+		s->last.t.n = 0;
 }
 
 #endif

@@ -75,9 +75,11 @@ struct py_cpu_thread {
 // state read alone (CT_PY_BUF_*; masked offsets into it may reach 8 bytes
 // past what is read); the block of the CPU's last record with Python
 // frames whose code objects were all checked (py_check), with its
-// process (last_tgid, last_mm) and each frame's code object's identity
-// then (last_ident; ident, the block being checked's, by the same
-// places); seq, counted up
+// process (last_tgid, last_mm), its interpreter's count of code objects
+// freed when it was checked (last_interp, last_gen: py_check; b_interp
+// and b_gen, the block being built's) and each
+// frame's code object's identity then (last_ident; ident, the block being
+// checked's, by the same places); seq, counted up
 // by each walk, which tells the record a walk built the block for whether
 // another program (a thread that preempted it on this CPU) walked since;
 // and the CPU's last Python thread.
@@ -90,6 +92,10 @@ struct py_scratch_val {
 	__u32 last_tgid;
 	__u32 pad;
 	__u64 last_mm;
+	__u64 last_interp; // the last block's interpreter and its count of code objects freed then (0: none known)
+	__u64 last_gen;
+	__u64 b_interp; // the same of the block being built (ts_take)
+	__u64 b_gen;
 	__u64 seq;
 	struct py_cpu_thread cur;
 };
@@ -334,7 +340,13 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 	__s64 fo = w->o.ts_cframe >= 0 ? w->o.ts_cframe : w->o.ts_frame;
 	__s64 lo = fo < w->idoff ? fo : w->idoff;
 	__s64 hi = fo < w->idoff ? w->idoff : fo;
-	__u64 id, fp;
+	// The thread state's interpreter too, where py_check wants it (3.14
+	// on) and it lies within the same read: 3.14's and 3.15's at 16,
+	// below the frame pointer (72).
+	__s64 io = w->o.interp_code_gen >= 0 ? w->o.ts_interp : -1;
+	if (io >= 0 && io < lo && hi - io <= CT_PY_TS_READ - 8)
+		lo = io;
+	__u64 id, fp, interp = 0;
 	// Only the bytes from the first field to the end of the last: a read's
 	// cost grows with its length.
 	__u32 len = ((__u32)(hi - lo) & (CT_PY_TS_READ - 8)) + 8;
@@ -342,6 +354,8 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 	    bpf_probe_read_user(&s->buf[CT_PY_BUF_ONE], len, (void *)(ts + lo)) == 0) {
 		id = buf_u64(s, CT_PY_BUF_ONE + ((w->idoff - lo) & (CT_PY_TS_READ - 1)));
 		fp = buf_u64(s, CT_PY_BUF_ONE + ((fo - lo) & (CT_PY_TS_READ - 1)));
+		if (io >= lo)
+			interp = buf_u64(s, CT_PY_BUF_ONE + ((io - lo) & (CT_PY_TS_READ - 1)));
 	} else {
 		id = read_u64(ts + w->idoff);
 		fp = read_u64(ts + fo);
@@ -350,6 +364,14 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 		return 0;
 	w->ts = ts;
 	w->frame = fp;
+	// The interpreter's count of code objects freed, for py_check: one
+	// read of 8 bytes that spares it one a frame (a thread's frames hold
+	// their code objects while it is in the probe, so when in the probe it
+	// is read does not matter). Into the map: ct_exit's stack, with
+	// ct_py_capture's, is at Linux 6.1's 512 bytes.
+	s->b_interp = 0;
+	if (interp && bpf_probe_read_user(&s->b_gen, sizeof(s->b_gen), (void *)(interp + w->o.interp_code_gen)) == 0)
+		s->b_interp = interp;
 	if (w->o.ts_cframe < 0)
 		return 1;
 	w->frame = 0;
@@ -414,6 +436,7 @@ static __always_inline struct py_walked py_walk(__u64 id, __u64 sp, const int us
 	struct py_block *b = &s->b;
 	struct py_cpu_thread *c = &s->cur;
 	struct py_walk w = {.sp = sp};
+	s->b_interp = 0; // ts_take sets it for the thread it finds
 	struct task_struct *task; // its mm and start time: what the caches check
 	// This CPU's last Python thread: its thread state and layout without a
 	// map lookup (the two cost about 50 ns, a sixth of a short walk).

@@ -3,6 +3,7 @@ package pystack
 import (
 	"cmp"
 	"fmt"
+	"math"
 
 	"github.com/cudatrace/cudatrace/bpf"
 )
@@ -38,11 +39,14 @@ func (in *Interp) BPF() (bpf.CudatraceCtPyoffsets, error) {
 		TsNext: o.tsNext, TsNativeId: o.tsNativeID, TsThreadId: o.tsThreadID, TsFrame: o.tsFrame,
 		TsCframe: o.tsCFrame, CfCurrent: o.cfCurrent, FrPrevious: o.frPrevious, FrCode: o.frCode,
 		FrInstr: o.frInstr, FrOwner: o.frOwner, FrEntry: o.frEntry, CoCodeAdaptive: o.coCodeAdaptive,
-		Minor: uint32(in.Minor),
+		Minor: uint16(in.Minor),
 		// What names a code object, for its capture: co_filename,
 		// co_qualname (co_name before 3.11), co_linetable, co_firstlineno.
 		CoFilename: o.coFilename, CoName: cmp.Or(max(o.coQualname, 0), o.coName), CoLinetable: o.coLinetable,
-		CoFirstlineno: o.coFirstLine}
+		CoFirstlineno: o.coFirstLine, TsInterp: -1, InterpCodeGen: -1}
+	if o.interpCodeGen > 0 && o.tsInterp > 0 && o.tsInterp <= math.MaxInt16 && o.interpCodeGen <= math.MaxInt32 {
+		l.TsInterp, l.InterpCodeGen = int16(o.tsInterp), int32(o.interpCodeGen)
+	}
 	return l, checkBPF(&l)
 }
 
@@ -90,7 +94,8 @@ func checkBPF(o *bpf.CudatraceCtPyoffsets) error {
 		off  int64
 	}{{"frame previous", o.FrPrevious}, {"frame code", o.FrCode}, {"frame instruction", o.FrInstr},
 		{"thread state native_thread_id", o.TsNativeId}, {"thread state thread_id", o.TsThreadId},
-		{"thread state frame", o.TsFrame}, {"thread state cframe", o.TsCframe}, {"cframe current_frame", o.CfCurrent}} {
+		{"thread state frame", o.TsFrame}, {"thread state cframe", o.TsCframe}, {"cframe current_frame", o.CfCurrent},
+		{"thread state interp", int64(o.TsInterp)}, {"interpreter _code_object_generation", int64(o.InterpCodeGen)}} {
 		if f.off >= 0 && f.off%8 != 0 {
 			return fmt.Errorf("%s at %d is not 8-byte aligned", f.name, f.off)
 		}

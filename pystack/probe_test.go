@@ -132,7 +132,7 @@ func TestLayoutProbe(t *testing.T) {
 		for _, fd := range probeFields {
 			wrong := in.off
 			f := fd.at(&wrong)
-			if *f < 0 {
+			if *f < 0 || *f == 0 && (f == &wrong.tsInterp || f == &wrong.interpCodeGen) {
 				continue // not in this version
 			}
 			step := int64(8) // the next field (a byte field's next byte)
@@ -181,6 +181,8 @@ var probeFields = []struct {
 	{"PyASCIIObject.length", func(o *offsets) *int64 { return &o.strLength }, false},
 	{"PyASCIIObject.state", func(o *offsets) *int64 { return &o.strState }, true},
 	{"sizeof(PyASCIIObject)", func(o *offsets) *int64 { return &o.asciiSize }, false},
+	{"thread state interp", func(o *offsets) *int64 { return &o.tsInterp }, false},
+	{"_code_object_generation", func(o *offsets) *int64 { return &o.interpCodeGen }, false},
 }
 
 // probeInterp is the interpreter file python runs with, as DetectFile
@@ -246,7 +248,8 @@ func probeLayout(t *testing.T, pt probeTarget, in *Interp, off offsets) []string
 		"cf_current": off.cfCurrent, "fr_previous": off.frPrevious, "fr_code": off.frCode, "fr_instr": off.frInstr,
 		"fr_owner": off.frOwner, "fr_entry": off.frEntry, "co_code_adaptive": off.coCodeAdaptive,
 		"co_filename": off.coFilename, "co_name": off.coName, "co_qualname": off.coQualname,
-		"co_firstlineno": off.coFirstLine, "co_linetable": off.coLinetable, "owned_cstack": versions[in.Minor].entryOwner}
+		"co_firstlineno": off.coFirstLine, "co_linetable": off.coLinetable, "owned_cstack": versions[in.Minor].entryOwner,
+		"ts_interp": off.tsInterp, "interp_code_gen": off.interpCodeGen}
 	arg, _ := json.Marshal(l)
 	argv := []string{pt.python, "-c", string(script), string(arg)}
 	if pt.root != "" {

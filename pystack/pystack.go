@@ -72,6 +72,13 @@ type offsets struct {
 	strLength      int64 // PyASCIIObject.length
 	strState       int64
 	asciiSize      int64 // sizeof(PyASCIIObject): where compact ASCII data starts
+	// From _Py_DebugOffsets alone (3.14 on; 0 where not known: neither is
+	// a structure's first member): PyThreadState.interp, and
+	// PyInterpreterState._code_object_generation, the count of code
+	// objects freed that spares BPF the identities' reads (bpf/pycode.h
+	// py_check).
+	tsInterp      int64
+	interpCodeGen int64
 }
 
 // objTypes are the type objects a code object and its parts must have.
@@ -312,6 +319,9 @@ func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThread
 		coFirstLine: w(d.code + 5), coCodeAdaptive: w(d.code + 9),
 		bytesData: w(d.bytes + 2), strState: w(d.unicode + 1), strLength: w(d.unicode + 2), asciiSize: w(d.unicode + 3),
 	}
+	if d.interpCodeGen > 0 {
+		o.tsInterp, o.interpCodeGen = w(d.ts+3), w(d.interpCodeGen)
+	}
 	// Each section's members lie within its structure's size; the object
 	// sections' fixed members are where every 64-bit build has them.
 	within := func(size int64, offs ...int64) bool {
@@ -322,7 +332,10 @@ func debugOffsets(f *elf.File, runtime uint64, minor int) (o offsets, freeThread
 		}
 		return size > 0 && size < 1<<16
 	}
-	if !within(w(d.ts), o.tsNext, o.tsNativeID, o.tsThreadID, o.tsFrame) ||
+	// (PyInterpreterState is larger than a section's other structures:
+	// 220 KiB in 3.14.)
+	if d.interpCodeGen > 0 && (!within(w(d.ts), o.tsInterp) || o.interpCodeGen <= 0 || o.interpCodeGen+8 > w(6) || w(6) >= 1<<24) ||
+		!within(w(d.ts), o.tsNext, o.tsNativeID, o.tsThreadID, o.tsFrame) ||
 		!within(w(d.frame), o.frPrevious, o.frCode, o.frInstr, o.frOwner) ||
 		!within(w(d.code), o.coFilename, o.coName, o.coQualname, o.coLinetable, o.coFirstLine, o.coCodeAdaptive) ||
 		w(d.pyobject) != 16 || w(d.pyobject+1) != 8 || w(d.bytes+1) != 16 || w(d.unicode+2) != 16 ||

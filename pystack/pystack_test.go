@@ -194,7 +194,7 @@ func checkStackIn(t *testing.T, root, python string, env []string, script, v str
 		}
 	}
 	// 3.11 alone marks entry frames with is_entry.
-	if l, err := in.BPF(); err != nil || (l.FrEntry >= 0) != (in.Minor == 11) || l.Minor != uint32(in.Minor) || (l.FrOwner >= 0) != (in.Minor >= 12) {
+	if l, err := in.BPF(); err != nil || (l.FrEntry >= 0) != (in.Minor == 11) || l.Minor != uint16(in.Minor) || (l.FrOwner >= 0) != (in.Minor >= 12) {
 		t.Errorf("layout %+v for 3.%d: %v", l, in.Minor, err)
 	}
 	method := "method"

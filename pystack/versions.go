@@ -36,13 +36,13 @@ var versions = map[int]version{
 	// interpreter_frame (stackpointer, tlbc_index) and code_object
 	// (co_tlbc). FRAME_OWNED_BY_INTERPRETER took FRAME_OWNED_BY_CSTACK's 3.
 	14: {frames: frameCurrent, locations: true, entryOwner: 3,
-		debug: &debugSection{ts: 22, frame: 31, code: 39, pyobject: 50, bytes: 74, unicode: 77, tsThreadID: 5, tsNativeID: 6}},
+		debug: &debugSection{ts: 22, frame: 31, code: 39, pyobject: 50, bytes: 74, unicode: 77, tsThreadID: 5, tsNativeID: 6, interpCodeGen: 20}},
 	// 3.15 added eight members to thread_state, three of them between
 	// current_frame and thread_id (which moved from +5 to +8), and four
 	// words between type_object and tuple; its frame, code, bytes and
 	// unicode members are 3.14's.
 	15: {frames: frameCurrent, locations: true, entryOwner: 3,
-		debug: &debugSection{ts: 22, frame: 39, code: 47, pyobject: 58, bytes: 86, unicode: 89, tsThreadID: 8, tsNativeID: 9}},
+		debug: &debugSection{ts: 22, frame: 39, code: 47, pyobject: 58, bytes: 86, unicode: 89, tsThreadID: 8, tsNativeID: 9, interpCodeGen: 20}},
 }
 
 // version is what differs between CPython minor versions.
@@ -95,10 +95,17 @@ const (
 // state next (+2) and current_frame (+4); interpreter frame previous (+1),
 // executable (+2), instr_ptr (+3), owner (+5); code object filename (+1)
 // to firstlineno (+5), co_code_adaptive (+9); bytes ob_sval (+2); unicode
-// state (+1), length (+2), asciiobject_size (+3).
+// state (+1), length (+2), asciiobject_size (+3); thread state interp
+// (+3). interpCodeGen is the word of the interpreter_state section's
+// code_object_generation (3.14 on; 0 before, which have none): the count
+// of the interpreter's code objects freed, which CPython's code_dealloc
+// counts up before it frees one (Objects/codeobject.c), for remote
+// debuggers to know their caches of code objects stale; bpf/pycode.h
+// py_check takes it for that.
 type debugSection struct {
 	ts, frame, code, pyobject, bytes, unicode int
 	tsThreadID, tsNativeID                    int
+	interpCodeGen                             int
 }
 
 // oldestMinor and newestMinor are the oldest and newest CPython read:

@@ -20,6 +20,7 @@ L = json.loads(sys.argv[1])
 MINOR = sys.version_info[1]
 api = ctypes.pythonapi
 api.PyThreadState_Get.restype = ctypes.c_void_p
+api.PyInterpreterState_Get.restype = ctypes.c_void_p
 U64 = ctypes.c_uint64.from_address
 U32 = ctypes.c_uint32.from_address
 I32 = ctypes.c_int32.from_address
@@ -78,6 +79,21 @@ def analyse(ts, raw, py):
     while t and t != ts and seen < 1000:
         t, seen = U64(t + L["ts_next"]).value, seen + 1
     check(t == ts, "the thread list of _PyRuntime's first interpreter does not hold this thread's state")
+    if L["interp_code_gen"] > 0:
+        # 3.14 on: the thread state's interpreter, and its count of code
+        # objects freed, which moves by one as one is freed (compile()
+        # may free some of its own).
+        interp = api.PyInterpreterState_Get()
+        check(U64(ts + L["ts_interp"]).value == interp,
+              "interp at %d is not PyInterpreterState_Get()" % L["ts_interp"])
+        gen = U64(interp + L["interp_code_gen"])
+        g0 = gen.value
+        co = compile("x = 1", "<probe>", "exec")
+        g1 = gen.value
+        del co
+        g2 = gen.value
+        check(g0 <= g1 and g2 == g1 + 1,
+              "_code_object_generation at %d read %d, %d made, %d freed: not one code object freed" % (L["interp_code_gen"], g0, g1, g2))
     out["types"] = {"code": id(types.CodeType), "str": id(str), "bytes": id(bytes)}
     owned_cstack = L["owned_cstack"]
     by_code = {}
