@@ -219,7 +219,26 @@ func (s *session) attachMapped(pid uint32, maps []proc.Mapping, at uint64) {
 	for _, path := range loader.CUDAPaths(int(pid), maps) {
 		s.attachLib(pid, path, at)
 	}
-	s.attachLoader(loader.LoaderIn(int(pid), maps))
+	s.attachLoaderIn(int(pid), maps)
+}
+
+// attachLoaderIn attaches the notification point of process pid's
+// dynamic loader (maps: its mappings) if no probe covers its file yet,
+// which the mapping's device and inode tell before any path is tried: the
+// path a mapping shows may lead nowhere from here while its file is
+// probed already (a shell that pivot_root-ed into a container's tree and
+// unmounted the old one maps the host's loader under /.old-root until it
+// execs), and a failed try would be said as a loader not probed.
+func (s *session) attachLoaderIn(pid int, maps []proc.Mapping) {
+	if s.tr == nil {
+		return
+	}
+	if m := loader.LoaderMapping(maps); m != nil {
+		if id, ok := m.ID(); ok && s.tr.HasLoader(id) {
+			return
+		}
+	}
+	s.attachLoader(loader.LoaderIn(pid, maps))
 }
 
 // attachLoader attaches the notification point of the dynamic loader at
@@ -291,7 +310,7 @@ func (s *session) attachLoaders(pids []int) {
 		l.pending = c
 		s.uw.update(uint32(pid), maps)
 		s.detectEarly(uint32(pid), c.RootDir(), maps)
-		s.attachLoader(loader.LoaderIn(pid, maps))
+		s.attachLoaderIn(pid, maps)
 	}
 	if len(s.opts.Command) == 0 && !s.opts.All {
 		return
@@ -299,6 +318,6 @@ func (s *session) attachLoaders(pids []int) {
 	s.attachLoader(loader.SystemLoader())
 	// Our own, which a dynamically linked cudatrace shares with the host.
 	if maps, err := proc.ReadMaps(os.Getpid()); err == nil {
-		s.attachLoader(loader.LoaderIn(os.Getpid(), maps))
+		s.attachLoaderIn(os.Getpid(), maps)
 	}
 }

@@ -395,7 +395,7 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 		// next processes of that root are told of as their loaders map
 		// libraries, and get their interpreter's layout in BPF before
 		// their first allocation (py_learn).
-		s.attachLoader(loader.LoaderIn(int(pid), all))
+		s.attachLoaderIn(int(pid), all)
 	}
 	s.detectPython(pid, lp, c.RootDir(), all)
 	lp.p = s.procs.Add(c)
