@@ -94,6 +94,13 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 	l := s.lifeOf(pid)
 	l.early, l.earlyTried, l.pending, l.born = nil, false, nil, nil // another program's, and its command line
 	if file := events.DecodeExec(raw); file != "" {
+		if testReaderPause > 0 && !s.paused && pystack.IsReadName(file) {
+			// A reader behind, made on purpose: what the processes do
+			// meanwhile waits in the ring buffer (vmtest
+			// TestPythonFramesReaderBehind).
+			s.paused = true
+			time.Sleep(testReaderPause)
+		}
 		if !filepath.IsAbs(file) && s.child != nil && s.child.cmd.Process.Pid == int(pid) {
 			// The launch helper's exec of the command, from the tracer's
 			// own working directory.
@@ -113,7 +120,7 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 		}
 	}
 	if lp := l.rec; lp != nil {
-		lp.py, lp.pyTried, lp.codes, lp.execd = nil, false, pystack.Captures{}, true
+		lp.py, lp.pyTried, lp.codes, lp.execd, lp.walked = nil, false, pystack.Captures{}, true, false
 		if lp.p != nil {
 			lp.p.Py = nil // a new table, should it run CPython too
 		}
@@ -121,6 +128,12 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 	}
 	s.mapped(pid, ev.Time, nil)
 }
+
+// testReaderPause (CUDATRACE_TEST_READER_PAUSE, a duration, for tests)
+// holds the reader that long at the first exec note of a python3.X it
+// takes: a reader as far behind as a loaded machine's, where a test wants
+// it.
+var testReaderPause, _ = time.ParseDuration(os.Getenv("CUDATRACE_TEST_READER_PAUSE"))
 
 // mapped reads process pid's mappings after its loader mapped libraries
 // (at boot time at; objs, the objects it reported): a CUDA library no
