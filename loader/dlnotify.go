@@ -36,12 +36,31 @@ const rStateOffset = 24
 // the dynamic loader among process pid's mappings; "" for a static
 // program.
 func LoaderIn(pid int, maps []proc.Mapping) string {
-	for _, m := range maps {
-		if m.File() && m.Exec() && IsDynamicLoader(m.Path) {
-			return proc.FilePath(pid, m, maps)
-		}
+	if m := LoaderMapping(maps); m != nil {
+		return proc.FilePath(pid, *m, maps)
 	}
 	return ""
+}
+
+// LoaderMapping returns the executable mapping of the dynamic loader
+// among maps; nil for a static program.
+func LoaderMapping(maps []proc.Mapping) *proc.Mapping {
+	for i := range maps {
+		if m := &maps[i]; m.File() && m.Exec() && IsDynamicLoader(m.Path) {
+			return m
+		}
+	}
+	return nil
+}
+
+// HasLoader says whether ct_dl_notify is attached to the loader file id.
+func (t *Tracer) HasLoader(id proc.FileID) bool {
+	for _, l := range t.loaders.List() {
+		if l.Dev == id.Dev && l.Inode == id.Ino {
+			return true
+		}
+	}
+	return false
 }
 
 // SystemLoader returns the host's dynamic loader: the interpreter

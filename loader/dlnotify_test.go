@@ -2,9 +2,13 @@ package loader
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cudatrace/cudatrace/proc"
 )
 
 // TestNotifySite finds glibc's notification point in this machine's
@@ -55,5 +59,53 @@ func TestAttachLoaderRefusedOnce(t *testing.T) {
 	}
 	if len(tr.links) != 0 || len(tr.loaders.List()) != 0 {
 		t.Errorf("a refused loader left %d links and %d loaders", len(tr.links), len(tr.loaders.List()))
+	}
+}
+
+// TestHasLoaderByMapping: a loader already probed is known by its
+// mapping's device and inode, whatever path the mapping shows (a shell
+// that pivot_root-ed and unmounted the old root maps the host's loader
+// under /.old-root, which leads nowhere from here).
+func TestHasLoaderByMapping(t *testing.T) {
+	// The test binary is static: a dynamically linked program's loader.
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Skipf("no sleep to run: %v", err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	pid := cmd.Process.Pid
+	var maps []proc.Mapping
+	var m *proc.Mapping
+	for range 100 { // until it runs sleep, not the test binary forked
+		var err error
+		if maps, err = proc.ReadMaps(pid); err != nil {
+			t.Fatal(err)
+		}
+		if m = LoaderMapping(maps); m != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if m == nil {
+		t.Skip("sleep maps no dynamic loader here")
+	}
+	id, ok := m.ID()
+	if !ok {
+		t.Fatalf("loader mapping %+v: no file ID", m)
+	}
+	var tr Tracer
+	if tr.HasLoader(id) {
+		t.Fatal("HasLoader before any loader was added")
+	}
+	if _, err := tr.loaders.Add(LoaderIn(pid, maps)); err != nil {
+		t.Fatal(err)
+	}
+	moved := *m
+	moved.Path = "/.old-root" + m.Path
+	if id, _ := moved.ID(); !tr.HasLoader(id) {
+		t.Errorf("HasLoader of %s, the loader added: false", moved.Path)
 	}
 }

@@ -521,6 +521,21 @@ func SystemInterpreters() []string {
 	return out
 }
 
+// IsReadName says whether path, by its name alone, is the file of an
+// interpreter whose frames cudatrace reads: a python3.X executable or a
+// libpython3.X, X in versions, not a free-threaded build. It is what is
+// left to tell by when the file cannot be opened (its process gone, with
+// the container that held it).
+func IsReadName(path string) bool {
+	sm := libRe.FindStringSubmatch(path)
+	if sm == nil || sm[2] == "t" {
+		return false
+	}
+	minor, _ := strconv.Atoi(sm[1])
+	_, ok := versions[minor]
+	return ok
+}
+
 // DetectFile reads CPython 3.10 to 3.15 from an interpreter file (a
 // python executable with the runtime linked in, or a libpython) not mapped
 // by any process yet: its layout with the file's own addresses (Base 0),

@@ -440,3 +440,22 @@ func TestInterpreterLoop(t *testing.T) {
 		}
 	}
 }
+
+// IsReadName tells the interpreters whose frames are read by name alone.
+func TestIsReadName(t *testing.T) {
+	for path, want := range map[string]bool{
+		"/usr/bin/python3.13":                  true,
+		"/usr/lib/libpython3.12.so.1.0":        true,
+		"python3.10":                           true,
+		"/usr/bin/python3.13t":                 false, // free-threaded
+		"/usr/bin/python3.9":                   false, // older than read
+		"/usr/lib/x86_64-linux-gnu/libc.so.6":  false,
+		"/usr/bin/python3":                     false, // which 3.X cannot be told
+		"/usr/lib/python3.13/lib-dynload/x.so": false,
+		"/usr/bin/python3.13-config":           false,
+	} {
+		if got := IsReadName(path); got != want {
+			t.Errorf("IsReadName(%q) = %v, want %v", path, got, want)
+		}
+	}
+}

@@ -94,6 +94,13 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 	l := s.lifeOf(pid)
 	l.early, l.earlyTried, l.pending, l.born = nil, false, nil, nil // another program's, and its command line
 	if file := events.DecodeExec(raw); file != "" {
+		if testReaderPause > 0 && !s.paused && pystack.IsReadName(file) {
+			// A reader behind, made on purpose: what the processes do
+			// meanwhile waits in the ring buffer (vmtest
+			// TestPythonFramesReaderBehind).
+			s.paused = true
+			time.Sleep(testReaderPause)
+		}
 		if !filepath.IsAbs(file) && s.child != nil && s.child.cmd.Process.Pid == int(pid) {
 			// The launch helper's exec of the command, from the tracer's
 			// own working directory.
@@ -113,7 +120,7 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 		}
 	}
 	if lp := l.rec; lp != nil {
-		lp.py, lp.pyTried, lp.codes, lp.execd = nil, false, pystack.Captures{}, true
+		lp.py, lp.pyTried, lp.codes, lp.execd, lp.walked = nil, false, pystack.Captures{}, true, false
 		if lp.p != nil {
 			lp.p.Py = nil // a new table, should it run CPython too
 		}
@@ -121,6 +128,12 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 	}
 	s.mapped(pid, ev.Time, nil)
 }
+
+// testReaderPause (CUDATRACE_TEST_READER_PAUSE, a duration, for tests)
+// holds the reader that long at the first exec note of a python3.X it
+// takes: a reader as far behind as a loaded machine's, where a test wants
+// it.
+var testReaderPause, _ = time.ParseDuration(os.Getenv("CUDATRACE_TEST_READER_PAUSE"))
 
 // mapped reads process pid's mappings after its loader mapped libraries
 // (at boot time at; objs, the objects it reported): a CUDA library no
@@ -219,7 +232,26 @@ func (s *session) attachMapped(pid uint32, maps []proc.Mapping, at uint64) {
 	for _, path := range loader.CUDAPaths(int(pid), maps) {
 		s.attachLib(pid, path, at)
 	}
-	s.attachLoader(loader.LoaderIn(int(pid), maps))
+	s.attachLoaderIn(int(pid), maps)
+}
+
+// attachLoaderIn attaches the notification point of process pid's
+// dynamic loader (maps: its mappings) if no probe covers its file yet,
+// which the mapping's device and inode tell before any path is tried: the
+// path a mapping shows may lead nowhere from here while its file is
+// probed already (a shell that pivot_root-ed into a container's tree and
+// unmounted the old one maps the host's loader under /.old-root until it
+// execs), and a failed try would be said as a loader not probed.
+func (s *session) attachLoaderIn(pid int, maps []proc.Mapping) {
+	if s.tr == nil {
+		return
+	}
+	if m := loader.LoaderMapping(maps); m != nil {
+		if id, ok := m.ID(); ok && s.tr.HasLoader(id) {
+			return
+		}
+	}
+	s.attachLoader(loader.LoaderIn(pid, maps))
 }
 
 // attachLoader attaches the notification point of the dynamic loader at
@@ -291,7 +323,7 @@ func (s *session) attachLoaders(pids []int) {
 		l.pending = c
 		s.uw.update(uint32(pid), maps)
 		s.detectEarly(uint32(pid), c.RootDir(), maps)
-		s.attachLoader(loader.LoaderIn(pid, maps))
+		s.attachLoaderIn(pid, maps)
 	}
 	if len(s.opts.Command) == 0 && !s.opts.All {
 		return
@@ -299,6 +331,6 @@ func (s *session) attachLoaders(pids []int) {
 	s.attachLoader(loader.SystemLoader())
 	// Our own, which a dynamically linked cudatrace shares with the host.
 	if maps, err := proc.ReadMaps(os.Getpid()); err == nil {
-		s.attachLoader(loader.LoaderIn(os.Getpid(), maps))
+		s.attachLoaderIn(os.Getpid(), maps)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,7 +34,10 @@ import (
 // starts, a launched command at its exec, any traced process again when
 // its loader maps libraries (notes.go); all of them before their first
 // record. A record made before (an interpreter mapped and used within the
-// moment the reader takes) has no Python frames: absent, not wrong.
+// moment the reader takes, or a whole process run and gone while the
+// reader was behind: an interpreter file BPF was not taught yet, in a
+// container's root that went with it) has no Python frames: absent, and
+// counted (unwalked).
 
 // detectPython gives a process first seen (capture) the interpreter found
 // for it before (early), or looks for CPython 3.10 to 3.15 in its
@@ -330,8 +334,12 @@ func (s *session) pycode(raw []byte, ev *events.Event) {
 // (the live views name them from the table).
 func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	if ev.Flags&(events.FlagPython|events.FlagNoPython) == 0 {
+		if s.unwalked(ev, lp) {
+			s.pyUnwalked++
+		}
 		return
 	}
+	lp.walked = true
 	if lp.py == nil {
 		// BPF walked its frames (it had the interpreter file's layout),
 		// but the reader never read the process's interpreter (gone
@@ -370,6 +378,41 @@ func (s *session) resolvePython(ev *events.Event, lp *liveProc) {
 	if err := s.w.WritePython(&tracefile.Python{PID: ev.PID, Codes: procmodel.PyCodesFile(out)}); err != nil {
 		s.warn(err)
 	}
+}
+
+// unwalked says whether ev, a record BPF walked no Python frames for
+// (it had no layout for its process), is an allocation of a process that
+// runs CPython: its frames are missing, not absent from the program. So
+// it is where the reader found the interpreter (after BPF made the
+// record: the process allocated before the reader got to it), and where
+// the process was gone before the reader could look, its interpreter
+// never found but its program or a library it mapped named as one
+// (IsReadName): a python3.X run in a root of its own that exited, root
+// and all, while the reader was behind. A process looked at while it ran
+// and found running none has none (or had its warning: a version not
+// read, BPF's table full). Once BPF has walked a record of the process it
+// has its layout, and walks every later one: a record without frames
+// after that is one whose walk a preempting probe spoiled, which BPF
+// counts itself (python_preempted).
+func (s *session) unwalked(ev *events.Event, lp *liveProc) bool {
+	if s.opts.NoPythonFrames || lp.walked || ev.API.Info().Op != events.OpAlloc {
+		return false
+	}
+	if lp.py != nil {
+		return true
+	}
+	if !lp.exited {
+		return false
+	}
+	c := lp.p.Current()
+	names := []string{s.lifeOf(ev.PID).exe}
+	if c != nil {
+		names = append(names, c.Exe)
+		for _, m := range c.Maps {
+			names = append(names, m.Path)
+		}
+	}
+	return slices.ContainsFunc(names, pystack.IsReadName)
 }
 
 // countPython counts a Python frame named, and whether it stayed

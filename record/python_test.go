@@ -8,6 +8,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/ledger"
+	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/pystack"
 )
@@ -97,5 +98,62 @@ func TestPythonNoInterpreter(t *testing.T) {
 	s.resolvePython(&events.Event{PID: pid}, gone)
 	if s.pyNoInterp != 2 || gone.p.Py != nil {
 		t.Errorf("counted %d records without an interpreter (table %v), want 2 and no table", s.pyNoInterp, gone.p.Py)
+	}
+}
+
+// An allocation record BPF walked no Python frames for is counted
+// (unwalked) where its process runs CPython: one the reader read after BPF
+// made the record, and one gone before it could be read whose program is
+// named as an interpreter (a python3.X in a root of its own, gone with
+// it). Not counted: a free, a record after BPF walked one of the process
+// (its layout known: a walk a preempting probe spoiled, which BPF
+// counts), a process read while it ran and found running none, another
+// program gone, and any with --no-python-frames.
+func TestPythonUnwalked(t *testing.T) {
+	alloc := func(pid uint32, flags uint16) *events.Event {
+		return &events.Event{PID: pid, API: events.CudaMalloc, Flags: flags}
+	}
+	s := newState(Options{}, &Result{Ledger: ledger.New()})
+	late := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 1}), py: &pystack.Interp{}}
+	s.resolvePython(alloc(1, 0), late)
+	s.resolvePython(&events.Event{PID: 1, API: events.CudaFree}, late)
+	s.resolvePython(alloc(1, 0), late)
+	if s.pyUnwalked != 2 {
+		t.Errorf("a read process's records before BPF walked: counted %d, want 2", s.pyUnwalked)
+	}
+	s.resolvePython(alloc(1, events.FlagNoPython), late)
+	s.resolvePython(alloc(1, 0), late)
+	if s.pyUnwalked != 2 {
+		t.Errorf("a record after BPF walked one: counted %d in all, want 2", s.pyUnwalked)
+	}
+
+	s = newState(Options{}, &Result{Ledger: ledger.New()})
+	s.lifeOf(2).exe = "/usr/bin/python3.13"
+	gone := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 2, Error: "exited"}), exited: true}
+	s.resolvePython(alloc(2, 0), gone)
+	goneLib := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 3, Exe: "/opt/app",
+		Maps: []proc.Mapping{{Path: "/usr/lib/libpython3.12.so.1.0"}}}), exited: true}
+	s.resolvePython(alloc(3, 0), goneLib)
+	if s.pyUnwalked != 2 {
+		t.Errorf("gone processes named as CPython: counted %d, want 2", s.pyUnwalked)
+	}
+	s.lifeOf(4).exe = "/usr/bin/python3.13"
+	ran := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 4}), pyTried: true}
+	s.resolvePython(alloc(4, 0), ran)
+	s.lifeOf(5).exe = "/usr/bin/sh"
+	other := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 5}), exited: true}
+	s.resolvePython(alloc(5, 0), other)
+	s.lifeOf(6).exe = "/usr/bin/python3.13t"
+	free := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 6}), exited: true}
+	s.resolvePython(alloc(6, 0), free)
+	if s.pyUnwalked != 2 {
+		t.Errorf("processes that run no CPython read: counted %d in all, want 2", s.pyUnwalked)
+	}
+
+	s = newState(Options{NoPythonFrames: true}, &Result{Ledger: ledger.New()})
+	off := &liveProc{p: s.procs.Add(&procmodel.Capture{PID: 1}), py: &pystack.Interp{}}
+	s.resolvePython(alloc(1, 0), off)
+	if s.pyUnwalked != 0 {
+		t.Errorf("--no-python-frames: counted %d, want 0", s.pyUnwalked)
 	}
 }

@@ -153,6 +153,12 @@ type Result struct {
 	// were left out: BPF walked them, but their process ended before the
 	// reader could read its interpreter, without which they have no names.
 	PythonNoInterp uint64
+	// PythonUnwalked counts the allocation records of CPython processes
+	// without Python frames because BPF did not have the interpreter's
+	// layout when they were made: the process allocated before the
+	// reader read its interpreter, or ran and ended, in a root of its
+	// own gone with it, while the reader was behind.
+	PythonUnwalked uint64
 	// PythonCaptured counts the code objects BPF captured at their first
 	// sight (bpf/pycode.h); PythonRead the frames named from the process's
 	// memory instead (a capture that lacked a part, or none).
@@ -355,6 +361,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 			st.BPF, st.BPFSame, st.BPFDiffer, st.BPFUnchecked, res.Counters["unwind_fallback_no_rules"], res.Counters["unwind_fallback_rule"], st.FirstDiffer)
 	}
 	res.PythonFrames, res.UnresolvedPython, res.PythonNoInterp = s.pyFrames, s.pyUnresolved, s.pyNoInterp
+	res.PythonUnwalked = s.pyUnwalked
 	res.PythonCaptured, res.PythonRead, res.Uncaptured = s.pyCaptured, s.pyRead, s.uncaptured
 	res.Captured = func(pid uint32) *procmodel.Capture {
 		if p := s.procs.Get(pid); p != nil {

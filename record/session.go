@@ -75,6 +75,10 @@ type session struct {
 	// pyNoInterp counts the records whose Python frames were left out:
 	// their process's interpreter was never read (Result.PythonNoInterp).
 	pyNoInterp uint64
+	// pyUnwalked counts the allocation records of CPython processes
+	// that BPF walked no Python frames for: made before the reader had
+	// read their interpreter (Result.PythonUnwalked).
+	pyUnwalked uint64
 	// uncaptured counts the processes gone before their mappings could
 	// be read (Result.Uncaptured).
 	uncaptured uint64
@@ -83,6 +87,8 @@ type session struct {
 	noteReads int
 	// open: a run of one process's library-load notes not taken yet.
 	open openNote
+	// paused: the reader was held once (testReaderPause).
+	paused bool
 	// targets are the --pid processes, by their start times: the session
 	// ends when none of them is running (targetAlive).
 	targets map[int]uint64
@@ -121,6 +127,10 @@ type liveProc struct {
 	pyTried bool
 	// codes are the process's code objects BPF captured (python.go).
 	codes pystack.Captures
+	// walked: BPF has walked a record of its (it has the layout) since
+	// its last exec: a later record without frames is not one made
+	// before the layout was known (python.go unwalked).
+	walked bool
 	// execd: it ran another program since its last capture (notes.go).
 	execd bool
 }
@@ -395,7 +405,7 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 		// next processes of that root are told of as their loaders map
 		// libraries, and get their interpreter's layout in BPF before
 		// their first allocation (py_learn).
-		s.attachLoader(loader.LoaderIn(int(pid), all))
+		s.attachLoaderIn(int(pid), all)
 	}
 	s.detectPython(pid, lp, c.RootDir(), all)
 	lp.p = s.procs.Add(c)

@@ -112,6 +112,9 @@ func writePythonLosses(w io.Writer, who string, res *record.Result) {
 	if res.PythonNoInterp > 0 {
 		fmt.Fprintf(w, "%s: %d allocations have no Python frames: their processes ended before their interpreter could be read, and their frames cannot be named without it\n", who, res.PythonNoInterp)
 	}
+	if res.PythonUnwalked > 0 {
+		fmt.Fprintf(w, "%s: %d allocations have no Python frames: their processes made them before cudatrace had read their interpreter (it was behind; a process in a root of its own may have ended, root and all, before it could be read)\n", who, res.PythonUnwalked)
+	}
 	if n := res.Counters["python_preempted"]; n > 0 {
 		fmt.Fprintf(w, "%s: %d allocations have no Python frames: a thread that preempted the probe on its CPU took the scratch they were built in\n", who, n)
 	}
