@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/procmodel"
 	"github.com/cudatrace/cudatrace/report"
+	"golang.org/x/sys/unix"
 )
 
 // oomStacks is how many of the live set's stacks an OOM report lists.
@@ -224,21 +226,45 @@ func (a *Agent) oomReport(d *oomDump, files OOMFiles) *OOMReport {
 	return r
 }
 
-// writeFile0600 creates path with mode 0600 whatever the umask, and never
-// follows or overwrites an existing file.
+// writeFile0600 creates path with mode 0600 whatever the umask, whole:
+// the data goes to a hidden file of its own in the same directory first
+// and is then linked in under path in one step, so that whoever watches
+// the dump directory (a sidecar shipping dumps, a test) never reads a
+// dump cut short. It never follows or overwrites an existing file: the
+// temporary is created with O_EXCL, and the final name is taken with
+// renameat2(RENAME_NOREPLACE), or where the file system has no such
+// rename, a hard link; either fails where path exists.
 func writeFile0600(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	dir, name := filepath.Split(path)
+	tmp := filepath.Join(dir, "."+name+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("create %s: %w", path, err)
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if err := f.Close(); err != nil {
+	if err == nil {
+		err = publishNoReplace(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// publishNoReplace gives file tmp the name path, which must not exist.
+func publishNoReplace(tmp, path string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE)
+	if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOSYS) {
+		return err
+	}
+	if err := os.Link(tmp, path); err != nil {
+		return err
+	}
+	return os.Remove(tmp)
 }
 
 // nvmlFree is dev's free memory in the driver's sample s (NVML's index

@@ -1,15 +1,19 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/google/pprof/profile"
+	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/jobid"
@@ -79,5 +83,77 @@ func TestFileSafe(t *testing.T) {
 		if got := fileSafe(in); got != want {
 			t.Errorf("fileSafe(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestWriteFile0600: a dump file appears whole under its name, 0600
+// whatever the umask, with no temporary left beside it; an existing file
+// (or a symlink planted at the name) is neither replaced nor followed.
+func TestWriteFile0600(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "oom-1.json")
+	data := bytes.Repeat([]byte("x"), 1<<20)
+	// Whole under its name: no write is ever made to it by that name
+	// (inotify names the file each IN_MODIFY was made through).
+	in, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(in)
+	if _, err := unix.InotifyAddWatch(in, dir, unix.IN_MODIFY); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFile0600(path, data); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := unix.Read(in, buf)
+		if n <= 0 || err != nil {
+			break
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			if name == filepath.Base(path) {
+				t.Fatalf("%s was written to under its own name: a reader could see it cut short", path)
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+	}
+	got, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes (%v), want the %d written", len(got), err, len(data))
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v (%v), want 0600", fi.Mode().Perm(), err)
+	}
+	if err := writeFile0600(path, []byte("other")); err == nil {
+		t.Errorf("a second write of %s succeeded, want refused", path)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, data) {
+		t.Errorf("the first dump was replaced by the second write")
+	}
+	target := filepath.Join(dir, "target")
+	if err := os.WriteFile(target, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "oom-2.json")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFile0600(link, data); err == nil {
+		t.Errorf("a write through the symlink %s succeeded, want refused", link)
+	}
+	if got, _ := os.ReadFile(target); string(got) != "keep" {
+		t.Errorf("the symlink's target now holds %d bytes, want it untouched", len(got))
+	}
+	entries, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if want := []string{"oom-1.json", "oom-2.json", "target"}; !slices.Equal(names, want) {
+		t.Errorf("directory holds %v, want %v (no temporary left)", names, want)
 	}
 }
