@@ -180,38 +180,6 @@ static __always_inline __u32 small_record_size(void)
 	return sizeof(struct ct_alloc_event) + CT_PY_BLOCK;
 }
 
-// reserve_nowindow reserves, where the ring buffer had no room for a
-// record with its window (reserve_alloc failed in a burst), one without:
-// an event kept with its frame-pointer frames is worth more than an event
-// lost, whose absence would leave the ledger wrong. NULL where windows are
-// not copied (that record was as small) or where even this does not fit.
-// Its caller fills the header and calls submit_nowindow on it alone: one
-// reservation a path, never merged with reserve_alloc's into one pointer,
-// which Linux 6.1's verifier could not follow ("Unreleased reference").
-static __always_inline struct ct_alloc_event *reserve_nowindow(void)
-{
-	if (uw_small() || !window_size())
-		return NULL;
-	return bpf_ringbuf_reserve(&events, small_record_size(), 0);
-}
-
-// submit_nowindow finishes a record reserve_nowindow made whose header is
-// filled: the frame-pointer walk's frames and the Python frames (no
-// CT_F_WINDOW: user space takes the frames as they are, as with
-// --stack-window 0), counted.
-static __always_inline void submit_nowindow(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw)
-{
-	__s32 n = user_stack(ctx, e->stack, CT_MAX_FRAMES);
-	e->h.nframes = n;
-	if (n == CT_MAX_FRAMES)
-		e->h.flags |= CT_F_STACK_TRUNC;
-	__u32 used = sizeof(struct ct_event) + ((__u32)n & 127) * 8;
-	py_put(&e->h, (__u8 *)e + used, pw);
-	count(CT_CNT_RB_NOWINDOW);
-	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(&e->h, small_record_size()));
-}
-
 // submit_small finishes an allocation record reserved at
 // small_record_size() whose header is filled: its stack unwound here, its
 // Python frames; and submits it. Where the unwind falls back, the record
@@ -269,56 +237,6 @@ static __always_inline struct py_walked walk_python(struct pt_regs *ctx, __u64 i
 	return pw;
 }
 
-// alloc_header fills the header of the record of a call whose entry is in
-// and whose result is result: what it allocated (read from the call's
-// out-arguments where it succeeded), how much, on which device.
-static __always_inline void alloc_header(struct ct_event *h, struct inflight *in, __u64 id, __u32 tid, __s32 result)
-{
-	// The thread's device now: unknown at entry, it may have been learned
-	// inside the call (the runtime asks the driver for its context:
-	// ct_learn_exit).
-	__s32 dev = in->device == CT_DEV_UNKNOWN ? current_device(tid) : in->device;
-	fill_event(h, id, in->ts_ns, bpf_ktime_get_boot_ns() - in->ts_ns, in->api, 0, 0, in->size, dev, result);
-	if (in->shape == CT_SHAPE_VMM_MAP) // failed or not, the call's arguments say it all
-		return;
-	if (result == 0) {
-		__u64 addr = 0, pitch = 0;
-		switch (in->shape) {
-		case CT_SHAPE_ALLOC:
-		case CT_SHAPE_VMM_CREATE: // the handle stands for the address
-			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
-			break;
-		case CT_SHAPE_PITCH:
-			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
-			bpf_probe_read_user(&pitch, sizeof(pitch), (void *)in->aux1);
-			h->size = pitch * in->aux2;
-			break;
-		case CT_SHAPE_3D: {
-			__u64 pp[2] = {}; // cudaPitchedPtr.ptr, .pitch
-			bpf_probe_read_user(pp, sizeof(pp), (void *)in->out);
-			addr = pp[0];
-			h->size = pp[1] * in->aux1 * in->aux2;
-			break;
-		}
-		}
-		h->addr = addr;
-	} else if (in->shape == CT_SHAPE_3D) {
-		h->size = in->size * in->aux1 * in->aux2; // what was asked for
-	} else if (in->shape == CT_SHAPE_PITCH) {
-		h->size = in->size * in->aux2;
-	}
-}
-
-// forget_free clears the thread's latest free (last_free), in place (a
-// lookup costs less than a delete), the entry kept for its next free:
-// after an allocation its address may come back.
-static __always_inline void forget_free(__u32 tid)
-{
-	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);
-	if (lf)
-		lf->addr = 0;
-}
-
 static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -352,19 +270,15 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		pw = walk_python(ctx, id, use_loop);
 	struct ct_alloc_event *e = reserve_alloc();
 	if (!e) {
-		struct ct_alloc_event *nw = in->shape != CT_SHAPE_VMM_MAP ? reserve_nowindow() : NULL;
-		if (!nw) {
-			count(CT_CNT_RB_FULL);
-			call_done(in);
-			return 0;
-		}
-		alloc_header(&nw->h, in, id, tid, result);
+		count(CT_CNT_RB_FULL);
 		call_done(in);
-		submit_nowindow(ctx, nw, pw);
-		forget_free(tid);
 		return 0;
 	}
-	alloc_header(&e->h, in, id, tid, result);
+	// The thread's device now: unknown at entry, it may have been learned
+	// inside the call (the runtime asks the driver for its context:
+	// ct_learn_exit).
+	__s32 dev = in->device == CT_DEV_UNKNOWN ? current_device(tid) : in->device;
+	fill_event(&e->h, id, in->ts_ns, bpf_ktime_get_boot_ns() - in->ts_ns, in->api, 0, 0, in->size, dev, result);
 
 	if (in->shape == CT_SHAPE_VMM_MAP) { // failed or not, the call's arguments say it all
 		e->h.addr = in->aux1;
@@ -379,12 +293,43 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		bpf_ringbuf_submit(e, wakeup_flags(&e->h, uw_small() ? small_record_size() : alloc_record_size()));
 		return 0;
 	}
+
+	if (result == 0) {
+		__u64 addr = 0, pitch = 0;
+		switch (in->shape) {
+		case CT_SHAPE_ALLOC:
+		case CT_SHAPE_VMM_CREATE: // the handle stands for the address
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
+			break;
+		case CT_SHAPE_PITCH:
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
+			bpf_probe_read_user(&pitch, sizeof(pitch), (void *)in->aux1);
+			e->h.size = pitch * in->aux2;
+			break;
+		case CT_SHAPE_3D: {
+			__u64 pp[2] = {}; // cudaPitchedPtr.ptr, .pitch
+			bpf_probe_read_user(pp, sizeof(pp), (void *)in->out);
+			addr = pp[0];
+			e->h.size = pp[1] * in->aux1 * in->aux2;
+			break;
+		}
+		}
+		e->h.addr = addr;
+	} else if (in->shape == CT_SHAPE_3D) {
+		e->h.size = in->size * in->aux1 * in->aux2; // what was asked for
+	} else if (in->shape == CT_SHAPE_PITCH) {
+		e->h.size = in->size * in->aux2;
+	}
 	call_done(in);
 
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
 	finish_alloc(ctx, e, pw);
-	forget_free(tid);
+	// Forgotten in place (a lookup costs less than a delete), the entry
+	// kept for the thread's next free.
+	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);
+	if (lf)
+		lf->addr = 0;
 	return 0;
 }
 

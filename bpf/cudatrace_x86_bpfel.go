@@ -36,8 +36,7 @@ const (
 	CudatraceCtCounterCT_CNT_UW_BPF        CudatraceCtCounter = 11
 	CudatraceCtCounterCT_CNT_UW_NOMAP      CudatraceCtCounter = 12
 	CudatraceCtCounterCT_CNT_UW_RULE       CudatraceCtCounter = 13
-	CudatraceCtCounterCT_CNT_RB_NOWINDOW   CudatraceCtCounter = 14
-	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 15
+	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 14
 )
 
 type CudatraceCtDlobj struct {
