@@ -126,8 +126,20 @@ func TestPythonFramesShapes(t *testing.T) {
 		t.Run(v, func(t *testing.T) {
 			py := newPyRunner(t, v)
 			script := py.script(t, "pyshapes.py")
-			truth, rep := recordArgv(t, nil, py.argv(script, fakeLib)...)
-			checkPythonShapes(t, py.minor(), script, rep, truth)
+			// A session's first process in a root never seen is read
+			// only once the reader gets to it: on a loaded machine (CI's
+			// kernel guests beside it) it may have allocated before, its
+			// frames absent and said by record. Such a run shows no
+			// shapes: it is run again, up to three in all.
+			for attempt := 1; ; attempt++ {
+				truth, rep, stderr := recordArgvStderr(t, nil, py.argv(script, fakeLib)...)
+				if m := noInterpRE.FindStringSubmatch(stderr); m != nil && attempt < 3 {
+					t.Logf("run %d: record said %q: the reader was behind; again", attempt, m[0])
+					continue
+				}
+				checkPythonShapes(t, py.minor(), script, rep, truth)
+				break
+			}
 		})
 	}
 }
@@ -217,13 +229,20 @@ func recordPython(t *testing.T, python string, env []string, args ...string) (*p
 // added to the environment: the truth of its one process and the report.
 func recordArgv(t *testing.T, env []string, argv ...string) (*procTruth, *report) {
 	t.Helper()
+	truth, rep, _ := recordArgvStderr(t, env, argv...)
+	return truth, rep
+}
+
+// recordArgvStderr is recordArgv, with what record said on stderr.
+func recordArgvStderr(t *testing.T, env []string, argv ...string) (*procTruth, *report, string) {
+	t.Helper()
 	ctx := testContext(t)
 	dir := t.TempDir()
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "py.trace")
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, env...)},
 		append([]string{"--lib", fakeLib, "-o", trace, "--"}, argv...)...)
 	rec.finish(t, 60*time.Second)
-	return onlyTruth(t, log, ""), runReport(t, ctx, trace)
+	return onlyTruth(t, log, ""), runReport(t, ctx, trace), rec.stderr.String()
 }
 
 // checkPythonReport checks the report of testdata/pyframes.py run on
