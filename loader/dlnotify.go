@@ -154,10 +154,8 @@ func (t *Tracer) AttachLoader(path string) (bool, error) {
 		return false, err
 	}
 	lib := probe.List()[0]
-	for _, l := range t.loaders.List() {
-		if l.Dev == lib.Dev && l.Inode == lib.Inode {
-			return false, nil
-		}
+	if t.HasLoader(proc.FileID{Dev: lib.Dev, Ino: lib.Inode}) {
+		return false, nil
 	}
 	key := [2]uint64{lib.Dev, lib.Inode}
 	if err, ok := t.refusedLoaders[key]; ok {

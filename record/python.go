@@ -404,15 +404,26 @@ func (s *session) unwalked(ev *events.Event, lp *liveProc) bool {
 	if !lp.exited {
 		return false
 	}
-	c := lp.p.Current()
-	names := []string{s.lifeOf(ev.PID).exe}
-	if c != nil {
-		names = append(names, c.Exe)
-		for _, m := range c.Maps {
-			names = append(names, m.Path)
+	if lp.namedPy == 0 {
+		lp.namedPy = -1
+		if s.namedPython(ev.PID, lp.p.Current()) {
+			lp.namedPy = 1
 		}
 	}
-	return slices.ContainsFunc(names, pystack.IsReadName)
+	return lp.namedPy > 0
+}
+
+// namedPython says whether process pid's program (its exec note's, or
+// capture c's) or a file c shows mapped is named as an interpreter
+// cudatrace reads (pystack.IsReadName).
+func (s *session) namedPython(pid uint32, c *procmodel.Capture) bool {
+	if pystack.IsReadName(s.lifeOf(pid).exe) {
+		return true
+	}
+	if c == nil {
+		return false
+	}
+	return pystack.IsReadName(c.Exe) || slices.ContainsFunc(c.Maps, func(m proc.Mapping) bool { return pystack.IsReadName(m.Path) })
 }
 
 // countPython counts a Python frame named, and whether it stayed

@@ -131,6 +131,10 @@ type liveProc struct {
 	// its last exec: a later record without frames is not one made
 	// before the layout was known (python.go unwalked).
 	walked bool
+	// namedPy: gone, its program or a file it mapped is named as an
+	// interpreter cudatrace reads (python.go unwalked); 0 not told yet,
+	// 1 yes, -1 no. Told once: a process gone is captured no more.
+	namedPy int8
 	// execd: it ran another program since its last capture (notes.go).
 	execd bool
 }
