@@ -10,12 +10,12 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/google/pprof/profile"
 	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/events"
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/jobid"
 	"github.com/cudatrace/cudatrace/procmodel"
 )
@@ -106,19 +106,9 @@ func TestWriteFile0600(t *testing.T) {
 	if err := writeFile0600(path, data); err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := unix.Read(in, buf)
-		if n <= 0 || err != nil {
-			break
-		}
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
-			if name == filepath.Base(path) {
-				t.Fatalf("%s was written to under its own name: a reader could see it cut short", path)
-			}
-			off += unix.SizeofInotifyEvent + int(ev.Len)
+	for _, ev := range testenv.ReadInotify(in) {
+		if ev.Name == filepath.Base(path) {
+			t.Fatalf("%s was written to under its own name: a reader could see it cut short", path)
 		}
 	}
 	got, err := os.ReadFile(path)

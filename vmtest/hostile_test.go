@@ -12,9 +12,10 @@ import (
 	"strconv"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cudatrace/cudatrace/internal/testenv"
 )
 
 // TestAgentHostileFiles: jobs of user nobody, traced by the agent with the
@@ -282,18 +283,9 @@ func watchOpens(t *testing.T, paths ...string) func() []string {
 	}
 	return func() []string {
 		var out []string
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := unix.Read(fd, buf)
-			if n <= 0 || err != nil {
-				break
-			}
-			for off := 0; off+unix.SizeofInotifyEvent <= n; {
-				ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-				if p := byWD[ev.Wd]; p != "" && !slices.Contains(out, p) {
-					out = append(out, p)
-				}
-				off += unix.SizeofInotifyEvent + int(ev.Len)
+		for _, ev := range testenv.ReadInotify(fd) {
+			if p := byWD[ev.Wd]; p != "" && !slices.Contains(out, p) {
+				out = append(out, p)
 			}
 		}
 		return out
