@@ -29,29 +29,13 @@ func TestPythonFramesExitAtOnce(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
 	needTracer(t)
-	script, _ := filepath.Abs(filepath.Join("testdata", "pyexit.py"))
 	for _, v := range []string{"3.10", "3.11", "3.12", "3.13", "sid-3.13", "sid-3.14", "sid-3.15"} {
 		t.Run(v, func(t *testing.T) {
-			script := script
-			command := func(end string) []string { return []string{pyenvPython(t, v), script, fakeLib, end} }
-			if sv, ok := strings.CutPrefix(v, "sid-"); ok {
-				root, python := sidPython(t, sv)
-				script = copyToTemp(t, script)
-				command = func(end string) []string {
-					return []string{"unshare", "-m", "sh", "-c",
-						testenv.RootScript(root, []string{"/tmp"}, python, script, fakeLib, end)}
-				}
-			}
-			at := func(tag, fn string) string {
-				return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyexit.py", tag), fn)
-			}
-			// The Python frames each allocation may have, innermost first.
-			valid := [][]string{
-				{at("alloc", "alloc"), at("loop", "<module>")},
-				{at("module", "<module>")},
-			}
+			py := newPyRunner(t, v)
+			script := py.script(t, "pyexit.py")
+			valid := pyexitValid(t, script)
 			for _, end := range []string{"_exit", "exit"} {
-				exact, unresolved := checkExitRuns(t, command(end), end, valid)
+				exact, unresolved := checkExitRuns(t, py.argv(script, fakeLib, end), end, valid)
 				t.Logf("CPython %s, %s: %d Python frames exact, %d unresolved in 10 runs", v, end, exact, unresolved)
 			}
 		})
@@ -74,28 +58,12 @@ func TestPythonFramesReaderBehind(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
 	needTracer(t)
-	script, _ := filepath.Abs(filepath.Join("testdata", "pyexit.py"))
 	for _, v := range []string{"3.12", "sid-3.13"} {
 		t.Run(v, func(t *testing.T) {
-			script := script
-			sv, sid := strings.CutPrefix(v, "sid-")
-			var command []string
-			if sid {
-				root, python := sidPython(t, sv)
-				script = copyToTemp(t, script)
-				command = []string{"unshare", "-m", "sh", "-c",
-					testenv.RootScript(root, []string{"/tmp"}, python, script, fakeLib, "_exit")}
-			} else {
-				command = []string{pyenvPython(t, v), script, fakeLib, "_exit"}
-			}
-			at := func(tag, fn string) string {
-				return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyexit.py", tag), fn)
-			}
-			valid := [][]string{
-				{at("alloc", "alloc"), at("loop", "<module>")},
-				{at("module", "<module>")},
-			}
-			exact, unresolved, stderr := exitRuns(t, command, "_exit", valid, "CUDATRACE_TEST_READER_PAUSE=300ms")
+			py := newPyRunner(t, v)
+			sid := py.root != ""
+			script := py.script(t, "pyexit.py")
+			exact, unresolved, stderr := exitRuns(t, py.argv(script, fakeLib, "_exit"), "_exit", pyexitValid(t, script), "CUDATRACE_TEST_READER_PAUSE=300ms")
 			t.Logf("CPython %s, reader behind: %d Python frames exact, %d unresolved in 10 runs", v, exact, unresolved)
 			if sid && !noInterpRE.MatchString(stderr) {
 				// Not a failure of the tracer, but of the test: no
@@ -134,6 +102,19 @@ func copyToTemp(t *testing.T, file string) string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// pyexitValid is the Python frames each allocation of pyexit.py (at
+// script) may have, innermost first.
+func pyexitValid(t *testing.T, script string) [][]string {
+	t.Helper()
+	at := func(tag, fn string) string {
+		return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyexit.py", tag), fn)
+	}
+	return [][]string{
+		{at("alloc", "alloc"), at("loop", "<module>")},
+		{at("module", "<module>")},
+	}
 }
 
 // checkExitRuns records command (pyexit.py ending as end) run 10 times
@@ -290,13 +271,7 @@ func TestPythonFramesExitAtOncePidAll(t *testing.T) {
 // started under --all ("all").
 func exitPidAll(t *testing.T, py *pyRunner, mode, end string) {
 	script := py.script(t, "pyexit.py")
-	at := func(tag, fn string) string {
-		return fmt.Sprintf("%s:%d:%s", script, pyLine(t, "pyexit.py", tag), fn)
-	}
-	valid := [][]string{
-		{at("alloc", "alloc"), at("loop", "<module>")},
-		{at("module", "<module>")},
-	}
+	valid := pyexitValid(t, script)
 	ctx := testContext(t)
 	dir := t.TempDir()
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "exit.trace")
