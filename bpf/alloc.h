@@ -180,6 +180,97 @@ static __always_inline __u32 small_record_size(void)
 	return sizeof(struct ct_alloc_event) + CT_PY_BLOCK;
 }
 
+// A record kept without its window: where the ring buffer had no room for
+// a record with its window (reserve_alloc failed in a burst), one without
+// it, its frame-pointer frames and Python frames. An event kept with its
+// frame-pointer frames is worth more than an event lost, whose absence
+// would leave the ledger wrong. Its program fills the CPU's nowindow entry
+// and calls ct_keep_nowindow: a global function, which the verifier checks
+// once, on its own, rather than on every path of the program that calls
+// it. Inlined (4eed994), the second frame-pointer walk and Python copy it
+// makes took Linux 6.1's verifier under TCG (the arm64 guest) from 11 s to
+// ~300 s for each return program.
+struct nowindow_val {
+	struct ct_event h; // the record's header, filled
+	__u64 ip;          // the registers the frame-pointer walk starts from
+	__u64 fp;
+	__u64 py_seq; // the Python walk's outcome (struct py_walked)
+	__u64 py_mm;
+	// Counted up before each fill: uprobe programs run preemptible, and
+	// a thread that preempts another on its CPU between its fill and the
+	// function's copy writes over the entry; the copy then is not taken.
+	__u64 seq;
+};
+
+CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, nowindow, __u32, struct nowindow_val, 1);
+
+// nowindow_fill starts a fill of the CPU's nowindow entry: it counts seq
+// up and returns the entry, with the count (*seq) to give
+// ct_keep_nowindow. NULL where windows are not copied (the record that
+// found no room was as small as this one) or there is no entry.
+static __always_inline struct nowindow_val *nowindow_fill(__u64 *seq)
+{
+	__u32 zero = 0;
+	if (uw_small() || !window_size())
+		return NULL;
+	struct nowindow_val *v = bpf_map_lookup_elem(&nowindow, &zero);
+	if (!v)
+		return NULL;
+	*seq = v->seq + 1;
+	v->seq = *seq;
+	barrier();
+	return v;
+}
+
+// ct_keep_nowindow makes and submits the record the CPU's nowindow entry
+// describes, filled since the count seq (nowindow_fill): frames from the
+// frame pointers, no CT_F_WINDOW (user space takes them as they are, as
+// with --stack-window 0), its Python frames; counted ringbuf_no_window.
+// It says whether it did: 0 where even this record finds no room, or the
+// entry was written over by another record's fill (a thread that
+// preempted the caller).
+__noinline int ct_keep_nowindow(__u64 seq)
+{
+	__u32 zero = 0;
+	struct nowindow_val *v = bpf_map_lookup_elem(&nowindow, &zero);
+	if (!v)
+		return 0;
+	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, small_record_size(), 0);
+	if (!e)
+		return 0;
+	e->h = v->h;
+	__u64 ip = v->ip, fp = v->fp;
+	struct py_walked pw = {.seq = v->py_seq, .mm = v->py_mm};
+	barrier();
+	if (*(volatile __u64 *)&v->seq != seq) {
+		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+		return 0;
+	}
+	__s32 n = fp_stack(ip, fp, e->stack, CT_MAX_FRAMES);
+	e->h.nframes = n;
+	if (n == CT_MAX_FRAMES)
+		e->h.flags |= CT_F_STACK_TRUNC;
+	__u32 used = sizeof(struct ct_event) + ((__u32)n & 127) * 8;
+	py_put(&e->h, (__u8 *)e + used, pw);
+	count(CT_CNT_RB_NOWINDOW);
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h, small_record_size()));
+	return 1;
+}
+
+// keep_nowindow hands the filled entry v (nowindow_fill: seq) to
+// ct_keep_nowindow, with the registers of ctx and the Python walk pw,
+// and counts the record lost where it could not be kept.
+static __always_inline void keep_nowindow(struct pt_regs *ctx, struct nowindow_val *v, __u64 seq, struct py_walked pw)
+{
+	v->ip = PT_REGS_IP(ctx);
+	v->fp = PT_REGS_FP(ctx);
+	v->py_seq = pw.seq;
+	v->py_mm = pw.mm;
+	if (!ct_keep_nowindow(seq))
+		count(CT_CNT_RB_FULL);
+}
+
 // submit_small finishes an allocation record reserved at
 // small_record_size() whose header is filled: its stack unwound here, its
 // Python frames; and submits it. Where the unwind falls back, the record
@@ -237,6 +328,56 @@ static __always_inline struct py_walked walk_python(struct pt_regs *ctx, __u64 i
 	return pw;
 }
 
+// alloc_header fills the header of the record of a call whose entry is in
+// and whose result is result: what it allocated (read from the call's
+// out-arguments where it succeeded), how much, on which device.
+static __always_inline void alloc_header(struct ct_event *h, struct inflight *in, __u64 id, __u32 tid, __s32 result)
+{
+	// The thread's device now: unknown at entry, it may have been learned
+	// inside the call (the runtime asks the driver for its context:
+	// ct_learn_exit).
+	__s32 dev = in->device == CT_DEV_UNKNOWN ? current_device(tid) : in->device;
+	fill_event(h, id, in->ts_ns, bpf_ktime_get_boot_ns() - in->ts_ns, in->api, 0, 0, in->size, dev, result);
+	if (in->shape == CT_SHAPE_VMM_MAP) // failed or not, the call's arguments say it all
+		return;
+	if (result == 0) {
+		__u64 addr = 0, pitch = 0;
+		switch (in->shape) {
+		case CT_SHAPE_ALLOC:
+		case CT_SHAPE_VMM_CREATE: // the handle stands for the address
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
+			break;
+		case CT_SHAPE_PITCH:
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
+			bpf_probe_read_user(&pitch, sizeof(pitch), (void *)in->aux1);
+			h->size = pitch * in->aux2;
+			break;
+		case CT_SHAPE_3D: {
+			__u64 pp[2] = {}; // cudaPitchedPtr.ptr, .pitch
+			bpf_probe_read_user(pp, sizeof(pp), (void *)in->out);
+			addr = pp[0];
+			h->size = pp[1] * in->aux1 * in->aux2;
+			break;
+		}
+		}
+		h->addr = addr;
+	} else if (in->shape == CT_SHAPE_3D) {
+		h->size = in->size * in->aux1 * in->aux2; // what was asked for
+	} else if (in->shape == CT_SHAPE_PITCH) {
+		h->size = in->size * in->aux2;
+	}
+}
+
+// forget_free clears the thread's latest free (last_free), in place (a
+// lookup costs less than a delete), the entry kept for its next free:
+// after an allocation its address may come back.
+static __always_inline void forget_free(__u32 tid)
+{
+	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);
+	if (lf)
+		lf->addr = 0;
+}
+
 static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -270,15 +411,20 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		pw = walk_python(ctx, id, use_loop);
 	struct ct_alloc_event *e = reserve_alloc();
 	if (!e) {
-		count(CT_CNT_RB_FULL);
+		__u64 seq = 0;
+		struct nowindow_val *v = in->shape != CT_SHAPE_VMM_MAP ? nowindow_fill(&seq) : NULL;
+		if (!v) {
+			count(CT_CNT_RB_FULL);
+			call_done(in);
+			return 0;
+		}
+		alloc_header(&v->h, in, id, tid, result);
 		call_done(in);
+		keep_nowindow(ctx, v, seq, pw);
+		forget_free(tid);
 		return 0;
 	}
-	// The thread's device now: unknown at entry, it may have been learned
-	// inside the call (the runtime asks the driver for its context:
-	// ct_learn_exit).
-	__s32 dev = in->device == CT_DEV_UNKNOWN ? current_device(tid) : in->device;
-	fill_event(&e->h, id, in->ts_ns, bpf_ktime_get_boot_ns() - in->ts_ns, in->api, 0, 0, in->size, dev, result);
+	alloc_header(&e->h, in, id, tid, result);
 
 	if (in->shape == CT_SHAPE_VMM_MAP) { // failed or not, the call's arguments say it all
 		e->h.addr = in->aux1;
@@ -293,43 +439,12 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		bpf_ringbuf_submit(e, wakeup_flags(&e->h, uw_small() ? small_record_size() : alloc_record_size()));
 		return 0;
 	}
-
-	if (result == 0) {
-		__u64 addr = 0, pitch = 0;
-		switch (in->shape) {
-		case CT_SHAPE_ALLOC:
-		case CT_SHAPE_VMM_CREATE: // the handle stands for the address
-			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
-			break;
-		case CT_SHAPE_PITCH:
-			bpf_probe_read_user(&addr, sizeof(addr), (void *)in->out);
-			bpf_probe_read_user(&pitch, sizeof(pitch), (void *)in->aux1);
-			e->h.size = pitch * in->aux2;
-			break;
-		case CT_SHAPE_3D: {
-			__u64 pp[2] = {}; // cudaPitchedPtr.ptr, .pitch
-			bpf_probe_read_user(pp, sizeof(pp), (void *)in->out);
-			addr = pp[0];
-			e->h.size = pp[1] * in->aux1 * in->aux2;
-			break;
-		}
-		}
-		e->h.addr = addr;
-	} else if (in->shape == CT_SHAPE_3D) {
-		e->h.size = in->size * in->aux1 * in->aux2; // what was asked for
-	} else if (in->shape == CT_SHAPE_PITCH) {
-		e->h.size = in->size * in->aux2;
-	}
 	call_done(in);
 
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
 	finish_alloc(ctx, e, pw);
-	// Forgotten in place (a lookup costs less than a delete), the entry
-	// kept for the thread's next free.
-	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);
-	if (lf)
-		lf->addr = 0;
+	forget_free(tid);
 	return 0;
 }
 

@@ -137,7 +137,12 @@ enum ct_counter {
 	CT_CNT_UW_BPF = 11,
 	CT_CNT_UW_NOMAP = 12,
 	CT_CNT_UW_RULE = 13,
-	CT_CNT_MAX = 14,
+	// an allocation record kept without its stack window, its native
+	// frames from the frame pointers alone: the ring buffer had no room
+	// for the window (a burst), but had for the record; the ledger
+	// misses nothing, the stack may be shallower
+	CT_CNT_RB_NOWINDOW = 14,
+	CT_CNT_MAX = 15,
 };
 
 // USDT probes (PyTorch's pytorch:malloc / pytorch:free): each attached probe

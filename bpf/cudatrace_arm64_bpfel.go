@@ -36,7 +36,8 @@ const (
 	CudatraceCtCounterCT_CNT_UW_BPF        CudatraceCtCounter = 11
 	CudatraceCtCounterCT_CNT_UW_NOMAP      CudatraceCtCounter = 12
 	CudatraceCtCounterCT_CNT_UW_RULE       CudatraceCtCounter = 13
-	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 14
+	CudatraceCtCounterCT_CNT_RB_NOWINDOW   CudatraceCtCounter = 14
+	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 15
 )
 
 type CudatraceCtDlobj struct {
@@ -311,6 +312,16 @@ type CudatraceLastFree struct {
 	TsNs uint64
 }
 
+type CudatraceNowindowVal struct {
+	_     structs.HostLayout
+	H     CudatraceCtEvent
+	Ip    uint64
+	Fp    uint64
+	PySeq uint64
+	PyMm  uint64
+	Seq   uint64
+}
+
 type CudatracePrimaryKey struct {
 	_    structs.HostLayout
 	Tgid uint32
@@ -421,6 +432,7 @@ const (
 	CudatraceMapEvents                 = "events"
 	CudatraceMapInflight               = "inflight"
 	CudatraceMapLastFree               = "last_free"
+	CudatraceMapNowindow               = "nowindow"
 	CudatraceMapPids                   = "pids"
 	CudatraceMapPrimaries              = "primaries"
 	CudatraceMapProcs                  = "procs"
@@ -589,6 +601,7 @@ type CudatraceMapSpecs struct {
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
 	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
+	Nowindow    *ebpf.MapSpec `ebpf:"nowindow"`
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
 	Primaries   *ebpf.MapSpec `ebpf:"primaries"`
 	Procs       *ebpf.MapSpec `ebpf:"procs"`
@@ -667,6 +680,7 @@ type CudatraceMaps struct {
 	Events      *ebpf.Map `ebpf:"events"`
 	Inflight    *ebpf.Map `ebpf:"inflight"`
 	LastFree    *ebpf.Map `ebpf:"last_free"`
+	Nowindow    *ebpf.Map `ebpf:"nowindow"`
 	Pids        *ebpf.Map `ebpf:"pids"`
 	Primaries   *ebpf.Map `ebpf:"primaries"`
 	Procs       *ebpf.Map `ebpf:"procs"`
@@ -696,6 +710,7 @@ func (m *CudatraceMaps) Close() error {
 		m.Events,
 		m.Inflight,
 		m.LastFree,
+		m.Nowindow,
 		m.Pids,
 		m.Primaries,
 		m.Procs,

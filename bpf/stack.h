@@ -5,20 +5,19 @@
 #ifndef CT_STACK_H
 #define CT_STACK_H
 
-// user_stack walks the frame-pointer chain from the registers at a return
-// probe: the interrupted instruction first, then each frame's return
+// fp_stack walks the frame-pointer chain from the registers at a return
+// probe (ip, fp): the interrupted instruction first, then each frame's return
 // address. bpf_get_stack(BPF_F_USER_STACK) makes the same walk in the
 // kernel, but cost about 5 µs a call on the 6.18 VMs here, as much as a
 // uprobe trap; these reads cost too little to measure (docs/benchmarks.md).
 // The chain must climb the stack: a frame pointing down or to itself is
 // code without frame pointers reusing rbp, and the walk stops there.
-static __always_inline __s32 user_stack(struct pt_regs *ctx, __u64 *stack, const __s32 max)
+static __always_inline __s32 fp_stack(__u64 ip, __u64 fp, __u64 *stack, const __s32 max)
 {
-	__u64 fp = PT_REGS_FP(ctx);
 	__u64 ra = ct_ra_mask(); // arm64: the return addresses' PAC bits off
 	__s32 n = 1;
 
-	stack[0] = PT_REGS_IP(ctx);
+	stack[0] = ip;
 	for (; n < max; n++) {
 		__u64 frame[2]; // the caller's rbp, the return address
 		if (fp == 0)
@@ -35,6 +34,12 @@ static __always_inline __s32 user_stack(struct pt_regs *ctx, __u64 *stack, const
 		fp = frame[0];
 	}
 	return n;
+}
+
+// user_stack is fp_stack from the registers at a probe.
+static __always_inline __s32 user_stack(struct pt_regs *ctx, __u64 *stack, const __s32 max)
+{
+	return fp_stack(PT_REGS_IP(ctx), PT_REGS_FP(ctx), stack, max);
 }
 
 // window_size is stack_window made safe for the verifier: a whole number of

@@ -86,3 +86,16 @@ func TestLossHint(t *testing.T) {
 		t.Errorf("LossHint(no loss) = %q, want none", got)
 	}
 }
+
+// TestNoWindowHint: what records kept without their windows mean, and the
+// ring to try instead (none past the largest).
+func TestNoWindowHint(t *testing.T) {
+	want := "3 allocations were recorded without their stack windows (the ring buffer, 16MiB, was too full for them in a burst): " +
+		"each is in every figure, its native frames from frame pointers alone (shallower where code has none); raise --ring-size, e.g. --ring-size 64MiB"
+	if got := NoWindowHint(3, DefaultRingBytes); got != want {
+		t.Errorf("NoWindowHint(3, 16 MiB) =\n%q, want\n%q", got, want)
+	}
+	if got := NoWindowHint(1, MaxRingBytes); !strings.HasSuffix(got, "; a smaller --stack-window fits more") {
+		t.Errorf("NoWindowHint(1, the largest ring) = %q, want a smaller window as the remedy", got)
+	}
+}

@@ -963,6 +963,7 @@ var CounterNames = []string{
 	bpf.CudatraceCtCounterCT_CNT_UW_BPF:        "unwound_in_bpf",
 	bpf.CudatraceCtCounterCT_CNT_UW_NOMAP:      "unwind_fallback_no_rules",
 	bpf.CudatraceCtCounterCT_CNT_UW_RULE:       "unwind_fallback_rule",
+	bpf.CudatraceCtCounterCT_CNT_RB_NOWINDOW:   "ringbuf_no_window",
 }
 
 // Counters sums the per-CPU BPF counters.
@@ -1008,6 +1009,18 @@ func LossHint(c map[string]uint64, ring uint32) string {
 		parts = append(parts, fmt.Sprintf("%d calls whose entry was missed (in progress when the probes attached)", n))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// NoWindowHint says what n allocation records kept without their stack
+// windows (the ring buffer, ring bytes, had room for the record but not
+// its window: bpf/alloc.h reserve_alloc) mean, and what to do about them.
+func NoWindowHint(n uint64, ring uint32) string {
+	fix := "a smaller --stack-window fits more"
+	if bigger := min(4*uint64(ring), MaxRingBytes); bigger > uint64(ring) {
+		fix = "raise --ring-size, e.g. --ring-size " + sizeName(bigger)
+	}
+	return fmt.Sprintf("%d allocations were recorded without their stack windows (the ring buffer, %s, was too full for them in a burst): each is in every figure, its native frames from frame pointers alone (shallower where code has none); %s",
+		n, sizeName(uint64(ring)), fix)
 }
 
 // sizeName writes a power of two of bytes as --ring-size reads it.

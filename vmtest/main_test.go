@@ -242,7 +242,7 @@ func buildStandIns(dir string) {
 		src("mix.c"), rtObj); cBuildErr != nil {
 		return
 	}
-	for _, prog := range []string{"mix", "attach_later", "shortlived", "faketest", "hold", "agentload", "exitleak", "rankjob"} {
+	for _, prog := range []string{"mix", "attach_later", "shortlived", "faketest", "hold", "burst", "agentload", "exitleak", "rankjob"} {
 		if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall",
 			"-o", workload(prog), src(prog+".c"),
 			"-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {

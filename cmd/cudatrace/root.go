@@ -92,6 +92,9 @@ func writeLosses(w io.Writer, who string, res *record.Result, ring uint32) {
 		}
 		fmt.Fprintf(w, "%s: warning: %d events lost while tracing: %s\n", who, n, loader.LossHint(causes, ring))
 	}
+	if n := res.Counters["ringbuf_no_window"]; n > 0 {
+		fmt.Fprintf(w, "%s: %s\n", who, loader.NoWindowHint(n, ring))
+	}
 	if res.LostStopping > 0 {
 		fmt.Fprintf(w, "%s: %d events lost while stopping (probes firing as they were removed): the figures up to the stop miss none of them\n",
 			who, res.LostStopping)

@@ -1,0 +1,153 @@
+package vmtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cudatrace/cudatrace/loader"
+)
+
+// TestBurstKeepsEvents: a burst of allocations while the reader is kept
+// away (record stopped with SIGSTOP, as a busy node's CPUs keep it) fills
+// the ring buffer. Records that find no room for their stack window are
+// kept without it, their frames from the frame pointers: the report has
+// every allocation, none lost, each with its stack (burst.c is built with
+// frame pointers), and record says how many went without a window. Before
+// (4708734), the records past what the ring held were lost.
+func TestBurstKeepsEvents(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	const ring = 256 << 10
+	full, small := loader.RecordBytes(loader.DefaultStackWindow), loader.RecordBytes(-1)
+	fit := ring / full // records with windows the empty ring takes
+	// Three more than that: each fits without its window in what is left
+	// (with room for a note or two).
+	const extra = 3
+	if left := ring - fit*full; left < (extra+2)*small {
+		t.Fatalf("a %d-byte ring leaves %d bytes after %d records of %d: too few for %d of %d", ring, left, fit, full, extra, small)
+	}
+	n := int(fit) + extra
+	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "burst.trace")
+	stdin, feed := io.Pipe()
+	defer feed.Close()
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log), Stdin: stdin},
+		"--ring-size", "256KiB", "--lib", fakeLib, "-o", trace, "--", workload("burst"), strconv.Itoa(n))
+	waitOutput := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !strings.Contains(rec.stdout.String(), what); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("burst did not say %q in 30s:\n%s\n%s", what, rec.stdout.String(), rec.stderr.String())
+			}
+		}
+	}
+	waitOutput("ready")
+	// The first allocation's record read (its process known): the ring
+	// is empty when the reader stops.
+	time.Sleep(time.Second)
+	if err := rec.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	// The signal is sent, not yet taken: wait until each of record's
+	// threads is stopped.
+	waitStopped(t, rec.cmd.Process.Pid)
+	defer func() {
+		if stopped {
+			rec.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	if _, err := io.WriteString(feed, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput("done")
+	if err := rec.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	feed.Close()
+	rec.finish(t, 45*time.Second)
+
+	want := onlyTruth(t, log, "")
+	const mib = 1 << 20
+	if want.Allocs != uint64(n+1) || want.Live != uint64(n+1)*mib {
+		t.Fatalf("ground truth: %d allocations, %d bytes live; want %d of 1 MiB", want.Allocs, want.Live, n+1)
+	}
+	rep := runReport(t, ctx, trace)
+	if rep.LostEvents != 0 {
+		t.Errorf("lost_events = %d, want 0", rep.LostEvents)
+	}
+	checkProcess(t, rep, want, 0, "burst")
+	// Every allocation's stack, with or without its window, reaches main
+	// through burst_alloc.
+	var withStack uint64
+	for _, s := range rep.Stacks {
+		var names []string
+		for _, f := range s.Frames {
+			names = append(names, f.Function)
+		}
+		if s.PID == want.PID && slices.Contains(names, "burst_alloc") && slices.Contains(names, "main") {
+			withStack += s.Allocs
+		} else if s.PID == want.PID {
+			t.Errorf("stack of %d allocations: %s, want burst_alloc ... main", s.Allocs, strings.Join(names, " < "))
+		}
+	}
+	if withStack != uint64(n+1) {
+		t.Errorf("%d allocations with stacks through burst_alloc to main, want %d", withStack, n+1)
+	}
+	out, err := exec.CommandContext(ctx, tracerBin, "report", trace, "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counters struct {
+		Counters map[string]uint64 `json:"counters"`
+	}
+	if err := json.Unmarshal(out, &counters); err != nil {
+		t.Fatal(err)
+	}
+	if got := counters.Counters["ringbuf_no_window"]; got < extra || got > uint64(n) {
+		t.Errorf("ringbuf_no_window = %d, want %d to %d (the records past the %d the ring held with windows)", got, extra, n, fit)
+	}
+	if want := "allocations were recorded without their stack windows (the ring buffer, 256KiB, was too full for them in a burst)"; !strings.Contains(rec.stderr.String(), want) {
+		t.Errorf("record did not say %q:\n%s", want, rec.stderr.String())
+	}
+	text, err := exec.CommandContext(ctx, tracerBin, "report", trace).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("Note: %d allocations were recorded without their stack windows", counters.Counters["ringbuf_no_window"]); !strings.Contains(string(text), want) ||
+		strings.Contains(string(text), "LOST") {
+		t.Errorf("report says no %q, or says events were lost:\n%s", want, text)
+	}
+}
+
+// waitStopped waits until every thread of process pid is stopped (state T
+// in /proc/PID/task/TID/stat).
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		running := len(tasks) == 0
+		for _, f := range tasks {
+			b, err := os.ReadFile(f)
+			if i := bytes.LastIndexByte(b, ')'); err == nil && i >= 0 && i+2 < len(b) && b[i+2] != 'T' {
+				running = true
+			}
+		}
+		if !running {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d not stopped 10s after SIGSTOP", pid)
+		}
+	}
+}
