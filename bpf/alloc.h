@@ -180,9 +180,10 @@ static __always_inline __u32 small_record_size(void)
 	return sizeof(struct ct_alloc_event) + CT_PY_BLOCK;
 }
 
-// A record kept without its window: where the ring buffer had no room for
-// a record with its window (reserve_alloc failed in a burst), one without
-// it, its frame-pointer frames and Python frames. An event kept with its
+// A record kept without its window: where the reader is behind by more
+// than half the ring buffer (ring_behind), or the ring had no room for a
+// record with its window (reserve_alloc failed), one without it, its
+// frame-pointer frames and Python frames. An event kept with its
 // frame-pointer frames is worth more than an event lost, whose absence
 // would leave the ledger wrong. Its program fills the CPU's nowindow entry
 // and calls ct_keep_nowindow: a global function, which the verifier checks
@@ -191,18 +192,46 @@ static __always_inline __u32 small_record_size(void)
 // makes took Linux 6.1's verifier under TCG (the arm64 guest) from 11 s to
 // ~300 s for each return program.
 struct nowindow_val {
-	struct ct_event h; // the record's header, filled
-	__u64 ip;          // the registers the frame-pointer walk starts from
+	// The record, built here: its header filled by the caller, its
+	// frames and Python frames by ct_keep_nowindow. Copied to the ring
+	// buffer at the size it uses (nowindow_out), a few hundred bytes
+	// where the record that copies a window is reserved at ~18 KiB.
+	struct ct_alloc_event r;
+	__u8 py[CT_PY_BLOCK]; // room for the Python frames behind the most frames
+	__u64 ip;             // the registers the frame-pointer walk starts from
 	__u64 fp;
 	__u64 py_seq; // the Python walk's outcome (struct py_walked)
 	__u64 py_mm;
 	// Counted up before each fill: uprobe programs run preemptible, and
 	// a thread that preempts another on its CPU between its fill and the
-	// function's copy writes over the entry; the copy then is not taken.
+	// copy to the ring writes over the entry; the copy then is discarded.
 	__u64 seq;
 };
 
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, nowindow, __u32, struct nowindow_val, 1);
+
+// nowindow_ok says that allocation records copy a window, and so can be
+// kept without it: where they do not (no window, or unwound here first:
+// uw_small) the record that found no room was as small as this one.
+static __always_inline int nowindow_ok(void)
+{
+	return !uw_small() && window_size();
+}
+
+// ring_behind says that the reader is more than half the ring buffer
+// behind: an allocation record then goes without its window from the
+// start. Under a sustained burst (a loaded node, where the reader shares
+// its CPUs with the job's threads) records with windows (~18 KiB) fill
+// what is left of a 16 MiB ring in a few hundred records, and the ring
+// stays full: a record kept without its window only where the full one
+// found no room was one in hundreds, the others lost (bench/burst.sh: 151
+// kept, 53582 lost). Frames alone, copied at the size they use, fit some
+// hundred times more, and cost the reader less each (nothing to unwind),
+// so it catches up; the ledger misses nothing.
+static __always_inline int ring_behind(void)
+{
+	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > bpf_ringbuf_query(&events, BPF_RB_RING_SIZE) / 2;
+}
 
 // nowindow_fill starts a fill of the CPU's nowindow entry: it counts seq
 // up and returns the entry, with the count (*seq) to give
@@ -211,7 +240,7 @@ CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, nowindow, __u32, struct nowindow_val, 1);
 static __always_inline struct nowindow_val *nowindow_fill(__u64 *seq)
 {
 	__u32 zero = 0;
-	if (uw_small() || !window_size())
+	if (!nowindow_ok())
 		return NULL;
 	struct nowindow_val *v = bpf_map_lookup_elem(&nowindow, &zero);
 	if (!v)
@@ -220,6 +249,38 @@ static __always_inline struct nowindow_val *nowindow_fill(__u64 *seq)
 	v->seq = *seq;
 	barrier();
 	return v;
+}
+
+// nowindow_out copies the record built in v, used bytes of it, into a
+// ring buffer record reserved at size (a constant power of two:
+// bpf_ringbuf_reserve takes no other size than a constant), and submits
+// it where v was not written over meanwhile (seq). It returns -1 where the
+// record does not fit size, else whether it submitted it.
+// bpf_ringbuf_output would copy at the exact size, but could not take
+// back a copy that a preempting fill changed under it.
+static __always_inline int nowindow_out(struct nowindow_val *v, __u32 used, __u64 seq, const __u32 size)
+{
+	if (used >= size)
+		return -1;
+	// A no-op (used < size, a power of two) that tells the verifier the
+	// copy fits: it does not follow the test above, which the compiler
+	// makes on a copy of used; behind a barrier, as the compiler would
+	// drop it.
+	barrier_var(used);
+	used &= size - 1;
+	struct ct_event *e = bpf_ringbuf_reserve(&events, size, 0);
+	if (!e)
+		return 0;
+	bpf_probe_read_kernel(e, used, &v->r);
+	barrier();
+	if (*(volatile __u64 *)&v->seq != seq) {
+		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+		return 0;
+	}
+	count(CT_CNT_RB_NOWINDOW);
+	count(CT_CNT_EVENTS);
+	bpf_ringbuf_submit(e, wakeup_flags(e, size));
+	return 1;
 }
 
 // ct_keep_nowindow makes and submits the record the CPU's nowindow entry
@@ -235,27 +296,28 @@ __noinline int ct_keep_nowindow(__u64 seq)
 	struct nowindow_val *v = bpf_map_lookup_elem(&nowindow, &zero);
 	if (!v)
 		return 0;
-	struct ct_alloc_event *e = bpf_ringbuf_reserve(&events, small_record_size(), 0);
-	if (!e)
-		return 0;
-	e->h = v->h;
-	__u64 ip = v->ip, fp = v->fp;
 	struct py_walked pw = {.seq = v->py_seq, .mm = v->py_mm};
-	barrier();
-	if (*(volatile __u64 *)&v->seq != seq) {
-		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
-		return 0;
-	}
-	__s32 n = fp_stack(ip, fp, e->stack, CT_MAX_FRAMES);
-	e->h.nframes = n;
+	__s32 n = fp_stack(v->ip, v->fp, v->r.stack, CT_MAX_FRAMES);
+	v->r.h.nframes = n;
 	if (n == CT_MAX_FRAMES)
-		e->h.flags |= CT_F_STACK_TRUNC;
+		v->r.h.flags |= CT_F_STACK_TRUNC;
 	__u32 used = sizeof(struct ct_event) + ((__u32)n & 127) * 8;
-	py_put(&e->h, (__u8 *)e + used, pw);
-	count(CT_CNT_RB_NOWINDOW);
-	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(&e->h, small_record_size()));
-	return 1;
+	__u8 *block = (__u8 *)&v->r + used;
+	py_put(&v->r.h, block, pw);
+	if (v->r.h.flags & CT_F_PYHEAD) { // its count, the frames, the count again
+		__u32 pn = *(volatile __u32 *)block;
+		if (pn > CT_PY_MAX_FRAMES) // never: py_put caps it
+			pn = CT_PY_MAX_FRAMES;
+		used += 2 * sizeof(struct ct_pytrailer) + pn * sizeof(struct ct_pyframe);
+	}
+	// A few sizes: a short stack, a deeper one, the most.
+	_Static_assert(sizeof(struct ct_alloc_event) + CT_PY_BLOCK < 2048, "a record without its window fits 2 KiB");
+	int r = nowindow_out(v, used, seq, 256);
+	if (r < 0)
+		r = nowindow_out(v, used, seq, 1024);
+	if (r < 0)
+		r = nowindow_out(v, used, seq, 2048);
+	return r > 0;
 }
 
 // keep_nowindow hands the filled entry v (nowindow_fill: seq) to
@@ -414,16 +476,20 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	// ct_learn_exit).
 	__s32 dev = in->device == CT_DEV_UNKNOWN ? current_device(tid) : in->device;
 	__u64 ts = in->ts_ns, dur = bpf_ktime_get_boot_ns() - ts;
-	struct ct_alloc_event *e = reserve_alloc();
+	// A VMM mapping's record has no window to leave out.
+	int keepable = in->shape != CT_SHAPE_VMM_MAP && nowindow_ok();
+	struct ct_alloc_event *e = NULL;
+	if (!keepable || !ring_behind())
+		e = reserve_alloc();
 	if (!e) {
 		__u64 seq = 0;
-		struct nowindow_val *v = in->shape != CT_SHAPE_VMM_MAP ? nowindow_fill(&seq) : NULL;
+		struct nowindow_val *v = keepable ? nowindow_fill(&seq) : NULL;
 		if (!v) {
 			count(CT_CNT_RB_FULL);
 			call_done(in);
 			return 0;
 		}
-		fill_event(&v->h, id, ts, dur, in->api, 0, addr, size, dev, result);
+		fill_event(&v->r.h, id, ts, dur, in->api, 0, addr, size, dev, result);
 		call_done(in);
 		keep_nowindow(ctx, v, seq, pw);
 		forget_free(tid);

@@ -314,7 +314,8 @@ type CudatraceLastFree struct {
 
 type CudatraceNowindowVal struct {
 	_     structs.HostLayout
-	H     CudatraceCtEvent
+	R     CudatraceCtAllocEvent
+	Py    [528]uint8
 	Ip    uint64
 	Fp    uint64
 	PySeq uint64

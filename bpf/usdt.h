@@ -56,7 +56,9 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 	struct py_walked pw = walk_python(ctx, id, use_loop);
 	__u64 size = usdt_arg(ctx, &spec->args[2]);
 	__s32 dev = (__s32)usdt_arg(ctx, &spec->args[1]);
-	struct ct_alloc_event *e = reserve_alloc();
+	struct ct_alloc_event *e = NULL;
+	if (!nowindow_ok() || !ring_behind()) // see alloc.h
+		e = reserve_alloc();
 	if (!e) {
 		__u64 seq = 0;
 		struct nowindow_val *v = nowindow_fill(&seq); // a burst: see alloc.h
@@ -64,7 +66,7 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 			count(CT_CNT_RB_FULL);
 			return 0;
 		}
-		fill_event(&v->h, id, bpf_ktime_get_boot_ns(), 0, spec->api, CT_F_ENTRY_ONLY, ptr, size, dev, 0);
+		fill_event(&v->r.h, id, bpf_ktime_get_boot_ns(), 0, spec->api, CT_F_ENTRY_ONLY, ptr, size, dev, 0);
 		keep_nowindow(ctx, v, seq, pw);
 		return 0;
 	}

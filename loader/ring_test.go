@@ -90,7 +90,7 @@ func TestLossHint(t *testing.T) {
 // TestNoWindowHint: what records kept without their windows mean, and the
 // ring to try instead (none past the largest).
 func TestNoWindowHint(t *testing.T) {
-	want := "3 allocations were recorded without their stack windows (the ring buffer, 16MiB, was too full for them in a burst): " +
+	want := "3 allocations were recorded without their stack windows (the reader was behind by more than half the ring buffer, 16MiB, in a burst): " +
 		"each is in every figure, its native frames from frame pointers alone (shallower where code has none); raise --ring-size, e.g. --ring-size 64MiB"
 	if got := NoWindowHint(3, DefaultRingBytes); got != want {
 		t.Errorf("NoWindowHint(3, 16 MiB) =\n%q, want\n%q", got, want)

@@ -1012,14 +1012,15 @@ func LossHint(c map[string]uint64, ring uint32) string {
 }
 
 // NoWindowHint says what n allocation records kept without their stack
-// windows (the ring buffer, ring bytes, had room for the record but not
-// its window: bpf/alloc.h reserve_alloc) mean, and what to do about them.
+// windows (the reader was more than half the ring buffer, ring bytes,
+// behind, or the ring had no room for the window: bpf/alloc.h
+// ring_behind) mean, and what to do about them.
 func NoWindowHint(n uint64, ring uint32) string {
 	fix := "a smaller --stack-window fits more"
 	if bigger := min(4*uint64(ring), MaxRingBytes); bigger > uint64(ring) {
 		fix = "raise --ring-size, e.g. --ring-size " + sizeName(bigger)
 	}
-	return fmt.Sprintf("%d allocations were recorded without their stack windows (the ring buffer, %s, was too full for them in a burst): each is in every figure, its native frames from frame pointers alone (shallower where code has none); %s",
+	return fmt.Sprintf("%d allocations were recorded without their stack windows (the reader was behind by more than half the ring buffer, %s, in a burst): each is in every figure, its native frames from frame pointers alone (shallower where code has none); %s",
 		n, sizeName(uint64(ring)), fix)
 }
 

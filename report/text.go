@@ -254,7 +254,7 @@ func (r *Report) writeHeader(w io.Writer) {
 		fmt.Fprintf(w, "WARNING: %d EVENTS WERE LOST%s: every figure below may be off%s\n", n, because, fix)
 	}
 	if n := r.Counters["ringbuf_no_window"]; n > 0 {
-		fmt.Fprintf(w, "Note: %d allocations were recorded without their stack windows (the ring buffer was too full for them in a burst): each is in every figure below, its native frames from frame pointers alone (shallower where code has none); a larger --ring-size keeps them\n", n)
+		fmt.Fprintf(w, "Note: %d allocations were recorded without their stack windows (the reader was behind by more than half the ring buffer in a burst): each is in every figure below, its native frames from frame pointers alone (shallower where code has none); a larger --ring-size keeps them\n", n)
 	}
 	if r.LostStopping > 0 {
 		fmt.Fprintf(w, "Note: %d events were lost while the recording stopped (probes firing as they were removed): the figures up to the stop miss none of them\n",
