@@ -55,8 +55,12 @@ type Stats struct {
 	// (their window ended first).
 	BPF, BPFSame, BPFDiffer, BPFUnchecked uint64
 	FirstDiffer                           string
-	Stops                                 map[unwind.StopKind]uint64
-	LastStop                              map[unwind.StopKind]unwind.Stop // an example of each kind of stop, for a warning (String)
+	// Stops counts the unwinds by how they stopped, and LastStop has an
+	// example of each kind, for a warning (String); both indexed by
+	// unwind.StopKind. Arrays: two maps updated at every record were a
+	// tenth of a record's unwind step.
+	Stops    [unwind.NumStopKinds]uint64
+	LastStop [unwind.NumStopKinds]unwind.Stop
 }
 
 // New returns an Enricher; with cfi false it leaves stacks as the frame
@@ -111,10 +115,6 @@ func (e *Enricher) Unwind(ev *events.Event, c *procmodel.Capture) {
 	ipReturn := ev.Flags&events.FlagEntryOnly == 0
 	var stop unwind.Stop
 	e.pcs, stop = e.uw.Unwind(cm.m, ev.Regs, ev.Window, ipReturn, e.pcs[:0])
-	if e.Stats.Stops == nil {
-		e.Stats.Stops = map[unwind.StopKind]uint64{}
-		e.Stats.LastStop = map[unwind.StopKind]unwind.Stop{}
-	}
 	e.Stats.Stops[stop.Kind]++
 	e.Stats.LastStop[stop.Kind] = stop
 	if ev.Flags&events.FlagUnwound != 0 {

@@ -7,11 +7,11 @@ package ledger
 
 import (
 	"cmp"
-	"encoding/binary"
 	"hash/maphash"
 	"iter"
 	"maps"
 	"slices"
+	"unsafe"
 
 	"github.com/cudatrace/cudatrace/events"
 )
@@ -26,8 +26,16 @@ type Ledger struct {
 	procs    map[uint32]*Process
 	stacks   map[stackKey]*Stack
 	seed     maphash.Seed
-	keyBuf   []byte // key's, reused
 	maxFails int
+	// last is the process of the last event and lastStack the stack of
+	// the last allocation, each looked up again only when the next event
+	// is another process's or another stack's: most events follow one of
+	// the same process, and a loop allocates from one place over and over
+	// (each look-up, a map's, and for a stack a hash of its frames, was a
+	// tenth of the reader's time per event). Forget drops them with
+	// their process.
+	last      *Process
+	lastStack *Stack
 }
 
 // Process is one traced process's account.
@@ -109,6 +117,9 @@ type Process struct {
 	Failures []Failure // the first Ledger.MaxFailures failed calls
 	live     map[uint64]*Allocation
 	tensors  map[uint64]*Allocation
+	// lastDev is the device of the last device look-up: a process
+	// allocates on one device, most often (device).
+	lastDev *Device
 	// VMM memory released while still mapped: live until its last unmap,
 	// but no longer known by its handle, which the driver may hand out
 	// again.
@@ -238,7 +249,10 @@ func New() *Ledger {
 }
 
 func (l *Ledger) proc(pid uint32, comm string) *Process {
-	p := l.procs[pid]
+	p := l.last
+	if p == nil || p.PID != pid {
+		p = l.procs[pid]
+	}
 	if p == nil {
 		p = &Process{PID: pid, Devices: make(map[int32]*Device), live: make(map[uint64]*Allocation),
 			tensors: make(map[uint64]*Allocation), released: make(map[*Allocation]struct{}),
@@ -247,6 +261,7 @@ func (l *Ledger) proc(pid uint32, comm string) *Process {
 			before: make(map[uint32]bool), untold: make(map[uint32]int)}
 		l.procs[pid] = p
 	}
+	l.last = p
 	if comm != "" {
 		p.Comm = comm // the latest: a process that exec'd is known by its new name
 	}
@@ -254,15 +269,26 @@ func (l *Ledger) proc(pid uint32, comm string) *Process {
 }
 
 func (p *Process) device(d int32) *Device {
+	if dv := p.lastDev; dv != nil && dv.Device == d {
+		return dv
+	}
 	dv := p.Devices[d]
 	if dv == nil {
 		dv = &Device{Device: d}
 		p.Devices[d] = dv
 	}
+	p.lastDev = dv
 	return dv
 }
 
 func (l *Ledger) stack(pid uint32, frames []uint64, tensor bool) *Stack {
+	// The last stack, when these are its frames, is the one the map
+	// holds for them: it was found there by the same key (or put there
+	// with it), and stacks leave the map only with their process
+	// (Forget, which drops lastStack too).
+	if s := l.lastStack; s != nil && s.PID == pid && s.Tensor == tensor && slices.Equal(s.Frames, frames) {
+		return s
+	}
 	key := l.key(pid, frames)
 	key.tensor = tensor
 	s := l.stacks[key]
@@ -271,6 +297,7 @@ func (l *Ledger) stack(pid uint32, frames []uint64, tensor bool) *Stack {
 		s = &Stack{PID: pid, Frames: append([]uint64(nil), frames...), Tensor: tensor}
 		l.stacks[key] = s
 	}
+	l.lastStack = s
 	return s
 }
 
@@ -285,13 +312,12 @@ func (l *Ledger) StackOf(pid uint32, frames []uint64, tensor bool) *Stack {
 }
 
 func (l *Ledger) key(pid uint32, frames []uint64) stackKey {
-	// The frames' bytes hashed in one call: a Write per frame cost as much
-	// as the rest of an allocation's accounting.
-	b := l.keyBuf[:0]
-	for _, f := range frames {
-		b = binary.LittleEndian.AppendUint64(b, f)
-	}
-	l.keyBuf = b
+	// The frames' own memory hashed in one call: a Write per frame cost
+	// as much as the rest of an allocation's accounting, and a copy of
+	// them into bytes first a tenth of it. The seed is the ledger's own,
+	// so a hash is never compared with another ledger's or kept: the
+	// host's byte order does not matter.
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(frames))), len(frames)*8)
 	return stackKey{pid: pid, hash: maphash.Bytes(l.seed, b), n: len(frames)}
 }
 
@@ -881,6 +907,12 @@ func (l *Ledger) Forget(pid uint32) {
 		return
 	}
 	delete(l.procs, pid)
+	if l.last != nil && l.last.PID == pid {
+		l.last = nil
+	}
+	if l.lastStack != nil && l.lastStack.PID == pid {
+		l.lastStack = nil
+	}
 	for k := range l.stacks {
 		if k.pid == pid {
 			delete(l.stacks, k)
