@@ -583,3 +583,54 @@ func TestLookupsRemembered(t *testing.T) {
 		}
 	}
 }
+
+// TestUntoldCounted follows threads that ran before tracing began through
+// random allocations, frees, context records and context ends, several
+// threads of a process interleaved: after every event, a thread is Untold
+// exactly when one of its live allocations is (the count each thread
+// keeps, and the last thread's state the ledger remembers, agree with the
+// allocations themselves).
+func TestUntoldCounted(t *testing.T) {
+	l := New()
+	rng := rand.New(rand.NewPCG(3, 4))
+	ctxs := []events.API{events.CuCtxGetCurrent, events.CuCtxSetCurrent, events.CuCtxPopCurrent, events.CuCtxPushCurrent}
+	untold := 0
+	for i := range 50000 {
+		pid := uint32(1 + rng.IntN(2))
+		tid := pid + uint32(100*rng.IntN(3))
+		dev := int32(rng.IntN(2))
+		if rng.IntN(2) == 0 {
+			dev = events.DeviceUnknown
+		}
+		addr := uint64(1+rng.IntN(32)) << 12
+		var ev *events.Event
+		switch r := rng.IntN(100); {
+		case r < 5:
+			ev = &events.Event{PID: pid, TID: tid, API: ctxs[rng.IntN(len(ctxs))], Addr: uint64(rng.IntN(3)) * 0x100,
+				Size: uint64(rng.IntN(3)) * 0x100, Device: dev}
+		case r < 7:
+			ev = &events.Event{PID: pid, TID: tid, API: events.CuCtxDestroy, Addr: uint64(rng.IntN(3)) * 0x100, Device: dev,
+				Flags: events.FlagEntryOnly}
+		case r < 55:
+			ev = alloc(pid, events.CuMemAlloc, addr, 1, dev, 0xa)
+			ev.TID = tid
+		default:
+			ev = free(pid, events.CuMemFree, addr)
+			ev.TID = tid
+		}
+		l.Apply(ev)
+		p := l.Process(pid)
+		for _, tt := range []uint32{pid, pid + 100, pid + 200} {
+			want := slices.ContainsFunc(p.LiveAllocations(), func(a *Allocation) bool { return a.TID == tt && a.Untold() })
+			if p.Untold(tt) != want {
+				t.Fatalf("event %d (%+v): thread %d untold %v, its live allocations say %v", i, *ev, tt, p.Untold(tt), want)
+			}
+			if want {
+				untold++
+			}
+		}
+	}
+	if untold == 0 {
+		t.Fatal("no thread was ever untold: the test tests nothing")
+	}
+}
