@@ -26,7 +26,11 @@ import (
 type Enricher struct {
 	uw   *unwind.Unwinder // nil: frame-pointer stacks only
 	maps map[uint32]capMaps
-	pcs  []uint64
+	// last is maps[lastPID], the last one Unwind used (c nil: none):
+	// a look-up a record, for records of one process in a row.
+	lastPID uint32
+	last    capMaps
+	pcs     []uint64
 	// merged holds the stack Apply hands the ledger, Python frames
 	// merged in.
 	merged []uint64
@@ -87,7 +91,12 @@ func (e *Enricher) Close() error {
 }
 
 // Forget drops what e keeps of pid (its mappings ready for unwinding).
-func (e *Enricher) Forget(pid uint32) { delete(e.maps, pid) }
+func (e *Enricher) Forget(pid uint32) {
+	delete(e.maps, pid)
+	if e.lastPID == pid {
+		e.last = capMaps{}
+	}
+}
 
 // Unwind replaces the stack of ev, a record with a stack window
 // (events.FlagWindow), with the deeper of its frame-pointer walk and the
@@ -105,11 +114,15 @@ func (e *Enricher) Unwind(ev *events.Event, c *procmodel.Capture) {
 	if c == nil || len(c.Maps) == 0 || len(ev.Window) == 0 {
 		return
 	}
-	cm := e.maps[ev.PID]
+	cm := e.last
+	if cm.c == nil || e.lastPID != ev.PID {
+		cm = e.maps[ev.PID]
+	}
 	if cm.c != c {
 		cm = capMaps{c, unwind.NewMaps(c.UnwindFiles())}
 		e.maps[ev.PID] = cm
 	}
+	e.lastPID, e.last = ev.PID, cm
 	// At a return probe the instruction pointer is a return address; a
 	// USDT probe (recorded at entry) sits inside its function.
 	ipReturn := ev.Flags&events.FlagEntryOnly == 0
