@@ -61,8 +61,8 @@ type Stats struct {
 	FirstDiffer                           string
 	// Stops counts the unwinds by how they stopped, and LastStop has an
 	// example of each kind, for a warning (String); both indexed by
-	// unwind.StopKind. Arrays: two maps updated at every record were a
-	// tenth of a record's unwind step.
+	// unwind.StopKind. Arrays: they were two maps, each updated at every
+	// record.
 	Stops    [unwind.NumStopKinds]uint64
 	LastStop [unwind.NumStopKinds]unwind.Stop
 }

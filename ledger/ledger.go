@@ -30,10 +30,9 @@ type Ledger struct {
 	// last is the process of the last event and lastStack the stack of
 	// the last allocation, each looked up again only when the next event
 	// is another process's or another stack's: most events follow one of
-	// the same process, and a loop allocates from one place over and over
-	// (each look-up, a map's, and for a stack a hash of its frames, was a
-	// tenth of the reader's time per event). Forget drops them with
-	// their process.
+	// the same process, and a loop allocates from one place over and over,
+	// where each event took a map look-up, and each allocation a hash of
+	// its frames and another. Forget drops them with their process.
 	last      *Process
 	lastStack *Stack
 }
@@ -357,9 +356,9 @@ func (l *Ledger) StackOf(pid uint32, frames []uint64, tensor bool) *Stack {
 }
 
 func (l *Ledger) key(pid uint32, frames []uint64) stackKey {
-	// The frames' own memory hashed in one call: a Write per frame cost
-	// as much as the rest of an allocation's accounting, and a copy of
-	// them into bytes first a tenth of it. The seed is the ledger's own,
+	// The frames' own memory hashed in one call, not a copy of them made
+	// into bytes at each allocation (a Write per frame cost as much as the
+	// rest of an allocation's accounting). The seed is the ledger's own,
 	// so a hash is never compared with another ledger's or kept: the
 	// host's byte order does not matter.
 	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(frames))), len(frames)*8)

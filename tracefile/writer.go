@@ -68,8 +68,9 @@ func (w *Writer) write(b []byte) {
 // frame writes one frame: u32 payload length, u8 type, payload, u32
 // CRC-32C of type and payload, all little-endian. A frame that fits in
 // what the buffer has free is put together there and handed over in one
-// Write (the recorder writes one per event: three Writes a frame, and the
-// CRC of the type byte taken apart, were a quarter of its cost).
+// Write, its CRC started from the type byte's, worked out once: the
+// recorder writes a frame per event, which took three Writes and a CRC
+// of the type byte alone each.
 func (w *Writer) frame(t Type, payload []byte) error {
 	if w.err != nil {
 		return w.err
