@@ -26,7 +26,11 @@ import (
 type Enricher struct {
 	uw   *unwind.Unwinder // nil: frame-pointer stacks only
 	maps map[uint32]capMaps
-	pcs  []uint64
+	// last is maps[lastPID], the last one Unwind used (c nil: none):
+	// a look-up a record, for records of one process in a row.
+	lastPID uint32
+	last    capMaps
+	pcs     []uint64
 	// merged holds the stack Apply hands the ledger, Python frames
 	// merged in.
 	merged []uint64
@@ -55,8 +59,12 @@ type Stats struct {
 	// (their window ended first).
 	BPF, BPFSame, BPFDiffer, BPFUnchecked uint64
 	FirstDiffer                           string
-	Stops                                 map[unwind.StopKind]uint64
-	LastStop                              map[unwind.StopKind]unwind.Stop // an example of each kind of stop, for a warning (String)
+	// Stops counts the unwinds by how they stopped, and LastStop has an
+	// example of each kind, for a warning (String); both indexed by
+	// unwind.StopKind. Arrays: they were two maps, each updated at every
+	// record.
+	Stops    [unwind.NumStopKinds]uint64
+	LastStop [unwind.NumStopKinds]unwind.Stop
 }
 
 // New returns an Enricher; with cfi false it leaves stacks as the frame
@@ -83,7 +91,12 @@ func (e *Enricher) Close() error {
 }
 
 // Forget drops what e keeps of pid (its mappings ready for unwinding).
-func (e *Enricher) Forget(pid uint32) { delete(e.maps, pid) }
+func (e *Enricher) Forget(pid uint32) {
+	delete(e.maps, pid)
+	if e.lastPID == pid {
+		e.last = capMaps{}
+	}
+}
 
 // Unwind replaces the stack of ev, a record with a stack window
 // (events.FlagWindow), with the deeper of its frame-pointer walk and the
@@ -101,20 +114,20 @@ func (e *Enricher) Unwind(ev *events.Event, c *procmodel.Capture) {
 	if c == nil || len(c.Maps) == 0 || len(ev.Window) == 0 {
 		return
 	}
-	cm := e.maps[ev.PID]
+	cm := e.last
+	if cm.c == nil || e.lastPID != ev.PID {
+		cm = e.maps[ev.PID]
+	}
 	if cm.c != c {
 		cm = capMaps{c, unwind.NewMaps(c.UnwindFiles())}
 		e.maps[ev.PID] = cm
 	}
+	e.lastPID, e.last = ev.PID, cm
 	// At a return probe the instruction pointer is a return address; a
 	// USDT probe (recorded at entry) sits inside its function.
 	ipReturn := ev.Flags&events.FlagEntryOnly == 0
 	var stop unwind.Stop
 	e.pcs, stop = e.uw.Unwind(cm.m, ev.Regs, ev.Window, ipReturn, e.pcs[:0])
-	if e.Stats.Stops == nil {
-		e.Stats.Stops = map[unwind.StopKind]uint64{}
-		e.Stats.LastStop = map[unwind.StopKind]unwind.Stop{}
-	}
 	e.Stats.Stops[stop.Kind]++
 	e.Stats.LastStop[stop.Kind] = stop
 	if ev.Flags&events.FlagUnwound != 0 {

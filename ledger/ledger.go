@@ -7,11 +7,11 @@ package ledger
 
 import (
 	"cmp"
-	"encoding/binary"
 	"hash/maphash"
 	"iter"
 	"maps"
 	"slices"
+	"unsafe"
 
 	"github.com/cudatrace/cudatrace/events"
 )
@@ -26,8 +26,15 @@ type Ledger struct {
 	procs    map[uint32]*Process
 	stacks   map[stackKey]*Stack
 	seed     maphash.Seed
-	keyBuf   []byte // key's, reused
 	maxFails int
+	// last is the process of the last event and lastStack the stack of
+	// the last allocation, each looked up again only when the next event
+	// is another process's or another stack's: most events follow one of
+	// the same process, and a loop allocates from one place over and over,
+	// where each event took a map look-up, and each allocation a hash of
+	// its frames and another. Forget drops them with their process.
+	last      *Process
+	lastStack *Stack
 }
 
 // Process is one traced process's account.
@@ -95,20 +102,22 @@ type Process struct {
 	heldAtExit, tensorsAtExit []*Allocation
 
 	// The driver's contexts as this process's context records tell them:
-	// each thread's current context (0: none seen, the runtime's primary
-	// context of its device) and each device's primary context.
-	threadCtx map[uint32]uint64
-	primary   map[int32]uint64
-	// Threads that ran before tracing began (seen on the unknown device or
-	// learning): with no context seen, theirs is one set unseen. And how
-	// many untold allocations each has live (Allocation.Untold).
-	before map[uint32]bool
-	untold map[uint32]int
+	// each thread's (threadState) and each device's primary context.
+	threads map[uint32]*threadState
+	primary map[int32]uint64
+	// lastTID's state is lastThread, the last one looked up: one map
+	// look-up a record at most, none for a thread's records in a row.
+	// A state once made stays in threads: the pointer stays good.
+	lastTID    uint32
+	lastThread *threadState
 
 	Devices  map[int32]*Device
 	Failures []Failure // the first Ledger.MaxFailures failed calls
 	live     map[uint64]*Allocation
 	tensors  map[uint64]*Allocation
+	// lastDev is the device of the last device look-up: a process
+	// allocates on one device, most often (device).
+	lastDev *Device
 	// VMM memory released while still mapped: live until its last unmap,
 	// but no longer known by its handle, which the driver may hand out
 	// again.
@@ -116,6 +125,53 @@ type Process struct {
 	mappings map[uint64]*Mapping
 	reserves map[uint64]uint64
 }
+
+// threadState is what one thread's records told of it. Kept together, one
+// look-up a record: three maps by thread (its context, whether it ran
+// before tracing, its untold allocations) took a look-up or an update each
+// at every allocation and free of a thread that ran before tracing began.
+type threadState struct {
+	// ctx is its current context (0: none seen, the runtime's primary
+	// context of its device).
+	ctx uint64
+	// before: it ran before tracing began (seen on the unknown device or
+	// learning): with no context seen, its context is one set unseen.
+	before bool
+	// untold counts its untold allocations live (Allocation.Untold).
+	untold int
+}
+
+// thread returns tid's state, made if it has none, to be written.
+func (p *Process) thread(tid uint32) *threadState {
+	if t := p.lastThread; t != nil && p.lastTID == tid {
+		return t
+	}
+	t := p.threads[tid]
+	if t == nil {
+		t = &threadState{}
+		p.threads[tid] = t
+	}
+	p.lastTID, p.lastThread = tid, t
+	return t
+}
+
+// peekThread returns tid's state, or a zero one (not to be written) where
+// it has none: a thread no record told anything of.
+func (p *Process) peekThread(tid uint32) *threadState {
+	if t := p.lastThread; t != nil && p.lastTID == tid {
+		return t
+	}
+	t := p.threads[tid]
+	if t == nil {
+		return &noThread
+	}
+	p.lastTID, p.lastThread = tid, t
+	return t
+}
+
+// noThread is peekThread's state of a thread with none: all zero, never
+// written (callers write through thread).
+var noThread threadState
 
 // Mapping is a live VMM mapping: Size bytes of a handle's physical memory
 // at virtual address Addr.
@@ -238,15 +294,18 @@ func New() *Ledger {
 }
 
 func (l *Ledger) proc(pid uint32, comm string) *Process {
-	p := l.procs[pid]
+	p := l.last
+	if p == nil || p.PID != pid {
+		p = l.procs[pid]
+	}
 	if p == nil {
 		p = &Process{PID: pid, Devices: make(map[int32]*Device), live: make(map[uint64]*Allocation),
 			tensors: make(map[uint64]*Allocation), released: make(map[*Allocation]struct{}),
 			mappings: make(map[uint64]*Mapping), reserves: make(map[uint64]uint64),
-			threadCtx: make(map[uint32]uint64), primary: make(map[int32]uint64),
-			before: make(map[uint32]bool), untold: make(map[uint32]int)}
+			threads: make(map[uint32]*threadState), primary: make(map[int32]uint64)}
 		l.procs[pid] = p
 	}
+	l.last = p
 	if comm != "" {
 		p.Comm = comm // the latest: a process that exec'd is known by its new name
 	}
@@ -254,15 +313,26 @@ func (l *Ledger) proc(pid uint32, comm string) *Process {
 }
 
 func (p *Process) device(d int32) *Device {
+	if dv := p.lastDev; dv != nil && dv.Device == d {
+		return dv
+	}
 	dv := p.Devices[d]
 	if dv == nil {
 		dv = &Device{Device: d}
 		p.Devices[d] = dv
 	}
+	p.lastDev = dv
 	return dv
 }
 
 func (l *Ledger) stack(pid uint32, frames []uint64, tensor bool) *Stack {
+	// The last stack, when these are its frames, is the one the map
+	// holds for them: it was found there by the same key (or put there
+	// with it), and stacks leave the map only with their process
+	// (Forget, which drops lastStack too).
+	if s := l.lastStack; s != nil && s.PID == pid && s.Tensor == tensor && slices.Equal(s.Frames, frames) {
+		return s
+	}
 	key := l.key(pid, frames)
 	key.tensor = tensor
 	s := l.stacks[key]
@@ -271,6 +341,7 @@ func (l *Ledger) stack(pid uint32, frames []uint64, tensor bool) *Stack {
 		s = &Stack{PID: pid, Frames: append([]uint64(nil), frames...), Tensor: tensor}
 		l.stacks[key] = s
 	}
+	l.lastStack = s
 	return s
 }
 
@@ -285,13 +356,12 @@ func (l *Ledger) StackOf(pid uint32, frames []uint64, tensor bool) *Stack {
 }
 
 func (l *Ledger) key(pid uint32, frames []uint64) stackKey {
-	// The frames' bytes hashed in one call: a Write per frame cost as much
-	// as the rest of an allocation's accounting.
-	b := l.keyBuf[:0]
-	for _, f := range frames {
-		b = binary.LittleEndian.AppendUint64(b, f)
-	}
-	l.keyBuf = b
+	// The frames' own memory hashed in one call, not a copy of them made
+	// into bytes at each allocation (a Write per frame cost as much as the
+	// rest of an allocation's accounting). The seed is the ledger's own,
+	// so a hash is never compared with another ledger's or kept: the
+	// host's byte order does not matter.
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(frames))), len(frames)*8)
 	return stackKey{pid: pid, hash: maphash.Bytes(l.seed, b), n: len(frames)}
 }
 
@@ -343,6 +413,15 @@ func (l *Ledger) Apply(ev *events.Event) Change {
 		return l.alloc(ev, info)
 	case events.OpFree:
 		return l.free(ev)
+	}
+	return l.applyOther(ev, info)
+}
+
+// applyOther is Apply for the records neither allocations nor frees: apart,
+// so that the frame of Apply, which every event enters, is small (with
+// them inlined into it, it took 616 bytes of stack to set up and clear).
+func (l *Ledger) applyOther(ev *events.Event, info events.APIInfo) Change {
+	switch info.Op {
 	case events.OpMap:
 		return l.mapVMM(ev)
 	case events.OpUnmap:
@@ -370,10 +449,11 @@ func (l *Ledger) Apply(ev *events.Event) Change {
 		// size), but where the thread popped a context set before tracing
 		// began (its return probe, learning): that one (addr).
 		popped := ev.API == events.CuCtxPopCurrent && ev.Addr != ev.Size
+		t := p.thread(ev.TID)
 		if popped || learns(ev.API) {
-			p.before[ev.TID] = true
+			t.before = true
 		}
-		if p.threadCtx[ev.TID] == 0 {
+		if t.ctx == 0 {
 			switch {
 			case popped:
 				p.learnContext(ev.TID, ev.Addr)
@@ -385,7 +465,7 @@ func (l *Ledger) Apply(ev *events.Event) Change {
 				p.untoldLost(ev.TID)
 			}
 		}
-		p.threadCtx[ev.TID] = ev.Size
+		t.ctx = ev.Size
 		if ev.API.PrimaryContext() && ev.Addr != 0 {
 			p.primary[ev.Device] = ev.Addr
 		}
@@ -420,7 +500,8 @@ func learns(api events.API) bool {
 // (unknown: never guessed after the fact). Learning records come once per
 // thread, when they tell something new.
 func (p *Process) learnContext(tid uint32, ctx uint64) {
-	if p.untold[tid] == 0 {
+	t := p.peekThread(tid)
+	if t.untold == 0 {
 		return
 	}
 	for _, a := range p.live {
@@ -428,14 +509,15 @@ func (p *Process) learnContext(tid uint32, ctx uint64) {
 			a.Ctx, a.untold = ctx, false
 		}
 	}
-	delete(p.untold, tid)
+	t.untold = 0
 }
 
 // untoldLost: tid's context set before tracing is no longer current
 // (cuCtxSetCurrent replaced it), so no call of tid's can name it now; its
 // untold allocations keep Ctx 0.
 func (p *Process) untoldLost(tid uint32) {
-	if p.untold[tid] == 0 {
+	t := p.peekThread(tid)
+	if t.untold == 0 {
 		return
 	}
 	for _, a := range p.live {
@@ -443,12 +525,12 @@ func (p *Process) untoldLost(tid uint32) {
 			a.untold = false
 		}
 	}
-	delete(p.untold, tid)
+	t.untold = 0
 }
 
 // Untold reports whether thread tid has live allocations made in a
 // context set before tracing began that it has not named yet.
-func (p *Process) Untold(tid uint32) bool { return p.untold[tid] > 0 }
+func (p *Process) Untold(tid uint32) bool { return p.peekThread(tid).untold > 0 }
 
 // contextEnd frees what was allocated in the context that died: for a
 // created context, the allocations made in it; for a device's primary
@@ -456,7 +538,7 @@ func (p *Process) Untold(tid uint32) bool { return p.untold[tid] > 0 }
 // seen on that device (the runtime's). VMM memory (cuMemCreate) is the
 // process's, not a context's, and stays.
 func (p *Process) contextEnd(ev *events.Event) Change {
-	p.threadCtx[ev.TID] = ev.Size
+	p.thread(ev.TID).ctx = ev.Size
 	primary := ev.API.PrimaryContext()
 	handle := ev.Addr
 	if primary && handle == 0 {
@@ -585,12 +667,14 @@ func (l *Ledger) alloc(ev *events.Event, info events.APIInfo) Change {
 		ch.Freed = old
 	}
 	a := p.place(ev, st, p.live, &ch)
-	if ev.Device == events.DeviceUnknown {
-		p.before[ev.TID] = true
+	t := p.peekThread(ev.TID)
+	if ev.Device == events.DeviceUnknown && !t.before {
+		t = p.thread(ev.TID)
+		t.before = true
 	}
-	if a.Ctx == 0 && p.before[ev.TID] && ev.API != events.CuMemCreate { // VMM memory is no context's
+	if a.Ctx == 0 && t.before && ev.API != events.CuMemCreate { // VMM memory is no context's
 		a.untold = true
-		p.untold[ev.TID]++
+		t.untold++ // t is the thread's own: before is set only there
 	}
 	if info.Kind == events.KindHost {
 		grow(&p.HostLive, &p.HostPeak, nil, a)
@@ -613,7 +697,7 @@ func (p *Process) place(ev *events.Event, st *Stack, live map[uint64]*Allocation
 		st.AllocBytes += ev.Size
 	}
 	a := &Allocation{Addr: ev.Addr, Size: ev.Size, Device: ev.Device, API: ev.API, Time: ev.End(), TID: ev.TID, Stack: st,
-		Ctx: p.threadCtx[ev.TID], Before: before}
+		Ctx: p.peekThread(ev.TID).ctx, Before: before}
 	ch.Alloc = a
 	live[ev.Addr] = a
 	st.Live += a.Size
@@ -776,8 +860,8 @@ func (p *Process) release(a *Allocation) {
 	delete(p.live, a.Addr)
 	if a.untold {
 		a.untold = false
-		if p.untold[a.TID]--; p.untold[a.TID] <= 0 {
-			delete(p.untold, a.TID)
+		if t := p.peekThread(a.TID); t.untold > 0 { // an untold allocation's thread has a state
+			t.untold--
 		}
 	}
 	p.account(a)
@@ -881,6 +965,12 @@ func (l *Ledger) Forget(pid uint32) {
 		return
 	}
 	delete(l.procs, pid)
+	if l.last != nil && l.last.PID == pid {
+		l.last = nil
+	}
+	if l.lastStack != nil && l.lastStack.PID == pid {
+		l.lastStack = nil
+	}
 	for k := range l.stacks {
 		if k.pid == pid {
 			delete(l.stacks, k)

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -503,5 +504,133 @@ func TestExitVMM(t *testing.T) {
 	}
 	if segs, _ := p.AtEnd(); len(segs) != 1 || segs[0].Addr != 0x77 || !segs[0].Released() {
 		t.Errorf("at end: %+v", segs)
+	}
+}
+
+// TestLookupsRemembered checks the process, device and stack the ledger
+// remembers from one event to the next (last, lastDev, lastStack) against
+// its maps' answers, over events that switch process, device, stack and
+// tensor layer at random, with processes forgotten in between: every
+// allocation's change must name the stack StackOf finds for its frames,
+// and a process forgotten must start a new account, stacks and all.
+func TestLookupsRemembered(t *testing.T) {
+	l := New()
+	rng := rand.New(rand.NewPCG(1, 2))
+	stacks := [][]uint64{{0xa}, {0xa, 0xb}, {0xb, 0xa}, {0xa, 0xb, 0xc}, {}, {0xa, 0xb, 0xd}}
+	forgotten := map[*Stack]bool{}
+	var addr uint64
+	for i := range 20000 {
+		pid := uint32(1 + rng.IntN(3))
+		switch r := rng.IntN(100); {
+		case r < 2:
+			for _, st := range l.Stacks() {
+				if st.PID == pid {
+					forgotten[st] = true
+				}
+			}
+			l.Forget(pid)
+			continue
+		case r < 45:
+			addr++
+			api := events.CudaMalloc
+			tensor := rng.IntN(4) == 0
+			if tensor {
+				api = events.TorchMalloc
+			}
+			frames := slices.Clone(stacks[rng.IntN(len(stacks))])
+			ev := alloc(pid, api, addr<<12, 1+uint64(rng.IntN(100)), int32(rng.IntN(3)), frames...)
+			ch := l.Apply(ev)
+			want := l.StackOf(pid, frames, tensor)
+			if ch.Stack == nil || ch.Stack != want || forgotten[ch.Stack] || ch.Process != l.Process(pid) {
+				t.Fatalf("event %d: pid %d frames %x tensor %v: change's stack %p (%+v), the map's %p (%+v)",
+					i, pid, frames, tensor, ch.Stack, ch.Stack, want, want)
+			}
+			if d := ch.Process.Devices[ev.Device]; d == nil || (!tensor && d.Live == 0) {
+				t.Fatalf("event %d: device %d of pid %d not counted: %+v", i, ev.Device, pid, d)
+			}
+		default:
+			api := events.CudaFree
+			if rng.IntN(4) == 0 {
+				api = events.TorchFree
+			}
+			l.Apply(free(pid, api, uint64(1+rng.IntN(int(addr)+1))<<12))
+		}
+	}
+	// Every figure as a ledger that remembers nothing from one event to
+	// the next would have it: a process's totals are the sums of its
+	// devices', and its stacks' live bytes its live sets'.
+	for _, p := range l.Processes() {
+		var live, tensorLive uint64
+		for _, d := range p.Devices {
+			live += d.Live
+			tensorLive += d.TensorLive
+		}
+		if live != p.Live || tensorLive != p.TensorLive {
+			t.Errorf("pid %d: devices hold %d and %d tensor bytes, the process %d and %d", p.PID, live, tensorLive, p.Live, p.TensorLive)
+		}
+		var stackLive uint64
+		for _, st := range l.Stacks() {
+			if st.PID == p.PID {
+				stackLive += st.Live
+			}
+		}
+		var allocs uint64
+		for _, a := range slices.Concat(p.LiveAllocations(), p.LiveTensors()) {
+			allocs += a.Size
+		}
+		if stackLive != allocs {
+			t.Errorf("pid %d: stacks hold %d live bytes, the live sets %d", p.PID, stackLive, allocs)
+		}
+	}
+}
+
+// TestUntoldCounted follows threads that ran before tracing began through
+// random allocations, frees, context records and context ends, several
+// threads of a process interleaved: after every event, a thread is Untold
+// exactly when one of its live allocations is (the count each thread
+// keeps, and the last thread's state the ledger remembers, agree with the
+// allocations themselves).
+func TestUntoldCounted(t *testing.T) {
+	l := New()
+	rng := rand.New(rand.NewPCG(3, 4))
+	ctxs := []events.API{events.CuCtxGetCurrent, events.CuCtxSetCurrent, events.CuCtxPopCurrent, events.CuCtxPushCurrent}
+	untold := 0
+	for i := range 50000 {
+		pid := uint32(1 + rng.IntN(2))
+		tid := pid + uint32(100*rng.IntN(3))
+		dev := int32(rng.IntN(2))
+		if rng.IntN(2) == 0 {
+			dev = events.DeviceUnknown
+		}
+		addr := uint64(1+rng.IntN(32)) << 12
+		var ev *events.Event
+		switch r := rng.IntN(100); {
+		case r < 5:
+			ev = &events.Event{PID: pid, TID: tid, API: ctxs[rng.IntN(len(ctxs))], Addr: uint64(rng.IntN(3)) * 0x100,
+				Size: uint64(rng.IntN(3)) * 0x100, Device: dev}
+		case r < 7:
+			ev = &events.Event{PID: pid, TID: tid, API: events.CuCtxDestroy, Addr: uint64(rng.IntN(3)) * 0x100, Device: dev,
+				Flags: events.FlagEntryOnly}
+		case r < 55:
+			ev = alloc(pid, events.CuMemAlloc, addr, 1, dev, 0xa)
+			ev.TID = tid
+		default:
+			ev = free(pid, events.CuMemFree, addr)
+			ev.TID = tid
+		}
+		l.Apply(ev)
+		p := l.Process(pid)
+		for _, tt := range []uint32{pid, pid + 100, pid + 200} {
+			want := slices.ContainsFunc(p.LiveAllocations(), func(a *Allocation) bool { return a.TID == tt && a.Untold() })
+			if p.Untold(tt) != want {
+				t.Fatalf("event %d (%+v): thread %d untold %v, its live allocations say %v", i, *ev, tt, p.Untold(tt), want)
+			}
+			if want {
+				untold++
+			}
+		}
+	}
+	if untold == 0 {
+		t.Fatal("no thread was ever untold: the test tests nothing")
 	}
 }

@@ -31,6 +31,11 @@ type learning struct {
 	pending map[thread]struct{} // threads that allocated on an unknown device or in an unnamed context, not known since
 	since   time.Time           // when the probes went on or last taught something (zero: not yet seen on)
 	allocs  bool                // an allocation was seen since they went on
+	// last is the thread last made pending, while it still is
+	// (lastSet): its next allocations, one after another, skip the map
+	// update.
+	last    thread
+	lastSet bool
 }
 
 type thread struct{ pid, tid uint32 }
@@ -50,10 +55,13 @@ func (l *learning) saw(ev *events.Event, ch ledger.Change, tr learner) {
 		if ev.Device != events.DeviceUnknown && (ch.Alloc == nil || !ch.Alloc.Untold()) {
 			return
 		}
-		if l.pending == nil {
-			l.pending = make(map[thread]struct{})
+		if t := (thread{ev.PID, ev.TID}); !l.lastSet || l.last != t {
+			if l.pending == nil {
+				l.pending = make(map[thread]struct{})
+			}
+			l.pending[t] = struct{}{}
+			l.last, l.lastSet = t, true
 		}
-		l.pending[thread{ev.PID, ev.TID}] = struct{}{}
 		if !tr.Learning() {
 			tr.Learn(true)
 			l.since = time.Now()
@@ -68,12 +76,14 @@ func (l *learning) saw(ev *events.Event, ch ledger.Change, tr learner) {
 		if ev.Device != events.DeviceUnknown && ev.API != events.CuDevicePrimaryCtxRetain &&
 			(ch.Process == nil || !ch.Process.Untold(ev.TID)) {
 			delete(l.pending, thread{ev.PID, ev.TID})
+			l.lastSet = false
 		}
 	}
 }
 
 // forget drops the threads of a process that ended (life.go end).
 func (l *learning) forget(pid uint32) {
+	l.lastSet = false
 	for t := range l.pending {
 		if t.pid == pid {
 			delete(l.pending, t)

@@ -92,3 +92,31 @@ func TestLearningUntold(t *testing.T) {
 		t.Fatal("still on once thread 1's context and device are known")
 	}
 }
+
+// TestLearningAgain: a thread settled (it said its device) that allocates
+// on an unknown device again is pending again, though it was the last
+// thread made pending before (saw skips the update for that one), and so
+// is one of a process forgotten in between.
+func TestLearningAgain(t *testing.T) {
+	tr := &fakeLearner{on: true}
+	var l learning
+	ev := func(api events.API, dev int32) {
+		l.saw(&events.Event{PID: 7, TID: 1, API: api, Device: dev}, ledger.Change{}, tr)
+	}
+	for _, settle := range []func(){
+		func() { ev(events.CuCtxGetDevice, 1) },
+		func() { l.forget(7) },
+	} {
+		ev(events.CuMemAlloc, events.DeviceUnknown)
+		ev(events.CuMemAlloc, events.DeviceUnknown)
+		settle()
+		if len(l.pending) != 0 {
+			t.Fatalf("pending %v after the thread settled", l.pending)
+		}
+		ev(events.CuMemAlloc, events.DeviceUnknown)
+		if _, ok := l.pending[thread{7, 1}]; !ok {
+			t.Fatal("a thread that allocated on an unknown device again is not pending")
+		}
+		ev(events.CuCtxGetDevice, 1)
+	}
+}

@@ -76,11 +76,18 @@ const pendingAfterExit = 5 * time.Second
 
 // lifeOf returns pid's life, born now if the session knew nothing of it.
 func (s *session) lifeOf(pid uint32) *life {
+	// The last one asked for first: a record's process is most often the
+	// last record's (a map look-up a record, and two for an allocation
+	// whose stack is checked after unwinding, otherwise). end forgets it.
+	if l := s.lastLife; l != nil && s.lastPID == pid {
+		return l
+	}
 	l := s.lives[pid]
 	if l == nil {
 		l = &life{}
 		s.lives[pid] = l
 	}
+	s.lastPID, s.lastLife = pid, l
 	return l
 }
 
@@ -104,6 +111,9 @@ func (s *session) end(pid uint32) {
 		return
 	}
 	delete(s.lives, pid)
+	if s.lastPID == pid {
+		s.lastLife = nil
+	}
 	s.learn.forget(pid)
 	s.uw.forget(pid)
 	if s.tr != nil && (l.layout || s.uw != nil) {

@@ -143,3 +143,20 @@ func TestZombieIsGone(t *testing.T) {
 		t.Error("the sweep kept a zombie's life")
 	}
 }
+
+// TestLifeOfAfterEnd: the life lifeOf remembers from the last call is not
+// handed out once ended: the PID's next process is born anew, and another
+// PID's life is its own.
+func TestLifeOfAfterEnd(t *testing.T) {
+	s := lifeSession(&eventLog{})
+	a := s.lifeOf(gonePID)
+	a.exe = "/bin/a"
+	if s.lifeOf(gonePID) != a || s.lifeOf(gonePID+1) == a {
+		t.Fatal("lifeOf: not the same life for one PID, or the same for two")
+	}
+	s.lifeOf(gonePID) // the last asked for again
+	s.end(gonePID)
+	if b := s.lifeOf(gonePID); b == a || b.exe != "" || s.lives[gonePID] != b {
+		t.Fatalf("after its end: life %p (exe %q), the ended one %p; want a new one, in lives", b, b.exe, a)
+	}
+}

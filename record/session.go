@@ -45,7 +45,10 @@ type session struct {
 	// lives is what the session itself keeps of each process from its
 	// birth to its end (life.go): the one owner of a process's state.
 	lives map[uint32]*life
-	ids   procmodel.BuildIDs
+	// lastPID's life is lastLife, the last lifeOf gave (nil: none).
+	lastPID  uint32
+	lastLife *life
+	ids      procmodel.BuildIDs
 
 	// en unwinds the records' stack windows as they come (unless
 	// Options.KeepStackWindows leaves that to replay) and merges their

@@ -472,6 +472,44 @@ func TestWireFormat(t *testing.T) {
 	}
 }
 
+// TestWireFormatEveryFit writes frames of every type and many sizes, some
+// past the buffer's end and some larger than the buffer, so that each
+// lands where the buffer has room for it whole (one Write) and where it
+// has not (three), and checks the bytes against appendFrame's.
+func TestWireFormatEveryFit(t *testing.T) {
+	var buf bytes.Buffer
+	w, err := NewWriter(&buf, testMeta())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), buf.Bytes()...)
+	for i := range 5000 {
+		n := (i * 37) % 301
+		if i%997 == 0 {
+			n = 300<<10 + i // larger than the buffer
+		}
+		payload := make([]byte, n)
+		for j := range payload {
+			payload[j] = byte(i + j)
+		}
+		typ := Type(1 + i%int(lastType))
+		if err := w.frame(typ, payload); err != nil {
+			t.Fatal(err)
+		}
+		want = appendFrame(want, byte(typ), payload)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(buf.Bytes(), want) {
+		i := 0
+		for i < min(buf.Len(), len(want)) && buf.Bytes()[i] == want[i] {
+			i++
+		}
+		t.Fatalf("wrote %d bytes, want %d: first difference at byte %d", buf.Len(), len(want), i)
+	}
+}
+
 // appendFrame encodes a frame independently of the Writer.
 func appendFrame(dst []byte, typ byte, payload []byte) []byte {
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(payload)))

@@ -19,8 +19,8 @@ import (
 type Writer struct {
 	f    *os.File // nil when writing to a plain io.Writer
 	w    *bufio.Writer
-	hdr  [5]byte
-	tail [4]byte
+	hdr  [frameHeader]byte
+	tail [frameTrailer]byte
 	err  error // sticky: after a failed write every later call returns it
 }
 
@@ -66,7 +66,11 @@ func (w *Writer) write(b []byte) {
 }
 
 // frame writes one frame: u32 payload length, u8 type, payload, u32
-// CRC-32C of type and payload, all little-endian.
+// CRC-32C of type and payload, all little-endian. A frame that fits in
+// what the buffer has free is put together there and handed over in one
+// Write, its CRC started from the type byte's, worked out once: the
+// recorder writes a frame per event, which took three Writes and a CRC
+// of the type byte alone each.
 func (w *Writer) frame(t Type, payload []byte) error {
 	if w.err != nil {
 		return w.err
@@ -74,16 +78,40 @@ func (w *Writer) frame(t Type, payload []byte) error {
 	if len(payload) > MaxFrame {
 		return fmt.Errorf("write %s frame of %d bytes: over the %d-byte limit", t, len(payload), MaxFrame)
 	}
+	crc := crc32.Update(typeCRC[t], castagnoli, payload)
+	if n := frameHeader + len(payload) + frameTrailer; n <= w.w.Available() {
+		b := w.w.AvailableBuffer()
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(payload)))
+		b = append(b, byte(t))
+		b = append(b, payload...)
+		b = binary.LittleEndian.AppendUint32(b, crc)
+		w.write(b)
+		return w.err
+	}
 	binary.LittleEndian.PutUint32(w.hdr[:4], uint32(len(payload)))
 	w.hdr[4] = byte(t)
-	crc := crc32.Update(0, castagnoli, w.hdr[4:5])
-	crc = crc32.Update(crc, castagnoli, payload)
 	w.write(w.hdr[:])
 	w.write(payload)
 	binary.LittleEndian.PutUint32(w.tail[:], crc)
 	w.write(w.tail[:])
 	return w.err
 }
+
+// A frame's bytes around its payload: the length and type before it, the
+// CRC after.
+const (
+	frameHeader  = 5
+	frameTrailer = 4
+)
+
+// typeCRC is the CRC-32C of each type byte alone: where every frame's CRC
+// starts.
+var typeCRC = func() (c [256]uint32) {
+	for t := range c {
+		c[t] = crc32.Update(0, castagnoli, []byte{byte(t)})
+	}
+	return c
+}()
 
 func (w *Writer) writeJSON(t Type, v any) error {
 	b, err := json.Marshal(v)

@@ -190,6 +190,10 @@ const (
 	StopRule                      // a rule or expression the unwinder does not follow
 	StopLoop                      // the stack pointer did not climb
 	StopMax                       // MaxFrames reached
+
+	// NumStopKinds is how many kinds of stop there are: the size of an
+	// array indexed by StopKind.
+	NumStopKinds = int(StopMax) + 1
 )
 
 func (s Stop) String() string {
