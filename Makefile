@@ -76,6 +76,7 @@ bench: build
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/readercpu.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/bpfcost.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/progcost.sh
+	CUDATRACE=$(CURDIR)/$(BIN) THREADS=2 LOAD=6 ./bench/burst.sh 10000000 1
 	$(if $(BENCH_PYTHON),CUDATRACE=$(CURDIR)/$(BIN) PYTHON=$(BENCH_PYTHON) ./bench/bpfcost.sh 20000 5,@echo "bench: no CPython 3.10-3.13 found for the Python walk's cost (BENCH_PYTHON=...)")
 	$(if $(BENCH_PYTHON),CUDATRACE=$(CURDIR)/$(BIN) PYTHON=$(BENCH_PYTHON) ./bench/readercpu.sh 300000 3,@echo "bench: no CPython 3.10-3.13 found for the reader's CPU on a CPython process (BENCH_PYTHON=...)")
 
