@@ -5,40 +5,6 @@
 #ifndef CT_ALLOC_H
 #define CT_ALLOC_H
 
-struct inflight {
-	__u64 ts_ns;
-	__u64 sp; // stack pointer at entry: tells the matching return from a nested one
-	__u64 out;
-	__u64 size;
-	__u64 aux1; // PITCH: size_t *pitch; 3D: extent.height; VMM_MAP: va
-	__u64 aux2; // PITCH: height;        3D: extent.depth;  VMM_MAP: handle
-	__u16 api;
-	__u16 shape;
-	__s32 device;
-};
-
-// A thread's entry is made at its first traced call and kept, written in
-// place, until the thread ends (exit.h forget_thread): a call between
-// entry and return has sp set, a finished one sp 0. An update and a
-// delete a call (a bucket lock and the free list each) cost more than the
-// lookup that finds the entry.
-CT_MAP(BPF_MAP_TYPE_HASH, inflight, __u32, struct inflight, 16384); // key: tid
-
-
-// Each thread's latest free, to know the driver's free that a runtime free
-// makes inside itself (cudaFree -> cuMemFree_v2: the same pointer, deeper in
-// the stack, within a millisecond) from a free of its own. An allocation
-// record of the thread clears it: the address may come back and be freed
-// again (a loop of cudaMalloc and cudaFree frees one address from one
-// place over and over).
-struct last_free {
-	__u64 addr;
-	__u64 sp;
-	__u64 ts_ns;
-};
-
-CT_MAP(BPF_MAP_TYPE_LRU_HASH, last_free, __u32, struct last_free, 65536); // key: tid
-
 #define CT_NESTED_FREE_NS 1000000
 
 
@@ -55,7 +21,8 @@ static __always_inline int remember(struct pt_regs *ctx, __u16 shape, __u64 out,
 		return 0;
 
 	__u64 sp = PT_REGS_SP(ctx);
-	struct inflight *cur = bpf_map_lookup_elem(&inflight, &tid);
+	struct ct_thread *t = bpf_map_lookup_elem(&threads, &tid);
+	struct inflight *cur = t ? &t->call : NULL;
 	if (cur && cur->sp) {
 		if (sp < cur->sp) { // deeper in the same thread's stack: nested
 			count(CT_CNT_NESTED);
@@ -81,7 +48,7 @@ static __always_inline int remember(struct pt_regs *ctx, __u16 shape, __u64 out,
 	};
 	if (cur)
 		*cur = in; // only this thread writes or reads its entry
-	else if (bpf_map_update_elem(&inflight, &tid, &in, BPF_ANY))
+	else if (!thread_get(tid, &in)) // its first call
 		count(CT_CNT_INFLIGHT_FULL);
 	return 0;
 }
@@ -428,22 +395,21 @@ static __always_inline void alloc_result(struct inflight *in, __s32 result, __u6
 	}
 }
 
-// forget_free clears the thread's latest free (last_free), in place (a
-// lookup costs less than a delete), the entry kept for its next free:
-// after an allocation its address may come back.
-static __always_inline void forget_free(__u32 tid)
+// forget_free clears the thread's latest free (t: its entry), in place,
+// the entry kept for its next free: after an allocation its address may
+// come back.
+static __always_inline void forget_free(struct ct_thread *t)
 {
-	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);
-	if (lf)
-		lf->addr = 0;
+	t->free.addr = 0;
 }
 
 static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id;
-	struct inflight *in = bpf_map_lookup_elem(&inflight, &tid);
-	if (!in || !in->sp) {
+	struct ct_thread *t = bpf_map_lookup_elem(&threads, &tid);
+	struct inflight *in = t ? &t->call : NULL;
+	if (!t || !in->sp) {
 		// Only a traced process's: another process calling the same
 		// library file runs this probe too.
 		if (traced(id >> 32))
@@ -459,8 +425,8 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	__s32 result = (__s32)PT_REGS_RC(ctx);
 	if (in->shape == CT_SHAPE_SETDEV) {
 		if (result == 0) {
-			__s32 dev = (__s32)in->aux1;
-			bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+			t->dev = (__s32)in->aux1;
+			t->dev_known = 1;
 		}
 		call_done(in);
 		return 0;
@@ -474,7 +440,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	// The thread's device now: unknown at entry, it may have been learned
 	// inside the call (the runtime asks the driver for its context:
 	// ct_learn_exit).
-	__s32 dev = in->device == CT_DEV_UNKNOWN ? current_device(tid) : in->device;
+	__s32 dev = in->device == CT_DEV_UNKNOWN ? thread_device(t) : in->device;
 	__u64 ts = in->ts_ns, dur = bpf_ktime_get_boot_ns() - ts;
 	// A VMM mapping's record has no window to leave out.
 	int keepable = in->shape != CT_SHAPE_VMM_MAP && nowindow_ok();
@@ -492,7 +458,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 		fill_event(&v->r.h, id, ts, dur, in->api, 0, addr, size, dev, result);
 		call_done(in);
 		keep_nowindow(ctx, v, seq, pw);
-		forget_free(tid);
+		forget_free(t);
 		return 0;
 	}
 	fill_event(&e->h, id, ts, dur, in->api, 0, addr, size, dev, result);
@@ -515,7 +481,7 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
 	finish_alloc(ctx, e, pw);
-	forget_free(tid);
+	forget_free(t);
 	return 0;
 }
 
@@ -549,7 +515,8 @@ static __always_inline int free_enter(struct pt_regs *ctx, __u64 size)
 
 	__u32 tid = (__u32)id;
 	__u64 sp = PT_REGS_SP(ctx), now = bpf_ktime_get_boot_ns();
-	struct last_free *lf = bpf_map_lookup_elem(&last_free, &tid);
+	struct ct_thread *t = thread_get(tid, NULL);
+	struct last_free *lf = t ? &t->free : NULL;
 	if (lf && lf->addr == addr && sp < lf->sp && now - lf->ts_ns < CT_NESTED_FREE_NS) {
 		count(CT_CNT_NESTED); // the runtime's free, reaching the driver: counted once
 		return 0;
@@ -558,12 +525,9 @@ static __always_inline int free_enter(struct pt_regs *ctx, __u64 size)
 		lf->addr = addr;
 		lf->sp = sp;
 		lf->ts_ns = now;
-	} else {
-		struct last_free nf = {.addr = addr, .sp = sp, .ts_ns = now};
-		bpf_map_update_elem(&last_free, &tid, &nf, BPF_ANY);
 	}
 
-	submit_entry(id, now, (__u16)bpf_get_attach_cookie(ctx), addr, size, current_device(tid));
+	submit_entry(id, now, (__u16)bpf_get_attach_cookie(ctx), addr, size, thread_device(t));
 	return 0;
 }
 

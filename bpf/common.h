@@ -26,8 +26,51 @@ struct {
 CT_MAP(BPF_MAP_TYPE_HASH, pids, __u32, __u8, 16384); // key: tgid
 
 
-// The CUDA runtime's current device is per thread: cudaSetDevice sets it.
-CT_MAP(BPF_MAP_TYPE_LRU_HASH, thread_dev, __u32, __s32, 65536); // key: tid
+// A thread's allocation call between its entry and return (alloc.h).
+struct inflight {
+	__u64 ts_ns;
+	__u64 sp; // stack pointer at entry: tells the matching return from a nested one; 0 between calls
+	__u64 out;
+	__u64 size;
+	__u64 aux1; // PITCH: size_t *pitch; 3D: extent.height; VMM_MAP: va
+	__u64 aux2; // PITCH: height;        3D: extent.depth;  VMM_MAP: handle
+	__u16 api;
+	__u16 shape;
+	__s32 device;
+};
+
+// A thread's latest free, to know the driver's free that a runtime free
+// makes inside itself (cudaFree -> cuMemFree_v2: the same pointer, deeper in
+// the stack, within a millisecond) from a free of its own. An allocation
+// record of the thread clears it: the address may come back and be freed
+// again (a loop of cudaMalloc and cudaFree frees one address from one
+// place over and over).
+struct last_free {
+	__u64 addr;
+	__u64 sp;
+	__u64 ts_ns;
+};
+
+// What BPF keeps of a thread: the allocation call it is in, its latest
+// free, and its device (the CUDA runtime's current device is per thread:
+// cudaSetDevice sets it, and the context calls, contexts.h). One entry,
+// found by one lookup a probe: in three maps by thread, a pair of
+// allocation and free took five lookups, at ~100 ns each on the VMs here
+// more than the rest of the entry programs. Made at the thread's first
+// traced call, written in place after that (only the thread writes its
+// entry), dropped at the thread's end (exit.h forget_thread). A hash map,
+// not an LRU: an entry evicted while its thread lives would lose the
+// thread's device or a call under way. Its size is Go's (MaxInflight);
+// when it is full a thread's calls are counted lost (inflight_full) and
+// its device untold.
+struct ct_thread {
+	struct inflight call;
+	struct last_free free;
+	__s32 dev; // the thread's device, where dev_known
+	__u32 dev_known;
+};
+
+CT_MAP(BPF_MAP_TYPE_HASH, threads, __u32, struct ct_thread, 16384); // key: tid
 
 
 // A process the reader has heard of, from its first record or note to its
@@ -107,8 +150,8 @@ static __always_inline int traced(__u32 tgid)
 	return bpf_map_lookup_elem(&pids, &tgid) != NULL;
 }
 
-// current_device is the calling thread's device. Without an entry in
-// thread_dev: 0 for a thread started after tracing began (the runtime's
+// current_device is the calling thread's device. Where its entry says
+// none: 0 for a thread started after tracing began (the runtime's
 // default device; the driver's calls fail without a context, and the
 // context calls say the device), CT_DEV_UNKNOWN for one that ran before
 // (its current context or device was set unseen: learned from its own
@@ -124,12 +167,44 @@ static __always_inline int started_before_tracing(void)
 	return !(v && *v == CT_PID_CUDA_LATER);
 }
 
+// thread_device is current_device of a thread whose entry (NULL: none)
+// is in hand.
+static __always_inline __s32 thread_device(struct ct_thread *t)
+{
+	if (t && t->dev_known)
+		return t->dev;
+	return started_before_tracing() ? CT_DEV_UNKNOWN : 0;
+}
+
 static __always_inline __s32 current_device(__u32 tid)
 {
-	__s32 *d = bpf_map_lookup_elem(&thread_dev, &tid);
-	if (d)
-		return *d;
-	return started_before_tracing() ? CT_DEV_UNKNOWN : 0;
+	return thread_device(bpf_map_lookup_elem(&threads, &tid));
+}
+
+// thread_get returns thread tid's entry, made (with call, its first
+// call, in it) if it has none; NULL where the map is full.
+static __always_inline struct ct_thread *thread_get(__u32 tid, struct inflight *call)
+{
+	struct ct_thread *t = bpf_map_lookup_elem(&threads, &tid);
+	if (t)
+		return t;
+	struct ct_thread fresh = {};
+	if (call)
+		fresh.call = *call;
+	bpf_map_update_elem(&threads, &tid, &fresh, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+// set_device makes dev thread tid's device.
+static __always_inline void set_device(__u32 tid, __s32 dev)
+{
+	struct ct_thread *t = thread_get(tid, NULL);
+	if (!t) {
+		count(CT_CNT_MAP_FULL);
+		return;
+	}
+	t->dev = dev;
+	t->dev_known = 1;
 }
 
 // wakeup_flags says how to submit e, a record reserved at size bytes. A

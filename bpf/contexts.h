@@ -120,7 +120,7 @@ static __always_inline void follow_top(__u32 tid, struct ctx_stack *st)
 		d = CT_DEV_UNKNOWN;
 	else
 		return;
-	bpf_map_update_elem(&thread_dev, &tid, &d, BPF_ANY);
+	set_device(tid, d);
 }
 
 static __always_inline void ctx_push(__u32 tid, struct ctx_stack *st, __u64 handle)
@@ -467,7 +467,7 @@ static __always_inline int learned_pop(struct pt_regs *ctx, __u64 id, struct ctx
 	__u32 tid = (__u32)id;
 	__s32 dev = CT_DEV_UNKNOWN;
 	st->depth = 0;
-	bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+	set_device(tid, dev);
 	ctx_record(ctx, id, handle, dev, 0);
 	return 0;
 }
@@ -514,7 +514,7 @@ int ct_learn_exit(struct pt_regs *ctx)
 		__s32 *known = bpf_map_lookup_elem(&ctx_dev, &vk);
 		if (known) {
 			dev = *known;
-			bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+			set_device(tid, dev);
 		}
 		break;
 	case CT_SHAPE_LEARN_CTXDEV:
@@ -522,10 +522,10 @@ int ct_learn_exit(struct pt_regs *ctx)
 			struct ctx_key tk = ctx_key_of(id, top_before);
 			bpf_map_update_elem(&ctx_dev, &tk, &dev, BPF_ANY);
 		}
-		bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+		set_device(tid, dev);
 		break;
 	default: // CT_SHAPE_LEARN_RTDEV
-		bpf_map_update_elem(&thread_dev, &tid, &dev, BPF_ANY);
+		set_device(tid, dev);
 		break;
 	}
 	__s32 after = current_device(tid);

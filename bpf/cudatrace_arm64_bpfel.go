@@ -169,6 +169,30 @@ const (
 	CudatraceCtShapeCT_SHAPE_LEARN_POP       CudatraceCtShape = 23
 )
 
+type CudatraceCtThread struct {
+	_    structs.HostLayout
+	Call struct {
+		_      structs.HostLayout
+		TsNs   uint64
+		Sp     uint64
+		Out    uint64
+		Size   uint64
+		Aux1   uint64
+		Aux2   uint64
+		Api    uint16
+		Shape  uint16
+		Device int32
+	}
+	Free struct {
+		_    structs.HostLayout
+		Addr uint64
+		Sp   uint64
+		TsNs uint64
+	}
+	Dev      int32
+	DevKnown uint32
+}
+
 type CudatraceCtUsdtSpec struct {
 	_      structs.HostLayout
 	Api    uint16
@@ -292,26 +316,6 @@ type CudatraceDlWalk struct {
 	Seen  uint32
 }
 
-type CudatraceInflight struct {
-	_      structs.HostLayout
-	TsNs   uint64
-	Sp     uint64
-	Out    uint64
-	Size   uint64
-	Aux1   uint64
-	Aux2   uint64
-	Api    uint16
-	Shape  uint16
-	Device int32
-}
-
-type CudatraceLastFree struct {
-	_    structs.HostLayout
-	Addr uint64
-	Sp   uint64
-	TsNs uint64
-}
-
 type CudatraceNowindowVal struct {
 	_     structs.HostLayout
 	R     CudatraceCtAllocEvent
@@ -431,8 +435,6 @@ const (
 	CudatraceMapDlScratch              = "dl_scratch"
 	CudatraceMapDlWalks                = "dl_walks"
 	CudatraceMapEvents                 = "events"
-	CudatraceMapInflight               = "inflight"
-	CudatraceMapLastFree               = "last_free"
 	CudatraceMapNowindow               = "nowindow"
 	CudatraceMapPids                   = "pids"
 	CudatraceMapPrimaries              = "primaries"
@@ -443,7 +445,7 @@ const (
 	CudatraceMapPyScratch              = "py_scratch"
 	CudatraceMapPySeen                 = "py_seen"
 	CudatraceMapPyThreads              = "py_threads"
-	CudatraceMapThreadDev              = "thread_dev"
+	CudatraceMapThreads                = "threads"
 	CudatraceMapUsdtSpecs              = "usdt_specs"
 	CudatraceMapUwIndex                = "uw_index"
 	CudatraceMapUwProcs                = "uw_procs"
@@ -600,8 +602,6 @@ type CudatraceMapSpecs struct {
 	DlScratch   *ebpf.MapSpec `ebpf:"dl_scratch"`
 	DlWalks     *ebpf.MapSpec `ebpf:"dl_walks"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
-	Inflight    *ebpf.MapSpec `ebpf:"inflight"`
-	LastFree    *ebpf.MapSpec `ebpf:"last_free"`
 	Nowindow    *ebpf.MapSpec `ebpf:"nowindow"`
 	Pids        *ebpf.MapSpec `ebpf:"pids"`
 	Primaries   *ebpf.MapSpec `ebpf:"primaries"`
@@ -612,7 +612,7 @@ type CudatraceMapSpecs struct {
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
 	PySeen      *ebpf.MapSpec `ebpf:"py_seen"`
 	PyThreads   *ebpf.MapSpec `ebpf:"py_threads"`
-	ThreadDev   *ebpf.MapSpec `ebpf:"thread_dev"`
+	Threads     *ebpf.MapSpec `ebpf:"threads"`
 	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
 	UwIndex     *ebpf.MapSpec `ebpf:"uw_index"`
 	UwProcs     *ebpf.MapSpec `ebpf:"uw_procs"`
@@ -679,8 +679,6 @@ type CudatraceMaps struct {
 	DlScratch   *ebpf.Map `ebpf:"dl_scratch"`
 	DlWalks     *ebpf.Map `ebpf:"dl_walks"`
 	Events      *ebpf.Map `ebpf:"events"`
-	Inflight    *ebpf.Map `ebpf:"inflight"`
-	LastFree    *ebpf.Map `ebpf:"last_free"`
 	Nowindow    *ebpf.Map `ebpf:"nowindow"`
 	Pids        *ebpf.Map `ebpf:"pids"`
 	Primaries   *ebpf.Map `ebpf:"primaries"`
@@ -691,7 +689,7 @@ type CudatraceMaps struct {
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
 	PySeen      *ebpf.Map `ebpf:"py_seen"`
 	PyThreads   *ebpf.Map `ebpf:"py_threads"`
-	ThreadDev   *ebpf.Map `ebpf:"thread_dev"`
+	Threads     *ebpf.Map `ebpf:"threads"`
 	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
 	UwIndex     *ebpf.Map `ebpf:"uw_index"`
 	UwProcs     *ebpf.Map `ebpf:"uw_procs"`
@@ -709,8 +707,6 @@ func (m *CudatraceMaps) Close() error {
 		m.DlScratch,
 		m.DlWalks,
 		m.Events,
-		m.Inflight,
-		m.LastFree,
 		m.Nowindow,
 		m.Pids,
 		m.Primaries,
@@ -721,7 +717,7 @@ func (m *CudatraceMaps) Close() error {
 		m.PyScratch,
 		m.PySeen,
 		m.PyThreads,
-		m.ThreadDev,
+		m.Threads,
 		m.UsdtSpecs,
 		m.UwIndex,
 		m.UwProcs,

@@ -23,15 +23,13 @@ struct signal_struct___ct {
 // by process and device): more than a node has GPUs.
 #define CT_MAX_DEVICES 32
 
-// forget_thread drops what BPF keeps of a thread: a thread that ends
-// inside a traced call, its context stack, its device, its CPython thread
-// state. Its thread id may be any other thread's next.
+// forget_thread drops what BPF keeps of a thread: its entry (a call it
+// ended inside, its latest free, its device), its context stack, its
+// CPython thread state. Its thread id may be any other thread's next.
 static __always_inline void forget_thread(__u32 tid)
 {
-	bpf_map_delete_elem(&inflight, &tid);
+	bpf_map_delete_elem(&threads, &tid);
 	bpf_map_delete_elem(&ctx_inflight, &tid);
-	bpf_map_delete_elem(&thread_dev, &tid);
-	bpf_map_delete_elem(&last_free, &tid);
 	bpf_map_delete_elem(&ctx_stacks, &tid);
 	bpf_map_delete_elem(&py_threads, &tid);
 }

@@ -42,7 +42,8 @@ type Options struct {
 	// come back before a record is lost.
 	WakeupBytes  uint64
 	PollInterval time.Duration
-	// MaxInflight bounds calls remembered between entry and return.
+	// MaxInflight bounds the threads BPF keeps a call, a free and a device
+	// of (bpf/common.h threads): those alive that made a traced call.
 	MaxInflight uint32
 	// StackWindow is how many bytes of user stack each allocation record
 	// carries, from the stack pointer up, for unwinding code built without
@@ -244,7 +245,7 @@ func New(opts Options) (*Tracer, error) {
 		}
 	}
 	spec.Maps[bpf.CudatraceMapEvents].MaxEntries = opts.RingBytes
-	spec.Maps[bpf.CudatraceMapInflight].MaxEntries = opts.MaxInflight
+	spec.Maps[bpf.CudatraceMapThreads].MaxEntries = opts.MaxInflight
 	spec.Maps[bpf.CudatraceMapUwRows].MaxEntries = opts.UnwindRows
 	spec.Maps[bpf.CudatraceMapUwIndex].MaxEntries = opts.UnwindRows
 
@@ -781,8 +782,7 @@ type MapUse struct {
 // per-file state: what must stay bounded by what is alive (MapUse).
 var KeyedMaps = []string{
 	bpf.CudatraceMapProcs, bpf.CudatraceMapPids, bpf.CudatraceMapPyProcs, bpf.CudatraceMapPyThreads,
-	bpf.CudatraceMapPySeen, bpf.CudatraceMapPyFiles, bpf.CudatraceMapThreadDev, bpf.CudatraceMapInflight,
-	bpf.CudatraceMapLastFree, bpf.CudatraceMapCtxStacks, bpf.CudatraceMapCtxInflight, bpf.CudatraceMapPrimaries,
+	bpf.CudatraceMapPySeen, bpf.CudatraceMapPyFiles, bpf.CudatraceMapThreads, bpf.CudatraceMapCtxStacks, bpf.CudatraceMapCtxInflight, bpf.CudatraceMapPrimaries,
 	bpf.CudatraceMapCtxDev, bpf.CudatraceMapCtxRefs, bpf.CudatraceMapUwProcs,
 }
 
@@ -1003,7 +1003,7 @@ func LossHint(c map[string]uint64, ring uint32) string {
 		}
 	}
 	if n := c["inflight_full"]; n > 0 {
-		parts = append(parts, fmt.Sprintf("%d with %d calls already in flight: too many threads inside CUDA calls at once", n, DefaultMaxInflight))
+		parts = append(parts, fmt.Sprintf("%d with %d threads already kept: more live threads have made CUDA calls than BPF keeps", n, DefaultMaxInflight))
 	}
 	if n := c["no_entry"] + c["stale_entry"]; n > 0 {
 		parts = append(parts, fmt.Sprintf("%d calls whose entry was missed (in progress when the probes attached)", n))

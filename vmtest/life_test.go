@@ -292,7 +292,7 @@ func TestAgentManyPythonProcesses(t *testing.T) {
 			break
 		}
 	}
-	for _, name := range []string{"procs", "pids", "py_procs", "py_threads", "thread_dev", "inflight", "ctx_stacks", "ctx_inflight", "last_free"} {
+	for _, name := range []string{"procs", "pids", "py_procs", "py_threads", "threads", "ctx_stacks", "ctx_inflight"} {
 		u, ok := uses[name]
 		if !ok {
 			t.Errorf("no cudatrace_bpf_map_entries for map %s (have %v)", name, uses)

@@ -72,7 +72,7 @@ const soakSlack = 64
 var soakMaps = map[string]string{
 	"pids": "process", "seen": "process", "noted": "process", "dl_last": "process", "py_procs": "process",
 	"primaries": "process", "py_seen": "process",
-	"thread_dev": "thread", "inflight": "thread", "last_free": "thread", "ctx_stacks": "thread",
+	"threads": "thread", "ctx_stacks": "thread",
 	"ctx_inflight": "thread", "py_threads": "thread",
 	"py_files": "file",
 }
