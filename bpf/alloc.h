@@ -426,7 +426,6 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	if (in->shape == CT_SHAPE_SETDEV) {
 		if (result == 0) {
 			t->dev = (__s32)in->aux1;
-			t->dev_known = 1;
 		}
 		call_done(in);
 		return 0;

@@ -66,8 +66,12 @@ struct last_free {
 struct ct_thread {
 	struct inflight call;
 	struct last_free free;
-	__s32 dev; // the thread's device, where dev_known
-	__u32 dev_known;
+	// The thread's device: at the entry's making, what current_device
+	// says of a thread no call has told (a property of the thread and its
+	// process, read once: its task's start time took a kernel read at
+	// every record), then what its calls tell.
+	__s32 dev;
+	__u32 pad;
 };
 
 CT_MAP(BPF_MAP_TYPE_HASH, threads, __u32, struct ct_thread, 16384); // key: tid
@@ -150,8 +154,8 @@ static __always_inline int traced(__u32 tgid)
 	return bpf_map_lookup_elem(&pids, &tgid) != NULL;
 }
 
-// current_device is the calling thread's device. Where its entry says
-// none: 0 for a thread started after tracing began (the runtime's
+// current_device is the calling thread's device. Of a thread no call has
+// told its device (untold_device): 0 for a thread started after tracing began (the runtime's
 // default device; the driver's calls fail without a context, and the
 // context calls say the device), CT_DEV_UNKNOWN for one that ran before
 // (its current context or device was set unseen: learned from its own
@@ -167,13 +171,17 @@ static __always_inline int started_before_tracing(void)
 	return !(v && *v == CT_PID_CUDA_LATER);
 }
 
+// untold_device is the device of a thread no call has told its device.
+static __always_inline __s32 untold_device(void)
+{
+	return started_before_tracing() ? CT_DEV_UNKNOWN : 0;
+}
+
 // thread_device is current_device of a thread whose entry (NULL: none)
 // is in hand.
 static __always_inline __s32 thread_device(struct ct_thread *t)
 {
-	if (t && t->dev_known)
-		return t->dev;
-	return started_before_tracing() ? CT_DEV_UNKNOWN : 0;
+	return t ? t->dev : untold_device();
 }
 
 static __always_inline __s32 current_device(__u32 tid)
@@ -188,7 +196,7 @@ static __always_inline struct ct_thread *thread_get(__u32 tid, struct inflight *
 	struct ct_thread *t = bpf_map_lookup_elem(&threads, &tid);
 	if (t)
 		return t;
-	struct ct_thread fresh = {};
+	struct ct_thread fresh = {.dev = untold_device()};
 	if (call)
 		fresh.call = *call;
 	bpf_map_update_elem(&threads, &tid, &fresh, BPF_NOEXIST);
@@ -204,7 +212,6 @@ static __always_inline void set_device(__u32 tid, __s32 dev)
 		return;
 	}
 	t->dev = dev;
-	t->dev_known = 1;
 }
 
 // wakeup_flags says how to submit e, a record reserved at size bytes. A
