@@ -782,8 +782,9 @@ type MapUse struct {
 // per-file state: what must stay bounded by what is alive (MapUse).
 var KeyedMaps = []string{
 	bpf.CudatraceMapProcs, bpf.CudatraceMapPids, bpf.CudatraceMapPyProcs, bpf.CudatraceMapPyThreads,
-	bpf.CudatraceMapPySeen, bpf.CudatraceMapPyFiles, bpf.CudatraceMapThreads, bpf.CudatraceMapCtxStacks, bpf.CudatraceMapCtxInflight, bpf.CudatraceMapPrimaries,
-	bpf.CudatraceMapCtxDev, bpf.CudatraceMapCtxRefs, bpf.CudatraceMapUwProcs,
+	bpf.CudatraceMapPySeen, bpf.CudatraceMapPyFiles, bpf.CudatraceMapThreads, bpf.CudatraceMapCtxStacks,
+	bpf.CudatraceMapCtxInflight, bpf.CudatraceMapPrimaries, bpf.CudatraceMapCtxDev, bpf.CudatraceMapCtxRefs,
+	bpf.CudatraceMapUwProcs,
 }
 
 // MapUses counts the entries of each of KeyedMaps, by walking its keys
