@@ -17,11 +17,11 @@ static __always_inline int remember(struct pt_regs *ctx, __u16 shape, __u64 out,
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
-	if (!traced(tgid))
+	struct ct_thread *t = bpf_map_lookup_elem(&threads, &tid);
+	if (!thread_traced(t, tgid))
 		return 0;
 
 	__u64 sp = PT_REGS_SP(ctx);
-	struct ct_thread *t = bpf_map_lookup_elem(&threads, &tid);
 	struct inflight *cur = t ? &t->call : NULL;
 	if (cur && cur->sp) {
 		if (sp < cur->sp) { // deeper in the same thread's stack: nested
@@ -115,8 +115,10 @@ int ct_setdev_enter(struct pt_regs *ctx)
 // submit_alloc finishes an allocation record reserved at
 // alloc_record_size() whose header is filled: the stack (unwound here with
 // --keep-stack-windows, else from the frame pointers), the stack window,
-// the Python frames py_walk found (pw); and submits it.
-static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw)
+// the Python frames py_walk found (pw); and submits it. t is the thread's
+// entry (NULL: none in hand), for wakeup_flags.
+static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw,
+					 struct ct_thread *t)
 {
 	if (uw_mode == CT_UW_BOTH && window_size() && uw_stack(ctx, e, e->h.flags & CT_F_ENTRY_ONLY))
 		e->h.flags |= CT_F_UNWOUND;
@@ -130,7 +132,7 @@ static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_ev
 	user_window(ctx, e);
 	py_put(&e->h, (__u8 *)e + record_used(e), pw);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size()));
+	bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size(), t));
 }
 
 // uw_small says that allocation records are reserved at
@@ -246,7 +248,7 @@ static __always_inline int nowindow_out(struct nowindow_val *v, __u32 used, __u6
 	}
 	count(CT_CNT_RB_NOWINDOW);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(e, size));
+	bpf_ringbuf_submit(e, wakeup_flags(e, size, NULL));
 	return 1;
 }
 
@@ -305,7 +307,8 @@ static __always_inline void keep_nowindow(struct pt_regs *ctx, struct nowindow_v
 // Python frames; and submits it. Where the unwind falls back, the record
 // is made again at alloc_record_size() with the frame-pointer walk and
 // the window (submit_alloc), and this one is discarded.
-static __always_inline void submit_small(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw)
+static __always_inline void submit_small(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw,
+					 struct ct_thread *t)
 {
 	if (uw_stack(ctx, e, e->h.flags & CT_F_ENTRY_ONLY)) {
 		e->h.flags |= CT_F_UNWOUND;
@@ -315,7 +318,7 @@ static __always_inline void submit_small(struct pt_regs *ctx, struct ct_alloc_ev
 		__u32 used = sizeof(struct ct_event) + (n & 127) * 8;
 		py_put(&e->h, (__u8 *)e + used, pw);
 		count(CT_CNT_EVENTS);
-		bpf_ringbuf_submit(e, wakeup_flags(&e->h, small_record_size()));
+		bpf_ringbuf_submit(e, wakeup_flags(&e->h, small_record_size(), t));
 		return;
 	}
 	struct ct_alloc_event *b = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
@@ -326,7 +329,7 @@ static __always_inline void submit_small(struct pt_regs *ctx, struct ct_alloc_ev
 	}
 	b->h = e->h;
 	bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
-	submit_alloc(ctx, b, pw);
+	submit_alloc(ctx, b, pw, t);
 }
 
 // reserve_alloc reserves an allocation record: small where it is unwound
@@ -339,12 +342,13 @@ static __always_inline struct ct_alloc_event *reserve_alloc(void)
 }
 
 // finish_alloc finishes a record reserve_alloc made.
-static __always_inline void finish_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw)
+static __always_inline void finish_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw,
+					 struct ct_thread *t)
 {
 	if (uw_small())
-		submit_small(ctx, e, pw);
+		submit_small(ctx, e, pw, t);
 	else
-		submit_alloc(ctx, e, pw);
+		submit_alloc(ctx, e, pw, t);
 }
 
 // walk_python walks the calling thread's Python frames and captures the
@@ -472,14 +476,14 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 			e->h.flags |= CT_F_STACK_TRUNC;
 		count(CT_CNT_EVENTS);
 		// no stack window: its frames sit one slot on
-		bpf_ringbuf_submit(e, wakeup_flags(&e->h, uw_small() ? small_record_size() : alloc_record_size()));
+		bpf_ringbuf_submit(e, wakeup_flags(&e->h, uw_small() ? small_record_size() : alloc_record_size(), t));
 		return 0;
 	}
 	call_done(in);
 
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
-	finish_alloc(ctx, e, pw);
+	finish_alloc(ctx, e, pw, t);
 	forget_free(t);
 	return 0;
 }
@@ -505,28 +509,30 @@ int ct_exit_noloop(struct pt_regs *ctx)
 static __always_inline int free_enter(struct pt_regs *ctx, __u64 size)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32;
-	if (!traced(tgid))
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	struct ct_thread *t = bpf_map_lookup_elem(&threads, &tid);
+	if (!thread_traced(t, tgid))
 		return 0;
 	__u64 addr = PT_REGS_PARM1(ctx);
 	if (addr == 0)
 		return 0; // cudaFree(NULL) is a no-op (and a common way to init a context)
 
-	__u32 tid = (__u32)id;
 	__u64 sp = PT_REGS_SP(ctx), now = bpf_ktime_get_boot_ns();
-	struct ct_thread *t = thread_get(tid, NULL);
-	struct last_free *lf = t ? &t->free : NULL;
-	if (lf && lf->addr == addr && sp < lf->sp && now - lf->ts_ns < CT_NESTED_FREE_NS) {
-		count(CT_CNT_NESTED); // the runtime's free, reaching the driver: counted once
-		return 0;
-	}
-	if (lf) { // written in place: only this thread writes its entry
+	if (!t)
+		t = thread_get(tid, NULL); // its first traced call
+	if (t) {
+		struct last_free *lf = &t->free;
+		if (lf->addr == addr && sp < lf->sp && now - lf->ts_ns < CT_NESTED_FREE_NS) {
+			count(CT_CNT_NESTED); // the runtime's free, reaching the driver: counted once
+			return 0;
+		}
+		// written in place: only this thread writes its entry
 		lf->addr = addr;
 		lf->sp = sp;
 		lf->ts_ns = now;
 	}
 
-	submit_entry(id, now, (__u16)bpf_get_attach_cookie(ctx), addr, size, thread_device(t));
+	submit_entry(id, now, (__u16)bpf_get_attach_cookie(ctx), addr, size, thread_device(t), t);
 	return 0;
 }
 

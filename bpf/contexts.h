@@ -147,7 +147,7 @@ static __always_inline void ctx_pop(__u32 tid, struct ctx_stack *st)
 // context's allocations (implicit frees).
 static __always_inline void ctx_record(struct pt_regs *ctx, __u64 id, __u64 handle, __s32 dev, __u64 after)
 {
-	submit_entry(id, bpf_ktime_get_boot_ns(), (__u16)bpf_get_attach_cookie(ctx), handle, after, dev);
+	submit_entry(id, bpf_ktime_get_boot_ns(), (__u16)bpf_get_attach_cookie(ctx), handle, after, dev, NULL);
 }
 
 // Context calls between entry and return. Apart from `inflight`: the

@@ -189,8 +189,8 @@ type CudatraceCtThread struct {
 		Sp   uint64
 		TsNs uint64
 	}
-	Dev int32
-	Pad uint32
+	Dev   int32
+	Flags uint32
 }
 
 type CudatraceCtUsdtSpec struct {

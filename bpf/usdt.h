@@ -42,15 +42,19 @@ static __always_inline __u64 usdt_arg(struct pt_regs *ctx, const struct ct_usdt_
 static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	if (!traced(id >> 32))
+	__u32 tid = (__u32)id;
+	struct ct_thread *t = bpf_map_lookup_elem(&threads, &tid);
+	if (!thread_traced(t, id >> 32))
 		return 0;
+	if (!t)
+		t = thread_get(tid, NULL); // its first traced call (NULL: the map is full)
 	__u32 key = (__u32)bpf_get_attach_cookie(ctx);
 	struct ct_usdt_spec *spec = bpf_map_lookup_elem(&usdt_specs, &key);
 	if (!spec)
 		return 0;
 	__u64 ptr = usdt_arg(ctx, &spec->args[0]);
 	if (spec->is_free) {
-		submit_entry(id, bpf_ktime_get_boot_ns(), spec->api, ptr, 0, current_device((__u32)id));
+		submit_entry(id, bpf_ktime_get_boot_ns(), spec->api, ptr, 0, thread_device(t), t);
 		return 0;
 	}
 	struct py_walked pw = walk_python(ctx, id, use_loop);
@@ -73,7 +77,7 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 	fill_event(&e->h, id, bpf_ktime_get_boot_ns(), 0, spec->api, CT_F_ENTRY_ONLY, ptr, size, dev, 0);
 	// The probe sits in the allocator's function body, past its prologue:
 	// the frame-pointer chain starts at its caller's frame.
-	finish_alloc(ctx, e, pw);
+	finish_alloc(ctx, e, pw, t);
 	return 0;
 }
 
