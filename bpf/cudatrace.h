@@ -142,7 +142,14 @@ enum ct_counter {
 	// for the window (a burst), but had for the record; the ledger
 	// misses nothing, the stack may be shallower
 	CT_CNT_RB_NOWINDOW = 14,
-	CT_CNT_MAX = 15,
+	// of the stacks unwound in BPF, those taken from the memo of an
+	// earlier unwind from the same place (unwind.h uw_memo), every word
+	// it read found unchanged
+	CT_CNT_UW_MEMO = 15,
+	// a memo of the place found, and a word or register it used changed
+	// since: the stack unwound again
+	CT_CNT_UW_MEMO_CHANGED = 16,
+	CT_CNT_MAX = 17,
 };
 
 // USDT probes (PyTorch's pytorch:malloc / pytorch:free): each attached probe
@@ -384,6 +391,12 @@ struct ct_uw_map {
 struct ct_uw_proc {
 	__u32 n; // mappings in use
 	__u32 pad;
+	// Which writing of the entry this is: every write from Go takes a
+	// number no earlier write of any process's took, so that a stack
+	// unwound with other mappings (before a dlopen, before an exec, a
+	// process before with the same PID) is never taken from the memo
+	// (unwind.h uw_memo) for this one.
+	__u64 gen;
 	struct ct_uw_map maps[CT_UW_MAPS];
 };
 

@@ -22,22 +22,24 @@ type CudatraceCtAllocEvent struct {
 type CudatraceCtCounter uint32
 
 const (
-	CudatraceCtCounterCT_CNT_EVENTS        CudatraceCtCounter = 0
-	CudatraceCtCounterCT_CNT_RB_FULL       CudatraceCtCounter = 1
-	CudatraceCtCounterCT_CNT_INFLIGHT_FULL CudatraceCtCounter = 2
-	CudatraceCtCounterCT_CNT_NO_ENTRY      CudatraceCtCounter = 3
-	CudatraceCtCounterCT_CNT_STALE         CudatraceCtCounter = 4
-	CudatraceCtCounterCT_CNT_NESTED        CudatraceCtCounter = 5
-	CudatraceCtCounterCT_CNT_STACK_ERR     CudatraceCtCounter = 6
-	CudatraceCtCounterCT_CNT_PYCODE_FULL   CudatraceCtCounter = 7
-	CudatraceCtCounterCT_CNT_PY_PREEMPTED  CudatraceCtCounter = 8
-	CudatraceCtCounterCT_CNT_NOTE_FULL     CudatraceCtCounter = 9
-	CudatraceCtCounterCT_CNT_MAP_FULL      CudatraceCtCounter = 10
-	CudatraceCtCounterCT_CNT_UW_BPF        CudatraceCtCounter = 11
-	CudatraceCtCounterCT_CNT_UW_NOMAP      CudatraceCtCounter = 12
-	CudatraceCtCounterCT_CNT_UW_RULE       CudatraceCtCounter = 13
-	CudatraceCtCounterCT_CNT_RB_NOWINDOW   CudatraceCtCounter = 14
-	CudatraceCtCounterCT_CNT_MAX           CudatraceCtCounter = 15
+	CudatraceCtCounterCT_CNT_EVENTS          CudatraceCtCounter = 0
+	CudatraceCtCounterCT_CNT_RB_FULL         CudatraceCtCounter = 1
+	CudatraceCtCounterCT_CNT_INFLIGHT_FULL   CudatraceCtCounter = 2
+	CudatraceCtCounterCT_CNT_NO_ENTRY        CudatraceCtCounter = 3
+	CudatraceCtCounterCT_CNT_STALE           CudatraceCtCounter = 4
+	CudatraceCtCounterCT_CNT_NESTED          CudatraceCtCounter = 5
+	CudatraceCtCounterCT_CNT_STACK_ERR       CudatraceCtCounter = 6
+	CudatraceCtCounterCT_CNT_PYCODE_FULL     CudatraceCtCounter = 7
+	CudatraceCtCounterCT_CNT_PY_PREEMPTED    CudatraceCtCounter = 8
+	CudatraceCtCounterCT_CNT_NOTE_FULL       CudatraceCtCounter = 9
+	CudatraceCtCounterCT_CNT_MAP_FULL        CudatraceCtCounter = 10
+	CudatraceCtCounterCT_CNT_UW_BPF          CudatraceCtCounter = 11
+	CudatraceCtCounterCT_CNT_UW_NOMAP        CudatraceCtCounter = 12
+	CudatraceCtCounterCT_CNT_UW_RULE         CudatraceCtCounter = 13
+	CudatraceCtCounterCT_CNT_RB_NOWINDOW     CudatraceCtCounter = 14
+	CudatraceCtCounterCT_CNT_UW_MEMO         CudatraceCtCounter = 15
+	CudatraceCtCounterCT_CNT_UW_MEMO_CHANGED CudatraceCtCounter = 16
+	CudatraceCtCounterCT_CNT_MAX             CudatraceCtCounter = 17
 )
 
 type CudatraceCtDlobj struct {
@@ -249,6 +251,7 @@ type CudatraceCtUwProc struct {
 	_    structs.HostLayout
 	N    uint32
 	Pad  uint32
+	Gen  uint64
 	Maps [512]CudatraceCtUwMap
 }
 
@@ -414,6 +417,40 @@ type CudatracePyThread struct {
 	Start uint64
 }
 
+type CudatraceUwMemo struct {
+	_     structs.HostLayout
+	Sum   uint64
+	Key   CudatraceUwMemoKey
+	Gen   uint64
+	Fp    uint64
+	Lr    uint64
+	N     uint32
+	Nw    uint32
+	Flags uint32
+	Pad   uint32
+	W     [256]struct {
+		_    structs.HostLayout
+		Addr uint64
+		Val  uint64
+	}
+}
+
+type CudatraceUwMemoBuf struct {
+	_     structs.HostLayout
+	M     CudatraceUwMemo
+	Pcs   [128]uint64
+	N     uint32
+	Ended uint32
+}
+
+type CudatraceUwMemoKey struct {
+	_     structs.HostLayout
+	Tgid  uint32
+	Entry uint32
+	Pc    uint64
+	Sp    uint64
+}
+
 type CudatraceUwScratch struct {
 	_    structs.HostLayout
 	Seq  uint64
@@ -448,6 +485,8 @@ const (
 	CudatraceMapThreads                = "threads"
 	CudatraceMapUsdtSpecs              = "usdt_specs"
 	CudatraceMapUwIndex                = "uw_index"
+	CudatraceMapUwMemo                 = "uw_memo"
+	CudatraceMapUwMemoBuf              = "uw_memo_buf"
 	CudatraceMapUwProcs                = "uw_procs"
 	CudatraceMapUwRows                 = "uw_rows"
 	CudatraceMapUwScratch              = "uw_scratch"
@@ -615,6 +654,8 @@ type CudatraceMapSpecs struct {
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
 	UsdtSpecs   *ebpf.MapSpec `ebpf:"usdt_specs"`
 	UwIndex     *ebpf.MapSpec `ebpf:"uw_index"`
+	UwMemo      *ebpf.MapSpec `ebpf:"uw_memo"`
+	UwMemoBuf   *ebpf.MapSpec `ebpf:"uw_memo_buf"`
 	UwProcs     *ebpf.MapSpec `ebpf:"uw_procs"`
 	UwRows      *ebpf.MapSpec `ebpf:"uw_rows"`
 	UwScratch   *ebpf.MapSpec `ebpf:"uw_scratch"`
@@ -692,6 +733,8 @@ type CudatraceMaps struct {
 	Threads     *ebpf.Map `ebpf:"threads"`
 	UsdtSpecs   *ebpf.Map `ebpf:"usdt_specs"`
 	UwIndex     *ebpf.Map `ebpf:"uw_index"`
+	UwMemo      *ebpf.Map `ebpf:"uw_memo"`
+	UwMemoBuf   *ebpf.Map `ebpf:"uw_memo_buf"`
 	UwProcs     *ebpf.Map `ebpf:"uw_procs"`
 	UwRows      *ebpf.Map `ebpf:"uw_rows"`
 	UwScratch   *ebpf.Map `ebpf:"uw_scratch"`
@@ -720,6 +763,8 @@ func (m *CudatraceMaps) Close() error {
 		m.Threads,
 		m.UsdtSpecs,
 		m.UwIndex,
+		m.UwMemo,
+		m.UwMemoBuf,
 		m.UwProcs,
 		m.UwRows,
 		m.UwScratch,

@@ -66,6 +66,8 @@ struct {
 // map is the mapping the last frame was found in, plus one (0: none yet):
 // the next frame is mostly in the same file, and the search of the
 // process's mappings is skipped where it is.
+// fp_w says where fp came from, for the memo (uw_memo): 0, the register
+// at the start; k, the memo's word k - 1.
 struct uw_state {
 	__u64 pc;
 	__u64 sp;
@@ -76,6 +78,8 @@ struct uw_state {
 	__u32 lr_ok;
 	__u32 back;
 	__u32 map;
+	__u32 fp_w;
+	__u32 pad;
 };
 
 // The stack's words an unwind reads, a page at a time: from the first word
@@ -122,6 +126,102 @@ static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
 	return 1;
 }
 
+// The memo: a stack unwound here, kept by where its unwind started (the
+// process, pc and sp) with every word of the stack the unwind read that
+// its answer depends on. An unwind is a function of its start registers,
+// the rules (fixed for a process's mappings: ct_uw_proc.gen) and those
+// words; so where the registers it used, the mappings' gen and every
+// word are found the same, the frames are the same, and are taken from
+// the memo without a step: the same stack a training loop's allocation
+// site makes again and again costs the reads of its words (a page
+// each, uw_read) instead of a row search a frame. Never a guess: a
+// word changed, and the stack is unwound again.
+//
+// A word is kept with its address, whose low bits (a stack word is
+// 8-byte aligned; a rule that reads another goes without the memo) say
+// what it was: a return address (CT_UW_W_RA), whose value is the next
+// frame, or a saved frame pointer a later rule took its CFA from
+// (CT_UW_W_FP). A saved frame pointer no rule used (most of them, in code
+// without frame pointers, where the register holds data) is kept
+// unmarked and not checked: the stack does not depend on it. The frames
+// are made again from the return addresses, so that the words checked
+// are the frames given.
+#define CT_UW_W_RA 1
+#define CT_UW_W_FP 2
+#define CT_UW_W_KIND 7
+#define CT_UW_MEMO_WORDS 256 // of a stack's, a power of two: one that reads more goes without the memo
+#define CT_UW_M_FP 1         // a rule used the frame pointer the unwind started with (uw_memo.fp)
+#define CT_UW_M_LR 2         // a rule used the link register it started with (uw_memo.lr)
+#define CT_UW_M_NO 4         // not kept: too many words, or one not aligned
+
+struct uw_memo_key {
+	__u32 tgid;
+	__u32 entry; // uw_stack's: whether the probe sits inside a function
+	__u64 pc;
+	__u64 sp;
+};
+
+struct uw_word {
+	__u64 addr; // | CT_UW_W_*
+	__u64 val;
+};
+
+struct uw_memo {
+	// A hash of all that follows, up to the words in use: an LRU map
+	// reuses an element for another key at once, even while another CPU
+	// reads it, and a copy torn so fails it.
+	__u64 sum;
+	struct uw_memo_key key; // the entry's own: an element reused for another key fails it
+	__u64 gen;              // the process's mappings' (ct_uw_proc.gen)
+	__u64 fp;
+	__u64 lr;
+	__u32 n;  // frames
+	__u32 nw; // words
+	__u32 flags;
+	__u32 pad;
+	struct uw_word w[CT_UW_MEMO_WORDS];
+};
+
+// An LRU: what it holds of a process is worth nothing once its mappings'
+// gen moved on, and the least recent goes first. Not emptied at a
+// process's end: BPF cannot list a process's keys, and a later process
+// with its PID has another gen.
+CT_MAP(BPF_MAP_TYPE_LRU_HASH, uw_memo, struct uw_memo_key, struct uw_memo, 1024);
+
+// A CPU's memo being made by an unwind (ct_uw_step writes its words), or
+// one copied out of uw_memo to be checked; and the frames made from it.
+// Covered by the CPU's uw_scratch seq, as the pages are: an unwind that
+// preempted another on the CPU counts it up, and the first then falls
+// back.
+struct uw_memo_buf {
+	struct uw_memo m;
+	__u64 pcs[CT_MAX_FRAMES + 1];
+	// ct_uw_memo_hit's count of frames made, and whether the stack
+	// ended: kept here, not in registers, so that the verifier knows no
+	// number of them and checks a word's step once, not once for each
+	// count it could have reached there.
+	__u32 n;
+	__u32 ended;
+};
+_Static_assert(((CT_MAX_FRAMES + 1) & CT_MAX_FRAMES) == 0, "CT_MAX_FRAMES masks an index of pcs");
+CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, uw_memo_buf, __u32, struct uw_memo_buf, 1);
+
+// uw_keep_word adds the word at addr (val) to the memo being made, kind
+// a CT_UW_W_*, and returns its number plus one (0: not kept, the memo
+// given up).
+static __always_inline __u32 uw_keep_word(struct uw_memo *m, __u64 addr, __u64 val, __u32 kind)
+{
+	__u32 i = m->nw;
+	if ((addr & CT_UW_W_KIND) || i >= CT_UW_MEMO_WORDS - 1) { // (the last unused: ct_uw_memo_hit's bound)
+		m->flags |= CT_UW_M_NO;
+		return 0;
+	}
+	m->w[i & (CT_UW_MEMO_WORDS - 1)].addr = addr | kind;
+	m->w[i & (CT_UW_MEMO_WORDS - 1)].val = val;
+	m->nw = i + 1;
+	return i + 1;
+}
+
 // ct_uw_step's answers.
 #define CT_UW_FRAME 0  // st is the caller's frame now: st->pc its return address
 #define CT_UW_END 1    // the stack ends in this frame
@@ -135,11 +235,12 @@ static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
 #define CT_UW_MAX_ROWS (1u << 22)
 
 // ct_uw_step unwinds one frame: st is the frame's state, pm the process's
-// mappings. A global function: the verifier checks it once, not at each
+// mappings; the words it reads go to mb, the memo being made (NULL:
+// none). A global function: the verifier checks it once, not at each
 // of a stack's frames. What a frame costs is mostly finding its row: the
 // mapping (the last frame's where pc is still in it), the bucket of the
 // file's index, the row among the bucket's few.
-__noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_scratch *s)
+__noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_scratch *s, struct uw_memo *mb)
 {
 	if (!st || !pm || !s)
 		return CT_UW_NOMAP;
@@ -215,6 +316,12 @@ __noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_
 		if (!st->fp_ok)
 			return CT_UW_RULE;
 		cfa = st->fp + (__s64)r->cfa_off;
+		if (mb) { // the frame pointer this frame's CFA took is checked
+			if (st->fp_w == 0)
+				mb->flags |= CT_UW_M_FP;
+			else
+				mb->w[(st->fp_w - 1) & (CT_UW_MEMO_WORDS - 1)].addr |= CT_UW_W_FP;
+		}
 		break;
 	default:
 		return CT_UW_RULE;
@@ -225,14 +332,19 @@ __noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_
 	// The return address, and the frame pointer where this frame saved
 	// it.
 	__u64 ra = 0, fp = st->fp;
-	__u32 fp_ok = st->fp_ok;
+	__u32 fp_ok = st->fp_ok, fp_w = st->fp_w;
 	if (r->ra == CT_UW_REG_OFFSET) {
-		if (!uw_read(s, cfa + (__s64)r->ra_off, &ra))
+		__u64 at = cfa + (__s64)r->ra_off;
+		if (!uw_read(s, at, &ra))
 			return CT_UW_RULE;
+		if (mb)
+			uw_keep_word(mb, at, ra, CT_UW_W_RA);
 	} else if (r->ra == CT_UW_REG_LR) {
 		if (!st->lr_ok)
 			return CT_UW_RULE;
 		ra = st->lr;
+		if (mb)
+			mb->flags |= CT_UW_M_LR;
 	} else {
 		return CT_UW_RULE;
 	}
@@ -249,9 +361,14 @@ __noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_
 	case CT_UW_REG_UNDEF:
 		fp_ok = 0;
 		break;
-	case CT_UW_REG_OFFSET:
-		fp_ok = uw_read(s, cfa + (__s64)r->fp_off, &fp);
+	case CT_UW_REG_OFFSET: {
+		__u64 at = cfa + (__s64)r->fp_off;
+		fp_ok = uw_read(s, at, &fp);
+		// kept unmarked: checked only where a later CFA takes it
+		if (fp_ok && mb)
+			fp_w = uw_keep_word(mb, at, fp, 0);
 		break;
+	}
 	default:
 		return CT_UW_RULE;
 	}
@@ -259,9 +376,136 @@ __noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_
 	st->sp = cfa;
 	st->fp = fp;
 	st->fp_ok = fp_ok;
+	st->fp_w = fp_w;
 	st->lr_ok = 0;
 	st->back = 1;
 	return CT_UW_FRAME;
+}
+
+// uw_mix folds x into the hash h.
+static __always_inline __u64 uw_mix(__u64 h, __u64 x)
+{
+	h = (h ^ x) * 0x9e3779b97f4a7c15ULL;
+	return h ^ (h >> 29);
+}
+
+// uw_sum is the memo m's sum: all but itself, up to its words in use.
+static __always_inline __u64 uw_sum(struct uw_memo *m)
+{
+	__u64 h = uw_mix(0, m->key.tgid | (__u64)m->key.entry << 32);
+	h = uw_mix(h, m->key.pc);
+	h = uw_mix(h, m->key.sp);
+	h = uw_mix(h, m->gen);
+	h = uw_mix(h, m->fp);
+	h = uw_mix(h, m->lr);
+	h = uw_mix(h, m->n | (__u64)m->nw << 32);
+	h = uw_mix(h, m->flags);
+	__u32 nw = m->nw;
+	for (int i = 0; i < CT_UW_MEMO_WORDS; i++) {
+		if (i >= nw)
+			break;
+		h = uw_mix(h, m->w[i].addr);
+		h = uw_mix(h, m->w[i].val);
+	}
+	return h;
+}
+
+// ct_uw_memo_hit makes the frames of an unwind that starts at k (the
+// registers st, the mappings' gen) from its memo, into b->pcs, where every
+// register and word the memo's unwind used is found the same; it returns
+// their count, 0 where there is no memo (or one made with other
+// mappings, or a copy torn by its reuse), -1 where a register or word the
+// memo's unwind used changed. Reads through s (the CPU's pages:
+// uw_read). A global function, checked once.
+__noinline int ct_uw_memo_hit(struct uw_memo_key *k, struct uw_state *st, struct uw_scratch *s,
+			      struct uw_memo_buf *b, __u64 gen)
+{
+	if (!k || !st || !s || !b)
+		return 0;
+	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, k);
+	if (!e)
+		return 0;
+	// Copied out, the words in use alone, and its sum checked on the copy.
+	struct uw_memo *m = &b->m;
+	if (bpf_probe_read_kernel(m, offsetof(struct uw_memo, w), e))
+		return 0;
+	__u32 nw = m->nw;
+	if (nw >= CT_UW_MEMO_WORDS)
+		return 0;
+	if (nw && bpf_probe_read_kernel(m->w, (nw & (CT_UW_MEMO_WORDS - 1)) * sizeof(struct uw_word), e->w))
+		return 0;
+	if (m->sum != uw_sum(m) || m->key.tgid != k->tgid || m->key.entry != k->entry || m->key.pc != k->pc ||
+	    m->key.sp != k->sp || m->gen != gen) // (gen: made with mappings since changed)
+		return 0;
+	if ((m->flags & CT_UW_M_FP) && m->fp != st->fp)
+		return -1;
+	b->pcs[0] = st->pc;
+	b->n = 1;
+	b->ended = 0;
+	if (m->flags & CT_UW_M_LR) {
+		if (!st->lr_ok || m->lr != st->lr)
+			return -1;
+		__u64 ra = st->lr & st->ra_mask;
+		if (ra) {
+			b->pcs[1] = ra;
+			b->n = 2;
+		} else {
+			b->ended = 1;
+		}
+	}
+	for (int i = 0; i < CT_UW_MEMO_WORDS; i++) {
+		if (i >= nw)
+			break;
+		__u64 a = m->w[i].addr, v = 0;
+		__u32 kind = a & CT_UW_W_KIND;
+		if (!kind)
+			continue;
+		if (!uw_read(s, a & ~(__u64)CT_UW_W_KIND, &v) || v != m->w[i].val)
+			return -1;
+		if (!(kind & CT_UW_W_RA))
+			continue;
+		v &= st->ra_mask;
+		__u32 n = *(volatile __u32 *)&b->n;
+		if (*(volatile __u32 *)&b->ended || n >= CT_MAX_FRAMES)
+			return 0;
+		if (!v) { // the stack's end
+			b->ended = 1;
+			continue;
+		}
+		b->pcs[n & CT_MAX_FRAMES] = v; // (n < CT_MAX_FRAMES, a power of two less one)
+		b->n = n + 1;
+	}
+	__u32 n = *(volatile __u32 *)&b->n;
+	if (n != m->n || n > CT_MAX_FRAMES)
+		return 0;
+	return n;
+}
+
+// ct_uw_memo_keep keeps the memo made in b (its frames counted in
+// b->m.n) by an unwind that started at k, with the mappings' gen; seq is
+// the CPU's uw_scratch count when the unwind began: an unwind that
+// preempted this one wrote in b too, and what was kept then is taken back
+// before any other look-up of k (only this thread unwinds from its sp).
+__noinline int ct_uw_memo_keep(struct uw_memo_key *k, struct uw_memo_buf *b, struct uw_scratch *s, __u64 gen,
+			       __u64 seq)
+{
+	if (!k || !b || !s)
+		return 0;
+	struct uw_memo *m = &b->m;
+	if (m->flags & CT_UW_M_NO)
+		return 0;
+	m->key = *k;
+	m->gen = gen;
+	m->sum = uw_sum(m);
+	if (*(volatile __u64 *)&s->seq != seq)
+		return 0;
+	bpf_map_update_elem(&uw_memo, k, m, BPF_ANY);
+	barrier();
+	if (*(volatile __u64 *)&s->seq != seq) {
+		bpf_map_delete_elem(&uw_memo, k);
+		return 0;
+	}
+	return 1;
 }
 
 // uw_stack unwinds the calling thread's stack into e's frames (the
@@ -298,10 +542,36 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 		.ra_mask = ct_ra_mask(),
 	};
 	ct_uw_lr(ctx, entry, &st.lr, &st.lr_ok);
+	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
+	if (!b)
+		return 0;
+	struct uw_memo_key mk = {.tgid = tgid, .entry = entry ? 1 : 0, .pc = st.pc, .sp = st.sp};
+	__u64 gen = pm->gen;
+	__s32 n = ct_uw_memo_hit(&mk, &st, s, b, gen);
+	if (n > 0) {
+		bpf_probe_read_kernel(e->stack, (n & CT_MAX_FRAMES) * sizeof(__u64), b->pcs);
+		// After the copy: an unwind that preempted this one wrote in b.
+		barrier();
+		if (*(volatile __u64 *)&s->seq != seq) {
+			count(CT_CNT_UW_RULE);
+			return 0;
+		}
+		e->h.nframes = n;
+		count(CT_CNT_UW_MEMO);
+		count(CT_CNT_UW_BPF);
+		return 1;
+	}
+	if (n < 0)
+		count(CT_CNT_UW_MEMO_CHANGED);
+	// No memo that holds: unwound, and the words it reads kept.
+	b->m.nw = 0;
+	b->m.flags = 0;
+	b->m.fp = st.fp;
+	b->m.lr = st.lr;
 	e->stack[0] = st.pc;
-	__s32 n = 1;
+	n = 1;
 	for (; n < CT_MAX_FRAMES; n++) {
-		int r = ct_uw_step(&st, pm, s);
+		int r = ct_uw_step(&st, pm, s, &b->m);
 		if (r == CT_UW_END)
 			break;
 		if (r != CT_UW_FRAME) {
@@ -317,6 +587,10 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 		return 0;
 	}
 	e->h.nframes = n;
+	// n read back from the record, as the count above: not a register
+	// the verifier knows a number of at each of the loop's exits.
+	b->m.n = *(volatile __u32 *)&e->h.nframes;
+	ct_uw_memo_keep(&mk, b, s, gen, seq);
 	count(CT_CNT_UW_BPF);
 	return 1;
 }

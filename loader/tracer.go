@@ -194,6 +194,7 @@ type Tracer struct {
 	uwMem      *ebpf.Memory
 	uwIndexMem *ebpf.Memory // uw_index's
 	uwProc     *bpf.CudatraceCtUwProc
+	uwGen      uint64 // the last ct_uw_proc.gen written (SetUnwindMaps)
 }
 
 // attached is a library the tracer probes, with its functions' offsets:
@@ -950,21 +951,23 @@ func (t *Tracer) Detach() error {
 // ct_counter through bpf2go's generated twin (a unit test checks that every
 // counter has a name).
 var CounterNames = []string{
-	bpf.CudatraceCtCounterCT_CNT_EVENTS:        "events",
-	bpf.CudatraceCtCounterCT_CNT_RB_FULL:       "ringbuf_full",
-	bpf.CudatraceCtCounterCT_CNT_INFLIGHT_FULL: "inflight_full",
-	bpf.CudatraceCtCounterCT_CNT_NO_ENTRY:      "no_entry",
-	bpf.CudatraceCtCounterCT_CNT_STALE:         "stale_entry",
-	bpf.CudatraceCtCounterCT_CNT_NESTED:        "nested",
-	bpf.CudatraceCtCounterCT_CNT_STACK_ERR:     "stack_error",
-	bpf.CudatraceCtCounterCT_CNT_PYCODE_FULL:   "pycode_ring_full",
-	bpf.CudatraceCtCounterCT_CNT_PY_PREEMPTED:  "python_preempted",
-	bpf.CudatraceCtCounterCT_CNT_NOTE_FULL:     "notes_lost",
-	bpf.CudatraceCtCounterCT_CNT_MAP_FULL:      "map_full",
-	bpf.CudatraceCtCounterCT_CNT_UW_BPF:        "unwound_in_bpf",
-	bpf.CudatraceCtCounterCT_CNT_UW_NOMAP:      "unwind_fallback_no_rules",
-	bpf.CudatraceCtCounterCT_CNT_UW_RULE:       "unwind_fallback_rule",
-	bpf.CudatraceCtCounterCT_CNT_RB_NOWINDOW:   "ringbuf_no_window",
+	bpf.CudatraceCtCounterCT_CNT_EVENTS:          "events",
+	bpf.CudatraceCtCounterCT_CNT_RB_FULL:         "ringbuf_full",
+	bpf.CudatraceCtCounterCT_CNT_INFLIGHT_FULL:   "inflight_full",
+	bpf.CudatraceCtCounterCT_CNT_NO_ENTRY:        "no_entry",
+	bpf.CudatraceCtCounterCT_CNT_STALE:           "stale_entry",
+	bpf.CudatraceCtCounterCT_CNT_NESTED:          "nested",
+	bpf.CudatraceCtCounterCT_CNT_STACK_ERR:       "stack_error",
+	bpf.CudatraceCtCounterCT_CNT_PYCODE_FULL:     "pycode_ring_full",
+	bpf.CudatraceCtCounterCT_CNT_PY_PREEMPTED:    "python_preempted",
+	bpf.CudatraceCtCounterCT_CNT_NOTE_FULL:       "notes_lost",
+	bpf.CudatraceCtCounterCT_CNT_MAP_FULL:        "map_full",
+	bpf.CudatraceCtCounterCT_CNT_UW_BPF:          "unwound_in_bpf",
+	bpf.CudatraceCtCounterCT_CNT_UW_NOMAP:        "unwind_fallback_no_rules",
+	bpf.CudatraceCtCounterCT_CNT_UW_RULE:         "unwind_fallback_rule",
+	bpf.CudatraceCtCounterCT_CNT_RB_NOWINDOW:     "ringbuf_no_window",
+	bpf.CudatraceCtCounterCT_CNT_UW_MEMO:         "unwound_from_memo",
+	bpf.CudatraceCtCounterCT_CNT_UW_MEMO_CHANGED: "unwind_memo_changed",
 }
 
 // Counters sums the per-CPU BPF counters.

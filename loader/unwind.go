@@ -118,6 +118,8 @@ func (t *Tracer) SetUnwindMaps(pid uint32, maps []UnwindMap) error {
 		t.uwProc = v
 	}
 	v.N = uint32(len(maps))
+	t.uwGen++ // never 0: a number no earlier write took (bpf/unwind.h uw_memo)
+	v.Gen = t.uwGen
 	copy(v.Maps[:], maps)
 	clear(v.Maps[len(maps):])
 	if err := t.objs.UwProcs.Put(pid, v); err != nil {

@@ -29,6 +29,8 @@ type report struct {
 	Failures   []reportFailure `json:"failures"`
 	// How many frames of processes in containers nothing named.
 	SymbolWarning string `json:"symbol_warning"`
+	// BPF's counters (loader's names: unwound_in_bpf, ringbuf_full, …).
+	Counters map[string]uint64 `json:"counters"`
 }
 
 type reportProcess struct {

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -75,6 +77,82 @@ func TestUnwindInBPF(t *testing.T) {
 			if n(6) == 0 {
 				t.Errorf("no stack fell back by a rule: the signal handler's should")
 			}
+			// Each round's main-thread allocation starts where the last
+			// round's did, and the memo holds it (a new thread's stack
+			// may be another's): a third of all at least.
+			rep := runReport(t, ctx, trace)
+			if memo := rep.Counters["unwound_from_memo"]; memo < uint64(allocs/3) || memo > uint64(n(2)) {
+				t.Errorf("%d stacks taken from the memo, want %d (a third of %d allocations) to %d (those unwound in BPF)", memo, allocs/3, allocs, n(2))
+			}
 		})
+	}
+}
+
+// TestUnwindMemo: a stack BPF takes from its memo is the one it would
+// unwind. uwmemo.c allocates from one place and one stack pointer through
+// two call chains (main < by_a < leaf, main < mid < by_b < leaf), 300
+// times through the first, 300 through the second, 300 through the first
+// again: every unwind starts at the same pc and sp, and the chains'
+// return addresses to main are at one address. The stacks are those
+// of the window's unwind, frame for frame (CUDATRACE_TEST_UNWIND_CHECK),
+// most of them from the memo, and the report has each caller's
+// allocations under its own stack.
+func TestUnwindMemo(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	exe := filepath.Join(dir, "uwmemo")
+	src, _ := filepath.Abs(filepath.Join("testdata", "uwmemo.c"))
+	if err := gcc("-O2", "-fomit-frame-pointer", "-g", "-o", exe, src, "-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); err != nil {
+		t.Fatal(err)
+	}
+	const rounds = 300
+	log, trace := filepath.Join(dir, "memo.log"), filepath.Join(dir, "memo.trace")
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, "CUDATRACE_TEST_UNWIND_CHECK=1")},
+		"--lib", fakeLib, "-o", trace, "--", exe, strconv.Itoa(rounds))
+	rec.finish(t, 90*time.Second)
+	m := unwindCheckLine.FindStringSubmatch(rec.stderr.String())
+	if m == nil {
+		t.Fatalf("no unwind check line in:\n%s", rec.stderr.String())
+	}
+	t.Logf("%s", m[0])
+	n := func(i int) uint64 { v, _ := strconv.ParseUint(m[i], 10, 64); return v }
+	if n(3) != 0 || n(4) != 0 {
+		t.Errorf("%d stacks BPF unwound differ from the window's, %d not checked: %s", n(3), n(4), m[7])
+	}
+	rep := runReport(t, ctx, trace)
+	// The first records of the run come before the rules for its files
+	// (they fall back to the window); every change of caller after that
+	// is a stack the memo does not hold.
+	memo := rep.Counters["unwound_from_memo"]
+	if memo < 2*rounds || memo > n(2) {
+		t.Errorf("%d stacks taken from the memo, want %d to %d (those unwound in BPF)", memo, 2*rounds, n(2))
+	}
+	// Both chains start their unwinds at one pc and sp: each change of
+	// chain once the rules are in finds the other's memo, which does not
+	// hold.
+	if changed := rep.Counters["unwind_memo_changed"]; changed < 1 || changed > 2 {
+		t.Errorf("%d memos found not to hold, want 1 or 2 (a change of call chain: by_a to by_b, back to by_a)", changed)
+	}
+	truth := onlyTruth(t, log, "")
+	if truth.Allocs != 3*rounds {
+		t.Fatalf("ground truth: %d allocations, want %d", truth.Allocs, 3*rounds)
+	}
+	by := map[string]uint64{}
+	for _, s := range rep.Stacks {
+		var names []string
+		for _, f := range s.Frames {
+			names = append(names, f.Function)
+		}
+		i := slices.Index(names, "leaf")
+		switch {
+		case i >= 0 && i+2 < len(names) && names[i+1] == "by_a" && names[i+2] == "main":
+			by["by_a"] += s.Allocs
+		case i >= 0 && i+3 < len(names) && names[i+1] == "by_b" && names[i+2] == "mid" && names[i+3] == "main":
+			by["by_b"] += s.Allocs
+		default:
+			t.Errorf("stack of %d allocations: %s, want leaf < by_a < main or leaf < by_b < mid < main", s.Allocs, strings.Join(names, " < "))
+		}
+	}
+	if by["by_a"] != 2*rounds || by["by_b"] != rounds || len(by) != 2 {
+		t.Errorf("allocations by caller: %v, want by_a %d, by_b %d", by, 2*rounds, rounds)
 	}
 }
