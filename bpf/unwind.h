@@ -422,7 +422,9 @@ __noinline int ct_uw_memo_hit(struct uw_memo_key *k, struct uw_state *st, struct
 {
 	if (!k || !st || !s || !b)
 		return 0;
-	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, k);
+	// A key on the stack: Linux 6.1 takes no other memory for one.
+	struct uw_memo_key key = *k;
+	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &key);
 	if (!e)
 		return 0;
 	// Copied out, the words in use alone, and its sum checked on the copy.
@@ -481,28 +483,34 @@ __noinline int ct_uw_memo_hit(struct uw_memo_key *k, struct uw_state *st, struct
 	return n;
 }
 
-// ct_uw_memo_keep keeps the memo made in b (its frames counted in
-// b->m.n) by an unwind that started at k, with the mappings' gen; seq is
+// ct_uw_memo_keep keeps the memo made in the CPU's uw_memo_buf (its
+// frames counted in m.n) by an unwind that started at k, with the mappings' gen; seq is
 // the CPU's uw_scratch count when the unwind began: an unwind that
 // preempted this one wrote in b too, and what was kept then is taken back
 // before any other look-up of k (only this thread unwinds from its sp).
-__noinline int ct_uw_memo_keep(struct uw_memo_key *k, struct uw_memo_buf *b, struct uw_scratch *s, __u64 gen,
-			       __u64 seq)
+__noinline int ct_uw_memo_keep(struct uw_memo_key *k, struct uw_scratch *s, __u64 gen, __u64 seq)
 {
-	if (!k || !b || !s)
+	if (!k || !s)
+		return 0;
+	// The key on the stack and the memo as the map's value, looked up
+	// here rather than given: Linux 6.1 takes no other memory for either.
+	struct uw_memo_key key = *k;
+	__u32 zero = 0;
+	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
+	if (!b)
 		return 0;
 	struct uw_memo *m = &b->m;
 	if (m->flags & CT_UW_M_NO)
 		return 0;
-	m->key = *k;
+	m->key = key;
 	m->gen = gen;
 	m->sum = uw_sum(m);
 	if (*(volatile __u64 *)&s->seq != seq)
 		return 0;
-	bpf_map_update_elem(&uw_memo, k, m, BPF_ANY);
+	bpf_map_update_elem(&uw_memo, &key, m, BPF_ANY);
 	barrier();
 	if (*(volatile __u64 *)&s->seq != seq) {
-		bpf_map_delete_elem(&uw_memo, k);
+		bpf_map_delete_elem(&uw_memo, &key);
 		return 0;
 	}
 	return 1;
@@ -590,7 +598,7 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 	// n read back from the record, as the count above: not a register
 	// the verifier knows a number of at each of the loop's exits.
 	b->m.n = *(volatile __u32 *)&e->h.nframes;
-	ct_uw_memo_keep(&mk, b, s, gen, seq);
+	ct_uw_memo_keep(&mk, s, gen, seq);
 	count(CT_CNT_UW_BPF);
 	return 1;
 }

@@ -204,6 +204,12 @@ else
 	record mix16 --lib $LIB -- sh -c "bpftool prog show >$O/mix16/progs.txt; bpftool link show >$O/mix16/links.txt; exec $BIN/mix 4 40 7"
 	record mix0 --stack-window 0 --lib $LIB -- $BIN/mix 2 20 7
 	record mix64 --stack-window 64KiB --lib $LIB -- $BIN/mix 2 20 7
+	# Stacks unwound in BPF (its unwinder and its memo, as this kernel's
+	# verifier takes them), each checked against the window's unwind of
+	# the same event.
+	export CUDATRACE_UNWIND=bpf CUDATRACE_TEST_UNWIND_CHECK=1
+	record uwbpf --lib $LIB -- $BIN/mix 4 40 7
+	unset CUDATRACE_UNWIND CUDATRACE_TEST_UNWIND_CHECK
 	record driver --lib $DRV -- $BIN/driver 30
 	# Python frames.
 	record python --lib $LIB -- $PY $SCRIPT $LIB $THREADS
