@@ -75,6 +75,10 @@ type Options struct {
 	// ReaderStats times the reader's work on each event, by stage, into
 	// Result.Reader (record -v): a few clock reads an event.
 	ReaderStats bool
+	// GCHeadroom lets the garbage collector use up to this many bytes more
+	// than Go's default target while recording, to collect less often
+	// (gc.go); 0 leaves Go's settings, as do GOGC and GOMEMLIMIT.
+	GCHeadroom uint64
 
 	// waiting are the --pid processes with no CUDA library loaded when
 	// tracing began (findLibraries): the scan of their mappings attaches
@@ -267,6 +271,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, err
 	}
 	defer s.close()
+	s.gc = tuneGC(opts.GCHeadroom)
+	defer s.gc.stop()
 	s.pyFiles = pyFiles
 	s.targets = targets
 	for _, ar := range res.Attached {

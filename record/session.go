@@ -101,6 +101,9 @@ type session struct {
 	learn learning
 	// stats times the steps of Record (Options.ReaderStats); nil: not.
 	stats *ReaderStats
+	// gc holds the collector's settings for the recording
+	// (Options.GCHeadroom); nil: Go's own.
+	gc *gcTuner
 }
 
 // liveProc is what the session keeps of a running process beside the
@@ -440,6 +443,7 @@ func (s *session) learner() learner {
 // session is over.
 func (s *session) Tick() {
 	s.stats.tick()
+	s.gc.tick()
 	s.takeOpenNote()
 	s.attachLate()
 	s.takeNotes()

@@ -126,6 +126,7 @@ func runRecord(cmd *cobra.Command, f *recordFlags, args []string) error {
 		Portable:         f.portable,
 		NoSymbolize:      f.noSymbolize,
 		ReaderStats:      f.verbose,
+		GCHeadroom:       recordGCHeadroom,
 	}
 	opts.Tracer.RingBytes = ring
 	if f.nvml {
@@ -387,3 +388,9 @@ addresses and mappings; report and export name what they can).`,
   cudatrace record --all --lib /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12`,
 	}, (*recordFlags).bind, runRecord)
 }
+
+// recordGCHeadroom is how much more memory than Go's default target
+// `record` lets its garbage collector use, to collect less often while
+// the events come (record.Options.GCHeadroom): the reader's CPU per event
+// is what a recording costs the host beside the job.
+const recordGCHeadroom = 256 << 20
