@@ -441,6 +441,8 @@ type CudatraceUwMemoBuf struct {
 	Pcs   [128]uint64
 	N     uint32
 	Ended uint32
+	K     CudatraceUwMemoKey
+	V     uint64
 }
 
 type CudatraceUwMemoKey struct {

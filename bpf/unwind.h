@@ -202,6 +202,13 @@ struct uw_memo_buf {
 	// count it could have reached there.
 	__u32 n;
 	__u32 ended;
+	// The place the unwind starts (the key looked up and kept) and a
+	// word read: here, not on the BPF stack, which the return programs
+	// use nearly all of with the global functions they call (Linux 6.1
+	// counts a caller's and its callee's together, 512 bytes at most),
+	// and which is the only other memory 6.1 takes a map key from.
+	struct uw_memo_key k;
+	__u64 v;
 };
 _Static_assert(((CT_MAX_FRAMES + 1) & CT_MAX_FRAMES) == 0, "CT_MAX_FRAMES masks an index of pcs");
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, uw_memo_buf, __u32, struct uw_memo_buf, 1);
@@ -410,21 +417,20 @@ static __always_inline __u64 uw_sum(struct uw_memo *m)
 	return h;
 }
 
-// ct_uw_memo_hit makes the frames of an unwind that starts at k (the
-// registers st, the mappings' gen) from its memo, into b->pcs, where every
-// register and word the memo's unwind used is found the same; it returns
-// their count, 0 where there is no memo (or one made with other
-// mappings, or a copy torn by its reuse), -1 where a register or word the
-// memo's unwind used changed. Reads through s (the CPU's pages:
-// uw_read). A global function, checked once.
-__noinline int ct_uw_memo_hit(struct uw_memo_key *k, struct uw_state *st, struct uw_scratch *s,
-			      struct uw_memo_buf *b, __u64 gen)
+// ct_uw_memo_hit makes the frames of an unwind that starts at the CPU's
+// uw_memo_buf k (the registers st, the mappings' gen) from its memo, into
+// the buffer's pcs, where every register and word the memo's unwind used
+// is found the same; it returns their count, 0 where there is no memo (or
+// one made with other mappings, or a copy torn by its reuse), -1 where a
+// register or word the memo's unwind used changed. Reads through s (the
+// CPU's pages: uw_read). A global function, checked once.
+__noinline int ct_uw_memo_hit(struct uw_state *st, struct uw_scratch *s, __u64 gen)
 {
-	if (!k || !st || !s || !b)
+	__u32 zero = 0;
+	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
+	if (!st || !s || !b)
 		return 0;
-	// A key on the stack: Linux 6.1 takes no other memory for one.
-	struct uw_memo_key key = *k;
-	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &key);
+	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &b->k);
 	if (!e)
 		return 0;
 	// Copied out, the words in use alone, and its sum checked on the copy.
@@ -436,8 +442,8 @@ __noinline int ct_uw_memo_hit(struct uw_memo_key *k, struct uw_state *st, struct
 		return 0;
 	if (nw && bpf_probe_read_kernel(m->w, (nw & (CT_UW_MEMO_WORDS - 1)) * sizeof(struct uw_word), e->w))
 		return 0;
-	if (m->sum != uw_sum(m) || m->key.tgid != k->tgid || m->key.entry != k->entry || m->key.pc != k->pc ||
-	    m->key.sp != k->sp || m->gen != gen) // (gen: made with mappings since changed)
+	if (m->sum != uw_sum(m) || m->key.tgid != b->k.tgid || m->key.entry != b->k.entry || m->key.pc != b->k.pc ||
+	    m->key.sp != b->k.sp || m->gen != gen) // (gen: made with mappings since changed)
 		return 0;
 	if ((m->flags & CT_UW_M_FP) && m->fp != st->fp)
 		return -1;
@@ -458,15 +464,15 @@ __noinline int ct_uw_memo_hit(struct uw_memo_key *k, struct uw_state *st, struct
 	for (int i = 0; i < CT_UW_MEMO_WORDS; i++) {
 		if (i >= nw)
 			break;
-		__u64 a = m->w[i].addr, v = 0;
+		__u64 a = m->w[i].addr;
 		__u32 kind = a & CT_UW_W_KIND;
 		if (!kind)
 			continue;
-		if (!uw_read(s, a & ~(__u64)CT_UW_W_KIND, &v) || v != m->w[i].val)
+		if (!uw_read(s, a & ~(__u64)CT_UW_W_KIND, &b->v) || b->v != m->w[i].val)
 			return -1;
 		if (!(kind & CT_UW_W_RA))
 			continue;
-		v &= st->ra_mask;
+		__u64 v = b->v & st->ra_mask;
 		__u32 n = *(volatile __u32 *)&b->n;
 		if (*(volatile __u32 *)&b->ended || n >= CT_MAX_FRAMES)
 			return 0;
@@ -484,33 +490,29 @@ __noinline int ct_uw_memo_hit(struct uw_memo_key *k, struct uw_state *st, struct
 }
 
 // ct_uw_memo_keep keeps the memo made in the CPU's uw_memo_buf (its
-// frames counted in m.n) by an unwind that started at k, with the mappings' gen; seq is
-// the CPU's uw_scratch count when the unwind began: an unwind that
-// preempted this one wrote in b too, and what was kept then is taken back
-// before any other look-up of k (only this thread unwinds from its sp).
-__noinline int ct_uw_memo_keep(struct uw_memo_key *k, struct uw_scratch *s, __u64 gen, __u64 seq)
+// frames counted in m.n) by an unwind that started at its k, with the
+// mappings' gen; seq is the CPU's uw_scratch count when the unwind began:
+// an unwind that preempted this one wrote in the buffer too, and what was
+// kept then is taken back before any other look-up of k (only this thread
+// unwinds from its sp).
+__noinline int ct_uw_memo_keep(struct uw_scratch *s, __u64 gen, __u64 seq)
 {
-	if (!k || !s)
-		return 0;
-	// The key on the stack and the memo as the map's value, looked up
-	// here rather than given: Linux 6.1 takes no other memory for either.
-	struct uw_memo_key key = *k;
 	__u32 zero = 0;
 	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
-	if (!b)
+	if (!s || !b)
 		return 0;
 	struct uw_memo *m = &b->m;
 	if (m->flags & CT_UW_M_NO)
 		return 0;
-	m->key = key;
+	m->key = b->k;
 	m->gen = gen;
 	m->sum = uw_sum(m);
 	if (*(volatile __u64 *)&s->seq != seq)
 		return 0;
-	bpf_map_update_elem(&uw_memo, &key, m, BPF_ANY);
+	bpf_map_update_elem(&uw_memo, &b->k, m, BPF_ANY);
 	barrier();
 	if (*(volatile __u64 *)&s->seq != seq) {
-		bpf_map_delete_elem(&uw_memo, &key);
+		bpf_map_delete_elem(&uw_memo, &b->k);
 		return 0;
 	}
 	return 1;
@@ -553,9 +555,11 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
 	if (!b)
 		return 0;
-	struct uw_memo_key mk = {.tgid = tgid, .entry = entry ? 1 : 0, .pc = st.pc, .sp = st.sp};
-	__u64 gen = pm->gen;
-	__s32 n = ct_uw_memo_hit(&mk, &st, s, b, gen);
+	b->k.tgid = tgid;
+	b->k.entry = entry ? 1 : 0;
+	b->k.pc = st.pc;
+	b->k.sp = st.sp;
+	__s32 n = ct_uw_memo_hit(&st, s, pm->gen);
 	if (n > 0) {
 		bpf_probe_read_kernel(e->stack, (n & CT_MAX_FRAMES) * sizeof(__u64), b->pcs);
 		// After the copy: an unwind that preempted this one wrote in b.
@@ -598,7 +602,7 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 	// n read back from the record, as the count above: not a register
 	// the verifier knows a number of at each of the loop's exits.
 	b->m.n = *(volatile __u32 *)&e->h.nframes;
-	ct_uw_memo_keep(&mk, s, gen, seq);
+	ct_uw_memo_keep(s, pm->gen, seq);
 	count(CT_CNT_UW_BPF);
 	return 1;
 }
