@@ -122,6 +122,10 @@ func buildARM64() (arm64Build, error) {
 		{"-O2", "-fomit-frame-pointer", "-g", pac, "-Wall", "-o", b.omitfp, src("omitfp_main.c"),
 			filepath.Join(b.libDir, "libomit1.so"), filepath.Join(b.libDir, "libomit2.so"), rpath},
 	}
+	// uwmemo (the uwbpf case: stacks unwound in BPF) without frame
+	// pointers, its return addresses signed.
+	steps = append(steps, []string{"-O2", "-fomit-frame-pointer", "-g", pac, "-Wall", "-o", filepath.Join(bin, "uwmemo"),
+		src("uwmemo.c"), b.lib, rpath})
 	for _, prog := range []string{"mix", "attach_later", "hold"} {
 		steps = append(steps, []string{"-O0", "-g", "-fno-omit-frame-pointer", pac, "-pthread", "-Wall",
 			"-o", filepath.Join(bin, prog), src(prog + ".c"), b.lib, rpath})

@@ -154,6 +154,12 @@ func buildStandIns(dir string) {
 		"-o", fakeDriver, src("fakecudart.c")); cBuildErr != nil {
 		return
 	}
+	// uwmemo: without frame pointers, as TestUnwindMemo and the kernel
+	// matrix's uwbpf case unwind it in BPF.
+	if cBuildErr = gcc("-O2", "-fomit-frame-pointer", "-g", "-Wall", "-o", workload("uwmemo"), src("uwmemo.c"),
+		fakeLib, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
 	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall", "-o", workload("driver"),
 		src("driver.c"), fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return

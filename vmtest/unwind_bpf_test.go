@@ -99,11 +99,7 @@ func TestUnwindInBPF(t *testing.T) {
 // allocations under its own stack.
 func TestUnwindMemo(t *testing.T) {
 	ctx, dir := traceSetup(t)
-	exe := filepath.Join(dir, "uwmemo")
-	src, _ := filepath.Abs(filepath.Join("testdata", "uwmemo.c"))
-	if err := gcc("-O2", "-fomit-frame-pointer", "-g", "-o", exe, src, "-L"+fakeLibDir, "-lcudart", "-Wl,-rpath,"+fakeLibDir); err != nil {
-		t.Fatal(err)
-	}
+	exe := workload("uwmemo")
 	const rounds = 300
 	log, trace := filepath.Join(dir, "memo.log"), filepath.Join(dir, "memo.trace")
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, "CUDATRACE_TEST_UNWIND_CHECK=1")},
