@@ -3,7 +3,8 @@
 # ns per run, from the kernel's own BPF run-time statistics, and their sum
 # per pair, for the empty-probe floor (bpftrace, the probes of
 # overhead.sh), cudatrace with --stack-window 0 and cudatrace's default
-# (16 KiB window). The last column is what a mode's programs add to the
+# (stacks unwound in BPF; CUDATRACE_UNWIND=window in the environment, or an
+# older build, copies a 16 KiB window). The last column is what a mode's programs add to the
 # floor's programs, as a share of the floor's whole pair (bench/loop.c's
 # own ns per pair under the floor, in the same round): the part of
 # overhead.sh's "x floor" that the probes' work alone explains, before the

@@ -3,7 +3,8 @@
 # /usr/bin/time; the traced program's is not in it: it is attached with
 # --pid) over a run of PAIRS cudaMalloc+cudaFree pairs (2 events each),
 # less that of a run of none (start-up and shut-down), per event. Default
-# recording (16 KiB window, unwound while recording, trace file written).
+# recording (stacks unwound in BPF, or from a 16 KiB window with
+# CUDATRACE_UNWIND=window or an older build; trace file written).
 # Then the same run with `record -v`: the process's CPU per event from its
 # first event to its last, and the time per stage on the reader's goroutine.
 # With BASELINE=/path/to/cudatrace, that build too, interleaved (it may

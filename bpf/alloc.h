@@ -179,12 +179,14 @@ struct nowindow_val {
 
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, nowindow, __u32, struct nowindow_val, 1);
 
-// nowindow_ok says that allocation records copy a window, and so can be
-// kept without it: where they do not (no window, or unwound here first:
-// uw_small) the record that found no room was as small as this one.
+// nowindow_ok says that allocation records may copy a window, and so can
+// be kept without it: from the start where the reader is behind
+// (alloc_exit), and where the window finds no room (submit_alloc's
+// caller, submit_small). Without a window the record that found no room
+// was as small as this one.
 static __always_inline int nowindow_ok(void)
 {
-	return !uw_small() && window_size();
+	return window_size() != 0;
 }
 
 // ring_behind says that the reader is more than half the ring buffer
@@ -306,7 +308,12 @@ static __always_inline void keep_nowindow(struct pt_regs *ctx, struct nowindow_v
 // small_record_size() whose header is filled: its stack unwound here, its
 // Python frames; and submits it. Where the unwind falls back, the record
 // is made again at alloc_record_size() with the frame-pointer walk and
-// the window (submit_alloc), and this one is discarded.
+// the window (submit_alloc), and this one is discarded; where the reader
+// is behind by more than half the ring, or the ring has no room for the
+// window, it is kept without the window (ct_keep_nowindow), as in a burst
+// of records with windows: a process's first records, before the rules
+// for its files are made, fall back, and a process that starts with a
+// burst would otherwise lose them.
 static __always_inline void submit_small(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw,
 					 struct ct_thread *t)
 {
@@ -321,10 +328,19 @@ static __always_inline void submit_small(struct pt_regs *ctx, struct ct_alloc_ev
 		bpf_ringbuf_submit(e, wakeup_flags(&e->h, small_record_size(), t));
 		return;
 	}
-	struct ct_alloc_event *b = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
+	struct ct_alloc_event *b = NULL;
+	if (!ring_behind())
+		b = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
 	if (!b) {
-		count(CT_CNT_RB_FULL);
+		__u64 seq = 0;
+		struct nowindow_val *v = nowindow_fill(&seq);
+		if (v)
+			v->r.h = e->h;
 		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+		if (v)
+			keep_nowindow(ctx, v, seq, pw);
+		else
+			count(CT_CNT_RB_FULL);
 		return;
 	}
 	b->h = e->h;
@@ -445,7 +461,11 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	// ct_learn_exit).
 	__s32 dev = in->device == CT_DEV_UNKNOWN ? thread_device(t) : in->device;
 	__u64 ts = in->ts_ns, dur = bpf_ktime_get_boot_ns() - ts;
-	// A VMM mapping's record has no window to leave out.
+	// A VMM mapping's record has no window to leave out. One unwound here
+	// (uw_small) is reserved for the most frames and its Python block,
+	// some 1.6 KiB, where one kept without a window takes 256 bytes for a
+	// short stack: while the reader is behind, records are kept so, their
+	// frames the frame pointers' (a burst keeps 6 times more).
 	int keepable = in->shape != CT_SHAPE_VMM_MAP && nowindow_ok();
 	struct ct_alloc_event *e = NULL;
 	if (!keepable || !ring_behind())

@@ -19,7 +19,8 @@ import (
 type UnwindMode uint8
 
 const (
-	// UnwindDefault: UnwindOff (record chooses: CUDATRACE_UNWIND=bpf).
+	// UnwindDefault: UnwindOff here; record chooses UnwindBPF unless
+	// CUDATRACE_UNWIND=window.
 	UnwindDefault UnwindMode = iota
 	// UnwindBPF unwinds in BPF; a record whose unwind falls back carries
 	// the frame-pointer walk and the window for user space.

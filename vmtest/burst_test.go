@@ -26,20 +26,36 @@ import (
 // into a ring that holds 14 records with windows keeps every one, each
 // with its stack (burst.c is built with frame pointers), and record says
 // how many went without a window. Before (bc0a3ce), the records past what
-// the ring held with windows were lost: 286 of them.
+// the ring held with windows were lost: 286 of them. Both ways of taking
+// stacks: the window copied into every record (CUDATRACE_UNWIND=window),
+// and unwound in BPF (the default), whose records, some 1.6 KiB, fill half
+// the ring at 80 before the rest go without.
 func TestBurstKeepsEvents(t *testing.T) {
-	ctx, dir := traceSetup(t)
 	const ring = 256 << 10
-	full := loader.RecordBytes(loader.DefaultStackWindow)
-	fit := ring / full // records with windows the empty ring takes
+	t.Run("window", func(t *testing.T) {
+		full := int(loader.RecordBytes(loader.DefaultStackWindow))
+		burstKeepsEvents(t, ring, ring/full, "CUDATRACE_UNWIND=window")
+	})
+	t.Run("bpf", func(t *testing.T) {
+		// Half the ring of records unwound in BPF, a record with its
+		// window beyond that before the reader is behind.
+		burstKeepsEvents(t, ring, ring/2/int(loader.RecordBytes(0))+1)
+	})
+}
+
+// burstKeepsEvents is TestBurstKeepsEvents in a ring of ring bytes, with
+// env, where at most fit records go with their stacks before the rest go
+// without their windows.
+func burstKeepsEvents(t *testing.T, ring, fit int, env ...string) {
+	ctx, dir := traceSetup(t)
 	const n = 300
-	if fit >= n/10 {
-		t.Fatalf("a %d-byte ring takes %d records of %d bytes: the burst of %d is no burst", ring, fit, full, n)
+	if fit >= n/3 {
+		t.Fatalf("a %d-byte ring takes %d records before it is half full: the burst of %d is no burst", ring, fit, n)
 	}
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "burst.trace")
 	stdin, feed := io.Pipe()
 	defer feed.Close()
-	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log), Stdin: stdin},
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, env...), Stdin: stdin},
 		"--ring-size", "256KiB", "--lib", fakeLib, "-o", trace, "--", workload("burst"), strconv.Itoa(n))
 	waitOutput := func(what string) {
 		t.Helper()
@@ -114,7 +130,7 @@ func TestBurstKeepsEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := counters.Counters["ringbuf_no_window"]; got < uint64(n)-uint64(fit) || got > uint64(n) {
-		t.Errorf("ringbuf_no_window = %d, want %d to %d (the records past the %d the ring held with windows)", got, uint64(n)-uint64(fit), n, fit)
+		t.Errorf("ringbuf_no_window = %d, want %d to %d (the records past the %d the ring held with their stacks)", got, uint64(n)-uint64(fit), n, fit)
 	}
 	if want := "allocations were recorded without their stack windows (the reader was behind by more than half the ring buffer, 256KiB, in a burst)"; !strings.Contains(rec.stderr.String(), want) {
 		t.Errorf("record did not say %q:\n%s", want, rec.stderr.String())
