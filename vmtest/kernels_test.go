@@ -236,14 +236,9 @@ func checkFullKernel(t *testing.T, out string, g guest, noloop, multi bool) {
 			t.Fatalf("case uwbpf: cudatrace exited %s:\n%s", rc, readTrim(t, filepath.Join(dir, "stderr")))
 		}
 		stderr := readTrim(t, filepath.Join(dir, "stderr"))
-		m := unwindCheckLine.FindStringSubmatch(stderr)
-		if m == nil {
-			t.Fatalf("no unwind check line in:\n%s", stderr)
-		}
-		t.Logf("%s", m[0])
-		n := func(i int) uint64 { v, _ := strconv.ParseUint(m[i], 10, 64); return v }
+		n, differ := unwindCheck(t, stderr)
 		if n(1) == 0 || n(3) != 0 || n(4) != 0 {
-			t.Errorf("%d stacks unwound in BPF, %d differ from the window's, %d not checked; want some, none, none: %s", n(1), n(3), n(4), m[7])
+			t.Errorf("%d stacks unwound in BPF, %d differ from the window's, %d not checked; want some, none, none: %s", n(1), n(3), n(4), differ)
 		}
 		rep := runReport(t, ctx, filepath.Join(dir, "trace"))
 		if rep.LostEvents != 0 {

@@ -36,6 +36,20 @@ func buildUWDeep(t *testing.T, dir string) (exe, late string) {
 	return exe, filepath.Join(dir, "libuwlate.so")
 }
 
+// unwindCheck finds record's unwind check line in stderr and logs it: its
+// counts by unwindCheckLine's group (1 unwound in BPF, 2 the same as the
+// window's, 3 different, 4 not checked, 5 and 6 fallen back without rules
+// and by a rule), and what differed.
+func unwindCheck(t *testing.T, stderr string) (n func(group int) uint64, differ string) {
+	t.Helper()
+	m := unwindCheckLine.FindStringSubmatch(stderr)
+	if m == nil {
+		t.Fatalf("no unwind check line in:\n%s", stderr)
+	}
+	t.Logf("%s", m[0])
+	return func(i int) uint64 { v, _ := strconv.ParseUint(m[i], 10, 64); return v }, m[7]
+}
+
 var unwindCheckLine = regexp.MustCompile(`unwind check: (\d+) stacks unwound in BPF, (\d+) the same as the window's, (\d+) differ, (\d+) not checked; fell back: (\d+) without rules, (\d+) by a rule; (.*)`)
 
 // TestUnwindInBPF: the stacks BPF unwinds from the call-frame rules
@@ -58,16 +72,11 @@ func TestUnwindInBPF(t *testing.T) {
 			rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, "CUDATRACE_TEST_UNWIND_CHECK=1")},
 				"--lib", fakeLib, "--stack-window", "64KiB", "-o", trace, "--", exe, "1000", strconv.Itoa(depth), late)
 			rec.finish(t, 90*time.Second)
-			m := unwindCheckLine.FindStringSubmatch(rec.stderr.String())
-			if m == nil {
-				t.Fatalf("no unwind check line in:\n%s", rec.stderr.String())
-			}
-			n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
-			t.Logf("%s", m[0])
+			n, differ := unwindCheck(t, rec.stderr.String())
 			truth := onlyTruth(t, log, "")
-			allocs := int(truth.Allocs)
+			allocs := truth.Allocs
 			if n(3) != 0 {
-				t.Errorf("%d stacks BPF unwound differ from the window's: %s", n(3), m[7])
+				t.Errorf("%d stacks BPF unwound differ from the window's: %s", n(3), differ)
 			}
 			// The rules come while it runs (a loaded machine's reader may
 			// be a second or two behind): the later rounds at least.
@@ -81,7 +90,7 @@ func TestUnwindInBPF(t *testing.T) {
 			// round's did, and the memo holds it (a new thread's stack
 			// may be another's): a third of all at least.
 			rep := runReport(t, ctx, trace)
-			if memo := rep.Counters["unwound_from_memo"]; memo < uint64(allocs/3) || memo > uint64(n(2)) {
+			if memo := rep.Counters["unwound_from_memo"]; memo < allocs/3 || memo > n(2) {
 				t.Errorf("%d stacks taken from the memo, want %d (a third of %d allocations) to %d (those unwound in BPF)", memo, allocs/3, allocs, n(2))
 			}
 		})
@@ -105,14 +114,9 @@ func TestUnwindMemo(t *testing.T) {
 	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, "CUDATRACE_TEST_UNWIND_CHECK=1")},
 		"--lib", fakeLib, "-o", trace, "--", exe, strconv.Itoa(rounds))
 	rec.finish(t, 90*time.Second)
-	m := unwindCheckLine.FindStringSubmatch(rec.stderr.String())
-	if m == nil {
-		t.Fatalf("no unwind check line in:\n%s", rec.stderr.String())
-	}
-	t.Logf("%s", m[0])
-	n := func(i int) uint64 { v, _ := strconv.ParseUint(m[i], 10, 64); return v }
+	n, differ := unwindCheck(t, rec.stderr.String())
 	if n(3) != 0 || n(4) != 0 {
-		t.Errorf("%d stacks BPF unwound differ from the window's, %d not checked: %s", n(3), n(4), m[7])
+		t.Errorf("%d stacks BPF unwound differ from the window's, %d not checked: %s", n(3), n(4), differ)
 	}
 	rep := runReport(t, ctx, trace)
 	// The first records of the run come before the rules for its files
