@@ -135,9 +135,10 @@ static __always_inline void submit_alloc(struct pt_regs *ctx, struct ct_alloc_ev
 	bpf_ringbuf_submit(e, wakeup_flags(&e->h, alloc_record_size(), t));
 }
 
-// uw_small says that allocation records are reserved at
-// small_record_size() first: unwound here (uw_mode CT_UW_ON), with a
-// window to fall back on.
+// uw_small says that allocation records are unwound here first
+// (uw_mode CT_UW_ON), with a window to fall back on: built in the CPU's
+// nowindow entry and copied out at their size (submit_unwound), a VMM
+// mapping's reserved at small_record_size().
 static __always_inline int uw_small(void)
 {
 	return uw_mode == CT_UW_ON && window_size();
@@ -222,14 +223,17 @@ static __always_inline struct nowindow_val *nowindow_fill(__u64 *seq)
 	return v;
 }
 
-// nowindow_out copies the record built in v, used bytes of it, into a
-// ring buffer record reserved at size (a constant power of two:
+// record_out copies the record built in v, used bytes of it, into a ring
+// buffer record reserved at size (a constant power of two:
 // bpf_ringbuf_reserve takes no other size than a constant), and submits
-// it where v was not written over meanwhile (seq). It returns -1 where the
-// record does not fit size, else whether it submitted it.
-// bpf_ringbuf_output would copy at the exact size, but could not take
-// back a copy that a preempting fill changed under it.
-static __always_inline int nowindow_out(struct nowindow_val *v, __u32 used, __u64 seq, const __u32 size)
+// it where v was not written over meanwhile (seq); t is the thread's entry
+// for wakeup_flags (NULL: none in hand), nowin counts the record one kept
+// without its window. It returns -1 where the record does not fit size,
+// else whether it submitted it. bpf_ringbuf_output would copy at the
+// exact size, but could not take back a copy that a preempting fill
+// changed under it.
+static __always_inline int record_out(struct nowindow_val *v, __u32 used, __u64 seq, const __u32 size,
+				      struct ct_thread *t, const int nowin)
 {
 	if (used >= size)
 		return -1;
@@ -248,10 +252,24 @@ static __always_inline int nowindow_out(struct nowindow_val *v, __u32 used, __u6
 		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
 		return 0;
 	}
-	count(CT_CNT_RB_NOWINDOW);
+	if (nowin)
+		count(CT_CNT_RB_NOWINDOW);
 	count(CT_CNT_EVENTS);
-	bpf_ringbuf_submit(e, wakeup_flags(e, size, NULL));
+	bpf_ringbuf_submit(e, wakeup_flags(e, size, t));
 	return 1;
+}
+
+// record_used_py is used, the bytes of v's record up to its frames, with
+// the Python frames py_put put after them, where it did.
+static __always_inline __u32 record_used_py(struct nowindow_val *v, __u32 used)
+{
+	if (v->r.h.flags & CT_F_PYHEAD) { // its count, the frames, the count again
+		__u32 pn = *(volatile __u32 *)((__u8 *)&v->r + used);
+		if (pn > CT_PY_MAX_FRAMES) // never: py_put caps it
+			pn = CT_PY_MAX_FRAMES;
+		used += 2 * sizeof(struct ct_pytrailer) + pn * sizeof(struct ct_pyframe);
+	}
+	return used;
 }
 
 // ct_keep_nowindow makes and submits the record the CPU's nowindow entry
@@ -273,21 +291,15 @@ __noinline int ct_keep_nowindow(__u64 seq)
 	if (n == CT_MAX_FRAMES)
 		v->r.h.flags |= CT_F_STACK_TRUNC;
 	__u32 used = sizeof(struct ct_event) + ((__u32)n & 127) * 8;
-	__u8 *block = (__u8 *)&v->r + used;
-	py_put(&v->r.h, block, pw);
-	if (v->r.h.flags & CT_F_PYHEAD) { // its count, the frames, the count again
-		__u32 pn = *(volatile __u32 *)block;
-		if (pn > CT_PY_MAX_FRAMES) // never: py_put caps it
-			pn = CT_PY_MAX_FRAMES;
-		used += 2 * sizeof(struct ct_pytrailer) + pn * sizeof(struct ct_pyframe);
-	}
+	py_put(&v->r.h, (__u8 *)&v->r + used, pw);
+	used = record_used_py(v, used);
 	// A few sizes: a short stack, a deeper one, the most.
 	_Static_assert(sizeof(struct ct_alloc_event) + CT_PY_BLOCK < 2048, "a record without its window fits 2 KiB");
-	int r = nowindow_out(v, used, seq, 256);
+	int r = record_out(v, used, seq, 256, NULL, 1);
 	if (r < 0)
-		r = nowindow_out(v, used, seq, 1024);
+		r = record_out(v, used, seq, 1024, NULL, 1);
 	if (r < 0)
-		r = nowindow_out(v, used, seq, 2048);
+		r = record_out(v, used, seq, 2048, NULL, 1);
 	return r > 0;
 }
 
@@ -304,67 +316,69 @@ static __always_inline void keep_nowindow(struct pt_regs *ctx, struct nowindow_v
 		count(CT_CNT_RB_FULL);
 }
 
-// submit_small finishes an allocation record reserved at
-// small_record_size() whose header is filled: its stack unwound here, its
-// Python frames; and submits it. Where the unwind falls back, the record
-// is made again at alloc_record_size() with the frame-pointer walk and
-// the window (submit_alloc), and this one is discarded; where the reader
-// is behind by more than half the ring, or the ring has no room for the
-// window, it is kept without the window (ct_keep_nowindow), as in a burst
-// of records with windows: a process's first records, before the rules
-// for its files are made, fall back, and a process that starts with a
-// burst would otherwise lose them.
-static __always_inline void submit_small(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw,
-					 struct ct_thread *t)
+// submit_unwound finishes the allocation record built in the CPU's
+// nowindow entry v (nowindow_fill: seq), its header filled: its stack
+// unwound here, its Python frames; and copies it to the ring buffer at the
+// size it uses (record_out: 256 bytes for a stack of 23 frames, 512 for
+// 55), not at the most frames and Python frames one could hold (~1.6 KiB):
+// a ring holds four to six times more records, and the reader reads less
+// memory for each. Where the unwind falls back, the record is made at
+// alloc_record_size() with the frame-pointer walk and the window
+// (submit_alloc); where the reader is behind by more than half the ring,
+// or the ring has no room for the window, it is kept without the window
+// (ct_keep_nowindow), as in a burst of records with windows: a process's
+// first records, before the rules for its files are made, fall back, and
+// a process that starts with a burst would otherwise lose them. Built in
+// v, a fallback costs no reservation given back (overhead.sh's short runs
+// fall back for a quarter of their records).
+static __always_inline void submit_unwound(struct pt_regs *ctx, struct nowindow_val *v, __u64 seq,
+					   struct py_walked pw, struct ct_thread *t)
 {
-	if (uw_stack(ctx, e, e->h.flags & CT_F_ENTRY_ONLY)) {
-		e->h.flags |= CT_F_UNWOUND;
-		__u32 n = *(volatile __u32 *)&e->h.nframes;
+	struct ct_alloc_event *r = &v->r;
+	if (uw_stack(ctx, r, r->h.flags & CT_F_ENTRY_ONLY)) {
+		r->h.flags |= CT_F_UNWOUND;
+		__u32 n = *(volatile __u32 *)&r->h.nframes;
 		if (n == CT_MAX_FRAMES)
-			e->h.flags |= CT_F_STACK_TRUNC;
+			r->h.flags |= CT_F_STACK_TRUNC;
 		__u32 used = sizeof(struct ct_event) + (n & 127) * 8;
-		py_put(&e->h, (__u8 *)e + used, pw);
-		count(CT_CNT_EVENTS);
-		bpf_ringbuf_submit(e, wakeup_flags(&e->h, small_record_size(), t));
+		py_put(&r->h, (__u8 *)r + used, pw);
+		used = record_used_py(v, used);
+		int k = record_out(v, used, seq, 256, t, 0);
+		if (k < 0)
+			k = record_out(v, used, seq, 512, t, 0);
+		if (k < 0)
+			k = record_out(v, used, seq, 1024, t, 0);
+		if (k < 0)
+			k = record_out(v, used, seq, 2048, t, 0);
+		if (k <= 0)
+			count(CT_CNT_RB_FULL);
 		return;
 	}
 	struct ct_alloc_event *b = NULL;
 	if (!ring_behind())
 		b = bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
 	if (!b) {
-		__u64 seq = 0;
-		struct nowindow_val *v = nowindow_fill(&seq);
-		if (v)
-			v->r.h = e->h;
-		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
-		if (v)
-			keep_nowindow(ctx, v, seq, pw);
-		else
-			count(CT_CNT_RB_FULL);
+		keep_nowindow(ctx, v, seq, pw);
 		return;
 	}
-	b->h = e->h;
-	bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+	b->h = r->h;
+	barrier();
+	if (*(volatile __u64 *)&v->seq != seq) { // a preempting fill wrote over the header
+		bpf_ringbuf_discard(b, BPF_RB_NO_WAKEUP);
+		count(CT_CNT_RB_FULL);
+		return;
+	}
 	submit_alloc(ctx, b, pw, t);
 }
 
-// reserve_alloc reserves an allocation record: small where it is unwound
-// here first (uw_small), else with room for the window.
+// reserve_alloc reserves an allocation record that is not unwound here
+// (submit_unwound): a VMM mapping's where records are (uw_small: it copies
+// no window), else one with room for the window.
 static __always_inline struct ct_alloc_event *reserve_alloc(void)
 {
 	if (uw_small())
 		return bpf_ringbuf_reserve(&events, small_record_size(), 0);
 	return bpf_ringbuf_reserve(&events, alloc_record_size(), 0);
-}
-
-// finish_alloc finishes a record reserve_alloc made.
-static __always_inline void finish_alloc(struct pt_regs *ctx, struct ct_alloc_event *e, struct py_walked pw,
-					 struct ct_thread *t)
-{
-	if (uw_small())
-		submit_small(ctx, e, pw, t);
-	else
-		submit_alloc(ctx, e, pw, t);
 }
 
 // walk_python walks the calling thread's Python frames and captures the
@@ -462,11 +476,27 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	__s32 dev = in->device == CT_DEV_UNKNOWN ? thread_device(t) : in->device;
 	__u64 ts = in->ts_ns, dur = bpf_ktime_get_boot_ns() - ts;
 	// A VMM mapping's record has no window to leave out. One unwound here
-	// (uw_small) is reserved for the most frames and its Python block,
-	// some 1.6 KiB, where one kept without a window takes 256 bytes for a
-	// short stack: while the reader is behind, records are kept so, their
-	// frames the frame pointers' (a burst keeps 6 times more).
+	// (uw_small) is built in the CPU's nowindow entry and copied out at
+	// the size it uses (submit_unwound). One that copies a window is
+	// reserved at ~18 KiB, where one kept without the window takes 256
+	// bytes for a short stack: while the reader is behind, records are
+	// kept so, their frames the frame pointers' (a burst keeps 6 times
+	// more).
 	int keepable = in->shape != CT_SHAPE_VMM_MAP && nowindow_ok();
+	if (keepable && uw_small()) {
+		__u64 seq = 0;
+		struct nowindow_val *v = nowindow_fill(&seq);
+		if (!v) { // never: a per-CPU array's one entry
+			count(CT_CNT_RB_FULL);
+			call_done(in);
+			return 0;
+		}
+		fill_event(&v->r.h, id, ts, dur, in->api, 0, addr, size, dev, result);
+		call_done(in);
+		submit_unwound(ctx, v, seq, pw, t);
+		forget_free(t);
+		return 0;
+	}
 	struct ct_alloc_event *e = NULL;
 	if (!keepable || !ring_behind())
 		e = reserve_alloc();
@@ -501,9 +531,18 @@ static __always_inline int alloc_exit(struct pt_regs *ctx, const int use_loop)
 	}
 	call_done(in);
 
+	if (uw_small()) {
+		// Never: a record that is not a VMM mapping's went to
+		// submit_unwound above. The verifier, which does not know that
+		// the shape read twice is the same, checks this path too.
+		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+		count(CT_CNT_RB_FULL);
+		forget_free(t);
+		return 0;
+	}
 	// At the return probe the caller's frames are complete; at entry the
 	// direct caller would be missing (the callee has not pushed rbp yet).
-	finish_alloc(ctx, e, pw, t);
+	submit_alloc(ctx, e, pw, t);
 	forget_free(t);
 	return 0;
 }

@@ -396,8 +396,9 @@ static __always_inline __u64 uw_mix(__u64 h, __u64 x)
 	return h ^ (h >> 29);
 }
 
-// uw_sum is the memo m's sum: all but itself, up to its words in use.
-static __always_inline __u64 uw_sum(struct uw_memo *m)
+// uw_sum_head is the sum of the memo m's head: all before its words but
+// the sum itself.
+static __always_inline __u64 uw_sum_head(struct uw_memo *m)
 {
 	__u64 h = uw_mix(0, m->key.tgid | (__u64)m->key.entry << 32);
 	h = uw_mix(h, m->key.pc);
@@ -406,7 +407,14 @@ static __always_inline __u64 uw_sum(struct uw_memo *m)
 	h = uw_mix(h, m->fp);
 	h = uw_mix(h, m->lr);
 	h = uw_mix(h, m->n | (__u64)m->nw << 32);
-	h = uw_mix(h, m->flags);
+	return uw_mix(h, m->flags);
+}
+
+// uw_sum is the memo m's sum: all but itself, up to its words in use, in
+// the order ct_uw_memo_hit reads them.
+static __always_inline __u64 uw_sum(struct uw_memo *m)
+{
+	__u64 h = uw_sum_head(m);
 	__u32 nw = m->nw;
 	for (int i = 0; i < CT_UW_MEMO_WORDS; i++) {
 		if (i >= nw)
@@ -433,20 +441,23 @@ __noinline int ct_uw_memo_hit(struct uw_state *st, struct uw_scratch *s, __u64 g
 	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &b->k);
 	if (!e)
 		return 0;
-	// Copied out, the words in use alone, and its sum checked on the copy.
+	// Its head copied out; its words read in place, each once, and summed
+	// as they are read and used: an element the LRU reuses for another
+	// key meanwhile (another CPU's update) fails the sum at the end, and
+	// nothing read is taken unless it holds. Copying the words out first
+	// and summing them cost a copy of up to 4 KiB and a second pass. A
+	// torn memo may end in -1 (counted unwind_memo_changed) before its sum
+	// is checked: then the stack is unwound, as for a changed one.
 	struct uw_memo *m = &b->m;
 	if (bpf_probe_read_kernel(m, offsetof(struct uw_memo, w), e))
 		return 0;
 	__u32 nw = m->nw;
-	if (nw >= CT_UW_MEMO_WORDS)
-		return 0;
-	if (nw && bpf_probe_read_kernel(m->w, (nw & (CT_UW_MEMO_WORDS - 1)) * sizeof(struct uw_word), e->w))
-		return 0;
-	if (m->sum != uw_sum(m) || m->key.tgid != b->k.tgid || m->key.entry != b->k.entry || m->key.pc != b->k.pc ||
+	if (nw >= CT_UW_MEMO_WORDS || m->key.tgid != b->k.tgid || m->key.entry != b->k.entry || m->key.pc != b->k.pc ||
 	    m->key.sp != b->k.sp || m->gen != gen) // (gen: made with mappings since changed)
 		return 0;
 	if ((m->flags & CT_UW_M_FP) && m->fp != st->fp)
 		return -1;
+	__u64 h = uw_sum_head(m);
 	b->pcs[0] = st->pc;
 	b->n = 1;
 	b->ended = 0;
@@ -464,15 +475,18 @@ __noinline int ct_uw_memo_hit(struct uw_state *st, struct uw_scratch *s, __u64 g
 	for (int i = 0; i < CT_UW_MEMO_WORDS; i++) {
 		if (i >= nw)
 			break;
-		__u64 a = m->w[i].addr;
+		__u64 a = *(volatile __u64 *)&e->w[i].addr;
+		__u64 val = *(volatile __u64 *)&e->w[i].val;
+		h = uw_mix(h, a);
+		h = uw_mix(h, val);
 		__u32 kind = a & CT_UW_W_KIND;
 		if (!kind)
 			continue;
-		if (!uw_read(s, a & ~(__u64)CT_UW_W_KIND, &b->v) || b->v != m->w[i].val)
+		if (!uw_read(s, a & ~(__u64)CT_UW_W_KIND, &b->v) || b->v != val)
 			return -1;
 		if (!(kind & CT_UW_W_RA))
 			continue;
-		__u64 v = b->v & st->ra_mask;
+		__u64 v = val & st->ra_mask;
 		__u32 n = *(volatile __u32 *)&b->n;
 		if (*(volatile __u32 *)&b->ended || n >= CT_MAX_FRAMES)
 			return 0;
@@ -484,7 +498,7 @@ __noinline int ct_uw_memo_hit(struct uw_state *st, struct uw_scratch *s, __u64 g
 		b->n = n + 1;
 	}
 	__u32 n = *(volatile __u32 *)&b->n;
-	if (n != m->n || n > CT_MAX_FRAMES)
+	if (h != m->sum || n != m->n || n > CT_MAX_FRAMES)
 		return 0;
 	return n;
 }

@@ -57,9 +57,21 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 		submit_entry(id, bpf_ktime_get_boot_ns(), spec->api, ptr, 0, thread_device(t), t);
 		return 0;
 	}
+	__u64 now = bpf_ktime_get_boot_ns();
 	struct py_walked pw = walk_python(ctx, id, use_loop);
 	__u64 size = usdt_arg(ctx, &spec->args[2]);
 	__s32 dev = (__s32)usdt_arg(ctx, &spec->args[1]);
+	if (uw_small()) { // unwound here, built in the CPU's nowindow entry: see alloc.h
+		__u64 seq = 0;
+		struct nowindow_val *v = nowindow_fill(&seq);
+		if (!v) {
+			count(CT_CNT_RB_FULL);
+			return 0;
+		}
+		fill_event(&v->r.h, id, now, 0, spec->api, CT_F_ENTRY_ONLY, ptr, size, dev, 0);
+		submit_unwound(ctx, v, seq, pw, t);
+		return 0;
+	}
 	struct ct_alloc_event *e = NULL;
 	if (!nowindow_ok() || !ring_behind()) // see alloc.h
 		e = reserve_alloc();
@@ -70,14 +82,14 @@ static __always_inline int usdt(struct pt_regs *ctx, const int use_loop)
 			count(CT_CNT_RB_FULL);
 			return 0;
 		}
-		fill_event(&v->r.h, id, bpf_ktime_get_boot_ns(), 0, spec->api, CT_F_ENTRY_ONLY, ptr, size, dev, 0);
+		fill_event(&v->r.h, id, now, 0, spec->api, CT_F_ENTRY_ONLY, ptr, size, dev, 0);
 		keep_nowindow(ctx, v, seq, pw);
 		return 0;
 	}
-	fill_event(&e->h, id, bpf_ktime_get_boot_ns(), 0, spec->api, CT_F_ENTRY_ONLY, ptr, size, dev, 0);
+	fill_event(&e->h, id, now, 0, spec->api, CT_F_ENTRY_ONLY, ptr, size, dev, 0);
 	// The probe sits in the allocator's function body, past its prologue:
 	// the frame-pointer chain starts at its caller's frame.
-	finish_alloc(ctx, e, pw, t);
+	submit_alloc(ctx, e, pw, t);
 	return 0;
 }
 

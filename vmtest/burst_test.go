@@ -20,16 +20,18 @@ import (
 
 // TestBurstKeepsEvents: a burst of allocations while the reader is kept
 // away (record stopped with SIGSTOP, as a busy node's CPUs keep it) fills
-// the ring buffer. Once the reader is behind by half the ring, records go
-// without their stack windows, their frames from the frame pointers,
-// copied at the few hundred bytes they use: a burst of 300 allocations
-// into a ring that holds 14 records with windows keeps every one, each
-// with its stack (burst.c is built with frame pointers), and record says
-// how many went without a window. Before (bc0a3ce), the records past what
-// the ring held with windows were lost: 286 of them. Both ways of taking
-// stacks: the window copied into every record (CUDATRACE_UNWIND=window),
-// and unwound in BPF (the default), whose records, some 1.6 KiB, fill half
-// the ring at 80 before the rest go without.
+// the ring buffer. With stack windows (CUDATRACE_UNWIND=window), once the
+// reader is behind by half the ring, records go without their windows,
+// their frames from the frame pointers, copied at the few hundred bytes
+// they use: a burst of 300 allocations into a ring that holds 14 records
+// with windows keeps every one, each with its stack (burst.c is built
+// with frame pointers), and record says how many went without a window.
+// Before (bc0a3ce), the records past what the ring held with windows were
+// lost: 286 of them. Unwound in BPF (the default), records are copied to
+// the ring at the size they use (256 bytes for burst.c's stacks), and the
+// same ring holds the whole burst with its stacks unwound in BPF: none
+// goes without. Before (4625506) they were reserved at some 1.6 KiB, and
+// past the 80 that fill half the ring the rest went without.
 func TestBurstKeepsEvents(t *testing.T) {
 	const ring = 256 << 10
 	t.Run("window", func(t *testing.T) {
@@ -37,19 +39,19 @@ func TestBurstKeepsEvents(t *testing.T) {
 		burstKeepsEvents(t, ring, ring/full, "CUDATRACE_UNWIND=window")
 	})
 	t.Run("bpf", func(t *testing.T) {
-		// Half the ring of records unwound in BPF, a record with its
-		// window beyond that before the reader is behind.
-		burstKeepsEvents(t, ring, ring/2/int(loader.RecordBytes(0))+1)
+		burstKeepsEvents(t, ring, ring/(256+8))
 	})
 }
 
 // burstKeepsEvents is TestBurstKeepsEvents in a ring of ring bytes, with
-// env, where at most fit records go with their stacks before the rest go
-// without their windows.
+// env, where at most fit records go with their stacks (unwound in BPF,
+// where fit is more than the burst) before the rest go without their
+// windows.
 func burstKeepsEvents(t *testing.T, ring, fit int, env ...string) {
 	ctx, dir := traceSetup(t)
 	const n = 300
-	if fit >= n/3 {
+	inBPF := fit > n
+	if !inBPF && fit >= n/3 {
 		t.Fatalf("a %d-byte ring takes %d records before it is half full: the burst of %d is no burst", ring, fit, n)
 	}
 	log, trace := filepath.Join(dir, "fake.log"), filepath.Join(dir, "burst.trace")
@@ -128,6 +130,17 @@ func burstKeepsEvents(t *testing.T, ring, fit int, env ...string) {
 	}
 	if err := json.Unmarshal(out, &counters); err != nil {
 		t.Fatal(err)
+	}
+	if inBPF {
+		// Every record of the burst unwound in BPF (the one before it
+		// may come before the rules for burst's files), none without.
+		if got := counters.Counters["unwound_in_bpf"]; got < n || got > n+1 {
+			t.Errorf("unwound_in_bpf = %d, want %d or %d (the burst's records, all in a ring that holds %d)", got, n, n+1, fit)
+		}
+		if got := counters.Counters["ringbuf_no_window"]; got != 0 {
+			t.Errorf("ringbuf_no_window = %d, want 0 (records of 256 bytes, %d in the ring)", got, fit)
+		}
+		return
 	}
 	if got := counters.Counters["ringbuf_no_window"]; got < uint64(n)-uint64(fit) || got > uint64(n) {
 		t.Errorf("ringbuf_no_window = %d, want %d to %d (the records past the %d the ring held with their stacks)", got, uint64(n)-uint64(fit), n, fit)
