@@ -427,7 +427,7 @@ type CudatraceUwMemo struct {
 	N     uint32
 	Nw    uint32
 	Flags uint32
-	Pad   uint32
+	PageW uint32
 	W     [256]struct {
 		_    structs.HostLayout
 		Addr uint64
@@ -459,7 +459,7 @@ type CudatraceUwScratch struct {
 	Base uint64
 	Len  uint32
 	Pad  uint32
-	Buf  [4104]uint8
+	Buf  [8200]uint8
 }
 
 // Names of all BPF objects in the ELF.

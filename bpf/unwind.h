@@ -95,19 +95,24 @@ struct uw_scratch {
 	__u64 base; // the address of buf[0]
 	__u32 len;  // bytes of buf read
 	__u32 pad;
-	__u8 buf[CT_PAGE + 8]; // 8 more: uw_read's masked offset, up to CT_PAGE - 1, and its word
+	__u8 buf[2 * CT_PAGE + 8]; // two pages (uw_read's span); 8 more: its masked offset, and its word
 };
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, uw_scratch, __u32, struct uw_scratch, 1);
 
 // uw_read reads the word at addr of the stack into out through s, and
-// says whether it could.
-static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
+// says whether it could. span (ct_uw_memo_hit's, from the memo) reads on
+// to the end of the next page, where the stack's next word to check lies:
+// one read for two pages (bpf_probe_read_user costs ~110 ns a call on the
+// VMs here, ~12 ns more a KiB).
+static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out, int span)
 {
 	__u64 off = addr - s->base;
 	if (addr < s->base || off + 8 > s->len) {
 		__u32 n = CT_PAGE - (__u32)(addr & (CT_PAGE - 1)); // to the page's end: 1..CT_PAGE
 		if (n < 8)
 			return bpf_probe_read_user(out, 8, (void *)addr) == 0;
+		if (span)
+			n += CT_PAGE;
 		s->len = 0;
 		if (bpf_probe_read_user(s->buf, n, (void *)addr))
 			return 0;
@@ -115,14 +120,14 @@ static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
 		s->len = n;
 		off = 0;
 	}
-	if (off > CT_PAGE - 8)
+	if (off > 2 * CT_PAGE - 8)
 		return 0;
 	// Masked too (a no-op here), where the pointer is made: the
 	// compiler may keep off on the stack between the check and its use,
 	// and 6.1's verifier loses the check's bound there ("math between
 	// mem pointer and register with unbounded min value").
 	barrier_var(off);
-	*out = *(__u64 *)(s->buf + (off & (CT_PAGE - 1)));
+	*out = *(__u64 *)(s->buf + (off & (2 * CT_PAGE - 1)));
 	return 1;
 }
 
@@ -146,8 +151,13 @@ static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
 // unmarked and not checked: the stack does not depend on it. The frames
 // are made again from the return addresses, so that the words checked
 // are the frames given.
+//
+// The first return address kept on a page that the next return address's
+// page follows is marked CT_UW_W_SPAN too (uw_keep_word): the read that
+// brings its page in reads the next one with it.
 #define CT_UW_W_RA 1
 #define CT_UW_W_FP 2
+#define CT_UW_W_SPAN 4
 #define CT_UW_W_KIND 7
 #define CT_UW_MEMO_WORDS 256 // of a stack's, a power of two: one that reads more goes without the memo
 #define CT_UW_M_FP 1         // a rule used the frame pointer the unwind started with (uw_memo.fp)
@@ -178,7 +188,9 @@ struct uw_memo {
 	__u32 n;  // frames
 	__u32 nw; // words
 	__u32 flags;
-	__u32 pad;
+	// The making's own (uw_keep_word), not summed nor used by a hit: the
+	// first return address kept on the latest page, its number plus one.
+	__u32 page_w;
 	struct uw_word w[CT_UW_MEMO_WORDS];
 };
 
@@ -226,6 +238,21 @@ static __always_inline __u32 uw_keep_word(struct uw_memo *m, __u64 addr, __u64 v
 	m->w[i & (CT_UW_MEMO_WORDS - 1)].addr = addr | kind;
 	m->w[i & (CT_UW_MEMO_WORDS - 1)].val = val;
 	m->nw = i + 1;
+	if (kind == CT_UW_W_RA) {
+		// A return address on the page after the latest one's: the
+		// read that brings in that page (its first return address's,
+		// in a hit) reads this one with it (CT_UW_W_SPAN).
+		__u32 p = m->page_w;
+		if (p && p <= CT_UW_MEMO_WORDS) {
+			struct uw_word *f = &m->w[(p - 1) & (CT_UW_MEMO_WORDS - 1)];
+			__u64 fa = f->addr;
+			if (fa / CT_PAGE == addr / CT_PAGE)
+				return i + 1;
+			if (fa / CT_PAGE + 1 == addr / CT_PAGE)
+				f->addr = fa | CT_UW_W_SPAN;
+		}
+		m->page_w = i + 1;
+	}
 	return i + 1;
 }
 
@@ -342,7 +369,7 @@ __noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_
 	__u32 fp_ok = st->fp_ok, fp_w = st->fp_w;
 	if (r->ra == CT_UW_REG_OFFSET) {
 		__u64 at = cfa + (__s64)r->ra_off;
-		if (!uw_read(s, at, &ra))
+		if (!uw_read(s, at, &ra, 0))
 			return CT_UW_RULE;
 		if (mb)
 			uw_keep_word(mb, at, ra, CT_UW_W_RA);
@@ -370,7 +397,7 @@ __noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_
 		break;
 	case CT_UW_REG_OFFSET: {
 		__u64 at = cfa + (__s64)r->fp_off;
-		fp_ok = uw_read(s, at, &fp);
+		fp_ok = uw_read(s, at, &fp, 0);
 		// kept unmarked: checked only where a later CFA takes it
 		if (fp_ok && mb)
 			fp_w = uw_keep_word(mb, at, fp, 0);
@@ -482,7 +509,7 @@ __noinline int ct_uw_memo_hit(struct uw_state *st, struct uw_scratch *s, __u64 g
 		__u32 kind = a & CT_UW_W_KIND;
 		if (!kind)
 			continue;
-		if (!uw_read(s, a & ~(__u64)CT_UW_W_KIND, &b->v) || b->v != val)
+		if (!uw_read(s, a & ~(__u64)CT_UW_W_KIND, &b->v, a & CT_UW_W_SPAN) || b->v != val)
 			return -1;
 		if (!(kind & CT_UW_W_RA))
 			continue;
@@ -592,6 +619,7 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 	// No memo that holds: unwound, and the words it reads kept.
 	b->m.nw = 0;
 	b->m.flags = 0;
+	b->m.page_w = 0;
 	b->m.fp = st.fp;
 	b->m.lr = st.lr;
 	e->stack[0] = st.pc;
