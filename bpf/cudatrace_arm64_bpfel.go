@@ -418,9 +418,15 @@ type CudatracePyThread struct {
 }
 
 type CudatraceUwMemo struct {
-	_     structs.HostLayout
-	Sum   uint64
-	Key   CudatraceUwMemoKey
+	_   structs.HostLayout
+	Sum uint64
+	Key struct {
+		_     structs.HostLayout
+		Tgid  uint32
+		Entry uint32
+		Pc    uint64
+		Sp    uint64
+	}
 	Gen   uint64
 	Fp    uint64
 	Lr    uint64
@@ -441,16 +447,16 @@ type CudatraceUwMemoBuf struct {
 	Pcs   [128]uint64
 	N     uint32
 	Ended uint32
-	K     CudatraceUwMemoKey
-	V     uint64
-}
-
-type CudatraceUwMemoKey struct {
-	_     structs.HostLayout
-	Tgid  uint32
-	Entry uint32
-	Pc    uint64
-	Sp    uint64
+	K     struct {
+		_     structs.HostLayout
+		Tgid  uint32
+		Entry uint32
+		Pc    uint64
+		Sp    uint64
+	}
+	Slot uint32
+	Pad  uint32
+	V    uint64
 }
 
 type CudatraceUwScratch struct {

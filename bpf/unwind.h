@@ -194,11 +194,18 @@ struct uw_memo {
 	struct uw_word w[CT_UW_MEMO_WORDS];
 };
 
-// An LRU: what it holds of a process is worth nothing once its mappings'
-// gen moved on, and the least recent goes first. Not emptied at a
-// process's end: BPF cannot list a process's keys, and a later process
-// with its PID has another gen.
-CT_MAP(BPF_MAP_TYPE_LRU_HASH, uw_memo, struct uw_memo_key, struct uw_memo, 1024);
+// Direct-mapped: a memo's slot is a hash of its key (uw_slot), and a
+// memo made for another key in the same slot takes its place. An array's
+// look-up is a few instructions where the LRU hash's it replaced cost a
+// hash of the key, a bucket's walk and the LRU's own bookkeeping at every
+// hit (and its update a list's at every miss). What a slot holds of a
+// process is worth nothing once its mappings' gen moved on; not emptied
+// at a process's end: BPF cannot list a process's keys, and a later
+// process with its PID has another gen. Slots are written in place, not
+// atomically: a memo read while another CPU writes its slot fails its
+// key or its sum, and the stack is unwound.
+#define CT_UW_MEMO_SLOTS 1024 // a power of two
+CT_MAP(BPF_MAP_TYPE_ARRAY, uw_memo, __u32, struct uw_memo, CT_UW_MEMO_SLOTS);
 
 // A CPU's memo being made by an unwind (ct_uw_step writes its words), or
 // one copied out of uw_memo to be checked; and the frames made from it.
@@ -220,6 +227,8 @@ struct uw_memo_buf {
 	// counts a caller's and its callee's together, 512 bytes at most),
 	// and which is the only other memory 6.1 takes a map key from.
 	struct uw_memo_key k;
+	__u32 slot; // k's in uw_memo (uw_slot)
+	__u32 pad;
 	__u64 v;
 };
 _Static_assert(((CT_MAX_FRAMES + 1) & CT_MAX_FRAMES) == 0, "CT_MAX_FRAMES masks an index of pcs");
@@ -423,6 +432,13 @@ static __always_inline __u64 uw_mix(__u64 h, __u64 x)
 	return h ^ (h >> 29);
 }
 
+// uw_slot is key k's slot in uw_memo.
+static __always_inline __u32 uw_slot(struct uw_memo_key *k)
+{
+	__u64 h = uw_mix(uw_mix(uw_mix(0, k->tgid | (__u64)k->entry << 32), k->pc), k->sp);
+	return (__u32)(h >> 32) & (CT_UW_MEMO_SLOTS - 1);
+}
+
 // uw_sum_head is the sum of the memo m's head: all before its words but
 // the sum itself.
 static __always_inline __u64 uw_sum_head(struct uw_memo *m)
@@ -465,7 +481,7 @@ __noinline int ct_uw_memo_hit(struct uw_state *st, struct uw_scratch *s, __u64 g
 	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
 	if (!st || !s || !b)
 		return 0;
-	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &b->k);
+	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &b->slot);
 	if (!e)
 		return 0;
 	// Its head copied out; its words read in place, each once, and summed
@@ -534,8 +550,8 @@ __noinline int ct_uw_memo_hit(struct uw_state *st, struct uw_scratch *s, __u64 g
 // frames counted in m.n) by an unwind that started at its k, with the
 // mappings' gen; seq is the CPU's uw_scratch count when the unwind began:
 // an unwind that preempted this one wrote in the buffer too, and what was
-// kept then is taken back before any other look-up of k (only this thread
-// unwinds from its sp).
+// kept then is made to fail its sum before any other look-up of k (only
+// this thread unwinds from its sp).
 __noinline int ct_uw_memo_keep(struct uw_scratch *s, __u64 gen, __u64 seq)
 {
 	__u32 zero = 0;
@@ -550,10 +566,15 @@ __noinline int ct_uw_memo_keep(struct uw_scratch *s, __u64 gen, __u64 seq)
 	m->sum = uw_sum(m);
 	if (*(volatile __u64 *)&s->seq != seq)
 		return 0;
-	bpf_map_update_elem(&uw_memo, &b->k, m, BPF_ANY);
+	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &b->slot);
+	__u32 nw = m->nw;
+	if (!e || nw >= CT_UW_MEMO_WORDS)
+		return 0;
+	// The head and the words in use, not the whole slot's 4 KiB.
+	bpf_probe_read_kernel(e, offsetof(struct uw_memo, w) + (nw & (CT_UW_MEMO_WORDS - 1)) * sizeof(struct uw_word), m);
 	barrier();
 	if (*(volatile __u64 *)&s->seq != seq) {
-		bpf_map_delete_elem(&uw_memo, &b->k);
+		e->sum = ~m->sum; // see above
 		return 0;
 	}
 	return 1;
@@ -600,6 +621,7 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 	b->k.entry = entry ? 1 : 0;
 	b->k.pc = st.pc;
 	b->k.sp = st.sp;
+	b->slot = uw_slot(&b->k);
 	__s32 n = ct_uw_memo_hit(&st, s, pm->gen);
 	if (n > 0) {
 		bpf_probe_read_kernel(e->stack, (n & CT_MAX_FRAMES) * sizeof(__u64), b->pcs);
