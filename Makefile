@@ -73,6 +73,7 @@ bench: build
 	$(GO) test -run '^$$' -bench AgentEvent -benchtime 10000000x ./agent/
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/overhead.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/startup.sh
+	$(GO) run ./bench/verifierstats ct_exit ct_usdt
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/readercpu.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/bpfcost.sh
 	CUDATRACE=$(CURDIR)/$(BIN) ./bench/progcost.sh
