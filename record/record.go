@@ -219,25 +219,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	// learn them from their own calls (see loader.LearnProbes).
 	topts.TraceStart = BootNow()
 	topts.Learn = len(opts.PIDs) > 0 || opts.All
-	// Stacks are unwound in BPF (bpf/unwind.h), from each file's call-frame
-	// rules, a stack unwound once answered from its memo while the words
-	// it read stay the same; a record whose unwind falls back (no rules
-	// yet for a file, a signal frame) copies the window as before, for
-	// the user-space unwinder. On the VMs it was measured on, that takes
-	// a pair's BPF time to 0.72x of the window copy's at 25 frames, and
-	// the reader's CPU per event to 0.65x (records of frames, nothing to
-	// unwind here; docs/benchmarks.md, 2026-11-29, fifth).
-	// CUDATRACE_UNWIND=window copies the window into every record instead.
-	switch {
-	case unwindCheck:
-		topts.Unwind = loader.UnwindBoth // the window too, the reference
-	case os.Getenv("CUDATRACE_UNWIND") == "window":
-		topts.Unwind = loader.UnwindOff
-	case opts.KeepStackWindows:
-		topts.Unwind = loader.UnwindBoth
-	default:
-		topts.Unwind = loader.UnwindBPF
-	}
+	topts.Unwind = unwindMode(os.Getenv("CUDATRACE_UNWIND"), unwindCheck, opts.KeepStackWindows, opts.Stderr)
 	tr, err := loader.New(topts)
 	if err != nil {
 		if hint.Of(err) != "" { // the loader's own (a verifier's rejection, memlock)
