@@ -311,7 +311,18 @@ func wantMetric(t *testing.T, samples []sample, want uint64, name string, labels
 	t.Helper()
 	v, ok := metric(t, samples, name, labels...)
 	if !ok {
-		t.Errorf("%s%v: missing", name, labels)
+		// The series of that name that share the first label, if any:
+		// what the metric was found under instead (another comm, job,
+		// rank).
+		if len(labels) < 2 {
+			t.Errorf("%s%v: missing", name, labels)
+			return
+		}
+		var near []string
+		for _, s := range samplesOf(samples, name, labels[:2]...) {
+			near = append(near, fmt.Sprintf("%v = %v", s.labels, s.value))
+		}
+		t.Errorf("%s%v: missing; the series of %s=%s: %v", name, labels, labels[0], labels[1], near)
 		return
 	}
 	if v != float64(want) {
