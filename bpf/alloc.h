@@ -321,7 +321,7 @@ static __always_inline void keep_nowindow(struct pt_regs *ctx, struct nowindow_v
 // unwound here, its Python frames; and copies it to the ring buffer at the
 // size it uses (record_out: 256 bytes for a stack of 23 frames, 512 for
 // 55), not at the most frames and Python frames one could hold (~1.6 KiB):
-// a ring holds four to six times more records, and the reader reads less
+// a ring holds three to six times more records, and the reader reads less
 // memory for each. Where the unwind falls back, the record is made at
 // alloc_record_size() with the frame-pointer walk and the window
 // (submit_alloc); where the reader is behind by more than half the ring,

@@ -208,7 +208,8 @@ struct uw_memo {
 CT_MAP(BPF_MAP_TYPE_ARRAY, uw_memo, __u32, struct uw_memo, CT_UW_MEMO_SLOTS);
 
 // A CPU's memo being made by an unwind (ct_uw_step writes its words), or
-// one copied out of uw_memo to be checked; and the frames made from it.
+// the head of one copied out of uw_memo to be checked; and the frames
+// made from it.
 // Covered by the CPU's uw_scratch seq, as the pages are: an unwind that
 // preempted another on the CPU counts it up, and the first then falls
 // back.
@@ -485,9 +486,9 @@ __noinline int ct_uw_memo_hit(struct uw_state *st, struct uw_scratch *s, __u64 g
 	if (!e)
 		return 0;
 	// Its head copied out; its words read in place, each once, and summed
-	// as they are read and used: an element the LRU reuses for another
-	// key meanwhile (another CPU's update) fails the sum at the end, and
-	// nothing read is taken unless it holds. Copying the words out first
+	// as they are read and used: a slot another CPU writes meanwhile (a
+	// memo of another key, or of this one made again) fails the sum at
+	// the end, and nothing read is taken unless it holds. Copying the words out first
 	// and summing them cost a copy of up to 4 KiB and a second pass. A
 	// torn memo may end in -1 (counted unwind_memo_changed) before its sum
 	// is checked: then the stack is unwound, as for a changed one.
