@@ -176,7 +176,13 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 		}
 		return
 	}
-	s.attachMapped(pid, all, at)
+	// What its next allocation needs comes first: its interpreter's
+	// layout in BPF, and its files' unwind rules asked for. A probe
+	// attached (its loader's, a CUDA library's) takes a uprobe's
+	// registration, some 16 ms here (vmtest TestPythonRenewedCode): a
+	// Python program started in a root of its own allocated before its
+	// layout was set when that came first.
+	//
 	// What it maps now, kept for its capture should it be gone by its
 	// first record (or the next after a load): a process that exits
 	// right after allocating still has its stacks named. With every
@@ -195,6 +201,7 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	case lp.py == nil && !lp.pyTried:
 		s.detectPython(pid, lp, c.RootDir(), all)
 	}
+	s.attachMapped(pid, all, at)
 }
 
 // mapsCUDA says whether maps hold a CUDA library, or a file whose
