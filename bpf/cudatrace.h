@@ -227,6 +227,9 @@ struct ct_ustack {
 // at once: every field it needs lies there in 3.10-3.14 (at most 104), and
 // Go refuses a layout where one does not (pystack's checkBPF).
 #define CT_PY_FRAME_READ 128
+// ct_pyoffsets.interp_code_gen of a process whose code objects freed
+// ct_code_free counts (pystack's bpfGenFrees).
+#define CT_PY_GEN_FREES (-2)
 
 struct ct_pyoffsets {
 	__u64 interp_head; // address of _PyRuntime.interpreters.head
@@ -250,9 +253,11 @@ struct ct_pyoffsets {
 	// code_dealloc counts up before it frees one). While it stands still,
 	// a code object that a thread's frames held is still the object at
 	// its address: py_check takes its identity from the CPU's last block
-	// instead of reading it again (bpf/pycode.h). Narrow, where the
-	// struct had room: the walk keeps a copy on ct_exit's stack, which
-	// with ct_py_capture's is at Linux 6.1's 512 bytes.
+	// instead of reading it again (bpf/pycode.h). CT_PY_GEN_FREES for 3.10
+	// to 3.13, which keep no such count, where the reader probed their
+	// code_dealloc: the count is ct_code_free's (py_code_frees). Narrow,
+	// where the struct had room: the walk keeps a copy on ct_exit's stack,
+	// which with ct_py_capture's is at Linux 6.1's 512 bytes.
 	__s16 ts_interp;
 	__s32 interp_code_gen;
 	// What a code object is named by (the capture, bpf/pycode.h): its

@@ -500,6 +500,7 @@ const (
 	CudatraceMapUwScratch              = "uw_scratch"
 	CudatraceProgCt3dEnter             = "ct_3d_enter"
 	CudatraceProgCtAllocEnter          = "ct_alloc_enter"
+	CudatraceProgCtCodeFree            = "ct_code_free"
 	CudatraceProgCtCtxExit             = "ct_ctx_exit"
 	CudatraceProgCtCtxattachEnter      = "ct_ctxattach_enter"
 	CudatraceProgCtCtxcreateEnter      = "ct_ctxcreate_enter"
@@ -537,6 +538,7 @@ const (
 	CudatraceVarFilterPids             = "filter_pids"
 	CudatraceVarFollowForks            = "follow_forks"
 	CudatraceVarMappedApi              = "mapped_api"
+	CudatraceVarPyCodeFrees            = "py_code_frees"
 	CudatraceVarPycodeApi              = "pycode_api"
 	CudatraceVarStackWindow            = "stack_window"
 	CudatraceVarTraceStartNs           = "trace_start_ns"
@@ -603,6 +605,7 @@ type CudatraceSpecs struct {
 type CudatraceProgramSpecs struct {
 	Ct3dEnter             *ebpf.ProgramSpec `ebpf:"ct_3d_enter"`
 	CtAllocEnter          *ebpf.ProgramSpec `ebpf:"ct_alloc_enter"`
+	CtCodeFree            *ebpf.ProgramSpec `ebpf:"ct_code_free"`
 	CtCtxExit             *ebpf.ProgramSpec `ebpf:"ct_ctx_exit"`
 	CtCtxattachEnter      *ebpf.ProgramSpec `ebpf:"ct_ctxattach_enter"`
 	CtCtxcreateEnter      *ebpf.ProgramSpec `ebpf:"ct_ctxcreate_enter"`
@@ -678,6 +681,7 @@ type CudatraceVariableSpecs struct {
 	FilterPids         *ebpf.VariableSpec `ebpf:"filter_pids"`
 	FollowForks        *ebpf.VariableSpec `ebpf:"follow_forks"`
 	MappedApi          *ebpf.VariableSpec `ebpf:"mapped_api"`
+	PyCodeFrees        *ebpf.VariableSpec `ebpf:"py_code_frees"`
 	PycodeApi          *ebpf.VariableSpec `ebpf:"pycode_api"`
 	StackWindow        *ebpf.VariableSpec `ebpf:"stack_window"`
 	TraceStartNs       *ebpf.VariableSpec `ebpf:"trace_start_ns"`
@@ -788,6 +792,7 @@ type CudatraceVariables struct {
 	FilterPids         *ebpf.Variable `ebpf:"filter_pids"`
 	FollowForks        *ebpf.Variable `ebpf:"follow_forks"`
 	MappedApi          *ebpf.Variable `ebpf:"mapped_api"`
+	PyCodeFrees        *ebpf.Variable `ebpf:"py_code_frees"`
 	PycodeApi          *ebpf.Variable `ebpf:"pycode_api"`
 	StackWindow        *ebpf.Variable `ebpf:"stack_window"`
 	TraceStartNs       *ebpf.Variable `ebpf:"trace_start_ns"`
@@ -816,6 +821,7 @@ type CudatraceVariables struct {
 type CudatracePrograms struct {
 	Ct3dEnter             *ebpf.Program `ebpf:"ct_3d_enter"`
 	CtAllocEnter          *ebpf.Program `ebpf:"ct_alloc_enter"`
+	CtCodeFree            *ebpf.Program `ebpf:"ct_code_free"`
 	CtCtxExit             *ebpf.Program `ebpf:"ct_ctx_exit"`
 	CtCtxattachEnter      *ebpf.Program `ebpf:"ct_ctxattach_enter"`
 	CtCtxcreateEnter      *ebpf.Program `ebpf:"ct_ctxcreate_enter"`
@@ -854,6 +860,7 @@ func (p *CudatracePrograms) Close() error {
 	return _CudatraceClose(
 		p.Ct3dEnter,
 		p.CtAllocEnter,
+		p.CtCodeFree,
 		p.CtCtxExit,
 		p.CtCtxattachEnter,
 		p.CtCtxcreateEnter,

@@ -228,7 +228,10 @@ static long py_check_step(__u64 j, void *arg)
 // interpreter, the address still holds the object checked there. What this
 // takes from CPython beyond that: that a thread of another interpreter
 // does not free this one's code objects (objects are not shared between
-// interpreters).
+// interpreters). 3.10 to 3.13 keep no such count: where the reader put
+// ct_code_free at their code_dealloc, its count of the process's frees
+// (py_code_frees) stands for it, moved by the same frees at the same
+// moment, before the object goes.
 static __always_inline void py_check(struct py_walked pw, __u64 id, const int use_loop)
 {
 	__u32 zero = 0;

@@ -102,6 +102,26 @@ struct py_scratch_val {
 
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, py_scratch, __u32, struct py_scratch_val, 1);
 
+// The code objects each process of a CPython 3.10 to 3.13 freed, by its
+// PID's slot, where the reader put ct_code_free at its interpreter's
+// code_dealloc (pystack/codefree.go): the count py_check compares where
+// the interpreter keeps none of its own (3.14 on). Processes that share a
+// slot move each other's count: their records read their frames'
+// identities again, none takes a freed code object for the one checked.
+#define CT_PY_FREE_SLOTS 1024
+__u64 py_code_frees[CT_PY_FREE_SLOTS];
+
+// ct_code_free runs as code_dealloc begins, before the object is freed:
+// every code object's free goes through it (PyCode_Type's tp_dealloc).
+// It runs in whatever process maps the interpreter's file, traced or not.
+SEC("uprobe")
+int ct_code_free(struct pt_regs *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__sync_fetch_and_add(&py_code_frees[tgid & (CT_PY_FREE_SLOTS - 1)], 1);
+	return 0;
+}
+
 // Each thread's thread state, found by walking the interpreter's thread
 // list once (three reads or more, each record). Taken while the thread
 // (the same start time) runs the same program (the same mm: an exec makes
@@ -370,8 +390,14 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 	// is read does not matter). Into the map: ct_exit's stack, with
 	// ct_py_capture's, is at Linux 6.1's 512 bytes.
 	s->b_interp = 0;
-	if (interp && bpf_probe_read_user(&s->b_gen, sizeof(s->b_gen), (void *)(interp + w->o.interp_code_gen)) == 0)
+	if (interp && bpf_probe_read_user(&s->b_gen, sizeof(s->b_gen), (void *)(interp + w->o.interp_code_gen)) == 0) {
 		s->b_interp = interp;
+	} else if (w->o.interp_code_gen == CT_PY_GEN_FREES) {
+		// 3.10 to 3.13: ct_code_free's count, the process's (1 stands
+		// for its interpreters, which share it).
+		s->b_gen = *(volatile __u64 *)&py_code_frees[(bpf_get_current_pid_tgid() >> 32) & (CT_PY_FREE_SLOTS - 1)];
+		s->b_interp = 1;
+	}
 	if (w->o.ts_cframe < 0)
 		return 1;
 	w->frame = 0;

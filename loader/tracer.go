@@ -179,6 +179,8 @@ type Tracer struct {
 	// refusedLoaders are the loaders (dev, inode) that could not be
 	// attached, with why: tried once.
 	refusedLoaders map[[2]uint64]error
+	// codeFree are the probes on interpreters' code_dealloc (codefree.go).
+	codeFree codeFrees
 
 	// The learning probes (LearnProbes): on while learning, over every
 	// library attached (exes); closing them runs in the background
@@ -918,7 +920,7 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 func (t *Tracer) Detach() error {
 	// The learning probes close with the rest, side by side; closing.Wait
 	// waits for those Learn(false) left closing in the background.
-	err := closeAll(append(t.links, t.learn...))
+	err := closeAll(slices.Concat(t.links, t.learn, t.codeFree.take()))
 	t.learn, t.learning = nil, false
 	t.closing.Wait()
 	var first error

@@ -71,12 +71,13 @@ func TestBPFReads(t *testing.T) {
 		{"cudatrace.h", "CT_PY_FRAME_READ", bpfFrameRead},
 		{"cudatrace.h", "CT_PYCODE_HEAD", bpfCodeHead},
 		{"pycode.h", "CT_PY_IDENT_READ", bpfIdentRead},
+		{"cudatrace.h", "CT_PY_GEN_FREES", bpfGenFrees},
 	} {
 		src, err := os.ReadFile("../bpf/" + c.file)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := regexp.MustCompile(`(?m)^#define\s+` + c.name + `\s+(\d+)\b`).FindSubmatch(src)
+		m := regexp.MustCompile(`(?m)^#define\s+` + c.name + `\s+\(?(-?\d+)\)?`).FindSubmatch(src)
 		if m == nil {
 			t.Errorf("bpf/%s defines no %s", c.file, c.name)
 			continue

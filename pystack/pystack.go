@@ -41,6 +41,9 @@ type Interp struct {
 	// (interpreterLoop).
 	Eval [][2]uint64
 	base uint64       // the load bias of the file the interpreter is in
+	// codeFree is the file offset of code_dealloc (CodeFreeSite), 3.10 to
+	// 3.13; 0: not found.
+	codeFree uint64
 	file string       // where it is read from, until Finish read its full symbol table
 	want *proc.FileID // the file it must be there, when its mapping said
 }
@@ -232,6 +235,11 @@ func open(root, path string, minor int, maps []proc.Mapping) (*Interp, error) {
 		}
 	}
 	in := &Interp{Minor: minor, Path: path, runtime: base + runtime, off: off, types: types, Eval: eval, base: base}
+	if off.interpCodeGen <= 0 {
+		// Not found: each frame's identity read at every record, as
+		// before the probe; nothing to say.
+		in.codeFree, _ = codeFreeSite(f.File, sf.types.code, syms)
+	}
 	if !full {
 		in.file, in.want = root+path, want
 	}

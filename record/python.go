@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/events"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
@@ -92,6 +93,18 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 		if err != nil {
 			return nil, fmt.Errorf("python layout of pid %d: %w", pid, err)
 		}
+		var file *proc.Mapping // the interpreter's
+		for i := range maps {
+			if maps[i].Path == in.Path && maps[i].File() {
+				file = &maps[i]
+				break
+			}
+		}
+		if file != nil {
+			if id, ok := file.ID(); ok {
+				s.pyFiles.countFrees(in, root+in.Path, id, &o)
+			}
+		}
 		if err := s.tr.SetPython(pid, &o); errors.Is(err, loader.ErrMapFull) {
 			// Said once, whichever process: the summary counts them.
 			s.res.MapsFull++
@@ -100,16 +113,13 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 			return nil, err
 		}
 		s.lifeOf(pid).layout = true
-		for _, m := range maps {
-			if m.Path == in.Path && m.File() {
-				check := ""
-				if root == "" || root == "/" {
-					check = in.Path // a host file: the sweep checks it is still this file
-				}
-				if err := s.pyFiles.learn(m.Dev, m.Inode, in, check); err != nil {
-					s.warn(err)
-				}
-				break
+		if file != nil {
+			check := ""
+			if root == "" || root == "/" {
+				check = in.Path // a host file: the sweep checks it is still this file
+			}
+			if err := s.pyFiles.learn(file.Dev, file.Inode, root+in.Path, in, check); err != nil {
+				s.warn(err)
 			}
 		}
 	}
@@ -137,10 +147,10 @@ type pyFileSet struct {
 }
 
 // learn tells BPF the layout of interpreter in's file (device dev, as
-// /proc/PID/maps writes it, and inode), relative to where a process loads
-// it. Once per file. check is a host path of the file ("": none), for
-// sweep.
-func (p *pyFileSet) learn(dev string, inode uint64, in *pystack.Interp, check string) error {
+// /proc/PID/maps writes it, and inode; at path from here), relative to
+// where a process loads it. Once per file. check is a host path of the
+// file ("": none), for sweep.
+func (p *pyFileSet) learn(dev string, inode uint64, path string, in *pystack.Interp, check string) error {
 	if p == nil || p.tr == nil {
 		return nil
 	}
@@ -159,7 +169,29 @@ func (p *pyFileSet) learn(dev string, inode uint64, in *pystack.Interp, check st
 	if err != nil {
 		return fmt.Errorf("python layout of inode %d: %w", inode, err)
 	}
+	if id, ok := (&proc.Mapping{Dev: dev, Inode: inode}).ID(); ok {
+		p.countFrees(in, path, id, &o)
+	}
 	return p.tr.SetPythonFile(dev, inode, &o)
+}
+
+// countFrees puts ct_code_free at the code_dealloc of interpreter in's
+// file (at path from here, file id), a CPython 3.10 to 3.13's, and marks
+// o, its layout, as one whose processes' code object frees BPF counts
+// (pystack/codefree.go): their records then read their frames' code
+// objects' identities only after a free. Once per file (the loader keeps
+// the answer). Before the layout is given: a layout given without the
+// mark is kept so in BPF's per-CPU copies. A file that cannot be probed
+// keeps o as it is, its identities read at every record: slower, as
+// exact.
+func (p *pyFileSet) countFrees(in *pystack.Interp, path string, id proc.FileID, o *bpf.CudatraceCtPyoffsets) {
+	off, ok := in.CodeFreeSite()
+	if !ok || p == nil || p.tr == nil {
+		return
+	}
+	if p.tr.AttachCodeFree(path, id, off) == nil {
+		pystack.CountedFrees(o)
+	}
 }
 
 // learnFiles tells BPF the layout of each of files that is an
@@ -169,20 +201,26 @@ func (p *pyFileSet) learnFiles(files []string) {
 	if p == nil || p.tr == nil {
 		return
 	}
+	// Side by side: each file's code_dealloc probe (countFrees) waits out
+	// an RCU grace period as it attaches.
+	var wg sync.WaitGroup
 	for _, f := range files {
-		in, err := pystack.DetectFile(f)
-		if in == nil || err != nil {
-			continue
-		}
-		var st unix.Stat_t
-		if unix.Stat(f, &st) == nil {
-			check := f
-			if strings.HasPrefix(f, proc.Root+"/") {
-				check = "" // through a process's root: gone with it, not with the file
+		wg.Go(func() {
+			in, err := pystack.DetectFile(f)
+			if in == nil || err != nil {
+				return
 			}
-			p.learn(devName(st.Dev), st.Ino, in, check) //nolint:errcheck // see above
-		}
+			var st unix.Stat_t
+			if unix.Stat(f, &st) == nil {
+				check := f
+				if strings.HasPrefix(f, proc.Root+"/") {
+					check = "" // through a process's root: gone with it, not with the file
+				}
+				p.learn(devName(st.Dev), st.Ino, f, in, check) //nolint:errcheck // see above
+			}
+		})
 	}
+	wg.Wait()
 }
 
 // devName writes a device number as /proc/PID/maps does (major:minor, hex).

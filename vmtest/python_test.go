@@ -456,7 +456,7 @@ func TestPythonRenewedCode(t *testing.T) {
 	requirePrivileged(t)
 	needStandIns(t)
 	needTracer(t)
-	for _, v := range []string{"3.10", "3.12", "3.13", "sid-3.14", "sid-3.15", "all/sid-3.14", "all/sid-3.15"} {
+	for _, v := range []string{"3.10", "3.12", "3.13", "sid-3.13", "sid-3.14", "sid-3.15", "all/sid-3.14", "all/sid-3.15"} {
 		t.Run(v, func(t *testing.T) {
 			all := strings.HasPrefix(v, "all/")
 			py := newPyRunner(t, strings.TrimPrefix(v, "all/"))
