@@ -245,6 +245,17 @@ static __always_inline void py_check(struct py_walked pw, __u64 id, const int us
 	int same = s->last_tgid == tgid && s->last_mm == pw.mm;
 	if (!n)
 		return;
+	// 3.10 to 3.13: ct_code_free's count of the process's frees, read
+	// here (ts_take reads 3.14's own): in ts_take it took ct_usdt past
+	// arm64's 512 bytes of stack. The walk found the thread (n), so the
+	// CPU's last Python thread (cur) is this one, its layout this
+	// process's, unless a walk that preempted this one made it another's:
+	// then seq moved, and py_put drops the frames. 1 stands for the
+	// process's interpreters, which share the count.
+	if (s->cur.o.interp_code_gen == CT_PY_GEN_FREES) {
+		s->b_gen = *(volatile __u64 *)&py_code_frees[tgid & (CT_PY_FREE_SLOTS - 1)];
+		s->b_interp = 1;
+	}
 	c->n = n;
 	c->lastn = same ? s->last.t.n : 0;
 	c->kept = same && s->b_interp && s->last_interp == s->b_interp && s->last_gen == s->b_gen;

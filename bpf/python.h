@@ -390,14 +390,8 @@ static __always_inline int ts_take(struct py_walk *w, struct py_scratch_val *s, 
 	// is read does not matter). Into the map: ct_exit's stack, with
 	// ct_py_capture's, is at Linux 6.1's 512 bytes.
 	s->b_interp = 0;
-	if (interp && bpf_probe_read_user(&s->b_gen, sizeof(s->b_gen), (void *)(interp + w->o.interp_code_gen)) == 0) {
+	if (interp && bpf_probe_read_user(&s->b_gen, sizeof(s->b_gen), (void *)(interp + w->o.interp_code_gen)) == 0)
 		s->b_interp = interp;
-	} else if (w->o.interp_code_gen == CT_PY_GEN_FREES) {
-		// 3.10 to 3.13: ct_code_free's count, the process's (1 stands
-		// for its interpreters, which share it).
-		s->b_gen = *(volatile __u64 *)&py_code_frees[(bpf_get_current_pid_tgid() >> 32) & (CT_PY_FREE_SLOTS - 1)];
-		s->b_interp = 1;
-	}
 	if (w->o.ts_cframe < 0)
 		return 1;
 	w->frame = 0;
