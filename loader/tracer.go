@@ -718,6 +718,20 @@ func (t *Tracer) SetPythonFile(dev string, ino uint64, o *bpf.CudatraceCtPyoffse
 	return nil
 }
 
+// PythonFile is the layout BPF holds for an interpreter file
+// (SetPythonFile's dev and ino).
+func (t *Tracer) PythonFile(dev string, ino uint64) (*bpf.CudatraceCtPyoffsets, error) {
+	var major, minor uint32
+	if _, err := fmt.Sscanf(dev, "%x:%x", &major, &minor); err != nil {
+		return nil, fmt.Errorf("device %q: %w", dev, err)
+	}
+	var o bpf.CudatraceCtPyoffsets
+	if err := t.objs.PyFiles.Lookup(pyFileKey{Ino: ino, Dev: major<<20 | minor}, &o); err != nil {
+		return nil, fmt.Errorf("python layout of inode %d: %w", ino, err)
+	}
+	return &o, nil
+}
+
 // Forget drops every entry BPF keeps of process pid by its PID: its place
 // in the PID filter, its Python layout, its procs entry. BPF does so itself
 // at the process's end (bpf/exit.h ct_proc_exit); this is for what that

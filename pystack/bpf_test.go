@@ -71,7 +71,7 @@ func TestBPFReads(t *testing.T) {
 		{"cudatrace.h", "CT_PY_FRAME_READ", bpfFrameRead},
 		{"cudatrace.h", "CT_PYCODE_HEAD", bpfCodeHead},
 		{"pycode.h", "CT_PY_IDENT_READ", bpfIdentRead},
-		{"cudatrace.h", "CT_PY_GEN_FREES", bpfGenFrees},
+		{"cudatrace.h", "CT_PY_GEN_FREES", GenFrees},
 	} {
 		src, err := os.ReadFile("../bpf/" + c.file)
 		if err != nil {

@@ -147,11 +147,11 @@ func CountedFrees(o *bpf.CudatraceCtPyoffsets) bool {
 	if o.InterpCodeGen >= 0 || o.Minor >= 14 {
 		return false
 	}
-	o.InterpCodeGen = bpfGenFrees
+	o.InterpCodeGen = GenFrees
 	return true
 }
 
-// bpfGenFrees is CT_PY_GEN_FREES (bpf/cudatrace.h): ct_pyoffsets's
-// interp_code_gen for a process whose code object frees ct_code_free
-// counts.
-const bpfGenFrees = -2
+// GenFrees is CT_PY_GEN_FREES (bpf/cudatrace.h): the layout's
+// InterpCodeGen (ct_pyoffsets's interp_code_gen) for a process whose code
+// object frees ct_code_free counts (CountedFrees).
+const GenFrees = -2

@@ -99,4 +99,3 @@ func TestCodeFreeSite(t *testing.T) {
 		})
 	}
 }
-

@@ -41,11 +41,11 @@ type Interp struct {
 	// (interpreterLoop).
 	Eval [][2]uint64
 	base uint64       // the load bias of the file the interpreter is in
+	file string       // where it is read from, until Finish read its full symbol table
+	want *proc.FileID // the file it must be there, when its mapping said
 	// codeFree is the file offset of code_dealloc (CodeFreeSite), 3.10 to
 	// 3.13; 0: not found.
 	codeFree uint64
-	file string       // where it is read from, until Finish read its full symbol table
-	want *proc.FileID // the file it must be there, when its mapping said
 }
 
 // offsets are the byte offsets the walk needs; -1 where the version has

@@ -6,8 +6,11 @@ import (
 	"path/filepath"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/loader"
+	"github.com/cudatrace/cudatrace/pystack"
 )
 
 // An interpreter file BPF was taught (py_files, keyed by device and
@@ -68,5 +71,64 @@ func TestPyFilesSweep(t *testing.T) {
 	p.sweep()
 	if n := entries(); n != 0 || len(p.known) != 0 {
 		t.Errorf("after its removal: %d entries in py_files, %d known; want 0, 0", n, len(p.known))
+	}
+}
+
+// The host's interpreters, learned as tracing starts, are in BPF at once,
+// without the mark that their code object frees are counted; once their
+// code_dealloc probes are in (countLater, p.later), marked. A command's
+// interpreter (learnFiles) is marked from the first. Debian 12's
+// python3.11 (an executable at a fixed address, without symbols: its
+// code_dealloc found from PyCode_Type's data word), copied twice: two
+// files, each probed once.
+func TestPyFilesCountLater(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
+	}
+	src := "/usr/bin/python3.11"
+	if _, err := os.Stat(src); err != nil {
+		testenv.SkipOrFail(t, "Debian's python3.11 is needed: %v", err)
+	}
+	tr, err := loader.New(loader.Options{FilterPIDs: true, StackWindow: -1})
+	if err != nil {
+		testenv.SkipOrFail(t, "load BPF: %v", err)
+	}
+	defer tr.Close()
+	copies := []string{filepath.Join(t.TempDir(), "python3.11"), filepath.Join(t.TempDir(), "python3.11")}
+	for _, c := range copies {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(c, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gen := func(path string) int32 {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Stat(path, &st); err != nil {
+			t.Fatal(err)
+		}
+		o, err := tr.PythonFile(devName(st.Dev), st.Ino)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return o.InterpCodeGen
+	}
+	p := &pyFileSet{tr: tr}
+	p.learnFilesNow(copies[:1], true)
+	// In BPF before its probe (some 10 ms, an RCU grace period): marked
+	// or not, by the time it is read.
+	if g := gen(copies[0]); g != -1 && g != pystack.GenFrees {
+		t.Errorf("learned for later: interp_code_gen %d at once, want -1 (its probe not in yet) or %d", g, pystack.GenFrees)
+	}
+	p.later.Wait()
+	if g := gen(copies[0]); g != pystack.GenFrees {
+		t.Errorf("its probe in: interp_code_gen %d, want %d", g, pystack.GenFrees)
+	}
+	p.learnFiles(copies[1:])
+	if g := gen(copies[1]); g != pystack.GenFrees {
+		t.Errorf("learned now: interp_code_gen %d, want %d", g, pystack.GenFrees)
 	}
 }

@@ -144,6 +144,9 @@ type pyFileSet struct {
 	// names it ("" for one of a container's, named through a process's
 	// root), which sweep checks.
 	known map[fileID]string
+	// later are the code_dealloc probes being put in after their files
+	// were learned (countLater): over before the tracer closes.
+	later sync.WaitGroup
 }
 
 // learn tells BPF the layout of interpreter in's file (device dev, as
@@ -151,6 +154,12 @@ type pyFileSet struct {
 // where a process loads it. Once per file. check is a host path of the
 // file ("": none), for sweep.
 func (p *pyFileSet) learn(dev string, inode uint64, path string, in *pystack.Interp, check string) error {
+	return p.learnFile(dev, inode, path, in, check, true)
+}
+
+// learnFile is learn, with the code_dealloc probe put in first where
+// count, else left out (countLater puts it in after).
+func (p *pyFileSet) learnFile(dev string, inode uint64, path string, in *pystack.Interp, check string, count bool) error {
 	if p == nil || p.tr == nil {
 		return nil
 	}
@@ -169,10 +178,39 @@ func (p *pyFileSet) learn(dev string, inode uint64, path string, in *pystack.Int
 	if err != nil {
 		return fmt.Errorf("python layout of inode %d: %w", inode, err)
 	}
-	if id, ok := (&proc.Mapping{Dev: dev, Inode: inode}).ID(); ok {
+	if id, ok := (&proc.Mapping{Dev: dev, Inode: inode}).ID(); ok && count {
 		p.countFrees(in, path, id, &o)
 	}
 	return p.tr.SetPythonFile(dev, inode, &o)
+}
+
+// countLater puts the code_dealloc probe in on a goroutine of its own
+// (p.later, waited for before the tracer closes), for a file learned
+// without it, and tells BPF the file's layout again, marked: as tracing
+// starts, the host's interpreters are learned at once, and their probes,
+// one RCU grace period each (7-15 ms here, not side by side: 80 ms for
+// this machine's six), follow. A process that took the unmarked layout
+// meanwhile reads its frames' identities at every record until the
+// reader gives it its own (setPython).
+func (p *pyFileSet) countLater(dev string, inode uint64, path string, in *pystack.Interp) {
+	id, ok := (&proc.Mapping{Dev: dev, Inode: inode}).ID()
+	if _, site := in.CodeFreeSite(); !ok || !site {
+		return
+	}
+	p.later.Go(func() {
+		o, err := in.BPFFile()
+		if err != nil {
+			return
+		}
+		if p.countFrees(in, path, id, &o); o.InterpCodeGen != pystack.GenFrees {
+			return
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if _, known := p.known[fileID{dev, inode}]; known { // not swept since
+			p.tr.SetPythonFile(dev, inode, &o) //nolint:errcheck // unmarked, its identities read
+		}
+	})
 }
 
 // countFrees puts ct_code_free at the code_dealloc of interpreter in's
@@ -197,7 +235,11 @@ func (p *pyFileSet) countFrees(in *pystack.Interp, path string, id proc.FileID, 
 // learnFiles tells BPF the layout of each of files that is an
 // interpreter. One it cannot is left to the reader, which finds it in the
 // processes that run it.
-func (p *pyFileSet) learnFiles(files []string) {
+func (p *pyFileSet) learnFiles(files []string) { p.learnFilesNow(files, false) }
+
+// learnFilesNow is learnFiles; with later, their code_dealloc probes are
+// put in after (countLater), not before.
+func (p *pyFileSet) learnFilesNow(files []string, later bool) {
 	if p == nil || p.tr == nil {
 		return
 	}
@@ -216,7 +258,10 @@ func (p *pyFileSet) learnFiles(files []string) {
 				if strings.HasPrefix(f, proc.Root+"/") {
 					check = "" // through a process's root: gone with it, not with the file
 				}
-				p.learn(devName(st.Dev), st.Ino, f, in, check) //nolint:errcheck // see above
+				dev := devName(st.Dev)
+				if p.learnFile(dev, st.Ino, f, in, check, !later) == nil && later {
+					p.countLater(dev, st.Ino, f, in)
+				}
 			}
 		})
 	}
@@ -266,7 +311,7 @@ func (p *pyFileSet) learnSystem(noFrames bool) (done chan struct{}) {
 	}
 	go func() {
 		defer close(done)
-		p.learnFiles(pystack.SystemInterpreters())
+		p.learnFilesNow(pystack.SystemInterpreters(), true)
 	}()
 	return done
 }

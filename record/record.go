@@ -232,7 +232,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	// (the goroutine is over before tr closes: defers run last first).
 	pyFiles := &pyFileSet{tr: tr}
 	learned := pyFiles.learnSystem(opts.NoPythonFrames)
-	defer func() { <-learned }()
+	defer func() {
+		<-learned
+		pyFiles.later.Wait()
+	}()
 	res := &Result{Ledger: ledger.New(), Output: opts.Output}
 	for _, lib := range libs {
 		ar, err := tr.Attach(lib)
