@@ -13,10 +13,10 @@ import (
 	"github.com/cudatrace/cudatrace/pystack"
 )
 
-// An interpreter file BPF was taught (py_files, keyed by device and
-// inode) is forgotten, in BPF too, once its path no longer names it: its
-// inode may be given to another file, which must not take its layout.
-func TestPyFilesSweep(t *testing.T) {
+// pyFilesSetup is a tracer, closed with the test, and Debian 12's
+// python3.11, which .ci/run installs.
+func pyFilesSetup(t *testing.T) (*loader.Tracer, string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
 	}
@@ -28,7 +28,15 @@ func TestPyFilesSweep(t *testing.T) {
 	if err != nil {
 		testenv.SkipOrFail(t, "load BPF: %v", err)
 	}
-	defer tr.Close()
+	t.Cleanup(func() { tr.Close() })
+	return tr, src
+}
+
+// An interpreter file BPF was taught (py_files, keyed by device and
+// inode) is forgotten, in BPF too, once its path no longer names it: its
+// inode may be given to another file, which must not take its layout.
+func TestPyFilesSweep(t *testing.T) {
+	tr, src := pyFilesSetup(t)
 	copied := filepath.Join(t.TempDir(), "python3.11")
 	in, err := os.Open(src)
 	if err != nil {
@@ -82,18 +90,7 @@ func TestPyFilesSweep(t *testing.T) {
 // code_dealloc found from PyCode_Type's data word), copied twice: two
 // files, each probed once.
 func TestPyFilesCountLater(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
-	}
-	src := "/usr/bin/python3.11"
-	if _, err := os.Stat(src); err != nil {
-		testenv.SkipOrFail(t, "Debian's python3.11 is needed: %v", err)
-	}
-	tr, err := loader.New(loader.Options{FilterPIDs: true, StackWindow: -1})
-	if err != nil {
-		testenv.SkipOrFail(t, "load BPF: %v", err)
-	}
-	defer tr.Close()
+	tr, src := pyFilesSetup(t)
 	copies := []string{filepath.Join(t.TempDir(), "python3.11"), filepath.Join(t.TempDir(), "python3.11")}
 	for _, c := range copies {
 		b, err := os.ReadFile(src)
