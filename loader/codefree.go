@@ -28,6 +28,7 @@ type codeFrees struct {
 type codeFreeFile struct {
 	once sync.Once
 	err  error
+	done chan struct{} // closed once err is the answer
 }
 
 // errDetached: the tracer's probes are gone, and no other is attached.
@@ -50,12 +51,33 @@ func (t *Tracer) AttachCodeFree(path string, id proc.FileID, off uint64) error {
 		if c.files == nil {
 			c.files = map[proc.FileID]*codeFreeFile{}
 		}
-		f = &codeFreeFile{}
+		f = &codeFreeFile{done: make(chan struct{})}
 		c.files[id] = f
 	}
 	c.mu.Unlock()
-	f.once.Do(func() { f.err = t.attachCodeFree(path, id, off) })
+	f.once.Do(func() {
+		f.err = t.attachCodeFree(path, id, off)
+		close(f.done)
+	})
 	return f.err
+}
+
+// CodeFreeReady says whether ct_code_free is attached to file id, without
+// waiting for an attach under way (AttachCodeFree).
+func (t *Tracer) CodeFreeReady(id proc.FileID) bool {
+	c := &t.codeFree
+	c.mu.Lock()
+	f := c.files[id]
+	c.mu.Unlock()
+	if f == nil {
+		return false
+	}
+	select {
+	case <-f.done:
+		return f.err == nil
+	default:
+		return false
+	}
 }
 
 func (t *Tracer) attachCodeFree(path string, id proc.FileID, off uint64) error {

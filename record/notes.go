@@ -197,7 +197,7 @@ func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
 	lp := l.rec
 	switch {
 	case lp == nil:
-		s.detectEarly(pid, c.RootDir(), all)
+		s.detectEarly(pid, c.RootDir(), all, false)
 	case lp.py == nil && !lp.pyTried:
 		s.detectPython(pid, lp, c.RootDir(), all)
 	}
@@ -329,7 +329,7 @@ func (s *session) attachLoaders(pids []int) {
 		l.knows(c)
 		l.pending = c
 		s.uw.update(uint32(pid), maps)
-		s.detectEarly(uint32(pid), c.RootDir(), maps)
+		s.detectEarly(uint32(pid), c.RootDir(), maps, true)
 		s.attachLoaderIn(pid, maps)
 	}
 	if len(s.opts.Command) == 0 && !s.opts.All {

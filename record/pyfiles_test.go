@@ -10,6 +10,7 @@ import (
 
 	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/loader"
+	"github.com/cudatrace/cudatrace/proc"
 	"github.com/cudatrace/cudatrace/pystack"
 )
 
@@ -82,13 +83,13 @@ func TestPyFilesSweep(t *testing.T) {
 	}
 }
 
-// The host's interpreters, learned as tracing starts, are in BPF at once,
-// without the mark that their code object frees are counted; once their
-// code_dealloc probes are in (countLater, p.later), marked. A command's
-// interpreter (learnFiles) is marked from the first. Debian 12's
-// python3.11 (an executable at a fixed address, without symbols: its
-// code_dealloc found from PyCode_Type's data word), copied twice: two
-// files, each probed once.
+// An interpreter file learned is in BPF at once, without waiting for
+// the mark that its processes' code object frees are counted; once its
+// code_dealloc probe is in (countLater, p.later), marked. A process's
+// layout given without waiting is marked where its file's probe is in,
+// and not where it is not. Debian 12's python3.11 (an executable at a
+// fixed address, without symbols: its code_dealloc found from
+// PyCode_Type's data word), copied twice: two files.
 func TestPyFilesCountLater(t *testing.T) {
 	tr, src := pyFilesSetup(t)
 	copies := []string{filepath.Join(t.TempDir(), "python3.11"), filepath.Join(t.TempDir(), "python3.11")}
@@ -114,7 +115,7 @@ func TestPyFilesCountLater(t *testing.T) {
 		return o.InterpCodeGen
 	}
 	p := &pyFileSet{tr: tr}
-	p.learnFilesNow(copies[:1], true)
+	p.learnFiles(copies[:1])
 	// In BPF before its probe (some 10 ms, an RCU grace period): marked
 	// or not, by the time it is read.
 	if g := gen(copies[0]); g != -1 && g != pystack.GenFrees {
@@ -124,8 +125,24 @@ func TestPyFilesCountLater(t *testing.T) {
 	if g := gen(copies[0]); g != pystack.GenFrees {
 		t.Errorf("its probe in: interp_code_gen %d, want %d", g, pystack.GenFrees)
 	}
-	p.learnFiles(copies[1:])
-	if g := gen(copies[1]); g != pystack.GenFrees {
-		t.Errorf("learned now: interp_code_gen %d, want %d", g, pystack.GenFrees)
+	// A file whose probe is in: a process's layout marked at once, without
+	// waiting (setPython's countFrees), and one whose probe is not: not.
+	in, err := pystack.DetectFile(copies[1])
+	if err != nil || in == nil {
+		t.Fatalf("DetectFile(%s) = %v, %v", copies[1], in, err)
+	}
+	for i, c := range copies {
+		var st unix.Stat_t
+		if err := unix.Stat(c, &st); err != nil {
+			t.Fatal(err)
+		}
+		o, err := in.BPF()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.countFrees(in, c, proc.FileID{Dev: st.Dev, Ino: st.Ino}, &o, false)
+		if want := []int32{pystack.GenFrees, -1}[i]; o.InterpCodeGen != want {
+			t.Errorf("%s's process layout, not waiting: interp_code_gen %d, want %d", c, o.InterpCodeGen, want)
+		}
 	}
 }

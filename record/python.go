@@ -53,7 +53,7 @@ func (s *session) detectPython(pid uint32, lp *liveProc, root string, maps []pro
 	l.early, l.earlyTried = nil, false
 	if !known || in == nil {
 		var err error
-		if in, err = s.setPython(pid, root, maps); err != nil {
+		if in, err = s.setPython(pid, root, maps, false); err != nil {
 			lp.pyTried = true // a message once; its mappings will not change that
 			s.warn(err)
 			return
@@ -75,7 +75,7 @@ func (s *session) detectPython(pid uint32, lp *liveProc, root string, maps []pro
 // how to walk its threads' frames, and how to walk those of any process
 // that maps its file later (pyFileSet.learn); nil and no error where it
 // runs none.
-func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pystack.Interp, error) {
+func (s *session) setPython(pid uint32, root string, maps []proc.Mapping, wait bool) (*pystack.Interp, error) {
 	in, err := pystack.DetectQuick(root, maps)
 	if err != nil {
 		// Without the PID: said once per interpreter (warn keeps one of
@@ -102,7 +102,7 @@ func (s *session) setPython(pid uint32, root string, maps []proc.Mapping) (*pyst
 		}
 		if file != nil {
 			if id, ok := file.ID(); ok {
-				s.pyFiles.countFrees(in, root+in.Path, id, &o)
+				s.pyFiles.countFrees(in, root+in.Path, id, &o, wait)
 			}
 		}
 		if err := s.tr.SetPython(pid, &o); errors.Is(err, loader.ErrMapFull) {
@@ -154,14 +154,18 @@ type pyFileSet struct {
 // where a process loads it. Once per file. check is a host path of the
 // file ("": none), for sweep.
 func (p *pyFileSet) learn(dev string, inode uint64, path string, in *pystack.Interp, check string) error {
-	return p.learnFile(dev, inode, path, in, check, true)
+	learned, err := p.learnFile(dev, inode, in, check)
+	if learned {
+		p.countLater(dev, inode, path, in)
+	}
+	return err
 }
 
-// learnFile is learn, with the code_dealloc probe put in first where
-// count, else left out (countLater puts it in after).
-func (p *pyFileSet) learnFile(dev string, inode uint64, path string, in *pystack.Interp, check string, count bool) error {
+// learnFile is learn without the code_dealloc probe (countLater puts it
+// in); learned says whether the file was new.
+func (p *pyFileSet) learnFile(dev string, inode uint64, in *pystack.Interp, check string) (learned bool, err error) {
 	if p == nil || p.tr == nil {
-		return nil
+		return false, nil
 	}
 	k := fileID{dev, inode}
 	p.mu.Lock()
@@ -172,26 +176,24 @@ func (p *pyFileSet) learnFile(dev string, inode uint64, path string, in *pystack
 	p.known[k] = check
 	p.mu.Unlock()
 	if known {
-		return nil
+		return false, nil
 	}
 	o, err := in.BPFFile()
 	if err != nil {
-		return fmt.Errorf("python layout of inode %d: %w", inode, err)
+		return true, fmt.Errorf("python layout of inode %d: %w", inode, err)
 	}
-	if id, ok := (&proc.Mapping{Dev: dev, Inode: inode}).ID(); ok && count {
-		p.countFrees(in, path, id, &o)
-	}
-	return p.tr.SetPythonFile(dev, inode, &o)
+	return true, p.tr.SetPythonFile(dev, inode, &o)
 }
 
 // countLater puts the code_dealloc probe in on a goroutine of its own
 // (p.later, waited for before the tracer closes), for a file learned
-// without it, and tells BPF the file's layout again, marked: as tracing
-// starts, the host's interpreters are learned at once, and their probes,
-// one RCU grace period each (7-15 ms here, not side by side: 80 ms for
-// this machine's six), follow. A process that took the unmarked layout
-// meanwhile reads its frames' identities at every record until the
-// reader gives it its own (setPython).
+// without it, and tells BPF the file's layout again, marked. A layout
+// never waits for its probe: a uprobe's registration waits out an RCU
+// grace period (7-15 ms here), and registrations on several files do not
+// overlap (80 ms for this machine's six interpreters as tracing starts),
+// while a process just started makes its first allocations. A process
+// that took the unmarked layout meanwhile reads its frames' identities at
+// every record (slower, as exact).
 func (p *pyFileSet) countLater(dev string, inode uint64, path string, in *pystack.Interp) {
 	id, ok := (&proc.Mapping{Dev: dev, Inode: inode}).ID()
 	if _, site := in.CodeFreeSite(); !ok || !site {
@@ -202,7 +204,7 @@ func (p *pyFileSet) countLater(dev string, inode uint64, path string, in *pystac
 		if err != nil {
 			return
 		}
-		if p.countFrees(in, path, id, &o); o.InterpCodeGen != pystack.GenFrees {
+		if p.countFrees(in, path, id, &o, true); o.InterpCodeGen != pystack.GenFrees {
 			return
 		}
 		p.mu.Lock()
@@ -213,21 +215,21 @@ func (p *pyFileSet) countLater(dev string, inode uint64, path string, in *pystac
 	})
 }
 
-// countFrees puts ct_code_free at the code_dealloc of interpreter in's
-// file (at path from here, file id), a CPython 3.10 to 3.13's, and marks
-// o, its layout, as one whose processes' code object frees BPF counts
-// (pystack/codefree.go): their records then read their frames' code
-// objects' identities only after a free. Once per file (the loader keeps
-// the answer). Before the layout is given: a layout given without the
-// mark is kept so in BPF's per-CPU copies. A file that cannot be probed
-// keeps o as it is, its identities read at every record: slower, as
-// exact.
-func (p *pyFileSet) countFrees(in *pystack.Interp, path string, id proc.FileID, o *bpf.CudatraceCtPyoffsets) {
+// countFrees marks o, the layout of interpreter in's file (at path from
+// here, file id), a CPython 3.10 to 3.13's, as one whose processes' code
+// object frees BPF counts (pystack/codefree.go), where ct_code_free is at
+// the file's code_dealloc: their records then read their frames' code
+// objects' identities only after a free. With wait it puts the probe in
+// first (once per file: the loader keeps the answer); without, it marks o
+// only if the probe is in already. The mark goes with the layout as it is
+// given: BPF's per-CPU copies keep a layout given unmarked. A file that
+// cannot be probed keeps o as it is, its identities read at every record.
+func (p *pyFileSet) countFrees(in *pystack.Interp, path string, id proc.FileID, o *bpf.CudatraceCtPyoffsets, wait bool) {
 	off, ok := in.CodeFreeSite()
 	if !ok || p == nil || p.tr == nil {
 		return
 	}
-	if p.tr.AttachCodeFree(path, id, off) == nil {
+	if wait && p.tr.AttachCodeFree(path, id, off) == nil || !wait && p.tr.CodeFreeReady(id) {
 		pystack.CountedFrees(o)
 	}
 }
@@ -235,16 +237,11 @@ func (p *pyFileSet) countFrees(in *pystack.Interp, path string, id proc.FileID, 
 // learnFiles tells BPF the layout of each of files that is an
 // interpreter. One it cannot is left to the reader, which finds it in the
 // processes that run it.
-func (p *pyFileSet) learnFiles(files []string) { p.learnFilesNow(files, false) }
-
-// learnFilesNow is learnFiles; with later, their code_dealloc probes are
-// put in after (countLater), not before.
-func (p *pyFileSet) learnFilesNow(files []string, later bool) {
+func (p *pyFileSet) learnFiles(files []string) {
 	if p == nil || p.tr == nil {
 		return
 	}
-	// Side by side: each file's code_dealloc probe (countFrees) waits out
-	// an RCU grace period as it attaches.
+	// Side by side: a file's read is 1-7 ms here.
 	var wg sync.WaitGroup
 	for _, f := range files {
 		wg.Go(func() {
@@ -258,10 +255,7 @@ func (p *pyFileSet) learnFilesNow(files []string, later bool) {
 				if strings.HasPrefix(f, proc.Root+"/") {
 					check = "" // through a process's root: gone with it, not with the file
 				}
-				dev := devName(st.Dev)
-				if p.learnFile(dev, st.Ino, f, in, check, !later) == nil && later {
-					p.countLater(dev, st.Ino, f, in)
-				}
+				p.learn(devName(st.Dev), st.Ino, f, in, check) //nolint:errcheck // see above
 			}
 		})
 	}
@@ -311,7 +305,7 @@ func (p *pyFileSet) learnSystem(noFrames bool) (done chan struct{}) {
 	}
 	go func() {
 		defer close(done)
-		p.learnFilesNow(pystack.SystemInterpreters(), true)
+		p.learnFiles(pystack.SystemInterpreters())
 	}()
 	return done
 }
@@ -374,7 +368,11 @@ func (s *session) learnExecPython(pid uint32, file string) {
 // is looked at again at its next load. root is where its paths are
 // opened (proc.RootDir: a container's name its own files), maps its
 // mappings.
-func (s *session) detectEarly(pid uint32, root string, maps []proc.Mapping) {
+//
+// wait (a --pid process as tracing starts, not a process the reader
+// follows) has the layout wait for the interpreter's code_dealloc probe
+// (countFrees), so that it is marked from the first.
+func (s *session) detectEarly(pid uint32, root string, maps []proc.Mapping, wait bool) {
 	if s.opts.NoPythonFrames {
 		return
 	}
@@ -382,7 +380,7 @@ func (s *session) detectEarly(pid uint32, root string, maps []proc.Mapping) {
 	if l.early != nil {
 		return
 	}
-	in, err := s.setPython(pid, root, maps)
+	in, err := s.setPython(pid, root, maps, wait)
 	if err != nil {
 		s.warn(err)
 	}
