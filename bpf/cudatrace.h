@@ -228,7 +228,7 @@ struct ct_ustack {
 // Go refuses a layout where one does not (pystack's checkBPF).
 #define CT_PY_FRAME_READ 128
 // ct_pyoffsets.interp_code_gen of a process whose code objects freed
-// ct_code_free counts (pystack's bpfGenFrees).
+// ct_code_free counts (pystack's GenFrees).
 #define CT_PY_GEN_FREES (-2)
 
 struct ct_pyoffsets {

@@ -701,6 +701,16 @@ type pyFileKey struct {
 	Pad uint32
 }
 
+// pyFileKeyOf is py_files' key of a file by its device, as
+// /proc/PID/maps writes it (major:minor, hex), and inode.
+func pyFileKeyOf(dev string, ino uint64) (pyFileKey, error) {
+	var major, minor uint32
+	if _, err := fmt.Sscanf(dev, "%x:%x", &major, &minor); err != nil {
+		return pyFileKey{}, fmt.Errorf("device %q: %w", dev, err)
+	}
+	return pyFileKey{Ino: ino, Dev: major<<20 | minor}, nil
+}
+
 // SetPythonFile tells the BPF programs the layout of an interpreter file
 // (the file of a mapping: its major:minor as /proc/PID/maps writes it,
 // and inode), with o.InterpHead relative to the file's load bias
@@ -708,11 +718,11 @@ type pyFileKey struct {
 // gets its layout from BPF itself (bpf/notify.h py_learn), before its
 // first allocation.
 func (t *Tracer) SetPythonFile(dev string, ino uint64, o *bpf.CudatraceCtPyoffsets) error {
-	var major, minor uint32
-	if _, err := fmt.Sscanf(dev, "%x:%x", &major, &minor); err != nil {
-		return fmt.Errorf("device %q: %w", dev, err)
+	k, err := pyFileKeyOf(dev, ino)
+	if err != nil {
+		return err
 	}
-	if err := t.objs.PyFiles.Put(pyFileKey{Ino: ino, Dev: major<<20 | minor}, o); err != nil {
+	if err := t.objs.PyFiles.Put(k, o); err != nil {
 		return fmt.Errorf("python layout of inode %d: %w", ino, mapErr(err))
 	}
 	return nil
@@ -721,12 +731,12 @@ func (t *Tracer) SetPythonFile(dev string, ino uint64, o *bpf.CudatraceCtPyoffse
 // PythonFile is the layout BPF holds for an interpreter file
 // (SetPythonFile's dev and ino).
 func (t *Tracer) PythonFile(dev string, ino uint64) (*bpf.CudatraceCtPyoffsets, error) {
-	var major, minor uint32
-	if _, err := fmt.Sscanf(dev, "%x:%x", &major, &minor); err != nil {
-		return nil, fmt.Errorf("device %q: %w", dev, err)
+	k, err := pyFileKeyOf(dev, ino)
+	if err != nil {
+		return nil, err
 	}
 	var o bpf.CudatraceCtPyoffsets
-	if err := t.objs.PyFiles.Lookup(pyFileKey{Ino: ino, Dev: major<<20 | minor}, &o); err != nil {
+	if err := t.objs.PyFiles.Lookup(k, &o); err != nil {
 		return nil, fmt.Errorf("python layout of inode %d: %w", ino, err)
 	}
 	return &o, nil
@@ -847,11 +857,9 @@ func walkKeys(m *ebpf.Map, each func(key []byte)) error {
 // ForgetPythonFile drops the layout of an interpreter file (SetPythonFile)
 // whose inode may now be another file's.
 func (t *Tracer) ForgetPythonFile(dev string, ino uint64) {
-	var major, minor uint32
-	if _, err := fmt.Sscanf(dev, "%x:%x", &major, &minor); err != nil {
-		return
+	if k, err := pyFileKeyOf(dev, ino); err == nil {
+		_ = t.objs.PyFiles.Delete(k) // absent: nothing to forget
 	}
-	_ = t.objs.PyFiles.Delete(pyFileKey{Ino: ino, Dev: major<<20 | minor}) // absent: nothing to forget
 }
 
 // TracedPIDs lists the processes in the PID filter: those given, and their

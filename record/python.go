@@ -204,7 +204,7 @@ func (p *pyFileSet) countLater(dev string, inode uint64, path string, in *pystac
 		if err != nil {
 			return
 		}
-		if p.countFrees(in, path, id, &o, true); o.InterpCodeGen != pystack.GenFrees {
+		if !p.countFrees(in, path, id, &o, true) {
 			return
 		}
 		p.mu.Lock()
@@ -224,14 +224,16 @@ func (p *pyFileSet) countLater(dev string, inode uint64, path string, in *pystac
 // only if the probe is in already. The mark goes with the layout as it is
 // given: BPF's per-CPU copies keep a layout given unmarked. A file that
 // cannot be probed keeps o as it is, its identities read at every record.
-func (p *pyFileSet) countFrees(in *pystack.Interp, path string, id proc.FileID, o *bpf.CudatraceCtPyoffsets, wait bool) {
+// It says whether it marked o.
+func (p *pyFileSet) countFrees(in *pystack.Interp, path string, id proc.FileID, o *bpf.CudatraceCtPyoffsets, wait bool) bool {
 	off, ok := in.CodeFreeSite()
 	if !ok || p == nil || p.tr == nil {
-		return
+		return false
 	}
 	if wait && p.tr.AttachCodeFree(path, id, off) == nil || !wait && p.tr.CodeFreeReady(id) {
-		pystack.CountedFrees(o)
+		return pystack.CountedFrees(o)
 	}
+	return false
 }
 
 // learnFiles tells BPF the layout of each of files that is an
@@ -241,25 +243,20 @@ func (p *pyFileSet) learnFiles(files []string) {
 	if p == nil || p.tr == nil {
 		return
 	}
-	// Side by side: a file's read is 1-7 ms here.
-	var wg sync.WaitGroup
 	for _, f := range files {
-		wg.Go(func() {
-			in, err := pystack.DetectFile(f)
-			if in == nil || err != nil {
-				return
+		in, err := pystack.DetectFile(f)
+		if in == nil || err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(f, &st) == nil {
+			check := f
+			if strings.HasPrefix(f, proc.Root+"/") {
+				check = "" // through a process's root: gone with it, not with the file
 			}
-			var st unix.Stat_t
-			if unix.Stat(f, &st) == nil {
-				check := f
-				if strings.HasPrefix(f, proc.Root+"/") {
-					check = "" // through a process's root: gone with it, not with the file
-				}
-				p.learn(devName(st.Dev), st.Ino, f, in, check) //nolint:errcheck // see above
-			}
-		})
+			p.learn(devName(st.Dev), st.Ino, f, in, check) //nolint:errcheck // see above
+		}
 	}
-	wg.Wait()
 }
 
 // devName writes a device number as /proc/PID/maps does (major:minor, hex).

@@ -229,7 +229,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	defer tr.Close()
 	// The interpreters installed here are learned while the probes attach
-	// (the goroutine is over before tr closes: defers run last first).
+	// (the goroutine, and those putting in their code_dealloc probes,
+	// are over before tr closes: defers run last first).
 	pyFiles := &pyFileSet{tr: tr}
 	learned := pyFiles.learnSystem(opts.NoPythonFrames)
 	defer func() {
