@@ -193,8 +193,8 @@ type Tracer struct {
 	// Unwinding in BPF (unwind.go): the mode, uw_rows' memory mapping,
 	// the value SetUnwindMaps writes.
 	uwMode     UnwindMode
-	uwMem      *ebpf.Memory
-	uwIndexMem *ebpf.Memory // uw_index's
+	uwRowsMem  []byte // uw_rows mapped (mapUnwind)
+	uwIndexMem []byte // uw_index's
 	uwProc     *bpf.CudatraceCtUwProc
 	uwGen      uint64 // the last ct_uw_proc.gen written (SetUnwindMaps)
 }
@@ -284,6 +284,10 @@ func New(opts Options) (*Tracer, error) {
 	if err != nil {
 		t.Close()
 		return nil, fmt.Errorf("open ring buffer: %w", err)
+	}
+	if err := t.mapUnwind(); err != nil {
+		t.Close()
+		return nil, err
 	}
 	return t, nil
 }
@@ -1072,6 +1076,9 @@ func (t *Tracer) Close() error {
 		a.f.Close()
 	}
 	t.exes = nil
+	if err := t.unmapUnwind(); err != nil && first == nil {
+		first = fmt.Errorf("unmap the unwind tables: %w", err)
+	}
 	if t.reader != nil {
 		if err := t.reader.Close(); err != nil && first == nil {
 			first = fmt.Errorf("close ring buffer: %w", err)

@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/bpf"
 )
@@ -60,6 +61,47 @@ func (t *Tracer) Unwinds() bool { return t.uwMode == UnwindBPF || t.uwMode == Un
 // UnwindRowCap is how many rows uw_rows holds.
 func (t *Tracer) UnwindRowCap() uint32 { return t.objs.UwRows.MaxEntries() }
 
+// mapUnwind maps uw_rows and uw_index into memory as tracing starts, when
+// it unwinds in BPF, for WriteUnwindRows; Close unmaps them. The kernel
+// inserts all of an array's pages at the mmap (remap_vmalloc_range), and
+// they count in the process's resident memory (VmRSS, RssFile) from then
+// on: mapped at the first write, as they were, the tracer's resident
+// memory jumped by their size (24 MiB with the default rows) whenever
+// some file's rows were first loaded, minutes into a run, and a watcher
+// of the agent's memory saw a leak where the kernel's memory had been the
+// same from the start. The mapping is the tracer's own (not the library's
+// ebpf.Memory, which is unmapped only when the garbage collector finds it
+// unused, after the maps are closed).
+func (t *Tracer) mapUnwind() error {
+	if !t.Unwinds() {
+		return nil
+	}
+	for _, m := range []struct {
+		mem *[]byte
+		m   *ebpf.Map
+	}{{&t.uwRowsMem, t.objs.UwRows}, {&t.uwIndexMem, t.objs.UwIndex}} {
+		size := int(m.m.MaxEntries()) * int(m.m.ValueSize())
+		b, err := unix.Mmap(m.m.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			return fmt.Errorf("map %s into memory (to write unwind rows): %w", m.m, err)
+		}
+		*m.mem = b
+	}
+	return nil
+}
+
+// unmapUnwind undoes mapUnwind.
+func (t *Tracer) unmapUnwind() error {
+	var errs []error
+	for _, m := range []*[]byte{&t.uwRowsMem, &t.uwIndexMem} {
+		if *m != nil {
+			errs = append(errs, unix.Munmap(*m))
+			*m = nil
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // WriteUnwindRows writes rows at index first of uw_rows, and the rows'
 // index (unwind.RowIndex's buckets, at most len(rows) + 1) at index first
 // of uw_index, through their memory mappings (one copy, no system call
@@ -72,33 +114,31 @@ func (t *Tracer) WriteUnwindRows(first uint32, rows []UnwindRow, index []UnwindB
 	if len(rows) == 0 {
 		return nil
 	}
-	if err := writeMem(&t.uwMem, t.objs.UwRows, int64(first), rows); err != nil {
+	if err := writeMem(t.uwRowsMem, int64(first), rows); err != nil {
 		return fmt.Errorf("map uw_rows: %w", err)
 	}
 	if len(index) == 0 {
 		return nil
 	}
-	if err := writeMem(&t.uwIndexMem, t.objs.UwIndex, int64(first), index); err != nil {
+	if err := writeMem(t.uwIndexMem, int64(first), index); err != nil {
 		return fmt.Errorf("map uw_index: %w", err)
 	}
 	return nil
 }
 
-// writeMem writes vs at element at of array map m through its memory
-// mapping, *mem, mapped at the first write. T's size is a multiple of 8:
-// the kernel lays an array's elements out 8 bytes apart at least.
-func writeMem[T any](mem **ebpf.Memory, m *ebpf.Map, at int64, vs []T) error {
-	if *mem == nil {
-		mm, err := m.Memory()
-		if err != nil {
-			return err
-		}
-		*mem = mm
+// writeMem writes vs at element at of an array map mapped at mem. T's
+// size is a multiple of 8: the kernel lays an array's elements out 8
+// bytes apart at least.
+func writeMem[T any](mem []byte, at int64, vs []T) error {
+	size := int64(unsafe.Sizeof(vs[0]))
+	if mem == nil {
+		return errors.New("not mapped: the tracer does not unwind in BPF, or is closed")
 	}
-	size := int(unsafe.Sizeof(vs[0]))
-	b := unsafe.Slice((*byte)(unsafe.Pointer(&vs[0])), len(vs)*size)
-	_, err := (*mem).WriteAt(b, at*int64(size))
-	return err
+	if at < 0 || (at+int64(len(vs)))*size > int64(len(mem)) {
+		return fmt.Errorf("elements %d to %d: beyond the map's %d bytes", at, at+int64(len(vs)), len(mem))
+	}
+	copy(mem[at*size:], unsafe.Slice((*byte)(unsafe.Pointer(&vs[0])), int64(len(vs))*size))
+	return nil
 }
 
 // SetUnwindMaps gives process pid its executable mappings with rows,
