@@ -31,7 +31,8 @@ for line in sys.stdin:
 // code_dealloc (found by pystack from PyCode_Type), counts each code
 // object the process frees, in its PID's slot of py_code_frees: 250 freed,
 // 250 counted. A second attach of the same file is the first's answer,
-// no second probe (one count a free).
+// no second probe (one count a free). Forgotten (ForgetCodeFree), its
+// probe goes, and a later attach puts a new one in.
 func TestCodeFreeCounts(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
@@ -60,7 +61,16 @@ func TestCodeFreeCounts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := len(tr.codeFree.links); n != 1 {
+	probes := func() int {
+		tr.codeFree.mu.Lock()
+		defer tr.codeFree.mu.Unlock()
+		n := 0
+		for _, f := range tr.codeFree.files {
+			n += len(f.links)
+		}
+		return n
+	}
+	if n := probes(); n != 1 {
 		t.Fatalf("%d probes on code_dealloc after two attaches, want 1", n)
 	}
 	cmd := exec.Command(python, "-c", codeFreeScript)
@@ -93,5 +103,27 @@ func TestCodeFreeCounts(t *testing.T) {
 	expect("done")
 	if got := count() - before; got != 250 {
 		t.Errorf("%d code objects freed counted, want 250", got)
+	}
+	// Forgotten, the probe goes: nothing counted; attached again, a
+	// new one counts.
+	end := tr.ForgetCodeFree(id)
+	if tr.CodeFreeReady(id) || tr.CodeFreeFiles() != 0 {
+		t.Errorf("after ForgetCodeFree: ready %v, %d files, want false, 0", tr.CodeFreeReady(id), tr.CodeFreeFiles())
+	}
+	end()
+	before = count()
+	stdin.Write([]byte("100\n"))
+	expect("done")
+	if got := count() - before; got != 0 {
+		t.Errorf("%d code objects freed counted with the probe ended, want 0", got)
+	}
+	if err := tr.AttachCodeFree(lib, id, off); err != nil || !tr.CodeFreeReady(id) || probes() != 1 {
+		t.Fatalf("attached again: %v, ready %v, %d probes; want ready, 1", err, tr.CodeFreeReady(id), probes())
+	}
+	before = count()
+	stdin.Write([]byte("50\n"))
+	expect("done")
+	if got := count() - before; got != 50 {
+		t.Errorf("%d code objects freed counted by the new probe, want 50", got)
 	}
 }

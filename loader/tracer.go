@@ -698,6 +698,12 @@ func (t *Tracer) SetPython(pid uint32, o *bpf.CudatraceCtPyoffsets) error {
 	return nil
 }
 
+// PythonProcess is the layout BPF holds for process pid (SetPython, or
+// its loader's note, from py_files); ok is false where it holds none.
+func (t *Tracer) PythonProcess(pid uint32) (o bpf.CudatraceCtPyoffsets, ok bool) {
+	return o, t.objs.PyProcs.Lookup(pid, &o) == nil
+}
+
 // pyFileKey is struct py_file_key (bpf/notify.h).
 type pyFileKey struct {
 	Ino uint64
