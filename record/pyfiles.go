@@ -346,4 +346,3 @@ type fileID struct {
 func (k fileID) id() (proc.FileID, bool) {
 	return (&proc.Mapping{Dev: k.dev, Inode: k.inode}).ID()
 }
-

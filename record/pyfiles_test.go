@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -316,7 +317,8 @@ func TestPyFilesScanUnread(t *testing.T) {
 	proc.Root = root
 	t.Cleanup(func() { proc.Root = old })
 	const pid = 1<<22 + 11 // above pid_max's largest: never a process
-	if err := os.MkdirAll(filepath.Join(root, "4194315", "maps"), 0o755); err != nil { // a directory: unreadable
+	// Its maps a directory: unreadable.
+	if err := os.MkdirAll(filepath.Join(root, strconv.Itoa(pid), "maps"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	p := newPyFiles(t, tr)
