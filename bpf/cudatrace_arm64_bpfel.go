@@ -380,6 +380,7 @@ type CudatracePyScratchVal struct {
 	LastTgid   uint32
 	Pad        uint32
 	LastMm     uint64
+	Diff       uint64
 	LastInterp uint64
 	LastGen    uint64
 	B_interp   uint64

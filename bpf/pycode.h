@@ -215,7 +215,9 @@ static long py_check_step(__u64 j, void *arg)
 // with the same identity, needs no map lookup (a loop allocating from one
 // line). Once every frame is known captured, the block becomes the CPU's
 // last, with its identities and its interpreter's count of code objects
-// freed (s->b_gen, read by ts_take).
+// freed (s->b_gen, read by ts_take). A block with the same code objects at
+// the same places as the last (the walk's diff), none freed since, is
+// that block: nothing in it is looked at again.
 //
 // From 3.14 that count spares the identities' reads (c->kept): CPython's
 // code_dealloc (Objects/codeobject.c) counts the freeing thread's
@@ -256,9 +258,15 @@ static __always_inline void py_check(struct py_walked pw, __u64 id, const int us
 		s->b_gen = *(volatile __u64 *)&py_code_frees[tgid & (CT_PY_FREE_SLOTS - 1)];
 		s->b_interp = 1;
 	}
+	c->kept = same && s->b_interp && s->last_interp == s->b_interp && s->last_gen == s->b_gen;
+	// The same code objects at the same places as the CPU's last block of
+	// the process (the walk's diff), none freed since: each frame would
+	// take its identity from the last block, which stays as it is. A loop
+	// allocating from one line costs the walk and no more.
+	if (c->kept && !s->diff && s->last.t.n == n)
+		return;
 	c->n = n;
 	c->lastn = same ? s->last.t.n : 0;
-	c->kept = same && s->b_interp && s->last_interp == s->b_interp && s->last_gen == s->b_gen;
 	c->left = CT_PY_MAX_FRAMES;
 	c->missed = 0;
 	c->id = id;

@@ -92,6 +92,7 @@ struct py_scratch_val {
 	__u32 last_tgid;
 	__u32 pad;
 	__u64 last_mm;
+	__u64 diff; // not 0: some frame's code object differs from the one at its place in last (the walk's)
 	__u64 last_interp; // the last block's interpreter and its count of code objects freed then (0: none known)
 	__u64 last_gen;
 	__u64 b_interp; // the same of the block being built (ts_take)
@@ -213,6 +214,7 @@ static __always_inline void frame_take(struct py_walk *w, struct py_scratch_val 
 	f->code = code;
 	f->units = units;
 	f->flags = flags;
+	s->diff |= s->last.f[i].code ^ code; // branch-free (see above)
 }
 
 static __always_inline long frame_step(struct py_walk *w, const int use_loop)
@@ -298,6 +300,7 @@ static __always_inline void frame_run(struct py_walk *w, struct py_scratch_val *
 	__u64 instroff = w->o.fr_instr & (CT_PY_FRAME_READ - 1);
 	__u64 adaptive = w->o.co_code_adaptive;
 	__u32 n = s->b.t.n;
+	__u64 diff = 0;
 	for (int k = 0; k < CT_PY_RUN; k++) {
 		if (!frame || n >= CT_PY_MAX_FRAMES || frame < lo || frame + CT_PY_FRAME_READ > hi)
 			break;
@@ -314,6 +317,7 @@ static __always_inline void frame_run(struct py_walk *w, struct py_scratch_val *
 		f->code = code;
 		f->units = units;
 		f->flags = 0;
+		diff |= s->last.f[i].code ^ code;
 		n++;
 		frame = buf_u64(s, base + prev);
 	}
@@ -332,6 +336,7 @@ static __always_inline void frame_run(struct py_walk *w, struct py_scratch_val *
 	}
 	w->frame = frame;
 	s->b.t.n = n;
+	s->diff |= diff;
 }
 
 // The bpf_loop (Linux 5.17) callbacks: the verifier checks each once.
@@ -531,6 +536,7 @@ static __always_inline struct py_walked py_walk(__u64 id, __u64 sp, const int us
 	// the same scratch.
 	out.seq = s->seq + 1;
 	s->seq = out.seq;
+	s->diff = 0;
 	b->t.n = 0;
 	if (w.found) {
 		// shim frames take turns too
