@@ -172,7 +172,13 @@ type Tracer struct {
 	exit   link.Link // ct_proc_exit
 	exec   link.Link // ct_exec
 	reader *ring
-	specs  uint32 // USDT specs written to the usdt_specs map
+	// specs are the USDT specs written to the usdt_specs map, each once
+	// (specKeys: its index, the sites' cookie): the same PyTorch build in
+	// every container image and virtual environment of a node has the
+	// same sites' specs, which a map of its own each would fill (256) in
+	// some weeks of jobs, and every later one's tensor probes with it.
+	specs    uint32
+	specKeys map[bpf.CudatraceCtUsdtSpec]uint32
 	// loaders are the dynamic loaders (ld.so files, by inode) whose
 	// notification point ct_dl_notify is attached to (dlnotify.go).
 	loaders Libraries
@@ -601,9 +607,6 @@ func (t *Tracer) usdtSites(path string) ([]site, error) {
 		if len(p.Args) < need {
 			return nil, fmt.Errorf("%s: USDT probe %s has %d arguments, want at least %d", path, name, len(p.Args), need)
 		}
-		if t.specs >= bpfUSDTMaxSpecs {
-			return nil, fmt.Errorf("%s: more than %d USDT probe sites in all", path, bpfUSDTMaxSpecs)
-		}
 		var spec bpf.CudatraceCtUsdtSpec
 		spec.Api = uint16(api)
 		spec.Nargs = uint16(min(len(p.Args), len(spec.Args)))
@@ -618,11 +621,21 @@ func (t *Tracer) usdtSites(path string) ([]site, error) {
 		if err != nil {
 			return nil, loadError(err, t.kernel)
 		}
-		key := t.specs
-		if err := t.objs.UsdtSpecs.Put(key, &spec); err != nil {
-			return nil, fmt.Errorf("%s: USDT spec of %s: %w", path, name, err)
+		key, ok := t.specKeys[spec]
+		if !ok {
+			if t.specs >= bpfUSDTMaxSpecs {
+				return nil, fmt.Errorf("%s: more than %d distinct USDT probe sites in all", path, bpfUSDTMaxSpecs)
+			}
+			key = t.specs
+			if err := t.objs.UsdtSpecs.Put(key, &spec); err != nil {
+				return nil, fmt.Errorf("%s: USDT spec of %s: %w", path, name, err)
+			}
+			t.specs++
+			if t.specKeys == nil {
+				t.specKeys = map[bpf.CudatraceCtUsdtSpec]uint32{}
+			}
+			t.specKeys[spec] = key
 		}
-		t.specs++
 		out = append(out, site{name: name, prog: prog, addr: p.Offset, refCtr: p.Semaphore, cookie: uint64(key)})
 	}
 	return out, nil

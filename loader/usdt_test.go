@@ -2,6 +2,7 @@ package loader
 
 import (
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,20 +100,7 @@ func TestReadUSDT(t *testing.T) {
 }
 
 func checkReadUSDT(t *testing.T, gcc, inc, dir string) {
-	src, lib := filepath.Join(dir, "p.c"), filepath.Join(dir, "libp.so")
-	code := `#define _SDT_HAS_SEMAPHORES 1
-#include <sys/sdt.h>
-__extension__ unsigned short pytorch_malloc_semaphore __attribute__((unused, section(".probes")));
-__extension__ unsigned short pytorch_free_semaphore __attribute__((unused, section(".probes")));
-void hit(void *p, long n) { if (pytorch_malloc_semaphore) STAP_PROBE4(pytorch, malloc, p, 1, n, 7); }
-void plain(void *p) { STAP_PROBE1(pytorch, free, p); }
-`
-	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-O2", inc, "-o", lib, src).CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
+	lib := buildSDTLib(t, gcc, inc, dir)
 	probes, err := ReadUSDT(lib)
 	if err != nil {
 		t.Fatal(err)
@@ -153,5 +141,72 @@ void plain(void *p) { STAP_PROBE1(pytorch, free, p); }
 	}
 	if none, err := ReadUSDT("/proc/self/exe"); err != nil || len(none) != 0 {
 		t.Errorf("a file without notes: %v, %v", none, err)
+	}
+}
+
+// buildSDTLib builds, in dir, a library with PyTorch's two USDT probes
+// (sys/sdt.h at inc), pytorch:malloc behind its semaphore, and returns its
+// path.
+func buildSDTLib(t *testing.T, gcc, inc, dir string) string {
+	t.Helper()
+	src, lib := filepath.Join(dir, "p.c"), filepath.Join(dir, "libp.so")
+	code := `#define _SDT_HAS_SEMAPHORES 1
+#include <sys/sdt.h>
+__extension__ unsigned short pytorch_malloc_semaphore __attribute__((unused, section(".probes")));
+__extension__ unsigned short pytorch_free_semaphore __attribute__((unused, section(".probes")));
+void hit(void *p, long n) { if (pytorch_malloc_semaphore) STAP_PROBE4(pytorch, malloc, p, 1, n, 7); }
+void plain(void *p) { STAP_PROBE1(pytorch, free, p); }
+`
+	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-O2", inc, "-o", lib, src).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return lib
+}
+
+// The same library in many files (one PyTorch build in every container
+// image and virtual environment of a node) takes its sites' USDT specs
+// once: 150 copies of a library with two sites attach, in a map of 256
+// specs that a spec each would have filled at the 129th.
+func TestUSDTSpecsShared(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
+	}
+	if _, err := os.Stat("/usr/include/x86_64-linux-gnu/sys/sdt.h"); err != nil {
+		testenv.SkipOrFail(t, "sys/sdt.h (systemtap-sdt-dev): %v", err)
+	}
+	dir := t.TempDir()
+	lib := buildSDTLib(t, testenv.LookPath(t, "gcc"), "-I/usr/include", dir)
+	b, err := os.ReadFile(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := New(Options{StackWindow: -1})
+	if err != nil {
+		testenv.SkipOrFail(t, "load BPF: %v", err)
+	}
+	defer tr.Close()
+	const copies = 150
+	for i := range copies {
+		c := filepath.Join(dir, fmt.Sprintf("libtorch%d.so", i))
+		if err := os.WriteFile(c, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var libs Libraries
+		if _, err := libs.Add(c); err != nil {
+			t.Fatal(err)
+		}
+		res, err := tr.Attach(libs.List()[0])
+		if err != nil {
+			t.Fatalf("copy %d: %v", i, err)
+		}
+		if len(res.Symbols) != 2 {
+			t.Fatalf("copy %d: attached %v, want pytorch:malloc and pytorch:free", i, res.Symbols)
+		}
+	}
+	if tr.specs != 2 {
+		t.Errorf("%d USDT specs written for %d copies of one library of 2 sites, want 2", tr.specs, copies)
 	}
 }
