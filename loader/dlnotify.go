@@ -53,15 +53,15 @@ func LoaderMapping(maps []proc.Mapping) *proc.Mapping {
 	return nil
 }
 
-// HasLoader says whether ct_dl_notify is attached to the loader file id.
-func (t *Tracer) HasLoader(id proc.FileID) bool {
-	for _, l := range t.loaders.List() {
-		if l.Dev == id.Dev && l.Inode == id.Ino {
-			return true
-		}
-	}
-	return false
-}
+// HasLoader says whether ct_dl_notify is attached to the loader file id
+// (not while an attach of it is under way).
+func (t *Tracer) HasLoader(id proc.FileID) bool { return t.ldProbes.ready(id) }
+
+// ForgetLoader ends ct_dl_notify's probe on the loader file id, when end
+// is called (fileProbes.forget: off the reader's goroutine); a later
+// AttachLoader attaches it anew, and a refusal is forgotten too. The
+// caller knows that no process maps it.
+func (t *Tracer) ForgetLoader(id proc.FileID) (end func()) { return t.ldProbes.forget(id) }
 
 // SystemLoader returns the host's dynamic loader: the interpreter
 // /bin/sh names (PT_INTERP), what the host's dynamically linked programs
@@ -142,9 +142,10 @@ func notifySiteOf(f *elf.File, path string) (off, cookie uint64, err error) {
 }
 
 // AttachLoader attaches ct_dl_notify to the dynamic loader at path, once
-// per file (inode). It says whether it attached now. With the PID filter
-// the program makes records of traced processes only; without it, of any
-// process, at most one every few milliseconds each (bpf/notify.h).
+// per file (inode): a second call, on any goroutine, has the first's
+// answer, once it is in. It says whether it attached now. With the PID
+// filter the program makes records of traced processes only; without it,
+// of any process, at most one every few milliseconds each (bpf/notify.h).
 func (t *Tracer) AttachLoader(path string) (bool, error) {
 	if path == "" {
 		return false, nil
@@ -154,27 +155,7 @@ func (t *Tracer) AttachLoader(path string) (bool, error) {
 		return false, err
 	}
 	lib := probe.List()[0]
-	if t.HasLoader(proc.FileID{Dev: lib.Dev, Ino: lib.Inode}) {
-		return false, nil
-	}
-	key := [2]uint64{lib.Dev, lib.Inode}
-	if err, ok := t.refusedLoaders[key]; ok {
-		return false, err
-	}
-	added, err := t.attachLoader(lib)
-	if err != nil {
-		// Every exec of a program this loader runs would try it again
-		// (under --all, the host's every exec): the file does not
-		// change, so neither would the answer.
-		if t.refusedLoaders == nil {
-			t.refusedLoaders = map[[2]uint64]error{}
-		}
-		t.refusedLoaders[key] = err
-		return false, err
-	}
-	t.links = append(t.links, added...)
-	t.loaders.Add(path)
-	return true, nil
+	return t.ldProbes.attach(proc.FileID{Dev: lib.Dev, Ino: lib.Inode}, func() ([]link.Link, error) { return t.attachLoader(lib) })
 }
 
 // attachLoader attaches ct_dl_notify to the notification point of the

@@ -5,9 +5,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/proc"
 )
 
@@ -57,8 +61,8 @@ func TestAttachLoaderRefusedOnce(t *testing.T) {
 	if attached || again == nil || again.Error() != first.Error() {
 		t.Errorf("AttachLoader again = %v, %v; want the first refusal, %v", attached, again, first)
 	}
-	if len(tr.links) != 0 || len(tr.loaders.List()) != 0 {
-		t.Errorf("a refused loader left %d links and %d loaders", len(tr.links), len(tr.loaders.List()))
+	if n := tr.ldProbes.links(); n != 0 {
+		t.Errorf("a refused loader left %d links", n)
 	}
 }
 
@@ -100,12 +104,79 @@ func TestHasLoaderByMapping(t *testing.T) {
 	if tr.HasLoader(id) {
 		t.Fatal("HasLoader before any loader was added")
 	}
-	if _, err := tr.loaders.Add(LoaderIn(pid, maps)); err != nil {
-		t.Fatal(err)
-	}
+	// As AttachLoader leaves a loader it attached.
+	f := &fileProbe{done: make(chan struct{})}
+	close(f.done)
+	tr.ldProbes.files = map[proc.FileID]*fileProbe{id: f}
 	moved := *m
 	moved.Path = "/.old-root" + m.Path
 	if id, _ := moved.ID(); !tr.HasLoader(id) {
 		t.Errorf("HasLoader of %s, the loader added: false", moved.Path)
+	}
+}
+
+// AttachLoader from several goroutines at once attaches the loader once:
+// one call says it attached, every call has its answer, and none comes
+// back before the probe is in. Forgotten, it can be attached again;
+// detached, the tracer attaches no more.
+func TestAttachLoaderOnce(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
+	}
+	ld := SystemLoader()
+	if ld == "" {
+		t.Skip("no system dynamic loader here")
+	}
+	tr, err := New(Options{StackWindow: -1})
+	if err != nil {
+		testenv.SkipOrFail(t, "load BPF: %v", err)
+	}
+	defer tr.Close()
+	var st unix.Stat_t
+	if err := unix.Stat(ld, &st); err != nil {
+		t.Fatal(err)
+	}
+	id := proc.FileID{Dev: st.Dev, Ino: st.Ino}
+	const callers = 4
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	now, ready := 0, 0
+	for range callers {
+		wg.Go(func() {
+			attached, err := tr.AttachLoader(ld)
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if attached {
+				now++
+			}
+			if tr.HasLoader(id) {
+				ready++
+			}
+		})
+	}
+	wg.Wait()
+	links := tr.ldProbes.links()
+	if now != 1 || ready != callers || links == 0 || links > 2 {
+		t.Errorf("%d callers: %d said attached now (want 1), %d found it in after their call (want %d), %d links", callers, now, ready, callers, links)
+	}
+	// Forgotten (no process maps it), its probe goes; attached again, a
+	// new one.
+	end := tr.ForgetLoader(id)
+	if tr.HasLoader(id) {
+		t.Error("HasLoader after ForgetLoader")
+	}
+	end()
+	if n := tr.ldProbes.links(); n != 0 {
+		t.Errorf("%d links after the forgotten loader's end", n)
+	}
+	if attached, err := tr.AttachLoader(ld); !attached || err != nil || !tr.HasLoader(id) {
+		t.Errorf("AttachLoader after ForgetLoader: %v, %v, in %v; want attached now", attached, err, tr.HasLoader(id))
+	}
+	tr.Detach()
+	if attached, err := tr.AttachLoader(ld); attached || err == nil {
+		t.Errorf("AttachLoader after Detach: %v, %v; want an error", attached, err)
 	}
 }

@@ -46,26 +46,45 @@ type Libraries struct {
 // under /proc/PID/root, inside that root), and Attach opens only that
 // file (its device and inode) later.
 func (ls *Libraries) Add(path string) (bool, error) {
+	_, isNew, err := ls.AddLib(path)
+	return isNew, err
+}
+
+// AddLib is Add, which also returns the file as Add found it (its path,
+// device and inode: the first added's path where it was not new).
+func (ls *Libraries) AddLib(path string) (lib Library, isNew bool, err error) {
 	f, err := proc.Open(path, nil)
 	if err != nil {
-		return false, fmt.Errorf("library %s: %w", path, err)
+		return lib, false, fmt.Errorf("library %s: %w", path, err)
 	}
 	var st syscall.Stat_t
 	err = syscall.Fstat(int(f.Fd()), &st)
 	f.Close()
 	if err != nil {
-		return false, fmt.Errorf("library %s: %w", path, err)
+		return lib, false, fmt.Errorf("library %s: %w", path, err)
 	}
+	lib = Library{Path: path, Dev: st.Dev, Inode: st.Ino}
 	key := [2]uint64{st.Dev, st.Ino}
 	if ls.seen == nil {
 		ls.seen = make(map[[2]uint64]bool)
 	}
 	if ls.seen[key] {
-		return false, nil
+		return lib, false, nil
 	}
 	ls.seen[key] = true
-	ls.list = append(ls.list, Library{Path: path, Dev: st.Dev, Inode: st.Ino})
-	return true, nil
+	ls.list = append(ls.list, lib)
+	return lib, true, nil
+}
+
+// Remove forgets the library file dev, inode (Add's): added again, it is
+// new.
+func (ls *Libraries) Remove(dev, inode uint64) {
+	key := [2]uint64{dev, inode}
+	if !ls.seen[key] {
+		return
+	}
+	delete(ls.seen, key)
+	ls.list = slices.DeleteFunc(ls.list, func(l Library) bool { return l.Dev == dev && l.Inode == inode })
 }
 
 // HasInode reports whether a library added has that inode (a mapping's,

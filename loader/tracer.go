@@ -167,7 +167,6 @@ type Tracer struct {
 	opts   Options
 	objs   objects
 	kernel Kernel
-	links  []link.Link
 	fork   link.Link
 	exit   link.Link // ct_proc_exit
 	exec   link.Link // ct_exec
@@ -179,21 +178,19 @@ type Tracer struct {
 	// some weeks of jobs, and every later one's tensor probes with it.
 	specs    uint32
 	specKeys map[bpf.CudatraceCtUsdtSpec]uint32
-	// loaders are the dynamic loaders (ld.so files, by inode) whose
-	// notification point ct_dl_notify is attached to (dlnotify.go).
-	loaders Libraries
-	// refusedLoaders are the loaders (dev, inode) that could not be
-	// attached, with why: tried once.
-	refusedLoaders map[[2]uint64]error
+	// ldProbes are ct_dl_notify's probes on dynamic loaders (ld.so
+	// files), each tried once (dlnotify.go).
+	ldProbes fileProbes
 	// codeFree are the probes on interpreters' code_dealloc (codefree.go).
-	codeFree codeFrees
+	codeFree fileProbes
 
-	// The learning probes (LearnProbes): on while learning, over every
-	// library attached (exes); closing them runs in the background
-	// (closing, waited for by Detach).
+	// libs are the libraries attached (Attach), by file, each with its
+	// probes. The learning probes (LearnProbes): on while learning, over
+	// every library attached; closing them runs in the background
+	// (closing, waited for by Detach). Attach, Learn, ForgetLibrary and
+	// Detach run on one goroutine (record's reader).
+	libs     map[proc.FileID]*attached
 	learning bool
-	learn    []link.Link
-	exes     []attached
 	closing  sync.WaitGroup
 
 	// Unwinding in BPF (unwind.go): the mode, uw_rows' memory mapping,
@@ -205,14 +202,17 @@ type Tracer struct {
 	uwGen      uint64 // the last ct_uw_proc.gen written (SetUnwindMaps)
 }
 
-// attached is a library the tracer probes, with its functions' offsets:
-// what the learning probes attach to when they are turned on. ex is
-// f's /proc/self/fd path (proc.FDPath): f stays open while ex may
-// attach.
+// attached is a library the tracer probes, with its probes and its
+// functions' offsets: what the learning probes attach to when they are
+// turned on. ex is f's /proc/self/fd path (proc.FDPath): f stays open
+// while ex may attach, and until the library is forgotten
+// (ForgetLibrary) or the tracer closes.
 type attached struct {
-	ex  *link.Executable
-	fns map[string]uint64
-	f   *os.File
+	ex    *link.Executable
+	fns   map[string]uint64
+	f     *os.File
+	links []link.Link // its probes
+	learn []link.Link // the learning probes on it, while learning
 }
 
 // New loads the BPF programs. It attaches nothing yet.
@@ -309,6 +309,26 @@ func boolByte(b bool) uint8 {
 	return 0
 }
 
+// ForgetLibrary ends the probes on library file id (Attach), and closes
+// its file, when end is called: closing a uprobe waits out an RCU grace
+// period (28-116 ms here), so call it off the reader's goroutine. Attach
+// may attach the file again after. The caller knows that no process maps
+// it: its calls would go untraced.
+func (t *Tracer) ForgetLibrary(id proc.FileID) (end func()) {
+	a := t.libs[id]
+	delete(t.libs, id)
+	if a == nil {
+		return func() {}
+	}
+	return func() {
+		closeAll(slices.Concat(a.links, a.learn)) //nolint:errcheck // nothing to do about a probe that would not close
+		a.f.Close()
+	}
+}
+
+// AttachedLibraries is how many library files the tracer probes.
+func (t *Tracer) AttachedLibraries() int { return len(t.libs) }
+
 // AttachResult says what Attach did with one library.
 type AttachResult struct {
 	Library  Library
@@ -330,7 +350,11 @@ type AttachResult struct {
 // never through the path again.
 func (t *Tracer) Attach(lib Library) (res AttachResult, err error) {
 	res = AttachResult{Library: lib}
-	f, err := proc.Open(lib.Path, &proc.FileID{Dev: lib.Dev, Ino: lib.Inode})
+	id := proc.FileID{Dev: lib.Dev, Ino: lib.Inode}
+	if t.libs[id] != nil {
+		return res, fmt.Errorf("%s: attached already", lib.Path)
+	}
+	f, err := proc.Open(lib.Path, &id)
 	if err != nil {
 		return res, fmt.Errorf("open %s: %w", lib.Path, err)
 	}
@@ -406,12 +430,15 @@ func (t *Tracer) Attach(lib Library) (res AttachResult, err error) {
 	if err != nil {
 		return res, fmt.Errorf("attach to %s: %w", lib.Path, err)
 	}
-	t.links = append(t.links, added...)
 	res.Programs = len(sites)
-	t.exes = append(t.exes, attached{ex, fns, f})
+	a := &attached{ex: ex, fns: fns, f: f, links: added}
+	if t.libs == nil {
+		t.libs = map[proc.FileID]*attached{}
+	}
+	t.libs[id] = a
 	kept = true
 	if t.learning {
-		t.learn = append(t.learn, t.attachLearn(t.exes[len(t.exes)-1])...)
+		a.learn = t.attachLearn(a)
 	}
 	return res, nil
 }
@@ -429,7 +456,7 @@ func (t *Tracer) attach(ex *link.Executable, sites []site) ([]link.Link, error) 
 
 // attachLearn attaches the LearnProbes ex exports. They are optional: one
 // that fails to attach leaves those threads' devices unknown, never wrong.
-func (t *Tracer) attachLearn(a attached) []link.Link {
+func (t *Tracer) attachLearn(a *attached) []link.Link {
 	var out []link.Link
 	at := map[uint64]bool{} // as in Attach: an alias probed once
 	for _, p := range LearnProbes {
@@ -462,13 +489,17 @@ func (t *Tracer) Learn(on bool) {
 	}
 	t.learning = on
 	if on {
-		for _, a := range t.exes {
-			t.learn = append(t.learn, t.attachLearn(a)...)
+		for _, a := range t.libs {
+			a.learn = t.attachLearn(a)
 		}
 		return
 	}
-	t.closeInBackground(t.learn)
-	t.learn = nil
+	var ls []link.Link
+	for _, a := range t.libs {
+		ls = append(ls, a.learn...)
+		a.learn = nil
+	}
+	t.closeInBackground(ls)
 }
 
 func (t *Tracer) closeInBackground(ls []link.Link) {
@@ -965,14 +996,19 @@ func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
 func (t *Tracer) Detach() error {
 	// The learning probes close with the rest, side by side; closing.Wait
 	// waits for those Learn(false) left closing in the background.
-	err := closeAll(slices.Concat(t.links, t.learn, t.codeFree.take()))
-	t.learn, t.learning = nil, false
+	var ls []link.Link
+	for _, a := range t.libs {
+		ls = append(ls, a.links...)
+		ls = append(ls, a.learn...)
+		a.links, a.learn = nil, nil
+	}
+	err := closeAll(slices.Concat(ls, t.codeFree.take(), t.ldProbes.take()))
+	t.learning = false
 	t.closing.Wait()
 	var first error
 	if err != nil {
 		first = fmt.Errorf("detach: %w", err)
 	}
-	t.links = nil
 	if t.exit != nil {
 		if err := t.exit.Close(); err != nil && first == nil {
 			first = fmt.Errorf("detach exit tracepoint: %w", err)
@@ -1091,10 +1127,10 @@ func sizeName(b uint64) string {
 // Close detaches and frees everything; it returns the first error.
 func (t *Tracer) Close() error {
 	first := t.Detach()
-	for _, a := range t.exes {
+	for _, a := range t.libs {
 		a.f.Close()
 	}
-	t.exes = nil
+	t.libs = nil
 	if err := t.unmapUnwind(); err != nil && first == nil {
 		first = fmt.Errorf("unmap the unwind tables: %w", err)
 	}

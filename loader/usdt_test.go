@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cudatrace/cudatrace/internal/testenv"
+	"github.com/cudatrace/cudatrace/proc"
 )
 
 func TestParseUSDTArgs(t *testing.T) {
@@ -208,5 +209,50 @@ func TestUSDTSpecsShared(t *testing.T) {
 	}
 	if tr.specs != 2 {
 		t.Errorf("%d USDT specs written for %d copies of one library of 2 sites, want 2", tr.specs, copies)
+	}
+}
+
+// A library forgotten (no process maps it) loses its probes and its open
+// file when its end is called, and can be attached again.
+func TestForgetLibrary(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
+	}
+	if _, err := os.Stat("/usr/include/x86_64-linux-gnu/sys/sdt.h"); err != nil {
+		testenv.SkipOrFail(t, "sys/sdt.h (systemtap-sdt-dev): %v", err)
+	}
+	lib := buildSDTLib(t, testenv.LookPath(t, "gcc"), "-I/usr/include", t.TempDir())
+	tr, err := New(Options{StackWindow: -1})
+	if err != nil {
+		testenv.SkipOrFail(t, "load BPF: %v", err)
+	}
+	defer tr.Close()
+	var libs Libraries
+	if _, err := libs.Add(lib); err != nil {
+		t.Fatal(err)
+	}
+	l := libs.List()[0]
+	id := proc.FileID{Dev: l.Dev, Ino: l.Inode}
+	if _, err := tr.Attach(l); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Attach(l); err == nil {
+		t.Error("a second Attach of one file: no error")
+	}
+	a := tr.libs[id]
+	if a == nil || len(a.links) == 0 || tr.AttachedLibraries() != 1 {
+		t.Fatalf("attached: %+v, %d libraries", a, tr.AttachedLibraries())
+	}
+	tr.Learn(true)
+	end := tr.ForgetLibrary(id)
+	if tr.AttachedLibraries() != 0 {
+		t.Errorf("%d libraries after ForgetLibrary, want 0", tr.AttachedLibraries())
+	}
+	end()
+	if _, err := a.f.Stat(); err == nil {
+		t.Error("the forgotten library's file still open after its end")
+	}
+	if _, err := tr.Attach(l); err != nil || tr.AttachedLibraries() != 1 {
+		t.Errorf("Attach after ForgetLibrary: %v, %d libraries", err, tr.AttachedLibraries())
 	}
 }

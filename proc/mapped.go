@@ -15,7 +15,11 @@ import (
 // another reason than their end (the tracer lacks the right to read
 // them): a caller that needs to know that nothing maps a file must find
 // out otherwise what they may map. A mapping of a deleted file counts:
-// the process still runs its code. err: /proc could not be listed.
+// the process still runs its code. So does a mapping of the same inode
+// on another device: a file of an overlay file system (a container's
+// image) is stat'ed with the overlay's device while /proc/PID/maps shows
+// the layer's (check), and a file taken as mapped is kept, never wrongly
+// let go. err: /proc could not be listed.
 func FilesMapped(files map[FileID]bool) (mapped map[FileID]bool, unread []int, err error) {
 	mapped = map[FileID]bool{}
 	if len(files) == 0 {
@@ -24,6 +28,10 @@ func FilesMapped(files map[FileID]bool) (mapped map[FileID]bool, unread []int, e
 	pids, err := PIDs()
 	if err != nil {
 		return nil, nil, err
+	}
+	byInode := map[uint64][]FileID{}
+	for id := range files {
+		byInode[id.Ino] = append(byInode[id.Ino], id)
 	}
 	buf := make([]byte, 0, 64<<10)
 	for _, pid := range pids {
@@ -42,8 +50,10 @@ func FilesMapped(files map[FileID]bool) (mapped map[FileID]bool, unread []int, e
 			} else {
 				b = nil
 			}
-			if id, ok := lineFile(line); ok && files[id] {
-				mapped[id] = true
+			if ino, ok := lineInode(line); ok {
+				for _, id := range byInode[ino] {
+					mapped[id] = true
+				}
 			}
 		}
 	}
@@ -73,29 +83,19 @@ func readAll(name string, buf []byte) ([]byte, error) {
 	}
 }
 
-// lineFile reads the device and inode of a /proc/PID/maps line
-// ("start-end perms offset major:minor inode path").
-func lineFile(line []byte) (FileID, bool) {
-	var fields [5][]byte
-	n := 0
-	for n < 5 {
-		for len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
-			line = line[1:]
-		}
-		if len(line) == 0 {
-			return FileID{}, false
-		}
+// lineInode reads the inode of a /proc/PID/maps line ("start-end perms
+// offset major:minor inode path"); ok is false for an anonymous mapping.
+func lineInode(line []byte) (uint64, bool) {
+	for n := 0; n < 4; n++ {
 		i := bytes.IndexAny(line, " \t")
 		if i < 0 {
-			i = len(line)
+			return 0, false
 		}
-		fields[n], line = line[:i], line[i:]
-		n++
+		line = bytes.TrimLeft(line[i:], " \t")
 	}
-	ino, err := strconv.ParseUint(string(fields[4]), 10, 64)
-	if err != nil || ino == 0 {
-		return FileID{}, false
+	if i := bytes.IndexAny(line, " \t"); i >= 0 {
+		line = line[:i]
 	}
-	m := Mapping{Dev: string(fields[3]), Inode: ino}
-	return m.ID()
+	ino, err := strconv.ParseUint(string(line), 10, 64)
+	return ino, err == nil && ino != 0
 }

@@ -30,20 +30,25 @@ type lateLib struct {
 // draining the ring buffer. It reports each file (inode) once; the reader
 // attaches it (session.attachLate).
 type scanner struct {
-	out  chan lateLib
-	done chan struct{}
-	stop context.CancelFunc
+	out   chan lateLib
+	done  chan struct{}
+	stop  context.CancelFunc
+	again chan struct{} // reset: report every file again
 }
 
 // startScanner scans the processes pids returns every every. known are the
 // files already probed.
 func startScanner(pids func() []uint32, every time.Duration, known []loader.Library) *scanner {
 	ctx, stop := context.WithCancel(context.Background())
-	sc := &scanner{out: make(chan lateLib, 16), done: make(chan struct{}), stop: stop}
+	sc := &scanner{out: make(chan lateLib, 16), done: make(chan struct{}), stop: stop, again: make(chan struct{}, 1)}
 	var seen loader.Libraries
-	for _, l := range known {
-		seen.Add(l.Path)
+	forget := func() {
+		seen = loader.Libraries{}
+		for _, l := range known {
+			seen.Add(l.Path) //nolint:errcheck // one gone is not seen
+		}
 	}
+	forget()
 	go func() {
 		defer close(sc.done)
 		tick := time.NewTicker(every)
@@ -54,6 +59,11 @@ func startScanner(pids func() []uint32, every time.Duration, known []loader.Libr
 			case <-ctx.Done():
 				return
 			case <-tick.C:
+			}
+			select {
+			case <-sc.again:
+				forget()
+			default:
 			}
 			for _, pid := range pids() {
 				if pid == self {
@@ -77,6 +87,19 @@ func startScanner(pids func() []uint32, every time.Duration, known []loader.Libr
 		}
 	}()
 	return sc
+}
+
+// reset has the scan report every file again, from its next round: the
+// reader forgot some (probed.go), which a process may map anew, and
+// takes again (attachLib) those it knows.
+func (sc *scanner) reset() {
+	if sc == nil {
+		return
+	}
+	select {
+	case sc.again <- struct{}{}:
+	default: // one is pending
+	}
 }
 
 // close stops the scan and waits for it.

@@ -157,6 +157,7 @@ func (s *session) sweep() {
 	if s.tr != nil && time.Since(s.lastBPFSweep) >= sweepBPFEvery {
 		s.lastBPFSweep = time.Now()
 		s.pyFiles.sweep()
+		s.sweepProbed()
 		s.res.ExitsSwept += uint64(s.tr.Sweep(func(pid uint32) bool {
 			return s.lives[pid] != nil || proc.Alive(int(pid))
 		}))
@@ -234,5 +235,24 @@ func (mc *mapCounter) close() {
 	if mc != nil {
 		close(mc.stop)
 		<-mc.done
+	}
+}
+
+// sweepProbed ends the probes of the files probed for processes that no
+// process maps any more (probed.go), off the reader's goroutine; the late
+// scan then reports the CUDA libraries it saw again, should one be mapped
+// anew.
+func (s *session) sweepProbed() {
+	forget := func(id proc.FileID, isLoader bool) {
+		if isLoader {
+			s.attaching.Go(s.tr.ForgetLoader(id))
+			return
+		}
+		s.libs.Remove(id.Dev, id.Ino)
+		s.attaching.Go(s.tr.ForgetLibrary(id))
+	}
+	known := func(pid int) bool { return s.lives[uint32(pid)] != nil }
+	if s.probed.sweep(forget, known, &s.attaching) {
+		s.scanner.reset()
 	}
 }

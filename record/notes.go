@@ -1,6 +1,7 @@
 package record
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -239,7 +240,7 @@ func (s *session) attachMapped(pid uint32, maps []proc.Mapping, at uint64) {
 	for _, path := range loader.CUDAPaths(int(pid), maps) {
 		s.attachLib(pid, path, at)
 	}
-	s.attachLoaderIn(int(pid), maps)
+	s.attachLoaderIn(int(pid), maps, false)
 }
 
 // attachLoaderIn attaches the notification point of process pid's
@@ -248,28 +249,83 @@ func (s *session) attachMapped(pid uint32, maps []proc.Mapping, at uint64) {
 // path a mapping shows may lead nowhere from here while its file is
 // probed already (a shell that pivot_root-ed into a container's tree and
 // unmounted the old one maps the host's loader under /.old-root until it
-// execs), and a failed try would be said as a loader not probed.
-func (s *session) attachLoaderIn(pid int, maps []proc.Mapping) {
+// execs), and a failed try would be said as a loader not probed. wait:
+// as attachLoader.
+func (s *session) attachLoaderIn(pid int, maps []proc.Mapping, wait bool) {
 	if s.tr == nil {
 		return
 	}
 	if m := loader.LoaderMapping(maps); m != nil {
 		if id, ok := m.ID(); ok && s.tr.HasLoader(id) {
+			s.probed.saw(id)
 			return
 		}
 	}
-	s.attachLoader(loader.LoaderIn(pid, maps))
+	s.attachLoader(loader.LoaderIn(pid, maps), wait)
 }
 
 // attachLoader attaches the notification point of the dynamic loader at
 // path (none: ""); one that cannot be is tried and said once, and its
-// processes' loads are found by the periodic scan instead.
-func (s *session) attachLoader(path string) {
+// processes' loads are found by the periodic scan instead. With wait (as
+// tracing starts, before a launched command runs) here; else on a
+// goroutine of its own (s.attaching, over before the tracer closes): an
+// attach waits out an RCU grace period (5-33 ms here), and a container's
+// first processes, whose loader is new, make their first allocations
+// while the reader would wait. A refusal comes back to the reader
+// (s.refusals, said at its tick).
+func (s *session) attachLoader(path string, wait bool) {
 	if path == "" || s.tr == nil {
 		return
 	}
-	if _, err := s.tr.AttachLoader(path); err != nil {
-		s.warn(fmt.Errorf("%v: libraries its processes load are found by a scan of their mappings every %v instead, and their calls before it are not traced", err, s.scanEvery()))
+	if wait {
+		if _, err := s.tr.AttachLoader(path); err != nil {
+			s.loaderRefused(err)
+		}
+		return
+	}
+	// One the reader probed for a process (s.probed), which ends its
+	// probe once no process maps it; the host's, probed as tracing
+	// starts, stays.
+	lib, _, err := (&loader.Libraries{}).AddLib(path)
+	if err != nil {
+		return // gone, or not a regular file: no loader to probe
+	}
+	id := proc.FileID{Dev: lib.Dev, Ino: lib.Inode}
+	if s.probed.has(id) {
+		s.probed.saw(id)
+		return
+	}
+	if s.tr.HasLoader(id) {
+		return // the host's
+	}
+	s.probed.add(id, true)
+	tr, refusals := s.tr, s.refusals
+	s.attaching.Go(func() {
+		if _, err := tr.AttachLoader(path); err != nil && !errors.Is(err, loader.ErrDetached) {
+			select {
+			case refusals <- err:
+			default: // said already, or many at once: the next is said
+			}
+		}
+	})
+}
+
+// loaderRefused says that a loader cannot be probed (warn says each text
+// once).
+func (s *session) loaderRefused(err error) {
+	s.warn(fmt.Errorf("%v: libraries its processes load are found by a scan of their mappings every %v instead, and their calls before it are not traced", err, s.scanEvery()))
+}
+
+// takeRefusals says the refusals of loaders attached off the reader's
+// goroutine.
+func (s *session) takeRefusals() {
+	for {
+		select {
+		case err := <-s.refusals:
+			s.loaderRefused(err)
+		default:
+			return
+		}
 	}
 }
 
@@ -278,21 +334,26 @@ func (s *session) attachLoader(path string) {
 // ns; 0: not known, found by the scan). It runs on the reader goroutine,
 // which owns the tracer, the ledger and the trace.
 func (s *session) attachLib(pid uint32, path string, loaded uint64) {
-	if isNew, err := s.libs.Add(path); err != nil || !isNew {
+	lib, isNew, err := s.libs.AddLib(path)
+	if err != nil {
 		return
 	}
-	lib := s.libs.List()[len(s.libs.List())-1]
+	id := proc.FileID{Dev: lib.Dev, Ino: lib.Inode}
+	if !isNew {
+		s.probed.saw(id)
+		return
+	}
 	ar, err := s.tr.Attach(lib)
 	if err != nil {
 		s.warn(fmt.Errorf("pid %d loaded %s after tracing began, and it cannot be traced: %w", pid, path, err))
 		return
 	}
+	s.probed.add(id, false)
 	now := BootNow()
 	var before uint64
 	if p := s.res.Ledger.Process(pid); p != nil {
 		before = p.Allocs + p.Failed + p.Frees + p.UnknownFrees
 	}
-	s.res.Attached = append(s.res.Attached, ar)
 	s.writeAttach(ar, &tracefile.Attach{Time: now, PID: pid, EventsBefore: before, Loaded: loaded})
 	if loaded != 0 && now > loaded {
 		fmt.Fprintf(s.opts.Stderr, "cudatrace: pid %d loaded %s after tracing began: attached %d probes %v after it mapped it; calls it made into it in between, if any, were not traced\n",
@@ -330,14 +391,14 @@ func (s *session) attachLoaders(pids []int) {
 		l.pending = c
 		s.uw.update(uint32(pid), maps)
 		s.detectEarly(uint32(pid), c.RootDir(), maps, true)
-		s.attachLoaderIn(pid, maps)
+		s.attachLoaderIn(pid, maps, true)
 	}
 	if len(s.opts.Command) == 0 && !s.opts.All {
 		return
 	}
-	s.attachLoader(loader.SystemLoader())
+	s.attachLoader(loader.SystemLoader(), true)
 	// Our own, which a dynamically linked cudatrace shares with the host.
 	if maps, err := proc.ReadMaps(os.Getpid()); err == nil {
-		s.attachLoaderIn(os.Getpid(), maps)
+		s.attachLoaderIn(os.Getpid(), maps, true)
 	}
 }

@@ -132,12 +132,16 @@ type Result struct {
 	// CountersAtStop are the counters as the stop began (nil if they
 	// could not be read): the causes of the losses while tracing.
 	CountersAtStop map[string]uint64
-	Attached       []loader.AttachResult
-	ExitCode       int    // of the launched command: 128 + the signal's number when one killed it
-	Signal         string // the signal that killed the launched command ("SIGKILL"), if one did
-	Events         uint64
-	Output         string
-	StopReason     string
+	// Attached are the libraries attached as tracing started; those
+	// attached after (and again, once forgotten: probed.go) are in the
+	// trace's attach records, not here, which an agent's months would
+	// fill.
+	Attached   []loader.AttachResult
+	ExitCode   int    // of the launched command: 128 + the signal's number when one killed it
+	Signal     string // the signal that killed the launched command ("SIGKILL"), if one did
+	Events     uint64
+	Output     string
+	StopReason string
 	// NVML is the latest sample of the driver's view, taken at NVMLTime
 	// (boot ns); nil before the first or without Options.NVML. NVMLError
 	// says why NVML could not be opened.

@@ -3,6 +3,7 @@ package record
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cudatrace/cudatrace/enrich"
@@ -68,9 +69,15 @@ type session struct {
 	lastBPFSweep time.Time
 	libs         loader.Libraries // every library attached, by inode
 	warned       map[string]bool
-	sampler      *sampler    // nil without Options.NVML
-	maps         *mapCounter // nil without an Observer
-	namer        *namer      // names container processes' frames; nil until one is seen
+	// attaching are the loaders' attaches under way off the reader's
+	// goroutine (notes.go attachLoader), refusals their refusals for it,
+	// and the probed files' passes and ends (probed.go).
+	attaching sync.WaitGroup
+	refusals  chan error
+	probed    probedFiles
+	sampler   *sampler    // nil without Options.NVML
+	maps      *mapCounter // nil without an Observer
+	namer     *namer      // names container processes' frames; nil until one is seen
 	// pyFrames and pyUnresolved count the Python frames named, and those
 	// that stayed unresolved; pyCaptured the code objects BPF captured,
 	// pyRead the frames named from the process's memory instead (Result).
@@ -149,10 +156,11 @@ type liveProc struct {
 func newState(opts Options, res *Result) *session {
 	s := &session{
 		opts: opts, res: res,
-		procs:  procmodel.New(),
-		lives:  make(map[uint32]*life),
-		warned: make(map[string]bool),
-		en:     enrich.New(!opts.KeepStackWindows || unwindCheck),
+		procs:    procmodel.New(),
+		lives:    make(map[uint32]*life),
+		warned:   make(map[string]bool),
+		refusals: make(chan error, 16),
+		en:       enrich.New(!opts.KeepStackWindows || unwindCheck),
 	}
 	if opts.ReaderStats {
 		s.stats = &ReaderStats{}
@@ -415,7 +423,7 @@ func (s *session) capture(pid uint32, lp *liveProc) {
 		// next processes of that root are told of as their loaders map
 		// libraries, and get their interpreter's layout in BPF before
 		// their first allocation (py_learn).
-		s.attachLoaderIn(int(pid), all)
+		s.attachLoaderIn(int(pid), all, false)
 	}
 	s.detectPython(pid, lp, c.RootDir(), all)
 	lp.p = s.procs.Add(c)
@@ -445,6 +453,7 @@ func (s *session) Tick() {
 	s.stats.tick()
 	s.gc.tick()
 	s.takeOpenNote()
+	s.takeRefusals()
 	s.attachLate()
 	s.takeNotes()
 	s.learn.tick(s.learner())
@@ -512,6 +521,7 @@ func (s *session) finish(res *Result) error {
 // close releases the trace file on an error path, and the files the
 // unwinder holds open on every path.
 func (s *session) close() {
+	s.attaching.Wait()
 	if s.namer != nil {
 		s.namer.stop()
 	}
