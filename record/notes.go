@@ -287,8 +287,9 @@ func (s *session) attachLoader(path string, wait bool) {
 	// probe once no process maps it; the host's, probed as tracing
 	// starts, stays.
 	lib, _, err := (&loader.Libraries{}).AddLib(path)
-	if err != nil {
-		return // gone, or not a regular file: no loader to probe
+	if err != nil { // not a regular file, or gone: said as before
+		s.loaderRefused(err)
+		return
 	}
 	id := proc.FileID{Dev: lib.Dev, Ino: lib.Inode}
 	if s.probed.has(id) {
