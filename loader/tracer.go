@@ -190,6 +190,7 @@ type Tracer struct {
 	// (closing, waited for by Detach). Attach, Learn, ForgetLibrary and
 	// Detach run on one goroutine (record's reader).
 	libs     map[proc.FileID]*attached
+	ending   map[proc.FileID]chan struct{} // libraries forgotten, closed once their probes are gone
 	learning bool
 	closing  sync.WaitGroup
 
@@ -320,7 +321,20 @@ func (t *Tracer) ForgetLibrary(id proc.FileID) (end func()) {
 	if a == nil {
 		return func() {}
 	}
+	for k, ch := range t.ending { // those over: no Attach waits for them
+		select {
+		case <-ch:
+			delete(t.ending, k)
+		default:
+		}
+	}
+	ended := make(chan struct{})
+	if t.ending == nil {
+		t.ending = map[proc.FileID]chan struct{}{}
+	}
+	t.ending[id] = ended
 	return func() {
+		defer close(ended)
 		closeAll(slices.Concat(a.links, a.learn)) //nolint:errcheck // nothing to do about a probe that would not close
 		a.f.Close()
 	}
@@ -353,6 +367,12 @@ func (t *Tracer) Attach(lib Library) (res AttachResult, err error) {
 	id := proc.FileID{Dev: lib.Dev, Ino: lib.Inode}
 	if t.libs[id] != nil {
 		return res, fmt.Errorf("%s: attached already", lib.Path)
+	}
+	if ended := t.ending[id]; ended != nil {
+		// Its probes, forgotten, are still closing (ForgetLibrary's end):
+		// attached beside them, each call would be recorded twice.
+		<-ended
+		delete(t.ending, id)
 	}
 	f, err := proc.Open(lib.Path, &id)
 	if err != nil {

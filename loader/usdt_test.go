@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/cudatrace/cudatrace/internal/testenv"
 	"github.com/cudatrace/cudatrace/proc"
@@ -213,7 +214,8 @@ func TestUSDTSpecsShared(t *testing.T) {
 }
 
 // A library forgotten (no process maps it) loses its probes and its open
-// file when its end is called, and can be attached again.
+// file when its end is called, and can be attached again, once they are
+// gone.
 func TestForgetLibrary(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
@@ -248,11 +250,23 @@ func TestForgetLibrary(t *testing.T) {
 	if tr.AttachedLibraries() != 0 {
 		t.Errorf("%d libraries after ForgetLibrary, want 0", tr.AttachedLibraries())
 	}
+	// Attached again before the old probes are gone, it waits for them:
+	// beside them, each call would be recorded twice.
+	attached := make(chan error, 1)
+	go func() {
+		_, err := tr.Attach(l)
+		attached <- err
+	}()
+	select {
+	case err := <-attached:
+		t.Fatalf("Attach while the forgotten probes close came back (%v) before their end", err)
+	case <-time.After(200 * time.Millisecond):
+	}
 	end()
 	if _, err := a.f.Stat(); err == nil {
 		t.Error("the forgotten library's file still open after its end")
 	}
-	if _, err := tr.Attach(l); err != nil || tr.AttachedLibraries() != 1 {
-		t.Errorf("Attach after ForgetLibrary: %v, %d libraries", err, tr.AttachedLibraries())
+	if err := <-attached; err != nil || tr.AttachedLibraries() != 1 {
+		t.Errorf("Attach after ForgetLibrary's end: %v, %d libraries", err, tr.AttachedLibraries())
 	}
 }
