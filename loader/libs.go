@@ -50,8 +50,8 @@ func (ls *Libraries) Add(path string) (bool, error) {
 	return isNew, err
 }
 
-// AddLib is Add, which also returns the file as Add found it (its path,
-// device and inode: the first added's path where it was not new).
+// AddLib is Add, which also returns the file as it found it at path: path,
+// and its device and inode, whether it was new or not.
 func (ls *Libraries) AddLib(path string) (lib Library, isNew bool, err error) {
 	f, err := proc.Open(path, nil)
 	if err != nil {
