@@ -230,36 +230,13 @@ func New(opts Options) (*Tracer, error) {
 	if err != nil {
 		return nil, err
 	}
-	spec, err := bpf.LoadCudatrace()
+	t := &Tracer{opts: opts, kernel: k, learning: opts.Learn, uwMode: opts.Unwind}
+	t.objs.warmBTF()
+	spec, err := newSpec(opts, k)
 	if err != nil {
-		return nil, fmt.Errorf("load BPF spec: %w", err)
-	}
-	if err := chooseVariants(spec, k, opts.FilterPIDs && opts.FollowForks); err != nil {
 		return nil, err
 	}
-	set := map[string]any{
-		bpf.CudatraceVarFilterPids:   boolByte(opts.FilterPIDs),
-		bpf.CudatraceVarFollowForks:  boolByte(opts.FollowForks),
-		bpf.CudatraceVarWakeupBytes:  opts.WakeupBytes,
-		bpf.CudatraceVarStackWindow:  window,
-		bpf.CudatraceVarTraceStartNs: opts.TraceStart,
-		bpf.CudatraceVarExitApi:      uint16(events.ProcessExit),
-		bpf.CudatraceVarPycodeApi:    uint16(events.PyCode),
-		bpf.CudatraceVarExecApi:      uint16(events.ProcessExec),
-		bpf.CudatraceVarMappedApi:    uint16(events.LibrariesMapped),
-		bpf.CudatraceVarUwMode:       uwModes[opts.Unwind],
-	}
-	for name, v := range set {
-		if err := spec.Variables[name].Set(v); err != nil {
-			return nil, fmt.Errorf("set %s: %w", name, err)
-		}
-	}
-	spec.Maps[bpf.CudatraceMapEvents].MaxEntries = opts.RingBytes
-	spec.Maps[bpf.CudatraceMapThreads].MaxEntries = opts.MaxInflight
-	spec.Maps[bpf.CudatraceMapUwRows].MaxEntries = opts.UnwindRows
-	spec.Maps[bpf.CudatraceMapUwIndex].MaxEntries = opts.UnwindRows
 
-	t := &Tracer{opts: opts, kernel: k, learning: opts.Learn, uwMode: opts.Unwind}
 	// ct_usdt (with its Python walk, one of the costliest to verify) only
 	// once a library has PyTorch's USDT probes: most runs never need it,
 	// and libc10_cuda is mostly found after start-up.
@@ -297,6 +274,41 @@ func New(opts Options) (*Tracer, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// newSpec is the BPF object as opts and kernel k take it: the variants
+// chosen, the constants set, the maps sized.
+func newSpec(opts Options, k Kernel) (*ebpf.CollectionSpec, error) {
+	spec, err := bpf.LoadCudatrace()
+	if err != nil {
+		return nil, fmt.Errorf("load BPF spec: %w", err)
+	}
+	if err := chooseVariants(spec, k, opts.FilterPIDs && opts.FollowForks); err != nil {
+		return nil, err
+	}
+	window := uint32(max(opts.StackWindow, 0))
+	set := map[string]any{
+		bpf.CudatraceVarFilterPids:   boolByte(opts.FilterPIDs),
+		bpf.CudatraceVarFollowForks:  boolByte(opts.FollowForks),
+		bpf.CudatraceVarWakeupBytes:  opts.WakeupBytes,
+		bpf.CudatraceVarStackWindow:  window,
+		bpf.CudatraceVarTraceStartNs: opts.TraceStart,
+		bpf.CudatraceVarExitApi:      uint16(events.ProcessExit),
+		bpf.CudatraceVarPycodeApi:    uint16(events.PyCode),
+		bpf.CudatraceVarExecApi:      uint16(events.ProcessExec),
+		bpf.CudatraceVarMappedApi:    uint16(events.LibrariesMapped),
+		bpf.CudatraceVarUwMode:       uwModes[opts.Unwind],
+	}
+	for name, v := range set {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	spec.Maps[bpf.CudatraceMapEvents].MaxEntries = opts.RingBytes
+	spec.Maps[bpf.CudatraceMapThreads].MaxEntries = opts.MaxInflight
+	spec.Maps[bpf.CudatraceMapUwRows].MaxEntries = opts.UnwindRows
+	spec.Maps[bpf.CudatraceMapUwIndex].MaxEntries = opts.UnwindRows
+	return spec, nil
 }
 
 // Kernel says what the running kernel offered and which program variants

@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"runtime"
+	"sort"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 
 	"github.com/cudatrace/cudatrace/bpf"
 	"github.com/cudatrace/cudatrace/internal/hint"
@@ -27,6 +31,8 @@ type objects struct {
 	// later are the programs loaded on first use (program), with the
 	// specs of the maps they use.
 	later *ebpf.CollectionSpec
+	// cache is the kernel's BTF, read once for every load.
+	cache *btf.Cache
 }
 
 func (o *objects) Close() error {
@@ -42,8 +48,15 @@ func (o *objects) Close() error {
 
 // load loads every map of spec and its programs but those named in later,
 // which program loads when first asked for, and hands them to o by their
-// `ebpf` names. The verifier's work is most of a tracer's start-up.
+// `ebpf` names. The verifier's work is most of a tracer's start-up, and
+// one program (ct_exit, with the unwinder: ~90% of it) the most of that:
+// the maps are made first, then the programs are verified in groups of
+// about equal size side by side, one a CPU, the costliest program alone
+// in its group where it outweighs the rest.
 func (o *objects) load(spec *ebpf.CollectionSpec, later ...string) error {
+	if o.cache == nil {
+		o.warmBTF()
+	}
 	o.later = &ebpf.CollectionSpec{Maps: make(map[string]*ebpf.MapSpec), Programs: make(map[string]*ebpf.ProgramSpec),
 		Types: spec.Types, ByteOrder: spec.ByteOrder}
 	for _, name := range later {
@@ -55,16 +68,19 @@ func (o *objects) load(spec *ebpf.CollectionSpec, later ...string) error {
 	for name, ms := range spec.Maps {
 		o.later.Maps[name] = ms.Copy()
 	}
-	coll, err := ebpf.NewCollection(spec)
+	// Variables: the constants set (New) go into .rodata as it is made.
+	mapsOnly := &ebpf.CollectionSpec{Maps: spec.Maps, Variables: spec.Variables, Programs: map[string]*ebpf.ProgramSpec{},
+		Types: spec.Types, ByteOrder: spec.ByteOrder}
+	coll, err := ebpf.NewCollectionWithOptions(mapsOnly, ebpf.CollectionOptions{Cache: o.cache})
 	if err != nil {
 		return err
 	}
-	defer coll.Close() // what was not handed over: nothing
 	o.byName = make(map[string]*ebpf.Program)
 	o.maps = make(map[string]*ebpf.Map)
 	for name := range coll.Maps {
 		o.maps[name] = coll.DetachMap(name)
 	}
+	coll.Close() // what was not handed over: nothing
 	ms := reflect.ValueOf(&o.CudatraceMaps).Elem()
 	for i := range ms.NumField() {
 		m := o.maps[ms.Type().Field(i).Tag.Get("ebpf")]
@@ -74,10 +90,88 @@ func (o *objects) load(spec *ebpf.CollectionSpec, later ...string) error {
 		}
 		ms.Field(i).Set(reflect.ValueOf(m))
 	}
-	for name := range coll.Programs {
-		o.set(name, coll.DetachProgram(name))
+	groups := loadGroups(spec.Programs, runtime.NumCPU())
+	loaded := make([]map[string]*ebpf.Program, len(groups))
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for i, g := range groups {
+		wg.Go(func() { loaded[i], errs[i] = o.loadPrograms(spec, g) })
+	}
+	wg.Wait()
+	for _, progs := range loaded {
+		for name, p := range progs {
+			o.set(name, p)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		o.Close()
+		return err
 	}
 	return nil
+}
+
+// warmBTF reads the kernel's BTF (for CO-RE relocations: ~20 ms) on a
+// goroutine of its own, while the BPF object is read; the first load
+// that needs it waits for it.
+func (o *objects) warmBTF() {
+	o.cache = btf.NewCache()
+	go o.cache.Kernel() //nolint:errcheck // a load says the error
+}
+
+// loadGroups splits progs into up to n groups of about equal size by
+// instructions (the verifier's work grows with them), largest first.
+func loadGroups(progs map[string]*ebpf.ProgramSpec, n int) []map[string]*ebpf.ProgramSpec {
+	names := make([]string, 0, len(progs))
+	for name := range progs {
+		names = append(names, name)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		a, b := len(progs[names[i]].Instructions), len(progs[names[j]].Instructions)
+		return a > b || a == b && names[i] < names[j]
+	})
+	n = max(1, min(n, len(names)))
+	groups := make([]map[string]*ebpf.ProgramSpec, n)
+	size := make([]int, n)
+	for _, name := range names {
+		least := 0
+		for i := range size {
+			if size[i] < size[least] {
+				least = i
+			}
+		}
+		if groups[least] == nil {
+			groups[least] = map[string]*ebpf.ProgramSpec{}
+		}
+		groups[least][name] = progs[name]
+		size[least] += len(progs[name].Instructions)
+	}
+	var out []map[string]*ebpf.ProgramSpec
+	for _, g := range groups {
+		if g != nil {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// loadPrograms loads progs against the maps load made; what loaded is
+// returned even with an error (load closes it).
+func (o *objects) loadPrograms(spec *ebpf.CollectionSpec, progs map[string]*ebpf.ProgramSpec) (map[string]*ebpf.Program, error) {
+	maps := make(map[string]*ebpf.MapSpec, len(spec.Maps))
+	for name, ms := range spec.Maps {
+		maps[name] = ms.Copy() // each loader its own: none shares what it may change
+	}
+	coll, err := ebpf.NewCollectionWithOptions(&ebpf.CollectionSpec{Maps: maps, Programs: progs, Types: spec.Types, ByteOrder: spec.ByteOrder},
+		ebpf.CollectionOptions{MapReplacements: o.maps, Cache: o.cache})
+	if err != nil {
+		return nil, err
+	}
+	defer coll.Close()
+	out := make(map[string]*ebpf.Program, len(progs))
+	for name := range coll.Programs {
+		out[name] = coll.DetachProgram(name)
+	}
+	return out, nil
 }
 
 // set records a loaded program under its name in spec.
@@ -103,7 +197,7 @@ func (o *objects) program(name string) (*ebpf.Program, error) {
 	}
 	spec := &ebpf.CollectionSpec{Maps: o.later.Maps, Programs: map[string]*ebpf.ProgramSpec{name: ps},
 		Types: o.later.Types, ByteOrder: o.later.ByteOrder}
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: o.maps})
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: o.maps, Cache: o.cache})
 	if err != nil {
 		return nil, err
 	}

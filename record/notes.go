@@ -94,6 +94,9 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 	pid := ev.PID
 	l := s.lifeOf(pid)
 	l.early, l.earlyTried, l.pending, l.born = nil, false, nil, nil // another program's, and its command line
+	if s.child != nil && s.child.cmd.Process.Pid == int(pid) {
+		s.child.execd = true
+	}
 	if file := events.DecodeExec(raw); file != "" {
 		if testReaderPause > 0 && !s.paused && pystack.IsReadName(file) {
 			// A reader behind, made on purpose: what the processes do
@@ -143,6 +146,9 @@ var testReaderPause, _ = time.ParseDuration(os.Getenv("CUDATRACE_TEST_READER_PAU
 // one. A process gone meanwhile keeps, for its records still unread, what
 // its loader reported (procmodel.WithLoaded).
 func (s *session) mapped(pid uint32, at uint64, objs []events.LoadedObject) {
+	if s.child.helper(pid) {
+		return
+	}
 	l := s.lifeOf(pid)
 	if s.opts.All && s.noteReads >= noteReadsPerTick {
 		l.again = true

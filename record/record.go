@@ -511,6 +511,18 @@ type child struct {
 	// signal names the signal that killed the command, if one did: code
 	// is then 128 + its number, as a shell says.
 	signal string
+	// execd: the reader took its exec note (session.exec). Before it, the
+	// process is the launch helper, cudatrace's own image.
+	execd bool
+}
+
+// helper says whether pid is the launch helper before its exec of the
+// command: what its loader reports (its libraries loaded while it was
+// put in the PID filter) is cudatrace's own, and never calls CUDA. Read
+// as a traced process's, its files' unwind rows were made: cudatrace's
+// own 30 MB binary, ~150 ms of a CPU, waited for at a short run's end.
+func (c *child) helper(pid uint32) bool {
+	return c != nil && !c.execd && c.cmd.Process.Pid == int(pid)
 }
 
 // end waits for the command after tracing stopped. A command still running

@@ -1,6 +1,7 @@
 package record
 
 import (
+	"context"
 	"os"
 	"sort"
 	"sync"
@@ -28,6 +29,10 @@ type uwTables struct {
 	free []uwSpan                  // uw_rows' room not in use, by start
 	work chan uwJob
 	done chan struct{}
+	// stop ends the making of rows at close: what is queued then is for
+	// processes traced no longer (a large library takes ~100 ms).
+	ctx  context.Context
+	stop context.CancelFunc
 	// Stats: files whose rows are loaded, that could not be made (or
 	// found no room), rows' room in use (a file's rows and two).
 	loaded, failed int
@@ -53,15 +58,18 @@ type uwJob struct {
 func newUWTables(tr *loader.Tracer) *uwTables {
 	u := &uwTables{tr: tr, file: map[proc.FileID]*uwFile{}, proc: map[uint32][]proc.Mapping{},
 		free: []uwSpan{{0, tr.UnwindRowCap()}}, work: make(chan uwJob, 1024), done: make(chan struct{})}
+	u.ctx, u.stop = context.WithCancel(context.Background())
 	go u.run()
 	return u
 }
 
-// close stops the goroutine that makes rows.
+// close stops the goroutine that makes rows, leaving what it had not
+// made yet: the tracer closes after.
 func (u *uwTables) close() {
 	if u == nil {
 		return
 	}
+	u.stop()
 	close(u.work)
 	<-u.done
 }
@@ -203,6 +211,9 @@ func (u *uwTables) write(pid uint32) {
 func (u *uwTables) run() {
 	defer close(u.done)
 	for j := range u.work {
+		if u.ctx.Err() != nil {
+			continue // closing: the queue drained unmade
+		}
 		rows, c := u.make(j)
 		var index unwind.RowIndex
 		var buckets []loader.UnwindBucket
@@ -253,7 +264,7 @@ func (u *uwTables) make(j uwJob) ([]loader.UnwindRow, *unwind.Compact) {
 	if err != nil {
 		return nil, nil
 	}
-	c, err := unwind.CompactFile(fh, j.m.Path)
+	c, err := unwind.CompactFile(u.ctx, fh, j.m.Path)
 	if err != nil || len(c.Rows) == 0 {
 		return nil, nil
 	}

@@ -1,6 +1,7 @@
 package unwind
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -46,14 +47,16 @@ const (
 )
 
 // CompactFile reduces the call-frame information of the ELF file f (at
-// path, for errors) to rows. f is closed.
-func CompactFile(f *os.File, path string) (*Compact, error) {
+// path, for errors) to rows. f is closed. A large library takes tens of
+// milliseconds (libc: ~3,000 FDEs); it stops with ctx's error once ctx
+// is done.
+func CompactFile(ctx context.Context, f *os.File, path string) (*Compact, error) {
 	t, err := openTable(f, path)
 	if err != nil {
 		return nil, err
 	}
 	defer t.Close()
-	return t.compact()
+	return t.compact(ctx)
 }
 
 // fdeRef is an FDE in the order the unwinder finds them: by where it
@@ -64,19 +67,25 @@ type fdeRef struct {
 	off   uint64
 }
 
-func (t *table) compact() (*Compact, error) {
+func (t *table) compact(ctx context.Context) (*Compact, error) {
 	c := &Compact{loads: t.loads}
 	var eh, debug []taggedRow
 	var err error
 	if t.eh != nil {
-		if eh, err = t.sectionRows(t.eh); err != nil {
+		if eh, err = t.sectionRows(ctx, t.eh); err != nil {
 			return nil, err
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if t.debug != nil {
-		if debug, err = t.sectionRows(t.debug); err != nil && t.eh == nil {
+		if debug, err = t.sectionRows(ctx, t.debug); err != nil && t.eh == nil {
 			return nil, err
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	// An address .eh_frame has no FDE for is looked up in .debug_frame
 	// (table.fdeFor): the union of their boundaries, each range the rule
@@ -125,7 +134,7 @@ type taggedRow struct {
 
 // sectionRows is every row of the FDEs of s (.eh_frame or .debug_frame),
 // by address, with the ranges no FDE covers.
-func (t *table) sectionRows(s *section) ([]taggedRow, error) {
+func (t *table) sectionRows(ctx context.Context, s *section) ([]taggedRow, error) {
 	var refs []fdeRef
 	if s == t.eh && t.hdr != nil {
 		for i := 0; i < len(t.hdr)/8; i++ {
@@ -153,6 +162,9 @@ func (t *table) sectionRows(s *section) ([]taggedRow, error) {
 		rows = append(rows, taggedRow{pc, r, fde})
 	}
 	for i, ref := range refs {
+		if i%256 == 0 && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		if i+1 < len(refs) && refs[i+1].begin == ref.begin {
 			continue // the later one is found
 		}

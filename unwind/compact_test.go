@@ -1,6 +1,7 @@
 package unwind
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -52,7 +53,7 @@ func compactFiles(t testing.TB, maps []proc.Mapping) map[string]*Compact {
 		if err != nil {
 			continue // another host's file (the arm64 dumps' libc)
 		}
-		c, err := CompactFile(f, m.Path)
+		c, err := CompactFile(context.Background(), f, m.Path)
 		if err != nil {
 			t.Logf("%s: %v", m.Path, err)
 			continue
@@ -185,7 +186,7 @@ func TestCompactRows(t *testing.T) {
 			t.Fatal(err)
 		}
 		f2, _ := os.Open(path)
-		c, err := CompactFile(f2, path)
+		c, err := CompactFile(context.Background(), f2, path)
 		if err != nil {
 			t.Fatal(err)
 		}
