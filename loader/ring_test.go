@@ -40,17 +40,17 @@ func TestCheckRing(t *testing.T) {
 	}
 }
 
-// The default ring holds about as many allocation records for every stack
-// window as for the default one (some 930): 16 MiB for windows up to
-// 16 KiB, then a power of two that grows with the window.
+// The default ring is 64 MiB (bursts of records of frames), and holds at
+// least as many allocation records with windows for every stack window as
+// 16 MiB does with the default one (some 930).
 func TestDefaultRingFor(t *testing.T) {
-	for w, want := range map[int]uint32{0: 16 << 20, -1: 16 << 20, 4 << 10: 16 << 20, 16 << 10: 16 << 20,
-		20 << 10: 32 << 20, 32 << 10: 32 << 20, 48 << 10: 64 << 20, 64 << 10: 64 << 20} {
+	for w, want := range map[int]uint32{0: 64 << 20, -1: 64 << 20, 4 << 10: 64 << 20, 16 << 10: 64 << 20,
+		20 << 10: 64 << 20, 32 << 10: 64 << 20, 48 << 10: 64 << 20, 64 << 10: 64 << 20} {
 		if got := DefaultRingFor(w); got != want {
 			t.Errorf("DefaultRingFor(%d) = %d, want %d", w, got, want)
 		}
 	}
-	base := DefaultRingBytes / RecordBytes(DefaultStackWindow)
+	base := uint32(16<<20) / RecordBytes(DefaultStackWindow)
 	for w := 4096; w <= MaxStackWindow; w += 4096 {
 		if n := DefaultRingFor(w) / RecordBytes(w); n < base {
 			t.Errorf("DefaultRingFor(%d) holds %d records of %d bytes, the default %d", w, n, RecordBytes(w), base)
@@ -70,7 +70,7 @@ func TestLossHint(t *testing.T) {
 	want := "562 with the ring buffer (16MiB) full: raise --ring-size, e.g. --ring-size 64MiB " +
 		"(each allocation record holds its stack window: a smaller --stack-window fits more); " +
 		"3 calls whose entry was missed (in progress when the probes attached)"
-	if got := LossHint(c, DefaultRingBytes); got != want {
+	if got := LossHint(c, 16<<20); got != want {
 		t.Errorf("LossHint(16 MiB) =\n%q, want\n%q", got, want)
 	}
 	for ring, want := range map[uint32]string{
@@ -92,7 +92,7 @@ func TestLossHint(t *testing.T) {
 func TestNoWindowHint(t *testing.T) {
 	want := "3 allocations were recorded without their stack windows (the reader was behind by more than half the ring buffer, 16MiB, in a burst): " +
 		"each is in every figure, its native frames from frame pointers alone (shallower where code has none); raise --ring-size, e.g. --ring-size 64MiB"
-	if got := NoWindowHint(3, DefaultRingBytes); got != want {
+	if got := NoWindowHint(3, 16<<20); got != want {
 		t.Errorf("NoWindowHint(3, 16 MiB) =\n%q, want\n%q", got, want)
 	}
 	if got := NoWindowHint(1, MaxRingBytes); !strings.HasSuffix(got, "; a smaller --stack-window fits more") {

@@ -37,9 +37,10 @@ type Options struct {
 	// per record cost ~7.5 µs per event on the 6.18 VMs cudatrace was built
 	// on, as much as the uprobe trap itself; each wakeup costs the reader
 	// about 15-20 µs of CPU there (docs/benchmarks.md). The default is an
-	// eighth of the ring: 2 MiB of a 16 MiB ring, 113 allocation records
-	// with their 16 KiB windows, and seven eighths left for the reader to
-	// come back before a record is lost.
+	// eighth of the ring: 8 MiB of a 64 MiB ring (some 30,000 records of
+	// frames; the reader's poll comes first at any rate of events below
+	// 600,000 a second), and seven eighths left for the reader to come
+	// back before a record is lost.
 	WakeupBytes  uint64
 	PollInterval time.Duration
 	// MaxInflight bounds the threads BPF keeps a call, a free and a device
@@ -67,7 +68,15 @@ type Options struct {
 }
 
 const (
-	DefaultRingBytes    = 16 << 20
+	// DefaultRingBytes is the ring buffer's default: records of frames
+	// (256-512 bytes) under a burst on a loaded node. bench/burst.sh (10M
+	// events, 8 threads beside 6 busy loops on 2 CPUs) lost 20,990 with
+	// 16 MiB in one round of two, none with 32 MiB (2 rounds) or 64 MiB
+	// (4): the reader, one thread among fifteen, fell more than 32 MiB
+	// behind at times (docs/benchmarks.md). The kernel's memory; the
+	// reader's mapping counts it twice in VmRSS (the data pages are mapped
+	// twice, for records that wrap).
+	DefaultRingBytes    = 64 << 20
 	MaxRingBytes        = 1 << 30 // what --ring-size takes
 	DefaultPollInterval = 50 * time.Millisecond
 	DefaultMaxInflight  = 16384
@@ -96,22 +105,15 @@ func RecordBytes(window int) uint32 {
 }
 
 // DefaultRingFor is the default ring buffer for a stack window of window
-// bytes (0: the default window; < 0: none): DefaultRingBytes per
-// DefaultStackWindow of window, a power of two, so that every window's ring
-// holds as many allocation records (about 900) as the default's. The ring
-// is what a reader kept away a while (a core busy, a noisy neighbour)
-// has before records are lost: with 64 KiB windows, a 16 MiB ring held
-// 240 of them and lost 16-850 events in 3 of 4 runs of bench/loop.c
-// on an idle 2-vCPU VM, where 64 MiB lost none (docs/benchmarks.md).
+// bytes (0: the default window; < 0: none): DefaultRingBytes, which holds
+// as many allocation records with windows for the largest window (~1,000 of
+// 64 KiB) as 16 MiB does for the default one (~930): with 64 KiB windows,
+// a 16 MiB ring held 240 of them and lost 16-850 events in 3 of 4 runs of
+// bench/loop.c on an idle 2-vCPU VM, where 64 MiB lost none
+// (docs/benchmarks.md).
 func DefaultRingFor(window int) uint32 {
-	if window == 0 {
-		window = DefaultStackWindow
-	}
-	r := uint32(DefaultRingBytes)
-	for w := DefaultStackWindow; w < window; w <<= 1 {
-		r <<= 1
-	}
-	return r
+	_ = window // every window up to MaxStackWindow fits the default's records
+	return DefaultRingBytes
 }
 
 // MinRingBytes is the smallest ring buffer (a power of two) that holds

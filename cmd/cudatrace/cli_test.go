@@ -126,19 +126,19 @@ func TestLoopback(t *testing.T) {
 	}
 }
 
-// record's default ring holds as many allocation records whatever the
-// --stack-window: 64 KiB windows in the 16 MiB ring of 16 KiB ones lost
-// events on an idle VM (loader.DefaultRingFor). A --ring-size given wins;
-// top and the agent have no window flag and keep 16 MiB.
+// record's default ring is 64 MiB, and holds as many allocation records
+// with windows whatever the --stack-window: 64 KiB windows in a 16 MiB
+// ring lost events on an idle VM (loader.DefaultRingFor). A --ring-size
+// given wins; top and the agent have no window flag and keep 64 MiB.
 func TestRingDefaultFollowsWindow(t *testing.T) {
 	for _, c := range []struct {
 		args []string
 		want uint32
 	}{
-		{nil, 16 << 20},
-		{[]string{"--stack-window", "0"}, 16 << 20},
-		{[]string{"--stack-window", "4KiB"}, 16 << 20},
-		{[]string{"--stack-window", "32KiB"}, 32 << 20},
+		{nil, 64 << 20},
+		{[]string{"--stack-window", "0"}, 64 << 20},
+		{[]string{"--stack-window", "4KiB"}, 64 << 20},
+		{[]string{"--stack-window", "32KiB"}, 64 << 20},
 		{[]string{"--stack-window", "48KiB"}, 64 << 20},
 		{[]string{"--stack-window", "64KiB"}, 64 << 20},
 		{[]string{"--stack-window", "64KiB", "--ring-size", "16MiB"}, 16 << 20},
@@ -162,8 +162,8 @@ func TestRingDefaultFollowsWindow(t *testing.T) {
 	var top topFlags
 	fl := pflag.NewFlagSet("top", pflag.ContinueOnError)
 	top.bind(fl)
-	if got, err := top.ring(loader.DefaultStackWindow); err != nil || got != 16<<20 {
-		t.Errorf("top: ring %d (%v), want 16 MiB", got, err)
+	if got, err := top.ring(loader.DefaultStackWindow); err != nil || got != 64<<20 {
+		t.Errorf("top: ring %d (%v), want 64 MiB", got, err)
 	}
 	if u := fl.Lookup("ring-size").Usage; strings.Contains(u, "stack-window") {
 		t.Errorf("top's --ring-size names a --stack-window it does not have: %q", u)

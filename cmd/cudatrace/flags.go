@@ -82,12 +82,8 @@ type traceFlags struct {
 }
 
 func (f *traceFlags) add(fl *pflag.FlagSet, symbolizeUsage, nvmlUsage string) {
-	ringScales := ""
-	if fl.Lookup("stack-window") != nil { // record: the ring grows with the window (loader.DefaultRingFor)
-		ringScales = ", and 16MiB per 16KiB of a larger --stack-window: the same ~900 records"
-	}
 	fl.StringArrayVar(&f.libs, "lib", nil, "CUDA library file to probe (repeatable); default: found automatically")
-	fl.StringVar(&f.ringSize, "ring-size", "", "BPF ring buffer size, a power of two holding at least 8 allocation records of the stack window (256KiB for 16KiB); once the reader is behind by half of it, records go without their windows (counted, said), and when it is full events are lost: raise it if either happens (default 16MiB"+ringScales+")")
+	fl.StringVar(&f.ringSize, "ring-size", "", "BPF ring buffer size, a power of two holding at least 8 allocation records of the stack window (256KiB for 16KiB); once the reader is behind by half of it, records go without their windows (counted, said), and when it is full events are lost: raise it if either happens (default 64MiB: ~250,000 records of up to 23 frames, ~1,000 with 64KiB windows)")
 	fl.BoolVar(&f.noSymbolize, "no-symbolize", false, symbolizeUsage)
 	fl.BoolVar(&f.noPy, "no-python-frames", false, "leave CPython "+pystack.Versions()+" processes' Python frames (file:line:function, in place of the interpreter loop) out of their stacks")
 	fl.BoolVar(&f.nvml, "nvml", true, nvmlUsage)
