@@ -70,7 +70,7 @@ func TestLossHint(t *testing.T) {
 	want := "562 with the ring buffer (16MiB) full: raise --ring-size, e.g. --ring-size 64MiB " +
 		"(each allocation record holds its stack window: a smaller --stack-window fits more); " +
 		"3 calls whose entry was missed (in progress when the probes attached)"
-	if got := LossHint(c, 16<<20); got != want {
+	if got := LossHint(c, 16<<20, true); got != want {
 		t.Errorf("LossHint(16 MiB) =\n%q, want\n%q", got, want)
 	}
 	for ring, want := range map[uint32]string{
@@ -78,11 +78,17 @@ func TestLossHint(t *testing.T) {
 		512 << 20: "(512MiB) full: raise --ring-size, e.g. --ring-size 1GiB ",
 		1 << 30:   "(1GiB, the largest) full: a smaller --stack-window fits more records",
 	} {
-		if got := LossHint(map[string]uint64{"ringbuf_full": 1}, ring); !strings.Contains(got, want) {
+		if got := LossHint(map[string]uint64{"ringbuf_full": 1}, ring, true); !strings.Contains(got, want) {
 			t.Errorf("LossHint(%d) = %q, want it to say %q", ring, got, want)
 		}
 	}
-	if got := LossHint(map[string]uint64{"nested": 5}, DefaultRingBytes); got != "" {
+	// A reader at the job's priority (no CAP_SYS_NICE): that remedy first.
+	got := LossHint(map[string]uint64{"ringbuf_full": 7}, 64<<20, false)
+	if want := "7 with the ring buffer (64MiB) full while the reader ran at the job's priority: give cudatrace CAP_SYS_NICE " +
+		"(its reader then runs at nice -10, ahead of busy threads), or raise --ring-size, e.g. --ring-size 256MiB"; got != want {
+		t.Errorf("LossHint(not raised) =\n%q, want\n%q", got, want)
+	}
+	if got := LossHint(map[string]uint64{"nested": 5}, DefaultRingBytes, true); got != "" {
 		t.Errorf("LossHint(no loss) = %q, want none", got)
 	}
 }

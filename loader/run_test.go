@@ -6,6 +6,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cudatrace/cudatrace/internal/testenv"
 )
 
 // quietPoller stands for the network poller over a ring whose records are
@@ -65,5 +69,55 @@ func TestRunRecordsBeforeTick(t *testing.T) {
 	// The last tick is Run's own after the stop.
 	if got, want := strings.Join(h.seq, " "), "record tick record tick record tick tick"; got != want {
 		t.Errorf("handed over %q\nwant         %q", got, want)
+	}
+}
+
+type niceHandler struct {
+	nice, tid int
+	cancel    context.CancelFunc
+}
+
+func (h *niceHandler) Record(raw []byte) {}
+func (h *niceHandler) Tick() {
+	if h.tid == 0 {
+		h.tid = unix.Gettid()
+		raw, _ := unix.Getpriority(unix.PRIO_PROCESS, 0)
+		h.nice = 20 - raw
+	}
+	h.cancel()
+}
+
+// The reader's thread runs at readerNice while Run reads (where the kernel
+// allows it: root here), and at its nice value before once Run returns
+// (the thread goes back to serve other goroutines).
+func TestReaderRaised(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs CAP_SYS_NICE: run as root")
+	}
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	defer wr.Close()
+	f := newFakeRing(512)
+	f.r.file = rd
+	f.r.conn = &quietPoller{f: f, sleep: 10 * time.Millisecond}
+	tr := &Tracer{reader: &f.r, opts: Options{PollInterval: 5 * time.Millisecond}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	h := &niceHandler{cancel: cancel}
+	if err := tr.Run(ctx, h, func(error) {}); err != nil {
+		t.Fatal(err)
+	}
+	if h.nice != readerNice || !tr.ReaderRaised() {
+		t.Errorf("the reader ran at nice %d (raised %v), want %d", h.nice, tr.ReaderRaised(), readerNice)
+	}
+	raw, err := unix.Getpriority(unix.PRIO_PROCESS, h.tid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nice := 20 - raw; nice != 0 {
+		t.Errorf("the reader's thread left at nice %d after Run, want 0", nice)
 	}
 }

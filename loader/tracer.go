@@ -203,6 +203,8 @@ type Tracer struct {
 	uwIndexMem []byte // uw_index's
 	uwProc     *bpf.CudatraceCtUwProc
 	uwGen      uint64 // the last ct_uw_proc.gen written (SetUnwindMaps)
+	// readerRaised: Run's thread ran at readerNice (priority.go).
+	readerRaised bool
 }
 
 // attached is a library the tracer probes, with its probes and its
@@ -312,6 +314,10 @@ func newSpec(opts Options, k Kernel) (*ebpf.CollectionSpec, error) {
 	spec.Maps[bpf.CudatraceMapUwIndex].MaxEntries = opts.UnwindRows
 	return spec, nil
 }
+
+// ReaderRaised says whether the reader (Run) ran ahead of busy threads,
+// at readerNice; false where the kernel refused (no CAP_SYS_NICE).
+func (t *Tracer) ReaderRaised() bool { return t.readerRaised }
 
 // Kernel says what the running kernel offered and which program variants
 // were loaded.
@@ -988,6 +994,9 @@ const readBatch = 256
 // over what is still in the ring buffer, and returns. Wait errors are
 // reported through errf and reading goes on.
 func (t *Tracer) Run(ctx context.Context, h Handler, errf func(error)) error {
+	restore, raised := raiseReader()
+	defer restore()
+	t.readerRaised = raised
 	last := time.Now()
 	idler, _ := h.(Idler)
 	read := func() int {
@@ -1113,10 +1122,21 @@ func Lost(c map[string]uint64) uint64 {
 // ring is the ring buffer's size the losses were counted with: the remedy
 // names a size four times it (with 64 KiB windows, 4x the ring took the
 // losses of bench/loop.c from hundreds to none: docs/benchmarks.md).
-func LossHint(c map[string]uint64, ring uint32) string {
+//
+// raised says whether the reader ran ahead of busy threads (ReaderRaised):
+// where it did not, a full ring is more often a reader starved of CPU by
+// the job's threads than a burst, and the first remedy is CAP_SYS_NICE.
+func LossHint(c map[string]uint64, ring uint32, raised bool) string {
 	var parts []string
 	if n := c["ringbuf_full"]; n > 0 {
-		if bigger := min(4*uint64(ring), MaxRingBytes); bigger > uint64(ring) {
+		if bigger := min(4*uint64(ring), MaxRingBytes); !raised {
+			more := ""
+			if bigger > uint64(ring) {
+				more = ", or raise --ring-size, e.g. --ring-size " + sizeName(bigger)
+			}
+			parts = append(parts, fmt.Sprintf("%d with the ring buffer (%s) full while the reader ran at the job's priority: give cudatrace CAP_SYS_NICE "+
+				"(its reader then runs at nice %d, ahead of busy threads)%s", n, sizeName(uint64(ring)), readerNice, more))
+		} else if bigger := min(4*uint64(ring), MaxRingBytes); bigger > uint64(ring) {
 			parts = append(parts, fmt.Sprintf("%d with the ring buffer (%s) full: raise --ring-size, e.g. --ring-size %s (each allocation record holds its stack window: a smaller --stack-window fits more)",
 				n, sizeName(uint64(ring)), sizeName(bigger)))
 		} else {

@@ -193,6 +193,9 @@ type Result struct {
 	Maps []MapUse
 	// Reader is what reading the events cost, with Options.ReaderStats.
 	Reader *ReaderStats
+	// ReaderRaised: the reader ran ahead of busy threads
+	// (loader.Tracer.ReaderRaised); the loss warning's remedy depends on it.
+	ReaderRaised bool
 }
 
 // Run traces until the session ends. ctx cancellation (SIGINT, SIGTERM)
@@ -333,6 +336,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if err := tr.Run(runCtx, s, s.warn); err != nil {
 		return nil, err
 	}
+	res.ReaderRaised = tr.ReaderRaised()
 	switch {
 	case s.reason != "":
 		res.StopReason = s.reason

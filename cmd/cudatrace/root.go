@@ -90,7 +90,7 @@ func writeLosses(w io.Writer, who string, res *record.Result, ring uint32) {
 		if causes == nil {
 			causes = res.Counters
 		}
-		fmt.Fprintf(w, "%s: warning: %d events lost while tracing: %s\n", who, n, loader.LossHint(causes, ring))
+		fmt.Fprintf(w, "%s: warning: %d events lost while tracing: %s\n", who, n, loader.LossHint(causes, ring, res.ReaderRaised))
 	}
 	if n := res.Counters["ringbuf_no_window"]; n > 0 {
 		fmt.Fprintf(w, "%s: %s\n", who, loader.NoWindowHint(n, ring))
