@@ -33,6 +33,20 @@ func (p *quietPoller) Read(ready func(uintptr) bool) error {
 	return os.ErrDeadlineExceeded
 }
 
+// quietTracer is a Tracer reading a fake ring through quietPoller (a
+// record committed every sleep, nobody woken), polling every poll.
+func quietTracer(t *testing.T, sleep, poll time.Duration) *Tracer {
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rd.Close(); wr.Close() })
+	f := newFakeRing(512)
+	f.r.file = rd
+	f.r.conn = &quietPoller{f: f, sleep: sleep}
+	return &Tracer{reader: &f.r, opts: Options{PollInterval: poll}}
+}
+
 type orderHandler struct {
 	seq    []string
 	cancel context.CancelFunc
@@ -50,16 +64,7 @@ func (h *orderHandler) Tick() {
 // Tick that ends the wait: Tick writes the samples taken meanwhile (NVML),
 // and in the trace they must come after the records made before them.
 func TestRunRecordsBeforeTick(t *testing.T) {
-	rd, wr, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rd.Close()
-	defer wr.Close()
-	f := newFakeRing(512)
-	f.r.file = rd
-	f.r.conn = &quietPoller{f: f, sleep: 40 * time.Millisecond}
-	tr := &Tracer{reader: &f.r, opts: Options{PollInterval: 20 * time.Millisecond}}
+	tr := quietTracer(t, 40*time.Millisecond, 20*time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	h := &orderHandler{cancel: cancel}
@@ -94,16 +99,7 @@ func TestReaderRaised(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testenv.SkipOrFail(t, "needs CAP_SYS_NICE: run as root")
 	}
-	rd, wr, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rd.Close()
-	defer wr.Close()
-	f := newFakeRing(512)
-	f.r.file = rd
-	f.r.conn = &quietPoller{f: f, sleep: 10 * time.Millisecond}
-	tr := &Tracer{reader: &f.r, opts: Options{PollInterval: 5 * time.Millisecond}}
+	tr := quietTracer(t, 10*time.Millisecond, 5*time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	h := &niceHandler{cancel: cancel}
