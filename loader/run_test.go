@@ -2,7 +2,9 @@ package loader
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -115,5 +117,37 @@ func TestReaderRaised(t *testing.T) {
 	}
 	if nice := 20 - raw; nice != 0 {
 		t.Errorf("the reader's thread left at nice %d after Run, want 0", nice)
+	}
+}
+
+// A reader without CAP_SYS_NICE (the shipped agent's capabilities) and
+// with no RLIMIT_NICE to reach readerNice runs at the job's priority: Run
+// goes on, and says so (ReaderRaised). The test binary run again, its
+// bounding set without CAP_SYS_NICE. (The other way, raised by a limit
+// alone, the systemd unit's LimitNICE=-10, is not tested: no process here
+// may raise RLIMIT_NICE.)
+func TestReaderNotRaised(t *testing.T) {
+	if os.Getenv("CT_TEST_READER_CHILD") != "" {
+		restore, raised := raiseReader()
+		restore()
+		fmt.Printf("raised=%v\n", raised)
+		return
+	}
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs root to drop CAP_SYS_NICE from")
+	}
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NICE, &lim); err != nil || lim.Cur >= 20-readerNice {
+		t.Skipf("RLIMIT_NICE %d lets any thread here reach nice %d (%v)", lim.Cur, readerNice, err)
+	}
+	cmd := exec.Command(testenv.LookPath(t, "setpriv"), "--bounding-set", "-sys_nice", "--inh-caps", "-all", "--",
+		os.Args[0], "-test.run", "^TestReaderNotRaised$")
+	cmd.Env = append(os.Environ(), "CT_TEST_READER_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("setpriv: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "raised=false\n") {
+		t.Errorf("without CAP_SYS_NICE: %q, want raised=false", out)
 	}
 }
