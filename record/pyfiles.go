@@ -150,6 +150,22 @@ func (p *pyFileSet) learnFiles(files []string) {
 	if p == nil || p.tr == nil {
 		return
 	}
+	p.learnFound(findInterps(files))
+}
+
+// foundInterp is an interpreter file (findInterps): its layout, and the
+// file as it was stat'ed.
+type foundInterp struct {
+	path string
+	in   *pystack.Interp
+	dev  string
+	ino  uint64
+}
+
+// findInterps reads which of files are interpreters, and their layouts:
+// no BPF, so it may run before the tracer is loaded.
+func findInterps(files []string) []foundInterp {
+	var found []foundInterp
 	for _, f := range files {
 		in, err := pystack.DetectFile(f)
 		if in == nil || err != nil {
@@ -157,12 +173,23 @@ func (p *pyFileSet) learnFiles(files []string) {
 		}
 		var st unix.Stat_t
 		if unix.Stat(f, &st) == nil {
-			check := f
-			if strings.HasPrefix(f, proc.Root+"/") {
-				check = "" // through a process's root: gone with it, not with the file
-			}
-			p.learn(devName(st.Dev), st.Ino, f, in, check) //nolint:errcheck // see above
+			found = append(found, foundInterp{path: f, in: in, dev: devName(st.Dev), ino: st.Ino})
 		}
+	}
+	return found
+}
+
+// learnFound tells BPF the layouts findInterps found.
+func (p *pyFileSet) learnFound(found []foundInterp) {
+	if p == nil || p.tr == nil {
+		return
+	}
+	for _, f := range found {
+		check := f.path
+		if strings.HasPrefix(f.path, proc.Root+"/") {
+			check = "" // through a process's root: gone with it, not with the file
+		}
+		p.learn(f.dev, f.ino, f.path, f.in, check) //nolint:errcheck // see above
 	}
 }
 
@@ -310,22 +337,31 @@ func (p *pyFileSet) retire(id proc.FileID) {
 	p.retired[id] = p.epoch
 }
 
-// learnSystem tells BPF, on a goroutine of its own, the layouts of the
-// interpreters installed on the host (pystack.SystemInterpreters; 13-27
-// ms for the 16 files on the machine this was written on): started as
-// the probes attach, it is over before Run says they are (learnWait), and
-// any process that runs one of them gets its Python frames from its
-// first allocation, however busy the reader is then. done is closed when
-// it is over.
-func (p *pyFileSet) learnSystem(noFrames bool) (done chan struct{}) {
-	done = make(chan struct{})
-	if noFrames || p == nil || p.tr == nil {
-		close(done)
-		return done
+// findSystem reads the interpreters installed on the host
+// (pystack.SystemInterpreters; 13-27 ms for the 16 files on the machine
+// this was written on) on a goroutine of its own, started before the
+// tracer loads: the verifier keeps one CPU busy for half a second then,
+// and the other is free. None with noFrames.
+func findSystem(noFrames bool) <-chan []foundInterp {
+	ch := make(chan []foundInterp, 1)
+	if noFrames {
+		ch <- nil
+		return ch
 	}
+	go func() { ch <- findInterps(pystack.SystemInterpreters()) }()
+	return ch
+}
+
+// learnSystem tells BPF, on a goroutine of its own, the layouts of the
+// host's interpreters findSystem found: started as the probes attach, it
+// is over before Run says they are (learnWait), and any process that runs
+// one of them gets its Python frames from its first allocation, however
+// busy the reader is then. done is closed when it is over.
+func (p *pyFileSet) learnSystem(found <-chan []foundInterp) (done chan struct{}) {
+	done = make(chan struct{})
 	go func() {
 		defer close(done)
-		p.learnFiles(pystack.SystemInterpreters())
+		p.learnFound(<-found)
 	}()
 	return done
 }

@@ -219,6 +219,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, err
 	}
 
+	sys := findSystem(opts.NoPythonFrames) // while the tracer loads
 	topts := opts.Tracer
 	topts.FilterPIDs = !opts.All
 	topts.FollowForks = true
@@ -235,11 +236,12 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, hint.Wrap(err, "check `dmesg` and that the kernel has BTF and uprobes (CONFIG_UPROBE_EVENTS)")
 	}
 	defer tr.Close()
-	// The interpreters installed here are learned while the probes attach
-	// (the goroutine, and those putting in their code_dealloc probes,
-	// are over before tr closes: defers run last first).
+	// The interpreters installed here, found while the tracer loaded, are
+	// learned while the probes attach (the goroutine, and those putting in
+	// their code_dealloc probes, are over before tr closes: defers run
+	// last first).
 	pyFiles := &pyFileSet{tr: tr}
-	learned := pyFiles.learnSystem(opts.NoPythonFrames)
+	learned := pyFiles.learnSystem(sys)
 	defer func() {
 		<-learned
 		pyFiles.later.Wait()
