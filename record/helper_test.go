@@ -5,10 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -45,17 +42,7 @@ func TestLaunchHelperNotes(t *testing.T) {
 		cmd.Wait() //nolint:errcheck // killed
 	}()
 	pid := uint32(cmd.Process.Pid)
-	// Start returns once the exec began: the kernel maps the program's
-	// file a moment later.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		maps, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(int(pid)), "maps"))
-		if strings.Contains(string(maps), filepath.Base(cmd.Path)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's mappings never showed its file", cmd.Path)
-		}
-	}
+	waitMapped(t, int(pid), filepath.Base(cmd.Path))
 	var st unix.Stat_t
 	if err := unix.Stat(cmd.Path, &st); err != nil {
 		t.Fatal(err)

@@ -73,16 +73,7 @@ func TestProbedFilesEnd(t *testing.T) {
 	}
 	defer stop()
 	pid := cmd.Process.Pid
-	for i := 0; ; i++ {
-		maps, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "maps"))
-		if strings.Contains(string(maps), lib) {
-			break
-		}
-		if i == 200 {
-			t.Fatalf("pid %d never mapped %s", pid, lib)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitMapped(t, pid, lib)
 	s.attachLib(uint32(pid), lib, 0)
 	s.attachLoader(ldCopy, false)
 	s.attaching.Wait()
@@ -125,4 +116,21 @@ func fileIDOf(t *testing.T, path string) proc.FileID {
 		t.Fatal(err)
 	}
 	return proc.FileID{Dev: st.Dev, Ino: st.Ino}
+}
+
+// waitMapped waits, up to 2 s, until process pid maps a file whose path
+// holds name: a process started returns from its exec before the kernel
+// maps its program, and its loader maps its libraries after.
+func waitMapped(t *testing.T, pid int, name string) {
+	t.Helper()
+	for i := 0; ; i++ {
+		maps, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "maps"))
+		if strings.Contains(string(maps), name) {
+			return
+		}
+		if i == 200 {
+			t.Fatalf("pid %d never mapped %s", pid, name)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
