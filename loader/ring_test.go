@@ -40,20 +40,22 @@ func TestCheckRing(t *testing.T) {
 	}
 }
 
-// The default ring is 64 MiB (bursts of records of frames), and holds at
-// least as many allocation records with windows for every stack window as
-// 16 MiB does with the default one (some 930).
-func TestDefaultRingFor(t *testing.T) {
-	for w, want := range map[int]uint32{0: 64 << 20, -1: 64 << 20, 4 << 10: 64 << 20, 16 << 10: 64 << 20,
-		20 << 10: 64 << 20, 32 << 10: 64 << 20, 48 << 10: 64 << 20, 64 << 10: 64 << 20} {
-		if got := DefaultRingFor(w); got != want {
-			t.Errorf("DefaultRingFor(%d) = %d, want %d", w, got, want)
+// The default ring is 64 MiB (bursts of records of frames) whatever the
+// stack window, and holds at least as many allocation records with
+// windows for every stack window as 16 MiB does with the default one
+// (some 930).
+func TestDefaultRing(t *testing.T) {
+	for _, w := range []int{0, -1, 4 << 10, 16 << 10, 20 << 10, 32 << 10, 48 << 10, 64 << 10} {
+		o := Options{StackWindow: w}
+		o.defaults()
+		if o.RingBytes != 64<<20 {
+			t.Errorf("Options{StackWindow: %d} defaults to a ring of %d, want 64 MiB", w, o.RingBytes)
 		}
 	}
 	base := uint32(16<<20) / RecordBytes(DefaultStackWindow)
 	for w := 4096; w <= MaxStackWindow; w += 4096 {
-		if n := DefaultRingFor(w) / RecordBytes(w); n < base {
-			t.Errorf("DefaultRingFor(%d) holds %d records of %d bytes, the default %d", w, n, RecordBytes(w), base)
+		if n := uint32(DefaultRingBytes) / RecordBytes(w); n < base {
+			t.Errorf("the default ring holds %d records of %d bytes (window %d), the default window's %d", n, RecordBytes(w), w, base)
 		}
 	}
 	o := Options{StackWindow: MaxStackWindow}

@@ -30,7 +30,7 @@ type Options struct {
 	FollowForks bool
 	// RingBytes is the ring buffer's size: a power of two, a multiple of the
 	// page size. Bursts beyond it between two reads are lost (and counted).
-	// 0 picks DefaultRingFor(StackWindow).
+	// 0 picks DefaultRingBytes.
 	RingBytes uint32
 	// WakeupBytes: records are submitted without waking the reader until this
 	// much data is unread; the reader also polls every PollInterval. Waking
@@ -73,9 +73,13 @@ const (
 	// events, 8 threads beside 6 busy loops on 2 CPUs) lost 20,990 with
 	// 16 MiB in one round of two, none with 32 MiB (2 rounds) or 64 MiB
 	// (4): the reader, one thread among fifteen, fell more than 32 MiB
-	// behind at times (docs/benchmarks.md). The kernel's memory; the
-	// reader's mapping counts it twice in VmRSS (the data pages are mapped
-	// twice, for records that wrap).
+	// behind at times (docs/benchmarks.md). It is every stack window's:
+	// it holds as many records of the largest window (~1,000 of 64 KiB)
+	// as 16 MiB does of the default one (~930), where a 16 MiB ring held
+	// 240 of 64 KiB and lost 16-850 events in 3 of 4 runs of bench/loop.c
+	// on an idle 2-vCPU VM. The kernel's memory; the reader's mapping
+	// counts it twice in VmRSS (the data pages are mapped twice, for
+	// records that wrap).
 	DefaultRingBytes    = 64 << 20
 	MaxRingBytes        = 1 << 30 // what --ring-size takes
 	DefaultPollInterval = 50 * time.Millisecond
@@ -104,18 +108,6 @@ func RecordBytes(window int) uint32 {
 	return uint32(n+7)&^7 + 8
 }
 
-// DefaultRingFor is the default ring buffer for a stack window of window
-// bytes (0: the default window; < 0: none): DefaultRingBytes, which holds
-// as many allocation records with windows for the largest window (~1,000 of
-// 64 KiB) as 16 MiB does for the default one (~930): with 64 KiB windows,
-// a 16 MiB ring held 240 of them and lost 16-850 events in 3 of 4 runs of
-// bench/loop.c on an idle 2-vCPU VM, where 64 MiB lost none
-// (docs/benchmarks.md).
-func DefaultRingFor(window int) uint32 {
-	_ = window // every window up to MaxStackWindow fits the default's records
-	return DefaultRingBytes
-}
-
 // MinRingBytes is the smallest ring buffer (a power of two) that holds
 // MinRingRecords allocation records with a stack window of window bytes.
 func MinRingBytes(window int) uint32 {
@@ -139,7 +131,7 @@ func CheckRing(ring uint32, window int) error {
 
 func (o *Options) defaults() {
 	if o.RingBytes == 0 {
-		o.RingBytes = DefaultRingFor(o.StackWindow)
+		o.RingBytes = DefaultRingBytes
 	}
 	if o.WakeupBytes == 0 {
 		o.WakeupBytes = uint64(o.RingBytes) / 8
@@ -1129,14 +1121,15 @@ func Lost(c map[string]uint64) uint64 {
 func LossHint(c map[string]uint64, ring uint32, raised bool) string {
 	var parts []string
 	if n := c["ringbuf_full"]; n > 0 {
-		if bigger := min(4*uint64(ring), MaxRingBytes); !raised {
+		bigger := min(4*uint64(ring), MaxRingBytes)
+		if !raised {
 			more := ""
 			if bigger > uint64(ring) {
 				more = ", or raise --ring-size, e.g. --ring-size " + sizeName(bigger)
 			}
 			parts = append(parts, fmt.Sprintf("%d with the ring buffer (%s) full while the reader ran at the job's priority: give cudatrace CAP_SYS_NICE "+
 				"(its reader then runs at nice %d, ahead of busy threads)%s", n, sizeName(uint64(ring)), readerNice, more))
-		} else if bigger := min(4*uint64(ring), MaxRingBytes); bigger > uint64(ring) {
+		} else if bigger > uint64(ring) {
 			parts = append(parts, fmt.Sprintf("%d with the ring buffer (%s) full: raise --ring-size, e.g. --ring-size %s (each allocation record holds its stack window: a smaller --stack-window fits more)",
 				n, sizeName(uint64(ring)), sizeName(bigger)))
 		} else {

@@ -128,7 +128,7 @@ func TestLoopback(t *testing.T) {
 
 // record's default ring is 64 MiB, and holds as many allocation records
 // with windows whatever the --stack-window: 64 KiB windows in a 16 MiB
-// ring lost events on an idle VM (loader.DefaultRingFor). A --ring-size
+// ring lost events on an idle VM (loader.DefaultRingBytes). A --ring-size
 // given wins; top and the agent have no window flag and keep 64 MiB.
 func TestRingDefaultFollowsWindow(t *testing.T) {
 	for _, c := range []struct {

@@ -92,7 +92,7 @@ func (f *traceFlags) add(fl *pflag.FlagSet, symbolizeUsage, nvmlUsage string) {
 // ring checks --ring-size against the stack window each record holds.
 func (f *traceFlags) ring(window int) (uint32, error) {
 	if f.ringSize == "" {
-		return loader.DefaultRingFor(window), nil
+		return loader.DefaultRingBytes, nil
 	}
 	ring, err := parseSize(f.ringSize)
 	if err != nil {
