@@ -1,7 +1,6 @@
 package record
 
 import (
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,7 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cudatrace/cudatrace/internal/testenv"
-	"github.com/cudatrace/cudatrace/ledger"
 	"github.com/cudatrace/cudatrace/loader"
 	"github.com/cudatrace/cudatrace/proc"
 )
@@ -28,8 +26,7 @@ func TestLaunchHelperNotes(t *testing.T) {
 		testenv.SkipOrFail(t, "load BPF: %v", err)
 	}
 	defer tr.Close()
-	s := &session{tr: tr, opts: Options{Stderr: io.Discard}, res: &Result{Ledger: ledger.New()},
-		lives: map[uint32]*life{}, warned: map[string]bool{}, refusals: make(chan error, 16)}
+	s := tracerSession(tr)
 	defer s.attaching.Wait()
 	s.uw = newUWTables(tr)
 	defer s.uw.close()

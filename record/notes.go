@@ -94,7 +94,7 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 	pid := ev.PID
 	l := s.lifeOf(pid)
 	l.early, l.earlyTried, l.pending, l.born = nil, false, nil, nil // another program's, and its command line
-	if s.child != nil && s.child.cmd.Process.Pid == int(pid) {
+	if s.child.is(pid) {
 		s.child.execd = true
 	}
 	if file := events.DecodeExec(raw); file != "" {
@@ -105,7 +105,7 @@ func (s *session) exec(raw []byte, ev *events.Event) {
 			s.paused = true
 			time.Sleep(testReaderPause)
 		}
-		if !filepath.IsAbs(file) && s.child != nil && s.child.cmd.Process.Pid == int(pid) {
+		if !filepath.IsAbs(file) && s.child.is(pid) {
 			// The launch helper's exec of the command, from the tracer's
 			// own working directory.
 			file, _ = filepath.Abs(file)

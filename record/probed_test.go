@@ -55,8 +55,7 @@ func TestProbedFilesEnd(t *testing.T) {
 		testenv.SkipOrFail(t, "load BPF: %v", err)
 	}
 	defer tr.Close()
-	s := &session{tr: tr, opts: Options{Stderr: io.Discard}, res: &Result{Ledger: ledger.New()},
-		lives: map[uint32]*life{}, warned: map[string]bool{}, refusals: make(chan error, 16)}
+	s := tracerSession(tr)
 	defer s.attaching.Wait()
 	cmd := exec.Command(ldCopy, "/bin/sleep", "60")
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib)
@@ -133,4 +132,11 @@ func waitMapped(t *testing.T, pid int, name string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// tracerSession is a session around tr with what its notes and attaches
+// use, and no trace file.
+func tracerSession(tr *loader.Tracer) *session {
+	return &session{tr: tr, opts: Options{Stderr: io.Discard}, res: &Result{Ledger: ledger.New()},
+		lives: map[uint32]*life{}, warned: map[string]bool{}, refusals: make(chan error, 16)}
 }

@@ -528,7 +528,12 @@ type child struct {
 // as a traced process's, its files' unwind rows were made: cudatrace's
 // own 30 MB binary, ~150 ms of a CPU, waited for at a short run's end.
 func (c *child) helper(pid uint32) bool {
-	return c != nil && !c.execd && c.cmd.Process.Pid == int(pid)
+	return c.is(pid) && !c.execd
+}
+
+// is says whether pid is the launched command's process (nil: none).
+func (c *child) is(pid uint32) bool {
+	return c != nil && c.cmd.Process.Pid == int(pid)
 }
 
 // end waits for the command after tracing stopped. A command still running
