@@ -434,8 +434,14 @@ type CudatraceUwMemo struct {
 	N     uint32
 	Nw    uint32
 	Flags uint32
-	PageW uint32
-	W     [256]struct {
+	Nspan uint32
+	Span  [8]struct {
+		_   structs.HostLayout
+		Lo  uint64
+		Len uint32
+		Pad uint32
+	}
+	W [256]struct {
 		_    structs.HostLayout
 		Addr uint64
 		Val  uint64
@@ -455,9 +461,15 @@ type CudatraceUwMemoBuf struct {
 		Pc    uint64
 		Sp    uint64
 	}
-	Slot uint32
-	Pad  uint32
-	V    uint64
+	Slot   uint32
+	J      uint32
+	Cur    uint32
+	Pad2   uint32
+	V      uint64
+	Hw     uint64
+	A      uint64
+	Want   uint64
+	RaMask uint64
 }
 
 type CudatraceUwScratch struct {

@@ -82,37 +82,37 @@ struct uw_state {
 	__u32 pad;
 };
 
-// The stack's words an unwind reads, a page at a time: from the first word
-// it wants up to the end of that word's page (a read that ends at a page's
-// end never faults where the word's page is mapped), one read of the
-// process's memory for all the frames that page holds, where one read a
-// word cost about as much as the window's copy (bpf_probe_read_user of 8
-// bytes ~110 ns on the VMs here, of 4 KiB ~160 ns). A CPU's, numbered
-// (seq) by each unwind, so that one preempted by another on the CPU (6.0
-// on) sees it and falls back rather than take another's words.
+// The stack's words an unwind reads: a page at a time while it unwinds
+// (from the first word it wants up to the end of that word's page: a read
+// that ends at a page's end never faults where the word's page is mapped),
+// and, where a memo holds (below), its spans: one read of the process's
+// memory for many frames' words, where one read a word cost about as much
+// as the window's copy (bpf_probe_read_user of 8 bytes ~110 ns on the VMs
+// here, of 4 KiB ~160 ns). A CPU's, numbered (seq) by each unwind, so that
+// one preempted by another on the CPU (6.0 on) sees it and falls back
+// rather than take another's words.
 struct uw_scratch {
 	__u64 seq;
 	__u64 base; // the address of buf[0]
 	__u32 len;  // bytes of buf read
 	__u32 pad;
-	__u8 buf[2 * CT_PAGE + 8]; // two pages (uw_read's span); 8 more: its masked offset, and its word
+	__u8 buf[2 * CT_PAGE + 8]; // a span (CT_UW_SPAN_MAX); 8 more: uw_read's masked offset, and its word
 };
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, uw_scratch, __u32, struct uw_scratch, 1);
 
+// The most bytes one read of the stack takes into uw_scratch.
+#define CT_UW_SPAN_MAX (2 * CT_PAGE)
+
 // uw_read reads the word at addr of the stack into out through s, and
-// says whether it could. span (ct_uw_memo_hit's, from the memo) reads on
-// to the end of the next page, where the stack's next word to check lies:
-// one read for two pages (bpf_probe_read_user costs ~110 ns a call on the
-// VMs here, ~12 ns more a KiB).
-static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out, int span)
+// says whether it could: from what s holds, else its page is read, from
+// addr to the page's end.
+static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
 {
 	__u64 off = addr - s->base;
 	if (addr < s->base || off + 8 > s->len) {
 		__u32 n = CT_PAGE - (__u32)(addr & (CT_PAGE - 1)); // to the page's end: 1..CT_PAGE
 		if (n < 8)
 			return bpf_probe_read_user(out, 8, (void *)addr) == 0;
-		if (span)
-			n += CT_PAGE;
 		s->len = 0;
 		if (bpf_probe_read_user(s->buf, n, (void *)addr))
 			return 0;
@@ -120,14 +120,14 @@ static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out,
 		s->len = n;
 		off = 0;
 	}
-	if (off > 2 * CT_PAGE - 8)
+	if (off > CT_UW_SPAN_MAX - 8)
 		return 0;
 	// Masked too (a no-op here), where the pointer is made: the
 	// compiler may keep off on the stack between the check and its use,
 	// and 6.1's verifier loses the check's bound there ("math between
 	// mem pointer and register with unbounded min value").
 	barrier_var(off);
-	*out = *(__u64 *)(s->buf + (off & (2 * CT_PAGE - 1)));
+	*out = *(__u64 *)(s->buf + (off & (CT_UW_SPAN_MAX - 1)));
 	return 1;
 }
 
@@ -138,31 +138,37 @@ static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out,
 // words; so where the registers it used, the mappings' gen and every
 // word are found the same, the frames are the same, and are taken from
 // the memo without a step: the same stack a training loop's allocation
-// site makes again and again costs the reads of its words (a page
-// each, uw_read) instead of a row search a frame. Never a guess: a
-// word changed, and the stack is unwound again.
+// site makes again and again costs the reads of its words instead of a
+// row search a frame. Never a guess: a word changed, and the stack is
+// unwound again.
 //
 // A word is kept with its address, whose low bits (a stack word is
 // 8-byte aligned; a rule that reads another goes without the memo) say
 // what it was: a return address (CT_UW_W_RA), whose value is the next
 // frame, or a saved frame pointer a later rule took its CFA from
-// (CT_UW_W_FP). A saved frame pointer no rule used (most of them, in code
-// without frame pointers, where the register holds data) is kept
-// unmarked and not checked: the stack does not depend on it. The frames
+// (CT_UW_W_FP). While the unwind runs, every saved frame pointer is kept
+// unmarked, as a later rule may take it; the memo keeps only the marked
+// words (ct_uw_pack): in code without frame pointers, where the register
+// holds data, most are not, and a hit checks half the words. The frames
 // are made again from the return addresses, so that the words checked
 // are the frames given.
 //
-// The first return address kept on a page that the next return address's
-// page follows is marked CT_UW_W_SPAN too (uw_keep_word): the read that
-// brings its page in reads the next one with it.
+// The words' addresses are gathered into spans (uw_span_add), each up to
+// CT_UW_SPAN_MAX bytes: a hit reads a span's bytes at once, those and no
+// more (uw_fill). Reading from a word to its page's end, and on to the
+// next page's, copied up to 8 KiB an event, and a third read for a frame
+// far up the stack: the copies, not the steps, were most of a hit's cost
+// (docs/benchmarks.md). A word no span holds is read with its page.
 #define CT_UW_W_RA 1
 #define CT_UW_W_FP 2
-#define CT_UW_W_SPAN 4
-#define CT_UW_W_KIND 7
+#define CT_UW_W_KIND 3
 #define CT_UW_MEMO_WORDS 256 // of a stack's, a power of two: one that reads more goes without the memo
+#define CT_UW_CHUNK 16       // words a call of ct_uw_pack or ct_uw_hit_words takes
+#define CT_UW_SPANS 8        // a power of two
 #define CT_UW_M_FP 1         // a rule used the frame pointer the unwind started with (uw_memo.fp)
 #define CT_UW_M_LR 2         // a rule used the link register it started with (uw_memo.lr)
 #define CT_UW_M_NO 4         // not kept: too many words, or one not aligned
+_Static_assert(CT_UW_MEMO_WORDS % CT_UW_CHUNK == 0, "chunks cover the words");
 
 struct uw_memo_key {
 	__u32 tgid;
@@ -176,10 +182,18 @@ struct uw_word {
 	__u64 val;
 };
 
+// A stretch of the stack a hit reads at once: it decides only what is
+// read, not what a word is found to hold, and is not summed.
+struct uw_span {
+	__u64 lo;
+	__u32 len; // 8..CT_UW_SPAN_MAX
+	__u32 pad;
+};
+
 struct uw_memo {
-	// A hash of all that follows, up to the words in use: an LRU map
-	// reuses an element for another key at once, even while another CPU
-	// reads it, and a copy torn so fails it.
+	// A hash of all that follows but the spans, up to the words in use
+	// (uw_sum_head, then the words'): an array slot is written in place,
+	// even while another CPU reads it, and a copy torn so fails it.
 	__u64 sum;
 	struct uw_memo_key key; // the entry's own: an element reused for another key fails it
 	__u64 gen;              // the process's mappings' (ct_uw_proc.gen)
@@ -188,9 +202,8 @@ struct uw_memo {
 	__u32 n;  // frames
 	__u32 nw; // words
 	__u32 flags;
-	// The making's own (uw_keep_word), not summed nor used by a hit: the
-	// first return address kept on the latest page, its number plus one.
-	__u32 page_w;
+	__u32 nspan;
+	struct uw_span span[CT_UW_SPANS];
 	struct uw_word w[CT_UW_MEMO_WORDS];
 };
 
@@ -216,7 +229,7 @@ CT_MAP(BPF_MAP_TYPE_ARRAY, uw_memo, __u32, struct uw_memo, CT_UW_MEMO_SLOTS);
 struct uw_memo_buf {
 	struct uw_memo m;
 	__u64 pcs[CT_MAX_FRAMES + 1];
-	// ct_uw_memo_hit's count of frames made, and whether the stack
+	// ct_uw_hit_words' count of frames made, and whether the stack
 	// ended: kept here, not in registers, so that the verifier knows no
 	// number of them and checks a word's step once, not once for each
 	// count it could have reached there.
@@ -229,40 +242,33 @@ struct uw_memo_buf {
 	// and which is the only other memory 6.1 takes a map key from.
 	struct uw_memo_key k;
 	__u32 slot; // k's in uw_memo (uw_slot)
-	__u32 pad;
+	__u32 j;    // ct_uw_pack's: the words kept so far
+	__u32 cur;  // uw_fill's: the memo's next span to read
+	__u32 pad2;
 	__u64 v;
+	__u64 hw; // the words' hash so far (ct_uw_pack, ct_uw_hit_words)
+	// ct_uw_hit_words' word under check (its address and kind, its value)
+	// and the return addresses' mask (uw_state.ra_mask).
+	__u64 a;
+	__u64 want;
+	__u64 ra_mask;
 };
 _Static_assert(((CT_MAX_FRAMES + 1) & CT_MAX_FRAMES) == 0, "CT_MAX_FRAMES masks an index of pcs");
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, uw_memo_buf, __u32, struct uw_memo_buf, 1);
 
 // uw_keep_word adds the word at addr (val) to the memo being made, kind
-// a CT_UW_W_*, and returns its number plus one (0: not kept, the memo
-// given up).
+// a CT_UW_W_* (0: a saved frame pointer, marked later where a rule takes
+// it), and returns its number plus one (0: not kept, the memo given up).
 static __always_inline __u32 uw_keep_word(struct uw_memo *m, __u64 addr, __u64 val, __u32 kind)
 {
 	__u32 i = m->nw;
-	if ((addr & CT_UW_W_KIND) || i >= CT_UW_MEMO_WORDS - 1) { // (the last unused: ct_uw_memo_hit's bound)
+	if ((addr & CT_UW_W_KIND) || i >= CT_UW_MEMO_WORDS - 1) { // (the last unused: ct_uw_hit_words' bound)
 		m->flags |= CT_UW_M_NO;
 		return 0;
 	}
 	m->w[i & (CT_UW_MEMO_WORDS - 1)].addr = addr | kind;
 	m->w[i & (CT_UW_MEMO_WORDS - 1)].val = val;
 	m->nw = i + 1;
-	if (kind == CT_UW_W_RA) {
-		// A return address on the page after the latest one's: the
-		// read that brings in that page (its first return address's,
-		// in a hit) reads this one with it (CT_UW_W_SPAN).
-		__u32 p = m->page_w;
-		if (p && p <= CT_UW_MEMO_WORDS) {
-			struct uw_word *f = &m->w[(p - 1) & (CT_UW_MEMO_WORDS - 1)];
-			__u64 fa = f->addr;
-			if (fa / CT_PAGE == addr / CT_PAGE)
-				return i + 1;
-			if (fa / CT_PAGE + 1 == addr / CT_PAGE)
-				f->addr = fa | CT_UW_W_SPAN;
-		}
-		m->page_w = i + 1;
-	}
 	return i + 1;
 }
 
@@ -379,7 +385,7 @@ __noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_
 	__u32 fp_ok = st->fp_ok, fp_w = st->fp_w;
 	if (r->ra == CT_UW_REG_OFFSET) {
 		__u64 at = cfa + (__s64)r->ra_off;
-		if (!uw_read(s, at, &ra, 0))
+		if (!uw_read(s, at, &ra))
 			return CT_UW_RULE;
 		if (mb)
 			uw_keep_word(mb, at, ra, CT_UW_W_RA);
@@ -407,7 +413,7 @@ __noinline int ct_uw_step(struct uw_state *st, struct ct_uw_proc *pm, struct uw_
 		break;
 	case CT_UW_REG_OFFSET: {
 		__u64 at = cfa + (__s64)r->fp_off;
-		fp_ok = uw_read(s, at, &fp, 0);
+		fp_ok = uw_read(s, at, &fp);
 		// kept unmarked: checked only where a later CFA takes it
 		if (fp_ok && mb)
 			fp_w = uw_keep_word(mb, at, fp, 0);
@@ -440,9 +446,9 @@ static __always_inline __u32 uw_slot(struct uw_memo_key *k)
 	return (__u32)(h >> 32) & (CT_UW_MEMO_SLOTS - 1);
 }
 
-// uw_sum_head is the sum of the memo m's head: all before its words but
-// the sum itself.
-static __always_inline __u64 uw_sum_head(struct uw_memo *m)
+// uw_sum is the memo m's sum: its head (all before its spans but the sum
+// itself), then hw, its words' hash (ct_uw_pack, ct_uw_hit_words).
+static __always_inline __u64 uw_sum(struct uw_memo *m, __u64 hw)
 {
 	__u64 h = uw_mix(0, m->key.tgid | (__u64)m->key.entry << 32);
 	h = uw_mix(h, m->key.pc);
@@ -451,60 +457,217 @@ static __always_inline __u64 uw_sum_head(struct uw_memo *m)
 	h = uw_mix(h, m->fp);
 	h = uw_mix(h, m->lr);
 	h = uw_mix(h, m->n | (__u64)m->nw << 32);
-	return uw_mix(h, m->flags);
+	h = uw_mix(h, m->flags);
+	return uw_mix(h, hw);
 }
 
-// uw_sum is the memo m's sum: all but itself, up to its words in use, in
-// the order ct_uw_memo_hit reads them.
-static __always_inline __u64 uw_sum(struct uw_memo *m)
+// uw_span_add puts the word at addr in the memo m's spans: in its last
+// span where that stays within CT_UW_SPAN_MAX bytes, else in a new one
+// (none past CT_UW_SPANS: a hit reads that word with its page).
+static __always_inline void uw_span_add(struct uw_memo *m, __u64 addr)
 {
-	__u64 h = uw_sum_head(m);
-	__u32 nw = m->nw;
-	for (int i = 0; i < CT_UW_MEMO_WORDS; i++) {
-		if (i >= nw)
-			break;
-		h = uw_mix(h, m->w[i].addr);
-		h = uw_mix(h, m->w[i].val);
+	__u32 n = m->nspan;
+	if (n > CT_UW_SPANS)
+		return;
+	if (n) {
+		struct uw_span *p = &m->span[(n - 1) & (CT_UW_SPANS - 1)];
+		__u64 lo = p->lo, hi = lo + p->len;
+		if (addr >= lo && addr + 8 - lo <= CT_UW_SPAN_MAX) {
+			if (addr + 8 > hi)
+				p->len = addr + 8 - lo;
+			return;
+		}
+		if (addr < lo && hi - addr <= CT_UW_SPAN_MAX) {
+			p->lo = addr;
+			p->len = hi - addr;
+			return;
+		}
+		if (n == CT_UW_SPANS)
+			return;
 	}
-	return h;
+	struct uw_span *p = &m->span[n & (CT_UW_SPANS - 1)];
+	p->lo = addr;
+	p->len = 8;
+	m->nspan = n + 1;
 }
 
-// ct_uw_memo_hit makes the frames of an unwind that starts at the CPU's
-// uw_memo_buf k (the registers st, the mappings' gen) from its memo, into
-// the buffer's pcs, where every register and word the memo's unwind used
-// is found the same; it returns their count, 0 where there is no memo (or
-// one made with other mappings, or a copy torn by its reuse), -1 where a
-// register or word the memo's unwind used changed. Reads through s (the
-// CPU's pages: uw_read). A global function, checked once.
-__noinline int ct_uw_memo_hit(struct uw_state *st, struct uw_scratch *s, __u64 gen)
+// ct_uw_pack moves the marked words of the CPU's memo being made, from
+// word i0 on (CT_UW_CHUNK of them), down to its next free place
+// (uw_memo_buf.j), hashes them (hw) and puts them in spans. A global
+// function, called a chunk at a time: the verifier checks a chunk's loop
+// once, not all CT_UW_MEMO_WORDS words' (their loops were a third of
+// what it checked of ct_exit).
+__noinline int ct_uw_pack(__u32 i0)
 {
 	__u32 zero = 0;
 	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
-	if (!st || !s || !b)
+	if (!b)
+		return 0;
+	struct uw_memo *m = &b->m;
+	__u32 nw = m->nw;
+	__u64 hw = b->hw;
+	for (int k = 0; k < CT_UW_CHUNK; k++) {
+		__u32 i = i0 + k;
+		if (i >= nw)
+			break;
+		__u64 a = m->w[i & (CT_UW_MEMO_WORDS - 1)].addr;
+		__u64 val = m->w[i & (CT_UW_MEMO_WORDS - 1)].val;
+		if (!(a & CT_UW_W_KIND))
+			continue;
+		// j from memory, not a register: a register's number, one
+		// more on each word kept, made every count of words kept a
+		// path of its own for the verifier.
+		__u32 j = *(volatile __u32 *)&b->j;
+		m->w[j & (CT_UW_MEMO_WORDS - 1)].addr = a;
+		m->w[j & (CT_UW_MEMO_WORDS - 1)].val = val;
+		b->j = j + 1;
+		hw = uw_mix(uw_mix(hw, a), val);
+		uw_span_add(m, a & ~(__u64)CT_UW_W_KIND);
+	}
+	b->hw = hw;
+	return 1;
+}
+
+// uw_fill reads into s the next span of the memo under check, e (its
+// slot in uw_memo; b, the CPU's uw_memo_buf, whose cur says which span is
+// next), where it holds the word at addr, and says whether it did. A
+// memo's words climb the stack, and its spans with them: a word that is
+// not in the next span (a frame pointer saved above another frame's
+// words) is read with its page (uw_read), and so is every word of a span
+// whose read failed (a page among its words not present: no read here
+// faults one in). The span is read in place: a torn one only reads
+// other bytes, which the words then fail.
+static __always_inline int uw_fill(struct uw_memo_buf *b, struct uw_memo *e, struct uw_scratch *s, __u64 addr)
+{
+	__u32 i = b->cur;
+	if (i >= b->m.nspan || i >= CT_UW_SPANS)
+		return 0;
+	__u64 lo = *(volatile __u64 *)&e->span[i & (CT_UW_SPANS - 1)].lo;
+	__u32 len = *(volatile __u32 *)&e->span[i & (CT_UW_SPANS - 1)].len;
+	if (addr < lo || addr + 8 > lo + len || len > CT_UW_SPAN_MAX)
+		return 0;
+	b->cur = i + 1;
+	barrier_var(len);
+	len = ((len - 1) & (CT_UW_SPAN_MAX - 1)) + 1; // a no-op that shows the verifier 1..CT_UW_SPAN_MAX
+	s->len = 0;
+	if (bpf_probe_read_user(s->buf, len, (void *)lo))
+		return 0;
+	s->base = lo;
+	s->len = len;
+	return 1;
+}
+
+// ct_uw_hit_words checks words i0 on (CT_UW_CHUNK of them) of the memo
+// in the CPU's uw_memo_buf slot against the stack, read through s, and
+// makes the frames of their return addresses, as uw_memo_check says. It
+// returns 1 where they held, 0 where the memo ends here (too many frames,
+// a word not marked: a torn copy), -1 where a word changed. A global
+// function, called a chunk at a time (uw_memo_check); it calls none: the
+// return programs use nearly all of the BPF stack, and Linux 6.1 counts a
+// chain of calls' frames together, 32 bytes at least each, 512 in all.
+__noinline int ct_uw_hit_words(struct uw_scratch *s, __u32 i0)
+{
+	__u32 zero = 0;
+	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
+	if (!s || !b)
+		return 0;
+	// What a word needs past the calls that read the stack goes through
+	// b, not registers: held in registers, they were spilled to a frame
+	// of 112 bytes, which with ct_usdt's took the chain past 512.
+	for (int k = 0; k < CT_UW_CHUNK; k++) {
+		__u32 i = i0 + k;
+		if (i >= *(volatile __u32 *)&b->m.nw)
+			break;
+		struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &b->slot);
+		if (!e)
+			return 0;
+		__u64 a = *(volatile __u64 *)&e->w[i & (CT_UW_MEMO_WORDS - 1)].addr;
+		__u64 val = *(volatile __u64 *)&e->w[i & (CT_UW_MEMO_WORDS - 1)].val;
+		b->hw = uw_mix(uw_mix(b->hw, a), val);
+		b->a = a;
+		b->want = val;
+		if (!(a & CT_UW_W_KIND))
+			return 0;
+		__u64 addr = a & ~(__u64)CT_UW_W_KIND;
+		if (addr < s->base || addr + 8 > s->base + s->len)
+			uw_fill(b, e, s, addr);
+		if (!uw_read(s, b->a & ~(__u64)CT_UW_W_KIND, &b->v) || b->v != b->want)
+			return -1;
+		if (!(b->a & CT_UW_W_RA))
+			continue;
+		__u64 v = b->want & b->ra_mask;
+		__u32 n = *(volatile __u32 *)&b->n;
+		if (*(volatile __u32 *)&b->ended || n >= CT_MAX_FRAMES)
+			return 0;
+		if (!v) { // the stack's end
+			b->ended = 1;
+			continue;
+		}
+		b->pcs[n & CT_MAX_FRAMES] = v; // (n < CT_MAX_FRAMES, a power of two less one)
+		b->n = n + 1;
+	}
+	return 1;
+}
+
+// uw_copy_head copies the memo e's head (all before its spans) to m:
+// loads and stores, where bpf_probe_read_kernel's fixed cost was more
+// than the copy's.
+static __always_inline void uw_copy_head(struct uw_memo *m, struct uw_memo *e)
+{
+	m->sum = *(volatile __u64 *)&e->sum;
+	m->key.tgid = *(volatile __u32 *)&e->key.tgid;
+	m->key.entry = *(volatile __u32 *)&e->key.entry;
+	m->key.pc = *(volatile __u64 *)&e->key.pc;
+	m->key.sp = *(volatile __u64 *)&e->key.sp;
+	m->gen = *(volatile __u64 *)&e->gen;
+	m->fp = *(volatile __u64 *)&e->fp;
+	m->lr = *(volatile __u64 *)&e->lr;
+	m->n = *(volatile __u32 *)&e->n;
+	m->nw = *(volatile __u32 *)&e->nw;
+	m->flags = *(volatile __u32 *)&e->flags;
+	m->nspan = *(volatile __u32 *)&e->nspan;
+}
+_Static_assert(__builtin_offsetof(struct uw_memo, span) == __builtin_offsetof(struct uw_memo, nspan) + 4, "uw_copy_head copies all of the head");
+
+// ct_uw_memo_head begins the check of the memo for an unwind that starts
+// at the CPU's uw_memo_buf k (the registers st, the mappings' gen): it
+// copies the memo's head out and checks it, and makes the frames the
+// registers give (the interrupted instruction, a return address in the
+// link register), into the buffer's pcs. It returns 1 where the memo's
+// words are to be checked (uw_memo_check), 0 where there is no memo (or
+// one made with other mappings, or a copy torn by its reuse), -1 where a
+// register the memo's unwind used changed. A global function, checked
+// once.
+__noinline int ct_uw_memo_head(struct uw_state *st, __u64 gen)
+{
+	__u32 zero = 0;
+	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
+	if (!st || !b)
 		return 0;
 	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &b->slot);
 	if (!e)
 		return 0;
-	// Its head copied out; its words read in place, each once, and summed
-	// as they are read and used: a slot another CPU writes meanwhile (a
-	// memo of another key, or of this one made again) fails the sum at
-	// the end, and nothing read is taken unless it holds. Copying the words out first
-	// and summing them cost a copy of up to 4 KiB and a second pass. A
-	// torn memo may end in -1 (counted unwind_memo_changed) before its sum
-	// is checked: then the stack is unwound, as for a changed one.
+	// Its head copied out (its spans read in place, by uw_fill); its
+	// words read in place, each once, and summed as they are read and
+	// used (ct_uw_hit_words): a slot another CPU writes meanwhile (a memo
+	// of another key, or of this one made again) fails the sum at the
+	// end, and nothing read is taken unless it holds. A torn memo may end
+	// in -1 (counted unwind_memo_changed) before its sum is checked: then
+	// the stack is unwound, as for a changed one.
 	struct uw_memo *m = &b->m;
-	if (bpf_probe_read_kernel(m, offsetof(struct uw_memo, w), e))
-		return 0;
-	__u32 nw = m->nw;
-	if (nw >= CT_UW_MEMO_WORDS || m->key.tgid != b->k.tgid || m->key.entry != b->k.entry || m->key.pc != b->k.pc ||
-	    m->key.sp != b->k.sp || m->gen != gen) // (gen: made with mappings since changed)
+	uw_copy_head(m, e);
+	if (m->nw >= CT_UW_MEMO_WORDS || m->nspan > CT_UW_SPANS || m->key.tgid != b->k.tgid ||
+	    m->key.entry != b->k.entry || m->key.pc != b->k.pc || m->key.sp != b->k.sp ||
+	    m->gen != gen) // (gen: made with mappings since changed)
 		return 0;
 	if ((m->flags & CT_UW_M_FP) && m->fp != st->fp)
 		return -1;
-	__u64 h = uw_sum_head(m);
 	b->pcs[0] = st->pc;
 	b->n = 1;
 	b->ended = 0;
+	b->hw = 0;
+	b->cur = 0;
+	b->ra_mask = st->ra_mask;
 	if (m->flags & CT_UW_M_LR) {
 		if (!st->lr_ok || m->lr != st->lr)
 			return -1;
@@ -516,39 +679,39 @@ __noinline int ct_uw_memo_hit(struct uw_state *st, struct uw_scratch *s, __u64 g
 			b->ended = 1;
 		}
 	}
-	for (int i = 0; i < CT_UW_MEMO_WORDS; i++) {
-		if (i >= nw)
+	return 1;
+}
+
+// uw_memo_check makes the frames of an unwind that starts at b's k (the
+// CPU's uw_memo_buf; the registers st, the mappings' gen) from its memo,
+// into b's pcs, where every register and word the memo's unwind used is
+// found the same; it returns their count, 0 where there is no memo (or
+// one made with other mappings, or a copy torn by its reuse), -1 where a
+// register or word the memo's unwind used changed. Reads through s (the
+// CPU's pages: uw_read, the memo's spans: uw_fill). The global functions
+// it calls a chunk of words at a time are called from here, not from one
+// another: see ct_uw_hit_words.
+static __always_inline int uw_memo_check(struct uw_memo_buf *b, struct uw_state *st, struct uw_scratch *s, __u64 gen)
+{
+	int r = ct_uw_memo_head(st, gen);
+	if (r <= 0)
+		return r;
+	for (int c = 0; c < CT_UW_MEMO_WORDS / CT_UW_CHUNK; c++) {
+		if (c * CT_UW_CHUNK >= *(volatile __u32 *)&b->m.nw)
 			break;
-		__u64 a = *(volatile __u64 *)&e->w[i].addr;
-		__u64 val = *(volatile __u64 *)&e->w[i].val;
-		h = uw_mix(h, a);
-		h = uw_mix(h, val);
-		__u32 kind = a & CT_UW_W_KIND;
-		if (!kind)
-			continue;
-		if (!uw_read(s, a & ~(__u64)CT_UW_W_KIND, &b->v, a & CT_UW_W_SPAN) || b->v != val)
-			return -1;
-		if (!(kind & CT_UW_W_RA))
-			continue;
-		__u64 v = val & st->ra_mask;
-		__u32 n = *(volatile __u32 *)&b->n;
-		if (*(volatile __u32 *)&b->ended || n >= CT_MAX_FRAMES)
-			return 0;
-		if (!v) { // the stack's end
-			b->ended = 1;
-			continue;
-		}
-		b->pcs[n & CT_MAX_FRAMES] = v; // (n < CT_MAX_FRAMES, a power of two less one)
-		b->n = n + 1;
+		r = ct_uw_hit_words(s, c * CT_UW_CHUNK);
+		if (r <= 0)
+			return r;
 	}
 	__u32 n = *(volatile __u32 *)&b->n;
-	if (h != m->sum || n != m->n || n > CT_MAX_FRAMES)
+	if (uw_sum(&b->m, b->hw) != b->m.sum || n != b->m.n || n > CT_MAX_FRAMES)
 		return 0;
 	return n;
 }
 
 // ct_uw_memo_keep keeps the memo made in the CPU's uw_memo_buf (its
-// frames counted in m.n) by an unwind that started at its k, with the
+// frames counted in m.n), its marked words packed (ct_uw_pack: b->j of
+// them, hashed in b->hw), by an unwind that started at its k, with the
 // mappings' gen; seq is the CPU's uw_scratch count when the unwind began:
 // an unwind that preempted this one wrote in the buffer too, and what was
 // kept then is made to fail its sum before any other look-up of k (only
@@ -560,16 +723,17 @@ __noinline int ct_uw_memo_keep(struct uw_scratch *s, __u64 gen, __u64 seq)
 	if (!s || !b)
 		return 0;
 	struct uw_memo *m = &b->m;
-	if (m->flags & CT_UW_M_NO)
+	__u32 nw = b->j;
+	if (nw >= CT_UW_MEMO_WORDS)
 		return 0;
+	m->nw = nw;
 	m->key = b->k;
 	m->gen = gen;
-	m->sum = uw_sum(m);
+	m->sum = uw_sum(m, b->hw);
 	if (*(volatile __u64 *)&s->seq != seq)
 		return 0;
 	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &b->slot);
-	__u32 nw = m->nw;
-	if (!e || nw >= CT_UW_MEMO_WORDS)
+	if (!e)
 		return 0;
 	// The head and the words in use, not the whole slot's 4 KiB.
 	bpf_probe_read_kernel(e, offsetof(struct uw_memo, w) + (nw & (CT_UW_MEMO_WORDS - 1)) * sizeof(struct uw_word), m);
@@ -579,6 +743,25 @@ __noinline int ct_uw_memo_keep(struct uw_scratch *s, __u64 gen, __u64 seq)
 		return 0;
 	}
 	return 1;
+}
+
+// uw_memo_keep packs the memo made in b (the CPU's uw_memo_buf), a chunk
+// of words at a time (ct_uw_pack), and keeps it (ct_uw_memo_keep): seq
+// and gen are the unwind's, as there.
+static __always_inline void uw_memo_keep(struct uw_memo_buf *b, struct uw_scratch *s, __u64 gen, __u64 seq)
+{
+	if ((b->m.flags & CT_UW_M_NO) || b->m.nw >= CT_UW_MEMO_WORDS)
+		return;
+	b->j = 0;
+	b->hw = 0;
+	b->m.nspan = 0;
+	for (int c = 0; c < CT_UW_MEMO_WORDS / CT_UW_CHUNK; c++) {
+		if (c * CT_UW_CHUNK >= *(volatile __u32 *)&b->m.nw)
+			break;
+		if (!ct_uw_pack(c * CT_UW_CHUNK))
+			return;
+	}
+	ct_uw_memo_keep(s, gen, seq);
 }
 
 // uw_stack unwinds the calling thread's stack into e's frames (the
@@ -623,7 +806,7 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 	b->k.pc = st.pc;
 	b->k.sp = st.sp;
 	b->slot = uw_slot(&b->k);
-	__s32 n = ct_uw_memo_hit(&st, s, pm->gen);
+	__s32 n = uw_memo_check(b, &st, s, pm->gen);
 	if (n > 0) {
 		bpf_probe_read_kernel(e->stack, (n & CT_MAX_FRAMES) * sizeof(__u64), b->pcs);
 		// After the copy: an unwind that preempted this one wrote in b.
@@ -642,7 +825,6 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 	// No memo that holds: unwound, and the words it reads kept.
 	b->m.nw = 0;
 	b->m.flags = 0;
-	b->m.page_w = 0;
 	b->m.fp = st.fp;
 	b->m.lr = st.lr;
 	e->stack[0] = st.pc;
@@ -667,7 +849,7 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 	// n read back from the record, as the count above: not a register
 	// the verifier knows a number of at each of the loop's exits.
 	b->m.n = *(volatile __u32 *)&e->h.nframes;
-	ct_uw_memo_keep(s, pm->gen, seq);
+	uw_memo_keep(b, s, pm->gen, seq);
 	count(CT_CNT_UW_BPF);
 	return 1;
 }

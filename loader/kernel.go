@@ -35,7 +35,7 @@ type Helper struct {
 // that added it (include/uapi/linux/bpf.h's history).
 var Helpers = concat(
 	since("3.19", asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnMapDeleteElem),
-	since("4.2", asm.FnGetCurrentPidTgid, asm.FnGetCurrentComm),
+	since("4.2", asm.FnGetCurrentPidTgid),
 	since("4.8", asm.FnGetCurrentTask),
 	since("5.5", asm.FnProbeReadUser, asm.FnProbeReadKernel, asm.FnProbeReadUserStr, asm.FnProbeReadKernelStr),
 	since("5.8", asm.FnKtimeGetBootNs, asm.FnRingbufOutput, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnRingbufDiscard, asm.FnRingbufQuery),
@@ -44,9 +44,9 @@ var Helpers = concat(
 		// The Python walk's loops; the *_noloop programs walk with
 		// bounded loops instead (Linux 5.3).
 		{Fn: asm.FnLoop, Since: "5.17", Optional: true},
-		// An interpreter file known, found among a process's loader's
-		// objects (bpf/notify.h py_learn): with bpf_loop's variants only.
-		{Fn: asm.FnGetCurrentTaskBtf, Since: "5.11", Optional: true},
+		// The calling thread's task, read in place (its name:
+		// bpf/common.h fill_event).
+		{Fn: asm.FnGetCurrentTaskBtf, Since: "5.11"},
 		{Fn: asm.FnFindVma, Since: "5.17", Optional: true},
 	},
 )

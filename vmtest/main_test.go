@@ -160,6 +160,12 @@ func buildStandIns(dir string) {
 		fakeLib, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return
 	}
+	// uwwide: a stack wider than BPF's memo spans, one with a page not
+	// present among its words (TestUnwindMemoWide).
+	if cBuildErr = gcc("-O2", "-fomit-frame-pointer", "-g", "-Wall", "-o", workload("uwwide"), src("uwwide.c"),
+		fakeLib, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
+		return
+	}
 	if cBuildErr = gcc("-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-Wall", "-o", workload("driver"),
 		src("driver.c"), fakeDriver, "-Wl,-rpath,"+fakeLibDir); cBuildErr != nil {
 		return

@@ -156,3 +156,55 @@ func TestUnwindMemo(t *testing.T) {
 		t.Errorf("allocations by caller: %v, want by_a %d, by_b %d", by, 2*rounds, rounds)
 	}
 }
+
+// TestUnwindMemoWide: a stack whose words lie further apart than BPF's
+// memo reads at once, more spans of them than it keeps, and a page not
+// present among the words of one, is taken from the memo the same as it
+// was unwound. uwwide.c allocates ROUNDS times through ~110 KiB of stack
+// (main < wide x12 < holed < leaf), past what a window holds: its frames
+// are checked by name. A span whose read fails, or a word past the last
+// span, is read with its page: the stack is the same, and still from
+// the memo.
+func TestUnwindMemoWide(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	const rounds = 300
+	log, trace := filepath.Join(dir, "wide.log"), filepath.Join(dir, "wide.trace")
+	rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log)},
+		"--lib", fakeLib, "-o", trace, "--", workload("uwwide"), strconv.Itoa(rounds))
+	rec.finish(t, 90*time.Second)
+	if truth := onlyTruth(t, log, ""); truth.Allocs != rounds {
+		t.Fatalf("ground truth: %d allocations, want %d", truth.Allocs, rounds)
+	}
+	rep := runReport(t, ctx, trace)
+	want := append(append([]string{"leaf", "holed"}, slices.Repeat([]string{"wide"}, 12)...), "main")
+	var unwound uint64
+	for _, s := range rep.Stacks {
+		var names []string
+		for _, f := range s.Frames {
+			names = append(names, f.Function)
+		}
+		if len(names) < len(want) || !slices.Equal(names[:len(want)], want) {
+			// The first records, before the rules for the files are
+			// loaded, take the window's unwind: cut short at its end
+			// (16 KiB), or at holed's page not present.
+			if len(names) >= 2 && len(names) < len(want) && slices.Equal(names, want[:len(names)]) {
+				continue
+			}
+			t.Errorf("stack of %d allocations: %s, want %s", s.Allocs, strings.Join(names, " < "), strings.Join(want, " < "))
+			continue
+		}
+		unwound += s.Allocs
+	}
+	t.Logf("%d of %d allocations with the whole stack, %d from the memo", unwound, rounds, rep.Counters["unwound_from_memo"])
+	// The rules come while it runs: most rounds are after.
+	if unwound < rounds/2 {
+		t.Errorf("%d of %d allocations with the whole stack, want half or more", unwound, rounds)
+	}
+	// Every round's allocation starts where the last one's did.
+	if memo := rep.Counters["unwound_from_memo"]; memo+rounds/2 < unwound || memo > unwound {
+		t.Errorf("%d stacks taken from the memo, want up to %d (those with the whole stack) and at most %d fewer", memo, unwound, rounds/2)
+	}
+	if changed := rep.Counters["unwind_memo_changed"]; changed != 0 {
+		t.Errorf("%d memos found not to hold, want 0: the stack is the same every round", changed)
+	}
+}

@@ -4,7 +4,12 @@
 // 0) and once unwound in BPF (uw_mode 1): the instructions it processed,
 // its states, and the load's wall time. The verifier's check of the
 // return programs is most of `record`'s start-up (docs/benchmarks.md);
-// this tells which change moves it. Needs root. Usage:
+// this tells which change moves it. With VERIFIER_LOG=functions it also
+// says, for each function of a program (its global functions, and the
+// callbacks checked with their callers), how many instructions the
+// verifier went through there: where a path is followed once for each
+// number a register could hold, that function stands out. Needs root.
+// Usage:
 //
 //	go run ./bench/verifierstats [PROGRAM...]
 package main
@@ -13,6 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -69,9 +77,15 @@ func run(names []string) error {
 				}
 				return fmt.Errorf("uw_mode %d, %s: %w", mode, name, err)
 			}
-			insns, states := stats(coll.Programs[name].VerifierLog)
+			log := coll.Programs[name].VerifierLog
+			insns, states := stats(log)
 			coll.Close()
 			fmt.Printf("%-8d %-16s %10s %10s %8s\n", mode, name, insns, states, took.Round(time.Millisecond))
+			if perFunction() {
+				for _, f := range byFunction(log) {
+					fmt.Printf("%8s   %-26s %10d\n", "", f.name, f.insns)
+				}
+			}
 		}
 	}
 	return nil
@@ -92,11 +106,82 @@ func stats(log string) (insns, states string) {
 	return insns, states
 }
 
-// logLevel is the verifier's log level: its statistics, and with
-// VERIFIER_LOG=branch the instructions of the path it refused, to see why.
+// logLevel is the verifier's log level: its statistics; with
+// VERIFIER_LOG=branch the instructions of the path it refused, to see why;
+// with VERIFIER_LOG=functions every instruction it went through (a log of
+// hundreds of MB, and a load some 50 times slower).
 func logLevel() ebpf.LogLevel {
-	if os.Getenv("VERIFIER_LOG") == "branch" {
+	switch os.Getenv("VERIFIER_LOG") {
+	case "branch":
 		return ebpf.LogLevelStats | ebpf.LogLevelBranch
+	case "functions":
+		return ebpf.LogLevelStats | ebpf.LogLevelInstruction
 	}
 	return ebpf.LogLevelStats
+}
+
+func perFunction() bool { return os.Getenv("VERIFIER_LOG") == "functions" }
+
+type function struct {
+	name  string
+	insns int
+}
+
+var (
+	funcStart = regexp.MustCompile(`^func#(\d+) @(\d+)$`)
+	funcName  = regexp.MustCompile(`^Func#(\d+) \('(\w+)'\)`)
+	srcLine   = regexp.MustCompile(`^; (?:static )?\S+ \S*?(\w+)\(`)
+	insnLine  = regexp.MustCompile(`^(\d+): \(`)
+)
+
+// byFunction counts the instructions of an instruction-level verifier log
+// by the function they belong to (the log's "func#N @insn" lines say where
+// each begins), most first. Global functions are named by the log; others
+// by the first source line the log shows of them, where that is their
+// declaration, else by number.
+func byFunction(log string) []function {
+	type fn struct{ start, n int }
+	var starts []fn
+	names := map[int]string{}
+	counts := map[int]int{}
+	lines := strings.Split(log, "\n")
+	for i, l := range lines {
+		if m := funcStart.FindStringSubmatch(l); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			at, _ := strconv.Atoi(m[2])
+			starts = append(starts, fn{at, n})
+			continue
+		}
+		if m := funcName.FindStringSubmatch(l); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			names[n] = m[2]
+			continue
+		}
+		m := insnLine.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		at, _ := strconv.Atoi(m[1])
+		k := sort.Search(len(starts), func(j int) bool { return starts[j].start > at }) - 1
+		if k < 0 {
+			continue
+		}
+		f := starts[k]
+		counts[f.n]++
+		if _, ok := names[f.n]; !ok && at == f.start && i > 0 {
+			if s := srcLine.FindStringSubmatch(lines[i-1]); s != nil {
+				names[f.n] = s[1]
+			}
+		}
+	}
+	var out []function
+	for n, c := range counts {
+		name := names[n]
+		if name == "" {
+			name = fmt.Sprintf("func#%d", n)
+		}
+		out = append(out, function{name, c})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].insns > out[j].insns })
+	return out
 }
