@@ -571,19 +571,20 @@ __noinline int ct_uw_hit_words(struct uw_scratch *s, __u32 i0)
 	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
 	if (!s || !b)
 		return 0;
+	struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &b->slot);
+	if (!e)
+		return 0;
 	// What a word needs past the calls that read the stack goes through
 	// b, not registers: held in registers, they were spilled to a frame
 	// of 112 bytes, which with ct_usdt's took the chain past 512.
+	__u64 hw = b->hw;
 	for (int k = 0; k < CT_UW_CHUNK; k++) {
 		__u32 i = i0 + k;
 		if (i >= *(volatile __u32 *)&b->m.nw)
 			break;
-		struct uw_memo *e = bpf_map_lookup_elem(&uw_memo, &b->slot);
-		if (!e)
-			return 0;
 		__u64 a = *(volatile __u64 *)&e->w[i & (CT_UW_MEMO_WORDS - 1)].addr;
 		__u64 val = *(volatile __u64 *)&e->w[i & (CT_UW_MEMO_WORDS - 1)].val;
-		b->hw = uw_mix(uw_mix(b->hw, a), val);
+		hw = uw_mix(uw_mix(hw, a), val);
 		b->a = a;
 		b->want = val;
 		if (!(a & CT_UW_W_KIND))
@@ -606,6 +607,7 @@ __noinline int ct_uw_hit_words(struct uw_scratch *s, __u32 i0)
 		b->pcs[n & CT_MAX_FRAMES] = v; // (n < CT_MAX_FRAMES, a power of two less one)
 		b->n = n + 1;
 	}
+	b->hw = hw;
 	return 1;
 }
 
