@@ -285,7 +285,6 @@ __noinline int ct_keep_nowindow(__u64 seq)
 	struct nowindow_val *v = bpf_map_lookup_elem(&nowindow, &zero);
 	if (!v)
 		return 0;
-	struct py_walked pw = {.seq = v->py_seq, .mm = v->py_mm};
 	v->r.h.nframes = fp_stack(v->ip, v->fp, v->r.stack, CT_MAX_FRAMES);
 	// The count read back from the record: a number the verifier does
 	// not know. Kept in a register, it is one constant for each frame the
@@ -296,6 +295,10 @@ __noinline int ct_keep_nowindow(__u64 seq)
 	if (n == CT_MAX_FRAMES)
 		v->r.h.flags |= CT_F_STACK_TRUNC;
 	__u32 used = sizeof(struct ct_event) + (n & 127) * 8;
+	// The Python walk's outcome read here, not before the walk above:
+	// held across it, it took two more slots of this frame, which the
+	// return programs' frames leave 96 bytes for (TestStackChains).
+	struct py_walked pw = {.seq = v->py_seq, .mm = v->py_mm};
 	py_put(&v->r.h, (__u8 *)&v->r + used, pw);
 	used = record_used_py(v, used);
 	// A few sizes: a short stack, a deeper one, the most.

@@ -242,6 +242,10 @@ struct uw_memo_buf {
 	// and which is the only other memory 6.1 takes a map key from.
 	struct uw_memo_key k;
 	__u32 slot; // k's in uw_memo (uw_slot)
+	// The process's mappings' gen (ct_uw_proc.gen) where the unwind
+	// started: here, not in a register the return programs' frames
+	// would keep (TestStackChains).
+	__u64 gen;
 	__u32 j;    // ct_uw_pack's: the words kept so far
 	__u32 cur;  // uw_fill's: the memo's next span to read
 	__u32 pad2;
@@ -640,7 +644,7 @@ _Static_assert(__builtin_offsetof(struct uw_memo, span) == __builtin_offsetof(st
 // one made with other mappings, or a copy torn by its reuse), -1 where a
 // register the memo's unwind used changed. A global function, checked
 // once.
-__noinline int ct_uw_memo_head(struct uw_state *st, __u64 gen)
+__noinline int ct_uw_memo_head(struct uw_state *st)
 {
 	__u32 zero = 0;
 	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
@@ -660,7 +664,7 @@ __noinline int ct_uw_memo_head(struct uw_state *st, __u64 gen)
 	uw_copy_head(m, e);
 	if (m->nw >= CT_UW_MEMO_WORDS || m->nspan > CT_UW_SPANS || m->key.tgid != b->k.tgid ||
 	    m->key.entry != b->k.entry || m->key.pc != b->k.pc || m->key.sp != b->k.sp ||
-	    m->gen != gen) // (gen: made with mappings since changed)
+	    m->gen != b->gen) // (gen: made with mappings since changed)
 		return 0;
 	if ((m->flags & CT_UW_M_FP) && m->fp != st->fp)
 		return -1;
@@ -693,9 +697,9 @@ __noinline int ct_uw_memo_head(struct uw_state *st, __u64 gen)
 // CPU's pages: uw_read, the memo's spans: uw_fill). The global functions
 // it calls a chunk of words at a time are called from here, not from one
 // another: see ct_uw_hit_words.
-static __always_inline int uw_memo_check(struct uw_memo_buf *b, struct uw_state *st, struct uw_scratch *s, __u64 gen)
+static __always_inline int uw_memo_check(struct uw_memo_buf *b, struct uw_state *st, struct uw_scratch *s)
 {
-	int r = ct_uw_memo_head(st, gen);
+	int r = ct_uw_memo_head(st);
 	if (r <= 0)
 		return r;
 	for (int c = 0; c < CT_UW_MEMO_WORDS / CT_UW_CHUNK; c++) {
@@ -718,7 +722,7 @@ static __always_inline int uw_memo_check(struct uw_memo_buf *b, struct uw_state 
 // an unwind that preempted this one wrote in the buffer too, and what was
 // kept then is made to fail its sum before any other look-up of k (only
 // this thread unwinds from its sp).
-__noinline int ct_uw_memo_keep(struct uw_scratch *s, __u64 gen, __u64 seq)
+__noinline int ct_uw_memo_keep(struct uw_scratch *s, __u64 seq)
 {
 	__u32 zero = 0;
 	struct uw_memo_buf *b = bpf_map_lookup_elem(&uw_memo_buf, &zero);
@@ -730,7 +734,7 @@ __noinline int ct_uw_memo_keep(struct uw_scratch *s, __u64 gen, __u64 seq)
 		return 0;
 	m->nw = nw;
 	m->key = b->k;
-	m->gen = gen;
+	m->gen = b->gen;
 	m->sum = uw_sum(m, b->hw);
 	if (*(volatile __u64 *)&s->seq != seq)
 		return 0;
@@ -750,7 +754,7 @@ __noinline int ct_uw_memo_keep(struct uw_scratch *s, __u64 gen, __u64 seq)
 // uw_memo_keep packs the memo made in b (the CPU's uw_memo_buf), a chunk
 // of words at a time (ct_uw_pack), and keeps it (ct_uw_memo_keep): seq
 // and gen are the unwind's, as there.
-static __always_inline void uw_memo_keep(struct uw_memo_buf *b, struct uw_scratch *s, __u64 gen, __u64 seq)
+static __always_inline void uw_memo_keep(struct uw_memo_buf *b, struct uw_scratch *s, __u64 seq)
 {
 	if ((b->m.flags & CT_UW_M_NO) || b->m.nw >= CT_UW_MEMO_WORDS)
 		return;
@@ -763,7 +767,7 @@ static __always_inline void uw_memo_keep(struct uw_memo_buf *b, struct uw_scratc
 		if (!ct_uw_pack(c * CT_UW_CHUNK))
 			return;
 	}
-	ct_uw_memo_keep(s, gen, seq);
+	ct_uw_memo_keep(s, seq);
 }
 
 // uw_stack unwinds the calling thread's stack into e's frames (the
@@ -808,7 +812,8 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 	b->k.pc = st.pc;
 	b->k.sp = st.sp;
 	b->slot = uw_slot(&b->k);
-	__s32 n = uw_memo_check(b, &st, s, pm->gen);
+	b->gen = pm->gen;
+	__s32 n = uw_memo_check(b, &st, s);
 	if (n > 0) {
 		bpf_probe_read_kernel(e->stack, (n & CT_MAX_FRAMES) * sizeof(__u64), b->pcs);
 		// After the copy: an unwind that preempted this one wrote in b.
@@ -851,7 +856,7 @@ static __always_inline int uw_stack(struct pt_regs *ctx, struct ct_alloc_event *
 	// n read back from the record, as the count above: not a register
 	// the verifier knows a number of at each of the loop's exits.
 	b->m.n = *(volatile __u32 *)&e->h.nframes;
-	uw_memo_keep(b, s, pm->gen, seq);
+	uw_memo_keep(b, s, seq);
 	count(CT_CNT_UW_BPF);
 	return 1;
 }
