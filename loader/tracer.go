@@ -182,10 +182,14 @@ type Tracer struct {
 	// probes. The learning probes (LearnProbes): on while learning, over
 	// every library attached; closing them runs in the background
 	// (closing, waited for by Detach). Attach, Learn, ForgetLibrary and
-	// Detach run on one goroutine (record's reader).
+	// Detach run on one goroutine (record's reader). detached: Detach
+	// has run, and nothing is attached again (Run hands over what is
+	// left in the ring after it: a record read then that asks for a
+	// probe must not put one in, which Close would then wait out).
 	libs     map[proc.FileID]*attached
 	ending   map[proc.FileID]chan struct{} // libraries forgotten, closed once their probes are gone
 	learning bool
+	detached bool
 	closing  sync.WaitGroup
 
 	// Unwinding in BPF (unwind.go): the mode, uw_rows' memory mapping,
@@ -366,7 +370,7 @@ type AttachResult struct {
 // Attach probes every allocation entry point lib exports. A library that
 // exports no known symbol, or lacks a required one of a table it uses, is an
 // error; optional symbols it lacks are listed in the result. On error
-// nothing stays attached from this library.
+// nothing stays attached from this library. After Detach: ErrDetached.
 //
 // The file is opened once, through proc.Open (never blocking, only a
 // regular file, a container's path resolved inside its root) and only
@@ -376,6 +380,9 @@ type AttachResult struct {
 // never through the path again.
 func (t *Tracer) Attach(lib Library) (res AttachResult, err error) {
 	res = AttachResult{Library: lib}
+	if t.detached {
+		return res, fmt.Errorf("%s: %w", lib.Path, ErrDetached)
+	}
 	id := proc.FileID{Dev: lib.Dev, Ino: lib.Inode}
 	if t.libs[id] != nil {
 		return res, fmt.Errorf("%s: attached already", lib.Path)
@@ -514,9 +521,9 @@ func (t *Tracer) Learning() bool { return t.learning }
 
 // Learn turns the learning probes on or off over every library attached.
 // Off, their links close in the background: each close waits out an RCU
-// grace period, which the reader must not.
+// grace period, which the reader must not. Once detached they stay off.
 func (t *Tracer) Learn(on bool) {
-	if on == t.learning {
+	if on == t.learning || (on && t.detached) {
 		return
 	}
 	t.learning = on
@@ -1039,6 +1046,7 @@ func (t *Tracer) Detach() error {
 	}
 	err := closeAll(slices.Concat(ls, t.codeFree.take(), t.ldProbes.take()))
 	t.learning = false
+	t.detached = true
 	t.closing.Wait()
 	var first error
 	if err != nil {

@@ -2,6 +2,7 @@ package loader
 
 import (
 	"debug/elf"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -268,5 +269,63 @@ func TestForgetLibrary(t *testing.T) {
 	}
 	if err := <-attached; err != nil || tr.AttachedLibraries() != 1 {
 		t.Errorf("Attach after ForgetLibrary's end: %v, %d libraries", err, tr.AttachedLibraries())
+	}
+}
+
+// Once detached, the tracer attaches nothing: Run hands over what is left
+// in the ring after Detach, and a record read then (an allocation on a
+// device not yet known, a library loaded) asks for probes that Close
+// would only take out again, each close waiting out a grace period (an
+// 85 ms longer stop, under load).
+func TestNothingAttachedAfterDetach(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
+	}
+	gcc := testenv.LookPath(t, "gcc")
+	dir := t.TempDir()
+	build := func(name string) Library {
+		src, lib := filepath.Join(dir, name+".c"), filepath.Join(dir, name+".so")
+		code := `int cudaMalloc(void **p, unsigned long n) { *p = (void *)n; return 0; }
+int cudaFree(void *p) { return 0; }
+int cudaGetDevice(int *d) { *d = 0; return 0; }
+`
+		if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(gcc, "-shared", "-fPIC", "-O2", "-o", lib, src).CombinedOutput(); err != nil {
+			t.Fatalf("gcc: %v\n%s", err, out)
+		}
+		var libs Libraries
+		if _, err := libs.Add(lib); err != nil {
+			t.Fatal(err)
+		}
+		return libs.List()[0]
+	}
+	first, second := build("liba"), build("libb")
+	tr, err := New(Options{StackWindow: -1})
+	if err != nil {
+		testenv.SkipOrFail(t, "load BPF: %v", err)
+	}
+	defer tr.Close()
+	if _, err := tr.Attach(first); err != nil {
+		t.Fatal(err)
+	}
+	tr.Learn(true)
+	a := tr.libs[proc.FileID{Dev: first.Dev, Ino: first.Inode}]
+	if !tr.Learning() || a == nil || len(a.learn) != 2 {
+		t.Fatalf("learning %v, %d learning probes on the library; want on, 2 (cudaGetDevice's entry and return)", tr.Learning(), len(a.learn))
+	}
+	if err := tr.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	tr.Learn(true)
+	if tr.Learning() || len(a.learn) != 0 || len(a.links) != 0 {
+		t.Errorf("Learn(true) after Detach: learning %v, %d learning probes, %d probes; want off, 0, 0", tr.Learning(), len(a.learn), len(a.links))
+	}
+	if _, err := tr.Attach(second); !errors.Is(err, ErrDetached) {
+		t.Errorf("Attach after Detach: %v, want ErrDetached", err)
+	}
+	if n := tr.AttachedLibraries(); n != 1 {
+		t.Errorf("%d libraries after an Attach past Detach, want the 1 from before", n)
 	}
 }

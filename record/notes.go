@@ -351,6 +351,9 @@ func (s *session) attachLib(pid uint32, path string, loaded uint64) {
 		return
 	}
 	ar, err := s.tr.Attach(lib)
+	if errors.Is(err, loader.ErrDetached) {
+		return // tracing is ending: the rest of the ring is being read
+	}
 	if err != nil {
 		s.warn(fmt.Errorf("pid %d loaded %s after tracing began, and it cannot be traced: %w", pid, path, err))
 		return
