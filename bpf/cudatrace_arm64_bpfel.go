@@ -462,12 +462,10 @@ type CudatraceUwMemoBuf struct {
 		Sp    uint64
 	}
 	Slot   uint32
-	_      [4]byte
-	Gen    uint64
 	J      uint32
 	Cur    uint32
 	Pad2   uint32
-	_      [4]byte
+	Gen    uint64
 	V      uint64
 	Hw     uint64
 	A      uint64

@@ -103,23 +103,10 @@ CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, uw_scratch, __u32, struct uw_scratch, 1);
 // The most bytes one read of the stack takes into uw_scratch.
 #define CT_UW_SPAN_MAX (2 * CT_PAGE)
 
-// uw_read reads the word at addr of the stack into out through s, and
-// says whether it could: from what s holds, else its page is read, from
-// addr to the page's end.
-static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
+// uw_load gives out the word at offset off of what s holds (off + 8 at
+// most s->len: the caller checked).
+static __always_inline int uw_load(struct uw_scratch *s, __u64 off, __u64 *out)
 {
-	__u64 off = addr - s->base;
-	if (addr < s->base || off + 8 > s->len) {
-		__u32 n = CT_PAGE - (__u32)(addr & (CT_PAGE - 1)); // to the page's end: 1..CT_PAGE
-		if (n < 8)
-			return bpf_probe_read_user(out, 8, (void *)addr) == 0;
-		s->len = 0;
-		if (bpf_probe_read_user(s->buf, n, (void *)addr))
-			return 0;
-		s->base = addr;
-		s->len = n;
-		off = 0;
-	}
 	if (off > CT_UW_SPAN_MAX - 8)
 		return 0;
 	// Masked too (a no-op here), where the pointer is made: the
@@ -129,6 +116,32 @@ static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
 	barrier_var(off);
 	*out = *(__u64 *)(s->buf + (off & (CT_UW_SPAN_MAX - 1)));
 	return 1;
+}
+
+// uw_read_page reads the stack from addr to its page's end into s, and
+// the word at addr into out, and says whether it could.
+static __always_inline int uw_read_page(struct uw_scratch *s, __u64 addr, __u64 *out)
+{
+	__u32 n = CT_PAGE - (__u32)(addr & (CT_PAGE - 1)); // to the page's end: 1..CT_PAGE
+	if (n < 8)
+		return bpf_probe_read_user(out, 8, (void *)addr) == 0;
+	s->len = 0;
+	if (bpf_probe_read_user(s->buf, n, (void *)addr))
+		return 0;
+	s->base = addr;
+	s->len = n;
+	return uw_load(s, 0, out);
+}
+
+// uw_read reads the word at addr of the stack into out through s, and
+// says whether it could: from what s holds, else its page is read, from
+// addr to the page's end.
+static __always_inline int uw_read(struct uw_scratch *s, __u64 addr, __u64 *out)
+{
+	__u64 off = addr - s->base;
+	if (addr < s->base || off + 8 > s->len)
+		return uw_read_page(s, addr, out);
+	return uw_load(s, off, out);
 }
 
 // The memo: a stack unwound here, kept by where its unwind started (the
@@ -242,14 +255,14 @@ struct uw_memo_buf {
 	// and which is the only other memory 6.1 takes a map key from.
 	struct uw_memo_key k;
 	__u32 slot; // k's in uw_memo (uw_slot)
+	__u32 j;    // ct_uw_pack's: the words kept so far
+	__u32 cur;  // uw_fill's: the memo's next span to read
+	__u32 pad2;
 	// The process's mappings' gen (ct_uw_proc.gen) where the unwind
 	// started: here, not in a register the return programs' frames
 	// would keep (TestStackChains).
 	__u64 gen;
-	__u32 j;    // ct_uw_pack's: the words kept so far
-	__u32 cur;  // uw_fill's: the memo's next span to read
-	__u32 pad2;
-	__u64 v;
+	__u64 v; // the word read (uw_read_memo)
 	__u64 hw; // the words' hash so far (ct_uw_pack, ct_uw_hit_words)
 	// ct_uw_hit_words' word under check (its address and kind, its value)
 	// and the return addresses' mask (uw_state.ra_mask).
@@ -537,7 +550,7 @@ __noinline int ct_uw_pack(__u32 i0)
 // next), where it holds the word at addr, and says whether it did. A
 // memo's words climb the stack, and its spans with them: a word that is
 // not in the next span (a frame pointer saved above another frame's
-// words) is read with its page (uw_read), and so is every word of a span
+// words) is read with its page (uw_read_page), and so is every word of a span
 // whose read failed (a page among its words not present: no read here
 // faults one in). The span is read in place: a torn one only reads
 // other bytes, which the words then fail.
@@ -559,6 +572,20 @@ static __always_inline int uw_fill(struct uw_memo_buf *b, struct uw_memo *e, str
 	s->base = lo;
 	s->len = len;
 	return 1;
+}
+
+// uw_read_memo reads the word at addr of the stack into b->v for a check
+// of the memo e, and says whether it could: from what s holds, else from
+// the memo's next span (uw_fill), else with its page.
+static __always_inline int uw_read_memo(struct uw_memo_buf *b, struct uw_memo *e, struct uw_scratch *s, __u64 addr)
+{
+	__u64 off = addr - s->base;
+	if (addr < s->base || off + 8 > s->len) {
+		if (!uw_fill(b, e, s, addr))
+			return uw_read_page(s, addr, &b->v);
+		off = addr - s->base; // the span holds it: uw_fill checked
+	}
+	return uw_load(s, off, &b->v);
 }
 
 // ct_uw_hit_words checks words i0 on (CT_UW_CHUNK of them) of the memo
@@ -593,10 +620,7 @@ __noinline int ct_uw_hit_words(struct uw_scratch *s, __u32 i0)
 		b->want = val;
 		if (!(a & CT_UW_W_KIND))
 			return 0;
-		__u64 addr = a & ~(__u64)CT_UW_W_KIND;
-		if (addr < s->base || addr + 8 > s->base + s->len)
-			uw_fill(b, e, s, addr);
-		if (!uw_read(s, b->a & ~(__u64)CT_UW_W_KIND, &b->v) || b->v != b->want)
+		if (!uw_read_memo(b, e, s, a & ~(__u64)CT_UW_W_KIND) || b->v != b->want)
 			return -1;
 		if (!(b->a & CT_UW_W_RA))
 			continue;

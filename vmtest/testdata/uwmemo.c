@@ -13,17 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-extern int cudaMalloc(void **ptr, size_t size);
-extern int cudaFree(void *ptr);
-
-__attribute__((noinline)) int leaf(void)
-{
-	void *p = NULL;
-	int r = cudaMalloc(&p, 1 << 20);
-	if (r == 0)
-		r = cudaFree(p);
-	return r;
-}
+#include "uwleaf.h"
 
 // Not tail calls: each keeps its frame, of the size its buffer gives it
 // (the ABI keeps a frame, its return address in, a multiple of 16).
