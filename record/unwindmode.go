@@ -16,9 +16,9 @@ import (
 // read stay the same; a record whose unwind falls back (no rules yet for a
 // file, a signal frame) copies the window as before, for the user-space
 // unwinder. On the VMs it was measured on, a pair's BPF time at 25
-// frames is 0.48-0.51x of the window copy's in 0c85d75 (the build issue
-// 41 measured) and 0.56-0.60x of the window copy's now, and a burst keeps
-// nearly every record's stack (docs/benchmarks.md, 2026-11-29, sixth).
+// frames is 0.48x of the window copy's in 0c85d75 (the build issue 41
+// measured), and a burst of 10M events on a loaded machine loses none
+// (docs/benchmarks.md, 2026-11-30, fifth).
 // CUDATRACE_UNWIND=window copies the window into every record instead;
 // "bpf" names the default; any other value is said, in one line, and the
 // default taken.

@@ -41,7 +41,7 @@ func (f *recordFlags) bind(fl *pflag.FlagSet) {
 	fl.BoolVarP(&f.all, "all", "a", false, "trace every process on the host")
 	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (e.g. 30s, 5m)")
 	fl.StringVarP(&f.output, "output", "o", "", "write the trace to this file")
-	fl.StringVar(&f.window, "stack-window", "16KiB", "user stack copied per allocation to unwind code without frame pointers: a multiple of 4KiB up to 64KiB, 0 for frame-pointer stacks only")
+	fl.StringVar(&f.window, "stack-window", "16KiB", "user stack copied for an allocation whose stack BPF cannot unwind (see Stacks below), to unwind it here: a multiple of 4KiB up to 64KiB, 0 for frame-pointer stacks only")
 	fl.BoolVar(&f.portable, "portable", false, "name every native frame into the trace while recording, so report/export name them on another machine, without these libraries (containers' frames are always named)")
 	fl.BoolVar(&f.keepWin, "keep-stack-windows", false, "write the stack windows to the trace for report/export to unwind, instead of unwinding while recording (traces grow by the window per allocation)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print no summary")
@@ -360,6 +360,17 @@ does) how much GPU memory each process holds, and keeps that in the trace:
 is what tracing did not see (the CUDA context, library workspaces). Without
 NVML (no libnvidia-ml, or no driver loaded) one line says so and tracing
 goes on; --nvml=false turns the sampling off.
+
+Stacks: each allocation's native stack is unwound in the kernel (BPF),
+from the call-frame rules (.eh_frame) of the files the process mapped,
+made as it first allocates; code with or without frame pointers, a record
+of frames only. Where BPF cannot (a process's first allocations before its
+files' rules are in, a library loaded a moment ago, a signal frame), that
+allocation's user stack is copied instead (--stack-window) and unwound
+here; how many, and why, the trace counts ('cudatrace report --json':
+.counters.unwound_in_bpf, unwind_fallback_no_rules, unwind_fallback_rule).
+CUDATRACE_UNWIND=window copies the window for every allocation, the way
+before.
 
 Stacks are named (function, file:line) when report or export reads the
 trace, from the files the processes mapped, checked by build ID. A
