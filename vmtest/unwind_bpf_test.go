@@ -97,6 +97,55 @@ func TestUnwindInBPF(t *testing.T) {
 	}
 }
 
+// TestUnwindInBPFCPython: CPython 3.10 to 3.13 (pyenv's builds, without
+// frame pointers) allocating through ctypes in a loop for 3 seconds. Once
+// the rules for its files are in (libpython's are made in the first
+// second or so), BPF unwinds the stacks through libffi, _ctypes and the
+// interpreter loop to python's main, each the user-space unwinder's
+// unwind of the same event's window, frame for frame
+// (CUDATRACE_TEST_UNWIND_CHECK). Python frames are left out
+// (--no-python-frames): the interpreter loop's frames stay, by name.
+func TestUnwindInBPFCPython(t *testing.T) {
+	ctx, dir := traceSetup(t)
+	script, _ := filepath.Abs(filepath.Join("testdata", "pyrepeat.py"))
+	// Innermost first; other frames may come between these.
+	want := []string{"ffi_call", "_ctypes_callproc", "_PyEval_EvalFrameDefault", "Py_RunMain", "Py_BytesMain", "__libc_start_main", "_start"}
+	for _, v := range []string{"3.10", "3.11", "3.12", "3.13"} {
+		t.Run(v, func(t *testing.T) {
+			py := pyenvPython(t, v)
+			log, trace := filepath.Join(dir, v+".log"), filepath.Join(dir, v+".trace")
+			rec := startRecord(t, ctx, recordOpts{Env: fakeEnv(log, "CUDATRACE_TEST_UNWIND_CHECK=1")},
+				"--lib", fakeLib, "--no-python-frames", "-o", trace, "--", py, script, fakeLib, "3")
+			rec.finish(t, 90*time.Second)
+			n, differ := unwindCheck(t, rec.stderr.String())
+			truth := onlyTruth(t, log, "")
+			if n(3) != 0 || n(4) != 0 {
+				t.Errorf("%d stacks BPF unwound differ from the window's, %d not checked: %s", n(3), n(4), differ)
+			}
+			if n(2) < truth.Allocs/3 {
+				t.Errorf("%d of %d allocations' stacks unwound in BPF and checked; want a third or more", n(2), truth.Allocs)
+			}
+			// Every stack BPF unwound reaches main, by name.
+			var whole uint64
+			rep := runReport(t, ctx, trace)
+			for _, s := range rep.Stacks {
+				i := 0
+				for _, f := range s.Frames {
+					if i < len(want) && f.Function == want[i] {
+						i++
+					}
+				}
+				if i == len(want) {
+					whole += s.Allocs
+				}
+			}
+			if whole < n(1) {
+				t.Errorf("%d allocations' stacks have %q in order, want all %d unwound in BPF at least", whole, want, n(1))
+			}
+		})
+	}
+}
+
 // TestUnwindMemo: a stack BPF takes from its memo is the one it would
 // unwind. uwmemo.c allocates from one place and one stack pointer through
 // two call chains (main < by_a < leaf, main < mid < by_b < leaf), 300
