@@ -71,7 +71,8 @@ type kernelRun struct {
 // 2023's) and 6.12 exact ledgers of the runtime mix at stack windows 0, 16
 // and 64 KiB, --pid, the driver API with VMM, Python frames, the agent's
 // /metrics and nothing left loaded; on 6.1 also the variant for kernels
-// without bpf_loop (5.15, 5.16); on 5.10, below the floor, one line
+// without bpf_loop (5.15, 5.16), its stacks unwound in BPF checked against
+// the window's too; on 5.10, below the floor, one line
 // refusing it. On arm64's 6.1 and 6.12 the same, with stand-ins that sign
 // their return addresses (-mbranch-protection=standard) and Debian's arm64
 // CPython 3.11, and besides: stacks through code without frame pointers
@@ -230,10 +231,11 @@ func checkFullKernel(t *testing.T, out string, g guest, noloop, multi bool) {
 	// Stacks unwound in BPF, each the window's unwind of the same event;
 	// uwmemo's one allocation site comes again and again, from the memo
 	// too.
-	t.Run("uwbpf", func(t *testing.T) {
-		dir := filepath.Join(out, "uwbpf")
+	uwbpf := func(t *testing.T, c string) {
+		t.Helper()
+		dir := filepath.Join(out, c)
 		if rc := readTrim(t, filepath.Join(dir, "rc")); rc != "0" {
-			t.Fatalf("case uwbpf: cudatrace exited %s:\n%s", rc, readTrim(t, filepath.Join(dir, "stderr")))
+			t.Fatalf("case %s: cudatrace exited %s:\n%s", c, rc, readTrim(t, filepath.Join(dir, "stderr")))
 		}
 		stderr := readTrim(t, filepath.Join(dir, "stderr"))
 		n, differ := unwindCheck(t, stderr)
@@ -247,7 +249,8 @@ func checkFullKernel(t *testing.T, out string, g guest, noloop, multi bool) {
 		if memo := rep.Counters["unwound_from_memo"]; memo == 0 || memo > n(1) {
 			t.Errorf("%d stacks from the memo, want 1 to %d", memo, n(1))
 		}
-	})
+	}
+	t.Run("uwbpf", func(t *testing.T) { uwbpf(t, "uwbpf") })
 	t.Run("driver", func(t *testing.T) {
 		want, rep := exact(t, "driver", 2, "driver")
 		checkStacks(t, rep, want.PID, g.workload("driver"), "drv_alloc_device", "work", "thread1")
@@ -282,6 +285,11 @@ func checkFullKernel(t *testing.T, out string, g guest, noloop, multi bool) {
 		t.Run("noloop_python", func(t *testing.T) {
 			truth, rep := recorded(t, "noloop_python")
 			checkPythonReport(t, guestPython, script, g.pyCall, rep, truth)
+		})
+		// Its unwinder in BPF, each stack checked against the window's.
+		t.Run("noloop_uwbpf", func(t *testing.T) {
+			uwbpf(t, "noloop_uwbpf")
+			loaded(t, "noloop_uwbpf", "ct_exit_noloop")
 		})
 	}
 	if g.arch == "arm64" {

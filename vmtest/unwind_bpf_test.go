@@ -99,11 +99,11 @@ func TestUnwindInBPF(t *testing.T) {
 
 // TestUnwindInBPFCPython: CPython 3.10 to 3.13 (pyenv's builds, without
 // frame pointers) allocating through ctypes in a loop for 3 seconds. Once
-// the rules for its files are in (libpython's are made in the first
-// second or so), BPF unwinds the stacks through libffi, _ctypes and the
-// interpreter loop to python's main, each the user-space unwinder's
-// unwind of the same event's window, frame for frame
-// (CUDATRACE_TEST_UNWIND_CHECK). Python frames are left out
+// the rules for its files are in (here 1-2% of the loop's allocations
+// come before them, and fall back to the window), BPF unwinds the stacks
+// through libffi, _ctypes and the interpreter loop to python's main, each
+// the user-space unwinder's unwind of the same event's window, frame for
+// frame (CUDATRACE_TEST_UNWIND_CHECK). Python frames are left out
 // (--no-python-frames): the interpreter loop's frames stay, by name.
 func TestUnwindInBPFCPython(t *testing.T) {
 	ctx, dir := traceSetup(t)

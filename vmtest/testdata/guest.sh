@@ -280,7 +280,9 @@ else
 		export CUDATRACE_TEST_NO_BPF_LOOP=1
 		record noloop --lib $LIB -- sh -c "bpftool prog show >$O/noloop/progs.txt; exec $BIN/mix 4 40 7"
 		record noloop_python --lib $LIB -- $PY $SCRIPT $LIB $THREADS
-		unset CUDATRACE_TEST_NO_BPF_LOOP
+		export CUDATRACE_UNWIND=bpf CUDATRACE_TEST_UNWIND_CHECK=1
+		record noloop_uwbpf --lib $LIB -- sh -c "bpftool prog show >$O/noloop_uwbpf/progs.txt; exec $BIN/uwmemo 2000"
+		unset CUDATRACE_UNWIND CUDATRACE_TEST_UNWIND_CHECK CUDATRACE_TEST_NO_BPF_LOOP
 	fi
 	# Nothing of cudatrace may stay loaded or attached.
 	mkdir -p $O/after

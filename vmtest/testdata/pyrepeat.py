@@ -1,5 +1,6 @@
 # A Python loop of cudaMalloc/cudaFree pairs through ctypes for argv[2]
-# seconds (vmtest/python_test.go TestPythonCapturedOnce): it maps nothing
+# seconds (vmtest/python_test.go TestPythonCapturedOnce,
+# unwind_bpf_test.go TestUnwindInBPFCPython): it maps nothing
 # after its start, and CPython and libffi keep no frame pointers, so the
 # frame-pointer walk of every record reads data as return addresses.
 # argv[1] is the stand-in. Prints "pairs=N" at the end.
