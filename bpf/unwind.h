@@ -96,7 +96,7 @@ struct uw_scratch {
 	__u64 base; // the address of buf[0]
 	__u32 len;  // bytes of buf read
 	__u32 pad;
-	__u8 buf[2 * CT_PAGE + 8]; // a span (CT_UW_SPAN_MAX); 8 more: uw_read's masked offset, and its word
+	__u8 buf[2 * CT_PAGE + 8]; // a span (CT_UW_SPAN_MAX); 8 more: uw_load's masked offset, and its word
 };
 CT_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, uw_scratch, __u32, struct uw_scratch, 1);
 
