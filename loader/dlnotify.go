@@ -154,7 +154,15 @@ func (t *Tracer) AttachLoader(path string) (bool, error) {
 	if _, err := probe.Add(path); err != nil {
 		return false, err
 	}
-	lib := probe.List()[0]
+	return t.AttachLoaderFile(probe.List()[0])
+}
+
+// AttachLoaderFile is AttachLoader of a loader whose file was read
+// already (Libraries.AddLib): the probe goes on that file (device and
+// inode) or on none, whatever its path names by now. A caller that keeps
+// the file's ID (record's probed files) so probes the file it keeps: its
+// path stat'ed again could name another by then.
+func (t *Tracer) AttachLoaderFile(lib Library) (bool, error) {
 	return t.ldProbes.attach(proc.FileID{Dev: lib.Dev, Ino: lib.Inode}, func() ([]link.Link, error) { return t.attachLoader(lib) })
 }
 

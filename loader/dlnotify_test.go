@@ -180,3 +180,59 @@ func TestAttachLoaderOnce(t *testing.T) {
 		t.Errorf("AttachLoader after Detach: %v, %v; want an error", attached, err)
 	}
 }
+
+// AttachLoaderFile probes the file it was given, or none: a loader whose
+// path names another file by the attach (a container's tree changed
+// after the reader read the file) is refused, never probed in its
+// place, and the file it names now is not probed either. The reader
+// keeps the ID it read (record's probed files), and ends the probe by it.
+func TestAttachLoaderFileKeepsItsFile(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs CAP_BPF: run as root")
+	}
+	ld := SystemLoader()
+	if ld == "" {
+		t.Skip("no system dynamic loader here")
+	}
+	data, err := os.ReadFile(ld)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ld.so")
+	if err := os.WriteFile(path, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var libs Libraries
+	lib, _, err := libs.AddLib(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another file at the path, as a rename leaves it.
+	if err := os.WriteFile(path+".new", data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+	var now Libraries
+	other, _, err := now.AddLib(path)
+	if err != nil || other.Inode == lib.Inode {
+		t.Fatalf("the file at %s after the rename: %+v, %v; want another inode than %d", path, other, err, lib.Inode)
+	}
+	tr, err := New(Options{StackWindow: -1})
+	if err != nil {
+		testenv.SkipOrFail(t, "load BPF: %v", err)
+	}
+	defer tr.Close()
+	attached, err := tr.AttachLoaderFile(lib)
+	if attached || err == nil {
+		t.Errorf("AttachLoaderFile of a file its path no longer names: attached %v, %v; want refused", attached, err)
+	}
+	if tr.HasLoader(proc.FileID{Dev: other.Dev, Ino: other.Inode}) {
+		t.Error("the file the path names now was probed in its place")
+	}
+	if n := tr.ldProbes.links(); n != 0 {
+		t.Errorf("%d links after the refusal, want 0", n)
+	}
+}

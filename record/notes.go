@@ -308,7 +308,7 @@ func (s *session) attachLoader(path string, wait bool) {
 	s.probed.add(id, true)
 	tr, refusals := s.tr, s.refusals
 	s.attaching.Go(func() {
-		if _, err := tr.AttachLoader(path); err != nil && !errors.Is(err, loader.ErrDetached) {
+		if _, err := tr.AttachLoaderFile(lib); err != nil && !errors.Is(err, loader.ErrDetached) {
 			select {
 			case refusals <- err:
 			default: // said already, or many at once: the next is said
