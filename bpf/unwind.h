@@ -660,7 +660,7 @@ static __always_inline void uw_copy_head(struct uw_memo *m, struct uw_memo *e)
 _Static_assert(__builtin_offsetof(struct uw_memo, span) == __builtin_offsetof(struct uw_memo, nspan) + 4, "uw_copy_head copies all of the head");
 
 // ct_uw_memo_head begins the check of the memo for an unwind that starts
-// at the CPU's uw_memo_buf k (the registers st, the mappings' gen): it
+// at the CPU's uw_memo_buf k, with its gen (the registers st): it
 // copies the memo's head out and checks it, and makes the frames the
 // registers give (the interrupted instruction, a return address in the
 // link register), into the buffer's pcs. It returns 1 where the memo's
@@ -713,7 +713,7 @@ __noinline int ct_uw_memo_head(struct uw_state *st)
 }
 
 // uw_memo_check makes the frames of an unwind that starts at b's k (the
-// CPU's uw_memo_buf; the registers st, the mappings' gen) from its memo,
+// CPU's uw_memo_buf, with its gen; the registers st) from its memo,
 // into b's pcs, where every register and word the memo's unwind used is
 // found the same; it returns their count, 0 where there is no memo (or
 // one made with other mappings, or a copy torn by its reuse), -1 where a
@@ -741,8 +741,8 @@ static __always_inline int uw_memo_check(struct uw_memo_buf *b, struct uw_state 
 
 // ct_uw_memo_keep keeps the memo made in the CPU's uw_memo_buf (its
 // frames counted in m.n), its marked words packed (ct_uw_pack: b->j of
-// them, hashed in b->hw), by an unwind that started at its k, with the
-// mappings' gen; seq is the CPU's uw_scratch count when the unwind began:
+// them, hashed in b->hw), by an unwind that started at its k, with its
+// gen; seq is the CPU's uw_scratch count when the unwind began:
 // an unwind that preempted this one wrote in the buffer too, and what was
 // kept then is made to fail its sum before any other look-up of k (only
 // this thread unwinds from its sp).
@@ -777,7 +777,7 @@ __noinline int ct_uw_memo_keep(struct uw_scratch *s, __u64 seq)
 
 // uw_memo_keep packs the memo made in b (the CPU's uw_memo_buf), a chunk
 // of words at a time (ct_uw_pack), and keeps it (ct_uw_memo_keep): seq
-// and gen are the unwind's, as there.
+// is the unwind's, as there.
 static __always_inline void uw_memo_keep(struct uw_memo_buf *b, struct uw_scratch *s, __u64 seq)
 {
 	if ((b->m.flags & CT_UW_M_NO) || b->m.nw >= CT_UW_MEMO_WORDS)
